@@ -1,0 +1,27 @@
+"""The one error hierarchy of detjac.
+
+Every error a user can act on derives from :class:`DetjacError` and also from the
+builtin exception it specializes, so ``except ValueError`` keeps working for callers
+that do not know about detjac. The CLI turns any ``DetjacError`` into a clean message
+and a non-zero exit code; anything else is a bug and keeps its traceback.
+"""
+
+
+class DetjacError(Exception):
+    """Base class of every error detjac raises on purpose."""
+
+
+class UnsupportedModelError(DetjacError, ValueError):
+    """The model's family, or a module on its input-to-output path, has no detach rule."""
+
+
+class CheckpointError(DetjacError, OSError):
+    """A path that should hold a Hugging Face checkpoint does not."""
+
+
+class PromptError(DetjacError, ValueError):
+    """A prompt is empty, too long for the model, or otherwise unusable."""
+
+
+class LinearizationError(DetjacError, RuntimeError):
+    """The detached model failed to reproduce its own output (a nonlinearity escaped)."""

@@ -1,0 +1,41 @@
+"""Singular vectors of an operator, decoded to tokens through (un)embedding matrices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SingularTriplets:
+    """Top singular triplets ``op ~= U diag(S) V^T``: U (d_out, k), S (k,), V (d_in, k)."""
+
+    U: torch.Tensor
+    S: torch.Tensor
+    V: torch.Tensor
+
+
+def top_singular(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -> SingularTriplets:
+    """Exact top-``k`` SVD of a (d_out, d_in) operator.
+
+    Singular vectors are defined up to a joint sign. With ``orient`` (d_out,) given, each
+    pair is flipped so that ``u . orient >= 0`` (e.g. the output the operator produced),
+    which makes decoded tokens comparable across runs.
+    """
+    U, S, Vh = torch.linalg.svd(op, full_matrices=False)
+    U, S, V = U[:, :k], S[:k], Vh[:k].T
+    if orient is not None:
+        sign = torch.where(orient.to(U.dtype) @ U < 0, -1.0, 1.0).to(U.dtype)  # (k,)
+        U, V = U * sign, V * sign
+    return SingularTriplets(U, S, V)
+
+
+def decode_top(vectors: torch.Tensor, matrix: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d).
+
+    Returns (ids, scores), each (k, top), highest score first.
+    """
+    scores = matrix.to(vectors.dtype) @ vectors  # (vocab, k)
+    values, ids = scores.T.topk(min(top, scores.shape[0]), dim=-1)
+    return ids, values

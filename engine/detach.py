@@ -1,0 +1,145 @@
+"""The detached building blocks: norm and gated-MLP wrappers and the attention function.
+
+Each computes exactly what the stock module computes, except that the input-dependent
+nonlinear factor ``A(x)`` is detached from autograd (when ``detach`` is on), so the
+Jacobian of the block is the linear map ``x -> A(x*) x`` at the given input. Everything
+runs in the input's dtype: stock RMSNorms cast to float32, which would cap a float64
+model at ~1e-7 agreement. Only the frozen factors are computed in at least float32 and
+cast back, so bfloat16 runs keep stock accuracy while the linear path stays exact.
+
+With ``detach`` off the same code gives the ordinary Jacobian of the same computation,
+so the two can be compared on equal numerical footing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from .families.base import MlpRule, NormRule
+
+DETACHED_ATTENTION = "detjac_detached"
+EXACT_ATTENTION = "detjac_exact"
+
+
+def _factor_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype in which a frozen factor is computed: the input's, but never below float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _maybe_detach(t: torch.Tensor, detach: bool) -> torch.Tensor:
+    return t.detach() if detach else t
+
+
+class DetachedModule(nn.Module):
+    """Base of the wrappers. ``linear_children`` names the children on the linear path."""
+
+    linear_children: tuple[str, ...] = ()
+
+    def __init__(self, inner: nn.Module, detach: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.detach = detach
+
+
+class DetachedRMSNorm(DetachedModule):
+    """``x * s(x) * (offset + w)`` with the scale ``s(x) = 1/sqrt(mean(x^2) + eps)`` frozen."""
+
+    def __init__(self, inner: nn.Module, rule: NormRule, detach: bool) -> None:
+        super().__init__(inner, detach)
+        self.eps = float(getattr(inner, rule.eps_attr))
+        self.offset = rule.weight_offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        xf = x.to(_factor_dtype(x.dtype))
+        scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)  # (..., 1)
+        weight = self.inner.weight.to(x.dtype)
+        if self.offset:
+            weight = weight + self.offset
+        return x * _maybe_detach(scale, self.detach) * weight
+
+
+class DetachedGatedMLP(DetachedModule):
+    """``down(act(gate(x)) * up(x))`` with the whole ``act(gate(x))`` branch frozen."""
+
+    def __init__(self, inner: nn.Module, rule: MlpRule, detach: bool) -> None:
+        super().__init__(inner, detach)
+        self.rule = rule
+        self.linear_children = (rule.gate_up, rule.down) if rule.fused else (rule.up, rule.down)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        r, inner = self.rule, self.inner
+        act = getattr(inner, r.act)
+        if r.fused:
+            gate, up = getattr(inner, r.gate_up)(x).chunk(2, dim=-1)  # (..., i) each
+        else:
+            gate, up = getattr(inner, r.gate)(x), getattr(inner, r.up)(x)
+        return getattr(inner, r.down)(_maybe_detach(act(gate), self.detach) * up)
+
+    def linear_modules(self) -> list[tuple[str, nn.Module]]:
+        """Children of the wrapped MLP that stay on the linear path, with their names."""
+        return [(f"inner.{n}", getattr(self.inner, n)) for n in self.linear_children]
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(batch, kv_heads, seq, hd) -> (batch, kv_heads * n_rep, seq, hd), as grouped-query attention needs."""
+    if n_rep == 1:
+        return x
+    b, h, s, hd = x.shape
+    return x[:, :, None].expand(b, h, n_rep, s, hd).reshape(b, h * n_rep, s, hd)
+
+
+def _attention(
+    module: nn.Module,
+    query: torch.Tensor,  # (batch, heads, q_len, hd)
+    key: torch.Tensor,  # (batch, kv_heads, kv_len, hd)
+    value: torch.Tensor,  # (batch, kv_heads, kv_len, hd)
+    attention_mask: torch.Tensor | None,  # (batch, 1, q_len, kv_len), additive
+    *,
+    scaling: float,
+    detach: bool,
+    softcap: float | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n_rep = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    fdt = _factor_dtype(query.dtype)
+    scores = torch.matmul(query.to(fdt), key.to(fdt).transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]].to(fdt)
+    probs = torch.softmax(scores, dim=-1).to(query.dtype)  # (batch, heads, q_len, kv_len)
+    probs = _maybe_detach(probs, detach)
+    out = torch.matmul(probs, value)  # (batch, heads, q_len, hd)
+    return out.transpose(1, 2).contiguous(), probs
+
+
+def detached_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, attention_mask: torch.Tensor | None,
+                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention with ``softmax(QK^T * scale + mask)`` frozen: only ``probs @ V`` stays."""
+    return _attention(module, query, key, value, attention_mask, detach=True, **kwargs)
+
+
+def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, attention_mask: torch.Tensor | None,
+                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same eager attention without detaching (for the ordinary Jacobian)."""
+    return _attention(module, query, key, value, attention_mask, detach=False, **kwargs)
+
+
+def register_attention() -> None:
+    """Register both attention functions and their masks with transformers (idempotent).
+
+    A function registered under a new name gets ``attention_mask=None`` (no causal, no
+    sliding-window mask) unless a mask function is registered under the same name, so
+    eager's additive 4-D mask, sliding windows included, is registered with it.
+    """
+    for name, fn in ((DETACHED_ATTENTION, detached_attention), (EXACT_ATTENTION, exact_attention)):
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, eager_mask)

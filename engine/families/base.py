@@ -1,0 +1,119 @@
+"""What a family adapter must declare so detjac can linearize a model of that family.
+
+A family is data, not code: which module classes are its norms (and how their weight is
+applied), its gated MLPs, its attention blocks, its position encoders and its
+structural containers, and which children of an attention block only feed the frozen
+attention probabilities. :mod:`detjac.engine.linearize` turns that declaration into
+wrapped module instances, and :mod:`detjac.engine.guard` uses it to prove that every
+module left on the input-to-output path is linear once the factors are frozen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class NormRule:
+    """How one RMSNorm class computes.
+
+    Parameters
+    ----------
+    cls
+        The norm's module class.
+    eps_attr
+        Attribute that holds epsilon (``variance_epsilon`` for most, ``eps`` for Gemma3).
+    weight_offset
+        Output is ``norm(x) * (weight_offset + weight)``: 0 for Llama-style norms,
+        1 for Gemma3's zero-initialised ``1 + w`` norms.
+    """
+
+    cls: type[nn.Module]
+    eps_attr: str = "variance_epsilon"
+    weight_offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class MlpRule:
+    """How one gated MLP class computes ``down(act(gate(x)) * up(x))``.
+
+    With ``fused`` set, ``gate_up`` names one projection whose output is chunked into
+    ``(gate, up)`` (Phi3); otherwise ``gate`` and ``up`` name two projections.
+    """
+
+    cls: type[nn.Module]
+    act: str = "act_fn"
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    fused: bool = False
+    gate_up: str = "gate_up_proj"
+
+
+@dataclass(frozen=True)
+class Family:
+    """Declaration of one model family's detach rules.
+
+    Parameters
+    ----------
+    name
+        Human-readable family name used in messages and metadata.
+    model_types
+        ``config.model_type`` values served by this adapter.
+    norms, mlps
+        Rules for the family's norm and gated-MLP classes (see :class:`NormRule`,
+        :class:`MlpRule`).
+    attentions
+        Attention block classes. Their forward projects Q, K, V, applies the position
+        encoding and calls the registered attention function, which freezes the
+        probabilities; so only the value path stays.
+    attention_frozen_children
+        Children of an attention block that feed only Q and K (projections, QK norms).
+        They sit behind the frozen softmax and are not checked.
+    containers
+        Structural classes whose forward only composes their children with residual
+        adds (the base model, the decoder layer).
+    position_modules
+        Modules that depend on positions only, never on the input (rotary embeddings).
+    decoder
+        Returns the base decoder (the module that takes ``inputs_embeds`` and returns
+        the final normed hidden states) of a loaded model.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    norms: tuple[NormRule, ...]
+    mlps: tuple[MlpRule, ...]
+    attentions: tuple[type[nn.Module], ...]
+    containers: tuple[type[nn.Module], ...]
+    position_modules: tuple[type[nn.Module], ...]
+    attention_frozen_children: frozenset[str] = field(
+        default_factory=lambda: frozenset({"q_proj", "k_proj", "q_norm", "k_norm"})
+    )
+    decoder: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.model)
+    notes: str = ""
+
+    def norm_rule(self, module: nn.Module) -> NormRule | None:
+        """The rule for ``module`` if it is one of this family's norms."""
+        return next((r for r in self.norms if type(module) is r.cls), None)
+
+    def mlp_rule(self, module: nn.Module) -> MlpRule | None:
+        """The rule for ``module`` if it is one of this family's gated MLPs."""
+        return next((r for r in self.mlps if type(module) is r.cls), None)
+
+    def describe(self) -> list[str]:
+        """One line per detach rule, for metadata and ``--help`` style listings."""
+        lines = [
+            f"{r.cls.__name__}: variance scale frozen, output norm(x) * ({r.weight_offset:g} + w)"
+            for r in self.norms
+        ]
+        lines += [
+            f"{r.cls.__name__}: act(gate(x)) frozen"
+            + (f" ({r.gate_up} chunked into gate, up)" if r.fused else "")
+            for r in self.mlps
+        ]
+        lines += [f"{c.__name__}: softmax(QK^T/sqrt(d) + mask) frozen" for c in self.attentions]
+        return lines

@@ -1,0 +1,321 @@
+"""Row-block Jacobians of the (detached) forward pass with ``torch.func``.
+
+The forward runs once: ``f(X) = decoder(inputs_embeds=X)[position]`` with ``X`` the
+(n_tokens, d_model) input embeddings. ``torch.func.vjp`` keeps its pullback, and
+``torch.func.vmap`` pushes a block of ``row_block`` basis cotangents through it at a
+time, giving rows ``J[r0:r1] = d y[r0:r1] / d X`` of shape (rows, n_tokens, d_model).
+The blocks are yielded one by one (:class:`JacobianStream`) so a store can write them
+as they come; :func:`detached_jacobian` assembles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from detjac.errors import LinearizationError, PromptError
+
+from .linearize import linearized
+from .loading import get_tokenizer, parse_prompt
+
+# Detached float64 reconstruction must be exact; anything above this is a missed nonlinearity.
+FLOAT64_EXACTNESS_BOUND = 1e-9
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """Rows ``start:stop`` of the Jacobian: ``values`` has shape (stop - start, n_tokens, d_model)."""
+
+    start: int
+    stop: int
+    values: torch.Tensor
+
+
+@dataclass
+class JacobianStream:
+    """A forward pass whose Jacobian rows are produced lazily, block by block.
+
+    Attributes
+    ----------
+    token_ids : list[int]
+        Prompt token ids (n_tokens).
+    embeddings : torch.Tensor
+        (n_tokens, d_model) input embeddings the model consumed.
+    output : torch.Tensor
+        (d_model,) final normed hidden state at ``position``.
+    row_block : int
+        Rows per block.
+    """
+
+    token_ids: list[int]
+    embeddings: torch.Tensor
+    output: torch.Tensor
+    position: int
+    row_block: int
+    detached: bool
+    family: str
+    detach_rules: list[str]
+    _pullback: Any = field(repr=False)
+    progress: bool = False
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.output.shape[0])
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n_rows // self.row_block)
+
+    def __iter__(self) -> Iterator[RowBlock]:
+        eye = torch.eye(self.n_rows, dtype=self.output.dtype, device=self.output.device)
+        starts = range(0, self.n_rows, self.row_block)
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, total=self.n_blocks, desc="row blocks", unit="block")
+        pullback_rows = torch.func.vmap(self._pullback)
+        for start in starts:
+            stop = min(start + self.row_block, self.n_rows)
+            (values,) = pullback_rows(eye[start:stop])  # (rows, n_tokens, d_model)
+            yield RowBlock(start, stop, values.detach())
+
+
+def stream_jacobian(
+    model: nn.Module,
+    prompt: str | Sequence[int] | torch.Tensor,
+    *,
+    row_block: int = 64,
+    detach: bool = True,
+    position: int = -1,
+    tokenizer: Any | None = None,
+    progress: bool = False,
+) -> JacobianStream:
+    """Run the forward pass and return a stream of Jacobian row blocks.
+
+    Parameters
+    ----------
+    model
+        A loaded causal LM of a supported family (see :func:`load_model`).
+    prompt
+        Text (tokenized with the model's tokenizer, special tokens added) or token ids.
+    row_block
+        Cotangent rows per vmapped pullback: memory grows linearly with it.
+    detach
+        Freeze the nonlinear factors (detached Jacobian) or not (ordinary Jacobian).
+    position
+        Token position whose output is the target (default: the last).
+
+    Raises
+    ------
+    PromptError, UnsupportedModelError
+    """
+    if not isinstance(row_block, int) or row_block < 1:
+        raise PromptError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
+    ids = parse_prompt(prompt, model, tokenizer)
+    if not -len(ids) <= position < len(ids):
+        raise PromptError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
+    with linearized(model, detach=detach) as lin:
+        device = next(model.parameters()).device
+        input_ids = torch.tensor([ids], device=device)
+        embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
+
+        def forward(x: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
+            return lin.decoder(inputs_embeds=x[None], use_cache=False).last_hidden_state[0, position]
+
+        output, pullback = torch.func.vjp(forward, embeddings)
+    return JacobianStream(
+        token_ids=ids, embeddings=embeddings, output=output.detach(), position=position,
+        row_block=row_block, detached=detach, family=lin.family.name,
+        detach_rules=lin.family.describe() if detach else [], _pullback=pullback, progress=progress,
+    )
+
+
+@dataclass
+class JacobianResult:
+    """A Jacobian of one forward pass and what it reconstructs.
+
+    Attributes
+    ----------
+    jacobian : torch.Tensor
+        (d_model, n_tokens, d_model): ``jacobian[:, k, :]`` is token ``k``'s operator ``J_k``.
+    embeddings : torch.Tensor
+        (n_tokens, d_model) input embeddings ``x_k``.
+    output : torch.Tensor
+        (d_model,) final normed hidden state at the target position.
+    reconstruction : torch.Tensor
+        (d_model,) ``sum_k J_k x_k``.
+    reconstruction_error : float
+        ``||reconstruction - output|| / ||output||``.
+    logits, reconstruction_logits : torch.Tensor
+        (vocab,) next-token logits from the output and from the reconstruction.
+    """
+
+    jacobian: torch.Tensor
+    embeddings: torch.Tensor
+    output: torch.Tensor
+    reconstruction: torch.Tensor
+    reconstruction_error: float
+    token_ids: list[int]
+    tokens: list[str] | None
+    prompt: str | None
+    position: int
+    detached: bool
+    family: str
+    model_type: str
+    dtype: torch.dtype
+    row_block: int
+    detach_rules: list[str]
+    logits: torch.Tensor
+    reconstruction_logits: torch.Tensor
+    logit_jacobian: torch.Tensor | None = None
+    logit_tokens: list[int] | None = None
+
+    @property
+    def next_token_id(self) -> int:
+        """The model's predicted next token (argmax of its logits)."""
+        return int(self.logits.argmax())
+
+    @property
+    def reconstructed_next_token_id(self) -> int:
+        """The argmax of the logits computed from the reconstruction."""
+        return int(self.reconstruction_logits.argmax())
+
+    def operator(self, k: int) -> torch.Tensor:
+        """(d_model, d_model) operator ``J_k`` of token ``k``."""
+        return self.jacobian[:, k, :]
+
+    def summed(self) -> torch.Tensor:
+        """(d_model, d_model) ``sum_k J_k``: the operator applied to a shared input direction."""
+        return self.jacobian.sum(dim=1)
+
+    def combined(self) -> torch.Tensor:
+        """(d_model, n_tokens * d_model) ``[J_1 ... J_n]``, the operator on the stacked input."""
+        return self.jacobian.reshape(self.jacobian.shape[0], -1)
+
+
+def reconstruct(jacobian: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    """``sum_k J_k x_k`` for J (rows, n, d) and X (n, d); returns (rows,)."""
+    return torch.einsum("rnd,nd->r", jacobian, embeddings)
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||approx - exact|| / ||exact||`` (absolute error when ``exact`` is zero)."""
+    denom = torch.linalg.vector_norm(exact)
+    err = torch.linalg.vector_norm(approx - exact)
+    return float(err / denom) if denom > 0 else float(err)
+
+
+def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Next-token logits (..., vocab) from final normed hidden states (..., d), as the model computes them."""
+    head = model.get_output_embeddings()
+    logits = head(hidden.to(head.weight.dtype))
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def logit_jacobian(model: nn.Module, result: JacobianResult, tokens: Sequence[int] | None = None) -> torch.Tensor:
+    """Jacobian of chosen logits w.r.t. the input embeddings: ``W_U[tokens] @ J``.
+
+    Never a vocabulary-sized pullback: the hidden-state Jacobian is mapped through the
+    unembedding rows. With final-logit soft-capping ``c tanh(z / c)``, the capping is a
+    scalar nonlinearity ``z * (c tanh(z / c) / z)``, whose ratio is frozen (detached) or
+    differentiated (ordinary Jacobian).
+
+    Returns
+    -------
+    (len(tokens), n_tokens, d_model); all vocabulary rows when ``tokens`` is None.
+    """
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise PromptError("Expected a bias-free unembedding for a linear logit Jacobian. Got lm_head with a bias.")
+    rows = head.weight if tokens is None else head.weight[list(tokens)]  # (t, d)
+    jac = torch.einsum("td,dnk->tnk", rows.to(result.jacobian.dtype), result.jacobian)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is not None:
+        z = rows.to(result.output.dtype) @ result.output  # (t,)
+        factor = torch.where(z == 0, torch.ones_like(z), torch.tanh(z / cap) * cap / z) if result.detached \
+            else 1 - torch.tanh(z / cap) ** 2
+        jac = jac * factor[:, None, None]
+    return jac
+
+
+def detached_jacobian(
+    model: nn.Module,
+    prompt: str | Sequence[int] | torch.Tensor,
+    *,
+    row_block: int = 64,
+    detach: bool = True,
+    position: int = -1,
+    target: str = "hidden",
+    logit_tokens: Sequence[int] | None = None,
+    tokenizer: Any | None = None,
+    check: bool = True,
+    progress: bool = False,
+) -> JacobianResult:
+    """The detached (or ordinary) Jacobian of the final hidden state w.r.t. the input embeddings.
+
+    Parameters
+    ----------
+    model
+        A loaded causal LM of a supported family (see :func:`load_model`).
+    prompt
+        Text or token ids.
+    row_block
+        Rows per vmapped pullback; the result does not depend on it.
+    detach
+        ``True`` for the detached Jacobian ``J+`` (exact linear system), ``False`` for
+        the ordinary Jacobian of the same computation.
+    position
+        Token position whose output is the target (default: last).
+    target
+        ``"hidden"`` (default) or ``"logits"``, which also fills ``logit_jacobian`` as
+        ``W_U[logit_tokens] @ J`` (all tokens if ``logit_tokens`` is None).
+    check
+        For a detached float64 Jacobian, raise :class:`LinearizationError` if the
+        reconstruction error exceeds ``FLOAT64_EXACTNESS_BOUND``: a nonlinearity that no
+        rule froze makes the linear system wrong, and that must not pass silently.
+    progress
+        Show a progress bar over row blocks.
+
+    Returns
+    -------
+    JacobianResult
+        ``jacobian`` is (d_model, n_tokens, d_model).
+    """
+    if target not in ("hidden", "logits"):
+        raise PromptError(f"Expected target 'hidden' or 'logits'. Got {target!r} instead.")
+    tok = tokenizer if tokenizer is not None else get_tokenizer(model)
+    stream = stream_jacobian(model, prompt, row_block=row_block, detach=detach, position=position,
+                             tokenizer=tok, progress=progress)
+    n, d = stream.embeddings.shape
+    jac = torch.empty(stream.n_rows, n, d, dtype=stream.output.dtype, device=stream.output.device)
+    for block in stream:
+        jac[block.start:block.stop] = block.values
+    recon = reconstruct(jac, stream.embeddings)
+    err = relative_error(recon, stream.output)
+    if check and detach and jac.dtype == torch.float64 and not err < FLOAT64_EXACTNESS_BOUND:
+        raise LinearizationError(
+            f"Expected the detached float64 Jacobian to reconstruct the output exactly (relative "
+            f"error < {FLOAT64_EXACTNESS_BOUND:g}). Got {err:.3e}: a nonlinearity on the path escaped "
+            f"the {stream.family} detach rules. Please report this model."
+        )
+    with torch.no_grad():
+        logits, recon_logits = output_logits(model, torch.stack([stream.output, recon]))
+    result = JacobianResult(
+        jacobian=jac, embeddings=stream.embeddings, output=stream.output, reconstruction=recon,
+        reconstruction_error=err, token_ids=stream.token_ids,
+        tokens=tok.convert_ids_to_tokens(stream.token_ids) if tok is not None else None,
+        prompt=prompt if isinstance(prompt, str) else None, position=stream.position,
+        detached=detach, family=stream.family, model_type=model.config.model_type, dtype=jac.dtype,
+        row_block=row_block, detach_rules=stream.detach_rules, logits=logits, reconstruction_logits=recon_logits,
+    )
+    if target == "logits":
+        result.logit_tokens = list(logit_tokens) if logit_tokens is not None else None
+        result.logit_jacobian = logit_jacobian(model, result, logit_tokens)
+    return result

@@ -1,0 +1,100 @@
+"""Linearize a loaded model in place, for the duration of a ``with`` block.
+
+``linearized(model)`` wraps the model's own norm and MLP instances with the detached
+wrappers of :mod:`detjac.engine.detach`, points the config at the registered detached
+attention function, puts the model in eval mode with frozen parameters, and runs the
+guard. On exit every instance, the attention setting, the training flag and the
+``requires_grad`` flags are restored, so the stock model is untouched afterwards.
+Nothing at module level or under site-packages is changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from torch import nn
+
+from .detach import (
+    DETACHED_ATTENTION,
+    EXACT_ATTENTION,
+    DetachedGatedMLP,
+    DetachedRMSNorm,
+    register_attention,
+)
+from .families import Family, family_for
+from .guard import check_linear_path
+
+
+@dataclass(frozen=True)
+class Linearized:
+    """What :func:`linearized` yields: the model, its decoder and its family."""
+
+    model: nn.Module
+    decoder: nn.Module
+    family: Family
+    detach: bool
+
+
+def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Replace norm and MLP instances under ``decoder``; return (parent, name, original) to undo."""
+    replaced: list[tuple[nn.Module, str, nn.Module]] = []
+    for parent in list(decoder.modules()):
+        for name, child in list(parent.named_children()):
+            wrapper: nn.Module | None = None
+            if (norm := family.norm_rule(child)) is not None:
+                wrapper = DetachedRMSNorm(child, norm, detach)
+            elif (mlp := family.mlp_rule(child)) is not None:
+                wrapper = DetachedGatedMLP(child, mlp, detach)
+            if wrapper is not None:
+                setattr(parent, name, wrapper)
+                replaced.append((parent, name, child))
+    return replaced
+
+
+@contextmanager
+def linearized(model: nn.Module, *, detach: bool = True) -> Iterator[Linearized]:
+    """Run a block with ``model`` linearized (``detach=True``) or exact but not detached.
+
+    Parameters
+    ----------
+    model
+        A loaded Hugging Face causal LM of a supported family.
+    detach
+        Freeze the nonlinear factors (the detached Jacobian). With ``False`` the same
+        exact-dtype computation runs without freezing (the ordinary Jacobian).
+
+    Raises
+    ------
+    UnsupportedModelError
+        Unknown ``model_type``, or a module on the input-to-output path without a rule.
+    """
+    family = family_for(model.config)
+    decoder = family.decoder(model)
+    register_attention()
+    was_training = model.training
+    grad_flags = [(p, p.requires_grad) for p in model.parameters()]
+    configs = [m.config for m in model.modules() if hasattr(m, "config")]
+    attn_before = [(c, c._attn_implementation) for c in {id(c): c for c in configs}.values()]
+    replaced = _wrap_instances(decoder, family, detach)
+    try:
+        for config, _ in attn_before:
+            config._attn_implementation = DETACHED_ATTENTION if detach else EXACT_ATTENTION
+        model.eval()
+        model.requires_grad_(False)
+        check_linear_path(decoder, family, prefix=_path_of(model, decoder))
+        yield Linearized(model=model, decoder=decoder, family=family, detach=detach)
+    finally:
+        for parent, name, original in reversed(replaced):
+            setattr(parent, name, original)
+        for config, impl in attn_before:
+            config._attn_implementation = impl
+        for p, flag in grad_flags:
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+
+def _path_of(model: nn.Module, sub: nn.Module) -> str:
+    """Dotted name of ``sub`` inside ``model`` (for messages), or its class name."""
+    return next((n for n, m in model.named_modules() if m is sub and n), type(sub).__name__)

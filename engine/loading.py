@@ -1,0 +1,179 @@
+"""Load checkpoints and turn prompts into token ids, with errors a user can act on.
+
+Loading never executes pickled code: ``trust_remote_code`` is off unless the caller asks,
+safetensors are preferred, and transformers loads any ``.bin`` with ``weights_only``.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from detjac.errors import CheckpointError, PromptError
+
+from .families import family_for
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+# Tokenizers of models loaded through load_model, without attaching attributes to them.
+_TOKENIZERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+
+
+def check_checkpoint_dir(path: str | Path) -> Path:
+    """Return ``path`` if it is a Hugging Face checkpoint directory, else raise.
+
+    Raises
+    ------
+    CheckpointError
+        The path is missing, not a directory, or lacks ``config.json`` or weights.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(
+            f"Expected a Hugging Face checkpoint directory. Got {str(path)!r}, which does not "
+            "exist (detjac loads local checkpoints only; download the model first)."
+        )
+    if not p.is_dir():
+        raise CheckpointError(
+            f"Expected a Hugging Face checkpoint directory. Got {str(path)!r}, which is a file."
+        )
+    if not (p / "config.json").is_file():
+        raise CheckpointError(
+            f"Expected a Hugging Face checkpoint directory containing config.json. Got "
+            f"{str(path)!r}, which has no config.json, so it is not a checkpoint."
+        )
+    try:
+        json.loads((p / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"Expected a readable JSON config.json in {str(path)!r}. Got: {e}") from None
+    if not any((p / f).is_file() for f in _WEIGHT_FILES):
+        raise CheckpointError(
+            f"Expected weights ({' or '.join(_WEIGHT_FILES[::2])}) in {str(path)!r}. Got a "
+            "config.json without weights."
+        )
+    return p
+
+
+def load_model(
+    source: str | Path | nn.Module,
+    *,
+    dtype: torch.dtype | None = torch.float64,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    tokenizer: Any | None = None,
+) -> nn.Module:
+    """Load a causal LM of a supported family (or accept one already loaded).
+
+    Parameters
+    ----------
+    source
+        A local checkpoint directory, or an already-loaded ``PreTrainedModel``.
+    dtype
+        Parameter dtype. float64 (the default) is the exactness mode; ``None`` keeps the
+        checkpoint's (or the given model's) dtype.
+    device
+        Device to place the model on.
+    revision, trust_remote_code
+        Passed to ``from_pretrained``. Remote code stays off unless asked for.
+    tokenizer
+        A tokenizer to remember for this model; by default the checkpoint's own.
+
+    Returns
+    -------
+    The model in eval mode. Its tokenizer is remembered (see :func:`get_tokenizer`).
+
+    Raises
+    ------
+    CheckpointError
+        ``source`` is not a checkpoint directory.
+    UnsupportedModelError
+        The model's family has no detach rules.
+    """
+    if isinstance(source, nn.Module):
+        model = source
+        family_for(model.config)
+        if dtype is not None:
+            model.to(dtype=dtype)
+        model.to(device)
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        path = check_checkpoint_dir(source)
+        config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        family_for(config)  # fail on an unsupported family before reading any weights
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=config, revision=revision, dtype=dtype or "auto",
+            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path),
+        ).to(device)
+        if tokenizer is None and any(path.glob("tokenizer*")):
+            tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    model.eval()
+    if tokenizer is not None:
+        _TOKENIZERS[model] = tokenizer
+    return model
+
+
+def _has_safetensors(path: Path) -> bool | None:
+    return True if any(path.glob("*.safetensors*")) else None
+
+
+def get_tokenizer(model: nn.Module) -> Any | None:
+    """The tokenizer remembered for ``model``, else the one in its checkpoint dir, else None."""
+    if model in _TOKENIZERS:
+        return _TOKENIZERS[model]
+    name = getattr(model.config, "_name_or_path", "")
+    if name and (Path(name) / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(name)
+        _TOKENIZERS[model] = tok
+        return tok
+    return None
+
+
+def parse_prompt(prompt: str | Sequence[int] | torch.Tensor, model: nn.Module,
+                 tokenizer: Any | None = None) -> list[int]:
+    """Token ids for ``prompt`` (text, or ids given directly), checked against the model.
+
+    Raises
+    ------
+    PromptError
+        Empty prompt, text without a tokenizer, ids out of the vocabulary, or more
+        tokens than the model's context.
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise PromptError(
+                f"Expected a prompt of at least one token. Got {'an empty' if not prompt else 'a whitespace-only'} "
+                "string instead."
+            )
+        tokenizer = tokenizer if tokenizer is not None else get_tokenizer(model)
+        if tokenizer is None:
+            raise PromptError(
+                "Expected a tokenizer to turn the text prompt into tokens. Got a model without one: "
+                "load it with detjac.engine.load_model(checkpoint_dir), pass tokenizer=..., or give token ids."
+            )
+        ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    else:
+        ids = [int(i) for i in (prompt.reshape(-1).tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+    if not ids:
+        raise PromptError("Expected a prompt of at least one token. Got no tokens instead.")
+    vocab = model.get_input_embeddings().num_embeddings
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise PromptError(f"Expected token ids in [0, {vocab}). Got {bad[:5]} instead.")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and len(ids) > limit:
+        raise PromptError(
+            f"Expected a prompt of at most {limit} tokens (the model's max_position_embeddings). "
+            f"Got {len(ids)} tokens instead."
+        )
+    return ids

@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny random models of every family, built from configs (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from detjac.engine.tiny import WINDOW, save_tiny_checkpoint, tiny_model, tiny_model_types
+
+FAMILIES = tiny_model_types()
+N_TOKENS = 3 * WINDOW + 1  # longer than every sliding window in the tiny configs
+
+
+@pytest.fixture(scope="session")
+def prompt_ids() -> list[int]:
+    return torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(1234)).tolist()
+
+
+@pytest.fixture(params=FAMILIES)
+def family_model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return tiny_model(request.param, seed=7)
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
