@@ -213,7 +213,7 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Next-token logits (..., vocab) from final normed hidden states (..., d), as the model computes them."""
     head = model.get_output_embeddings()
     logits = head(hidden.to(head.weight.dtype))
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
     return logits
@@ -236,7 +236,7 @@ def logit_jacobian(model: nn.Module, result: JacobianResult, tokens: Sequence[in
         raise PromptError("Expected a bias-free unembedding for a linear logit Jacobian. Got lm_head with a bias.")
     rows = head.weight if tokens is None else head.weight[list(tokens)]  # (t, d)
     jac = torch.einsum("td,dnk->tnk", rows.to(result.jacobian.dtype), result.jacobian)
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     if cap is not None:
         z = rows.to(result.output.dtype) @ result.output  # (t,)
         factor = torch.where(z == 0, torch.ones_like(z), torch.tanh(z / cap) * cap / z) if result.detached \

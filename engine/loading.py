@@ -170,7 +170,7 @@ def parse_prompt(prompt: str | Sequence[int] | torch.Tensor, model: nn.Module,
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
         raise PromptError(f"Expected token ids in [0, {vocab}). Got {bad[:5]} instead.")
-    limit = getattr(model.config, "max_position_embeddings", None)
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and len(ids) > limit:
         raise PromptError(
             f"Expected a prompt of at most {limit} tokens (the model's max_position_embeddings). "

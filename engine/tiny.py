@@ -33,6 +33,9 @@ _EXTRA: dict[str, dict[str, Any]] = {
     "mistral": dict(sliding_window=WINDOW),
     "olmo2": {},
 }
+# Multimodal Gemma3 (the released 4B+ checkpoints): a tiny vision tower around the text model.
+_GEMMA3_VISION: dict[str, Any] = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, image_size=28, patch_size=14)
 
 _TEXT = (
     "The bridge out of Marin is the Golden Gate Bridge. The fog rolls over the bay in the "
@@ -43,15 +46,20 @@ _TEXT = (
 
 def tiny_model_types() -> list[str]:
     """The ``model_type`` values :func:`tiny_config` knows."""
-    return list(_EXTRA)
+    return [*_EXTRA, "gemma3"]
 
 
 def tiny_config(model_type: str, **overrides: Any) -> Any:
     """A small transformers config of ``model_type`` (see module docstring)."""
     from transformers import AutoConfig
 
+    if model_type == "gemma3":
+        text = tiny_config("gemma3_text", **overrides).to_dict()
+        return AutoConfig.for_model("gemma3", text_config=text, vision_config=_GEMMA3_VISION,
+                                    mm_tokens_per_image=4, image_token_index=5, boi_token_index=6,
+                                    eoi_token_index=7)
     if model_type not in _EXTRA:
-        raise KeyError(f"Expected one of {', '.join(_EXTRA)}. Got {model_type!r} instead.")
+        raise KeyError(f"Expected one of {', '.join(tiny_model_types())}. Got {model_type!r} instead.")
     return AutoConfig.for_model(model_type, **{**_COMMON, **_EXTRA[model_type], **overrides})
 
 

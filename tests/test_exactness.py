@@ -15,7 +15,7 @@ STOCK_LOGIT_ATOL = 1e-5
 
 def test_detached_reconstruction_is_exact(family_model, prompt_ids):
     res = detached_jacobian(family_model, prompt_ids, row_block=16)
-    n, d = len(prompt_ids), family_model.config.hidden_size
+    n, d = len(prompt_ids), family_model.config.get_text_config().hidden_size
     assert res.jacobian.shape == (d, n, d)
     assert res.embeddings.shape == (n, d) and res.output.shape == (d,)
     assert res.reconstruction_error < 1e-12

@@ -1,7 +1,11 @@
 """Gemma3 (text): sandwich norms (four per layer) with ``1 + w`` weights, per-head QK
 norms, GeGLU (tanh GELU gate), embeddings scaled by sqrt(d) inside the embedding module,
 attention scale ``query_pre_attn_scalar ** -0.5`` and sliding-window layers chosen per
-layer from ``config.layer_types`` (the window reaches a layer through its mask)."""
+layer from ``config.layer_types`` (the window reaches a layer through its mask).
+
+The released 4B/12B/27B checkpoints are multimodal (``model_type`` "gemma3",
+``Gemma3ForConditionalGeneration``); their text path is the same ``Gemma3TextModel``,
+reached as ``model.model.language_model``, and the Jacobian is of that path only."""
 
 from transformers.models.gemma3 import modeling_gemma3 as m
 
@@ -9,10 +13,11 @@ from .base import Family, MlpRule, NormRule
 
 FAMILY = Family(
     name="Gemma3",
-    model_types=("gemma3_text",),
+    model_types=("gemma3_text", "gemma3"),
     norms=(NormRule(m.Gemma3RMSNorm, eps_attr="eps", weight_offset=1.0),),
     mlps=(MlpRule(m.Gemma3MLP),),
     attentions=(m.Gemma3Attention,),
     containers=(m.Gemma3TextModel, m.Gemma3DecoderLayer),
     position_modules=(m.Gemma3RotaryEmbedding,),
+    decoder=lambda model: getattr(model.model, "language_model", model.model),
 )
