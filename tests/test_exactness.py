@@ -53,6 +53,8 @@ def test_stream_yields_blocks_in_order(prompt_ids):
     blocks = list(stream)
     assert [(b.start, b.stop) for b in blocks] == [(0, 10), (10, 20), (20, 30), (30, 32)]
     assert stream.n_blocks == 4 and all(b.values.shape[1:] == stream.embeddings.shape for b in blocks)
+    # blocks carry no autograd graph: one would keep every intermediate cotangent alive
+    assert all(b.values.grad_fn is None and not b.values.requires_grad for b in blocks)
     jac = torch.cat([b.values for b in blocks])
     assert torch.allclose(reconstruct(jac, stream.embeddings), stream.output, rtol=0, atol=1e-12)
 
