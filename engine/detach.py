@@ -57,7 +57,7 @@ class DetachedRMSNorm(DetachedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_factor_dtype(x.dtype))
         scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)  # (..., 1)
-        weight = self.inner.weight.to(x.dtype)
+        weight: torch.Tensor = self.inner.weight.to(x.dtype)
         if self.offset:
             weight = weight + self.offset
         return x * _maybe_detach(scale, self.detach) * weight

@@ -30,7 +30,8 @@ _GENERIC_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 def check_linear_path(decoder: nn.Module, family: Family, prefix: str = "model") -> None:
     """Raise :class:`UnsupportedModelError` unless ``decoder`` is linear given frozen factors."""
-    skip = {id(decoder.get_input_embeddings())} if hasattr(decoder, "get_input_embeddings") else set()
+    get_embeddings = getattr(decoder, "get_input_embeddings", None)
+    skip = {id(get_embeddings())} if get_embeddings is not None else set()
     _visit(decoder, prefix, family, skip)
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from detjac.errors import LinearizationError, PromptError
 
@@ -84,12 +86,12 @@ class JacobianStream:
             # transforms) unless grad mode is off; that graph would keep every intermediate
             # cotangent of the block alive (3x the peak memory at d_model=512).
             with torch.no_grad():
-                (values,) = pullback_rows(eye[start:stop])  # (rows, n_tokens, d_model)
+                values = pullback_rows(eye[start:stop])[0]  # (rows, n_tokens, d_model)
             yield RowBlock(start, stop, values)
 
 
 def stream_jacobian(
-    model: nn.Module,
+    model: PreTrainedModel,
     prompt: str | Sequence[int] | torch.Tensor,
     *,
     row_block: int = 64,
@@ -125,7 +127,8 @@ def stream_jacobian(
     with linearized(model, detach=detach) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)
-        embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
+        embed = lin.decoder.get_input_embeddings()
+        embeddings = embed(input_ids)[0].detach()  # (n, d)
 
         def forward(x: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
             return lin.decoder(inputs_embeds=x[None], use_cache=False).last_hidden_state[0, position]
@@ -213,7 +216,7 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return float(err / denom) if denom > 0 else float(err)
 
 
-def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def output_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     """Next-token logits (..., vocab) from final normed hidden states (..., d), as the model computes them."""
     head = model.get_output_embeddings()
     logits = head(hidden.to(head.weight.dtype))
@@ -223,7 +226,7 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def logit_jacobian(model: nn.Module, result: JacobianResult, tokens: Sequence[int] | None = None) -> torch.Tensor:
+def logit_jacobian(model: PreTrainedModel, result: JacobianResult, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """Jacobian of chosen logits w.r.t. the input embeddings: ``W_U[tokens] @ J``.
 
     Never a vocabulary-sized pullback: the hidden-state Jacobian is mapped through the
@@ -250,7 +253,7 @@ def logit_jacobian(model: nn.Module, result: JacobianResult, tokens: Sequence[in
 
 
 def detached_jacobian(
-    model: nn.Module,
+    model: PreTrainedModel,
     prompt: str | Sequence[int] | torch.Tensor,
     *,
     row_block: int = 64,

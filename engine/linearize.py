@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from .detach import (
     DETACHED_ATTENTION,
@@ -31,7 +35,7 @@ from .guard import check_linear_path
 class Linearized:
     """What :func:`linearized` yields: the model, its decoder and its family."""
 
-    model: nn.Module
+    model: PreTrainedModel
     decoder: nn.Module
     family: Family
     detach: bool
@@ -54,7 +58,7 @@ def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tu
 
 
 @contextmanager
-def linearized(model: nn.Module, *, detach: bool = True) -> Iterator[Linearized]:
+def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linearized]:
     """Run a block with ``model`` linearized (``detach=True``) or exact but not detached.
 
     Parameters
@@ -95,6 +99,6 @@ def linearized(model: nn.Module, *, detach: bool = True) -> Iterator[Linearized]
         model.train(was_training)
 
 
-def _path_of(model: nn.Module, sub: nn.Module) -> str:
+def _path_of(model: PreTrainedModel, sub: nn.Module) -> str:
     """Dotted name of ``sub`` inside ``model`` (for messages), or its class name."""
     return next((n for n, m in model.named_modules() if m is sub and n), type(sub).__name__)

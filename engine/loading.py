@@ -10,10 +10,13 @@ import json
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from detjac.errors import CheckpointError, PromptError
 
@@ -69,7 +72,7 @@ def load_model(
     revision: str | None = None,
     trust_remote_code: bool = False,
     tokenizer: Any | None = None,
-) -> nn.Module:
+) -> PreTrainedModel:
     """Load a causal LM of a supported family (or accept one already loaded).
 
     Parameters
@@ -112,7 +115,8 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(
             path, config=config, revision=revision, dtype=dtype or "auto",
             trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path),
-        ).to(device)
+        )
+        model.to(device)
         if tokenizer is None and any(path.glob("tokenizer*")):
             tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     model.eval()
@@ -125,7 +129,7 @@ def _has_safetensors(path: Path) -> bool | None:
     return True if any(path.glob("*.safetensors*")) else None
 
 
-def get_tokenizer(model: nn.Module) -> Any | None:
+def get_tokenizer(model: PreTrainedModel) -> Any | None:
     """The tokenizer remembered for ``model``, else the one in its checkpoint dir, else None."""
     if model in _TOKENIZERS:
         return _TOKENIZERS[model]
@@ -139,7 +143,7 @@ def get_tokenizer(model: nn.Module) -> Any | None:
     return None
 
 
-def parse_prompt(prompt: str | Sequence[int] | torch.Tensor, model: nn.Module,
+def parse_prompt(prompt: str | Sequence[int] | torch.Tensor, model: PreTrainedModel,
                  tokenizer: Any | None = None) -> list[int]:
     """Token ids for ``prompt`` (text, or ids given directly), checked against the model.
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from .jacobian import JacobianResult, detached_jacobian
 
@@ -37,7 +39,7 @@ class ExactnessReport:
     seconds: float
 
 
-def exactness_report(model: nn.Module, prompt: str | Sequence[int], *, row_block: int = 64,
+def exactness_report(model: PreTrainedModel, prompt: str | Sequence[int], *, row_block: int = 64,
                      ordinary: bool = True, tokenizer: Any | None = None,
                      progress: bool = False) -> ExactnessReport:
     """Compute the detached (and ordinary) Jacobian and compare with the unmodified model."""

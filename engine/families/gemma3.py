@@ -7,9 +7,17 @@ The released 4B/12B/27B checkpoints are multimodal (``model_type`` "gemma3",
 ``Gemma3ForConditionalGeneration``); their text path is the same ``Gemma3TextModel``,
 reached as ``model.model.language_model``, and the Jacobian is of that path only."""
 
+from torch import nn
 from transformers.models.gemma3 import modeling_gemma3 as m
 
 from .base import Family, MlpRule, NormRule
+
+
+def _text_decoder(model: nn.Module) -> nn.Module:
+    """The Gemma3TextModel: ``model.model`` (text-only) or ``model.model.language_model``."""
+    base = model.get_submodule("model")
+    return base.get_submodule("language_model") if hasattr(base, "language_model") else base
+
 
 FAMILY = Family(
     name="Gemma3",
@@ -19,5 +27,5 @@ FAMILY = Family(
     attentions=(m.Gemma3Attention,),
     containers=(m.Gemma3TextModel, m.Gemma3DecoderLayer),
     position_modules=(m.Gemma3RotaryEmbedding,),
-    decoder=lambda model: getattr(model.model, "language_model", model.model),
+    decoder=_text_decoder,
 )
