@@ -79,10 +79,11 @@ def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linea
     register_attention()
     was_training = model.training
     grad_flags = [(p, p.requires_grad) for p in model.parameters()]
-    configs = [m.config for m in model.modules() if hasattr(m, "config")]
+    configs = [m.config for m in model.modules() if hasattr(getattr(m, "config", None), "_attn_implementation")]
     attn_before = [(c, c._attn_implementation) for c in {id(c): c for c in configs}.values()]
-    replaced = _wrap_instances(decoder, family, detach)
+    replaced: list[tuple[nn.Module, str, nn.Module]] = []
     try:
+        replaced = _wrap_instances(decoder, family, detach)
         for config, _ in attn_before:
             config._attn_implementation = DETACHED_ATTENTION if detach else EXACT_ATTENTION
         model.eval()
