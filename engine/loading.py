@@ -10,6 +10,7 @@ import json
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,9 +54,13 @@ def check_checkpoint_dir(path: str | Path) -> Path:
             f"{str(path)!r}, which has no config.json, so it is not a checkpoint."
         )
     try:
-        json.loads((p / "config.json").read_text())
+        config = json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Expected a readable JSON config.json in {str(path)!r}. Got: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"Expected config.json in {str(path)!r} to hold a JSON object. Got a {type(config).__name__}."
+        )
     if not any((p / f).is_file() for f in _WEIGHT_FILES):
         raise CheckpointError(
             f"Expected weights ({' or '.join(_WEIGHT_FILES[::2])}) in {str(path)!r}. Got a "
@@ -110,6 +115,9 @@ def load_model(
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         path = check_checkpoint_dir(source)
+        # Refuse an unsupported family from config.json alone, before transformers parses it
+        # (a model_type transformers does not know would otherwise fail with its own message).
+        family_for(SimpleNamespace(model_type=json.loads((path / "config.json").read_text()).get("model_type")))
         config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
         family_for(config)  # fail on an unsupported family before reading any weights
         model = AutoModelForCausalLM.from_pretrained(

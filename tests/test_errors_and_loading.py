@@ -106,6 +106,18 @@ def test_unsupported_family_refused_before_loading_weights(tmp_path):
         load_model(tmp_path)
 
 
+def test_model_type_unknown_to_transformers_too(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "my_new_arch", "hidden_size": 8}))
+    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    with pytest.raises(UnsupportedModelError, match=r"llama, mistral.*Got model_type='my_new_arch'"):
+        load_model(tmp_path)
+
+
+def test_single_token_prompt(llama_checkpoint):
+    res = detached_jacobian(load_model(llama_checkpoint), [1])
+    assert res.jacobian.shape[1] == 1 and res.reconstruction_error < 1e-12
+
+
 def test_remote_code_stays_off(tmp_path, llama_checkpoint):
     # A checkpoint asking for custom code is not executed unless the user opts in.
     cfg = json.loads((llama_checkpoint / "config.json").read_text())
