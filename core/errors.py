@@ -25,3 +25,7 @@ class PromptError(DetjacError, ValueError):
 
 class LinearizationError(DetjacError, RuntimeError):
     """The detached model failed to reproduce its own output (a nonlinearity escaped)."""
+
+
+class InvalidArgumentError(DetjacError, ValueError):
+    """An argument other than the prompt or the model is out of its range (row_block, target, ...)."""

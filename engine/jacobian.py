@@ -19,7 +19,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from detjac.errors import LinearizationError, PromptError
+from detjac.errors import InvalidArgumentError, LinearizationError, UnsupportedModelError
 
 from .linearize import linearized
 from .loading import get_tokenizer, parse_prompt
@@ -117,13 +117,18 @@ def stream_jacobian(
 
     Raises
     ------
-    PromptError, UnsupportedModelError
+    PromptError
+        Empty prompt, unknown token ids, or more tokens than the model's context.
+    InvalidArgumentError
+        ``row_block`` < 1 or ``position`` outside the prompt.
+    UnsupportedModelError
+        Unknown family or a module without a detach rule.
     """
     if not isinstance(row_block, int) or row_block < 1:
-        raise PromptError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
+        raise InvalidArgumentError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
     ids = parse_prompt(prompt, model, tokenizer)
     if not -len(ids) <= position < len(ids):
-        raise PromptError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
+        raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
     with linearized(model, detach=detach) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)
@@ -240,7 +245,9 @@ def logit_jacobian(model: PreTrainedModel, result: JacobianResult, tokens: Seque
     """
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
-        raise PromptError("Expected a bias-free unembedding for a linear logit Jacobian. Got lm_head with a bias.")
+        raise UnsupportedModelError(
+            "Expected a bias-free unembedding for a linear logit Jacobian. Got lm_head with a bias."
+        )
     rows = head.weight if tokens is None else head.weight[list(tokens)]  # (t, d)
     jac = torch.einsum("td,dnk->tnk", rows.to(result.jacobian.dtype), result.jacobian)
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
@@ -296,7 +303,7 @@ def detached_jacobian(
         ``jacobian`` is (d_model, n_tokens, d_model).
     """
     if target not in ("hidden", "logits"):
-        raise PromptError(f"Expected target 'hidden' or 'logits'. Got {target!r} instead.")
+        raise InvalidArgumentError(f"Expected target 'hidden' or 'logits'. Got {target!r} instead.")
     tok = tokenizer if tokenizer is not None else get_tokenizer(model)
     stream = stream_jacobian(model, prompt, row_block=row_block, detach=detach, position=position,
                              tokenizer=tok, progress=progress)

@@ -10,7 +10,7 @@ import torch
 
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
 from detjac.engine.tiny import tiny_model
-from detjac.errors import CheckpointError, PromptError, UnsupportedModelError
+from detjac.errors import CheckpointError, InvalidArgumentError, PromptError, UnsupportedModelError
 
 
 def test_load_checkpoint_float64_and_reconstruct(llama_checkpoint):
@@ -67,10 +67,12 @@ def test_text_prompt_without_tokenizer():
 
 def test_bad_row_block_and_position(prompt_ids):
     model = tiny_model("llama")
-    with pytest.raises(PromptError, match="row_block to be a positive integer. Got 0"):
+    with pytest.raises(InvalidArgumentError, match="row_block to be a positive integer. Got 0"):
         detached_jacobian(model, prompt_ids, row_block=0)
-    with pytest.raises(PromptError, match=r"position in \[-13, 13\)\. Got 13"):
+    with pytest.raises(InvalidArgumentError, match=r"position in \[-13, 13\)\. Got 13"):
         detached_jacobian(model, prompt_ids, position=13)
+    with pytest.raises(InvalidArgumentError, match="Expected target 'hidden' or 'logits'. Got 'probs'"):
+        detached_jacobian(model, prompt_ids, target="probs")
 
 
 def test_missing_directory(tmp_path):
