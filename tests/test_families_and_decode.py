@@ -1,0 +1,38 @@
+"""Conformance: every registered family is exercised by the exactness suite; decoding helpers."""
+
+from __future__ import annotations
+
+import torch
+
+from detjac.engine import FAMILIES
+from detjac.engine.decode import decode_top, top_singular
+from detjac.engine.tiny import tiny_model_types
+
+
+def test_every_registered_family_has_a_tiny_model_under_test():
+    # A family without the float64 reconstruction test is not supported.
+    assert set(FAMILIES) <= set(tiny_model_types())
+
+
+def test_every_family_declares_rules():
+    for family in FAMILIES.values():
+        assert family.norms and family.mlps and family.attentions and family.containers, family.name
+        assert len(family.describe()) == len(family.norms) + len(family.mlps) + len(family.attentions)
+
+
+def test_top_singular_matches_svd_and_orients_by_output():
+    gen = torch.Generator().manual_seed(0)
+    op = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    y = torch.randn(6, generator=gen, dtype=torch.float64)
+    svd = top_singular(op, 3, orient=y)
+    assert torch.allclose(svd.S, torch.linalg.svdvals(op)[:3])
+    assert torch.all(y @ svd.U >= 0)
+    # each oriented pair still satisfies op v = s u
+    assert torch.allclose(op @ svd.V, svd.U * svd.S, atol=1e-12)
+
+
+def test_decode_top_ranks_by_projection():
+    matrix = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0], [-3.0, 0.0]], dtype=torch.float64)
+    vectors = torch.tensor([[1.0], [0.0]], dtype=torch.float64)  # (d=2, k=1)
+    ids, scores = decode_top(vectors, matrix, top=2)
+    assert ids.tolist() == [[2, 0]] and scores.tolist() == [[2.0, 1.0]]
