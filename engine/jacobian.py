@@ -132,8 +132,7 @@ def stream_jacobian(
     with linearized(model, detach=detach) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)
-        embed = lin.decoder.get_input_embeddings()
-        embeddings = embed(input_ids)[0].detach()  # (n, d)
+        embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
 
         def forward(x: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
             return lin.decoder(inputs_embeds=x[None], use_cache=False).last_hidden_state[0, position]

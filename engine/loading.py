@@ -38,6 +38,11 @@ def check_checkpoint_dir(path: str | Path) -> Path:
     CheckpointError
         The path is missing, not a directory, or lacks ``config.json`` or weights.
     """
+    return _read_checkpoint(path)[0]
+
+
+def _read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise CheckpointError(
@@ -66,7 +71,7 @@ def check_checkpoint_dir(path: str | Path) -> Path:
             f"Expected weights ({' or '.join(_WEIGHT_FILES[::2])}) in {str(path)!r}. Got a "
             "config.json without weights."
         )
-    return p
+    return p, config
 
 
 def load_model(
@@ -114,12 +119,12 @@ def load_model(
     else:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        path = check_checkpoint_dir(source)
+        path, raw_config = _read_checkpoint(source)
         # Refuse an unsupported family from config.json alone, before transformers parses it
         # (a model_type transformers does not know would otherwise fail with its own message).
-        family_for(SimpleNamespace(model_type=json.loads((path / "config.json").read_text()).get("model_type")))
+        family_for(SimpleNamespace(model_type=raw_config.get("model_type")))
         config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-        family_for(config)  # fail on an unsupported family before reading any weights
+        family_for(config)  # remote code may declare its own model_type: check the parsed config too
         model = AutoModelForCausalLM.from_pretrained(
             path, config=config, revision=revision, dtype=dtype or "auto",
             trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path),
