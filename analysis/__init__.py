@@ -1,4 +1,5 @@
-"""Dask analyses that read stored Jacobians (SVD, decoding, layerwise emergence, steering).
+"""Analyses of detached Jacobians on numpy / dask arrays (no torch at module level).
 
-Not implemented yet: the analyses read the store's public API and land after it.
+``plots``: matplotlib figures (singular value spectra). The dask analyses that read the
+store (SVD, decoding, layerwise emergence, steering) land after the store.
 """

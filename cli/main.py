@@ -32,8 +32,8 @@ def main() -> None:
     \b
     Examples:
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the"
-      detjac families
       detjac demo
+      detjac families --check
     """
 
 
@@ -43,12 +43,8 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def _piece(tokenizer: Any, token_id: int) -> str:
-    return repr(tokenizer.decode([token_id])) if tokenizer is not None else str(token_id)
-
-
 @main.command()
-@click.argument("model", type=click.Path())
+@click.argument("model", type=click.Path(), default="default", required=False)
 @click.option("--prompt", "-p", required=True, help="Prompt text (tokenized with the model's tokenizer).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
               help="Compute dtype; float64 is the exactness mode.")
@@ -63,7 +59,10 @@ def _piece(tokenizer: Any, token_id: int) -> str:
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
 def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
              device: str, revision: str | None, trust_remote_code: bool) -> None:
-    """Detached Jacobian of MODEL (a local Hugging Face checkpoint dir) on one prompt.
+    """Detached Jacobian of MODEL on one prompt.
+
+    MODEL is a local Hugging Face checkpoint folder, or `default` (also when omitted) for
+    the shipped default model.
 
     Prints the prompt tokens, the predicted next token, the reconstruction error of the
     detached and of the ordinary Jacobian, and the top singular values of the summed
@@ -71,22 +70,26 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     through the unembedding, right vectors through the input embedding).
 
     \b
-    Example:
+    Examples:
+      detjac jacobian --prompt "Kitten, n. A young"            # the default model
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
     """
     from detjac.engine import get_tokenizer, load_model
     from detjac.engine.decode import decode_top, top_singular
+    from detjac.engine.default import resolve_model
     from detjac.engine.report import exactness_report
 
-    lm = load_model(model, dtype=_torch_dtype(dtype), device=device, revision=revision,
+    from .render import piece
+
+    lm = load_model(resolve_model(model), dtype=_torch_dtype(dtype), device=device, revision=revision,
                     trust_remote_code=trust_remote_code)
     tok = get_tokenizer(lm)
     rep = exactness_report(lm, prompt, row_block=row_block, progress=True)
     res = rep.detached
     click.echo(f"model       {model} ({res.family}, {dtype})")
-    click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(_piece(tok, i) for i in res.token_ids))
+    click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
-    click.echo(f"next token  {_piece(tok, res.next_token_id)} (id {res.next_token_id}, "
+    click.echo(f"next token  {piece(tok, res.next_token_id)} (id {res.next_token_id}, "
                f"p={float(probs[res.next_token_id]):.3f}); reconstruction argmax "
                f"{'agrees' if rep.argmax_agrees else 'DIFFERS'}")
     ordinary = rep.ordinary.reconstruction_error if rep.ordinary else float("nan")
@@ -100,18 +103,28 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     click.echo("top singular values of sum_k J_k, with decoded tokens:")
     click.echo(f"  {'#':>2}  {'sigma':>10}  left (unembedding) | right (embedding)")
     for i, s in enumerate(svd.S.tolist()):
-        left = " ".join(_piece(tok, t) for t in left_ids[i].tolist())
-        right = " ".join(_piece(tok, t) for t in right_ids[i].tolist())
+        left = " ".join(piece(tok, t) for t in left_ids[i].tolist())
+        right = " ".join(piece(tok, t) for t in right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
 
 
 @main.command()
-def families() -> None:
+@click.option("--check", is_flag=True,
+              help="Also run each family's exactness check on a tiny random model (float64, offline, seconds).")
+@click.option("--tokens", type=click.IntRange(min=2, max=64), default=12, show_default=True,
+              help="Prompt length for --check (longer than the tiny models' sliding window of 4).")
+def families(check: bool, tokens: int) -> None:
     """List the supported model families and their detach rules.
 
+    With --check, each family's tiny random model (d_model=32, 3 layers) is linearized and
+    the float64 reconstruction error of the detached and of the ordinary Jacobian, the
+    largest logit difference to the unmodified model and the argmax agreement are shown,
+    then the detached error for float32 and bfloat16.
+
     \b
-    Example:
+    Examples:
       detjac families
+      detjac families --check --tokens 16
     """
     from detjac.engine import FAMILIES
 
@@ -123,30 +136,18 @@ def families() -> None:
         click.echo(f"{family.name} (model_type: {', '.join(family.model_types)})")
         for line in family.describe():
             click.echo(f"    {line}")
+    if check:
+        _family_check(tokens)
 
 
-@main.command()
-@click.option("--tokens", type=click.IntRange(min=2, max=64), default=12, show_default=True,
-              help="Prompt length (longer than the tiny models' sliding window of 4).")
-def demo(tokens: int) -> None:
-    """Exactness of the detached Jacobian on a tiny random model of every family.
-
-    For each family: float64 reconstruction error of the detached and of the ordinary
-    Jacobian, the largest logit difference to the unmodified model, whether the next
-    token from the reconstruction matches, and the time taken. Then the same for
-    float32 and bfloat16. Runs offline in seconds.
-
-    \b
-    Example:
-      detjac demo --tokens 16
-    """
+def _family_check(tokens: int) -> None:
     import torch
 
     from detjac.engine.report import exactness_report
     from detjac.engine.tiny import tiny_model, tiny_model_types
 
     prompt = torch.randint(3, 160, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
-    click.echo(f"Tiny random models (d_model=32, 3 layers, window 4), prompt of {tokens} random tokens, float64.")
+    click.echo(f"\nTiny random models (d_model=32, 3 layers, window 4), prompt of {tokens} random tokens, float64.")
     click.echo(f"{'family':<12} {'detached err':>13} {'ordinary err':>13} {'|logit-stock|':>14} "
                f"{'argmax':>7} {'time':>7}")
     for model_type in tiny_model_types():
@@ -158,6 +159,62 @@ def demo(tokens: int) -> None:
     for dt in ("float32", "bfloat16"):
         rep = exactness_report(tiny_model("llama", dtype=getattr(torch, dt)), prompt, ordinary=False)
         click.echo(f"  {dt:<9} {rep.detached.reconstruction_error:.2e}")
+
+
+@main.command()
+@click.option("--prompt", "-p", "prompts", multiple=True,
+              help="A prompt to run instead of the three built-in ones (repeatable).")
+@click.option("--plot", type=click.Path(dir_okay=False), default="detjac-demo-spectra.png", show_default=True,
+              help="Where to write the singular value spectra (.png, .svg or .pdf).")
+@click.option("--k", "n_values", type=click.IntRange(min=1, max=20), default=3, show_default=True,
+              help="Singular triplets of the combined operator to decode.")
+@click.option("--top", type=click.IntRange(min=1, max=50), default=8, show_default=True,
+              help="Decoded tokens per singular vector.")
+def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
+    """The main job on the shipped default model, offline: a small Llama trained on a dictionary.
+
+    For each prompt: the tokens, the predicted next token, the float64 reconstruction error
+    of the detached Jacobian (and of the ordinary one, for contrast), the top singular values
+    of the combined operator [J_1 ... J_n] and of each token's J_k, and the tokens their
+    leading left (through the unembedding) and right (through the input embedding) singular
+    vectors decode to. Writes the singular value spectra to --plot.
+
+    \b
+    Examples:
+      detjac demo
+      detjac demo -p "Harp, n. (Mus.) A stringed instrument" --plot harp.png --top 10
+    """
+    from detjac.analysis.plots import SpectrumPanel, plot_spectra
+    from detjac.engine import get_tokenizer
+    from detjac.engine.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model
+    from detjac.engine.explain import explain
+    from detjac.engine.report import exactness_report
+
+    from .render import echo_explanation, echo_prediction, piece
+
+    model = load_default_model()
+    tok = get_tokenizer(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    click.echo(f"default model: {DEFAULT_MODEL_DIR.name} (Llama, {n_params:,} parameters, trained on the GCIDE "
+               f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), float64, CPU")
+    panels = []
+    for i, prompt in enumerate(prompts or DEMO_PROMPTS, start=1):
+        click.echo(f"\n[{i}] {prompt!r}")
+        rep = exactness_report(model, prompt)
+        res = rep.detached
+        echo_prediction(res, tok, rep.stock_logit_diff)
+        ordinary = rep.ordinary.reconstruction_error  # type: ignore[union-attr]
+        click.echo(f"  (the ordinary, non-detached Jacobian reconstructs with error {ordinary:.2e})")
+        expl = explain(res, model, k=n_values, top=top)
+        echo_explanation(expl, tok)
+        labels = [piece(tok, t) for t in res.token_ids]
+        short = prompt if len(prompt) <= 48 else prompt[:45] + "..."
+        title = f"[{i}] {short!r}\nnext token {piece(tok, res.next_token_id)}"
+        panels.append(SpectrumPanel(title, expl.combined.spectrum.tolist(),
+                                    {f"{k}:{lab}": op.spectrum.tolist()
+                                     for k, (lab, op) in enumerate(zip(labels, expl.per_token, strict=True))}))
+    path = plot_spectra(panels, plot, suptitle="Singular values of the detached Jacobian (default model)")
+    click.echo(f"\nwrote singular value spectra to {path.resolve()}")
 
 
 if __name__ == "__main__":  # pragma: no cover

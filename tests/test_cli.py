@@ -55,8 +55,8 @@ def test_families_lists_all_six():
     assert "Gemma3RMSNorm: variance scale frozen, output norm(x) * (1 + w)" in out
 
 
-def test_demo_reports_exact_reconstruction():
-    result = CliRunner().invoke(main, ["demo", "--tokens", "9"])
+def test_family_check_reports_exact_reconstruction():
+    result = CliRunner().invoke(main, ["families", "--check", "--tokens", "9"])
     assert result.exit_code == 0, result.output
     rows = re.findall(r"^(\w+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(same|DIFF)", result.output, flags=re.M)
     assert len(rows) == len(tiny_model_types())
