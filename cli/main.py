@@ -10,7 +10,7 @@ import click
 from detjac import __version__
 from detjac.errors import DetjacError
 
-DTYPES = ("float64", "float32", "bfloat16")
+from .store_cmds import DTYPES, run, store
 
 
 class DetjacGroup(click.Group):
@@ -33,6 +33,8 @@ def main() -> None:
     Examples:
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the"
       detjac demo
+      detjac run default prompts.txt --out run.zarr
+      detjac store verify run.zarr
       detjac families --check
     """
 
@@ -216,6 +218,9 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
     path = plot_spectra(panels, plot, suptitle="Singular values of the detached Jacobian (default model)")
     click.echo(f"\nwrote singular value spectra to {path.resolve()}")
 
+
+main.add_command(run)
+main.add_command(store)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

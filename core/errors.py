@@ -29,3 +29,19 @@ class LinearizationError(DetjacError, RuntimeError):
 
 class InvalidArgumentError(DetjacError, ValueError):
     """An argument other than the prompt or the model is out of its range (row_block, target, ...)."""
+
+
+class StoreError(DetjacError, OSError):
+    """A Jacobian store cannot be created, opened, written or read as asked."""
+
+
+class StoreFormatError(StoreError):
+    """A path is not a detjac store, or one written in a format this version cannot read."""
+
+
+class StoreMismatchError(StoreError):
+    """Resuming a store written for another model, dtype or settings."""
+
+
+class PromptsFileError(DetjacError, ValueError):
+    """A prompts file is missing, unreadable, empty or malformed."""

@@ -1,5 +1,27 @@
 """Chunked Zarr store for detached Jacobians (zarr v3; never imports torch).
 
-Not implemented yet: the store layout, writer and query API are specified in the
-project's issue tracker ("Chunked Zarr store") and land in a later change.
+>>> from detjac.store import open_store
+>>> store = open_store("run.zarr")                       # doctest: +SKIP
+>>> [p.prompt for p in store.prompts(contains="cat")]     # doctest: +SKIP
+>>> store.get(store.prompt_ids()[0]).jacobian()           # lazy dask array (row, token, col)  # doctest: +SKIP
+
+The format is specified in ``store/README.md``.
 """
+
+from .base import JacobianStore, PromptWriter, StoredPrompt, VerifyResult
+from .format import FORMAT_VERSION, prompt_id
+from .zarr_store import ZarrPrompt, ZarrStore, create_store, open_store, verify_prompt
+
+__all__ = [
+    "FORMAT_VERSION",
+    "JacobianStore",
+    "PromptWriter",
+    "StoredPrompt",
+    "VerifyResult",
+    "ZarrPrompt",
+    "ZarrStore",
+    "create_store",
+    "open_store",
+    "prompt_id",
+    "verify_prompt",
+]

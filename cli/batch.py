@@ -1,0 +1,162 @@
+"""Batch runs: every prompt of a file through the engine into a store, resumable.
+
+Everything that can be checked is checked before the store is touched: the prompts file,
+the model, every prompt's length. Then each prompt streams its row blocks into a staged
+group that becomes visible only when complete (see ``store/zarr_store.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from detjac import __version__
+from detjac.errors import LinearizationError, PromptError, PromptsFileError
+
+
+@dataclass(frozen=True)
+class PromptLine:
+    line: int  # 1-based line number in the prompts file
+    text: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptsFile:
+    path: Path
+    prompts: list[PromptLine]
+    blank: int
+
+
+def read_prompts(path: str | Path) -> PromptsFile:
+    """Prompts of a ``.txt`` (one per line) or ``.jsonl`` (``{"prompt": ..., ...}`` per line) file.
+
+    Blank lines are skipped and counted. Raises PromptsFileError for a missing, unreadable,
+    empty or malformed file, naming the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise PromptsFileError(f"Expected a prompts file at {path}. Got no such file.")
+    if not path.is_file():
+        raise PromptsFileError(f"Expected a prompts file at {path}. Got a folder.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptsFileError(f"Expected UTF-8 text in {path}. Got undecodable bytes at offset {exc.start}.") from exc
+    except OSError as exc:
+        raise PromptsFileError(f"Expected a readable prompts file at {path}. Got: {exc.strerror}.") from exc
+    jsonl = path.suffix.lower() == ".jsonl"
+    prompts, blank = [], 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            blank += 1
+            continue
+        prompts.append(_parse_jsonl_line(path, number, raw) if jsonl else PromptLine(number, raw))
+    if not prompts:
+        raise PromptsFileError(f"Expected at least one prompt in {path}. Got an empty file"
+                               + (f" ({blank} blank lines)." if blank else "."))
+    return PromptsFile(path, prompts, blank)
+
+
+def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
+    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+        raise PromptsFileError(f'Expected {{"prompt": "..."}} on line {number} of {path}. Got {raw[:80]!r}.')
+    return PromptLine(number, record.pop("prompt"), record)
+
+
+def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
+                    row_block: int, max_tokens: int) -> dict[str, Any]:
+    """What identifies the run (checked when resuming) plus its other settings."""
+    from detjac.engine import family_for
+
+    config_file = model_dir / "config.json" if model_dir is not None else None
+    config_sha = (hashlib.sha256(config_file.read_bytes()).hexdigest()
+                  if config_file is not None and config_file.is_file()
+                  else hashlib.sha256(model.config.to_json_string().encode()).hexdigest())
+    family = family_for(model.config)
+    return {"model_id": model_dir.name if model_dir is not None else model_arg,
+            "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
+            "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
+            "dtype": dtype, "keep": "full", "detach": True, "position": -1, "target": "hidden",
+            "family": family.name, "detach_rules": family.describe(), "row_block": row_block,
+            "max_tokens": max_tokens, "detjac_version": __version__}
+
+
+def tokenize_all(prompts: PromptsFile, model: Any, tokenizer: Any, max_tokens: int) -> list[list[int]]:
+    """Token ids of every prompt; raises PromptError listing every prompt that is too long."""
+    from detjac.engine import parse_prompt
+
+    ids, too_long = [], []
+    for item in prompts.prompts:
+        try:
+            tokens = parse_prompt(item.text, model, tokenizer)
+        except PromptError as exc:
+            raise PromptError(f"Line {item.line} of {prompts.path}: {exc}") from exc
+        if len(tokens) > max_tokens:
+            too_long.append(f"line {item.line} ({len(tokens)} tokens)")
+        ids.append(tokens)
+    if too_long:
+        shown = ", ".join(too_long[:10]) + (f" and {len(too_long) - 10} more" if len(too_long) > 10 else "")
+        raise PromptError(f"Expected prompts of at most {max_tokens} tokens (--max-tokens). Got longer ones in "
+                          f"{prompts.path}: {shown}. Nothing was written.")
+    return ids
+
+
+@dataclass
+class RunSummary:
+    written: int = 0
+    skipped_complete: int = 0
+    duplicates: int = 0
+    blank_lines: int = 0
+    worst_error: float = 0.0
+
+
+def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptLine, ids: list[int],
+                 run: dict[str, Any], bar: Any) -> float:
+    """Stream one prompt's Jacobian into ``store``; returns its reconstruction error."""
+    import torch
+
+    from detjac.engine import output_logits, relative_error, stream_jacobian
+    from detjac.engine.jacobian import FLOAT64_EXACTNESS_BOUND
+    from detjac.store.format import now
+
+    stream = stream_jacobian(model, ids, row_block=run["row_block"])
+    x, y = stream.embeddings, stream.output  # (n, d), (rows,)
+    storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
+    recon = torch.empty_like(y)
+    with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=x.shape[-1], dtype=storage,
+                     row_block=run["row_block"]) as writer:
+        bar.reset(total=stream.n_blocks)
+        for block in stream:
+            recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, x)
+            writer.write_rows(block.start, block.stop, _numpy(block.values, storage))
+            bar.update()
+        error = relative_error(recon, y)
+        if run["dtype"] == "float64" and not error < FLOAT64_EXACTNESS_BOUND:
+            raise LinearizationError(f"Prompt on line {item.line}: float64 reconstruction error {error:.3e} is above "
+                                     f"{FLOAT64_EXACTNESS_BOUND:.0e}; a nonlinearity escaped detaching.")
+        writer.write_array("embeddings", _numpy(x, storage))
+        writer.write_array("output", _numpy(y, storage))
+        writer.write_array("token_ids", torch.tensor(ids).numpy())
+        next_id = int(output_logits(model, y).argmax())
+        writer.commit({"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids),
+                       "token_ids": ids, "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None,
+                       "reconstruction_error": error, "next_token_id": next_id,
+                       "next_token": tokenizer.decode([next_id]) if tokenizer else None,
+                       "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
+                       "revision": run["revision"], "model_type": run["model_type"], "position": run["position"],
+                       "detach_rules": run["detach_rules"], "detjac_version": __version__, "written_at": now()})
+    return error
+
+
+def _numpy(t: Any, storage: str) -> Any:
+    import torch
+
+    return t.detach().to(device="cpu", dtype=getattr(torch, storage)).numpy()

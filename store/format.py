@@ -1,0 +1,60 @@
+"""The on-disk format of a detjac store (version 1); the spec is ``store/README.md``.
+
+Pure numpy / zarr: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+FORMAT_VERSION = 1
+ROOT_KEY = "detjac_store"  # root group attribute holding the run description
+PROMPTS = "prompts"  # group of complete prompts: the only place readers look
+STAGING = "_staging"  # prompts being written; renamed into PROMPTS when complete
+LOCK = ".writer.lock"
+
+# Run settings that must match when a store is resumed (they change what is stored).
+RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target")
+
+DIMENSIONS = {
+    "jacobian": ("row", "token", "col"),
+    "embeddings": ("token", "col"),
+    "output": ("row",),
+    "token_ids": ("token",),
+}
+
+SHARD_BYTES = 64 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes
+
+
+def now() -> str:
+    """UTC timestamp, ISO 8601, seconds."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+def prompt_id(run: dict[str, Any], prompt: str) -> str:
+    """Stable 16-hex-digit id of ``prompt`` under a run's identity (model, revision, settings)."""
+    identity = {key: run.get(key) for key in RUN_IDENTITY}
+    blob = json.dumps({"run": identity, "prompt": prompt}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def compressors(itemsize: int) -> list[Any]:
+    """zstd with byte shuffle (blosc), then a crc32c checksum so bit rot is detected on read."""
+    from zarr.codecs import BloscCodec, Crc32cCodec
+
+    return [BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", typesize=itemsize), Crc32cCodec()]
+
+
+def shard_rows(row_block: int, n_rows: int, row_bytes: int) -> int:
+    """Rows per jacobian shard: whole row blocks, as many as fit in ``SHARD_BYTES`` (at least one)."""
+    blocks = max(1, SHARD_BYTES // max(1, row_block * row_bytes))
+    return min(row_block * blocks, -(-n_rows // row_block) * row_block)
+
+
+def mismatches(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """Human-readable differences in the run identity, e.g. ``dtype: float32 (store) != float64``."""
+    return [f"{key}: {stored.get(key)!r} (store) != {wanted.get(key)!r}" for key in RUN_IDENTITY
+            if stored.get(key) != wanted.get(key)]

@@ -1,0 +1,341 @@
+"""The zarr v3 directory backend: one folder per store, one group per prompt.
+
+Crash safety comes from the file system: a prompt is written into ``_staging/<id>.<pid>``
+and renamed into ``prompts/<id>`` only after every chunk and its attributes are on disk
+(``os.rename`` of a directory is atomic on POSIX), so readers, who only list ``prompts/``,
+see it complete or not at all. One writer at a time holds an exclusive ``flock`` on
+``.writer.lock``; it clears staging leftovers of crashed runs when it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, StoreError, StoreFormatError, StoreMismatchError
+from . import format as fmt
+from .base import JacobianStore, PromptWriter, StoredPrompt, VerifyResult
+
+SMALL_ARRAYS = ("embeddings", "output", "token_ids")
+# Relative reconstruction error above which verify calls a prompt corrupt, by compute dtype.
+DTYPE_BOUND = {"float64": 1e-9, "float32": 1e-3, "float16": 5e-2, "bfloat16": 2e-1}
+
+
+def _disk_error(exc: OSError, what: str) -> StoreError:
+    reasons = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+               errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+               errno.EPERM: "permission denied"}
+    reason = reasons.get(exc.errno or 0, str(exc))
+    return StoreError(f"Could not {what}: {reason}. Nothing half-written is visible; fix this and re-run to resume.")
+
+
+def _fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush every file and folder under ``path`` (so a rename publishes data that is on disk)."""
+    for folder, _, files in os.walk(path):
+        for name in files:
+            _fsync_dir(os.path.join(folder, name))
+        _fsync_dir(folder)
+
+
+def read_root(path: Path) -> dict[str, Any]:
+    """The store's root description; raises StoreFormatError for anything else."""
+    meta_file = path / "zarr.json"
+    if not path.exists():
+        raise StoreFormatError(f"Expected a detjac store at {path}. Got no such file or folder.")
+    if not path.is_dir() or not meta_file.is_file():
+        raise StoreFormatError(f"Expected a detjac store (a zarr v3 folder with zarr.json) at {path}. "
+                               f"Got {'a file' if path.is_file() else 'a folder without zarr.json'} instead.")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got an error: {exc}.") from exc
+    root = meta.get("attributes", {}).get(fmt.ROOT_KEY)
+    if meta.get("zarr_format") != 3 or not isinstance(root, dict):
+        raise StoreFormatError(f"Expected a detjac store at {path}. Got a zarr folder without the "
+                               f"'{fmt.ROOT_KEY}' attribute (not written by detjac).")
+    version = root.get("format_version")
+    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
+        raise StoreFormatError(f"Expected store format version <= {fmt.FORMAT_VERSION} at {path}. Got {version!r}: "
+                               "it was written by a newer detjac; upgrade detjac to read it.")
+    return root
+
+
+class ZarrPrompt(StoredPrompt):
+    """A complete prompt group, opened read-only."""
+
+    def __init__(self, path: Path) -> None:
+        import zarr
+
+        self.path = path
+        self.id = path.name
+        self._group = zarr.open_group(str(path), mode="r")
+        self.attrs = dict(self._group.attrs)
+
+    def jacobian(self, lazy: bool = True) -> Any:
+        arr = self._group["jacobian"]
+        if lazy:
+            import dask.array as da
+
+            return da.from_zarr(arr)
+        return arr[...]
+
+    def operator(self, k: int) -> np.ndarray:
+        n = self.n_tokens
+        if not -n <= k < n:
+            raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
+        return self._group["jacobian"][:, k % n, :]
+
+    def array(self, name: str) -> np.ndarray:
+        if name not in SMALL_ARRAYS:
+            raise InvalidArgumentError(f"Expected one of {', '.join(SMALL_ARRAYS)}. Got {name!r}.")
+        return self._group[name][...]
+
+
+class ZarrPromptWriter(PromptWriter):
+    """Writes one prompt group under ``_staging``; row blocks are grouped into whole shards."""
+
+    def __init__(self, store: ZarrStore, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
+                 row_block: int) -> None:
+        import zarr
+
+        self.id, self.n_rows = prompt_id, n_rows
+        self.final = store.path / fmt.PROMPTS / prompt_id
+        self.staging = store.path / fmt.STAGING / f"{prompt_id}.{os.getpid()}"
+        self._written: set[str] = set()
+        self._buffer: list[np.ndarray] = []
+        self._buffer_start = self._next_row = 0
+        self.shard_rows = fmt.shard_rows(row_block, n_rows, n_tokens * n_cols * np.dtype(dtype).itemsize)
+        try:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            group = zarr.open_group(str(self.staging), mode="w", zarr_format=3)
+            shapes = {"jacobian": ((n_rows, n_tokens, n_cols), dtype), "embeddings": ((n_tokens, n_cols), dtype),
+                      "output": ((n_rows,), dtype), "token_ids": ((n_tokens,), "int64")}
+            self._arrays = {}
+            for name, (shape, dt) in shapes.items():
+                big = name == "jacobian"
+                self._arrays[name] = group.create_array(
+                    name, shape=shape, dtype=dt, dimension_names=fmt.DIMENSIONS[name],
+                    chunks=(min(row_block, n_rows), n_tokens, n_cols) if big else shape,
+                    shards=(self.shard_rows, n_tokens, n_cols) if big else None,
+                    compressors=fmt.compressors(np.dtype(dt).itemsize), fill_value=0)
+            self._group = group
+        except OSError as exc:
+            self.abort()
+            raise _disk_error(exc, f"start prompt {prompt_id} in {store.path}") from exc
+
+    def write_rows(self, start: int, stop: int, values: np.ndarray) -> None:
+        if start != self._next_row or stop <= start or stop > self.n_rows or values.shape[0] != stop - start:
+            raise StoreError(f"Expected jacobian rows starting at {self._next_row} for prompt {self.id}. "
+                             f"Got rows {start}:{stop} with {values.shape[0]} values.")
+        self._buffer.append(np.asarray(values))
+        self._next_row = stop
+        if stop - self._buffer_start >= self.shard_rows or stop == self.n_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        block = np.concatenate(self._buffer, axis=0)
+        try:
+            self._arrays["jacobian"][self._buffer_start:self._buffer_start + len(block)] = block
+        except OSError as exc:
+            self.abort()
+            raise _disk_error(exc, f"write prompt {self.id}") from exc
+        self._buffer_start += len(block)
+        self._buffer = []
+        if self._buffer_start == self.n_rows:
+            self._written.add("jacobian")
+
+    def write_array(self, name: str, values: np.ndarray) -> None:
+        if name not in SMALL_ARRAYS:
+            raise InvalidArgumentError(f"Expected one of {', '.join(SMALL_ARRAYS)}. Got {name!r}.")
+        try:
+            self._arrays[name][...] = values
+        except OSError as exc:
+            self.abort()
+            raise _disk_error(exc, f"write prompt {self.id}") from exc
+        self._written.add(name)
+
+    def commit(self, attrs: dict[str, Any]) -> None:
+        missing = {"jacobian", *SMALL_ARRAYS} - self._written
+        if missing:
+            self.abort()
+            raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
+                             f"{', '.join(sorted(missing))} (rows written: {self._next_row} of {self.n_rows}).")
+        try:
+            self._group.attrs.update({**attrs, "complete": True})
+            _fsync_tree(self.staging)
+            if self.final.exists():  # the same prompt was stored meanwhile: keep the first
+                self.abort()
+                return
+            os.rename(self.staging, self.final)
+            _fsync_dir(self.final.parent)
+        except OSError as exc:
+            self.abort()
+            raise _disk_error(exc, f"commit prompt {self.id}") from exc
+
+    def abort(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class ZarrStore(JacobianStore):
+    """A store folder. Use :func:`open_store` (read) or :func:`create_store` (write)."""
+
+    def __init__(self, path: Path, root: dict[str, Any], lock: Any | None = None) -> None:
+        self.path = path
+        self.run = root.get("run", {})
+        self.format_version = root["format_version"]
+        self.created = root.get("created")
+        self._lock = lock
+
+    @property
+    def writable(self) -> bool:
+        return self._lock is not None
+
+    def prompt_ids(self) -> list[str]:
+        folder = self.path / fmt.PROMPTS
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if (p / "zarr.json").is_file())
+
+    def get(self, prompt_id: str) -> ZarrPrompt:
+        path = self.path / fmt.PROMPTS / prompt_id
+        if not (path / "zarr.json").is_file():
+            raise StoreError(f"Expected a complete prompt {prompt_id!r} in {self.path}. Got none "
+                             f"({len(self.prompt_ids())} complete prompts; list them with `detjac store ls`).")
+        return ZarrPrompt(path)
+
+    def staging_leftovers(self) -> list[str]:
+        folder = self.path / fmt.STAGING
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
+              row_block: int) -> ZarrPromptWriter:
+        if not self.writable:
+            raise StoreError(f"Expected a store opened for writing (create_store). Got {self.path} opened read-only.")
+        return ZarrPromptWriter(self, prompt_id, n_rows=n_rows, n_tokens=n_tokens, n_cols=n_cols, dtype=dtype,
+                                row_block=row_block)
+
+    def verify(self, progress: bool = False) -> list[VerifyResult]:
+        from tqdm import tqdm
+
+        ids = self.prompt_ids()
+        return [verify_prompt(self.path / fmt.PROMPTS / pid) for pid in tqdm(ids, desc="verify", unit="prompt",
+                                                                              disable=not progress)]
+
+    def close(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> ZarrStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def verify_prompt(path: Path) -> VerifyResult:
+    """Decode every chunk (crc32c is checked on read) and recompute the reconstruction error."""
+    pid = path.name
+    try:
+        prompt = ZarrPrompt(path)
+        arr = prompt._group["jacobian"]
+        x = prompt.array("embeddings").astype(np.float64)
+        y = prompt.array("output").astype(np.float64)
+        recon = np.empty_like(y)
+        step = arr.chunks[0]
+        for start in range(0, arr.shape[0], step):
+            block = arr[start:start + step].astype(np.float64)  # (rows, token, col)
+            recon[start:start + step] = np.einsum("rtc,tc->r", block, x)
+    except Exception as exc:  # noqa: BLE001 - any decode failure means the prompt is corrupt
+        return VerifyResult(pid, False, None, f"unreadable: {type(exc).__name__}: {exc}")
+    error = float(np.linalg.norm(recon - y) / max(np.linalg.norm(y), np.finfo(np.float64).tiny))
+    bound = max(DTYPE_BOUND.get(prompt.attrs.get("dtype", "float64"), 1e-9),
+                10 * float(prompt.attrs.get("reconstruction_error", 0.0)))
+    if not np.isfinite(error) or error > bound:
+        return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} above {bound:.1e}")
+    return VerifyResult(pid, True, error)
+
+
+def open_store(path: str | os.PathLike[str]) -> ZarrStore:
+    """Open a store for reading (works while a writer is running)."""
+    path = Path(path)
+    return ZarrStore(path, read_root(path))
+
+
+def _acquire_lock(path: Path) -> Any:
+    handle = open(path / fmt.LOCK, "a+")  # noqa: SIM115 - kept open while the store is written
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        raise StoreError(f"Expected no other writer on {path}. Got one running (it holds {path / fmt.LOCK}); "
+                         "wait for it to finish or write to another --out.") from exc
+    return handle
+
+
+def _new_store(path: Path, run: dict[str, Any]) -> None:
+    """Create the store under a temporary name and rename it into place."""
+    import zarr
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        root = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        root.attrs[fmt.ROOT_KEY] = {"format_version": fmt.FORMAT_VERSION, "created": fmt.now(), "run": run}
+        root.create_group(fmt.PROMPTS)
+        _fsync_tree(tmp)
+        os.rename(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _disk_error(exc, f"create the store {path}") from exc
+
+
+def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False) -> ZarrStore:
+    """Open ``path`` for writing: create it, or resume it if it holds the same run.
+
+    Raises StoreMismatchError if the store was written for another model or settings
+    (unless ``force_new``, which deletes it and starts again), StoreFormatError if ``path``
+    is not a detjac store, StoreError if it cannot be written or another writer holds it.
+    """
+    path = Path(path)
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        root = read_root(path)
+        differences = fmt.mismatches(root.get("run", {}), run)
+        if differences and not force_new:
+            raise StoreMismatchError(f"Expected the store {path} to hold the same run. Got differences: "
+                                     + "; ".join(differences) + ". Use --force-new to replace it, or another --out.")
+        if differences:
+            shutil.rmtree(path)
+    elif path.exists():
+        path.rmdir()  # an empty folder: replace it with the new store
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise StoreError(f"Expected an existing parent folder for the store {path}. Got none at {path.parent}.")
+        if not os.access(path.parent, os.W_OK):
+            raise StoreError(f"Could not create the store {path}: {path.parent} is not writable.")
+        _new_store(path, run)
+    if not os.access(path, os.W_OK):
+        raise StoreError(f"Could not write to the store {path}: it is read-only.")
+    lock = _acquire_lock(path)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path / fmt.STAGING)  # leftovers of crashed runs: partial prompts are redone
+    return ZarrStore(path, read_root(path), lock)
