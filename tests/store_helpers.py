@@ -1,0 +1,50 @@
+"""Helpers shared by the store tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from detjac.store import open_store
+
+TIMESTAMPS = {"written_at", "created"}
+
+PROMPTS = [
+    "Kitten, n. A young cat.",
+    "Oak, n. (Bot.) Any tree of the genus Quercus.",
+    "Bread, n. An article of food made from flour.",
+    "Violin, n. (Mus.) A small stringed instrument.",
+    "Copper, n. (Chem.) A common metal of a reddish color.",
+    "Whale, n. (Zool.) Any aquatic mammal of the order Cetacea.",
+    "Harp, n. (Mus.) A stringed instrument played with the fingers.",
+    "Arrogance, n. The act or habit of making undue claims.",
+]
+
+
+def write_prompts(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def store_snapshot(path: Path) -> dict:
+    """Every array's bytes and every attribute except timestamps, per prompt id."""
+    st = open_store(path)
+    snap = {"run": st.run}
+    for prompt in st:
+        arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
+        arrays["jacobian"] = prompt.jacobian(lazy=False)
+        attrs = {k: v for k, v in prompt.attrs.items() if k not in TIMESTAMPS}
+        snap[prompt.id] = (attrs, {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in arrays.items()})
+    return snap
+
+
+def assert_same_store(a: Path, b: Path) -> None:
+    sa, sb = store_snapshot(a), store_snapshot(b)
+    assert sorted(sa) == sorted(sb)
+    for key in sa:
+        assert sa[key] == sb[key], key
+
+
+def assert_all_equal(x: np.ndarray, y: np.ndarray) -> None:
+    assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
