@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from detjac import __version__
 from detjac.errors import LinearizationError, PromptError, PromptsFileError
+
+LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 power iterations)
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,20 @@ def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
     return PromptLine(number, record.pop("prompt"), record)
 
 
+def parse_keep(keep: str) -> int | None:
+    """``full`` -> None; ``rank:K`` -> K (a positive integer); anything else is an error."""
+    from detjac.errors import InvalidArgumentError
+
+    if keep == "full":
+        return None
+    kind, _, value = keep.partition(":")
+    if kind == "rank" and value.isdigit() and int(value) > 0:
+        return int(value)
+    raise InvalidArgumentError(f"Expected --keep full or --keep rank:K with K a positive integer. Got {keep!r}.")
+
+
 def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                    row_block: int, max_tokens: int) -> dict[str, Any]:
+                    row_block: int, max_tokens: int, keep: str = "full") -> dict[str, Any]:
     """What identifies the run (checked when resuming) plus its other settings."""
     from detjac.engine import family_for
 
@@ -84,7 +100,7 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
     return {"model_id": model_dir.name if model_dir is not None else model_arg,
             "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
             "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
-            "dtype": dtype, "keep": "full", "detach": True, "position": -1, "target": "hidden",
+            "dtype": dtype, "keep": keep, "detach": True, "position": -1, "target": "hidden",
             "family": family.name, "detach_rules": family.describe(), "row_block": row_block,
             "max_tokens": max_tokens, "detjac_version": __version__}
 
@@ -121,39 +137,83 @@ class RunSummary:
 def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptLine, ids: list[int],
                  run: dict[str, Any], bar: Any) -> float:
     """Stream one prompt's Jacobian into ``store``; returns its reconstruction error."""
-    import torch
-
-    from detjac.engine import output_logits, relative_error, stream_jacobian
-    from detjac.engine.jacobian import FLOAT64_EXACTNESS_BOUND
-    from detjac.store.format import now
+    from detjac.engine import stream_jacobian
 
     stream = stream_jacobian(model, ids, row_block=run["row_block"])
-    x, y = stream.embeddings, stream.output  # (n, d), (rows,)
     storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
-    recon = torch.empty_like(y)
-    with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=x.shape[-1], dtype=storage,
-                     row_block=run["row_block"]) as writer:
-        bar.reset(total=stream.n_blocks)
-        for block in stream:
-            recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, x)
-            writer.write_rows(block.start, block.stop, _numpy(block.values, storage))
-            bar.update()
-        error = relative_error(recon, y)
-        if run["dtype"] == "float64" and not error < FLOAT64_EXACTNESS_BOUND:
-            raise LinearizationError(f"Prompt on line {item.line}: float64 reconstruction error {error:.3e} is above "
-                                     f"{FLOAT64_EXACTNESS_BOUND:.0e}; a nonlinearity escaped detaching.")
-        writer.write_array("embeddings", _numpy(x, storage))
-        writer.write_array("output", _numpy(y, storage))
-        writer.write_array("token_ids", torch.tensor(ids).numpy())
-        next_id = int(output_logits(model, y).argmax())
-        writer.commit({"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids),
-                       "token_ids": ids, "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None,
-                       "reconstruction_error": error, "next_token_id": next_id,
-                       "next_token": tokenizer.decode([next_id]) if tokenizer else None,
-                       "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
-                       "revision": run["revision"], "model_type": run["model_type"], "position": run["position"],
-                       "detach_rules": run["detach_rules"], "detjac_version": __version__, "written_at": now()})
+    rank = parse_keep(run["keep"])
+    with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=stream.embeddings.shape[-1],
+                     dtype=storage, row_block=run["row_block"], rank=rank) as writer:
+        if rank is None:
+            error = _stream_full(stream, writer, storage, bar)
+            extra: dict[str, Any] = {}
+        else:
+            error, extra = _stream_low_rank(stream, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
+        _check_exact(error, run["dtype"], item)
+        writer.write_array("embeddings", _numpy(stream.embeddings, storage))
+        writer.write_array("output", _numpy(stream.output, storage))
+        writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
+        writer.commit({**_prompt_attrs(model, tokenizer, item, ids, stream.output, error, run, storage), **extra})
     return error
+
+
+def _stream_full(stream: Any, writer: Any, storage: str, bar: Any) -> float:
+    """Row blocks to the writer as they come; the reconstruction is accumulated on the way."""
+    import torch
+
+    from detjac.engine import relative_error
+
+    recon = torch.empty_like(stream.output)
+    bar.reset(total=stream.n_blocks)
+    for block in stream:
+        recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
+        writer.write_rows(block.start, block.stop, _numpy(block.values, storage))
+        bar.update()
+    return relative_error(recon, stream.output)
+
+
+def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any) -> tuple[float, dict[str, Any]]:
+    """``passes`` sweeps of the row stream through a subspace iteration; only the triplets are stored."""
+    import torch
+
+    from detjac.engine import relative_error
+    from detjac.store.subspace import SubspaceIteration
+
+    n, d = stream.embeddings.shape
+    iteration = SubspaceIteration(stream.n_rows, n, d, rank, passes=passes)
+    recon = torch.empty_like(stream.output)
+    bar.reset(total=stream.n_blocks * passes)
+    more = True
+    while more:
+        for block in stream:
+            recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
+            iteration.update(block.start, block.stop, _numpy(block.values, "float64"))
+            bar.update()
+        more = iteration.end_pass()
+    attrs = writer.write_triplets(*iteration.finish())
+    return relative_error(recon, stream.output), {**attrs, "passes": passes}
+
+
+def _check_exact(error: float, dtype: str, item: PromptLine) -> None:
+    from detjac.engine.jacobian import FLOAT64_EXACTNESS_BOUND
+
+    if dtype == "float64" and not error < FLOAT64_EXACTNESS_BOUND:
+        raise LinearizationError(f"Prompt on line {item.line}: float64 reconstruction error {error:.3e} is above "
+                                 f"{FLOAT64_EXACTNESS_BOUND:.0e}; a nonlinearity escaped detaching.")
+
+
+def _prompt_attrs(model: Any, tokenizer: Any, item: PromptLine, ids: list[int], output: Any, error: float,
+                  run: dict[str, Any], storage: str) -> dict[str, Any]:
+    from detjac.engine import output_logits
+    from detjac.store.format import now
+
+    next_id = int(output_logits(model, output).argmax())
+    return {"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids), "token_ids": ids,
+            "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None, "reconstruction_error": error,
+            "next_token_id": next_id, "next_token": tokenizer.decode([next_id]) if tokenizer else None,
+            "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
+            "revision": run["revision"], "model_type": run["model_type"], "position": run["position"],
+            "detach_rules": run["detach_rules"], "detjac_version": __version__, "written_at": now()}
 
 
 def _numpy(t: Any, storage: str) -> Any:

@@ -21,7 +21,9 @@ DTYPES = ("float64", "float32", "bfloat16")
               help="Jacobian rows per vmapped pullback and per stored chunk.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Refuse prompts longer than this many tokens (default: the model's context).")
-@click.option("--keep", default="full", show_default=True, help="What to store: full (the whole Jacobian).")
+@click.option("--keep", default="full", show_default=True,
+              help="full: the whole Jacobian; rank:K: only the top-K singular triplets of each token's J_k and of "
+                   "[J_1 ... J_n], sketched in one pass over the streamed rows (for long prompts or big models).")
 @click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
 @click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
@@ -41,16 +43,16 @@ def run(model: str, prompts: str, out: str, dtype: str, row_block: int, max_toke
     Examples:
       detjac run default prompts.txt --out run.zarr
       detjac run ./Llama-3.2-1B prompts.jsonl --out llama.zarr --dtype float32 --row-block 128
+      detjac run default long_prompts.txt --out lowrank.zarr --keep rank:16
     """
-    from detjac.errors import InvalidArgumentError
+    from .batch import parse_keep
 
-    if keep != "full":
-        raise InvalidArgumentError(f"Expected --keep full. Got {keep!r}: low-rank storage is not available yet.")
-    _run(model, prompts, out, dtype, row_block, max_tokens, force_new, device, revision, trust_remote_code)
+    parse_keep(keep)
+    _run(model, prompts, out, dtype, row_block, max_tokens, keep, force_new, device, revision, trust_remote_code)
 
 
 def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int, max_tokens: int | None,
-         force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
+         keep: str, force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
     import torch
     from tqdm.auto import tqdm
 
@@ -69,7 +71,7 @@ def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int
     limit = min(max_tokens or context, context)
     ids = tokenize_all(prompts, model, tok, limit)
     run_attrs = run_description(model, model_arg, Path(source) if Path(source).is_dir() else None, revision,
-                                dtype, row_block, limit)
+                                dtype, row_block, limit, keep)
     todo: dict[str, tuple[Any, list[int]]] = {}
     summary = RunSummary(blank_lines=prompts.blank)
     for item, tokens in zip(prompts.prompts, ids, strict=True):

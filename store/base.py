@@ -96,8 +96,8 @@ class JacobianStore(ABC):
 
     @abstractmethod
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-              row_block: int) -> PromptWriter:
-        """Start writing a prompt (needs the store opened for writing)."""
+              row_block: int, rank: int | None = None) -> PromptWriter:
+        """Start writing a prompt (needs the store opened for writing); ``rank`` selects low-rank mode."""
 
     @abstractmethod
     def verify(self, progress: bool = False) -> list[VerifyResult]:

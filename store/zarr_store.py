@@ -87,8 +87,30 @@ class ZarrPrompt(StoredPrompt):
         self._group = zarr.open_group(str(path), mode="r")
         self.attrs = dict(self._group.attrs)
 
+    @property
+    def low_rank(self) -> bool:
+        return "rank" in self.attrs
+
+    def _full(self) -> Any:
+        if self.low_rank:
+            raise StoreError(f"Prompt {self.id} was stored in low-rank mode ({self.attrs.get('keep')}): it has no "
+                             "full Jacobian. Use prompt.triplets(k) for token k or prompt.triplets() for all tokens.")
+        return self._group["jacobian"]
+
+    def triplets(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Low-rank mode: (U (row, rank), S (rank,), V) of token ``k``'s ``J_k`` (V: (col, rank)) or, with
+        ``k=None``, of the combined ``[J_1 ... J_n]`` (V: (token, col, rank))."""
+        if not self.low_rank:
+            raise StoreError(f"Prompt {self.id} holds the full Jacobian, not triplets; use jacobian() or operator().")
+        if k is None:
+            return tuple(self._group[f"combined_{x}"][...] for x in "USV")  # type: ignore[return-value]
+        n = self.n_tokens
+        if not -n <= k < n:
+            raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
+        return tuple(self._group[f"token_{x}"][k % n] for x in "USV")  # type: ignore[return-value]
+
     def jacobian(self, lazy: bool = True) -> Any:
-        arr = self._group["jacobian"]
+        arr = self._full()
         if lazy:
             import dask.array as da
 
@@ -99,7 +121,7 @@ class ZarrPrompt(StoredPrompt):
         n = self.n_tokens
         if not -n <= k < n:
             raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
-        return self._group["jacobian"][:, k % n, :]
+        return self._full()[:, k % n, :]
 
     def array(self, name: str) -> np.ndarray:
         if name not in SMALL_ARRAYS:
@@ -111,10 +133,10 @@ class ZarrPromptWriter(PromptWriter):
     """Writes one prompt group under ``_staging``; row blocks are grouped into whole shards."""
 
     def __init__(self, store: ZarrStore, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-                 row_block: int) -> None:
+                 row_block: int, rank: int | None = None) -> None:
         import zarr
 
-        self.id, self.n_rows = prompt_id, n_rows
+        self.id, self.n_rows, self.n_tokens, self.dtype, self.rank = prompt_id, n_rows, n_tokens, dtype, rank
         self.final = store.path / fmt.PROMPTS / prompt_id
         self.staging = store.path / fmt.STAGING / f"{prompt_id}.{os.getpid()}"
         self._written: set[str] = set()
@@ -126,6 +148,8 @@ class ZarrPromptWriter(PromptWriter):
             group = zarr.open_group(str(self.staging), mode="w", zarr_format=3)
             shapes = {"jacobian": ((n_rows, n_tokens, n_cols), dtype), "embeddings": ((n_tokens, n_cols), dtype),
                       "output": ((n_rows,), dtype), "token_ids": ((n_tokens,), "int64")}
+            if rank is not None:
+                del shapes["jacobian"]
             self._arrays = {}
             for name, (shape, dt) in shapes.items():
                 big = name == "jacobian"
@@ -143,8 +167,10 @@ class ZarrPromptWriter(PromptWriter):
         if start != self._next_row or stop <= start or stop > self.n_rows or values.shape[0] != stop - start:
             raise StoreError(f"Expected jacobian rows starting at {self._next_row} for prompt {self.id}. "
                              f"Got rows {start}:{stop} with {values.shape[0]} values.")
-        self._buffer.append(np.asarray(values))
+        if self.rank is not None:
+            raise StoreError(f"Expected triplets for prompt {self.id} (low-rank mode). Got jacobian rows.")
         self._next_row = stop
+        self._buffer.append(np.asarray(values))
         if stop - self._buffer_start >= self.shard_rows or stop == self.n_rows:
             self._flush()
 
@@ -173,7 +199,7 @@ class ZarrPromptWriter(PromptWriter):
         self._written.add(name)
 
     def commit(self, attrs: dict[str, Any]) -> None:
-        missing = {"jacobian", *SMALL_ARRAYS} - self._written
+        missing = {"jacobian" if self.rank is None else "triplets", *SMALL_ARRAYS} - self._written
         if missing:
             self.abort()
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
@@ -192,6 +218,34 @@ class ZarrPromptWriter(PromptWriter):
 
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+
+    def write_triplets(self, per_token: list[Any], combined: Any) -> dict[str, Any]:
+        """Low-rank mode: per-token and combined triplets (``store.subspace.Triplets``); returns attrs to commit."""
+        if self.rank is None:
+            raise StoreError(f"Expected jacobian rows for prompt {self.id} (full mode). Got triplets.")
+        arrays = {
+            "token_U": (np.stack([t.U for t in per_token]), ("token", "row", "rank")),
+            "token_S": (np.stack([t.S for t in per_token]), ("token", "rank")),
+            "token_V": (np.stack([t.V for t in per_token]), ("token", "col", "rank")),
+            "token_frobenius_sq": (np.array([t.frobenius_sq for t in per_token]), ("token",)),
+            "token_residual_sq": (np.array([t.residual_sq for t in per_token]), ("token",)),
+            "combined_U": (combined.U, ("row", "rank")),
+            "combined_S": (combined.S, ("rank",)),
+            "combined_V": (combined.V.reshape(len(per_token), -1, combined.V.shape[-1]), ("token", "col", "rank")),
+        }
+        try:
+            for name, (values, dims) in arrays.items():
+                values = values.astype(self.dtype)
+                arr = self._group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=dims,
+                                               chunks=values.shape, compressors=fmt.compressors(values.itemsize))
+                arr[...] = values
+        except OSError as exc:
+            self.abort()
+            raise _disk_error(exc, f"write prompt {self.id}") from exc
+        self._written.add("triplets")
+        return {"keep": f"rank:{self.rank}", "rank": int(combined.S.shape[0]),
+                "combined_frobenius_sq": combined.frobenius_sq, "combined_residual_sq": combined.residual_sq,
+                "combined_captured": combined.captured}
 
 
 class ZarrStore(JacobianStore):
@@ -226,11 +280,11 @@ class ZarrStore(JacobianStore):
         return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-              row_block: int) -> ZarrPromptWriter:
+              row_block: int, rank: int | None = None) -> ZarrPromptWriter:
         if not self.writable:
             raise StoreError(f"Expected a store opened for writing (create_store). Got {self.path} opened read-only.")
         return ZarrPromptWriter(self, prompt_id, n_rows=n_rows, n_tokens=n_tokens, n_cols=n_cols, dtype=dtype,
-                                row_block=row_block)
+                                row_block=row_block, rank=rank)
 
     def verify(self, progress: bool = False) -> list[VerifyResult]:
         from tqdm import tqdm
@@ -257,6 +311,8 @@ def verify_prompt(path: Path) -> VerifyResult:
     pid = path.name
     try:
         prompt = ZarrPrompt(path)
+        if prompt.low_rank:
+            return _verify_low_rank(prompt)
         arr = prompt._group["jacobian"]
         x = prompt.array("embeddings").astype(np.float64)
         y = prompt.array("output").astype(np.float64)
@@ -273,6 +329,19 @@ def verify_prompt(path: Path) -> VerifyResult:
     if not np.isfinite(error) or error > bound:
         return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} above {bound:.1e}")
     return VerifyResult(pid, True, error)
+
+
+def _verify_low_rank(prompt: ZarrPrompt) -> VerifyResult:
+    """Decode every array (checksums); singular values finite, non-negative, descending, not above the energy."""
+    arrays = {name: prompt._group[name][...] for name in prompt._group.array_keys()}
+    for name in ("token_S", "combined_S"):
+        s = arrays[name].astype(np.float64)
+        if not np.all(np.isfinite(s)) or np.any(s < 0) or np.any(np.diff(s, axis=-1) > 1e-12 * s.max(initial=1)):
+            return VerifyResult(prompt.id, False, None, f"{name} is not a valid descending spectrum")
+    energy = (arrays["token_S"].astype(np.float64) ** 2).sum(-1)
+    if np.any(energy > arrays["token_frobenius_sq"] * (1 + 1e-6) + 1e-300):
+        return VerifyResult(prompt.id, False, None, "singular values exceed the stored Frobenius norms")
+    return VerifyResult(prompt.id, True, None)
 
 
 def open_store(path: str | os.PathLike[str]) -> ZarrStore:
