@@ -149,9 +149,14 @@ def info(path: str, prompt_id: str | None) -> None:
     st = open_store(path)
     if prompt_id is not None:
         prompt = st.get(prompt_id)
-        arr = prompt.jacobian()
         click.echo(json.dumps(prompt.attrs, indent=2, ensure_ascii=False))
-        click.echo(f"jacobian {tuple(arr.shape)} {arr.dtype}, chunks {arr.chunksize}")
+        if prompt.low_rank:
+            U, S, V = prompt.triplets()
+            click.echo(f"low rank: combined U {U.shape}, S {S.shape}, V {V.shape}; per-token triplets of rank "
+                       f"{S.shape[0]} for {prompt.n_tokens} tokens")
+        else:
+            arr = prompt.jacobian()
+            click.echo(f"jacobian {tuple(arr.shape)} {arr.dtype}, chunks {arr.chunksize}")
         return
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
     click.echo(f"store {path}: format version {st.format_version}, created {st.created}")
@@ -202,5 +207,10 @@ def export(path: str, prompt_id: str, out: str) -> None:
 
     prompt = open_store(path).get(prompt_id)
     arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
-    np.savez(out, jacobian=prompt.jacobian(lazy=False), attrs=np.array(json.dumps(prompt.attrs)), **arrays)
+    if prompt.low_rank:
+        arrays.update({f"combined_{x}": a for x, a in zip("USV", prompt.triplets(), strict=True)})
+        arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})
+    else:
+        arrays["jacobian"] = prompt.jacobian(lazy=False)
+    np.savez(out, attrs=np.array(json.dumps(prompt.attrs)), **arrays)
     click.echo(f"wrote {out}")

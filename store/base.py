@@ -31,7 +31,8 @@ class StoredPrompt(ABC):
 
     @abstractmethod
     def array(self, name: str) -> np.ndarray:
-        """A small array in full: ``embeddings`` (token, col), ``output`` (row), ``token_ids`` (token)."""
+        """Any array but the Jacobian, in full: ``embeddings`` (token, col), ``output`` (row), ``token_ids``
+        (token), and in low-rank mode ``token_U``, ``token_S``, ... (see store/README.md)."""
 
     @property
     def prompt(self) -> str:

@@ -124,8 +124,9 @@ class ZarrPrompt(StoredPrompt):
         return self._full()[:, k % n, :]
 
     def array(self, name: str) -> np.ndarray:
-        if name not in SMALL_ARRAYS:
-            raise InvalidArgumentError(f"Expected one of {', '.join(SMALL_ARRAYS)}. Got {name!r}.")
+        names = sorted(set(self._group.array_keys()) - {"jacobian"})
+        if name not in names:
+            raise InvalidArgumentError(f"Expected one of {', '.join(names)}. Got {name!r}.")
         return self._group[name][...]
 
 

@@ -95,7 +95,7 @@ def test_listing_filters_and_unknown_ids(backend):
         r.get("zz")
     with pytest.raises(InvalidArgumentError, match=r"Expected a token index in \[-3, 3\)"):
         r.get("x1").operator(3)
-    with pytest.raises(InvalidArgumentError, match="Expected one of embeddings, output, token_ids"):
+    with pytest.raises(InvalidArgumentError, match="Expected one of embeddings, output, token_ids. Got .jacobian."):
         r.get("x1").array("jacobian")
 
 

@@ -170,3 +170,12 @@ def test_disk_full_inside_zarr_becomes_a_store_error(tmp_path, monkeypatch):
             writer.write_rows(0, 2, np.ones((2, 3, 4)))
         assert store.staging_leftovers() == []
     assert open_store(path).prompt_ids() == []
+
+
+def test_store_of_another_model_is_refused(tmp_path, one_prompt_store, llama_checkpoint):
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the"])
+    before = store_snapshot(one_prompt_store)
+    result = CliRunner().invoke(main, ["run", str(llama_checkpoint), str(prompts), "--out", str(one_prompt_store)])
+    assert result.exit_code == 1
+    assert "Expected the store" in result.output and "model_id: 'gcide-llama' (store) != 'tiny-llama'" in result.output
+    assert "config_sha256" in result.output and store_snapshot(one_prompt_store) == before

@@ -97,6 +97,13 @@ def test_low_rank_run_stores_triplets_close_to_the_full_run(tmp_path):
         assert (tmp_path / "low.zarr" / "prompts" / p.id / "jacobian").exists() is False
     verify = runner.invoke(main, ["store", "verify", str(tmp_path / "low.zarr")])
     assert verify.exit_code == 0 and "2 of 2 prompts ok" in verify.output
+    pid = low.prompt_ids()[0]
+    info = runner.invoke(main, ["store", "info", str(tmp_path / "low.zarr"), pid])
+    assert info.exit_code == 0 and "low rank: combined U (256, 6), S (6,)" in info.output
+    assert runner.invoke(main, ["store", "export", str(tmp_path / "low.zarr"), pid, "--out",
+                                str(tmp_path / "x.npz")]).exit_code == 0
+    data = np.load(tmp_path / "x.npz", allow_pickle=False)
+    assert "jacobian" not in data.files and np.array_equal(data["combined_S"], low.get(pid).triplets()[1])
 
 
 def test_keep_is_validated(tmp_path):
