@@ -362,10 +362,24 @@ def _acquire_lock(path: Path) -> Any:
     return handle
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _new_store(path: Path, run: dict[str, Any]) -> None:
     """Create the store under a temporary name and rename it into place."""
     import zarr
 
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a writer killed while creating the store
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

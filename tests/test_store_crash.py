@@ -63,4 +63,5 @@ def test_kill_minus_nine_then_resume_gives_the_same_store(reference, tmp_path, s
     subprocess.run(command(prompts, out), check=True, capture_output=True)
     assert_same_store(ref, out)
     assert open_store(out).staging_leftovers() == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zarr.tmp")] == []
     assert len(open_store(out)) == len(PROMPTS)

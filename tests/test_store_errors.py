@@ -179,3 +179,11 @@ def test_store_of_another_model_is_refused(tmp_path, one_prompt_store, llama_che
     assert result.exit_code == 1
     assert "Expected the store" in result.output and "model_id: 'gcide-llama' (store) != 'tiny-llama'" in result.output
     assert "config_sha256" in result.output and store_snapshot(one_prompt_store) == before
+
+
+def test_leftovers_of_a_killed_creation_are_removed(tmp_path):
+    dead = tmp_path / ".s.zarr.tmp-999999999"  # no such process
+    dead.mkdir()
+    (dead / "zarr.json").write_text("{}")
+    create_store(tmp_path / "s.zarr", RUN).close()
+    assert not dead.exists() and open_store(tmp_path / "s.zarr").prompt_ids() == []
