@@ -10,6 +10,7 @@ import click
 from detjac import __version__
 from detjac.errors import DetjacError
 
+from .analyze_cmds import analyze
 from .store_cmds import DTYPES, run, store
 
 
@@ -35,6 +36,7 @@ def main() -> None:
       detjac demo
       detjac run default prompts.txt --out run.zarr
       detjac store verify run.zarr
+      detjac analyze svd run.zarr --k 3
       detjac families --check
     """
 
@@ -221,6 +223,7 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
 
 main.add_command(run)
 main.add_command(store)
+main.add_command(analyze)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

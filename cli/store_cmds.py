@@ -80,7 +80,8 @@ def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int
             summary.duplicates += 1
         else:
             todo[pid] = (item, tokens)
-    with create_store(out, run_attrs, force_new=force_new) as store:
+    arrays, files = _model_for_decoding(model, source, dtype)
+    with create_store(out, run_attrs, force_new=force_new, model_arrays=arrays, model_files=files) as store:
         done = set(store.prompt_ids())
         summary.skipped_complete = sum(pid in done for pid in todo)
         pending = [(pid, v) for pid, v in todo.items() if pid not in done]
@@ -99,6 +100,18 @@ def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int
     click.echo(f"done: {summary.written} written, {summary.skipped_complete} already complete, "
                f"{summary.duplicates} duplicates, {summary.blank_lines} blank lines; {total} prompts in {out}; "
                f"worst reconstruction error this run {summary.worst_error:.2e}")
+
+
+def _model_for_decoding(model: Any, source: Any, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The embedding and unembedding matrices and the tokenizer file, kept in the store for decoding."""
+    import torch
+
+    storage = torch.float32 if dtype in ("bfloat16", "float16") else getattr(torch, dtype)
+    arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": model.get_output_embeddings().weight}
+    arrays = {k: v.detach().to(device="cpu", dtype=storage).numpy() for k, v in arrays.items()}
+    tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
+    files = {"tokenizer.json": tok_file.read_bytes()} if tok_file is not None and tok_file.is_file() else {}
+    return arrays, files
 
 
 @click.group()

@@ -15,6 +15,8 @@ ROOT_KEY = "detjac_store"  # root group attribute holding the run description
 PROMPTS = "prompts"  # group of complete prompts: the only place readers look
 STAGING = "_staging"  # prompts being written; renamed into PROMPTS when complete
 LOCK = ".writer.lock"
+ANALYSIS = "analysis"  # results of detjac.analysis, per prompt: analysis/<prompt_id>/<name>
+MODEL = "model"  # the model's embedding and unembedding matrices and tokenizer, for decoding
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target")
@@ -24,6 +26,8 @@ DIMENSIONS = {
     "embeddings": ("token", "col"),
     "output": ("row",),
     "token_ids": ("token",),
+    "embedding": ("vocab", "col"),
+    "unembedding": ("vocab", "row"),
 }
 
 SHARD_BYTES = 64 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes

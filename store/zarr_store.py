@@ -276,6 +276,55 @@ class ZarrStore(JacobianStore):
                              f"({len(self.prompt_ids())} complete prompts; list them with `detjac store ls`).")
         return ZarrPrompt(path)
 
+    def model_array(self, name: str) -> np.ndarray:
+        """``embedding`` (vocab, col) or ``unembedding`` (vocab, row), as stored at creation."""
+        import zarr
+
+        folder = self.path / fmt.MODEL
+        if not (folder / name / "zarr.json").is_file():
+            raise StoreError(f"Expected a model array {name!r} in {self.path}. Got none (stores written without "
+                             "the model's matrices cannot decode).")
+        return zarr.open_array(str(folder / name), mode="r")[...]
+
+    def model_file(self, name: str) -> Path | None:
+        """Path of a file kept with the model arrays (e.g. ``tokenizer.json``), or None."""
+        path = self.path / fmt.MODEL / name
+        return path if path.is_file() else None
+
+    def write_analysis(self, prompt_id: str, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
+        """Store an analysis result of a prompt under ``analysis/<prompt_id>/<name>`` (replaced atomically)."""
+        import zarr
+
+        self.get(prompt_id)  # the prompt must exist
+        final = self.path / fmt.ANALYSIS / prompt_id / name
+        tmp = final.with_name(f".{name}.tmp-{os.getpid()}")
+        try:
+            group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+            for key, values in arrays.items():
+                values = np.asarray(values)
+                arr = group.create_array(key, shape=values.shape, dtype=values.dtype, chunks=values.shape or None,
+                                         compressors=fmt.compressors(values.itemsize))
+                arr[...] = values
+            group.attrs.update({**attrs, "written_at": fmt.now()})
+            old = final.with_name(f".{name}.old-{os.getpid()}")
+            if final.exists():
+                os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _disk_error(exc, f"write analysis {name} of prompt {prompt_id}") from exc
+
+    def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """(arrays, attrs) of a stored analysis result, or None."""
+        import zarr
+
+        path = self.path / fmt.ANALYSIS / prompt_id / name
+        if not (path / "zarr.json").is_file():
+            return None
+        group = zarr.open_group(str(path), mode="r")
+        return {key: group[key][...] for key in group.array_keys()}, dict(group.attrs)
+
     def staging_leftovers(self) -> list[str]:
         folder = self.path / fmt.STAGING
         return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
@@ -372,7 +421,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _new_store(path: Path, run: dict[str, Any]) -> None:
+def _write_model(root: Any, tmp: Path, arrays: dict[str, np.ndarray], files: dict[str, bytes]) -> dict[str, str]:
+    """Model matrices (for decoding without the model) and small files; returns their SHA-256s."""
+    import hashlib
+
+    group = root.create_group(fmt.MODEL)
+    digests = {}
+    for name, values in arrays.items():
+        arr = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=fmt.DIMENSIONS[name],
+                                 chunks=(min(8192, values.shape[0]), values.shape[1]),
+                                 compressors=fmt.compressors(values.itemsize))
+        arr[...] = values
+        digests[name] = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
+    for name, data in files.items():
+        (tmp / fmt.MODEL / name).write_bytes(data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
+               files: dict[str, bytes] | None = None) -> None:
     """Create the store under a temporary name and rename it into place."""
     import zarr
 
@@ -384,8 +452,10 @@ def _new_store(path: Path, run: dict[str, Any]) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         root = zarr.open_group(str(tmp), mode="w", zarr_format=3)
-        root.attrs[fmt.ROOT_KEY] = {"format_version": fmt.FORMAT_VERSION, "created": fmt.now(), "run": run}
         root.create_group(fmt.PROMPTS)
+        digests = _write_model(root, tmp, arrays or {}, files or {})
+        root.attrs[fmt.ROOT_KEY] = {"format_version": fmt.FORMAT_VERSION, "created": fmt.now(), "run": run,
+                                    "model_sha256": digests}
         _fsync_tree(tmp)
         os.rename(tmp, path)
     except OSError as exc:
@@ -393,8 +463,14 @@ def _new_store(path: Path, run: dict[str, Any]) -> None:
         raise _disk_error(exc, f"create the store {path}") from exc
 
 
-def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False) -> ZarrStore:
+def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False,
+                 model_arrays: dict[str, np.ndarray] | None = None,
+                 model_files: dict[str, bytes] | None = None) -> ZarrStore:
     """Open ``path`` for writing: create it, or resume it if it holds the same run.
+
+    A new store also keeps ``model_arrays`` (``embedding`` (vocab, col), ``unembedding``
+    (vocab, row)) and ``model_files`` (e.g. ``tokenizer.json``) under ``model/``, so that
+    analyses can decode singular vectors without the model.
 
     Raises StoreMismatchError if the store was written for another model or settings
     (unless ``force_new``, which deletes it and starts again), StoreFormatError if ``path``
@@ -416,7 +492,7 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
             raise StoreError(f"Expected an existing parent folder for the store {path}. Got none at {path.parent}.")
         if not os.access(path.parent, os.W_OK):
             raise StoreError(f"Could not create the store {path}: {path.parent} is not writable.")
-        _new_store(path, run)
+        _new_store(path, run, model_arrays, model_files)
     if not os.access(path, os.W_OK):
         raise StoreError(f"Could not write to the store {path}: it is read-only.")
     lock = _acquire_lock(path)

@@ -1,0 +1,116 @@
+"""Singular triplets, decoded tokens and dimensionality of stored Jacobians, with dask.
+
+Reads prompts through the store API (``detjac.store``); never imports torch. The combined
+operator ``[J_1 ... J_n]`` is the stored ``jacobian`` (row, token, col) viewed as
+(row, token * col); it is never loaded whole: dask works chunk by chunk, so it runs past
+RAM and on a dask.distributed cluster when a client is active.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """Top-k triplets of one operator of one prompt, signs fixed so ``u . (J x) >= 0``."""
+
+    prompt_id: str
+    token: int | None  # None: the combined operator
+    U: np.ndarray  # (rows, k)
+    S: np.ndarray  # (k,)
+    V: np.ndarray  # (cols, k) per token; (n_tokens, cols, k) combined
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def operator(prompt: Any, token: int | None) -> Any:
+    """Lazy dask array of ``J_k`` (rows, cols) or, for ``token=None``, ``[J_1 ... J_n]`` (rows, n * cols)."""
+    J = prompt.jacobian(lazy=True)  # (rows, n, cols)
+    if token is None:
+        return J.reshape(J.shape[0], J.shape[1] * J.shape[2])
+    n = J.shape[1]
+    if not -n <= token < n:
+        raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {prompt.id}. Got {token}.")
+    return J[:, token % n, :]
+
+
+def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: str = "randomized",
+                 power_iterations: int = 4, oversample: int = 10, seed: int = 0) -> Spectrum:
+    """Top-``k`` singular triplets of a stored prompt's combined operator or of token ``token``'s ``J_k``.
+
+    ``method="randomized"`` uses ``dask.array.linalg.svd_compressed`` (``power_iterations``
+    and ``oversample`` as given); ``"exact"`` a full SVD of the operator (it must fit in memory).
+    """
+    import dask.array as da
+
+    if k < 1:
+        raise InvalidArgumentError(f"Expected k >= 1. Got {k}.")
+    A = operator(prompt, token).astype(np.float64)
+    k = min(k, *A.shape)
+    if method == "randomized":
+        u, s, vt = da.linalg.svd_compressed(A, k, n_power_iter=power_iterations, n_oversamples=oversample,
+                                            seed=seed, compute=True)
+        U, S, Vt = da.compute(u, s, vt)
+    elif method == "exact":
+        U, S, Vt = np.linalg.svd(A.compute(), full_matrices=False)
+        U, S, Vt = U[:, :k], S[:k], Vt[:k]
+    else:
+        raise InvalidArgumentError(f"Expected method 'randomized' or 'exact'. Got {method!r}.")
+    produced = _produced(prompt, token)
+    sign = np.where(produced @ U < 0, -1.0, 1.0)
+    U, V = U * sign, Vt.T * sign
+    if token is None:
+        V = V.reshape(prompt.n_tokens, -1, k)
+    params = {"k": k, "power_iterations": power_iterations, "oversample": oversample, "seed": seed}
+    return Spectrum(prompt.id, token, U, S, V, method, params if method == "randomized" else {"k": k})
+
+
+def _produced(prompt: Any, token: int | None) -> np.ndarray:
+    """What the operator produced: the output for the combined operator, ``J_k x_k`` for a token."""
+    if token is None:
+        return prompt.array("output").astype(np.float64)
+    x = prompt.array("embeddings")[token].astype(np.float64)
+    return np.asarray(operator(prompt, token).astype(np.float64) @ x)
+
+
+def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d): (k, top) each."""
+    scores = (matrix.astype(np.float64) @ vectors).T  # (k, vocab)
+    top = min(top, scores.shape[1])
+    ids = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+    return ids, np.take_along_axis(scores, ids, axis=1)
+
+
+def singular_values(prompt: Any, token: int | None = None) -> np.ndarray:
+    """All singular values (exact), via a tall-and-skinny dask SVD of the operator's transpose."""
+    import dask.array as da
+
+    A = operator(prompt, token).astype(np.float64)
+    tall = A.T.rechunk({0: "auto", 1: -1})  # (cols, rows): one chunk across the short side
+    _, s, _ = da.linalg.svd(tall)
+    return np.asarray(s.compute())
+
+
+@dataclass(frozen=True)
+class Dimensionality:
+    stable_rank: float  # ||A||_F^2 / sigma_1^2
+    participation_ratio: float  # (sum sigma^2)^2 / sum sigma^4
+    n90: int  # singular values holding 90 % of the energy
+    n99: int
+
+
+def dimensionality(s: np.ndarray) -> Dimensionality:
+    """Effective dimensionality of an operator from its singular values."""
+    energy = np.asarray(s, dtype=np.float64) ** 2
+    total = energy.sum()
+    if total <= 0:
+        return Dimensionality(0.0, 0.0, 0, 0)
+    cumulative = np.cumsum(np.sort(energy)[::-1]) / total
+    return Dimensionality(float(total / energy.max()), float(total**2 / (energy**2).sum()),
+                          int(np.searchsorted(cumulative, 0.9) + 1), int(np.searchsorted(cumulative, 0.99) + 1))

@@ -1,0 +1,117 @@
+"""dask analyses of a store: SVD against numpy, decoding a planted direction, schedulers agree."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import dask
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from store_helpers import PROMPTS, write_prompts
+
+from detjac.analysis import jobs
+from detjac.analysis.spectra import dimensionality, singular_values, top_singular
+from detjac.cli.main import main
+from detjac.store import create_store, open_store
+
+
+@pytest.fixture(scope="module")
+def real_store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("analysis")
+    prompts = write_prompts(folder / "p.txt", PROMPTS[:2])
+    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(folder / "s.zarr")])
+    assert result.exit_code == 0, result.output
+    return open_store(folder / "s.zarr")
+
+
+def test_randomized_svd_matches_numpy(real_store):
+    for prompt in real_store:
+        J = prompt.jacobian(lazy=False).astype(np.float64)
+        for token, A in ((None, J.reshape(J.shape[0], -1)), (-1, J[:, -1, :])):
+            exact = np.linalg.svd(A, compute_uv=False)
+            spec = top_singular(prompt, 6, token, power_iterations=6)
+            np.testing.assert_allclose(spec.S, exact[:6], rtol=1e-6)
+            np.testing.assert_allclose(top_singular(prompt, 6, token, method="exact").S, exact[:6], rtol=1e-12)
+            np.testing.assert_allclose(singular_values(prompt, token), exact, rtol=1e-10, atol=1e-12 * exact[0])
+            assert np.all(spec.U.T @ (A @ prompt.array("embeddings")[-1] if token is not None
+                                      else prompt.array("output")) >= 0)
+
+
+def test_results_are_written_back_and_reused(real_store):
+    pid = real_store.prompt_ids()[0]
+    first = jobs.svd(real_store, [pid], k=3)[0]
+    arrays, attrs = real_store.read_analysis(pid, "svd_combined")
+    assert np.array_equal(arrays["S"], first.S) and attrs["params"]["power_iterations"] == 6
+    again = jobs.svd(real_store, [pid], k=3)
+    assert real_store.read_analysis(pid, "svd_combined")[1]["written_at"] == attrs["written_at"]
+    assert np.array_equal(again[0].S, first.S)
+    jobs.svd(real_store, [pid], k=4)  # other parameters: recomputed and replaced
+    assert real_store.read_analysis(pid, "svd_combined")[0]["S"].shape == (4,)
+
+
+def test_decoding_returns_a_planted_direction(tmp_path):
+    rng = np.random.default_rng(0)
+    vocab, d, n = 60, 16, 4
+    embed, unembed = rng.standard_normal((vocab, d)), rng.standard_normal((vocab, d))
+    out_token, in_token, position = 17, 42, 2
+    u, v = unembed[out_token] / np.linalg.norm(unembed[out_token]), embed[in_token] / np.linalg.norm(embed[in_token])
+    J = 1e-3 * rng.standard_normal((d, n, d))
+    J[:, position, :] += 5.0 * np.outer(u, v)
+    x = rng.standard_normal((n, d))
+    x[position] = v
+    run = {"model_id": "planted", "dtype": "float64", "keep": "full"}
+    with create_store(tmp_path / "s.zarr", run, model_arrays={"embedding": embed, "unembedding": unembed}) as st:
+        with st.begin("p", n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=4) as w:
+            for start in range(0, d, 4):
+                w.write_rows(start, start + 4, J[start:start + 4])
+            w.write_array("embeddings", x)
+            w.write_array("output", np.einsum("rtc,tc->r", J, x))
+            w.write_array("token_ids", np.arange(n))
+            w.commit({"prompt": "planted", "n_tokens": n, "reconstruction_error": 0.0, "dtype": "float64"})
+    store = open_store(tmp_path / "s.zarr")
+    decoded = jobs.decode_spectrum(store, jobs.svd(store, ["p"], k=2)[0], top=3)
+    assert decoded["left_ids"][0, 0] == out_token and decoded["right_ids"][0, 0] == in_token
+    assert decoded["right_tokens"][0] == position and decoded["right_shares"][0] > 0.99
+
+
+def test_local_cluster_gives_the_same_answers(real_store):
+    from distributed import Client, LocalCluster
+
+    pid = real_store.prompt_ids()[1]
+    with dask.config.set(scheduler="synchronous"):
+        single = top_singular(real_store.get(pid), 4, power_iterations=4)
+        single_dims = dimensionality(singular_values(real_store.get(pid)))
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster):
+        multi = top_singular(real_store.get(pid), 4, power_iterations=4)
+        multi_dims = dimensionality(singular_values(real_store.get(pid)))
+    np.testing.assert_allclose(multi.S, single.S, rtol=1e-12)
+    np.testing.assert_allclose(np.abs(multi.U.T @ single.U), np.eye(4), atol=1e-8)
+    assert multi_dims.n90 == single_dims.n90 and multi_dims.stable_rank == pytest.approx(single_dims.stable_rank)
+
+
+def test_dimensionality_of_known_spectra():
+    flat = dimensionality(np.ones(4))
+    assert (flat.stable_rank, flat.participation_ratio, flat.n90, flat.n99) == (4.0, 4.0, 4, 4)
+    spike = dimensionality(np.array([1.0, 0.0, 0.0]))
+    assert (spike.stable_rank, spike.participation_ratio, spike.n90, spike.n99) == (1.0, 1.0, 1, 1)
+    assert dimensionality(np.array([3.0, 1.0])).n90 == 1 and dimensionality(np.array([3.0, 1.0])).n99 == 2
+
+
+def test_analyze_commands(real_store, tmp_path):
+    path = str(real_store.path)
+    svd = CliRunner().invoke(main, ["analyze", "svd", path, "--k", "2", "--top", "4"])
+    assert svd.exit_code == 0, svd.output
+    assert len([line for line in svd.output.splitlines() if line.strip().startswith("#")]) == 4
+    dims = CliRunner().invoke(main, ["analyze", "dims", path, "--csv", str(tmp_path / "d.csv")])
+    assert dims.exit_code == 0, dims.output
+    rows = (tmp_path / "d.csv").read_text().splitlines()
+    assert rows[0].startswith("prompt_id,token,stable_rank") and len(rows) == 1 + sum(1 + p.n_tokens
+                                                                                       for p in real_store)
+
+
+def test_analysis_does_not_import_torch():
+    code = "import sys, detjac.analysis.jobs, detjac.analysis.spectra; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
