@@ -10,7 +10,8 @@ The format is specified in ``store/README.md``.
 
 from .base import JacobianStore, PromptWriter, StoredPrompt, VerifyResult
 from .format import FORMAT_VERSION, prompt_id
-from .zarr_store import ZarrPrompt, ZarrStore, create_store, open_store, verify_prompt
+from .zarr_store import ZarrPrompt, ZarrStore, open_store, verify_prompt
+from .zarr_writer import ZarrPromptWriter, create_store
 
 __all__ = [
     "FORMAT_VERSION",
@@ -19,6 +20,7 @@ __all__ = [
     "StoredPrompt",
     "VerifyResult",
     "ZarrPrompt",
+    "ZarrPromptWriter",
     "ZarrStore",
     "create_store",
     "open_store",

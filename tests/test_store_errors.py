@@ -145,12 +145,12 @@ def _write(store, pid, rows=4):
 
 
 def test_out_of_disk_at_commit_leaves_no_visible_partial_prompt(tmp_path, monkeypatch):
-    from detjac.store import zarr_store
+    from detjac.store import zarr_writer
 
     path = tmp_path / "s.zarr"
     with create_store(path, RUN) as store:
         _write(store, "first")
-        monkeypatch.setattr(zarr_store.os, "rename",
+        monkeypatch.setattr(zarr_writer.os, "rename",
                             lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
         with pytest.raises(StoreError, match="Could not commit prompt second: the disk is full"):
             _write(store, "second")
