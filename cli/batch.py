@@ -70,9 +70,11 @@ def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
         record = json.loads(raw)
     except ValueError as exc:
         raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
-    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-        raise PromptsFileError(f'Expected {{"prompt": "..."}} on line {number} of {path}. Got {raw[:80]!r}.')
-    return PromptLine(number, record.pop("prompt"), record)
+    key = "prompt" if isinstance(record, dict) and "prompt" in record else "text"
+    if not isinstance(record, dict) or not isinstance(record.get(key), str):
+        raise PromptsFileError(f'Expected {{"prompt": "..."}} (or "text") on line {number} of {path}. '
+                               f"Got {raw[:80]!r}.")
+    return PromptLine(number, record.pop(key), record)
 
 
 def parse_keep(keep: str) -> int | None:

@@ -32,8 +32,8 @@ def run(model: str, prompts: str, out: str, dtype: str, row_block: int, max_toke
         force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
-    PROMPTS is a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} per
-    line, other fields kept as metadata); blank lines are skipped. MODEL is a checkpoint
+    PROMPTS is a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or
+    {"text": ...} per line, other fields kept as metadata); blank lines are skipped. MODEL is a checkpoint
     folder or `default`. Each prompt's row blocks go to disk as they are computed and the
     prompt becomes visible only when complete. Re-running the same command after a crash
     or kill resumes: complete prompts are skipped, partial ones redone. Duplicate prompts

@@ -66,8 +66,8 @@ def test_empty_and_blank_only_files(tmp_path):
 
 def test_malformed_jsonl(tmp_path):
     bad = tmp_path / "p.jsonl"
-    bad.write_text('{"prompt": "fine"}\n{"text": "no prompt key"}\n')
-    assert 'Expected {"prompt": "..."} on line 2' in run_fails(tmp_path, bad)
+    bad.write_text('{"prompt": "fine"}\n{"title": "no prompt key"}\n')
+    assert 'Expected {"prompt": "..."} (or "text") on line 2' in run_fails(tmp_path, bad)
     bad.write_text('{"prompt": "fine"}\n{not json\n')
     assert "Expected a JSON object on line 2" in run_fails(tmp_path, bad)
 
