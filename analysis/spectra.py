@@ -45,7 +45,10 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
     """Top-``k`` singular triplets of a stored prompt's combined operator or of token ``token``'s ``J_k``.
 
     ``method="randomized"`` uses ``dask.array.linalg.svd_compressed`` (``power_iterations``
-    and ``oversample`` as given); ``"exact"`` a full SVD of the operator (it must fit in memory).
+    and ``oversample`` as given); ``"gram"`` the eigendecomposition of the (rows x rows) Gram
+    matrix ``A A^T``, accumulated chunk by chunk in one pass (exact top-k for short, wide
+    operators such as ``[J_1 ... J_n]``; small singular values lose relative accuracy as
+    ``eps * (sigma_1 / sigma_i)^2``); ``"exact"`` a full SVD (the operator must fit in memory).
     """
     import dask.array as da
 
@@ -57,11 +60,14 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
         u, s, vt = da.linalg.svd_compressed(A, k, n_power_iter=power_iterations, n_oversamples=oversample,
                                             seed=seed, compute=True)
         U, S, Vt = da.compute(u, s, vt)
+    elif method == "gram":
+        U, S = _gram_triplets(A, k)
+        Vt = (np.asarray((A.T @ U).compute()) / np.where(S > 0, S, 1.0)).T
     elif method == "exact":
         U, S, Vt = np.linalg.svd(A.compute(), full_matrices=False)
         U, S, Vt = U[:, :k], S[:k], Vt[:k]
     else:
-        raise InvalidArgumentError(f"Expected method 'randomized' or 'exact'. Got {method!r}.")
+        raise InvalidArgumentError(f"Expected method 'randomized', 'gram' or 'exact'. Got {method!r}.")
     produced = _produced(prompt, token)
     sign = np.where(produced @ U < 0, -1.0, 1.0)
     U, V = U * sign, Vt.T * sign
@@ -69,6 +75,19 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
         V = V.reshape(prompt.n_tokens, -1, k)
     params = {"k": k, "power_iterations": power_iterations, "oversample": oversample, "seed": seed}
     return Spectrum(prompt.id, token, U, S, V, method, params if method == "randomized" else {"k": k})
+
+
+def _gram_triplets(A: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k left singular vectors and values of a dask array from its streamed Gram matrix."""
+    gram = np.asarray((A @ A.T).compute())  # (rows, rows)
+    w, Q = np.linalg.eigh(gram)
+    order = np.argsort(w)[::-1][:k]
+    return Q[:, order], np.sqrt(np.clip(w[order], 0.0, None))
+
+
+def gram_spectrum(A: Any, k: int) -> np.ndarray:
+    """Top-k singular values of a (short, wide) dask array in one streamed pass."""
+    return _gram_triplets(A, k)[1]
 
 
 def _produced(prompt: Any, token: int | None) -> np.ndarray:

@@ -69,7 +69,8 @@ def analyze() -> None:
 @click.option("--token", default="combined", show_default=True, help="'combined' or a token index (-1: last).")
 @click.option("--k", type=click.IntRange(min=1), default=5, show_default=True, help="Singular triplets.")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Decoded tokens per vector.")
-@click.option("--method", type=click.Choice(["randomized", "exact"]), default="randomized", show_default=True)
+@click.option("--method", type=click.Choice(["randomized", "gram", "exact"]), default="randomized", show_default=True,
+              help="randomized: dask svd_compressed; gram: eigh of the streamed A A^T (one pass); exact: full SVD.")
 @click.option("--power-iterations", type=click.IntRange(min=0), default=6, show_default=True)
 @scheduler_options
 def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int, method: str,

@@ -34,6 +34,10 @@ def test_randomized_svd_matches_numpy(real_store):
             spec = top_singular(prompt, 6, token, power_iterations=6)
             np.testing.assert_allclose(spec.S, exact[:6], rtol=1e-6)
             np.testing.assert_allclose(top_singular(prompt, 6, token, method="exact").S, exact[:6], rtol=1e-12)
+            gram = top_singular(prompt, 6, token, method="gram")
+            np.testing.assert_allclose(gram.S, exact[:6], rtol=1e-10)
+            V = gram.V.reshape(-1, 6)
+            np.testing.assert_allclose(gram.U @ np.diag(gram.S) @ V.T, (A @ V) @ V.T, atol=1e-9 * exact[0])
             np.testing.assert_allclose(singular_values(prompt, token), exact, rtol=1e-10, atol=1e-12 * exact[0])
             assert np.all(spec.U.T @ (A @ prompt.array("embeddings")[-1] if token is not None
                                       else prompt.array("output")) >= 0)
