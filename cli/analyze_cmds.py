@@ -53,7 +53,7 @@ def scheduler_options(func: Any) -> Any:
 
 @click.group()
 def analyze() -> None:
-    """Analyses of a store with dask (no model, no GPU): svd, dims.
+    """Analyses of a store with dask (no model, no GPU): svd, dims, compare.
 
     \b
     Examples:
@@ -135,4 +135,43 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
                    f"{r['participation_ratio']:>11.2f} {r['n90']:>4} {r['n99']:>4}")
     if csv_path:
         jobs.to_csv(rows, csv_path)
+        click.echo(f"wrote {csv_path}")
+
+
+@analyze.command("compare")
+@click.argument("detached_path", type=click.Path())
+@click.argument("ordinary_path", type=click.Path())
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Decoded tokens of u_1 searched for the prediction.")
+@click.option("--plot", type=click.Path(dir_okay=False), default="detjac-compare.png", show_default=True)
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table as CSV.")
+def compare_cmd(detached_path: str, ordinary_path: str, top: int, plot: str, csv_path: str | None) -> None:
+    """Detached against ordinary Jacobians of the same prompts: table and plot.
+
+    DETACHED_PATH comes from `detjac run`, ORDINARY_PATH from `detjac run --ordinary` on
+    the same prompts (matched by text).
+
+    \b
+    Example:
+      detjac run default p.txt --out det.zarr && detjac run default p.txt --out ord.zarr --ordinary
+      detjac analyze compare det.zarr ord.zarr --plot compare.png
+    """
+    from detjac.analysis import jobs
+    from detjac.analysis.compare import compare, plot_compare
+    from detjac.store import open_store
+
+    rows = compare(open_store(detached_path), open_store(ordinary_path), top)
+    click.echo(f"{'prompt':<17} {'error det':>9} {'error ord':>9} {'sigma1 det':>10} {'sigma1 ord':>10} "
+               f"{'srank det':>9} {'srank ord':>9} {'u1 det':>6} {'u1 ord':>6}")
+    for r in rows:
+        click.echo(f"{r['prompt_id']:<17} {r['detached_error']:>9.1e} {r['ordinary_error']:>9.1e} "
+                   f"{r['detached_sigma_1']:>10.4g} {r['ordinary_sigma_1']:>10.4g} {r['detached_stable_rank']:>9.2f} "
+                   f"{r['ordinary_stable_rank']:>9.2f} {'hit' if r['detached_u1_hit'] else '-':>6} "
+                   f"{'hit' if r['ordinary_u1_hit'] else '-':>6}")
+    hits = [sum(r[f"{key}_u1_hit"] for r in rows) for key in ("detached", "ordinary")]
+    click.echo(f"prediction among the top-{top} decoded tokens of u_1: detached {hits[0]}/{len(rows)}, "
+               f"ordinary {hits[1]}/{len(rows)}")
+    click.echo(f"wrote {plot_compare(rows, plot)}")
+    if csv_path:
+        jobs.to_csv([{k: v for k, v in r.items() if not k.endswith("spectrum")} for r in rows], csv_path)
         click.echo(f"wrote {csv_path}")

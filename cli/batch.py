@@ -90,7 +90,7 @@ def parse_keep(keep: str) -> int | None:
 
 
 def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                    row_block: int, max_tokens: int, keep: str = "full") -> dict[str, Any]:
+                    row_block: int, max_tokens: int, keep: str = "full", detach: bool = True) -> dict[str, Any]:
     """What identifies the run (checked when resuming) plus its other settings."""
     from detjac.engine import family_for
 
@@ -102,8 +102,8 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
     return {"model_id": model_dir.name if model_dir is not None else model_arg,
             "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
             "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
-            "dtype": dtype, "keep": keep, "detach": True, "position": -1, "target": "hidden",
-            "family": family.name, "detach_rules": family.describe(), "row_block": row_block,
+            "dtype": dtype, "keep": keep, "detach": detach, "position": -1, "target": "hidden",
+            "family": family.name, "detach_rules": family.describe() if detach else [], "row_block": row_block,
             "max_tokens": max_tokens, "detjac_version": __version__}
 
 
@@ -141,7 +141,7 @@ def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptL
     """Stream one prompt's Jacobian into ``store``; returns its reconstruction error."""
     from detjac.engine import stream_jacobian
 
-    stream = stream_jacobian(model, ids, row_block=run["row_block"])
+    stream = stream_jacobian(model, ids, row_block=run["row_block"], detach=run["detach"])
     storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
     rank = parse_keep(run["keep"])
     with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=stream.embeddings.shape[-1],
@@ -151,7 +151,8 @@ def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptL
             extra: dict[str, Any] = {}
         else:
             error, extra = _stream_low_rank(stream, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
-        _check_exact(error, run["dtype"], item)
+        if run["detach"]:
+            _check_exact(error, run["dtype"], item)
         writer.write_array("embeddings", _numpy(stream.embeddings, storage))
         writer.write_array("output", _numpy(stream.output, storage))
         writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
@@ -213,7 +214,7 @@ def _prompt_attrs(model: Any, tokenizer: Any, item: PromptLine, ids: list[int], 
     return {"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids), "token_ids": ids,
             "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None, "reconstruction_error": error,
             "next_token_id": next_id, "next_token": tokenizer.decode([next_id]) if tokenizer else None,
-            "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
+            "detached": run["detach"], "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
             "revision": run["revision"], "model_type": run["model_type"], "position": run["position"],
             "detach_rules": run["detach_rules"], "detjac_version": __version__, "written_at": now()}
 

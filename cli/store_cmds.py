@@ -24,12 +24,15 @@ DTYPES = ("float64", "float32", "bfloat16")
 @click.option("--keep", default="full", show_default=True,
               help="full: the whole Jacobian; rank:K: only the top-K singular triplets of each token's J_k and of "
                    "[J_1 ... J_n], sketched in one pass over the streamed rows (for long prompts or big models).")
+@click.option("--ordinary", is_flag=True,
+              help="Store the ordinary Jacobian (nothing detached; it does not reconstruct the output), "
+                   "for comparison with the detached one.")
 @click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
 @click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
 def run(model: str, prompts: str, out: str, dtype: str, row_block: int, max_tokens: int | None, keep: str,
-        force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
+        ordinary: bool, force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or
@@ -44,15 +47,17 @@ def run(model: str, prompts: str, out: str, dtype: str, row_block: int, max_toke
       detjac run default prompts.txt --out run.zarr
       detjac run ./Llama-3.2-1B prompts.jsonl --out llama.zarr --dtype float32 --row-block 128
       detjac run default long_prompts.txt --out lowrank.zarr --keep rank:16
+      detjac run default prompts.txt --out ordinary.zarr --ordinary
     """
     from .batch import parse_keep
 
     parse_keep(keep)
-    _run(model, prompts, out, dtype, row_block, max_tokens, keep, force_new, device, revision, trust_remote_code)
+    _run(model, prompts, out, dtype, row_block, max_tokens, keep, not ordinary, force_new, device, revision,
+         trust_remote_code)
 
 
 def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int, max_tokens: int | None,
-         keep: str, force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
+         keep: str, detach: bool, force_new: bool, device: str, revision: str | None, trust_remote_code: bool) -> None:
     import torch
     from tqdm.auto import tqdm
 
@@ -71,7 +76,7 @@ def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int
     limit = min(max_tokens or context, context)
     ids = tokenize_all(prompts, model, tok, limit)
     run_attrs = run_description(model, model_arg, Path(source) if Path(source).is_dir() else None, revision,
-                                dtype, row_block, limit, keep)
+                                dtype, row_block, limit, keep, detach)
     todo: dict[str, tuple[Any, list[int]]] = {}
     summary = RunSummary(blank_lines=prompts.blank)
     for item, tokens in zip(prompts.prompts, ids, strict=True):

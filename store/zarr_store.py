@@ -231,8 +231,14 @@ def verify_prompt(path: Path) -> VerifyResult:
     except Exception as exc:  # noqa: BLE001 - any decode failure means the prompt is corrupt
         return VerifyResult(pid, False, None, f"unreadable: {type(exc).__name__}: {exc}")
     error = float(np.linalg.norm(recon - y) / max(np.linalg.norm(y), np.finfo(np.float64).tiny))
-    bound = max(DTYPE_BOUND.get(prompt.attrs.get("dtype", "float64"), 1e-9),
-                10 * float(prompt.attrs.get("reconstruction_error", 0.0)))
+    stored = float(prompt.attrs.get("reconstruction_error", 0.0))
+    bound = DTYPE_BOUND.get(prompt.attrs.get("dtype", "float64"), 1e-9)
+    if prompt.attrs.get("detached") is False:  # an ordinary Jacobian: it must reproduce its stored error
+        if not np.isfinite(error) or abs(error - stored) > bound * max(1.0, stored):
+            return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} differs from the stored "
+                                                   f"{stored:.3e}")
+        return VerifyResult(pid, True, error)
+    bound = max(bound, 10 * stored)
     if not np.isfinite(error) or error > bound:
         return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} above {bound:.1e}")
     return VerifyResult(pid, True, error)

@@ -119,3 +119,23 @@ def test_analysis_does_not_import_torch():
     code = "import sys, detjac.analysis.jobs, detjac.analysis.spectra; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_detached_against_ordinary(real_store, tmp_path):
+    from store_helpers import PROMPTS as P
+
+    prompts = write_prompts(tmp_path / "p.txt", P[:2])
+    ordinary = tmp_path / "ord.zarr"
+    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(ordinary), "--ordinary"])
+    assert result.exit_code == 0, result.output
+    store = open_store(ordinary)
+    assert store.run["detach"] is False and all(p.attrs["reconstruction_error"] > 1e-3 for p in store)
+    assert all(r.ok for r in store.verify())
+    plot = tmp_path / "c.png"
+    out = CliRunner().invoke(main, ["analyze", "compare", str(real_store.path), str(ordinary), "--plot", str(plot),
+                                    "--csv", str(tmp_path / "c.csv")])
+    assert out.exit_code == 0, out.output
+    assert "prediction among the top-10 decoded tokens of u_1: detached" in out.output
+    assert plot.read_bytes()[:4] == b"\x89PNG" and len((tmp_path / "c.csv").read_text().splitlines()) == 3
+    swapped = CliRunner().invoke(main, ["analyze", "compare", str(ordinary), str(real_store.path)])
+    assert swapped.exit_code == 1 and "Expected a detached store first" in swapped.output

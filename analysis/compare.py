@@ -1,0 +1,71 @@
+"""Detached against ordinary Jacobians of the same prompts, from two stores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from .spectra import decode, dimensionality, singular_values, top_singular
+
+
+def _summary(store: Any, prompt: Any, top: int, unembed: np.ndarray) -> dict[str, Any]:
+    s = singular_values(prompt)
+    spec = top_singular(prompt, 1, method="gram")
+    ids, _ = decode(spec.U, unembed, top)
+    d = dimensionality(s)
+    return {"error": float(prompt.attrs["reconstruction_error"]), "sigma_1": float(s[0]),
+            "stable_rank": d.stable_rank, "n90": d.n90,
+            "u1_hit": int(prompt.attrs["next_token_id"]) in ids[0].tolist(), "spectrum": s}
+
+
+def compare(detached: Any, ordinary: Any, top: int = 10) -> list[dict[str, Any]]:
+    """One row per prompt present in both stores (matched by text): errors, sigma_1, stable rank, n90,
+    and whether the prediction is among the top decoded tokens of the combined operator's ``u_1``."""
+    if detached.run.get("detach") is False or ordinary.run.get("detach") is not False:
+        raise InvalidArgumentError("Expected a detached store first and an ordinary one (detjac run --ordinary) "
+                                   f"second. Got detach={detached.run.get('detach')} and "
+                                   f"{ordinary.run.get('detach')}.")
+    by_text = {p.prompt: p for p in ordinary}
+    unembed = detached.model_array("unembedding")
+    rows = []
+    for prompt in detached:
+        other = by_text.get(prompt.prompt)
+        if other is None:
+            continue
+        det, ordi = _summary(detached, prompt, top, unembed), _summary(ordinary, other, top, unembed)
+        rows.append({"prompt_id": prompt.id, "prompt": prompt.prompt,
+                     **{f"detached_{k}": v for k, v in det.items()},
+                     **{f"ordinary_{k}": v for k, v in ordi.items()}})
+    if not rows:
+        raise InvalidArgumentError("Expected prompts common to both stores. Got none (prompts are matched by text).")
+    return rows
+
+
+def plot_compare(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Reconstruction errors per prompt (log scale) and the first prompt's two spectra."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = np.arange(len(rows))
+    ax1.bar(x - 0.2, [r["detached_error"] for r in rows], 0.4, label="detached")
+    ax1.bar(x + 0.2, [r["ordinary_error"] for r in rows], 0.4, label="ordinary")
+    ax1.set(yscale="log", xlabel="prompt", ylabel="||sum_k J_k x_k - y|| / ||y||", title="Reconstruction error")
+    ax1.legend()
+    first = rows[0]
+    for key, style in (("detached", "-"), ("ordinary", "--")):
+        s = first[f"{key}_spectrum"]
+        ax2.semilogy(np.arange(1, len(s) + 1), s, style, label=key)
+    ax2.set(xlabel="singular value index", ylabel="singular value", title=f"[J_1 ... J_n]: {first['prompt'][:40]!r}")
+    ax2.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
