@@ -53,13 +53,14 @@ def scheduler_options(func: Any) -> Any:
 
 @click.group()
 def analyze() -> None:
-    """Analyses of a store with dask (no model, no GPU): svd, dims, compare.
+    """Analyses of a store with dask (no model, no GPU): svd, dims, compare, report.
 
     \b
     Examples:
       detjac analyze svd run.zarr --k 5 --top 8
       detjac analyze svd run.zarr --token -1 --method exact
       detjac analyze dims run.zarr --csv dims.csv --workers 2
+      detjac analyze report run.zarr --out report/
     """
 
 
@@ -175,3 +176,35 @@ def compare_cmd(detached_path: str, ordinary_path: str, top: int, plot: str, csv
     if csv_path:
         jobs.to_csv([{k: v for k, v in r.items() if not k.endswith("spectrum")} for r in rows], csv_path)
         click.echo(f"wrote {csv_path}")
+
+
+@analyze.command("report")
+@click.argument("path", type=click.Path())
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default="detjac-report", show_default=True,
+              help="Folder for the CSV tables, summary.json and PNG figures.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Decoded tokens of u_1 searched for the prediction.")
+@scheduler_options
+def report_cmd(path: str, out_dir: str, top: int, workers: int, memory_limit: str, scheduler: str | None) -> None:
+    """Corpus report: dimensionality and decoded u_1 of every prompt, as tables and figures.
+
+    Writes dims.csv, decoded.csv, summary.json, spectra.png, dims_by_position.png and
+    decoded.png; the per-prompt results are kept in the store and reused next time.
+
+    \b
+    Example:
+      detjac analyze report run.zarr --out report/ --workers 2
+    """
+    from tqdm.auto import tqdm
+
+    from detjac.analysis.report import report
+    from detjac.store import open_store
+
+    store = open_store(path)
+    with dask_scheduler(workers, scheduler, memory_limit), \
+            tqdm(total=len(store), desc="report", unit="prompt") as bar:
+        summary = report(store, out_dir, top, progress=bar)
+    click.echo(f"{summary['prompts']} prompts: prediction among the top-{top} tokens of u_1 in "
+               f"{summary['prediction_in_u1_top']:.0%}; median stable rank of [J_1 ... J_n] "
+               f"{summary['median_stable_rank_combined']:.2f}, median n90 {summary['median_n90_combined']:.0f}")
+    click.echo(f"wrote {', '.join(summary['files'])} to {out_dir}")

@@ -139,3 +139,18 @@ def test_detached_against_ordinary(real_store, tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG" and len((tmp_path / "c.csv").read_text().splitlines()) == 3
     swapped = CliRunner().invoke(main, ["analyze", "compare", str(ordinary), str(real_store.path)])
     assert swapped.exit_code == 1 and "Expected a detached store first" in swapped.output
+
+
+def test_report_writes_tables_and_figures(real_store, tmp_path):
+    import json
+
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["analyze", "report", str(real_store.path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 2 and 0 <= summary["prediction_in_u1_top"] <= 1
+    for name in ("spectra.png", "dims_by_position.png", "decoded.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+    decoded = (out / "decoded.csv").read_text().splitlines()
+    assert decoded[0].startswith("prompt_id,prompt,next_token,u1_tokens,u1_hit") and len(decoded) == 3
+    assert real_store.read_analysis(real_store.prompt_ids()[0], "svd_combined")[1]["params"]["method"] == "gram"
