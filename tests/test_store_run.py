@@ -14,6 +14,7 @@ from store_helpers import PROMPTS, assert_all_equal, store_snapshot, write_promp
 from detjac.cli.main import main
 from detjac.engine import detached_jacobian
 from detjac.engine.default import load_default_model
+from detjac.engine.tiny import tiny_model_types
 from detjac.store import open_store
 
 
@@ -137,3 +138,17 @@ def test_bfloat16_results_are_stored_as_float32(tmp_path):
     assert prompt.attrs["dtype"] == "bfloat16" and prompt.attrs["storage_dtype"] == "float32"
     assert prompt.jacobian(lazy=False).dtype == np.float32
     assert torch.isfinite(torch.tensor(prompt.attrs["reconstruction_error"]))
+
+
+@pytest.mark.parametrize("model_type", tiny_model_types())
+def test_run_works_for_every_family(tmp_path, model_type):
+    from detjac.engine.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / model_type, model_type)
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and", "A second prompt"])
+    result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--row-block", "8")
+    assert result.exit_code == 0, result.output
+    store = open_store(tmp_path / "s.zarr")
+    assert store.run["model_type"] == model_type and len(store) == 2
+    assert all(p.attrs["reconstruction_error"] < 1e-12 for p in store) and all(r.ok for r in store.verify())
+    assert store.model_array("embedding").shape[0] == store.model_array("unembedding").shape[0]
