@@ -250,6 +250,7 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
             raise StoreMismatchError(f"Expected the store {path} to hold the same run. Got differences: "
                                      + "; ".join(differences) + ". Use --force-new to replace it, or another --out.")
         if differences:
+            _acquire_lock(path).close()  # refuse to delete a store that another writer is using
             shutil.rmtree(path)
     elif path.exists():
         path.rmdir()  # an empty folder: replace it with the new store

@@ -131,6 +131,9 @@ def test_second_writer_is_refused(tmp_path):
     with create_store(tmp_path / "s.zarr", RUN):
         with pytest.raises(StoreError, match="Expected no other writer on .* Got one running"):
             create_store(tmp_path / "s.zarr", RUN)
+        with pytest.raises(StoreError, match="Got one running"):  # nor may --force-new delete it under the writer
+            create_store(tmp_path / "s.zarr", dict(RUN, dtype="float32"), force_new=True)
+        assert (tmp_path / "s.zarr" / "zarr.json").is_file()
     create_store(tmp_path / "s.zarr", RUN).close()  # free again once the first is closed
 
 
