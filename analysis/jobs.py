@@ -7,7 +7,6 @@ when one is active, else dask's default) runs the array work.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -101,7 +100,3 @@ def to_csv(rows: list[dict[str, Any]], path: Any) -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-
-
-def summary_json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps(rows, indent=2)

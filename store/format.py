@@ -10,6 +10,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 FORMAT_VERSION = 1
 ROOT_KEY = "detjac_store"  # root group attribute holding the run description
 PROMPTS = "prompts"  # group of complete prompts: the only place readers look
@@ -29,6 +31,8 @@ DIMENSIONS = {
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
 }
+
+SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
 
 SHARD_BYTES = 64 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes
 
@@ -50,6 +54,16 @@ def compressors(itemsize: int) -> list[Any]:
     from zarr.codecs import BloscCodec, Crc32cCodec
 
     return [BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", typesize=itemsize), Crc32cCodec()]
+
+
+def put_array(group: Any, name: str, values: Any, dims: tuple[str, ...] | None = None,
+              chunks: tuple[int, ...] | None = None) -> Any:
+    """Create ``name`` in a zarr ``group`` with the store's codecs and write ``values`` (one chunk by default)."""
+    values = np.asarray(values)
+    arr = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=dims,
+                             chunks=chunks or values.shape or None, compressors=compressors(values.itemsize))
+    arr[...] = values
+    return arr
 
 
 def shard_rows(row_block: int, n_rows: int, row_bytes: int) -> int:

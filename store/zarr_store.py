@@ -20,7 +20,6 @@ from ..errors import InvalidArgumentError, StoreError, StoreFormatError
 from . import format as fmt
 from .base import JacobianStore, PromptWriter, StoredPrompt, VerifyResult
 
-SMALL_ARRAYS = ("embeddings", "output", "token_ids")
 # Relative reconstruction error above which verify calls a prompt corrupt, by compute dtype.
 DTYPE_BOUND = {"float64": 1e-9, "float32": 1e-3, "float16": 5e-2, "bfloat16": 2e-1}
 
@@ -156,10 +155,7 @@ class ZarrStore(JacobianStore):
         try:
             group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
             for key, values in arrays.items():
-                values = np.asarray(values)
-                arr = group.create_array(key, shape=values.shape, dtype=values.dtype, chunks=values.shape or None,
-                                         compressors=fmt.compressors(values.itemsize))
-                arr[...] = values
+                fmt.put_array(group, key, values)
             group.attrs.update({**attrs, "written_at": fmt.now()})
             old = final.with_name(f".{name}.old-{os.getpid()}")
             if final.exists():

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, StoreError, StoreMismatchError
 from . import format as fmt
 from .base import PromptWriter
-from .zarr_store import SMALL_ARRAYS, ZarrStore, read_root
+from .zarr_store import ZarrStore, read_root
 
 
 def disk_error(exc: OSError, what: str) -> StoreError:
@@ -107,8 +107,8 @@ class ZarrPromptWriter(PromptWriter):
             self._written.add("jacobian")
 
     def write_array(self, name: str, values: np.ndarray) -> None:
-        if name not in SMALL_ARRAYS:
-            raise InvalidArgumentError(f"Expected one of {', '.join(SMALL_ARRAYS)}. Got {name!r}.")
+        if name not in fmt.SMALL_ARRAYS:
+            raise InvalidArgumentError(f"Expected one of {', '.join(fmt.SMALL_ARRAYS)}. Got {name!r}.")
         try:
             self._arrays[name][...] = values
         except OSError as exc:
@@ -117,7 +117,7 @@ class ZarrPromptWriter(PromptWriter):
         self._written.add(name)
 
     def commit(self, attrs: dict[str, Any]) -> None:
-        missing = {"jacobian" if self.rank is None else "triplets", *SMALL_ARRAYS} - self._written
+        missing = {"jacobian" if self.rank is None else "triplets", *fmt.SMALL_ARRAYS} - self._written
         if missing:
             self.abort()
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
@@ -153,10 +153,7 @@ class ZarrPromptWriter(PromptWriter):
         }
         try:
             for name, (values, dims) in arrays.items():
-                values = values.astype(self.dtype)
-                arr = self._group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=dims,
-                                               chunks=values.shape, compressors=fmt.compressors(values.itemsize))
-                arr[...] = values
+                fmt.put_array(self._group, name, values.astype(self.dtype), dims)
         except OSError as exc:
             self.abort()
             raise disk_error(exc, f"write prompt {self.id}") from exc
@@ -194,10 +191,7 @@ def _write_model(root: Any, tmp: Path, arrays: dict[str, np.ndarray], files: dic
     group = root.create_group(fmt.MODEL)
     digests = {}
     for name, values in arrays.items():
-        arr = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=fmt.DIMENSIONS[name],
-                                 chunks=(min(8192, values.shape[0]), values.shape[1]),
-                                 compressors=fmt.compressors(values.itemsize))
-        arr[...] = values
+        fmt.put_array(group, name, values, fmt.DIMENSIONS[name], chunks=(min(8192, values.shape[0]), values.shape[1]))
         digests[name] = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
     for name, data in files.items():
         (tmp / fmt.MODEL / name).write_bytes(data)
