@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import decode_top, top_singular
+from .decode import SingularTriplets, decode_top, top_singular
 from .jacobian import JacobianResult
 
 
@@ -69,8 +69,9 @@ class Explanation:
 def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: torch.Tensor, embed: torch.Tensor,
             k: int, top: int) -> tuple[torch.Tensor, ...]:
     """Decode the top ``k`` triplets of ``op`` (d, n_blocks * d); returns tensors and block picks."""
-    svd = top_singular(op, k, orient=produced)
-    spectrum = torch.linalg.svdvals(op)
+    full = top_singular(op, min(op.shape), orient=produced)  # one SVD: the spectrum and the top k
+    spectrum = full.S
+    svd = SingularTriplets(full.U[:, :k], full.S[:k], full.V[:, :k])
     left_ids, left_scores = decode_top(svd.U, unembed, top)
     blocks = svd.V.T.reshape(svd.V.shape[1], n_blocks, -1)  # (k, n_blocks, d)
     energy = blocks.pow(2).sum(-1)  # (k, n_blocks)
