@@ -188,8 +188,10 @@ def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any)
     bar.reset(total=stream.n_blocks * passes)
     more = True
     while more:
+        first_pass = iteration.pass_index == 0
         for block in stream:
-            recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
+            if first_pass:  # the rows are the same in every pass
+                recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
             iteration.update(block.start, block.stop, _numpy(block.values, "float64"))
             bar.update()
         more = iteration.end_pass()

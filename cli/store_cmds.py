@@ -85,8 +85,8 @@ def _run(model_arg: str, prompts_path: str, out: str, dtype: str, row_block: int
             summary.duplicates += 1
         else:
             todo[pid] = (item, tokens)
-    arrays, files = _model_for_decoding(model, source, dtype)
-    with create_store(out, run_attrs, force_new=force_new, model_arrays=arrays, model_files=files) as store:
+    with create_store(out, run_attrs, force_new=force_new,
+                      model_data=lambda: _model_for_decoding(model, source, dtype)) as store:
         done = set(store.prompt_ids())
         summary.skipped_complete = sum(pid in done for pid in todo)
         pending = [(pid, v) for pid, v in todo.items() if pid not in done]

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,13 +225,13 @@ def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, np.ndarray] | 
 
 
 def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False,
-                 model_arrays: dict[str, np.ndarray] | None = None,
-                 model_files: dict[str, bytes] | None = None) -> ZarrStore:
+                 model_data: Callable[[], tuple[dict[str, np.ndarray], dict[str, bytes]]] | None = None) -> ZarrStore:
     """Open ``path`` for writing: create it, or resume it if it holds the same run.
 
-    A new store also keeps ``model_arrays`` (``embedding`` (vocab, col), ``unembedding``
-    (vocab, row)) and ``model_files`` (e.g. ``tokenizer.json``) under ``model/``, so that
-    analyses can decode singular vectors without the model.
+    When a new store is created, ``model_data()`` is called for the arrays (``embedding``
+    (vocab, col), ``unembedding`` (vocab, row)) and files (e.g. ``tokenizer.json``) kept
+    under ``model/``, so that analyses can decode singular vectors without the model; a
+    resumed store already has them, and the call (a copy of the matrices) is skipped.
 
     Raises StoreMismatchError if the store was written for another model or settings
     (unless ``force_new``, which deletes it and starts again), StoreFormatError if ``path``
@@ -253,7 +254,7 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
             raise StoreError(f"Expected an existing parent folder for the store {path}. Got none at {path.parent}.")
         if not os.access(path.parent, os.W_OK):
             raise StoreError(f"Could not create the store {path}: {path.parent} is not writable.")
-        _new_store(path, run, model_arrays, model_files)
+        _new_store(path, run, *(model_data() if model_data is not None else ({}, {})))
     if not os.access(path, os.W_OK):
         raise StoreError(f"Could not write to the store {path}: it is read-only.")
     lock = _acquire_lock(path)

@@ -66,7 +66,8 @@ def test_decoding_returns_a_planted_direction(tmp_path):
     x = rng.standard_normal((n, d))
     x[position] = v
     run = {"model_id": "planted", "dtype": "float64", "keep": "full"}
-    with create_store(tmp_path / "s.zarr", run, model_arrays={"embedding": embed, "unembedding": unembed}) as st:
+    model_data = lambda: ({"embedding": embed, "unembedding": unembed}, {})  # noqa: E731
+    with create_store(tmp_path / "s.zarr", run, model_data=model_data) as st:
         with st.begin("p", n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=4) as w:
             for start in range(0, d, 4):
                 w.write_rows(start, start + 4, J[start:start + 4])
