@@ -81,6 +81,10 @@ class Family:
     decoder
         Returns the base decoder (the module that takes ``inputs_embeds`` and returns
         the final normed hidden states) of a loaded model.
+    mid_residual
+        Child of a decoder layer whose first input is the residual stream after the
+        attention block and before the MLP block (the layer-streamed engine reads it to
+        split a layer's output into its attention and MLP contributions).
     """
 
     name: str
@@ -94,6 +98,7 @@ class Family:
         default_factory=lambda: frozenset({"q_proj", "k_proj", "q_norm", "k_norm"})
     )
     decoder: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.model)
+    mid_residual: str = "post_attention_layernorm"
     notes: str = ""
 
     def norm_rule(self, module: nn.Module) -> NormRule | None:

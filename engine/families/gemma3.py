@@ -28,4 +28,5 @@ FAMILY = Family(
     containers=(m.Gemma3TextModel, m.Gemma3DecoderLayer),
     position_modules=(m.Gemma3RotaryEmbedding,),
     decoder=_text_decoder,
+    mid_residual="pre_feedforward_layernorm",
 )

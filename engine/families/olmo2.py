@@ -13,4 +13,5 @@ FAMILY = Family(
     attentions=(m.Olmo2Attention,),
     containers=(m.Olmo2Model, m.Olmo2DecoderLayer),
     position_modules=(m.Olmo2RotaryEmbedding,),
+    mid_residual="mlp",  # no pre-MLP norm: the MLP reads the residual itself
 )

@@ -1,0 +1,218 @@
+"""Where the layer-streamed engine gets its weights: a loaded model, or safetensors on disk.
+
+Both sources hand out the tensors of one module subtree (one decoder layer, the final
+norm) by their names in the model, in the compute dtype, on the compute device.
+:class:`SafetensorsWeights` reads each tensor with plain positioned reads from the
+shard files (no memory map, so reading a layer never leaves the shard's pages counted
+in the process's resident memory) and never unpickles anything. Checkpoints saved in
+bitsandbytes' serialized 4-bit or 8-bit format are dequantized as each layer is read,
+and ``quantize=`` applies a quantize-dequantize round trip to every linear weight of a
+float checkpoint (the model bitsandbytes would run after quantizing on load).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from detjac.errors import CheckpointError
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+# Multimodal checkpoints hold other towers whose layers have the same tail names as the text decoder's.
+_OTHER_TOWERS = ("vision", "multi_modal", "audio")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+
+def _read_header(path: Path) -> dict[str, _Entry]:
+    """Tensor table of one safetensors file (8-byte little-endian header size, JSON header, data)."""
+    try:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, struct.error) as exc:
+        raise CheckpointError(f"Expected a readable safetensors file at {path}. Got: {exc}") from None
+    table: dict[str, _Entry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(f"Expected tensors of a supported dtype in {path}. Got {name} as {info['dtype']}.")
+        begin, end = info["data_offsets"]
+        table[name] = _Entry(path, _SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]),
+                             8 + size + begin, 8 + size + end)
+    return table
+
+
+class WeightSource:
+    """Tensors of a model by name; subclasses say where they come from."""
+
+    quantized: str | None = None
+
+    def names(self) -> Iterable[str]:
+        raise NotImplementedError
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor as stored (storage dtype, CPU, or the loaded model's device)."""
+        raise NotImplementedError
+
+    def read_rows(self, name: str, rows: list[int]) -> torch.Tensor:
+        """Rows ``rows`` of a 2-D tensor, in order."""
+        return self.read(name)[rows]
+
+    def read_range(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of a 2-D tensor."""
+        return self.read(name)[start:stop]
+
+    def nbytes(self, name: str) -> int:
+        raise NotImplementedError
+
+    def resolve(self, name: str) -> str:
+        """The source's key for the model's parameter ``name`` (see :func:`resolve_key`)."""
+        return name
+
+
+class ModuleWeights(WeightSource):
+    """The parameters of an already-loaded model (no copy when dtype and device match)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._tensors = {**dict(model.named_parameters(remove_duplicate=False)),
+                         **dict(model.named_buffers(remove_duplicate=False))}
+
+    def names(self) -> Iterable[str]:
+        return self._tensors.keys()
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._tensors[name].detach()
+
+    def nbytes(self, name: str) -> int:
+        t = self._tensors[name]
+        return t.numel() * t.element_size()
+
+
+class SafetensorsWeights(WeightSource):
+    """The tensors of a checkpoint folder's ``*.safetensors`` shards, read one at a time."""
+
+    def __init__(self, folder: str | Path, config: dict[str, Any] | None = None) -> None:
+        folder = Path(folder)
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(
+                f"Expected *.safetensors weights in {folder} for the layer-streamed engine. Got none "
+                "(convert .bin checkpoints with transformers' save_pretrained(safe_serialization=True))."
+            )
+        self._table: dict[str, _Entry] = {}
+        for f in files:
+            self._table.update(_read_header(f))
+        self._resolved: dict[str, str] = {}
+        if (config or {}).get("quantization_config") is not None:
+            from .quant import is_quantized_checkpoint
+
+            self.quantized = is_quantized_checkpoint(config or {})
+
+    def names(self) -> Iterable[str]:
+        return self._table.keys()
+
+    def _entry(self, name: str) -> _Entry:
+        try:
+            return self._table[name]
+        except KeyError:
+            raise CheckpointError(f"Expected tensor {name!r} in the checkpoint. Got no such tensor.") from None
+
+    def read(self, name: str) -> torch.Tensor:
+        e = self._entry(name)
+        return self._read_bytes(e, e.begin, e.end).reshape(e.shape)
+
+    def read_rows(self, name: str, rows: list[int]) -> torch.Tensor:
+        e = self._entry(name)
+        if len(e.shape) != 2:
+            raise CheckpointError(f"Expected a 2-D tensor for {name!r}. Got shape {e.shape}.")
+        row_bytes = e.shape[1] * e.dtype.itemsize
+        parts = [self._read_bytes(e, e.begin + r * row_bytes, e.begin + (r + 1) * row_bytes) for r in rows]
+        return torch.stack(parts) if parts else torch.empty(0, e.shape[1], dtype=e.dtype)
+
+    def read_range(self, name: str, start: int, stop: int) -> torch.Tensor:
+        e = self._entry(name)
+        row_bytes = e.shape[1] * e.dtype.itemsize
+        return self._read_bytes(e, e.begin + start * row_bytes, e.begin + stop * row_bytes).reshape(-1, e.shape[1])
+
+    @staticmethod
+    def _read_bytes(e: _Entry, begin: int, end: int) -> torch.Tensor:
+        buf = bytearray(end - begin)
+        with open(e.file, "rb", buffering=0) as f:
+            f.seek(begin)
+            got = f.readinto(buf)
+        if got != len(buf):
+            raise CheckpointError(f"Expected {len(buf)} bytes from {e.file}. Got {got} (truncated file?).")
+        if not buf:
+            return torch.empty(0, dtype=e.dtype)
+        return torch.frombuffer(buf, dtype=e.dtype)
+
+    def nbytes(self, name: str) -> int:
+        e = self._entry(name)
+        return e.end - e.begin
+
+    def resolve(self, name: str) -> str:
+        if name not in self._resolved:
+            self._resolved[name] = resolve_key(name, self._table)
+        return self._resolved[name]
+
+
+def resolve_key(name: str, keys: Iterable[str]) -> str:
+    """The checkpoint key holding the model parameter ``name``.
+
+    The same name when present; otherwise the one key that ends with the same
+    ``layers.N...`` (or ``embed_tokens...``, ``norm...``) tail outside other modalities'
+    towers: released multimodal checkpoints (Gemma3) nest the text decoder differently
+    from the module tree transformers builds.
+    """
+    keys = keys if isinstance(keys, dict) else dict.fromkeys(keys)
+    if name in keys:
+        return name
+    parts = name.split(".")
+    anchor = next((i for i, p in enumerate(parts) if p in ("layers", "embed_tokens", "norm", "lm_head")), 0)
+    tail = ".".join(parts[anchor:])
+    hits = [k for k in keys if (k == tail or k.endswith("." + tail)) and not any(t in k for t in _OTHER_TOWERS)]
+    if len(hits) == 1:
+        return hits[0]
+    raise CheckpointError(
+        f"Expected one checkpoint tensor for the model's parameter {name!r}. Got "
+        + (f"several candidates: {', '.join(sorted(hits)[:4])}." if hits else "none (a checkpoint of another model?).")
+    )
+
+
+def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes the parameters of ``module`` take in ``dtype`` (meta parameters count too)."""
+    return sum(p.numel() for p in module.parameters()) * dtype.itemsize
+
+
+def is_resident(source: WeightSource) -> bool:
+    """Whether the source's tensors already live in memory (a loaded model)."""
+    return isinstance(source, ModuleWeights)
+
+
+def open_source(source: Any, config: dict[str, Any] | None = None) -> WeightSource:
+    """A :class:`WeightSource` for a loaded model or a checkpoint folder."""
+    if isinstance(source, nn.Module):
+        return ModuleWeights(source)
+    return SafetensorsWeights(source, config)
+
