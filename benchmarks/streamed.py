@@ -1,0 +1,334 @@
+"""The layer-streamed engine against the reference approach, and out of core.
+
+Every measurement runs in a fresh process (peak RSS is the process's high-water mark);
+ratios compare runs made one after the other by this script on the same machine.
+Never a timed assertion: this is a report (JSON under ``benchmarks/results/``).
+
+Sections
+--------
+compare
+    Random-weight models that fit in RAM, float32, CPU. The reference approach is
+    ``torch.autograd.functional.jacobian(vectorize=True)`` of the detached model's final
+    hidden state at the last position w.r.t. the input embeddings (the whole Jacobian in
+    one call). detjac streams one layer at a time with row blocks going to a zarr store
+    as they come. Reported: time ratio (detjac / reference), peak RSS above the loaded
+    weights and its ratio, max |difference| of the two Jacobians, and efficiency: the
+    achieved FLOP/s of detjac's row sweeps divided by ``torch.matmul``'s FLOP/s measured
+    in the same process (FLOP model in :func:`sweep_flops`).
+layerwise
+    The cumulative Jacobian of every layer's output: the reference's per-layer loop (one
+    ``jacobian(vectorize=True)`` call per layer) against one detjac request.
+ooc
+    Out of core: a random-weight model written as sharded bf16 safetensors, weights at
+    least 4x the CPU budget, computed in float32 under ``--max-memory cpu=...``: peak RSS
+    against the budget, and time per layer per row block.
+gpu
+    On a CUDA machine only: a 70B-shaped run (the Llama-3-70B config with a few of its 80
+    layers, random weights, nf4 round trip) with peak GPU memory and time per layer,
+    extrapolated to 80 layers; and a 14B-shaped (Qwen3-14B config) bf16 run under an
+    8 GiB GPU budget.
+
+    .venv/bin/python benchmarks/streamed.py compare layerwise ooc
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results" / "streamed.json"
+
+# Random Llama, d=1024, 8 layers, ffn 2816, GQA 16/4 heads (the figures quoted in the issue).
+SMALL = dict(model_type="llama", hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+             num_attention_heads=16, num_key_value_heads=4, head_dim=64, vocab_size=4096)
+# Qwen3-0.6B's shape (28 layers, d=1024, ffn 3072, 16/8 heads of 128), vocabulary cut to 32k.
+HALF_B = dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+              num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=32000)
+# Qwen3-4B's shape with 40 layers (4.4B parameters, 8.9 GB in bf16).
+OOC = dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=40,
+           num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+           tie_word_embeddings=True)
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def sweep_flops(cfg: dict[str, Any], n: int, rows: int, layers: int) -> float:
+    """FLOPs of pulling ``rows`` vectors of ``n`` positions back through ``layers`` layers.
+
+    Per vector and layer: the transposed value, output, up and down projections
+    (``2 n (d kv + d q + 2 d f)``, q/kv the widths of all query/key-value heads) and the
+    transposed frozen-probability products (``2 n^2 q``). Norm scales, the gate product and
+    the per-layer recomputed forward are not counted (they are O(n d) per vector or O(1)
+    in the number of vectors).
+    """
+    d, f = cfg["hidden_size"], cfg["intermediate_size"]
+    q = cfg["num_attention_heads"] * cfg["head_dim"]
+    kv = cfg["num_key_value_heads"] * cfg["head_dim"]
+    per = 2 * n * (d * kv + d * q + 2 * d * f) + 2 * n * n * q
+    return float(per * rows * layers)
+
+
+def _model(cfg: dict[str, Any], n: int) -> Any:
+    from detjac.engine.tiny import tiny_model
+
+    kw = {k: v for k, v in cfg.items() if k != "model_type"}
+    return tiny_model(cfg["model_type"], dtype=_torch().float32, scale=0.02, max_position_embeddings=max(n, 64), **kw)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int = 5) -> float:
+    """FLOP/s of one square ``torch.matmul`` (best of ``repeat``)."""
+    torch = _torch()
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    best = float("inf")
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+# -- children -------------------------------------------------------------------------------
+
+
+def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None) -> dict[str, Any]:
+    torch = _torch()
+    from detjac.engine import linearized
+
+    model = _model(cfg, n)
+    ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    with linearized(model) as lin:
+        x = lin.decoder.get_input_embeddings()(torch.tensor([ids]))[0].detach()
+        decoder = lin.decoder
+
+        def final(e: Any) -> Any:
+            return decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, -1]
+
+        torch.autograd.functional.jacobian(final, x[:2], vectorize=True)  # warm up
+        base = peak_mib()
+        t0 = time.perf_counter()
+        if layers is None:
+            jac = torch.autograd.functional.jacobian(final, x, vectorize=True)
+            torch.save(jac, out)
+        else:
+            for layer in layers:  # hidden_states[l + 1] is layer l's output (the last one is normed: not used)
+                def upto(e: Any, layer: int = layer) -> Any:
+                    hs = decoder(inputs_embeds=e[None], use_cache=False, output_hidden_states=True).hidden_states
+                    return hs[layer + 1][0, -1]
+
+                jac = torch.autograd.functional.jacobian(upto, x, vectorize=True)
+                if layer == _checked(layers):
+                    torch.save(jac, out)
+                del jac
+        seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "rss_above_weights_mib": peak_mib() - base}
+
+
+def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None, row_block: int) -> dict[str, Any]:
+    torch = _torch()
+    from detjac.engine.streamed import StreamedModel, Target
+    from detjac.store import create_store
+
+    model = _model(cfg, n)
+    ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    flops_matmul = matmul_flops(torch.float32)
+    sm = StreamedModel(model, dtype=torch.float32)
+    sm.jacobians(ids[:2], ["output"], row_block=row_block)  # warm up
+    store = create_store(Path(out).with_suffix(".zarr"), {"model_id": "bench"})
+    base = peak_mib()
+    t0 = time.perf_counter()
+    trace = sm.trace(ids)
+    targets = [Target(-1, "output")] if layers is None else [Target(i, "layer") for i in layers]
+    plan = sm.plan(trace, targets, row_block=row_block, mode="reverse")
+    t_sweeps = time.perf_counter()
+    d = sm.d_model
+    writers = {t: store.begin(f"{i:016x}", n_rows=d, n_tokens=n, n_cols=d, dtype="float32", row_block=row_block)
+               for i, t in enumerate(targets)}
+    checked = targets[0] if layers is None else Target(_checked(layers), "layer")
+    keep = torch.empty(d, n, d)
+    for b in sm.blocks(trace, targets, plan):  # row blocks go to the store as they come
+        writers[b.target].write_rows(b.start, b.stop, b.values.numpy())
+        if b.target == checked:
+            keep[b.start:b.stop] = b.values
+    seconds = time.perf_counter() - t0
+    sweeps = time.perf_counter() - t_sweeps
+    for w in writers.values():
+        w.abort()
+    store.close()
+    torch.save(keep, out)
+    depth = sum(t.depth(sm.n_layers) for t in targets)
+    return {"seconds": seconds, "rss_above_weights_mib": peak_mib() - base, "row_block": plan.row_block,
+            "matmul_gflops": flops_matmul / 1e9, "sweep_gflops": sweep_flops(cfg, n, d, 1) * depth / sweeps / 1e9,
+            "auto_mode": "forward" if sm.plan(trace, targets).forward else "reverse"}
+
+
+def _checked(layers: list[int]) -> int:
+    """The layer whose Jacobian both sides save for comparison (not the last: the reference's is normed)."""
+    return layers[len(layers) // 2]
+
+
+def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
+    torch = _torch()
+    from detjac.engine.streamed import StreamedModel, Target
+
+    sm = StreamedModel(folder, dtype=torch.float32, max_memory=budget)
+    ids = list(range(100, 100 + n))
+    base = peak_mib()
+    t0 = time.perf_counter()
+    trace = sm.trace(ids, progress=True)
+    forward_s = time.perf_counter() - t0
+    plan = sm.plan(trace, [Target(-1, "output")])
+    per_block, t1, done = [], time.perf_counter(), 0
+    for b in sm.blocks(trace, [Target(-1, "output")], plan, progress=True):
+        per_block.append(time.perf_counter() - t1)
+        t1 = time.perf_counter()
+        done += 1
+        assert b.values.shape[0] == b.stop - b.start
+        if done == blocks:
+            break
+    return {"forward_pass_s": forward_s, "row_block": plan.row_block, "row_blocks_total": plan.n_row_blocks,
+            "seconds_per_row_block": per_block, "seconds_per_layer_per_row_block": [s / sm.n_layers for s in per_block],
+            "peak_rss_mib": peak_mib(), "rss_after_start_mib": base, "layer_mib_float32": sm.layer_bytes() / 2**20,
+            "gib_read": sm.stats.bytes_read / 2**30}
+
+
+def _run_child(*args: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, __file__, "_child", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- sections -------------------------------------------------------------------------------
+
+
+def _pair(
+    name: str, cfg: dict[str, Any], n: int, tmp: Path, layers: list[int] | None, row_block: int
+) -> dict[str, Any]:
+    torch = _torch()
+    spec = json.dumps({"cfg": cfg, "n": n, "layers": layers, "row_block": row_block})
+    ref = _run_child("reference", spec, str(tmp / "ref.pt"))
+    ours = _run_child("detjac", spec, str(tmp / "ours.pt"))
+    a, b = torch.load(tmp / "ref.pt"), torch.load(tmp / "ours.pt")
+    row = {"name": name, "tokens": n, "reference": ref, "detjac": ours,
+           "time_ratio": ours["seconds"] / ref["seconds"],
+           "rss_ratio": ours["rss_above_weights_mib"] / max(ref["rss_above_weights_mib"], 1e-9),
+           "max_abs_diff": float((a - b).abs().max()), "max_abs": float(a.abs().max())}
+    if ours.get("sweep_gflops"):
+        row["efficiency_vs_matmul"] = ours["sweep_gflops"] / ours["matmul_gflops"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def section_compare(tmp: Path, quick: bool) -> list[dict[str, Any]]:
+    runs = [("llama d1024 L8", SMALL, 32), ("llama d1024 L8", SMALL, 128), ("qwen3-0.6B shape", HALF_B, 32)]
+    return [_pair(name, cfg, n, tmp, None, 64) for name, cfg, n in (runs[:1] if quick else runs)]
+
+
+def section_layerwise(tmp: Path, quick: bool) -> list[dict[str, Any]]:
+    layers = list(range(SMALL["num_hidden_layers"]))
+    return [_pair("llama d1024 L8, all layer outputs", SMALL, 8 if quick else 32, tmp, layers, 64)]
+
+
+def section_ooc(tmp: Path, quick: bool) -> dict[str, Any]:
+    torch = _torch()
+    cfg = {**OOC, "num_hidden_layers": 4} if quick else OOC
+    folder = tmp / "ooc-model"
+    t0 = time.perf_counter()
+    on_disk = write_random_checkpoint(folder, cfg, torch.bfloat16)
+    budget_gib = 2.0
+    res = _run_child("ooc", str(folder), "16", f"cpu={budget_gib}GiB", "1")
+    res.update({"config": cfg, "tokens": 16, "budget_gib": budget_gib, "weights_on_disk_gib": on_disk / 2**30,
+                "weights_over_budget": on_disk / 2**30 / budget_gib, "write_s": time.perf_counter() - t0})
+    print(json.dumps(res), flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return res
+
+
+def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard_gib: float = 2.0) -> int:
+    """A random checkpoint of ``cfg`` as safetensors shards, built one tensor at a time (never all in memory)."""
+    torch = _torch()
+    from accelerate import init_empty_weights
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from detjac.engine.tiny import tiny_config
+
+    config = tiny_config(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    config.dtype = dtype
+    config.save_pretrained(folder)
+    gen = torch.Generator().manual_seed(0)
+    shard: dict[str, Any] = {}
+    size = index = total = 0
+    names = [n for n, _ in skeleton.named_parameters()]  # tied weights once
+    for name, p in skeleton.named_parameters():
+        if name.endswith("norm.weight"):
+            t = torch.ones(p.shape, dtype=dtype)
+        else:
+            t = (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
+        shard[name] = t
+        size += t.numel() * t.element_size()
+        if size >= shard_gib * 2**30 or name == names[-1]:
+            save_file(shard, str(folder / f"model-{index:05d}.safetensors"), metadata={"format": "pt"})
+            total += size
+            shard, size, index = {}, 0, index + 1
+    return total
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        kind = sys.argv[2]
+        if kind == "ooc":
+            result = child_ooc(sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
+        else:
+            spec = json.loads(sys.argv[3])
+            _torch().set_num_threads(int(__import__("os").environ.get("BENCH_THREADS", "2")))
+            if kind == "reference":
+                result = child_reference(spec["cfg"], spec["n"], sys.argv[4], spec["layers"])
+            else:
+                result = child_detjac(spec["cfg"], spec["n"], sys.argv[4], spec["layers"], spec["row_block"])
+        print(json.dumps(result))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sections", nargs="+", choices=["compare", "layerwise", "ooc", "gpu"])
+    p.add_argument("--quick", action="store_true", help="smallest sizes only (checks that the script runs)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for section in args.sections:
+            if section == "gpu":
+                from gpu_streamed import run_gpu  # noqa: PLC0415 - CUDA machines only
+
+                results["gpu"] = run_gpu()
+            else:
+                results[section] = {"compare": section_compare, "layerwise": section_layerwise,
+                                    "ooc": section_ooc}[section](Path(tmp), args.quick)
+            results.setdefault("machine", {"threads": 2, "python": sys.version.split()[0]})
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
