@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 RESULTS = Path(__file__).parent / "results" / "streamed.json"
 
 # Random Llama, d=1024, 8 layers, ffn 2816, GQA 16/4 heads (the figures quoted in the issue).
@@ -112,7 +114,9 @@ def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int 
 def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None) -> dict[str, Any]:
     torch = _torch()
     from detjac.engine import linearized
+    from detjac.engine.streamed import return_freed_memory
 
+    return_freed_memory()  # the same allocator setting in both children
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
     with linearized(model) as lin:
@@ -144,9 +148,10 @@ def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | N
 
 def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None, row_block: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine.streamed import StreamedModel, Target
+    from detjac.engine.streamed import StreamedModel, Target, return_freed_memory
     from detjac.store import create_store
 
+    return_freed_memory()  # the same allocator setting in both children (see return_freed_memory)
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
     flops_matmul = matmul_flops(torch.float32)
@@ -163,19 +168,24 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     writers = {t: store.begin(f"{i:016x}", n_rows=d, n_tokens=n, n_cols=d, dtype="float32", row_block=row_block)
                for i, t in enumerate(targets)}
     checked = targets[0] if layers is None else Target(_checked(layers), "layer")
-    keep = torch.empty(d, n, d)
     for b in sm.blocks(trace, targets, plan):  # row blocks go to the store as they come
         writers[b.target].write_rows(b.start, b.stop, b.values.numpy())
-        if b.target == checked:
-            keep[b.start:b.stop] = b.values
     seconds = time.perf_counter() - t0
     sweeps = time.perf_counter() - t_sweeps
-    for w in writers.values():
-        w.abort()
+    rss_above = peak_mib() - base  # before reading anything back
+    w = writers[checked]
+    w.write_array("embeddings", trace.embeddings.numpy())
+    w.write_array("output", trace.value(checked).numpy())
+    w.write_array("token_ids", np.asarray(ids, dtype=np.int64))
+    w.commit({})
+    for t, other in writers.items():
+        if t != checked:
+            other.abort()
+    stored = store.get(store.prompt_ids()[0]).jacobian(lazy=False)
     store.close()
-    torch.save(keep, out)
+    torch.save(torch.from_numpy(stored), out)
     depth = sum(t.depth(sm.n_layers) for t in targets)
-    return {"seconds": seconds, "rss_above_weights_mib": peak_mib() - base, "row_block": plan.row_block,
+    return {"seconds": seconds, "rss_above_weights_mib": rss_above, "row_block": plan.row_block,
             "matmul_gflops": flops_matmul / 1e9, "sweep_gflops": sweep_flops(cfg, n, d, 1) * depth / sweeps / 1e9,
             "auto_mode": "forward" if sm.plan(trace, targets).forward else "reverse"}
 
@@ -281,6 +291,7 @@ def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard
     gen = torch.Generator().manual_seed(0)
     shard: dict[str, Any] = {}
     size = index = total = 0
+    weight_map: dict[str, str] = {}
     names = [n for n, _ in skeleton.named_parameters()]  # tied weights once
     for name, p in skeleton.named_parameters():
         if name.endswith("norm.weight"):
@@ -290,9 +301,13 @@ def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard
         shard[name] = t
         size += t.numel() * t.element_size()
         if size >= shard_gib * 2**30 or name == names[-1]:
-            save_file(shard, str(folder / f"model-{index:05d}.safetensors"), metadata={"format": "pt"})
+            file = f"model-{index:05d}.safetensors"
+            save_file(shard, str(folder / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, file))
             total += size
             shard, size, index = {}, 0, index + 1
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1) + "\n")
     return total
 
 

@@ -139,7 +139,7 @@ class RunSummary:
 def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptLine, ids: list[int],
                  run: dict[str, Any], bar: Any) -> float:
     """Stream one prompt's Jacobian into ``store``; returns its reconstruction error."""
-    from detjac.engine import stream_jacobian
+    from detjac.engine import output_logits, stream_jacobian
 
     stream = stream_jacobian(model, ids, row_block=run["row_block"], detach=run["detach"])
     storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
@@ -153,11 +153,88 @@ def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptL
             error, extra = _stream_low_rank(stream, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
         if run["detach"]:
             _check_exact(error, run["dtype"], item)
-        writer.write_array("embeddings", _numpy(stream.embeddings, storage))
-        writer.write_array("output", _numpy(stream.output, storage))
-        writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
-        writer.commit({**_prompt_attrs(model, tokenizer, item, ids, stream.output, error, run, storage), **extra})
+        _write_small(writer, stream.embeddings, stream.output, ids, storage)
+        next_id = int(output_logits(model, stream.output).argmax())
+        writer.commit({**_prompt_attrs(tokenizer, item, ids, next_id, error, run, storage), **extra})
     return error
+
+
+class _OutputRows:
+    """The streamed engine's row blocks of the final Jacobian, iterable again (low-rank mode sweeps it)."""
+
+    def __init__(self, sm: Any, trace: Any, plan: Any) -> None:
+        from detjac.engine.streamed import Target
+
+        self.sm, self.trace, self.plan, self.target = sm, trace, plan, Target(-1, "output")
+        self.n_rows, self.n_blocks = sm.d_model, plan.n_row_blocks
+        self.embeddings, self.output = trace.embeddings, trace.output
+
+    def __iter__(self) -> Any:
+        return self.sm.blocks(self.trace, [self.target], self.plan)
+
+
+def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
+                          targets: list[Any], bar: Any) -> float:
+    """One prompt through the layer-streamed engine: the final Jacobian and every layerwise ``targets``
+    Jacobian, block by block into ``store``; returns the final Jacobian's reconstruction error."""
+    import torch
+
+    from detjac.engine import relative_error
+    from detjac.engine.streamed import Target
+    from detjac.store import LayerwiseSpec
+
+    storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
+    rank = parse_keep(run["keep"])
+    trace = sm.trace(ids, progress=True)
+    output = Target(-1, "output")
+    auto_rows = run.get("row_block") in (None, "auto")
+    plan = sm.plan(trace, [output, *targets], mode="reverse" if rank is not None else run.get("mode", "auto"),
+                   row_block=None if auto_rows else run["row_block"])
+    next_id = int(sm.logits(trace.output).argmax())
+    n, d = len(ids), sm.d_model
+    if rank is not None:
+        with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
+                         rank=rank) as writer:
+            error, extra = _stream_low_rank(_OutputRows(sm, trace, plan), writer, rank,
+                                            run.get("passes", LOW_RANK_PASSES), bar)
+            if run["detach"]:
+                _check_exact(error, run["dtype"], item)
+            _write_small(writer, trace.embeddings, trace.output, ids, storage)
+            writer.commit({**_prompt_attrs(sm.tokenizer, item, ids, next_id, error, run, storage), **extra})
+        return error
+    specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, "forward" if t in plan.forward else "reverse",
+                                   plan.token_block) for t in targets}
+    recon = {t: torch.zeros_like(trace.value(t)) for t in [output, *targets]}
+    with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
+                     layerwise=specs) as writer:
+        bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
+        for b in sm.blocks(trace, [output, *targets], plan, progress=True):
+            x = trace.source(b.target)[b.token_start:b.token_stop]
+            recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
+            name = "jacobian" if b.target == output else b.target.name
+            writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, storage))
+            bar.update()
+        errors = {t: relative_error(recon[t], trace.value(t)) for t in recon}
+        for t, e in errors.items():
+            if run["detach"]:
+                _check_exact(e, run["dtype"], item, t.name)
+            if t != output:
+                writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
+                if t.local:
+                    writer.write_layerwise(t.name, "inputs", _numpy(trace.source(t), storage))
+        _write_small(writer, trace.embeddings, trace.output, ids, storage)
+        layerwise = {t.name: {"reconstruction_error": errors[t], "mode": specs[t.name].mode} for t in targets}
+        writer.commit({**_prompt_attrs(sm.tokenizer, item, ids, next_id, errors[output], run, storage),
+                       "layerwise": layerwise, "stream": {"row_block": plan.row_block,
+                                                          "token_block": plan.token_block,
+                                                          "bytes_read": sm.stats.bytes_read}})
+    return errors[output]
+
+
+def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], storage: str) -> None:
+    writer.write_array("embeddings", _numpy(embeddings, storage))
+    writer.write_array("output", _numpy(output, storage))
+    writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
 
 
 def _stream_full(stream: Any, writer: Any, storage: str, bar: Any) -> float:
@@ -199,20 +276,19 @@ def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any)
     return relative_error(recon, stream.output), {**attrs, "passes": passes}
 
 
-def _check_exact(error: float, dtype: str, item: PromptLine) -> None:
+def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> None:
     from detjac.engine.jacobian import FLOAT64_EXACTNESS_BOUND
 
     if dtype == "float64" and not error < FLOAT64_EXACTNESS_BOUND:
-        raise LinearizationError(f"Prompt on line {item.line}: float64 reconstruction error {error:.3e} is above "
+        of = f" of {what}" if what else ""
+        raise LinearizationError(f"Prompt on line {item.line}: float64 reconstruction error{of} {error:.3e} is above "
                                  f"{FLOAT64_EXACTNESS_BOUND:.0e}; a nonlinearity escaped detaching.")
 
 
-def _prompt_attrs(model: Any, tokenizer: Any, item: PromptLine, ids: list[int], output: Any, error: float,
+def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int, error: float,
                   run: dict[str, Any], storage: str) -> dict[str, Any]:
-    from detjac.engine import output_logits
     from detjac.store.format import now
 
-    next_id = int(output_logits(model, output).argmax())
     return {"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids), "token_ids": ids,
             "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None, "reconstruction_error": error,
             "next_token_id": next_id, "next_token": tokenizer.decode([next_id]) if tokenizer else None,

@@ -146,9 +146,17 @@ def parse_memory(text: str | None) -> dict[str, int]:
             raise InvalidArgumentError(
                 f"Expected --max-memory as DEVICE=SIZE[,DEVICE=SIZE] (e.g. cuda:0=8GiB,cpu=32GiB). Got {text!r}."
             )
-        device = m.group(1).lower()
-        budgets["cuda:0" if device == "cuda" else device] = int(float(m.group(2)) * _UNITS[(m.group(3) or "").upper()])
+        device = _device_key(m.group(1))
+        if device in budgets:
+            raise InvalidArgumentError(f"Expected each device once in --max-memory. Got {device} twice in {text!r}.")
+        budgets[device] = int(float(m.group(2)) * _UNITS[(m.group(3) or "").upper()])
     return budgets
+
+
+def _device_key(device: str | torch.device) -> str:
+    """``"cuda"`` -> ``"cuda:0"`` (as accelerate reads it), ``"CPU"`` -> ``"cpu"``."""
+    d = torch.device(str(device).strip().lower())
+    return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
 
 
 @dataclass
@@ -249,8 +257,17 @@ class StreamedModel:
                  revision: str | None = None, trust_remote_code: bool = False,
                  tokenizer: Any | None = None) -> None:
         self.dtype, self.device, self.detach = dtype, torch.device(device), detach
-        self.budgets = parse_memory(max_memory) if isinstance(max_memory, str) or max_memory is None \
-            else dict(max_memory)
+        if isinstance(max_memory, str) or max_memory is None:
+            self.budgets = parse_memory(max_memory)
+        else:
+            self.budgets = {_device_key(k): int(v) for k, v in max_memory.items()}
+        if self.budgets and _device_key(self.device) not in self.budgets:
+            raise InvalidArgumentError(
+                f"Expected a memory budget for the compute device {_device_key(self.device)}. "
+                f"Got budgets for {', '.join(self.budgets)} only."
+            )
+        if self.device.type == "cpu" and "cpu" in self.budgets:
+            return_freed_memory()
         if isinstance(source, nn.Module):
             config, cls, raw = source.config, type(source), None
             self.path: Path | None = None
@@ -446,7 +463,7 @@ class StreamedModel:
     def trace(self, prompt: str | Sequence[int] | torch.Tensor, *, position: int = -1,
               progress: bool = False) -> Trace:
         """Run the forward pass layer by layer; keep each layer's input and mid residual."""
-        ids = parse_prompt(prompt, self._prompt_model(), self.tokenizer)
+        ids = parse_prompt(prompt, self.prompt_model(), self.tokenizer)
         if not -len(ids) <= position < len(ids):
             raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
         x = self.embed(ids)
@@ -461,22 +478,33 @@ class StreamedModel:
             output = self._final(position)(h)
         return Trace(ids, position % len(ids), x, inputs, mids, output, calls)
 
-    def _prompt_model(self) -> Any:
+    def prompt_model(self) -> Any:
         """An object with what :func:`parse_prompt` reads (vocab size, context length, config)."""
         emb = self.decoder.get_input_embeddings()
         return _PromptModel(self.config, int(emb.num_embeddings))
 
     # -- logits -------------------------------------------------------------------------
 
-    def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
-        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""
+    def _matrix_key(self, which: str) -> str:
+        """The checkpoint key of the input embedding (``"embedding"``) or unembedding matrix."""
         head = self.model.get_output_embeddings()
         tied = getattr(self.config.get_text_config(), "tie_word_embeddings", False) or \
             getattr(self.config, "tie_word_embeddings", False)
-        module = self.decoder.get_input_embeddings() if tied else head
+        module = self.decoder.get_input_embeddings() if which == "embedding" or tied else head
         name = next(n for n, m in self.model.named_modules() if m is module) + ".weight"
-        key = self.source.resolve(name)
-        vocab = head.weight.shape[0]
+        return self.source.resolve(name)
+
+    def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """``embedding`` (vocab, d) and ``unembedding`` (vocab, d) on CPU, read whole from the source."""
+        out = {}
+        for which in ("embedding", "unembedding"):
+            out[which] = self.source.read(self._matrix_key(which)).to(dtype or self.dtype)
+        return out
+
+    def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
+        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""
+        key = self._matrix_key("unembedding")
+        vocab = self.model.get_output_embeddings().weight.shape[0]
         parts = []
         for start in range(0, vocab, chunk):
             rows = self.source.read_range(key, start, min(start + chunk, vocab))
@@ -510,6 +538,8 @@ class StreamedModel:
         n_rev = max(1, len(rev))
         if row_block is None:
             row_block = DEFAULT_ROW_BLOCK if rows_fit is None else min(d, rows_fit // n_rev)
+            if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
+                row_block = -(-d // -(-d // row_block))
         if token_block is None:
             token_block = max(1, n // 4) if rows_fit is None else min(n, rows_fit // d)
         if budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
@@ -523,8 +553,7 @@ class StreamedModel:
                     -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
 
     def _device_budget(self) -> int | None:
-        key = "cpu" if self.device.type == "cpu" else f"cuda:{self.device.index or 0}"
-        return self.budgets.get(key)
+        return self.budgets.get(_device_key(self.device))
 
     def _vector_bytes(self, n: int) -> int:
         """Bytes one vector of the block costs inside one layer's vjp/jvp (measured: see benchmarks/)."""
@@ -713,3 +742,24 @@ def _bar(items: Any, progress: bool, desc: str, unit: str, leave: bool = True, t
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, unit=unit, leave=leave, total=total)
+
+
+def return_freed_memory() -> None:
+    """Make glibc hand large freed blocks back to the system at once (process-wide).
+
+    glibc raises its mmap threshold each time a large block is freed, after which blocks of
+    that size come from the heap and freed ones stay resident: the sweeps, which allocate
+    and free the same large cotangent buffers for every layer, then grow the resident set
+    to several times what they use (measured: 7-12 MiB per cotangent vector instead of
+    under 1.5 MiB). A fixed threshold keeps a CPU budget honest. No-op off glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: blocks >= 1 MiB are mmapped, freed at once
+    except OSError:
+        pass

@@ -8,7 +8,7 @@
 The format is specified in ``store/README.md``.
 """
 
-from .base import JacobianStore, PromptWriter, StoredPrompt, VerifyResult
+from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
 from .format import FORMAT_VERSION, prompt_id
 from .zarr_store import ZarrPrompt, ZarrStore, open_store, verify_prompt
 from .zarr_writer import ZarrPromptWriter, create_store
@@ -16,6 +16,7 @@ from .zarr_writer import ZarrPromptWriter, create_store
 __all__ = [
     "FORMAT_VERSION",
     "JacobianStore",
+    "LayerwiseSpec",
     "PromptWriter",
     "StoredPrompt",
     "VerifyResult",

@@ -43,6 +43,17 @@ class StoredPrompt(ABC):
         return int(self.attrs["n_tokens"])
 
 
+@dataclass(frozen=True)
+class LayerwiseSpec:
+    """A layerwise Jacobian stored with a prompt: which target, and how the engine produces its blocks."""
+
+    layer: int
+    component: str  # layer, attn or mlp
+    local: bool  # w.r.t. the layer's own input (True) or the input embeddings (False)
+    mode: str = "reverse"  # reverse: row blocks; forward: token blocks
+    token_block: int = 1
+
+
 class PromptWriter(ABC):
     """Streams one prompt into a store; nothing is visible before :meth:`commit`."""
 
@@ -61,6 +72,15 @@ class PromptWriter(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Drop everything written so far."""
+
+    def write_block(self, target: str, start: int, stop: int, token_start: int, token_stop: int,
+                    values: np.ndarray) -> None:
+        """Rows ``start:stop`` x tokens ``token_start:token_stop`` of ``"jacobian"`` or a layerwise target."""
+        raise NotImplementedError(f"{type(self).__name__} does not store blocks")
+
+    def write_layerwise(self, target: str, array: str, values: np.ndarray) -> None:
+        """A layerwise target's ``output`` (row,) or, per-layer targets only, ``inputs`` (token, col)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store layerwise Jacobians")
 
     def __enter__(self) -> PromptWriter:
         return self
@@ -97,8 +117,10 @@ class JacobianStore(ABC):
 
     @abstractmethod
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-              row_block: int, rank: int | None = None) -> PromptWriter:
-        """Start writing a prompt (needs the store opened for writing); ``rank`` selects low-rank mode."""
+              row_block: int, rank: int | None = None,
+              layerwise: dict[str, LayerwiseSpec] | None = None) -> PromptWriter:
+        """Start writing a prompt (needs the store opened for writing); ``rank`` selects low-rank mode,
+        ``layerwise`` names the layerwise Jacobians stored with it."""
 
     @abstractmethod
     def verify(self, progress: bool = False) -> list[VerifyResult]:

@@ -21,13 +21,19 @@ ANALYSIS = "analysis"  # results of detjac.analysis, per prompt: analysis/<promp
 MODEL = "model"  # the model's embedding and unembedding matrices and tokenizer, for decoding
 
 # Run settings that must match when a store is resumed (they change what is stored).
-RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target")
+RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
+                "layerwise", "quantize")
+# Identity keys added after the first stores were written: left out of prompt ids while unset, so the
+# ids of runs that do not use them are unchanged.
+OPTIONAL_IDENTITY = ("layerwise", "quantize")
+LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs}
 
 DIMENSIONS = {
     "jacobian": ("row", "token", "col"),
     "embeddings": ("token", "col"),
     "output": ("row",),
     "token_ids": ("token",),
+    "inputs": ("token", "col"),
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
 }
@@ -44,7 +50,7 @@ def now() -> str:
 
 def prompt_id(run: dict[str, Any], prompt: str) -> str:
     """Stable 16-hex-digit id of ``prompt`` under a run's identity (model, revision, settings)."""
-    identity = {key: run.get(key) for key in RUN_IDENTITY}
+    identity = {key: run.get(key) for key in RUN_IDENTITY if key not in OPTIONAL_IDENTITY or run.get(key)}
     blob = json.dumps({"run": identity, "prompt": prompt}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -74,5 +80,8 @@ def shard_rows(row_block: int, n_rows: int, row_bytes: int) -> int:
 
 def mismatches(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """Human-readable differences in the run identity, e.g. ``dtype: float32 (store) != float64``."""
-    return [f"{key}: {stored.get(key)!r} (store) != {wanted.get(key)!r}" for key in RUN_IDENTITY
-            if stored.get(key) != wanted.get(key)]
+    def get(run: dict[str, Any], key: str) -> Any:
+        return run.get(key) or None if key in OPTIONAL_IDENTITY else run.get(key)
+
+    return [f"{key}: {get(stored, key)!r} (store) != {get(wanted, key)!r}" for key in RUN_IDENTITY
+            if get(stored, key) != get(wanted, key)]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError, StoreFormatError
 from . import format as fmt
-from .base import JacobianStore, PromptWriter, StoredPrompt, VerifyResult
+from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
 
 # Relative reconstruction error above which verify calls a prompt corrupt, by compute dtype.
 DTYPE_BOUND = {"float64": 1e-9, "float32": 1e-3, "float16": 5e-2, "bfloat16": 2e-1}
@@ -93,6 +93,35 @@ class ZarrPrompt(StoredPrompt):
         if not -n <= k < n:
             raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
         return self._full()[:, k % n, :]
+
+    @property
+    def layerwise_targets(self) -> list[str]:
+        """Names of the layerwise Jacobians stored with this prompt (``layer.3``, ``mlp_local.0``, ...)."""
+        if fmt.LAYERWISE not in self._group:
+            return []
+        return sorted(self._group[fmt.LAYERWISE].group_keys(), key=_target_order)
+
+    def layerwise(self, target: str, array: str = "jacobian", lazy: bool = True) -> Any:
+        """A layerwise target's ``jacobian`` (row, token, col; lazy dask by default), ``output`` (row,) -- the
+        value it reconstructs -- or, for ``*_local`` targets, ``inputs`` (token, col), the layer's input."""
+        if target not in self.layerwise_targets:
+            raise InvalidArgumentError(f"Expected a layerwise target of prompt {self.id} "
+                                       f"({', '.join(self.layerwise_targets) or 'none stored'}). Got {target!r}.")
+        group = self._group[f"{fmt.LAYERWISE}/{target}"]
+        if array not in group.array_keys():
+            raise InvalidArgumentError(f"Expected one of {', '.join(sorted(group.array_keys()))} for {target}. "
+                                       f"Got {array!r}.")
+        if array == "jacobian" and lazy:
+            import dask.array as da
+
+            return da.from_zarr(group[array])
+        return group[array][...]
+
+    def layerwise_info(self, target: str) -> dict[str, Any]:
+        """``layer``, ``component``, ``local``, ``mode`` and ``reconstruction_error`` of a layerwise target."""
+        self.layerwise(target, "output")
+        return {**dict(self._group[f"{fmt.LAYERWISE}/{target}"].attrs),
+                **self.attrs.get("layerwise", {}).get(target, {})}
 
     def array(self, name: str) -> np.ndarray:
         names = sorted(set(self._group.array_keys()) - {"jacobian"})
@@ -181,13 +210,14 @@ class ZarrStore(JacobianStore):
         return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-              row_block: int, rank: int | None = None) -> PromptWriter:
+              row_block: int, rank: int | None = None,
+              layerwise: dict[str, LayerwiseSpec] | None = None) -> PromptWriter:
         if not self.writable:
             raise StoreError(f"Expected a store opened for writing (create_store). Got {self.path} opened read-only.")
         from .zarr_writer import ZarrPromptWriter
 
         return ZarrPromptWriter(self, prompt_id, n_rows=n_rows, n_tokens=n_tokens, n_cols=n_cols, dtype=dtype,
-                                row_block=row_block, rank=rank)
+                                row_block=row_block, rank=rank, layerwise=layerwise)
 
     def verify(self, progress: bool = False) -> list[VerifyResult]:
         from tqdm import tqdm
@@ -226,9 +256,19 @@ def verify_prompt(path: Path) -> VerifyResult:
             recon[start:start + step] = np.einsum("rtc,tc->r", block, x)
     except Exception as exc:  # noqa: BLE001 - any decode failure means the prompt is corrupt
         return VerifyResult(pid, False, None, f"unreadable: {type(exc).__name__}: {exc}")
-    error = float(np.linalg.norm(recon - y) / max(np.linalg.norm(y), np.finfo(np.float64).tiny))
+    error = _relative(recon, y)
     stored = float(prompt.attrs.get("reconstruction_error", 0.0))
     bound = DTYPE_BOUND.get(prompt.attrs.get("dtype", "float64"), 1e-9)
+    for target in prompt.layerwise_targets:  # each reconstructs its own output, within the same bound
+        try:
+            t_error = _layerwise_error(prompt, target, x)
+        except Exception as exc:  # noqa: BLE001
+            return VerifyResult(pid, False, error, f"layerwise {target} unreadable: {type(exc).__name__}: {exc}")
+        t_stored = float(prompt.attrs.get("layerwise", {}).get(target, {}).get("reconstruction_error", 0.0))
+        t_bound = max(bound, 10 * t_stored)
+        if prompt.attrs.get("detached") is not False and (not np.isfinite(t_error) or t_error > t_bound):
+            return VerifyResult(pid, False, error, f"layerwise {target}: reconstruction error {t_error:.3e} "
+                                                   f"above {t_bound:.1e}")
     if prompt.attrs.get("detached") is False:  # an ordinary Jacobian: it must reproduce its stored error
         if not np.isfinite(error) or abs(error - stored) > bound * max(1.0, stored):
             return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} differs from the stored "
@@ -238,6 +278,31 @@ def verify_prompt(path: Path) -> VerifyResult:
     if not np.isfinite(error) or error > bound:
         return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} above {bound:.1e}")
     return VerifyResult(pid, True, error)
+
+
+def _relative(recon: np.ndarray, y: np.ndarray) -> float:
+    return float(np.linalg.norm(recon - y) / max(np.linalg.norm(y), np.finfo(np.float64).tiny))
+
+
+def _layerwise_error(prompt: ZarrPrompt, target: str, embeddings: np.ndarray) -> float:
+    """``|| sum_k J_k x_k - output || / || output ||`` of one layerwise target, chunk by chunk."""
+    arr = prompt._group[f"{fmt.LAYERWISE}/{target}/jacobian"]
+    local = "inputs" in prompt._group[f"{fmt.LAYERWISE}/{target}"].array_keys()
+    x = prompt.layerwise(target, "inputs").astype(np.float64) if local else embeddings
+    y = prompt.layerwise(target, "output").astype(np.float64)
+    recon = np.zeros_like(y)
+    rows, tokens = arr.chunks[0], arr.chunks[1]
+    for r in range(0, arr.shape[0], rows):
+        for k in range(0, arr.shape[1], tokens):
+            block = arr[r:r + rows, k:k + tokens].astype(np.float64)
+            recon[r:r + rows] += np.einsum("rtc,tc->r", block, x[k:k + tokens])
+    return _relative(recon, y)
+
+
+def _target_order(name: str) -> tuple[int, str]:
+    """``layer.2`` before ``layer.10``; the component breaks ties."""
+    component, _, layer = name.rpartition(".")
+    return (int(layer), component) if layer.lstrip("-").isdigit() else (1 << 30, name)
 
 
 def _verify_low_rank(prompt: ZarrPrompt) -> VerifyResult:

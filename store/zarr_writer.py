@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError, StoreMismatchError
 from . import format as fmt
-from .base import PromptWriter
+from .base import LayerwiseSpec, PromptWriter
 from .zarr_store import ZarrStore, read_root
 
 
@@ -52,10 +52,14 @@ class ZarrPromptWriter(PromptWriter):
     """Writes one prompt group under ``_staging``; row blocks are grouped into whole shards."""
 
     def __init__(self, store: ZarrStore, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-                 row_block: int, rank: int | None = None) -> None:
+                 row_block: int, rank: int | None = None, layerwise: dict[str, LayerwiseSpec] | None = None) -> None:
         import zarr
 
         self.id, self.n_rows, self.n_tokens, self.dtype, self.rank = prompt_id, n_rows, n_tokens, dtype, rank
+        self.layerwise = dict(layerwise or {})
+        if self.layerwise and rank is not None:
+            raise StoreError(f"Expected full mode for layerwise Jacobians of prompt {prompt_id}. Got rank {rank}.")
+        self._covered: dict[str, int] = {}  # elements (rows x tokens) written per region-written Jacobian
         self.final = store.path / fmt.PROMPTS / prompt_id
         self.staging = store.path / fmt.STAGING / f"{prompt_id}.{os.getpid()}"
         self._written: set[str] = set()
@@ -78,6 +82,8 @@ class ZarrPromptWriter(PromptWriter):
                     shards=(self.shard_rows, n_tokens, n_cols) if big else None,
                     compressors=fmt.compressors(np.dtype(dt).itemsize), fill_value=0)
             self._group = group
+            for name, spec in self.layerwise.items():
+                self._create_layerwise(group, name, spec, n_cols, row_block)
         except OSError as exc:
             self.abort()
             raise disk_error(exc, f"start prompt {prompt_id} in {store.path}") from exc
@@ -107,6 +113,65 @@ class ZarrPromptWriter(PromptWriter):
         if self._buffer_start == self.n_rows:
             self._written.add("jacobian")
 
+    def _create_layerwise(self, group: Any, name: str, spec: LayerwiseSpec, n_cols: int, row_block: int) -> None:
+        sub = group.require_group(fmt.LAYERWISE).create_group(name)
+        sub.attrs.update({"layer": spec.layer, "component": spec.component, "local": spec.local, "mode": spec.mode})
+        n, d = self.n_tokens, self.n_rows
+        # chunks follow the blocks the engine produces: row blocks (reverse mode) or token blocks (forward mode)
+        chunks = (d, min(spec.token_block, n), n_cols) if spec.mode == "forward" else (min(row_block, d), n, n_cols)
+        itemsize = np.dtype(self.dtype).itemsize
+        arrays = {"jacobian": ((d, n, n_cols), chunks), "output": ((d,), (d,))}
+        if spec.local:
+            arrays["inputs"] = ((n, n_cols), (n, n_cols))
+        for array, (shape, chunk) in arrays.items():
+            sub.create_array(array, shape=shape, dtype=self.dtype, dimension_names=fmt.DIMENSIONS[array],
+                             chunks=chunk, compressors=fmt.compressors(itemsize), fill_value=0)
+
+    def write_block(self, target: str, start: int, stop: int, token_start: int, token_stop: int,
+                    values: np.ndarray) -> None:
+        """Jacobian rows ``start:stop`` x tokens ``token_start:token_stop`` of ``target``.
+
+        ``target`` is ``"jacobian"`` (the prompt's Jacobian) or the name of a layerwise target
+        given to ``begin``. Blocks may come in any order and must not overlap; a Jacobian counts
+        as written when its blocks cover it.
+        """
+        if target == "jacobian" and (token_start, token_stop) == (0, self.n_tokens):
+            self.write_rows(start, stop, values)
+            return
+        if target != "jacobian" and target not in self.layerwise:
+            raise StoreError(f"Expected 'jacobian' or a layerwise target of prompt {self.id} "
+                             f"({', '.join(self.layerwise) or 'none'}). Got {target!r}.")
+        shape = (stop - start, token_stop - token_start)
+        if not (0 <= start < stop <= self.n_rows and 0 <= token_start < token_stop <= self.n_tokens) \
+                or tuple(values.shape[:2]) != shape:
+            raise StoreError(f"Expected a block inside ({self.n_rows} rows, {self.n_tokens} tokens) of {target} for "
+                             f"prompt {self.id}. Got rows {start}:{stop}, tokens {token_start}:{token_stop} with "
+                             f"values of shape {tuple(values.shape)}.")
+        arr = self._arrays["jacobian"] if target == "jacobian" else self._group[f"{fmt.LAYERWISE}/{target}/jacobian"]
+        try:
+            arr[start:stop, token_start:token_stop] = values
+        except OSError as exc:
+            self.abort()
+            raise disk_error(exc, f"write prompt {self.id}") from exc
+        self._covered[target] = self._covered.get(target, 0) + shape[0] * shape[1]
+        if self._covered[target] == self.n_rows * self.n_tokens:
+            self._written.add(target)
+
+    def write_layerwise(self, target: str, array: str, values: np.ndarray) -> None:
+        """A layerwise target's ``output`` (row,) -- the value its Jacobian reconstructs -- or, for a
+        per-layer (``*_local``) target, its ``inputs`` (token, col): the layer's input hidden states."""
+        spec = self.layerwise.get(target)
+        allowed = ("output", "inputs") if spec is not None and spec.local else ("output",)
+        if spec is None or array not in allowed:
+            raise StoreError(f"Expected one of {', '.join(allowed)} for a layerwise target of prompt {self.id} "
+                             f"({', '.join(self.layerwise) or 'none'}). Got {target!r} / {array!r}.")
+        try:
+            self._group[f"{fmt.LAYERWISE}/{target}/{array}"][...] = values
+        except OSError as exc:
+            self.abort()
+            raise disk_error(exc, f"write prompt {self.id}") from exc
+        self._written.add(f"{target}/{array}")
+
     def write_array(self, name: str, values: np.ndarray) -> None:
         if name not in fmt.SMALL_ARRAYS:
             raise InvalidArgumentError(f"Expected one of {', '.join(fmt.SMALL_ARRAYS)}. Got {name!r}.")
@@ -119,6 +184,8 @@ class ZarrPromptWriter(PromptWriter):
 
     def commit(self, attrs: dict[str, Any]) -> None:
         missing = {"jacobian" if self.rank is None else "triplets", *fmt.SMALL_ARRAYS} - self._written
+        for name, spec in self.layerwise.items():
+            missing |= {name, f"{name}/output", *([f"{name}/inputs"] if spec.local else [])} - self._written
         if missing:
             self.abort()
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
