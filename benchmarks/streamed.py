@@ -14,7 +14,10 @@ compare
     as they come. Reported: time ratio (detjac / reference), peak RSS above the loaded
     weights and its ratio, max |difference| of the two Jacobians, and efficiency: the
     achieved FLOP/s of detjac's row sweeps divided by ``torch.matmul``'s FLOP/s measured
-    in the same process (FLOP model in :func:`sweep_flops`).
+    in the same process (FLOP model in :func:`sweep_flops`). detjac runs twice: with the
+    default glibc allocator, and with the allocator setting a CPU ``--max-memory`` budget
+    applies (``return_freed_memory``: large freed blocks go back to the system at once,
+    which bounds the resident set but costs page faults on every new block).
 layerwise
     The cumulative Jacobian of every layer's output: the reference's per-layer loop (one
     ``jacobian(vectorize=True)`` call per layer) against one detjac request.
@@ -114,9 +117,7 @@ def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int 
 def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None) -> dict[str, Any]:
     torch = _torch()
     from detjac.engine import linearized
-    from detjac.engine.streamed import return_freed_memory
 
-    return_freed_memory()  # the same allocator setting in both children
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
     with linearized(model) as lin:
@@ -146,17 +147,20 @@ def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | N
     return {"seconds": seconds, "rss_above_weights_mib": peak_mib() - base}
 
 
-def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None, row_block: int) -> dict[str, Any]:
+def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None, row_block: int,
+                 release: bool) -> dict[str, Any]:
     torch = _torch()
     from detjac.engine.streamed import StreamedModel, Target, return_freed_memory
     from detjac.store import create_store
 
-    return_freed_memory()  # the same allocator setting in both children (see return_freed_memory)
+    if release:  # what a CPU --max-memory budget does: freed blocks go back to the system at once
+        return_freed_memory()
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
     flops_matmul = matmul_flops(torch.float32)
     sm = StreamedModel(model, dtype=torch.float32)
     sm.jacobians(ids[:2], ["output"], row_block=row_block)  # warm up
+    shutil.rmtree(Path(out).with_suffix(".zarr"), ignore_errors=True)  # a fresh store per run
     store = create_store(Path(out).with_suffix(".zarr"), {"model_id": "bench"})
     base = peak_mib()
     t0 = time.perf_counter()
@@ -181,7 +185,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     for t, other in writers.items():
         if t != checked:
             other.abort()
-    stored = store.get(store.prompt_ids()[0]).jacobian(lazy=False)
+    stored = store.get(f"{targets.index(checked):016x}").jacobian(lazy=False)
     store.close()
     torch.save(torch.from_numpy(stored), out)
     depth = sum(t.depth(sm.n_layers) for t in targets)
@@ -237,13 +241,16 @@ def _pair(
     spec = json.dumps({"cfg": cfg, "n": n, "layers": layers, "row_block": row_block})
     ref = _run_child("reference", spec, str(tmp / "ref.pt"))
     ours = _run_child("detjac", spec, str(tmp / "ours.pt"))
-    a, b = torch.load(tmp / "ref.pt"), torch.load(tmp / "ours.pt")
-    row = {"name": name, "tokens": n, "reference": ref, "detjac": ours,
+    low = _run_child("detjac", json.dumps({**json.loads(spec), "release": True}), str(tmp / "low.pt"))
+    a, b, c = (torch.load(tmp / f) for f in ("ref.pt", "ours.pt", "low.pt"))
+    ref_rss = max(ref["rss_above_weights_mib"], 1e-9)
+    row = {"name": name, "tokens": n, "reference": ref, "detjac": ours, "detjac_budget_allocator": low,
            "time_ratio": ours["seconds"] / ref["seconds"],
-           "rss_ratio": ours["rss_above_weights_mib"] / max(ref["rss_above_weights_mib"], 1e-9),
-           "max_abs_diff": float((a - b).abs().max()), "max_abs": float(a.abs().max())}
-    if ours.get("sweep_gflops"):
-        row["efficiency_vs_matmul"] = ours["sweep_gflops"] / ours["matmul_gflops"]
+           "rss_ratio": ours["rss_above_weights_mib"] / ref_rss,
+           "time_ratio_budget_allocator": low["seconds"] / ref["seconds"],
+           "rss_ratio_budget_allocator": low["rss_above_weights_mib"] / ref_rss,
+           "max_abs_diff": float(max((a - b).abs().max(), (a - c).abs().max())), "max_abs": float(a.abs().max()),
+           "efficiency_vs_matmul": ours["sweep_gflops"] / ours["matmul_gflops"]}
     print(json.dumps(row), flush=True)
     return row
 
@@ -322,7 +329,8 @@ def main() -> None:
             if kind == "reference":
                 result = child_reference(spec["cfg"], spec["n"], sys.argv[4], spec["layers"])
             else:
-                result = child_detjac(spec["cfg"], spec["n"], sys.argv[4], spec["layers"], spec["row_block"])
+                result = child_detjac(spec["cfg"], spec["n"], sys.argv[4], spec["layers"], spec["row_block"],
+                                      spec.get("release", False))
         print(json.dumps(result))
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

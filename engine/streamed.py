@@ -29,6 +29,15 @@ target and the input); forward mode costs ``n_tokens * d_model * max(depth(t))``
 layers, short prompt) and reverse mode otherwise; per-layer (``*_local``) targets are
 always reverse mode (one layer each).
 
+Memory budgets (``max_memory="cuda:0=8GiB,cpu=32GiB"``): the block is sized so that one
+layer (twice, while the next is read), the trace and the block's vectors fit the compute
+device's budget. On CPU a budget also makes glibc return large freed blocks to the system
+at once (:func:`return_freed_memory`, process-wide): with its default adaptive threshold
+the sweeps' short-lived cotangent buffers fragment the heap and the resident set grows to
+several times what is in use. The price is page faults on every new buffer (measured
+about 1.3-1.5x the time of a sweep on 2 CPU cores), so without a budget the default
+allocator is kept.
+
 Targets (:class:`Target`): ``output`` is the final normed hidden state (what
 :func:`detjac.engine.detached_jacobian` returns). ``layer.L`` is decoder layer L's output
 (the residual stream after it), ``attn.L`` and ``mlp.L`` are its attention and MLP blocks'
