@@ -90,6 +90,10 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     assert parse_memory("cuda=512MiB") == {"cuda:0": 512 * 2**20}
     with pytest.raises(InvalidArgumentError, match="DEVICE=SIZE"):
         parse_memory("eight gigs")
+    with pytest.raises(InvalidArgumentError, match="cpu twice"):
+        parse_memory("cpu=8GiB,CPU=32GiB")
+    with pytest.raises(InvalidArgumentError, match="compute device cpu"):  # a budget for another device only
+        StreamedModel(llama_checkpoint, max_memory="cuda:0=8GiB")
     roomy = StreamedModel(llama_checkpoint, max_memory="cpu=1GiB")
     trace = roomy.trace(prompt_ids)
     assert roomy.plan(trace, [Target(-1, "output")]).row_block == roomy.d_model  # everything fits: one sweep
@@ -101,6 +105,9 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     assert tight.plan(trace, [Target(-1, "output")]).row_block == 5
     res = tight.jacobians(prompt_ids, ["output"])
     assert res.plan.row_block == 5 and res.reconstruction_error("output") < EXACT
+    d = sm.d_model  # room for 60 % of the rows: two even blocks, not one full and one short
+    evened = StreamedModel(llama_checkpoint, max_memory={"cpu": budget + (d * 6 // 10 - 5) * one_vector})
+    assert evened.plan(trace, [Target(-1, "output")]).row_block == -(-d // 2)
     starved = StreamedModel(llama_checkpoint, max_memory={"cpu": sm.layer_bytes()})
     with pytest.raises(InvalidArgumentError, match="raise --max-memory"):
         starved.jacobians(prompt_ids, ["output"])
