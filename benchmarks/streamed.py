@@ -64,7 +64,19 @@ OOC = dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hid
 
 
 def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """This process's peak resident set (VmHWM), MiB.
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that over from the parent through
+    fork and exec, so a child started by a parent that once held more would report the
+    parent's peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere: KiB (Linux) / bytes (macOS)
 
 
 def sweep_flops(cfg: dict[str, Any], n: int, rows: int, layers: int) -> float:
@@ -296,6 +308,8 @@ def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard
     config.dtype = dtype
     config.save_pretrained(folder)
     gen = torch.Generator().manual_seed(0)
+    # one random pool, sliced at random offsets: billions of normal samples would take minutes
+    pool = (torch.randn(1 << 24, generator=gen) * 0.02).to(dtype)
     shard: dict[str, Any] = {}
     size = index = total = 0
     weight_map: dict[str, str] = {}
@@ -304,7 +318,9 @@ def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard
         if name.endswith("norm.weight"):
             t = torch.ones(p.shape, dtype=dtype)
         else:
-            t = (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
+            n = p.numel()
+            start = int(torch.randint(0, pool.numel(), (1,), generator=gen))
+            t = pool.roll(-start).repeat(-(-n // pool.numel()))[:n].reshape(p.shape).clone()
         shard[name] = t
         size += t.numel() * t.element_size()
         if size >= shard_gib * 2**30 or name == names[-1]:
