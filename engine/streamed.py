@@ -164,7 +164,10 @@ def parse_memory(text: str | None) -> dict[str, int]:
 
 def _device_key(device: str | torch.device) -> str:
     """``"cuda"`` -> ``"cuda:0"`` (as accelerate reads it), ``"CPU"`` -> ``"cpu"``."""
-    d = torch.device(str(device).strip().lower())
+    try:
+        d = torch.device(str(device).strip().lower())
+    except RuntimeError:
+        raise InvalidArgumentError(f"Expected a torch device such as cpu, cuda or cuda:1. Got {device!r}.") from None
     return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
 
 

@@ -90,6 +90,8 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     assert parse_memory("cuda=512MiB") == {"cuda:0": 512 * 2**20}
     with pytest.raises(InvalidArgumentError, match="DEVICE=SIZE"):
         parse_memory("eight gigs")
+    with pytest.raises(InvalidArgumentError, match="torch device"):
+        parse_memory("gpu=8GiB")
     with pytest.raises(InvalidArgumentError, match="cpu twice"):
         parse_memory("cpu=8GiB,CPU=32GiB")
     with pytest.raises(InvalidArgumentError, match="compute device cpu"):  # a budget for another device only
