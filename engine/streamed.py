@@ -35,7 +35,7 @@ device's budget. On CPU a budget also makes glibc return large freed blocks to t
 at once (:func:`return_freed_memory`, process-wide): with its default adaptive threshold
 the sweeps' short-lived cotangent buffers fragment the heap and the resident set grows to
 several times what is in use. The price is page faults on every new buffer (measured
-about 1.3-1.5x the time of a sweep on 2 CPU cores), so without a budget the default
+1.0-1.45x the time of a sweep on 2 CPU cores), so without a budget the default
 allocator is kept.
 
 Targets (:class:`Target`): ``output`` is the final normed hidden state (what
