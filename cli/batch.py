@@ -142,7 +142,7 @@ def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptL
     from detjac.engine import output_logits, stream_jacobian
 
     stream = stream_jacobian(model, ids, row_block=run["row_block"], detach=run["detach"])
-    storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
+    storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
     with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=stream.embeddings.shape[-1],
                      dtype=storage, row_block=run["row_block"], rank=rank) as writer:
@@ -183,7 +183,7 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
     from detjac.engine.streamed import Target
     from detjac.store import LayerwiseSpec
 
-    storage = "float32" if run["dtype"] in ("bfloat16", "float16") else run["dtype"]
+    storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
     trace = sm.trace(ids, progress=True)
     output = Target(-1, "output")
@@ -295,6 +295,11 @@ def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int
             "detached": run["detach"], "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
             "revision": run["revision"], "model_type": run["model_type"], "position": run["position"],
             "detach_rules": run["detach_rules"], "detjac_version": __version__, "written_at": now()}
+
+
+def storage_dtype(dtype: str) -> str:
+    """The dtype results are stored in: the compute dtype, but float32 for 16-bit ones (numpy has no bfloat16)."""
+    return "float32" if dtype in ("bfloat16", "float16") else dtype
 
 
 def _numpy(t: Any, storage: str) -> Any:

@@ -162,7 +162,9 @@ def _model_for_decoding(model: Any, source: Any, dtype: str) -> tuple[dict[str, 
     """The embedding and unembedding matrices and the tokenizer file, kept in the store for decoding."""
     import torch
 
-    storage = torch.float32 if dtype in ("bfloat16", "float16") else getattr(torch, dtype)
+    from .batch import storage_dtype
+
+    storage = getattr(torch, storage_dtype(dtype))
     if hasattr(model, "decoding_matrices"):  # the streamed engine reads them from the checkpoint
         arrays = model.decoding_matrices(storage)
     else:

@@ -508,10 +508,9 @@ class StreamedModel:
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """``embedding`` (vocab, d) and ``unembedding`` (vocab, d) on CPU, read whole from the source."""
-        out = {}
-        for which in ("embedding", "unembedding"):
-            out[which] = self.source.read(self._matrix_key(which)).to(dtype or self.dtype)
-        return out
+        keys = {which: self._matrix_key(which) for which in ("embedding", "unembedding")}
+        read = {key: self.source.read(key).to(dtype or self.dtype) for key in set(keys.values())}  # tied: once
+        return {which: read[key] for which, key in keys.items()}
 
     def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
         """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""
