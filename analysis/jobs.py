@@ -8,34 +8,39 @@ when one is active, else dask's default) runs the array work.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from .spectra import Spectrum, decode, dimensionality, singular_values, top_singular
 
 
-def _name(kind: str, token: int | None) -> str:
-    return f"{kind}_{'combined' if token is None else f'token{token}'}"
+def _name(kind: str, token: int | None, target: str | None = None) -> str:
+    return f"{kind}{'' if target is None else f'_{target}'}_{'combined' if token is None else f'token{token}'}"
 
 
 def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = None, *, method: str = "randomized",
-        power_iterations: int = 6, oversample: int = 10, seed: int = 0, progress: Any = None) -> list[Spectrum]:
-    """Top-k triplets for each prompt (combined operator, or token ``token``), stored under ``analysis/``."""
+        power_iterations: int = 6, oversample: int = 10, seed: int = 0, target: str | None = None,
+        progress: Any = None) -> list[Spectrum]:
+    """Top-k triplets for each prompt (combined operator, or token ``token``; of the model output or of the
+    layerwise ``target``), stored under ``analysis/``."""
     wanted = {"k": k, "method": method, "power_iterations": power_iterations, "oversample": oversample,
               "seed": seed}
     results = []
     for pid in prompt_ids:
-        name = _name("svd", token)
+        name = _name("svd", token, target)
         cached = store.read_analysis(pid, name)
         if cached is not None and cached[1].get("params") == wanted:
             arrays, attrs = cached
-            results.append(Spectrum(pid, token, arrays["U"], arrays["S"], arrays["V"], method, attrs["params"]))
+            results.append(Spectrum(pid, token, arrays["U"], arrays["S"], arrays["V"], method, attrs["params"],
+                                    target))
         else:
             spec = top_singular(store.get(pid), k, token, method=method, power_iterations=power_iterations,
-                                oversample=oversample, seed=seed)
+                                oversample=oversample, seed=seed, target=target)
             store.write_analysis(pid, name, {"U": spec.U, "S": spec.S, "V": spec.V},
-                                 {"params": wanted, "token": token})
+                                 {"params": wanted, "token": token, "target": target})
             results.append(spec)
         if progress is not None:
             progress.update()
@@ -45,10 +50,15 @@ def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = N
 def decode_spectrum(store: Any, spec: Spectrum, top: int = 8) -> dict[str, Any]:
     """Decoded tokens of a spectrum's vectors: left through the unembedding, right through the embedding.
 
-    For the combined operator each right vector is decoded at the token whose block carries
-    most of its energy (reported with its share).
+    Left vectors of a layerwise target live in the residual stream before the final norm and
+    are decoded through ``W_U diag(g)`` (see :func:`detjac.analysis.layers.lens`). For the
+    combined operator each right vector is decoded at the token whose block carries most of
+    its energy (reported with its share).
     """
-    unembed, embed = store.model_array("unembedding"), store.model_array("embedding")
+    from .layers import lens
+
+    unembed = store.model_array("unembedding") if spec.target is None else lens(store)[0]
+    embed = store.model_array("embedding")
     left_ids, left_scores = decode(spec.U, unembed, top)
     if spec.token is None:
         energy = (spec.V**2).sum(axis=1)  # (n_tokens, k)
@@ -73,6 +83,27 @@ def token_texts(store: Any) -> Any:
     return lambda i: repr(tok.decode([int(i)], skip_special_tokens=False))
 
 
+def token_id(store: Any, text: str) -> int:
+    """The one token id of ``text`` by the store's tokenizer, or ``id:N`` for an id given directly."""
+    vocab = store.model_array("embedding").shape[0]
+    if text.startswith("id:"):
+        tid = int(text[3:]) if text[3:].isdigit() else -1
+        if not 0 <= tid < vocab:
+            raise InvalidArgumentError(f"Expected id:N with 0 <= N < {vocab}. Got {text!r}.")
+        return tid
+    path = store.model_file("tokenizer.json")
+    if path is None:
+        raise InvalidArgumentError(f"Expected a tokenizer in the store to look up {text!r}. Got none; "
+                                   "give the token as id:N.")
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(path)).encode(text, add_special_tokens=False).ids
+    if len(ids) != 1:
+        raise InvalidArgumentError(f"Expected {text!r} to be one token. Got {len(ids)} tokens {ids}; pick one of "
+                                   "them (a leading space often matters), or give id:N.")
+    return int(ids[0])
+
+
 def dims(store: Any, prompt_ids: Iterable[str], progress: Any = None) -> list[dict[str, Any]]:
     """Dimensionality (stable rank, participation ratio, n90, n99) per prompt: combined and per token."""
     rows = []
@@ -92,11 +123,30 @@ def dims(store: Any, prompt_ids: Iterable[str], progress: Any = None) -> list[di
     return rows
 
 
-def to_csv(rows: list[dict[str, Any]], path: Any) -> None:
-    """Rows of dicts as CSV (header from the first row)."""
+def write_table(rows: list[dict[str, Any]], path: Any) -> Path:
+    """Rows of dicts as a table: Parquet for a ``.parquet`` path, else CSV (header from the first row).
+
+    List values (e.g. decoded token ids) become Parquet lists, and space-separated text in CSV; a
+    Parquet column whose values mix text and numbers (``token``: "combined" or an index) is text.
+    """
+    path = Path(path)
+    if not rows:
+        raise InvalidArgumentError(f"Expected rows to write to {path}. Got none.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        types = {key: {type(r[key]) for r in rows if r[key] is not None} for key in rows[0]}
+        mixed = {key for key, kinds in types.items() if str in kinds and len(kinds) > 1}
+        pq.write_table(pa.Table.from_pylist([{k: str(v) if k in mixed else v for k, v in r.items()} for r in rows]),
+                       path)
+        return path
     import csv
 
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: " ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in r.items()}
+                         for r in rows)
+    return path

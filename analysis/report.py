@@ -8,16 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import jobs
-
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from ..errors import InvalidArgumentError
+from . import jobs, layers
+from .plots import plot_emergence, plot_layer_dims
+from .plots import pyplot as _plt
 
 
 def plot_corpus_spectra(store: Any, ids: list[str], path: Path) -> None:
@@ -79,8 +73,15 @@ def plot_decoded_table(rows: list[dict[str, Any]], path: Path, limit: int = 12) 
     plt.close(fig)
 
 
-def report(store: Any, out: str | Path, top: int = 10, progress: Any = None) -> dict[str, Any]:
-    """Run dims and a Gram SVD over every prompt (results kept in the store) and write the report to ``out``."""
+def report(store: Any, out: str | Path, top: int = 10, progress: Any = None,
+           table_format: str = "csv") -> dict[str, Any]:
+    """Run dims and a Gram SVD over every prompt (results kept in the store) and write the report to ``out``.
+
+    Tables are CSV, or Parquet with ``table_format="parquet"``. Prompts stored with layerwise
+    Jacobians add the layerwise tables and figures of :mod:`detjac.analysis.layers`.
+    """
+    if table_format not in ("csv", "parquet"):
+        raise InvalidArgumentError(f"Expected table_format 'csv' or 'parquet'. Got {table_format!r}.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ids = store.prompt_ids()
@@ -95,8 +96,8 @@ def report(store: Any, out: str | Path, top: int = 10, progress: Any = None) -> 
                              "next_token": text(prompt.attrs["next_token_id"]),
                              "u1_tokens": [text(t) for t in left],
                              "u1_hit": int(prompt.attrs["next_token_id"]) in left.tolist()})
-    jobs.to_csv(dims_rows, out / "dims.csv")
-    jobs.to_csv([{**r, "u1_tokens": " ".join(r["u1_tokens"])} for r in decoded_rows], out / "decoded.csv")
+    jobs.write_table(dims_rows, out / f"dims.{table_format}")
+    jobs.write_table(decoded_rows, out / f"decoded.{table_format}")
     plot_corpus_spectra(store, ids, out / "spectra.png")
     plot_dims_by_position(dims_rows, out / "dims_by_position.png")
     plot_decoded_table(decoded_rows, out / "decoded.png")
@@ -105,6 +106,24 @@ def report(store: Any, out: str | Path, top: int = 10, progress: Any = None) -> 
                "prediction_in_u1_top": sum(r["u1_hit"] for r in decoded_rows) / max(1, len(decoded_rows)),
                "median_stable_rank_combined": float(np.median([r["stable_rank"] for r in combined])),
                "median_n90_combined": float(np.median([r["n90"] for r in combined])),
+               **_layerwise_section(store, ids, out, top, table_format),
                "files": sorted({p.name for p in out.iterdir()} | {"summary.json"})}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _layerwise_section(store: Any, ids: list[str], out: Path, top: int, table_format: str) -> dict[str, Any]:
+    """Layer tables and figures for the prompts stored with layerwise Jacobians; their summary figures."""
+    with_layers = [pid for pid in ids if store.get(pid).layerwise_targets]
+    if not with_layers:
+        return {}
+    rows = layers.layer_table(store, with_layers, top=top)
+    emerged = layers.emergence(rows)
+    jobs.write_table(rows, out / f"layers.{table_format}")
+    jobs.write_table(emerged, out / f"emergence.{table_format}")
+    plot_layer_dims(rows, out / "layer_dims.png")
+    plot_emergence(rows, out / "emergence.png", top)
+    first = [e["first_layer_u1"] for e in emerged if e["component"] == "layer" and e["first_layer_u1"] >= 0]
+    return {"layerwise_prompts": len(with_layers),
+            "prediction_emerges_in_u1": len(first) / max(1, sum(e["component"] == "layer" for e in emerged)),
+            "median_first_layer_u1": float(np.median(first)) if first else None}

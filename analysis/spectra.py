@@ -27,11 +27,32 @@ class Spectrum:
     V: np.ndarray  # (cols, k) per token; (n_tokens, cols, k) combined
     method: str
     params: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None  # a layerwise target (``layer.3``, ``mlp_local.0``, ...); None: the model output
 
 
-def operator(prompt: Any, token: int | None) -> Any:
-    """Lazy dask array of ``J_k`` (rows, cols) or, for ``token=None``, ``[J_1 ... J_n]`` (rows, n * cols)."""
-    J = prompt.jacobian(lazy=True)  # (rows, n, cols)
+def _jacobian(prompt: Any, target: str | None) -> Any:
+    """The stored (rows, token, cols) Jacobian of the model output or of a layerwise target, lazily."""
+    return prompt.jacobian(lazy=True) if target is None else prompt.layerwise(target)
+
+
+def _inputs(prompt: Any, target: str | None) -> np.ndarray:
+    """What the Jacobian multiplies: the input embeddings, or a ``*_local`` target's layer inputs (token, cols)."""
+    if target is not None and prompt.layerwise_info(target).get("local"):
+        return prompt.layerwise(target, "inputs")
+    return prompt.array("embeddings")
+
+
+def _output(prompt: Any, target: str | None) -> np.ndarray:
+    """What the Jacobian reconstructs (rows,)."""
+    return prompt.array("output") if target is None else prompt.layerwise(target, "output")
+
+
+def operator(prompt: Any, token: int | None, target: str | None = None) -> Any:
+    """Lazy dask array of ``J_k`` (rows, cols) or, for ``token=None``, ``[J_1 ... J_n]`` (rows, n * cols).
+
+    ``target`` selects a stored layerwise Jacobian instead of the model output's.
+    """
+    J = _jacobian(prompt, target)  # (rows, n, cols)
     if token is None:
         return J.reshape(J.shape[0], J.shape[1] * J.shape[2])
     n = J.shape[1]
@@ -41,8 +62,9 @@ def operator(prompt: Any, token: int | None) -> Any:
 
 
 def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: str = "randomized",
-                 power_iterations: int = 4, oversample: int = 10, seed: int = 0) -> Spectrum:
-    """Top-``k`` singular triplets of a stored prompt's combined operator or of token ``token``'s ``J_k``.
+                 power_iterations: int = 4, oversample: int = 10, seed: int = 0, target: str | None = None) -> Spectrum:
+    """Top-``k`` singular triplets of a stored prompt's combined operator or of token ``token``'s ``J_k``
+    (of the model output, or of the layerwise ``target``).
 
     ``method="randomized"`` uses ``dask.array.linalg.svd_compressed`` (``power_iterations``
     and ``oversample`` as given); ``"gram"`` the eigendecomposition of the (rows x rows) Gram
@@ -54,7 +76,7 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
 
     if k < 1:
         raise InvalidArgumentError(f"Expected k >= 1. Got {k}.")
-    A = operator(prompt, token).astype(np.float64)
+    A = operator(prompt, token, target).astype(np.float64)
     k = min(k, *A.shape)
     if method == "randomized":
         u, s, vt = da.linalg.svd_compressed(A, k, n_power_iter=power_iterations, n_oversamples=oversample,
@@ -68,13 +90,13 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
         U, S, Vt = U[:, :k], S[:k], Vt[:k]
     else:
         raise InvalidArgumentError(f"Expected method 'randomized', 'gram' or 'exact'. Got {method!r}.")
-    produced = _produced(prompt, token)
+    produced = _produced(prompt, token, target)
     sign = np.where(produced @ U < 0, -1.0, 1.0)
     U, V = U * sign, Vt.T * sign
     if token is None:
         V = V.reshape(prompt.n_tokens, -1, k)
     params = {"k": k, "power_iterations": power_iterations, "oversample": oversample, "seed": seed}
-    return Spectrum(prompt.id, token, U, S, V, method, params if method == "randomized" else {"k": k})
+    return Spectrum(prompt.id, token, U, S, V, method, params if method == "randomized" else {"k": k}, target)
 
 
 def _gram_triplets(A: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,12 +112,12 @@ def gram_spectrum(A: Any, k: int) -> np.ndarray:
     return _gram_triplets(A, k)[1]
 
 
-def _produced(prompt: Any, token: int | None) -> np.ndarray:
+def _produced(prompt: Any, token: int | None, target: str | None = None) -> np.ndarray:
     """What the operator produced: the output for the combined operator, ``J_k x_k`` for a token."""
     if token is None:
-        return prompt.array("output").astype(np.float64)
-    x = prompt.array("embeddings")[token].astype(np.float64)
-    return np.asarray(operator(prompt, token).astype(np.float64) @ x)
+        return _output(prompt, target).astype(np.float64)
+    x = _inputs(prompt, target)[token].astype(np.float64)
+    return np.asarray(operator(prompt, token, target).astype(np.float64) @ x)
 
 
 def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -106,11 +128,11 @@ def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.nd
     return ids, np.take_along_axis(scores, ids, axis=1)
 
 
-def singular_values(prompt: Any, token: int | None = None) -> np.ndarray:
+def singular_values(prompt: Any, token: int | None = None, target: str | None = None) -> np.ndarray:
     """All singular values (exact), via a tall-and-skinny dask SVD of the operator's transpose."""
     import dask.array as da
 
-    A = operator(prompt, token).astype(np.float64)
+    A = operator(prompt, token, target).astype(np.float64)
     tall = A.T.rechunk({0: "auto", 1: -1})  # (cols, rows): one chunk across the short side
     _, s, _ = da.linalg.svd(tall)
     return np.asarray(s.compute())

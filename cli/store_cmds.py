@@ -159,8 +159,11 @@ def _run(model_arg: str, prompts_path: str, out: str, *, dtype: str, row_block: 
 
 
 def _model_for_decoding(model: Any, source: Any, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The embedding and unembedding matrices and the tokenizer file, kept in the store for decoding."""
+    """The embedding and unembedding matrices, the final norm's gain and the tokenizer file, kept in the store
+    for decoding."""
     import torch
+
+    from detjac.engine.decode import final_norm_gain
 
     from .batch import storage_dtype
 
@@ -170,6 +173,9 @@ def _model_for_decoding(model: Any, source: Any, dtype: str) -> tuple[dict[str, 
     else:
         arrays = {"embedding": model.get_input_embeddings().weight,
                   "unembedding": model.get_output_embeddings().weight}
+        gain = final_norm_gain(model)
+        if gain is not None:
+            arrays["final_norm"] = gain
     arrays = {k: v.detach().to(device="cpu", dtype=storage).numpy() for k, v in arrays.items()}
     tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
     files = {"tokenizer.json": tok_file.read_bytes()} if tok_file is not None and tok_file.is_file() else {}

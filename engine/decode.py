@@ -39,3 +39,23 @@ def decode_top(vectors: torch.Tensor, matrix: torch.Tensor, top: int) -> tuple[t
     scores = matrix.to(vectors.dtype) @ vectors  # (vocab, k)
     values, ids = scores.T.topk(min(top, scores.shape[0]), dim=-1)
     return ids, values
+
+
+def final_norm_gain(model: torch.nn.Module) -> torch.Tensor | None:
+    """The final norm's elementwise gain (d,), ``offset + weight`` by the family's norm rule, or None.
+
+    The final normed hidden state is ``x * s(x) * gain`` with ``s(x)`` a scalar per position,
+    so ``W_U diag(gain)`` decodes an un-normed residual-stream vector (a layer's output) the
+    way the model would, up to that positive scalar: the ranking of tokens is exact.
+    """
+    from .detach import DetachedRMSNorm
+    from .families import family_for
+
+    family = family_for(model.config)
+    norm = getattr(family.decoder(model), "norm", None)
+    if isinstance(norm, DetachedRMSNorm):  # a linearized model
+        return norm.inner.weight.detach() + norm.offset
+    rule = family.norm_rule(norm) if norm is not None else None
+    if rule is None or getattr(norm, "weight", None) is None:
+        return None
+    return norm.weight.detach() + rule.weight_offset

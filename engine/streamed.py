@@ -62,6 +62,7 @@ from torch import nn
 
 from detjac.errors import InvalidArgumentError
 
+from .decode import final_norm_gain
 from .families import family_for
 from .linearize import linearized
 from .loading import _read_checkpoint, parse_prompt
@@ -507,10 +508,15 @@ class StreamedModel:
         return self.source.resolve(name)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """``embedding`` (vocab, d) and ``unembedding`` (vocab, d) on CPU, read whole from the source."""
+        """``embedding`` (vocab, d), ``unembedding`` (vocab, d) and ``final_norm`` (d,) on CPU, read whole from the
+        source (see :func:`final_norm_gain`)."""
         keys = {which: self._matrix_key(which) for which in ("embedding", "unembedding")}
         read = {key: self.source.read(key).to(dtype or self.dtype) for key in set(keys.values())}  # tied: once
-        return {which: read[key] for which, key in keys.items()}
+        arrays = {which: read[key] for which, key in keys.items()}
+        gain = final_norm_gain(self.model)
+        if gain is not None:
+            arrays["final_norm"] = gain.to(device="cpu", dtype=dtype or self.dtype)
+        return arrays
 
     def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
         """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""

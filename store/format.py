@@ -36,6 +36,7 @@ DIMENSIONS = {
     "inputs": ("token", "col"),
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
+    "final_norm": ("row",),
 }
 
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets

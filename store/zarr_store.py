@@ -158,7 +158,7 @@ class ZarrStore(JacobianStore):
         return ZarrPrompt(path)
 
     def model_array(self, name: str) -> np.ndarray:
-        """``embedding`` (vocab, col) or ``unembedding`` (vocab, row), as stored at creation."""
+        """``embedding`` (vocab, col), ``unembedding`` (vocab, row) or ``final_norm`` (row,), as stored at creation."""
         import zarr
 
         folder = self.path / fmt.MODEL

@@ -259,7 +259,7 @@ def _write_model(root: Any, tmp: Path, arrays: dict[str, np.ndarray], files: dic
     group = root.create_group(fmt.MODEL)
     digests = {}
     for name, values in arrays.items():
-        fmt.put_array(group, name, values, fmt.DIMENSIONS[name], chunks=(min(8192, values.shape[0]), values.shape[1]))
+        fmt.put_array(group, name, values, fmt.DIMENSIONS[name], chunks=(min(8192, values.shape[0]), *values.shape[1:]))
         digests[name] = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
     for name, data in files.items():
         (tmp / fmt.MODEL / name).write_bytes(data)

@@ -1,0 +1,186 @@
+"""Layerwise decomposition from the store: spectra, decoded tokens and concept emergence per layer.
+
+A prompt run with ``detjac run --layers`` keeps the detached Jacobian of every requested
+intermediate output (``layer.L``: the residual stream after layer L, ``attn.L`` / ``mlp.L``:
+what layer L's attention / MLP block adds to it; with respect to the input embeddings, or,
+for ``*_local`` targets, to the layer's own input). All of them live in the residual
+stream, before the final norm, so their left singular vectors are decoded the way the
+model would decode a residual-stream vector: through ``W_U diag(g)``, with ``g`` the final
+norm's gain kept in the store (the norm's frozen scale is one positive number per
+position, so the ranking of tokens is exact). Right singular vectors live in the input
+space and are decoded through the input embedding.
+
+"Emergence" is the first layer at which a token (by default the model's predicted next
+token) is among the top decoded tokens of ``u_1``, the leading left singular vector of
+``[J_1 ... J_n]`` of that layer's output; the plain logit lens of the output vector itself
+is reported beside it. The layer x token heatmap does the same per input token, with the
+leading left singular vector of each ``J_k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, StoreError
+from .spectra import _inputs, dimensionality, operator, singular_values, top_singular
+
+COMPONENTS = ("layer", "attn", "mlp")
+
+
+def lens(store: Any) -> tuple[np.ndarray, bool]:
+    """``W_U diag(g)`` (vocab, d) in float64, and whether the final norm's gain ``g`` was in the store."""
+    unembed = store.model_array("unembedding").astype(np.float64)
+    try:
+        gain = store.model_array("final_norm").astype(np.float64)
+    except StoreError:
+        return unembed, False
+    return unembed * gain, True
+
+
+def token_rank(scores: np.ndarray, token: int) -> int:
+    """1-based rank of ``token`` among ``scores`` (vocab,), highest first; ties count in its favour."""
+    return int((scores > scores[token]).sum()) + 1
+
+
+def parse_target(name: str) -> tuple[str, bool, int]:
+    """``mlp_local.3`` -> ("mlp", True, 3)."""
+    component, _, layer = name.rpartition(".")
+    local = component.endswith("_local")
+    return component.removesuffix("_local"), local, int(layer)
+
+
+def _targets(prompt: Any, targets: Sequence[str] | None) -> list[str]:
+    stored = prompt.layerwise_targets
+    if not stored:
+        raise InvalidArgumentError(f"Expected layerwise Jacobians with prompt {prompt.id}. Got none: run "
+                                   "`detjac run MODEL PROMPTS --out STORE --layers all` to store them.")
+    if targets is None:
+        return stored
+    missing = [t for t in targets if t not in stored]
+    if missing:
+        raise InvalidArgumentError(f"Expected layerwise targets of prompt {prompt.id} ({', '.join(stored)}). "
+                                   f"Got {', '.join(missing)}.")
+    return list(targets)
+
+
+def target_spectrum(store: Any, prompt_id: str, target: str, k: int = 4) -> dict[str, np.ndarray]:
+    """All singular values of a layerwise target's ``[J_1 ... J_n]`` and its top-``k`` triplets, kept in the store.
+
+    Returns ``S_all`` (min(rows, n * cols),), ``U`` (rows, k), ``S`` (k,), ``V`` (n_tokens, cols, k).
+    """
+    name = f"layers_{target}"
+    cached = store.read_analysis(prompt_id, name)
+    if cached is not None and cached[1].get("params", {}).get("k") == k:
+        return cached[0]
+    prompt = store.get(prompt_id)
+    spec = top_singular(prompt, k, None, method="gram", target=target)
+    arrays = {"S_all": singular_values(prompt, None, target), "U": spec.U, "S": spec.S, "V": spec.V}
+    store.write_analysis(prompt_id, name, arrays, {"params": {"k": k, "method": "gram"}, "target": target})
+    return arrays
+
+
+def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int = 10, token: int | None = None,
+                targets: Sequence[str] | None = None, progress: Any = None) -> list[dict[str, Any]]:
+    """One row per prompt and layerwise target: dimensionality and what ``u_1`` and the output decode to.
+
+    ``token`` is the token id whose emergence is tracked (default: each prompt's predicted next
+    token). Columns: ``sigma_1``, ``stable_rank``, ``participation_ratio``, ``n90``, ``n99``,
+    ``u1_rank`` (rank of the token in the decoded ``u_1``; 1 = top), ``u1_hit`` (rank <= ``top``),
+    ``first_sv`` (the first of the top ``k`` left singular vectors that has the token in its top
+    ``top``, 0 if none), ``lens_rank`` (rank of the token when the output vector itself is
+    decoded: the logit lens), and ``u1_tokens`` (the top decoded token ids of ``u_1``).
+    """
+    W, _ = lens(store)
+    rows = []
+    for pid in prompt_ids:
+        prompt = store.get(pid)
+        tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
+        for target in _targets(prompt, targets):
+            arrays = target_spectrum(store, pid, target, k)
+            component, local, layer = parse_target(target)
+            dims = dimensionality(arrays["S_all"])
+            scores = W @ arrays["U"]  # (vocab, k)
+            ranks = [token_rank(scores[:, i], tracked) for i in range(scores.shape[1])]
+            lens_scores = W @ prompt.layerwise(target, "output").astype(np.float64)
+            rows.append({
+                "prompt_id": pid, "target": target, "layer": layer, "component": component, "local": local,
+                "token": tracked, "top": top, "sigma_1": float(arrays["S"][0]), "stable_rank": dims.stable_rank,
+                "participation_ratio": dims.participation_ratio, "n90": dims.n90, "n99": dims.n99,
+                "u1_rank": ranks[0], "u1_hit": ranks[0] <= top,
+                "first_sv": next((i + 1 for i, r in enumerate(ranks) if r <= top), 0),
+                "lens_rank": token_rank(lens_scores, tracked),
+                "u1_tokens": np.argsort(-scores[:, 0], kind="stable")[:top].tolist(),
+            })
+        if progress is not None:
+            progress.update()
+    return rows
+
+
+def emergence(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per prompt and cumulative component: the first layer whose ``u_1`` (and whose logit lens) has the token
+    in its top decoded tokens; -1 when no stored layer does."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r["layer"]):
+        if r["local"]:
+            continue
+        entry = out.setdefault((r["prompt_id"], r["component"]), {
+            "prompt_id": r["prompt_id"], "component": r["component"], "token": r["token"],
+            "first_layer_u1": -1, "first_layer_lens": -1, "layers": 0})
+        entry["layers"] += 1
+        if r["u1_hit"] and entry["first_layer_u1"] < 0:
+            entry["first_layer_u1"] = r["layer"]
+        if r["lens_rank"] <= r["top"] and entry["first_layer_lens"] < 0:
+            entry["first_layer_lens"] = r["layer"]
+    return list(out.values())
+
+
+def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token: int | None = None,
+                  local: bool = False) -> dict[str, Any]:
+    """Layer x input-token ranks of ``token`` (default: the predicted one), cached in the store.
+
+    ``u1_rank[L, k]``: its rank in the decoded leading left singular vector of ``J_k`` of the
+    target ``component.L``; ``contribution_rank[L, k]``: its rank in the decoded contribution
+    ``J_k x_k`` of token k (what token k alone puts into that output). Rank 1 is the top token.
+    """
+    import dask.array as da
+
+    if component not in COMPONENTS:
+        raise InvalidArgumentError(f"Expected a component among {', '.join(COMPONENTS)}. Got {component!r}.")
+    prompt = store.get(prompt_id)
+    suffix = "_local" if local else ""
+    layers = sorted(parse_target(t)[2] for t in _targets(prompt, None) if t.rpartition(".")[0] == component + suffix)
+    if not layers:
+        raise InvalidArgumentError(f"Expected stored {component}{suffix}.L targets with prompt {prompt_id}. "
+                                   f"Got {', '.join(prompt.layerwise_targets)}.")
+    tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
+    W, _ = lens(store)
+    n = prompt.n_tokens
+    u1_rank = np.zeros((len(layers), n), dtype=np.int64)
+    contribution_rank = np.zeros_like(u1_rank)
+    for i, layer in enumerate(layers):
+        U1 = _per_token_u1(store, prompt, f"{component}{suffix}.{layer}")  # (n, rows)
+        x = _inputs(prompt, f"{component}{suffix}.{layer}").astype(np.float64)
+        J = prompt.layerwise(f"{component}{suffix}.{layer}").astype(np.float64)  # lazy (rows, n, cols)
+        contributions = np.asarray(da.einsum("rtc,tc->tr", J, x).compute())  # (n, rows)
+        for k in range(n):
+            u1_rank[i, k] = token_rank(W @ U1[k], tracked)
+            contribution_rank[i, k] = token_rank(W @ contributions[k], tracked)
+    return {"layers": layers, "token": tracked, "u1_rank": u1_rank, "contribution_rank": contribution_rank,
+            "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")])),
+            "component": component + suffix}
+
+
+def _per_token_u1(store: Any, prompt: Any, target: str) -> np.ndarray:
+    """Leading left singular vector of each token's ``J_k`` of ``target`` (n, rows), kept in the store."""
+    name = f"layers_tokens_{target}"
+    cached = store.read_analysis(prompt.id, name)
+    if cached is not None:
+        return cached[0]["U1"]
+    rows = operator(prompt, 0, target).shape[0]
+    method = "exact" if rows <= 1024 else "randomized"
+    U1 = np.stack([top_singular(prompt, 1, k, method=method, target=target).U[:, 0] for k in range(prompt.n_tokens)])
+    store.write_analysis(prompt.id, name, {"U1": U1}, {"params": {"method": method}, "target": target})
+    return U1

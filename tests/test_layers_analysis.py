@@ -1,0 +1,162 @@
+"""Layerwise analyses from the store: spectra against numpy, the logit lens against the model, emergence of a
+planted token, heatmaps, and the `detjac analyze layers|decode` commands."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from store_helpers import write_prompts
+
+from detjac.analysis import jobs, layers
+from detjac.analysis.spectra import singular_values, top_singular
+from detjac.cli.main import main
+from detjac.errors import InvalidArgumentError
+from detjac.store import LayerwiseSpec, create_store, open_store
+
+PROMPT = "Oak, n. (Bot.) Any tree"
+
+
+@pytest.fixture(scope="module")
+def layer_store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("layers")
+    prompts = write_prompts(folder / "p.txt", [PROMPT])
+    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(folder / "lw.zarr"),
+                                       "--layers", "0,2,3", "--components", "layer,attn,mlp,mlp_local"])
+    assert result.exit_code == 0, result.output
+    return open_store(folder / "lw.zarr")
+
+
+def test_layerwise_spectra_match_numpy(layer_store):
+    prompt = next(iter(layer_store))
+    for target in ("layer.2", "mlp_local.3", "attn.0"):
+        J = prompt.layerwise(target, lazy=False).astype(np.float64)
+        A = J.reshape(J.shape[0], -1)
+        exact = np.linalg.svd(A, compute_uv=False)
+        spec = top_singular(prompt, 4, method="gram", target=target)
+        np.testing.assert_allclose(spec.S, exact[:4], rtol=1e-10)
+        np.testing.assert_allclose(singular_values(prompt, target=target), exact, rtol=1e-10, atol=1e-12 * exact[0])
+        assert np.all(spec.U.T @ prompt.layerwise(target, "output") >= 0)  # oriented along what it produced
+        last = top_singular(prompt, 2, -1, method="exact", target=target)
+        np.testing.assert_allclose(last.S, np.linalg.svd(J[:, -1], compute_uv=False)[:2], rtol=1e-12)
+        x = layers._inputs(prompt, target)[-1]
+        assert np.all(last.U.T @ (J[:, -1] @ x) >= 0)
+
+
+def test_lens_decodes_a_layer_output_like_the_model(layer_store):
+    """``W_U diag(g)`` ranks tokens exactly as lm_head(final_norm(h)) does for a stored layer output h."""
+    from detjac.engine.default import load_default_model
+
+    model = load_default_model()
+    W, has_gain = layers.lens(layer_store)
+    assert has_gain
+    np.testing.assert_array_equal(layer_store.model_array("final_norm"), model.model.norm.weight.detach().numpy())
+    prompt = next(iter(layer_store))
+    h = prompt.layerwise("layer.2", "output").astype(np.float64)
+    with torch.no_grad():
+        logits = model.lm_head(model.model.norm(torch.from_numpy(h)[None])).numpy()[0]
+    ours = W @ h
+    assert np.corrcoef(ours, logits)[0, 1] > 1 - 1e-12  # the same up to the norm's positive scale
+    assert np.array_equal(np.argsort(-ours)[:20], np.argsort(-logits)[:20])
+    for t in np.argsort(-logits)[:5]:
+        assert layers.token_rank(ours, int(t)) == layers.token_rank(logits, int(t))
+
+
+def _planted_store(path, planted_layer: int, token: int):
+    """Targets layer.0..3 and mlp_local.1; only from ``planted_layer`` on does u_1 point at ``token``."""
+    rng = np.random.default_rng(1)
+    vocab, d, n = 50, 12, 3
+    embed, lens, gain = rng.standard_normal((vocab, d)), rng.standard_normal((vocab, d)), rng.uniform(0.5, 2, d)
+    lens /= np.linalg.norm(lens, axis=1, keepdims=True)  # rows of equal norm: lens @ lens[token] peaks at token
+    unembed, u = lens / gain, lens[token]
+    specs = {f"layer.{i}": LayerwiseSpec(i, "layer", False) for i in range(4)}
+    specs["mlp_local.1"] = LayerwiseSpec(1, "mlp", True)
+    run = {"model_id": "planted", "dtype": "float64", "keep": "full"}
+    data = lambda: ({"embedding": embed, "unembedding": unembed, "final_norm": gain}, {})  # noqa: E731
+    x = rng.standard_normal((n, d))
+    with create_store(path, run, model_data=data) as st, \
+            st.begin("p", n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=d, layerwise=specs) as w:
+        J = rng.standard_normal((d, n, d))
+        w.write_rows(0, d, J)
+        for name, spec in specs.items():
+            Jl = 0.01 * rng.standard_normal((d, n, d))
+            if spec.layer >= planted_layer and not spec.local:
+                Jl[:, 1, :] += 50 * np.outer(u, x[1])  # produces +u: u_1 keeps its orientation
+            w.write_block(name, 0, d, 0, n, Jl)
+            inputs = rng.standard_normal((n, d)) if spec.local else x
+            if spec.local:
+                w.write_layerwise(name, "inputs", inputs)
+            w.write_layerwise(name, "output", np.einsum("rtc,tc->r", Jl, inputs))
+        w.write_array("embeddings", x)
+        w.write_array("output", np.einsum("rtc,tc->r", J, x))
+        w.write_array("token_ids", np.arange(n))
+        w.commit({"prompt": "planted", "n_tokens": n, "reconstruction_error": 0.0, "dtype": "float64",
+                  "next_token_id": 7, "tokens": ["a", "b", "c"]})
+    return open_store(path)
+
+
+def test_emergence_finds_the_planted_layer(tmp_path):
+    store = _planted_store(tmp_path / "s.zarr", planted_layer=2, token=31)
+    rows = layers.layer_table(store, ["p"], k=2, top=1, token=31)
+    by = {r["target"]: r for r in rows}
+    assert [by[f"layer.{i}"]["u1_rank"] == 1 for i in range(4)] == [False, False, True, True]
+    assert by["layer.3"]["first_sv"] == 1 and by["layer.0"]["first_sv"] == 0
+    assert by["mlp_local.1"]["local"] and by["mlp_local.1"]["component"] == "mlp"
+    (entry,) = [e for e in layers.emergence(rows) if e["component"] == "layer"]
+    assert entry["first_layer_u1"] == 2 and entry["layers"] == 4
+    assert store.read_analysis("p", "layers_layer.2")[1]["params"] == {"k": 2, "method": "gram"}
+    heat = layers.token_heatmap(store, "p", token=31)
+    assert heat["layers"] == [0, 1, 2, 3] and heat["u1_rank"].shape == (4, 3)
+    assert list(heat["u1_rank"][2:, 1]) == [1, 1] and heat["u1_rank"][0, 1] > 1
+    prompt = store.get("p")
+    Jl = prompt.layerwise("layer.3", lazy=False)
+    contribution = Jl[:, 0] @ prompt.array("embeddings")[0]
+    assert heat["contribution_rank"][3, 0] == layers.token_rank(layers.lens(store)[0] @ contribution, 31)
+    with pytest.raises(InvalidArgumentError, match="Expected stored attn.L targets"):
+        layers.token_heatmap(store, "p", "attn")
+    with pytest.raises(InvalidArgumentError, match="Expected layerwise targets"):
+        layers.layer_table(store, ["p"], targets=["layer.9"])
+
+
+def test_layers_and_decode_commands(layer_store, tmp_path):
+    import pyarrow.parquet as pq
+
+    path, out = str(layer_store.path), tmp_path / "L"
+    result = CliRunner().invoke(main, ["analyze", "layers", path, "--out", str(out), "--format", "parquet"])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out / "layers.parquet").to_pylist()
+    assert {r["target"] for r in table} == set(next(iter(layer_store)).layerwise_targets)
+    assert all(r["token"] == next(iter(layer_store)).attrs["next_token_id"] for r in table)
+    for name in ("layer_dims.png", "emergence.png", f"heatmap_{layer_store.prompt_ids()[0]}.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+    assert "tracking" in result.output and "u_1 decoded" in result.output
+
+    decoded = CliRunner().invoke(main, ["analyze", "decode", path, "--target", "layer.2", "--k", "2",
+                                        "--plot", str(tmp_path / "d.svg"), "--table", str(tmp_path / "d.csv")])
+    assert decoded.exit_code == 0, decoded.output
+    assert (tmp_path / "d.svg").read_text().lstrip().startswith("<?xml")
+    assert len((tmp_path / "d.csv").read_text().splitlines()) == 3 and "layer.2, [J_1 ... J_n]" in decoded.output
+    pid = layer_store.prompt_ids()[0]
+    assert layer_store.read_analysis(pid, "svd_layer.2_combined")[1]["target"] == "layer.2"
+
+    bad = CliRunner().invoke(main, ["analyze", "layers", path, "--token", "Quercus oak", "--out", str(out)])
+    assert bad.exit_code == 1 and "to be one token" in bad.output
+    missing = CliRunner().invoke(main, ["analyze", "decode", path, "--target", "layer.1"])
+    assert missing.exit_code == 1 and "Expected a layerwise target" in missing.output
+
+
+def test_layers_refuses_a_store_without_layerwise_jacobians(tmp_path):
+    prompts = write_prompts(tmp_path / "p.txt", ["Oak, n."])
+    assert CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(tmp_path / "s.zarr")]).exit_code == 0
+    result = CliRunner().invoke(main, ["analyze", "layers", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "L")])
+    assert result.exit_code == 1 and "--layers all" in result.output
+
+
+def test_report_includes_the_layerwise_section(layer_store, tmp_path):
+    from detjac.analysis.report import report
+
+    summary = report(layer_store, tmp_path / "R", top=10, table_format="parquet")
+    assert summary["layerwise_prompts"] == 1 and 0 <= summary["prediction_emerges_in_u1"] <= 1
+    assert {"layers.parquet", "emergence.parquet", "dims.parquet", "emergence.png"} <= set(summary["files"])
+    assert jobs.token_id(layer_store, "id:5") == 5
