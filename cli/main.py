@@ -11,6 +11,7 @@ from detjac import __version__
 from detjac.errors import DetjacError
 
 from .analyze_cmds import analyze
+from .steer_cmd import steer
 from .store_cmds import DTYPES, run, store
 
 
@@ -37,6 +38,7 @@ def main() -> None:
       detjac run default prompts.txt --out run.zarr
       detjac store verify run.zarr
       detjac analyze svd run.zarr --k 3
+      detjac steer default --concept-from c.zarr:PROMPT_ID --layer 1 --prompt "Ream, n. A"
       detjac families --check
     """
 
@@ -224,6 +226,7 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
 main.add_command(run)
 main.add_command(store)
 main.add_command(analyze)
+main.add_command(steer)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
