@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError
-from .spectra import _inputs, dimensionality, operator, singular_values, top_singular
+from .spectra import _inputs, dimensionality, singular_values, top_singular
 
 COMPONENTS = ("layer", "attn", "mlp")
 
@@ -157,30 +157,38 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
                                    f"Got {', '.join(prompt.layerwise_targets)}.")
     tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
     W, _ = lens(store)
-    n = prompt.n_tokens
-    u1_rank = np.zeros((len(layers), n), dtype=np.int64)
+    u1_rank = np.zeros((len(layers), prompt.n_tokens), dtype=np.int64)
     contribution_rank = np.zeros_like(u1_rank)
     for i, layer in enumerate(layers):
-        U1 = _per_token_u1(store, prompt, f"{component}{suffix}.{layer}")  # (n, rows)
-        x = _inputs(prompt, f"{component}{suffix}.{layer}").astype(np.float64)
-        J = prompt.layerwise(f"{component}{suffix}.{layer}").astype(np.float64)  # lazy (rows, n, cols)
+        target = f"{component}{suffix}.{layer}"
+        J = prompt.layerwise(target).astype(np.float64)  # lazy (rows, n, cols)
+        x = _inputs(prompt, target).astype(np.float64)  # (n, cols)
         contributions = np.asarray(da.einsum("rtc,tc->tr", J, x).compute())  # (n, rows)
-        for k in range(n):
-            u1_rank[i, k] = token_rank(W @ U1[k], tracked)
-            contribution_rank[i, k] = token_rank(W @ contributions[k], tracked)
+        U1 = _per_token_u1(store, prompt, target, J, contributions)  # (n, rows)
+        u1_rank[i] = [token_rank(col, tracked) for col in (W @ U1.T).T]
+        contribution_rank[i] = [token_rank(col, tracked) for col in (W @ contributions.T).T]
     return {"layers": layers, "token": tracked, "u1_rank": u1_rank, "contribution_rank": contribution_rank,
             "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")])),
             "component": component + suffix}
 
 
-def _per_token_u1(store: Any, prompt: Any, target: str) -> np.ndarray:
-    """Leading left singular vector of each token's ``J_k`` of ``target`` (n, rows), kept in the store."""
+def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:
+    """Leading left singular vector of each token's ``J_k`` of ``target`` (n, rows), kept in the store.
+
+    ``J`` is the target's lazy (rows, n, cols) Jacobian; each vector is signed so that
+    ``u . (J_k x_k) >= 0`` with ``contributions`` (n, rows) the ``J_k x_k``.
+    """
     name = f"layers_tokens_{target}"
     cached = store.read_analysis(prompt.id, name)
     if cached is not None:
         return cached[0]["U1"]
-    rows = operator(prompt, 0, target).shape[0]
-    method = "exact" if rows <= 1024 else "randomized"
-    U1 = np.stack([top_singular(prompt, 1, k, method=method, target=target).U[:, 0] for k in range(prompt.n_tokens)])
+    if J.shape[0] <= 1024:  # read the Jacobian once and take each J_k's exact SVD
+        method, dense = "exact", np.asarray(J.compute())
+        U1 = np.stack([np.linalg.svd(dense[:, k], full_matrices=False)[0][:, 0] for k in range(dense.shape[1])])
+    else:
+        method = "randomized"
+        U1 = np.stack([top_singular(prompt, 1, k, method=method, target=target).U[:, 0]
+                       for k in range(prompt.n_tokens)])
+    U1 *= np.where(np.einsum("tr,tr->t", U1, contributions) < 0, -1.0, 1.0)[:, None]
     store.write_analysis(prompt.id, name, {"U1": U1}, {"params": {"method": method}, "target": target})
     return U1

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from .analyze_cmds import TABLE_HELP
 from .store_cmds import DTYPES
 
 
@@ -71,8 +72,7 @@ def concept_operator(store: Any, prompt_id: str, layer: int, model: Any) -> Any:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=24, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
-@click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the table to this file: Parquet for a .parquet suffix, else CSV.")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
 def steer(model: str, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
           strengths: str, concept_tokens: str | None, max_new_tokens: int, dtype: str, device: str,
           table_path: str | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,18 @@ PROMPTS = [
 def write_prompts(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def run_default(folder: Path, lines: list[str], name: str, *options: str) -> Any:
+    """``detjac run default`` over ``lines`` into ``folder/name`` (with ``options``); the store, opened."""
+    from click.testing import CliRunner
+
+    from detjac.cli.main import main
+
+    prompts = write_prompts(folder / f"{name}.txt", lines)
+    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(folder / name), *options])
+    assert result.exit_code == 0, result.output
+    return open_store(folder / name)
 
 
 def store_snapshot(path: Path) -> dict:

@@ -9,7 +9,7 @@ import dask
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_helpers import PROMPTS, write_prompts
+from store_helpers import PROMPTS, run_default
 
 from detjac.analysis import jobs
 from detjac.analysis.spectra import dimensionality, singular_values, top_singular
@@ -19,11 +19,7 @@ from detjac.store import create_store, open_store
 
 @pytest.fixture(scope="module")
 def real_store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("analysis")
-    prompts = write_prompts(folder / "p.txt", PROMPTS[:2])
-    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(folder / "s.zarr")])
-    assert result.exit_code == 0, result.output
-    return open_store(folder / "s.zarr")
+    return run_default(tmp_path_factory.mktemp("analysis"), PROMPTS[:2], "s.zarr")
 
 
 def test_randomized_svd_matches_numpy(real_store):
@@ -125,11 +121,8 @@ def test_analysis_does_not_import_torch():
 def test_detached_against_ordinary(real_store, tmp_path):
     from store_helpers import PROMPTS as P
 
-    prompts = write_prompts(tmp_path / "p.txt", P[:2])
-    ordinary = tmp_path / "ord.zarr"
-    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(ordinary), "--ordinary"])
-    assert result.exit_code == 0, result.output
-    store = open_store(ordinary)
+    store = run_default(tmp_path, P[:2], "ord.zarr", "--ordinary")
+    ordinary = store.path
     assert store.run["detach"] is False and all(p.attrs["reconstruction_error"] > 1e-3 for p in store)
     assert all(r.ok for r in store.verify())
     plot = tmp_path / "c.png"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from store_helpers import write_prompts
+from store_helpers import run_default
 
 from detjac.analysis import jobs, layers
 from detjac.analysis.spectra import singular_values, top_singular
@@ -20,12 +20,8 @@ PROMPT = "Oak, n. (Bot.) Any tree"
 
 @pytest.fixture(scope="module")
 def layer_store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("layers")
-    prompts = write_prompts(folder / "p.txt", [PROMPT])
-    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(folder / "lw.zarr"),
-                                       "--layers", "0,2,3", "--components", "layer,attn,mlp,mlp_local"])
-    assert result.exit_code == 0, result.output
-    return open_store(folder / "lw.zarr")
+    return run_default(tmp_path_factory.mktemp("layers"), [PROMPT], "lw.zarr", "--layers", "0,2,3",
+                       "--components", "layer,attn,mlp,mlp_local")
 
 
 def test_layerwise_spectra_match_numpy(layer_store):
@@ -147,8 +143,7 @@ def test_layers_and_decode_commands(layer_store, tmp_path):
 
 
 def test_layers_refuses_a_store_without_layerwise_jacobians(tmp_path):
-    prompts = write_prompts(tmp_path / "p.txt", ["Oak, n."])
-    assert CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(tmp_path / "s.zarr")]).exit_code == 0
+    run_default(tmp_path, ["Oak, n."], "s.zarr")
     result = CliRunner().invoke(main, ["analyze", "layers", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "L")])
     assert result.exit_code == 1 and "--layers all" in result.output
 

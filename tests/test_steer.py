@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from store_helpers import write_prompts
+from store_helpers import run_default, write_prompts
 
 from detjac.cli.main import main
 from detjac.engine.steer import SteeringOperator, generate, steering
 from detjac.engine.tiny import tiny_model
 from detjac.errors import InvalidArgumentError
-from detjac.store import open_store
 
 CONCEPT = "Whale, n. (Zool.) Any aquatic mammal"
 
@@ -75,12 +74,8 @@ def test_zero_strength_is_the_unsteered_model():
 
 @pytest.fixture(scope="module")
 def concept_store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("steer")
-    prompts = write_prompts(folder / "c.txt", [CONCEPT])
-    result = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(folder / "c.zarr"),
-                                       "--layers", "1", "--components", "layer,mlp"])
-    assert result.exit_code == 0, result.output
-    return open_store(folder / "c.zarr")
+    return run_default(tmp_path_factory.mktemp("steer"), [CONCEPT], "c.zarr", "--layers", "1",
+                       "--components", "layer,mlp")
 
 
 def test_the_concept_operators_reconstruct_the_concept_layer_output(concept_store):
