@@ -91,9 +91,12 @@ def gram_spectrum(A: Any, k: int) -> np.ndarray:
 
 
 def _produced(prompt: Any, token: int | None) -> np.ndarray:
-    """What the operator produced: the output for the combined operator, ``J_k x_k`` for a token."""
+    """What the operator produced: ``sum_k J_k x_k`` (the output, less an affine model's offset ``b``) for the
+    combined operator, ``J_k x_k`` for a token."""
     if token is None:
-        return prompt.array("output").astype(np.float64)
+        bias = prompt.bias()
+        output = prompt.array("output").astype(np.float64)
+        return output - bias.astype(np.float64) if bias is not None else output
     x = prompt.array("embeddings")[token].astype(np.float64)
     return np.asarray(operator(prompt, token).astype(np.float64) @ x)
 

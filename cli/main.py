@@ -78,7 +78,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
     """
-    from detjac.engine import get_tokenizer, load_model
+    from detjac.engine import decoding_matrix, get_tokenizer, load_model
     from detjac.engine.decode import decode_top, top_singular
     from detjac.engine.default import resolve_model
     from detjac.engine.report import exactness_report
@@ -100,7 +100,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {ordinary:.3e}")
     click.echo(f"max |logit - stock logit|  {rep.stock_logit_diff:.3e}   ({rep.seconds:.2f} s)")
     svd = top_singular(res.summed(), n_values, orient=res.output)
-    unembed = lm.get_output_embeddings().weight.detach()
+    unembed = decoding_matrix(lm).detach()
     embed = lm.get_input_embeddings().weight.detach()
     left_ids, _ = decode_top(svd.U, unembed, top)
     right_ids, _ = decode_top(svd.V, embed, top)

@@ -168,8 +168,9 @@ def _model_for_decoding(model: Any, source: Any, dtype: str) -> tuple[dict[str, 
     if hasattr(model, "decoding_matrices"):  # the streamed engine reads them from the checkpoint
         arrays = model.decoding_matrices(storage)
     else:
-        arrays = {"embedding": model.get_input_embeddings().weight,
-                  "unembedding": model.get_output_embeddings().weight}
+        from detjac.engine import decoding_matrix
+
+        arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": decoding_matrix(model)}
     arrays = {k: v.detach().to(device="cpu", dtype=storage).numpy() for k, v in arrays.items()}
     tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
     files = {"tokenizer.json": tok_file.read_bytes()} if tok_file is not None and tok_file.is_file() else {}
@@ -282,6 +283,8 @@ def export(path: str, prompt_id: str, out: str) -> None:
 
     prompt = open_store(path).get(prompt_id)
     arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
+    if prompt.bias() is not None:
+        arrays["bias"] = prompt.bias()
     if prompt.low_rank:
         arrays.update({f"combined_{x}": a for x, a in zip("USV", prompt.triplets(), strict=True)})
         arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})

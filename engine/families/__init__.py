@@ -9,10 +9,13 @@ from types import ModuleType
 
 from detjac.errors import UnsupportedModelError
 
-from . import gemma3, llama, mistral, olmo2, phi3, qwen3
+from . import bert, gemma3, gpt2, llama, mistral, olmo2, phi3, qwen2, qwen3
 from .base import Family, MlpRule, NormRule
 
-_MODULES: tuple[ModuleType, ...] = (llama, qwen3, gemma3, phi3, mistral, olmo2)
+_MODULES: tuple[ModuleType, ...] = (
+    llama, qwen3, gemma3, phi3, mistral, olmo2,  # linear: bias-free, gated
+    qwen2, gpt2, bert,  # affine: biases, LayerNorm, ungated activations, learned positions
+)
 
 FAMILIES: dict[str, Family] = {
     model_type: module.FAMILY for module in _MODULES for model_type in module.FAMILY.model_types
