@@ -29,6 +29,7 @@ from detjac.errors import UnsupportedModelError
 
 from .detach import DetachedGatedMLP, DetachedModule
 from .families import Family
+from .moe import DetachedMoE
 from .scalar import supported_activations
 
 _GENERIC_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -59,7 +60,7 @@ def _visit(module: nn.Module, path: str, family: Family, skip: set[int]) -> None
         return
     cls = type(module).__name__
     name = path.rsplit(".", 1)[-1]
-    if isinstance(module, DetachedGatedMLP):
+    if isinstance(module, (DetachedGatedMLP, DetachedMoE)):
         children = [(f"{path}.{n}", m) for n, m in module.linear_modules()]
     elif isinstance(module, DetachedModule):
         children = []  # a norm or activation wrapper: computes from its inner weights directly

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from detjac.errors import UnsupportedModelError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -30,6 +32,7 @@ from .detach import (
 )
 from .families import Family, family_for
 from .guard import check_linear_path
+from .moe import DetachedMoE
 from .scalar import activation_ratio
 
 
@@ -49,13 +52,15 @@ def _wrapper_for(module: nn.Module, family: Family, detach: bool) -> nn.Module |
         return DetachedNorm(module, norm, detach)
     if (mlp := family.mlp_rule(module)) is not None:
         return DetachedGatedMLP(module, mlp, detach)
+    if (moe := family.moe_rule(module)) is not None:
+        return DetachedMoE(module, moe, detach)
     if (ratio := activation_ratio(module)) is not None:
         return DetachedActivation(module, ratio, detach)
     return None
 
 
 def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tuple[nn.Module, str, nn.Module]]:
-    """Replace norm, MLP and activation instances under ``decoder``; return (parent, name, original) to undo.
+    """Replace norm, MLP, MoE and activation instances under ``decoder``; return (parent, name, original) to undo.
 
     A wrapped module is not descended into: the activation inside a gated MLP is already
     part of its frozen branch.
@@ -93,6 +98,9 @@ def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linea
         Unknown ``model_type``, or a module on the input-to-output path without a rule.
     """
     family = family_for(model.config)
+    problem = family.config_problem(model.config.get_text_config())
+    if problem is not None:
+        raise UnsupportedModelError(f"Expected a {family.name} config without extra nonlinearities. Got {problem}.")
     decoder = family.decoder(model)
     register_attention()
     was_training = model.training

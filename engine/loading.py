@@ -127,9 +127,11 @@ def load_model(
         config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
         family = family_for(config)  # remote code may declare its own model_type: check the parsed config too
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
+        # MoE experts: the stock default (grouped_mm) rejects float64; eager is the loop detjac mirrors
+        extra = {"experts_implementation": "eager"} if family.moes else {}
         model = auto.from_pretrained(
             path, config=config, revision=revision, dtype=dtype or "auto",
-            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path),
+            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
         )
         model.to(device)
         if tokenizer is None and any(path.glob("tokenizer*")):

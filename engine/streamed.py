@@ -291,9 +291,9 @@ class StreamedModel:
             cls = AutoModelForCausalLM._model_mapping[type(config)]
         self.family = family_for(config)
         if not self.family.streamable:
-            kind = "affine: biases or position embeddings"
+            kind = "affine: biases or position embeddings" if self.family.affine else "mixture of experts"
             raise UnsupportedModelError(
-                f"Expected a model the layer-streamed engine supports (bias-free, causal). Got a "
+                f"Expected a model the layer-streamed engine supports (bias-free, dense, causal). Got a "
                 f"{self.family.name} model ({kind}{', encoder' if self.family.encoder else ''}), which it would "
                 "not linearize correctly. "
                 "Use the in-memory engine (detjac run without --streamed, --layers or --max-memory)."

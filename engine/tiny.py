@@ -37,6 +37,11 @@ _EXTRA: dict[str, dict[str, Any]] = {
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
     "gpt2": dict(n_inner=48),
     "bert": dict(hidden_act="gelu"),
+    # mixture of experts: 2 of 4 experts per token
+    "qwen3_moe": dict(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                      norm_topk_prob=True, mlp_only_layers=[1]),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
 }
 # Multimodal Gemma3 (the released 4B+ checkpoints): a tiny vision tower around the text model.
 _GEMMA3_VISION: dict[str, Any] = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -80,10 +85,14 @@ def tiny_model(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.flo
     family = family_for(config)
     auto = AutoModel if family.encoder else AutoModelForCausalLM
     model = auto.from_config(config)
+    if family.moes:  # the stock grouped_mm experts reject float64; eager is the loop detjac mirrors
+        model.set_experts_implementation("eager")
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            if family.moes and name.endswith("mlp.gate.weight"):
+                p.mul_(10.0)  # routers that tell tokens apart: a zero-initialised router sends all to one pair
     return model.to(dtype).eval()
 
 

@@ -16,10 +16,10 @@ def test_every_registered_family_has_a_tiny_model_under_test():
 
 def test_every_family_declares_rules():
     for family in FAMILIES.values():
-        # an MLP is gated (a rule) or ungated (activations, affine families only)
-        assert family.norms and (family.mlps or family.affine), family.name
+        # an MLP is gated (a rule), a mixture of experts (a rule), or ungated (activations, affine families only)
+        assert family.norms and (family.mlps or family.moes or family.affine), family.name
         assert family.attentions and family.containers, family.name
-        rules = len(family.norms) + len(family.mlps) + len(family.attentions) + family.affine
+        rules = len(family.norms) + len(family.mlps) + len(family.moes) + len(family.attentions) + family.affine
         assert len(family.describe()) == rules
 
 

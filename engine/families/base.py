@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -55,6 +56,21 @@ class MlpRule:
     down: str = "down_proj"
     fused: bool = False
     gate_up: str = "gate_up_proj"
+
+
+@dataclass(frozen=True)
+class MoeRule:
+    """How one sparse mixture-of-experts block computes (see :mod:`detjac.engine.moe`).
+
+    ``router`` names the child that returns ``(router_logits, routing_weights,
+    selected_experts)`` and ``experts`` the child that holds the experts' fused
+    ``gate_up_proj`` (experts, 2 * ffn, d) and ``down_proj`` (experts, d, ffn) tensors
+    and their ``act_fn``.
+    """
+
+    cls: type[nn.Module]
+    router: str = "gate"
+    experts: str = "experts"
 
 
 @dataclass(frozen=True)
@@ -105,9 +121,12 @@ class Family:
         Bidirectional encoder (BERT): loaded with ``AutoModel``, no language-model head;
         the default target is position 0 ([CLS]) and "logits" are scores against the word
         embeddings.
+    config_problem
+        Returns why a config cannot be linearized (a setting that adds a nonlinearity no
+        module exposes, e.g. OLMoE's ``clip_qkv``), or None.
     streamable
-        The layer-streamed engine supports the family (it does not support affine
-        families, and refuses them).
+        The layer-streamed engine supports the family (it does not support affine or
+        mixture-of-experts families, and refuses them).
     """
 
     name: str
@@ -122,10 +141,12 @@ class Family:
     )
     decoder: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.model)
     mid_residual: str = "post_attention_layernorm"
+    moes: tuple[MoeRule, ...] = ()
     affine: bool = False
     offset_children: frozenset[str] = frozenset()
     off_path_children: frozenset[str] = frozenset()
     encoder: bool = False
+    config_problem: Callable[[Any], str | None] = field(default=lambda config: None)
     streamable: bool = True
     notes: str = ""
 
@@ -142,6 +163,10 @@ class Family:
         """The rule for ``module`` if it is one of this family's gated MLPs."""
         return next((r for r in self.mlps if type(module) is r.cls), None)
 
+    def moe_rule(self, module: nn.Module) -> MoeRule | None:
+        """The rule for ``module`` if it is one of this family's mixture-of-experts blocks."""
+        return next((r for r in self.moes if type(module) is r.cls), None)
+
     def describe(self) -> list[str]:
         """One line per detach rule, for metadata and ``--help`` style listings."""
         lines = [
@@ -154,6 +179,8 @@ class Family:
             + (f" ({r.gate_up} chunked into gate, up)" if r.fused else "")
             for r in self.mlps
         ]
+        lines += [f"{r.cls.__name__}: router choice and weights frozen, each chosen expert's act(gate(x)) frozen"
+                  for r in self.moes]
         lines += [f"{c.__name__}: softmax(QK^T/sqrt(d) + mask) frozen" for c in self.attentions]
         if self.affine:
             lines.append("ungated activations x * s(x): s frozen; biases and position embeddings: the offset b")
