@@ -33,6 +33,10 @@ _EXTRA: dict[str, dict[str, Any]] = {
     "phi3": dict(partial_rotary_factor=0.5),
     "mistral": dict(sliding_window=WINDOW),
     "olmo2": {},
+    # soft-capping small enough to bite: attention scores reach ~1, logits ~2
+    "gemma2": dict(head_dim=8, query_pre_attn_scalar=16, sliding_window=WINDOW, attn_logit_softcapping=1.0,
+                   final_logit_softcapping=2.0, layer_types=["sliding_attention", "full_attention",
+                                                            "sliding_attention"]),
     # affine families: biases, LayerNorm, ungated activations, learned position embeddings
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
     "gpt2": dict(n_inner=48),

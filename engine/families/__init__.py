@@ -9,11 +9,11 @@ from types import ModuleType
 
 from detjac.errors import UnsupportedModelError
 
-from . import bert, gemma3, gpt2, llama, mistral, mixtral, olmo2, olmoe, phi3, qwen2, qwen3, qwen3_moe
+from . import bert, gemma2, gemma3, gpt2, llama, mistral, mixtral, olmo2, olmoe, phi3, qwen2, qwen3, qwen3_moe
 from .base import Family, MlpRule, MoeRule, NormRule
 
 _MODULES: tuple[ModuleType, ...] = (
-    llama, qwen3, gemma3, phi3, mistral, olmo2,  # linear: bias-free, gated
+    llama, qwen3, gemma3, phi3, mistral, olmo2, gemma2,  # linear: bias-free, gated
     qwen2, gpt2, bert,  # affine: biases, LayerNorm, ungated activations, learned positions
     qwen3_moe, mixtral, olmoe,  # mixture of experts
 )
