@@ -292,6 +292,9 @@ def logit_jacobian(model: PreTrainedModel, result: JacobianResult, tokens: Seque
     scalar nonlinearity ``z * r(z)`` of :func:`detjac.engine.scalar.softcap_ratio`, whose
     ratio is frozen (detached) or differentiated (ordinary Jacobian).
 
+    For an affine model the chosen logits are ``sum_k (W_U J_k) x_k + W_U b``: the offset
+    ``W_U[tokens] @ result.bias`` is not part of the Jacobian.
+
     Returns
     -------
     (len(tokens), n_tokens, d_model); all vocabulary rows when ``tokens`` is None.

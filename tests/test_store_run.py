@@ -186,3 +186,13 @@ def test_linear_family_stores_no_offset(tmp_path):
     assert invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr")).exit_code == 0
     prompt = next(iter(open_store(tmp_path / "s.zarr")))
     assert prompt.bias() is None and "affine" not in prompt.attrs
+
+
+def test_streamed_run_of_an_affine_model_is_refused_cleanly(tmp_path):
+    from detjac.engine.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / "bert", "bert")
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
+    result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--streamed")
+    assert result.exit_code == 1 and "layer-streamed engine" in result.output and "BERT" in result.output
+    assert not (tmp_path / "s.zarr").exists()
