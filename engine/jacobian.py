@@ -160,11 +160,11 @@ def stream_jacobian(
             return lin.decoder(inputs_embeds=x[None], use_cache=False).last_hidden_state[0, position]
 
         def forward(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+            if not affine:  # a linear map: b = 0, nothing to record
+                return target(x), ()
             tape = FactorTape()
             with tape.recording():
                 y = target(x)
-            if not affine:
-                return y, ()
             with tape.replaying_factors():  # the factors of x, on zero inputs: only the offsets remain
                 bias = target(torch.zeros_like(x))
             return y, (bias.detach(),)
