@@ -103,7 +103,7 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
     embed = model.get_input_embeddings().weight.detach()
     labels = tokens or result.tokens or [str(i) for i in result.token_ids]
     n = len(result.token_ids)
-    spec, lid, lsc, rid, rsc, picks, shares = _decode(result.combined(), result.output, n, unembed, embed, k, top)
+    spec, lid, lsc, rid, rsc, picks, shares = _decode(result.combined(), result.produced, n, unembed, embed, k, top)
     combined = DecodedOperator("combined", None, spec, lid, lsc, rid, rsc, picks.tolist(), shares.tolist())
     per_token = []
     for pos in range(n):

@@ -231,6 +231,11 @@ class JacobianResult:
         """The argmax of the logits computed from the reconstruction."""
         return int(self.reconstruction_logits.argmax())
 
+    @property
+    def produced(self) -> torch.Tensor:
+        """(d_model,) what the operator produces, ``sum_k J_k x_k``: the output less an affine model's offset."""
+        return self.output - self.bias if self.bias is not None else self.output
+
     def operator(self, k: int) -> torch.Tensor:
         """(d_model, d_model) operator ``J_k`` of token ``k``."""
         return self.jacobian[:, k, :]

@@ -30,6 +30,7 @@ def test_offset_uses_the_factors_of_the_real_input(model_type, prompt_ids):
     linear_part = torch.einsum("rnd,nd->r", res.jacobian, res.embeddings)
     assert (linear_part + recomputed - res.output).norm() > 1e-6 * res.output.norm()
     assert (linear_part + res.bias - res.output).norm() < 1e-12 * res.output.norm()
+    assert (res.produced - linear_part).norm() < 1e-12 * res.output.norm()  # what singular vectors orient by
 
 
 def test_linear_family_replays_to_exactly_zero(prompt_ids):
