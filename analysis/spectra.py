@@ -113,9 +113,13 @@ def gram_spectrum(A: Any, k: int) -> np.ndarray:
 
 
 def _produced(prompt: Any, token: int | None, target: str | None = None) -> np.ndarray:
-    """What the operator produced: the output for the combined operator, ``J_k x_k`` for a token."""
+    """What the operator produced: ``sum_k J_k x_k`` for the combined operator (the output less an affine
+    model's offset ``b``; layerwise targets come from the streamed engine, which has no offset), ``J_k x_k``
+    for a token."""
     if token is None:
-        return _output(prompt, target).astype(np.float64)
+        output = _output(prompt, target).astype(np.float64)
+        bias = prompt.bias() if target is None else None
+        return output - bias.astype(np.float64) if bias is not None else output
     x = _inputs(prompt, target)[token].astype(np.float64)
     return np.asarray(operator(prompt, token, target).astype(np.float64) @ x)
 

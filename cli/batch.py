@@ -102,7 +102,7 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
     return {"model_id": model_dir.name if model_dir is not None else model_arg,
             "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
             "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
-            "dtype": dtype, "keep": keep, "detach": detach, "position": -1, "target": "hidden",
+            "dtype": dtype, "keep": keep, "detach": detach, "position": family.default_position, "target": "hidden",
             "family": family.name, "detach_rules": family.describe() if detach else [], "row_block": row_block,
             "max_tokens": max_tokens, "detjac_version": __version__}
 
@@ -141,7 +141,7 @@ def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptL
     """Stream one prompt's Jacobian into ``store``; returns its reconstruction error."""
     from detjac.engine import output_logits, stream_jacobian
 
-    stream = stream_jacobian(model, ids, row_block=run["row_block"], detach=run["detach"])
+    stream = stream_jacobian(model, ids, row_block=run["row_block"], detach=run["detach"], position=run["position"])
     storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
     with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=stream.embeddings.shape[-1],
@@ -153,9 +153,10 @@ def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptL
             error, extra = _stream_low_rank(stream, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
         if run["detach"]:
             _check_exact(error, run["dtype"], item)
-        _write_small(writer, stream.embeddings, stream.output, ids, storage)
+        _write_small(writer, stream.embeddings, stream.output, ids, storage, stream.bias)
         next_id = int(output_logits(model, stream.output).argmax())
-        writer.commit({**_prompt_attrs(tokenizer, item, ids, next_id, error, run, storage), **extra})
+        affine = {"affine": True} if stream.bias is not None else {}
+        writer.commit({**_prompt_attrs(tokenizer, item, ids, next_id, error, run, storage), **extra, **affine})
     return error
 
 
@@ -231,10 +232,12 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
     return errors[output]
 
 
-def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], storage: str) -> None:
+def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], storage: str, bias: Any = None) -> None:
     writer.write_array("embeddings", _numpy(embeddings, storage))
     writer.write_array("output", _numpy(output, storage))
     writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
+    if bias is not None:  # an affine model: y = sum_k J_k x_k + bias
+        writer.write_array("bias", _numpy(bias, storage))
 
 
 def _stream_full(stream: Any, writer: Any, storage: str, bar: Any) -> float:
@@ -249,7 +252,13 @@ def _stream_full(stream: Any, writer: Any, storage: str, bar: Any) -> float:
         recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
         writer.write_rows(block.start, block.stop, _numpy(block.values, storage))
         bar.update()
-    return relative_error(recon, stream.output)
+    return relative_error(_plus_bias(recon, stream), stream.output)
+
+
+def _plus_bias(recon: Any, stream: Any) -> Any:
+    """``sum_k J_k x_k`` plus the offset of an affine model (streams without one have none)."""
+    bias = getattr(stream, "bias", None)
+    return recon + bias if bias is not None else recon
 
 
 def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any) -> tuple[float, dict[str, Any]]:
@@ -273,7 +282,7 @@ def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any)
             bar.update()
         more = iteration.end_pass()
     attrs = writer.write_triplets(*iteration.finish())
-    return relative_error(recon, stream.output), {**attrs, "passes": passes}
+    return relative_error(_plus_bias(recon, stream), stream.output), {**attrs, "passes": passes}
 
 
 def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> None:

@@ -80,7 +80,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
     """
-    from detjac.engine import get_tokenizer, load_model
+    from detjac.engine import decoding_matrix, get_tokenizer, load_model
     from detjac.engine.decode import decode_top, top_singular
     from detjac.engine.default import resolve_model
     from detjac.engine.report import exactness_report
@@ -92,22 +92,26 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     tok = get_tokenizer(lm)
     rep = exactness_report(lm, prompt, row_block=row_block, progress=True)
     res = rep.detached
-    click.echo(f"model       {model} ({res.family}, {dtype})")
+    click.echo(f"model       {model} ({res.family}, {dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
-    click.echo(f"next token  {piece(tok, res.next_token_id)} (id {res.next_token_id}, "
+    from detjac.engine import family_for
+
+    encoder = family_for(lm.config).encoder  # no LM head: scores against the word embeddings
+    label, left = ("top token  ", "word embeddings") if encoder else ("next token ", "unembedding")
+    click.echo(f"{label} {piece(tok, res.next_token_id)} (id {res.next_token_id}, "
                f"p={float(probs[res.next_token_id]):.3f}); reconstruction argmax "
                f"{'agrees' if rep.argmax_agrees else 'DIFFERS'}")
     ordinary = rep.ordinary.reconstruction_error if rep.ordinary else float("nan")
     click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {ordinary:.3e}")
     click.echo(f"max |logit - stock logit|  {rep.stock_logit_diff:.3e}   ({rep.seconds:.2f} s)")
-    svd = top_singular(res.summed(), n_values, orient=res.output)
-    unembed = lm.get_output_embeddings().weight.detach()
+    svd = top_singular(res.summed(), n_values, orient=res.produced)
+    unembed = decoding_matrix(lm).detach()
     embed = lm.get_input_embeddings().weight.detach()
     left_ids, _ = decode_top(svd.U, unembed, top)
     right_ids, _ = decode_top(svd.V, embed, top)
     click.echo("top singular values of sum_k J_k, with decoded tokens:")
-    click.echo(f"  {'#':>2}  {'sigma':>10}  left (unembedding) | right (embedding)")
+    click.echo(f"  {'#':>2}  {'sigma':>10}  left ({left}) | right (embedding)")
     for i, s in enumerate(svd.S.tolist()):
         left = " ".join(piece(tok, t) for t in left_ids[i].tolist())
         right = " ".join(piece(tok, t) for t in right_ids[i].tolist())

@@ -171,8 +171,9 @@ def _model_for_decoding(model: Any, source: Any, dtype: str) -> tuple[dict[str, 
     if hasattr(model, "decoding_matrices"):  # the streamed engine reads them from the checkpoint
         arrays = model.decoding_matrices(storage)
     else:
-        arrays = {"embedding": model.get_input_embeddings().weight,
-                  "unembedding": model.get_output_embeddings().weight}
+        from detjac.engine import decoding_matrix
+
+        arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": decoding_matrix(model)}
         gain = final_norm_gain(model)
         if gain is not None:
             arrays["final_norm"] = gain
@@ -288,6 +289,8 @@ def export(path: str, prompt_id: str, out: str) -> None:
 
     prompt = open_store(path).get(prompt_id)
     arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
+    if prompt.bias() is not None:
+        arrays["bias"] = prompt.bias()
     if prompt.low_rank:
         arrays.update({f"combined_{x}": a for x, a in zip("USV", prompt.triplets(), strict=True)})
         arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})

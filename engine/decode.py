@@ -48,14 +48,18 @@ def final_norm_gain(model: torch.nn.Module) -> torch.Tensor | None:
     so ``W_U diag(gain)`` decodes an un-normed residual-stream vector (a layer's output) the
     way the model would, up to that positive scalar: the ranking of tokens is exact.
     """
-    from .detach import DetachedRMSNorm
+    from .detach import DetachedNorm
     from .families import family_for
 
     family = family_for(model.config)
     norm = getattr(family.decoder(model), "norm", None)
-    if isinstance(norm, DetachedRMSNorm):  # a linearized model
-        return norm.inner.weight.detach() + norm.offset
-    rule = family.norm_rule(norm) if norm is not None else None
-    if rule is None or getattr(norm, "weight", None) is None:
+    if isinstance(norm, DetachedNorm):  # a linearized model
+        norm, offset, center = norm.inner, norm.offset, norm.center
+    else:
+        rule = family.norm_rule(norm) if norm is not None else None
+        if rule is None:
+            return None
+        offset, center = rule.weight_offset, rule.center
+    if center or getattr(norm, "weight", None) is None:  # a LayerNorm's centring and bias are not a gain
         return None
-    return norm.weight.detach() + rule.weight_offset
+    return norm.weight.detach() + offset

@@ -1,4 +1,4 @@
-"""The detached building blocks: norm and gated-MLP wrappers and the attention function.
+"""The detached building blocks: norm, gated-MLP and activation wrappers and the attention function.
 
 Each computes exactly what the stock module computes, except that the input-dependent
 nonlinear factor ``A(x)`` is detached from autograd (when ``detach`` is on), so the
@@ -8,7 +8,9 @@ model at ~1e-7 agreement. Only the frozen factors are computed in at least float
 cast back, so bfloat16 runs keep stock accuracy while the linear path stays exact.
 
 With ``detach`` off the same code gives the ordinary Jacobian of the same computation,
-so the two can be compared on equal numerical footing.
+so the two can be compared on equal numerical footing. Every frozen factor goes through
+:func:`detjac.engine.tape.freeze`, so a second pass can replay the factors of the first
+(how the offset ``b`` of an affine model is computed).
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from detjac.errors import UnsupportedModelError
+
 from .families.base import MlpRule, NormRule
+from .scalar import Ratio
+from .tape import freeze
 
 DETACHED_ATTENTION = "detjac_detached"
 EXACT_ATTENTION = "detjac_exact"
@@ -29,10 +35,6 @@ EXACT_ATTENTION = "detjac_exact"
 def _factor_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype in which a frozen factor is computed: the input's, but never below float32."""
     return torch.promote_types(dtype, torch.float32)
-
-
-def _maybe_detach(t: torch.Tensor, detach: bool) -> torch.Tensor:
-    return t.detach() if detach else t
 
 
 class DetachedModule(nn.Module):
@@ -46,21 +48,51 @@ class DetachedModule(nn.Module):
         self.detach = detach
 
 
-class DetachedRMSNorm(DetachedModule):
-    """``x * s(x) * (offset + w)`` with the scale ``s(x) = 1/sqrt(mean(x^2) + eps)`` frozen."""
+class DetachedNorm(DetachedModule):
+    """RMSNorm ``x * s(x) * (offset + w)``, or LayerNorm ``(x - mean(x)) * s(x) * w + b`` (``rule.center``),
+    with the scale ``s = 1/sqrt(mean(x_c^2) + eps)`` of the (centred) input frozen.
+
+    Centring is linear, so it stays on the path; only the scale is frozen.
+    """
 
     def __init__(self, inner: nn.Module, rule: NormRule, detach: bool) -> None:
         super().__init__(inner, detach)
         self.eps = float(getattr(inner, rule.eps_attr))
         self.offset = rule.weight_offset
+        self.center = rule.center
+        shape = getattr(inner, "normalized_shape", None)
+        if shape is not None and len(shape) != 1:
+            raise UnsupportedModelError(
+                f"Expected a norm over the last dimension only. Got {type(inner).__name__} over {tuple(shape)}."
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        if self.center:
+            x = x - x.mean(-1, keepdim=True)
         xf = x.to(_factor_dtype(x.dtype))
-        scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)  # (..., 1)
-        weight: torch.Tensor = self.inner.weight.to(x.dtype)
-        if self.offset:
-            weight = weight + self.offset
-        return x * _maybe_detach(scale, self.detach) * weight
+        scale = freeze(lambda: torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype),
+                       self.detach)  # (..., 1)
+        out = x * scale
+        weight = getattr(self.inner, "weight", None)
+        if weight is not None:
+            weight = weight.to(x.dtype)
+            out = out * (weight + self.offset if self.offset else weight)
+        elif self.offset:
+            out = out * self.offset
+        bias = getattr(self.inner, "bias", None) if self.center else None
+        return out + bias.to(x.dtype) if bias is not None else out
+
+
+class DetachedActivation(DetachedModule):
+    """An ungated activation ``f(z) = z * r(z)`` with the ratio ``r(z)`` frozen (see :mod:`detjac.engine.scalar`)."""
+
+    def __init__(self, inner: nn.Module, ratio: Ratio, detach: bool) -> None:
+        super().__init__(inner, detach)
+        self.ratio = ratio
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        factor = freeze(lambda: self.ratio(z.to(_factor_dtype(z.dtype))).to(z.dtype), self.detach)
+        return z * factor
 
 
 class DetachedGatedMLP(DetachedModule):
@@ -78,7 +110,7 @@ class DetachedGatedMLP(DetachedModule):
             gate, up = getattr(inner, r.gate_up)(x).chunk(2, dim=-1)  # (..., i) each
         else:
             gate, up = getattr(inner, r.gate)(x), getattr(inner, r.up)(x)
-        return getattr(inner, r.down)(_maybe_detach(act(gate), self.detach) * up)
+        return getattr(inner, r.down)(freeze(lambda: act(gate), self.detach) * up)
 
     def linear_modules(self) -> list[tuple[str, nn.Module]]:
         """Children of the wrapped MLP that stay on the linear path, with their names."""
@@ -108,13 +140,16 @@ def _attention(
     n_rep = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     fdt = _factor_dtype(query.dtype)
-    scores = torch.matmul(query.to(fdt), key.to(fdt).transpose(2, 3)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : key.shape[-2]].to(fdt)
-    probs = torch.softmax(scores, dim=-1).to(query.dtype)  # (batch, heads, q_len, kv_len)
-    probs = _maybe_detach(probs, detach)
+
+    def probabilities() -> torch.Tensor:  # (batch, heads, q_len, kv_len)
+        scores = torch.matmul(query.to(fdt), key.to(fdt).transpose(2, 3)) * scaling
+        if softcap is not None:  # inside the softmax, so frozen with it
+            scores = torch.tanh(scores / softcap) * softcap
+        if attention_mask is not None:
+            scores = scores + attention_mask[:, :, :, : key.shape[-2]].to(fdt)
+        return torch.softmax(scores, dim=-1).to(query.dtype)
+
+    probs = freeze(probabilities, detach)
     out = torch.matmul(probs, value)  # (batch, heads, q_len, hd)
     return out.transpose(1, 2).contiguous(), probs
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .decode import SingularTriplets, decode_top, top_singular
-from .jacobian import JacobianResult
+from .jacobian import JacobianResult, decoding_matrix
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,11 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
     tokens : list[str] | None
         Labels for the tokens (defaults to ``result.tokens`` or the ids).
     """
-    unembed = model.get_output_embeddings().weight.detach()
+    unembed = decoding_matrix(model).detach()
     embed = model.get_input_embeddings().weight.detach()
     labels = tokens or result.tokens or [str(i) for i in result.token_ids]
     n = len(result.token_ids)
-    spec, lid, lsc, rid, rsc, picks, shares = _decode(result.combined(), result.output, n, unembed, embed, k, top)
+    spec, lid, lsc, rid, rsc, picks, shares = _decode(result.combined(), result.produced, n, unembed, embed, k, top)
     combined = DecodedOperator("combined", None, spec, lid, lsc, rid, rsc, picks.tolist(), shares.tolist())
     per_token = []
     for pos in range(n):

@@ -6,24 +6,31 @@ MLP, the Q/K side of an attention block) and the token embedding (the Jacobian i
 with respect to its output). A module is accepted only if it is
 
 - a detached wrapper (its linear-path children are walked in turn),
-- a bias-free ``nn.Linear`` (a bias would make the map affine, not linear),
+- a bias-free ``nn.Linear``; a biased ``nn.Linear`` or GPT-2's ``Conv1D`` only in a family
+  that declares itself affine (the engine then computes the offset ``b``),
+- a learned offset (position or token-type embedding) that the family names, again only
+  in an affine family,
 - a family container or attention block (walked), a generic container (walked),
   matched by exact class, since a subclass may override ``forward``,
 - a position-only module (rotary embeddings) or a dropout (identity in eval mode).
 
-Anything else raises :class:`UnsupportedModelError` naming the module's path and class:
-an unknown norm, a new activation, a biased projection. A guard that errs on the side
+Children a family declares off the path (BERT's pooler) are not walked. Anything else
+raises :class:`UnsupportedModelError` naming the module's path and class: an unknown
+norm, a new activation, a biased projection in a family without affine support. A guard that errs on the side
 of refusing is the point: a silently wrong Jacobian is the one failure we must not have.
 """
 
 from __future__ import annotations
 
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from detjac.errors import UnsupportedModelError
 
 from .detach import DetachedGatedMLP, DetachedModule
 from .families import Family
+from .moe import DetachedMoE
+from .scalar import supported_activations
 
 _GENERIC_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -39,21 +46,37 @@ def _children(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
     return [(f"{path}.{name}", child) for name, child in module.named_children()]
 
 
+def _refuse_bias(module: nn.Module, path: str, family: Family) -> None:
+    if not family.affine:
+        raise UnsupportedModelError(
+            f"Expected bias-free linear layers on the path from the input embeddings to the "
+            f"output. Got a biased {type(module).__name__} at {path}: the detached map would be affine "
+            f"(y = sum_k J_k x_k + b), which the {family.name} adapter does not declare (Family.affine)."
+        )
+
+
 def _visit(module: nn.Module, path: str, family: Family, skip: set[int]) -> None:
     if id(module) in skip:
         return
     cls = type(module).__name__
-    if isinstance(module, DetachedGatedMLP):
+    name = path.rsplit(".", 1)[-1]
+    if isinstance(module, (DetachedGatedMLP, DetachedMoE)):
         children = [(f"{path}.{n}", m) for n, m in module.linear_modules()]
     elif isinstance(module, DetachedModule):
-        children = []  # a norm wrapper: computes from its inner weight directly
+        children = []  # a norm or activation wrapper: computes from its inner weights directly
     elif type(module) is nn.Linear:  # subclasses (quantized layers) need their own rule
         if module.bias is not None:
-            raise UnsupportedModelError(
-                f"Expected bias-free linear layers on the path from the input embeddings to the "
-                f"output. Got a biased {cls} at {path}: the detached map would be affine "
-                f"(y = sum_k J_k x_k + b), which the {family.name} adapter does not support."
-            )
+            _refuse_bias(module, path, family)
+        children = []
+    elif type(module) is Conv1D:  # GPT-2's transposed linear layer, always biased
+        _refuse_bias(module, path, family)
+        children = []
+    elif type(module) is nn.Embedding and name in family.offset_children:
+        if not family.affine:
+            raise UnsupportedModelError(f"Expected no learned offset on the path. Got {cls} at {path}, which the "
+                                        f"{family.name} adapter does not declare affine.")
+        children = []
+    elif name in family.off_path_children:
         children = []
     elif type(module) in family.attentions:
         children = [
@@ -68,7 +91,8 @@ def _visit(module: nn.Module, path: str, family: Family, skip: set[int]) -> None
         raise UnsupportedModelError(
             f"Expected every module on the path from the input embeddings to the output to "
             f"have a detach rule. Got {cls} at {path}, which the {family.name} adapter does not "
-            f"know (module class {type(module).__module__}.{cls}). Add a rule for it under "
+            f"know (module class {type(module).__module__}.{cls}). Ungated activations with a rule: "
+            f"{', '.join(supported_activations())}. Add a rule for it under "
             f"engine/families/ before trusting a Jacobian of this model."
         )
     for child_path, child in children:

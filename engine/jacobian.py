@@ -6,6 +6,12 @@ The forward runs once: ``f(X) = decoder(inputs_embeds=X)[position]`` with ``X`` 
 time, giving rows ``J[r0:r1] = d y[r0:r1] / d X`` of shape (rows, n_tokens, d_model).
 The blocks are yielded one by one (:class:`JacobianStream`) so a store can write them
 as they come; :func:`detached_jacobian` assembles them.
+
+For an affine family (biases, learned position embeddings) the detached map is
+``y = sum_k J_k x_k + b``. The offset ``b`` is computed in the same transformed function
+by a second pass on zero inputs that replays the frozen factors recorded in the first
+(:mod:`detjac.engine.tape`), so it does not depend on ``J`` and the reconstruction check
+keeps its power to reveal a nonlinearity that escaped the rules.
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ if TYPE_CHECKING:
 
 from detjac.errors import InvalidArgumentError, LinearizationError, UnsupportedModelError
 
+from .families import family_for
 from .linearize import linearized
 from .loading import get_tokenizer, parse_prompt
+from .scalar import softcap_ratio
+from .tape import FactorTape
 
 # Detached float64 reconstruction must be exact; anything above this is a missed nonlinearity.
 FLOAT64_EXACTNESS_BOUND = 1e-9
@@ -51,6 +60,9 @@ class JacobianStream:
         (d_model,) final normed hidden state at ``position``.
     row_block : int
         Rows per block.
+    bias : torch.Tensor or None
+        (d_model,) offset ``b`` of an affine model's detached map (None for linear families
+        and for the ordinary Jacobian).
     """
 
     token_ids: list[int]
@@ -63,6 +75,11 @@ class JacobianStream:
     detach_rules: list[str]
     _pullback: Any = field(repr=False)
     progress: bool = False
+    bias: torch.Tensor | None = None
+
+    def reconstruct(self, jacobian: torch.Tensor) -> torch.Tensor:
+        """``sum_k J_k x_k (+ b)`` for rows of the Jacobian (rows, n_tokens, d_model) -> (rows,)."""
+        return reconstruct(jacobian, self.embeddings, self.bias)
 
     @property
     def n_rows(self) -> int:
@@ -96,7 +113,7 @@ def stream_jacobian(
     *,
     row_block: int = 64,
     detach: bool = True,
-    position: int = -1,
+    position: int | None = None,
     tokenizer: Any | None = None,
     progress: bool = False,
 ) -> JacobianStream:
@@ -113,7 +130,8 @@ def stream_jacobian(
     detach
         Freeze the nonlinear factors (detached Jacobian) or not (ordinary Jacobian).
     position
-        Token position whose output is the target (default: the last).
+        Token position whose output is the target. Default: the last (causal models), 0
+        (the [CLS] token) for encoders.
 
     Raises
     ------
@@ -127,6 +145,8 @@ def stream_jacobian(
     if not isinstance(row_block, int) or row_block < 1:
         raise InvalidArgumentError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
     ids = parse_prompt(prompt, model, tokenizer)
+    if position is None:
+        position = family_for(model.config).default_position
     if not -len(ids) <= position < len(ids):
         raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
     with linearized(model, detach=detach) as lin:
@@ -134,14 +154,27 @@ def stream_jacobian(
         input_ids = torch.tensor([ids], device=device)
         embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
 
-        def forward(x: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
+        affine = detach and lin.family.affine
+
+        def target(x: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
             return lin.decoder(inputs_embeds=x[None], use_cache=False).last_hidden_state[0, position]
 
-        output, pullback = torch.func.vjp(forward, embeddings)
+        def forward(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+            if not affine:  # a linear map: b = 0, nothing to record
+                return target(x), ()
+            tape = FactorTape()
+            with tape.recording():
+                y = target(x)
+            with tape.replaying_factors():  # the factors of x, on zero inputs: only the offsets remain
+                bias = target(torch.zeros_like(x))
+            return y, (bias.detach(),)
+
+        output, pullback, aux = torch.func.vjp(forward, embeddings, has_aux=True)
+        bias = aux[0] if aux else None
     return JacobianStream(
         token_ids=ids, embeddings=embeddings, output=output.detach(), position=position,
         row_block=row_block, detached=detach, family=lin.family.name,
-        detach_rules=lin.family.describe() if detach else [], _pullback=pullback, progress=progress,
+        detach_rules=lin.family.describe() if detach else [], _pullback=pullback, progress=progress, bias=bias,
     )
 
 
@@ -158,7 +191,9 @@ class JacobianResult:
     output : torch.Tensor
         (d_model,) final normed hidden state at the target position.
     reconstruction : torch.Tensor
-        (d_model,) ``sum_k J_k x_k``.
+        (d_model,) ``sum_k J_k x_k`` (``+ b`` for an affine model).
+    bias : torch.Tensor or None
+        (d_model,) the offset ``b`` of an affine model's detached map, else None.
     reconstruction_error : float
         ``||reconstruction - output|| / ||output||``.
     logits, reconstruction_logits : torch.Tensor
@@ -184,6 +219,7 @@ class JacobianResult:
     reconstruction_logits: torch.Tensor
     logit_jacobian: torch.Tensor | None = None
     logit_tokens: list[int] | None = None
+    bias: torch.Tensor | None = None
 
     @property
     def next_token_id(self) -> int:
@@ -194,6 +230,11 @@ class JacobianResult:
     def reconstructed_next_token_id(self) -> int:
         """The argmax of the logits computed from the reconstruction."""
         return int(self.reconstruction_logits.argmax())
+
+    @property
+    def produced(self) -> torch.Tensor:
+        """(d_model,) what the operator produces, ``sum_k J_k x_k``: the output less an affine model's offset."""
+        return self.output - self.bias if self.bias is not None else self.output
 
     def operator(self, k: int) -> torch.Tensor:
         """(d_model, d_model) operator ``J_k`` of token ``k``."""
@@ -208,9 +249,10 @@ class JacobianResult:
         return self.jacobian.reshape(self.jacobian.shape[0], -1)
 
 
-def reconstruct(jacobian: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-    """``sum_k J_k x_k`` for J (rows, n, d) and X (n, d); returns (rows,)."""
-    return torch.einsum("rnd,nd->r", jacobian, embeddings)
+def reconstruct(jacobian: torch.Tensor, embeddings: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum_k J_k x_k (+ b)`` for J (rows, n, d), X (n, d) and an optional offset b (rows,); returns (rows,)."""
+    recon = torch.einsum("rnd,nd->r", jacobian, embeddings)
+    return recon + bias if bias is not None else recon
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
@@ -220,13 +262,30 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return float(err / denom) if denom > 0 else float(err)
 
 
+def decoding_matrix(model: PreTrainedModel) -> torch.Tensor:
+    """(vocab, d_model) matrix that maps a final hidden state to token scores: the unembedding, or for an
+    encoder without a language-model head (BERT), the word embeddings."""
+    head = None if family_for(model.config).encoder else model.get_output_embeddings()
+    return (head if head is not None else model.get_input_embeddings()).weight
+
+
+def _final_softcap(model: PreTrainedModel) -> float | None:
+    return getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+
+
 def output_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """Next-token logits (..., vocab) from final normed hidden states (..., d), as the model computes them."""
+    """Next-token logits (..., vocab) from final normed hidden states (..., d), as the model computes them.
+
+    For an encoder without a language-model head these are scores against the word embeddings.
+    """
+    if family_for(model.config).encoder:
+        weight = decoding_matrix(model)
+        return hidden.to(weight.dtype) @ weight.T
     head = model.get_output_embeddings()
     logits = head(hidden.to(head.weight.dtype))
-    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    cap = _final_softcap(model)
     if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
+        logits = logits * softcap_ratio(cap)(logits)
     return logits
 
 
@@ -234,26 +293,33 @@ def logit_jacobian(model: PreTrainedModel, result: JacobianResult, tokens: Seque
     """Jacobian of chosen logits w.r.t. the input embeddings: ``W_U[tokens] @ J``.
 
     Never a vocabulary-sized pullback: the hidden-state Jacobian is mapped through the
-    unembedding rows. With final-logit soft-capping ``c tanh(z / c)``, the capping is a
-    scalar nonlinearity ``z * (c tanh(z / c) / z)``, whose ratio is frozen (detached) or
-    differentiated (ordinary Jacobian).
+    unembedding rows. With final-logit soft-capping ``c tanh(z / c)``, the capping is the
+    scalar nonlinearity ``z * r(z)`` of :func:`detjac.engine.scalar.softcap_ratio`, whose
+    ratio is frozen (detached) or differentiated (ordinary Jacobian).
+
+    For an affine model the chosen logits are ``sum_k (W_U J_k) x_k + W_U b``: the offset
+    ``W_U[tokens] @ result.bias`` is not part of the Jacobian.
 
     Returns
     -------
     (len(tokens), n_tokens, d_model); all vocabulary rows when ``tokens`` is None.
     """
-    head = model.get_output_embeddings()
+    head = None if family_for(model.config).encoder else model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise UnsupportedModelError(
             "Expected a bias-free unembedding for a linear logit Jacobian. Got lm_head with a bias."
         )
-    rows = head.weight if tokens is None else head.weight[list(tokens)]  # (t, d)
+    weight = decoding_matrix(model)
+    rows = weight if tokens is None else weight[list(tokens)]  # (t, d)
     jac = torch.einsum("td,dnk->tnk", rows.to(result.jacobian.dtype), result.jacobian)
-    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    cap = _final_softcap(model)
     if cap is not None:
         z = rows.to(result.output.dtype) @ result.output  # (t,)
-        factor = torch.where(z == 0, torch.ones_like(z), torch.tanh(z / cap) * cap / z) if result.detached \
-            else 1 - torch.tanh(z / cap) ** 2
+        ratio = softcap_ratio(cap)
+        if result.detached:
+            factor = ratio(z)
+        else:  # d/dz (z * r(z))
+            factor = torch.func.vmap(torch.func.grad(lambda s: s * ratio(s)))(z)
         jac = jac * factor[:, None, None]
     return jac
 
@@ -264,7 +330,7 @@ def detached_jacobian(
     *,
     row_block: int = 64,
     detach: bool = True,
-    position: int = -1,
+    position: int | None = None,
     target: str = "hidden",
     logit_tokens: Sequence[int] | None = None,
     tokenizer: Any | None = None,
@@ -285,7 +351,7 @@ def detached_jacobian(
         ``True`` for the detached Jacobian ``J+`` (exact linear system), ``False`` for
         the ordinary Jacobian of the same computation.
     position
-        Token position whose output is the target (default: last).
+        Token position whose output is the target (default: the last; 0, [CLS], for encoders).
     target
         ``"hidden"`` (default) or ``"logits"``, which also fills ``logit_jacobian`` as
         ``W_U[logit_tokens] @ J`` (all tokens if ``logit_tokens`` is None).
@@ -310,7 +376,7 @@ def detached_jacobian(
     jac = torch.empty(stream.n_rows, n, d, dtype=stream.output.dtype, device=stream.output.device)
     for block in stream:
         jac[block.start:block.stop] = block.values
-    recon = reconstruct(jac, stream.embeddings)
+    recon = stream.reconstruct(jac)
     err = relative_error(recon, stream.output)
     if check and detach and jac.dtype == torch.float64 and not err < FLOAT64_EXACTNESS_BOUND:
         raise LinearizationError(
@@ -327,6 +393,7 @@ def detached_jacobian(
         prompt=prompt if isinstance(prompt, str) else None, position=stream.position,
         detached=detach, family=stream.family, model_type=model.config.model_type, dtype=jac.dtype,
         row_block=row_block, detach_rules=stream.detach_rules, logits=logits, reconstruction_logits=recon_logits,
+        bias=stream.bias,
     )
     if target == "logits":
         result.logit_tokens = list(logit_tokens) if logit_tokens is not None else None

@@ -17,18 +17,23 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from detjac.errors import UnsupportedModelError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from .detach import (
     DETACHED_ATTENTION,
     EXACT_ATTENTION,
+    DetachedActivation,
     DetachedGatedMLP,
-    DetachedRMSNorm,
+    DetachedNorm,
     register_attention,
 )
 from .families import Family, family_for
 from .guard import check_linear_path
+from .moe import DetachedMoE
+from .scalar import activation_ratio
 
 
 @dataclass(frozen=True)
@@ -41,19 +46,37 @@ class Linearized:
     detach: bool
 
 
+def _wrapper_for(module: nn.Module, family: Family, detach: bool) -> nn.Module | None:
+    """The detached wrapper of ``module`` if a rule covers it."""
+    if (norm := family.norm_rule(module)) is not None:
+        return DetachedNorm(module, norm, detach)
+    if (mlp := family.mlp_rule(module)) is not None:
+        return DetachedGatedMLP(module, mlp, detach)
+    if (moe := family.moe_rule(module)) is not None:
+        return DetachedMoE(module, moe, detach)
+    if (ratio := activation_ratio(module)) is not None:
+        return DetachedActivation(module, ratio, detach)
+    return None
+
+
 def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tuple[nn.Module, str, nn.Module]]:
-    """Replace norm and MLP instances under ``decoder``; return (parent, name, original) to undo."""
+    """Replace norm, MLP, MoE and activation instances under ``decoder``; return (parent, name, original) to undo.
+
+    A wrapped module is not descended into: the activation inside a gated MLP is already
+    part of its frozen branch.
+    """
     replaced: list[tuple[nn.Module, str, nn.Module]] = []
-    for parent in list(decoder.modules()):
+
+    def visit(parent: nn.Module) -> None:
         for name, child in list(parent.named_children()):
-            wrapper: nn.Module | None = None
-            if (norm := family.norm_rule(child)) is not None:
-                wrapper = DetachedRMSNorm(child, norm, detach)
-            elif (mlp := family.mlp_rule(child)) is not None:
-                wrapper = DetachedGatedMLP(child, mlp, detach)
-            if wrapper is not None:
+            wrapper = _wrapper_for(child, family, detach)
+            if wrapper is None:
+                visit(child)
+            else:
                 setattr(parent, name, wrapper)
                 replaced.append((parent, name, child))
+
+    visit(decoder)
     return replaced
 
 
@@ -75,6 +98,9 @@ def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linea
         Unknown ``model_type``, or a module on the input-to-output path without a rule.
     """
     family = family_for(model.config)
+    problem = family.config_problem(model.config.get_text_config())
+    if problem is not None:
+        raise UnsupportedModelError(f"Expected a {family.name} config without extra nonlinearities. Got {problem}.")
     decoder = family.decoder(model)
     register_attention()
     was_training = model.training

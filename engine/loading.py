@@ -83,7 +83,8 @@ def load_model(
     trust_remote_code: bool = False,
     tokenizer: Any | None = None,
 ) -> PreTrainedModel:
-    """Load a causal LM of a supported family (or accept one already loaded).
+    """Load a causal LM (or, for an encoder family such as BERT, the base model) of a supported family,
+    or accept one already loaded.
 
     Parameters
     ----------
@@ -117,17 +118,20 @@ def load_model(
             model.to(dtype=dtype)
         model.to(device)
     else:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
         path, raw_config = _read_checkpoint(source)
         # Refuse an unsupported family from config.json alone, before transformers parses it
         # (a model_type transformers does not know would otherwise fail with its own message).
         family_for(SimpleNamespace(model_type=raw_config.get("model_type")))
         config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-        family_for(config)  # remote code may declare its own model_type: check the parsed config too
-        model = AutoModelForCausalLM.from_pretrained(
+        family = family_for(config)  # remote code may declare its own model_type: check the parsed config too
+        auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
+        # MoE experts: the stock default (grouped_mm) rejects float64; eager is the loop detjac mirrors
+        extra = {"experts_implementation": "eager"} if family.moes else {}
+        model = auto.from_pretrained(
             path, config=config, revision=revision, dtype=dtype or "auto",
-            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path),
+            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
         )
         model.to(device)
         if tokenizer is None and any(path.glob("tokenizer*")):

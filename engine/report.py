@@ -12,7 +12,8 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from .jacobian import JacobianResult, detached_jacobian
+from .families import family_for
+from .jacobian import JacobianResult, detached_jacobian, output_logits
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,17 @@ def exactness_report(model: PreTrainedModel, prompt: str | Sequence[int], *, row
     seconds = time.perf_counter() - t0
     ordi = (detached_jacobian(model, prompt, row_block=row_block, detach=False, tokenizer=tokenizer,
                               progress=progress) if ordinary else None)
-    device = det.output.device
-    with torch.no_grad():
-        stock = model(torch.tensor([det.token_ids], device=device), use_cache=False).logits[0, det.position]
+    stock = stock_logits(model, det.token_ids, det.position)
     diff = float((stock.to(det.logits.dtype) - det.logits).abs().max())
     return ExactnessReport(det, ordi, diff, int(stock.argmax()) == det.reconstructed_next_token_id, seconds)
+
+
+def stock_logits(model: PreTrainedModel, token_ids: Sequence[int], position: int) -> torch.Tensor:
+    """(vocab,) logits of the unmodified model at ``position``; for an encoder, its final hidden state scored
+    against the word embeddings (as :func:`detjac.engine.output_logits` does)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(token_ids)], device=device)
+    with torch.no_grad():
+        if family_for(model.config).encoder:
+            return output_logits(model, model(ids, use_cache=False).last_hidden_state[0, position])
+        return model(ids, use_cache=False).logits[0, position]

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from detjac.errors import InvalidArgumentError
+from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
 from .decode import final_norm_gain
 from .families import family_for
@@ -291,6 +291,14 @@ class StreamedModel:
             config = AutoConfig.from_pretrained(self.path, revision=revision, trust_remote_code=trust_remote_code)
             cls = AutoModelForCausalLM._model_mapping[type(config)]
         self.family = family_for(config)
+        if not self.family.streamable:
+            kind = "affine: biases or position embeddings" if self.family.affine else "mixture of experts"
+            raise UnsupportedModelError(
+                f"Expected a model the layer-streamed engine supports (bias-free, dense, causal). Got a "
+                f"{self.family.name} model ({kind}{', encoder' if self.family.encoder else ''}), which it would "
+                "not linearize correctly. "
+                "Use the in-memory engine (detjac run without --streamed, --layers or --max-memory)."
+            )
         self.config = config
         self.source: WeightSource = open_source(source, raw)
         if quantize is not None:

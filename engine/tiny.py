@@ -2,7 +2,8 @@
 
 The configs are small (d_model 32, 3 layers) but exercise each family's peculiarities:
 grouped-query attention, sliding windows shorter than the prompts used in tests, mixed
-sliding/full Gemma3 layers, QK norms, fused Phi3 projections, partial rotary. All
+sliding/full Gemma3 layers, QK norms, fused Phi3 projections, partial rotary, biases and
+learned position embeddings (Qwen2, GPT-2, the BERT encoder). All
 weights, norm weights included, are perturbed away from their initial values, because
 Gemma3's zero-initialised norm weights would make ``w`` and ``1 + w`` look the same.
 Nothing is downloaded; the tokenizer is a small BPE trained on a built-in text.
@@ -32,6 +33,19 @@ _EXTRA: dict[str, dict[str, Any]] = {
     "phi3": dict(partial_rotary_factor=0.5),
     "mistral": dict(sliding_window=WINDOW),
     "olmo2": {},
+    # soft-capping small enough to bite: attention scores reach ~1, logits ~2
+    "gemma2": dict(head_dim=8, query_pre_attn_scalar=16, sliding_window=WINDOW, attn_logit_softcapping=1.0,
+                   final_logit_softcapping=2.0, layer_types=["sliding_attention", "full_attention",
+                                                            "sliding_attention"]),
+    # affine families: biases, LayerNorm, ungated activations, learned position embeddings
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "gpt2": dict(n_inner=48),
+    "bert": dict(hidden_act="gelu"),
+    # mixture of experts: 2 of 4 experts per token
+    "qwen3_moe": dict(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                      norm_topk_prob=True, mlp_only_layers=[1]),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
 }
 # Multimodal Gemma3 (the released 4B+ checkpoints): a tiny vision tower around the text model.
 _GEMMA3_VISION: dict[str, Any] = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -65,15 +79,24 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
 
 def tiny_model(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,
                scale: float = 0.1, **overrides: Any) -> nn.Module:
-    """A random causal LM of ``model_type`` with every parameter perturbed, in eval mode."""
-    from transformers import AutoModelForCausalLM
+    """A random causal LM (base model for an encoder) of ``model_type`` with every parameter perturbed, in eval mode."""
+    from transformers import AutoModel, AutoModelForCausalLM
 
+    from .families import family_for
+
+    config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides))
+    family = family_for(config)
+    auto = AutoModel if family.encoder else AutoModelForCausalLM
+    model = auto.from_config(config)
+    if family.moes:  # the stock grouped_mm experts reject float64; eager is the loop detjac mirrors
+        model.set_experts_implementation("eager")
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            if family.moes and name.endswith("mlp.gate.weight"):
+                p.mul_(10.0)  # routers that tell tokens apart: a zero-initialised router sends all to one pair
     return model.to(dtype).eval()
 
 

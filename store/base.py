@@ -32,7 +32,15 @@ class StoredPrompt(ABC):
     @abstractmethod
     def array(self, name: str) -> np.ndarray:
         """Any array but the Jacobian, in full: ``embeddings`` (token, col), ``output`` (row), ``token_ids``
-        (token), and in low-rank mode ``token_U``, ``token_S``, ... (see store/README.md)."""
+        (token), ``bias`` (row; affine models only), and in low-rank mode ``token_U``, ``token_S``, ...
+        (see store/README.md)."""
+
+    def bias(self) -> np.ndarray | None:
+        """(row,) offset ``b`` of an affine model's map ``y = sum_k J_k x_k + b``, or None (a linear model)."""
+        try:
+            return self.array("bias")
+        except ValueError:
+            return None
 
     @property
     def prompt(self) -> str:
@@ -63,7 +71,7 @@ class PromptWriter(ABC):
 
     @abstractmethod
     def write_array(self, name: str, values: np.ndarray) -> None:
-        """``embeddings``, ``output`` or ``token_ids`` in full."""
+        """``embeddings``, ``output`` or ``token_ids`` in full, or an affine model's ``bias`` (row,)."""
 
     @abstractmethod
     def commit(self, attrs: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ DIMENSIONS = {
     "jacobian": ("row", "token", "col"),
     "embeddings": ("token", "col"),
     "output": ("row",),
+    "bias": ("row",),
     "token_ids": ("token",),
     "inputs": ("token", "col"),
     "embedding": ("vocab", "col"),
@@ -40,6 +41,7 @@ DIMENSIONS = {
 }
 
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
+OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = sum_k J_k x_k + b
 
 SHARD_BYTES = 64 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes
 

@@ -254,6 +254,8 @@ def verify_prompt(path: Path) -> VerifyResult:
         for start in range(0, arr.shape[0], step):
             block = arr[start:start + step].astype(np.float64)  # (rows, token, col)
             recon[start:start + step] = np.einsum("rtc,tc->r", block, x)
+        if "bias" in prompt._group.array_keys():  # an affine model: y = sum_k J_k x_k + b
+            recon += prompt.array("bias").astype(np.float64)
     except Exception as exc:  # noqa: BLE001 - any decode failure means the prompt is corrupt
         return VerifyResult(pid, False, None, f"unreadable: {type(exc).__name__}: {exc}")
     error = _relative(recon, y)

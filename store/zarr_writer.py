@@ -173,9 +173,18 @@ class ZarrPromptWriter(PromptWriter):
         self._written.add(f"{target}/{array}")
 
     def write_array(self, name: str, values: np.ndarray) -> None:
-        if name not in fmt.SMALL_ARRAYS:
-            raise InvalidArgumentError(f"Expected one of {', '.join(fmt.SMALL_ARRAYS)}. Got {name!r}.")
+        allowed = (*fmt.SMALL_ARRAYS, *fmt.OPTIONAL_ARRAYS)
+        if name not in allowed:
+            raise InvalidArgumentError(f"Expected one of {', '.join(allowed)}. Got {name!r}.")
+        if name in fmt.OPTIONAL_ARRAYS and np.shape(values) != (self.n_rows,):
+            raise StoreError(f"Expected {name} of shape ({self.n_rows},) for prompt {self.id}. "
+                             f"Got {np.shape(values)}.")
         try:
+            if name in fmt.OPTIONAL_ARRAYS:
+                self._arrays[name] = fmt.put_array(self._group, name, np.asarray(values, dtype=self.dtype),
+                                                   fmt.DIMENSIONS[name])
+                self._written.add(name)
+                return
             self._arrays[name][...] = values
         except OSError as exc:
             self.abort()

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from detjac.engine.tiny import WINDOW, save_tiny_checkpoint, tiny_model, tiny_model_types
+from detjac.engine.families import family_for
+from detjac.engine.tiny import WINDOW, save_tiny_checkpoint, tiny_config, tiny_model, tiny_model_types
 
 FAMILIES = tiny_model_types()
+STREAMABLE = [t for t in FAMILIES if family_for(tiny_config(t)).streamable]
+AFFINE = [t for t in FAMILIES if family_for(tiny_config(t)).affine]
 N_TOKENS = 3 * WINDOW + 1  # longer than every sliding window in the tiny configs
 
 
@@ -20,6 +23,11 @@ def prompt_ids() -> list[int]:
 
 @pytest.fixture(params=FAMILIES)
 def family_model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return tiny_model(request.param, seed=7)
+
+
+@pytest.fixture(params=STREAMABLE)
+def streamable_model(request: pytest.FixtureRequest) -> torch.nn.Module:
     return tiny_model(request.param, seed=7)
 
 

@@ -48,11 +48,14 @@ def test_help_has_examples():
         assert "Example" in out, args
 
 
-def test_families_lists_all_six():
+def test_families_lists_every_family():
     out = CliRunner().invoke(main, ["families"]).output
-    for name in ("Llama", "Qwen3", "Gemma3", "Phi3", "Mistral", "OLMo2"):
+    for name in ("Llama", "Qwen3", "Gemma3", "Phi3", "Mistral", "OLMo2", "Gemma2", "Qwen2", "GPT-2", "BERT",
+                 "Qwen3-MoE", "Mixtral", "OLMoE"):
         assert re.search(rf"^{name} \(model_type: ", out, flags=re.M), name
     assert "Gemma3RMSNorm: variance scale frozen, output norm(x) * (1 + w)" in out
+    assert "LayerNorm: mean subtracted (linear), variance scale frozen, output norm(x) * (0 + w) + b" in out
+    assert "MixtralSparseMoeBlock: router choice and weights frozen" in out
 
 
 def test_family_check_reports_exact_reconstruction():

@@ -102,9 +102,9 @@ def test_file_instead_of_directory(tmp_path):
 
 
 def test_unsupported_family_refused_before_loading_weights(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "opt"}))
     (tmp_path / "model.safetensors").write_bytes(b"not read")
-    with pytest.raises(UnsupportedModelError, match="model_type='gpt2'"):
+    with pytest.raises(UnsupportedModelError, match="model_type='opt'"):
         load_model(tmp_path)
 
 

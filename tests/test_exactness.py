@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, linearized, reconstruct, stream_jacobian
+from detjac.engine.report import stock_logits
 from detjac.engine.tiny import tiny_model
 
 # The stock models cast norms and softmax to float32, so a float64 stock model agrees
@@ -20,13 +21,14 @@ def test_detached_reconstruction_is_exact(family_model, prompt_ids):
     assert res.embeddings.shape == (n, d) and res.output.shape == (d,)
     assert res.reconstruction_error < 1e-12
     manual = torch.einsum("rnd,nd->r", res.jacobian, res.embeddings)
+    if res.bias is not None:  # an affine model: y = sum_k J_k x_k + b
+        manual = manual + res.bias
     assert torch.allclose(manual, res.output, rtol=0, atol=1e-12 * res.output.norm())
 
 
 def test_matches_unmodified_model(family_model, prompt_ids):
     res = detached_jacobian(family_model, prompt_ids)
-    with torch.no_grad():
-        stock = family_model(torch.tensor([prompt_ids])).logits[0, -1]
+    stock = stock_logits(family_model, prompt_ids, res.position)
     assert torch.allclose(res.logits, stock, rtol=0, atol=STOCK_LOGIT_ATOL)
     assert torch.allclose(res.reconstruction_logits, stock, rtol=0, atol=STOCK_LOGIT_ATOL)
     assert res.next_token_id == res.reconstructed_next_token_id == int(stock.argmax())
@@ -63,15 +65,13 @@ def test_model_is_restored_after_linearizing(family_model, prompt_ids):
     before = {k: v.clone() for k, v in family_model.state_dict().items()}
     classes = [type(m) for m in family_model.modules()]
     impl = family_model.config._attn_implementation
-    with torch.no_grad():
-        logits = family_model(torch.tensor([prompt_ids])).logits
+    logits = stock_logits(family_model, prompt_ids, -1)
     detached_jacobian(family_model, prompt_ids)
     assert [type(m) for m in family_model.modules()] == classes
     assert family_model.config._attn_implementation == impl
     assert all(torch.equal(before[k], v) for k, v in family_model.state_dict().items())
     assert all(p.requires_grad for p in family_model.parameters())
-    with torch.no_grad():
-        assert torch.equal(family_model(torch.tensor([prompt_ids])).logits, logits)
+    assert torch.equal(stock_logits(family_model, prompt_ids, -1), logits)
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gemma3_text", "qwen3"])
@@ -127,7 +127,7 @@ def test_logit_jacobian_with_final_softcapping(prompt_ids):
 
 
 def test_linearized_forward_equals_detached_output(family_model, prompt_ids):
-    with linearized(family_model) as lin, torch.no_grad():
-        hidden = lin.decoder(input_ids=torch.tensor([prompt_ids])).last_hidden_state[0, -1]
     res = detached_jacobian(family_model, prompt_ids)
+    with linearized(family_model) as lin, torch.no_grad():
+        hidden = lin.decoder(input_ids=torch.tensor([prompt_ids])).last_hidden_state[0, res.position]
     assert torch.equal(hidden, res.output)

@@ -16,8 +16,11 @@ def test_every_registered_family_has_a_tiny_model_under_test():
 
 def test_every_family_declares_rules():
     for family in FAMILIES.values():
-        assert family.norms and family.mlps and family.attentions and family.containers, family.name
-        assert len(family.describe()) == len(family.norms) + len(family.mlps) + len(family.attentions)
+        # an MLP is gated (a rule), a mixture of experts (a rule), or ungated (activations, affine families only)
+        assert family.norms and (family.mlps or family.moes or family.affine), family.name
+        assert family.attentions and family.containers, family.name
+        rules = len(family.norms) + len(family.mlps) + len(family.moes) + len(family.attentions) + family.affine
+        assert len(family.describe()) == rules
 
 
 def test_top_singular_matches_svd_and_orients_by_output():

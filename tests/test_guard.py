@@ -12,14 +12,15 @@ from detjac.errors import DetjacError, LinearizationError, UnsupportedModelError
 
 
 def test_unknown_model_type_lists_supported(prompt_ids):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import OPTConfig, OPTForCausalLM
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=160))
+    model = OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=16, ffn_dim=32, word_embed_proj_dim=16,
+                                     num_attention_heads=2, vocab_size=160))
     with pytest.raises(UnsupportedModelError) as e:
         detached_jacobian(model, prompt_ids)
     msg = str(e.value)
-    assert "model_type='gpt2'" in msg
-    for mt in ("gemma3_text", "llama", "mistral", "olmo2", "phi3", "qwen3"):
+    assert "model_type='opt'" in msg
+    for mt in ("bert", "gemma3_text", "gpt2", "llama", "mistral", "olmo2", "phi3", "qwen2", "qwen3"):
         assert mt in msg
 
 

@@ -152,3 +152,47 @@ def test_run_works_for_every_family(tmp_path, model_type):
     assert store.run["model_type"] == model_type and len(store) == 2
     assert all(p.attrs["reconstruction_error"] < 1e-12 for p in store) and all(r.ok for r in store.verify())
     assert store.model_array("embedding").shape[0] == store.model_array("unembedding").shape[0]
+
+
+@pytest.mark.parametrize("keep", ["full", "rank:4"])
+def test_affine_run_stores_the_offset_and_verify_checks_it(tmp_path, keep):
+    import zarr
+
+    from detjac.engine.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / "gpt2", "gpt2")
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
+    result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--keep", keep)
+    assert result.exit_code == 0, result.output
+    prompt = next(iter(open_store(tmp_path / "s.zarr")))
+    bias = prompt.bias()
+    assert prompt.attrs["affine"] is True and bias.shape == prompt.array("output").shape
+    assert prompt.attrs["reconstruction_error"] < 1e-12
+    if keep != "full":
+        return
+    jac, x = prompt.jacobian(lazy=False), prompt.array("embeddings")
+    assert np.allclose(np.einsum("rtc,tc->r", jac, x) + bias, prompt.array("output"), rtol=0, atol=1e-12)
+    assert invoke("store", "verify", str(tmp_path / "s.zarr")).exit_code == 0
+    zarr.open_array(str(tmp_path / "s.zarr" / "prompts" / prompt.id / "bias"), mode="r+")[...] = 0.0
+    verify = invoke("store", "verify", str(tmp_path / "s.zarr"))
+    assert verify.exit_code != 0 and "reconstruction error" in verify.output
+
+
+def test_linear_family_stores_no_offset(tmp_path):
+    from detjac.engine.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / "llama", "llama")
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
+    assert invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr")).exit_code == 0
+    prompt = next(iter(open_store(tmp_path / "s.zarr")))
+    assert prompt.bias() is None and "affine" not in prompt.attrs
+
+
+def test_streamed_run_of_an_affine_model_is_refused_cleanly(tmp_path):
+    from detjac.engine.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / "bert", "bert")
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
+    result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--streamed")
+    assert result.exit_code == 1 and "layer-streamed engine" in result.output and "BERT" in result.output
+    assert not (tmp_path / "s.zarr").exists()

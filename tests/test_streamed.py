@@ -17,10 +17,10 @@ ALL_COMPONENTS = "layer,attn,mlp,layer_local,attn_local,mlp_local"
 EXACT = 1e-12
 
 
-def test_streamed_equals_in_memory_engine_for_every_family(family_model: torch.nn.Module,
+def test_streamed_equals_in_memory_engine_for_every_family(streamable_model: torch.nn.Module,
                                                            prompt_ids: list[int]) -> None:
-    ref = detached_jacobian(family_model, prompt_ids, row_block=16)
-    sm = StreamedModel(family_model, dtype=torch.float64)
+    ref = detached_jacobian(streamable_model, prompt_ids, row_block=16)
+    sm = StreamedModel(streamable_model, dtype=torch.float64)
     res = sm.jacobians(prompt_ids, ["output"], row_block=7)  # blocks that do not divide d_model
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
     assert res.reconstruction_error("output") < EXACT
@@ -28,8 +28,8 @@ def test_streamed_equals_in_memory_engine_for_every_family(family_model: torch.n
     assert int(sm.logits(res.trace.output).argmax()) == ref.next_token_id
 
 
-def test_layerwise_targets_reconstruct_in_both_modes(family_model: torch.nn.Module, prompt_ids: list[int]) -> None:
-    sm = StreamedModel(family_model, dtype=torch.float64)
+def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.Module, prompt_ids: list[int]) -> None:
+    sm = StreamedModel(streamable_model, dtype=torch.float64)
     targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, sm.n_layers))]
     rev = sm.jacobians(prompt_ids, targets, mode="reverse", row_block=9)
     fwd = sm.jacobians(prompt_ids, [t for t in targets if "local" not in t], mode="forward", token_block=3)

@@ -9,10 +9,14 @@ from types import ModuleType
 
 from detjac.errors import UnsupportedModelError
 
-from . import gemma3, llama, mistral, olmo2, phi3, qwen3
-from .base import Family, MlpRule, NormRule
+from . import bert, gemma2, gemma3, gpt2, llama, mistral, mixtral, olmo2, olmoe, phi3, qwen2, qwen3, qwen3_moe
+from .base import Family, MlpRule, MoeRule, NormRule
 
-_MODULES: tuple[ModuleType, ...] = (llama, qwen3, gemma3, phi3, mistral, olmo2)
+_MODULES: tuple[ModuleType, ...] = (
+    llama, qwen3, gemma3, phi3, mistral, olmo2, gemma2,  # linear: bias-free, gated
+    qwen2, gpt2, bert,  # affine: biases, LayerNorm, ungated activations, learned positions
+    qwen3_moe, mixtral, olmoe,  # mixture of experts
+)
 
 FAMILIES: dict[str, Family] = {
     model_type: module.FAMILY for module in _MODULES for model_type in module.FAMILY.model_types
@@ -44,4 +48,4 @@ def family_for(config: object) -> Family:
         ) from None
 
 
-__all__ = ["FAMILIES", "Family", "MlpRule", "NormRule", "family_for", "supported_model_types"]
+__all__ = ["FAMILIES", "Family", "MlpRule", "MoeRule", "NormRule", "family_for", "supported_model_types"]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 
 @dataclass(frozen=True)
 class NormRule:
-    """How one RMSNorm class computes.
+    """How one norm class computes (RMSNorm, or LayerNorm with ``center``).
 
     Parameters
     ----------
@@ -29,11 +30,15 @@ class NormRule:
     weight_offset
         Output is ``norm(x) * (weight_offset + weight)``: 0 for Llama-style norms,
         1 for Gemma3's zero-initialised ``1 + w`` norms.
+    center
+        LayerNorm: subtract the mean first (a linear map, so it stays on the path) and
+        add the norm's bias, if it has one, after the weight.
     """
 
     cls: type[nn.Module]
     eps_attr: str = "variance_epsilon"
     weight_offset: float = 0.0
+    center: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,21 @@ class MlpRule:
     down: str = "down_proj"
     fused: bool = False
     gate_up: str = "gate_up_proj"
+
+
+@dataclass(frozen=True)
+class MoeRule:
+    """How one sparse mixture-of-experts block computes (see :mod:`detjac.engine.moe`).
+
+    ``router`` names the child that returns ``(router_logits, routing_weights,
+    selected_experts)`` and ``experts`` the child that holds the experts' fused
+    ``gate_up_proj`` (experts, 2 * ffn, d) and ``down_proj`` (experts, d, ffn) tensors
+    and their ``act_fn``.
+    """
+
+    cls: type[nn.Module]
+    router: str = "gate"
+    experts: str = "experts"
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,28 @@ class Family:
         Child of a decoder layer whose first input is the residual stream after the
         attention block and before the MLP block (the layer-streamed engine reads it to
         split a layer's output into its attention and MLP contributions).
+    affine
+        The family has biases on the path (biased ``nn.Linear``, GPT-2's ``Conv1D``,
+        LayerNorm biases, learned position embeddings): with the factors frozen the map is
+        affine, ``y = sum_k J_k x_k + b``, and the engine computes ``b``. The guard accepts
+        biases only in such families.
+    offset_children
+        Children that add an input-independent offset to the input embeddings (learned
+        absolute position embeddings, BERT's token-type embeddings). The Jacobian is taken
+        with respect to the token embeddings only, so these offsets are part of ``b``.
+    off_path_children
+        Children that do not feed the target (BERT's pooler reads the final hidden states
+        but nothing reads it back); the guard does not walk them.
+    encoder
+        Bidirectional encoder (BERT): loaded with ``AutoModel``, no language-model head;
+        the default target is position 0 ([CLS]) and "logits" are scores against the word
+        embeddings.
+    config_problem
+        Returns why a config cannot be linearized (a setting that adds a nonlinearity no
+        module exposes, e.g. OLMoE's ``clip_qkv``), or None.
+    streamable
+        The layer-streamed engine supports the family (it does not support affine or
+        mixture-of-experts families, and refuses them).
     """
 
     name: str
@@ -99,7 +141,19 @@ class Family:
     )
     decoder: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.model)
     mid_residual: str = "post_attention_layernorm"
+    moes: tuple[MoeRule, ...] = ()
+    affine: bool = False
+    offset_children: frozenset[str] = frozenset()
+    off_path_children: frozenset[str] = frozenset()
+    encoder: bool = False
+    config_problem: Callable[[Any], str | None] = field(default=lambda config: None)
+    streamable: bool = True
     notes: str = ""
+
+    @property
+    def default_position(self) -> int:
+        """Target position when none is given: the last token (causal), or [CLS] at 0 (encoder)."""
+        return 0 if self.encoder else -1
 
     def norm_rule(self, module: nn.Module) -> NormRule | None:
         """The rule for ``module`` if it is one of this family's norms."""
@@ -109,10 +163,15 @@ class Family:
         """The rule for ``module`` if it is one of this family's gated MLPs."""
         return next((r for r in self.mlps if type(module) is r.cls), None)
 
+    def moe_rule(self, module: nn.Module) -> MoeRule | None:
+        """The rule for ``module`` if it is one of this family's mixture-of-experts blocks."""
+        return next((r for r in self.moes if type(module) is r.cls), None)
+
     def describe(self) -> list[str]:
         """One line per detach rule, for metadata and ``--help`` style listings."""
         lines = [
-            f"{r.cls.__name__}: variance scale frozen, output norm(x) * ({r.weight_offset:g} + w)"
+            f"{r.cls.__name__}: " + ("mean subtracted (linear), " if r.center else "")
+            + f"variance scale frozen, output norm(x) * ({r.weight_offset:g} + w)" + (" + b" if r.center else "")
             for r in self.norms
         ]
         lines += [
@@ -120,5 +179,9 @@ class Family:
             + (f" ({r.gate_up} chunked into gate, up)" if r.fused else "")
             for r in self.mlps
         ]
+        lines += [f"{r.cls.__name__}: router choice and weights frozen, each chosen expert's act(gate(x)) frozen"
+                  for r in self.moes]
         lines += [f"{c.__name__}: softmax(QK^T/sqrt(d) + mask) frozen" for c in self.attentions]
+        if self.affine:
+            lines.append("ungated activations x * s(x): s frozen; biases and position embeddings: the offset b")
         return lines
