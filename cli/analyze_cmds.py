@@ -32,16 +32,9 @@ def dask_scheduler(workers: int, scheduler: str | None, memory_limit: str) -> It
         with ProgressBar(minimum=2.0, dt=0.5, out=sys.stderr):
             yield None
         return
-    from distributed import Client, LocalCluster
+    from .cluster import dask_client
 
-    if scheduler is not None:
-        with Client(scheduler) as client:
-            click.echo(f"dask scheduler {scheduler}, dashboard {client.dashboard_link}")
-            yield client
-        return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, memory_limit=memory_limit,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        click.echo(f"dask LocalCluster: {workers} workers x {memory_limit}, dashboard {client.dashboard_link}")
+    with dask_client(workers, scheduler, memory_limit) as client:
         yield client
 
 

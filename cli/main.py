@@ -11,8 +11,9 @@ from detjac import __version__
 from detjac.errors import DetjacError
 
 from .analyze_cmds import analyze
+from .run_cmd import DTYPES, run
 from .steer_cmd import steer
-from .store_cmds import DTYPES, run, store
+from .store_cmds import store
 
 
 class DetjacGroup(click.Group):

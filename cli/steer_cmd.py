@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from .analyze_cmds import TABLE_HELP
-from .store_cmds import DTYPES
+from .run_cmd import DTYPES
 
 
 def _strengths(value: str) -> list[float]:

@@ -45,3 +45,7 @@ class StoreMismatchError(StoreError):
 
 class PromptsFileError(DetjacError, ValueError):
     """A prompts file is missing, unreadable, empty or malformed."""
+
+
+class WorkerError(DetjacError, RuntimeError):
+    """A worker of a distributed run cannot do its part: load the model, or reach the store."""

@@ -11,7 +11,7 @@ The format is specified in ``store/README.md``.
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
 from .format import FORMAT_VERSION, prompt_id
 from .zarr_store import ZarrPrompt, ZarrStore, open_store, verify_prompt
-from .zarr_writer import ZarrPromptWriter, create_store
+from .zarr_writer import ZarrPromptWriter, attach_store, create_store
 
 __all__ = [
     "FORMAT_VERSION",
@@ -23,6 +23,7 @@ __all__ = [
     "ZarrPrompt",
     "ZarrPromptWriter",
     "ZarrStore",
+    "attach_store",
     "create_store",
     "open_store",
     "prompt_id",

@@ -134,6 +134,10 @@ class JacobianStore(ABC):
     def verify(self, progress: bool = False) -> list[VerifyResult]:
         """Re-read every complete prompt: checksums and ``sum_k J_k x_k`` against ``output``."""
 
+    def failures(self) -> dict[str, dict[str, Any]]:
+        """Failure records of prompts a run could not compute, by prompt id (a backend without them: none)."""
+        return {}
+
     def __contains__(self, prompt_id: object) -> bool:
         return prompt_id in set(self.prompt_ids())
 

@@ -16,6 +16,7 @@ FORMAT_VERSION = 1
 ROOT_KEY = "detjac_store"  # root group attribute holding the run description
 PROMPTS = "prompts"  # group of complete prompts: the only place readers look
 STAGING = "_staging"  # prompts being written; renamed into PROMPTS when complete
+FAILED = "failed"  # failure records of prompts a run could not compute: failed/<prompt_id>
 LOCK = ".writer.lock"
 ANALYSIS = "analysis"  # results of detjac.analysis, per prompt: analysis/<prompt_id>/<name>
 MODEL = "model"  # the model's embedding and unembedding matrices and tokenizer, for decoding

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError, StoreFormatError
+from . import failed, lock
 from . import format as fmt
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
 
@@ -133,16 +134,50 @@ class ZarrPrompt(StoredPrompt):
 class ZarrStore(JacobianStore):
     """A store folder. Use :func:`open_store` (read) or :func:`create_store` (write)."""
 
-    def __init__(self, path: Path, root: dict[str, Any], lock: Any | None = None) -> None:
+    def __init__(self, path: Path, root: dict[str, Any], lock: Any | None = None, lease: str | None = None) -> None:
         self.path = path
         self.run = root.get("run", {})
         self.format_version = root["format_version"]
         self.created = root.get("created")
         self._lock = lock
+        self._lease = lease  # set for a worker writing on behalf of the lock holder (attach_store)
 
     @property
     def writable(self) -> bool:
-        return self._lock is not None
+        return self._lock is not None or self._lease is not None
+
+    @property
+    def lease(self) -> str | None:
+        """The writer lease under which workers may write into this store (None: not opened for writing)."""
+        if self._lease is not None:
+            return self._lease
+        record = lock.holder(self.path) if self._lock is not None else None
+        return record.get("lease") if record else None
+
+    def check_writer(self) -> None:
+        """Raise StoreError unless this handle may still publish prompts (its run holds the store)."""
+        if self._lease is not None:
+            lock.check_lease(self.path, self._lease)
+        elif self._lock is None:
+            raise StoreError(f"Expected a store opened for writing (create_store). Got {self.path} opened read-only.")
+
+    def failures(self) -> dict[str, dict[str, Any]]:
+        """Failure records of prompts a run could not compute, by prompt id: ``prompt``, ``line``, ``reason``,
+        ``error``, ``stage``, ``failed_at``."""
+        return failed.read_all(self.path)
+
+    def record_failure(self, prompt_id: str, attrs: dict[str, Any]) -> None:
+        """Record that ``prompt_id`` failed (replacing an earlier record); needs the store opened for writing."""
+        self.check_writer()
+        failed.record(self.path, prompt_id, attrs)
+
+    def clear_failure(self, prompt_id: str) -> None:
+        failed.clear(self.path, prompt_id)
+
+    def clear_staging(self) -> None:
+        """Remove the staging folders of attempts that never committed (call when no attempt is running)."""
+        self.check_writer()
+        shutil.rmtree(self.path / fmt.STAGING, ignore_errors=True)
 
     def prompt_ids(self) -> list[str]:
         folder = self.path / fmt.PROMPTS
@@ -153,6 +188,10 @@ class ZarrStore(JacobianStore):
     def get(self, prompt_id: str) -> ZarrPrompt:
         path = self.path / fmt.PROMPTS / prompt_id
         if not (path / "zarr.json").is_file():
+            failure = self.failures().get(prompt_id)
+            if failure is not None:
+                raise StoreError(f"Expected a complete prompt {prompt_id!r} in {self.path}. Got a failed one (line "
+                                 f"{failure.get('line')}): {failure.get('reason')}")
             raise StoreError(f"Expected a complete prompt {prompt_id!r} in {self.path}. Got none "
                              f"({len(self.prompt_ids())} complete prompts; list them with `detjac store ls`).")
         return ZarrPrompt(path)
@@ -229,7 +268,7 @@ class ZarrStore(JacobianStore):
     def close(self) -> None:
         """Release the writer lock (if this store was opened for writing)."""
         if self._lock is not None:
-            self._lock.close()  # closing the file releases its flock
+            lock.release(self._lock)  # clears the holder record; closing the file releases its flock
             self._lock = None
 
     def __enter__(self) -> ZarrStore:
@@ -321,6 +360,8 @@ def _verify_low_rank(prompt: ZarrPrompt) -> VerifyResult:
 
 
 def open_store(path: str | os.PathLike[str]) -> ZarrStore:
-    """Open a store for reading (works while a writer is running)."""
-    path = Path(path)
+    """Open a store for reading (works while a writer is running); a path or a ``file://`` URL."""
+    from .location import store_path
+
+    path = store_path(path)
     return ZarrStore(path, read_root(path))

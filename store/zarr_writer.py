@@ -1,17 +1,19 @@
 """The zarr v3 directory backend, writing side: staged prompt groups, store creation, the writer lock.
 
-A prompt is written into ``_staging/<id>.<pid>`` and renamed into ``prompts/<id>`` only
-after every chunk and its attributes are on disk. One writer at a time holds an exclusive
-``flock`` on ``.writer.lock``; it clears staging leftovers of crashed runs when it starts.
+A prompt is written into ``_staging/<id>.<host>.<pid>.<random>`` (one folder per attempt, so
+a retry on another worker never meets a killed attempt's files) and renamed into
+``prompts/<id>`` only after every chunk and its attributes are on disk. One run at a time
+holds the writer lock (``lock.py``); it clears staging leftovers of crashed runs when it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
+import secrets
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,9 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError, StoreMismatchError
 from . import format as fmt
+from . import lock
 from .base import LayerwiseSpec, PromptWriter
+from .location import store_path
 from .zarr_store import ZarrStore, read_root
 
 
@@ -60,8 +64,10 @@ class ZarrPromptWriter(PromptWriter):
         if self.layerwise and rank is not None:
             raise StoreError(f"Expected full mode for layerwise Jacobians of prompt {prompt_id}. Got rank {rank}.")
         self._covered: dict[str, int] = {}  # elements (rows x tokens) written per region-written Jacobian
+        self.store = store
         self.final = store.path / fmt.PROMPTS / prompt_id
-        self.staging = store.path / fmt.STAGING / f"{prompt_id}.{os.getpid()}"
+        attempt = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+        self.staging = store.path / fmt.STAGING / f"{prompt_id}.{attempt}"
         self._written: set[str] = set()
         self._buffer: list[np.ndarray] = []
         self._buffer_start = self._next_row = 0
@@ -202,6 +208,7 @@ class ZarrPromptWriter(PromptWriter):
         try:
             self._group.attrs.update({**attrs, "complete": True})
             _fsync_tree(self.staging)
+            self.store.check_writer()
             if self.final.exists():  # the same prompt was stored meanwhile: keep the first
                 self.abort()
                 return
@@ -209,7 +216,12 @@ class ZarrPromptWriter(PromptWriter):
             _fsync_dir(self.final.parent)
         except OSError as exc:
             self.abort()
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and self.final.exists():
+                return  # another attempt at the same prompt committed first: it is stored once
+            if isinstance(exc, StoreError):
+                raise
             raise disk_error(exc, f"commit prompt {self.id}") from exc
+        self.store.clear_failure(self.id)  # a prompt is complete or failed, never both
 
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -238,17 +250,6 @@ class ZarrPromptWriter(PromptWriter):
         return {"keep": f"rank:{self.rank}", "rank": int(combined.S.shape[0]),
                 "combined_frobenius_sq": combined.frobenius_sq, "combined_residual_sq": combined.residual_sq,
                 "combined_captured": combined.captured}
-
-
-def _acquire_lock(path: Path) -> Any:
-    handle = open(path / fmt.LOCK, "a+")  # noqa: SIM115 - kept open while the store is written
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        handle.close()
-        raise StoreError(f"Expected no other writer on {path}. Got one running (it holds {path / fmt.LOCK}); "
-                         "wait for it to finish or write to another --out.") from exc
-    return handle
 
 
 def _alive(pid: int) -> bool:
@@ -313,7 +314,7 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
     (unless ``force_new``, which deletes it and starts again), StoreFormatError if ``path``
     is not a detjac store, StoreError if it cannot be written or another writer holds it.
     """
-    path = Path(path)
+    path = store_path(path)
     if path.exists() and not (path.is_dir() and not any(path.iterdir())):
         root = read_root(path)
         differences = fmt.mismatches(root.get("run", {}), run)
@@ -321,7 +322,7 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
             raise StoreMismatchError(f"Expected the store {path} to hold the same run. Got differences: "
                                      + "; ".join(differences) + ". Use --force-new to replace it, or another --out.")
         if differences:
-            _acquire_lock(path).close()  # refuse to delete a store that another writer is using
+            lock.release(lock.acquire(path))  # refuse to delete a store that another writer is using
             shutil.rmtree(path)
     elif path.exists():
         path.rmdir()  # an empty folder: replace it with the new store
@@ -333,7 +334,18 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
         _new_store(path, run, *(model_data() if model_data is not None else ({}, {})))
     if not os.access(path, os.W_OK):
         raise StoreError(f"Could not write to the store {path}: it is read-only.")
-    lock = _acquire_lock(path)
+    handle = lock.acquire(path)
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path / fmt.STAGING)  # leftovers of crashed runs: partial prompts are redone
-    return ZarrStore(path, read_root(path), lock)
+    return ZarrStore(path, read_root(path), handle)
+
+
+def attach_store(location: str | os.PathLike[str], lease: str) -> ZarrStore:
+    """Open a store for writing prompts on behalf of the run that holds its writer lock under ``lease``.
+
+    This is how a run's workers write (``detjac run --scheduler``): they take no lock, and each
+    commit checks that the lock file still names ``lease``. Raises StoreError if it does not.
+    """
+    path = store_path(location)
+    lock.check_lease(path, lease)
+    return ZarrStore(path, read_root(path), lease=lease)

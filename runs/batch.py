@@ -1,80 +1,24 @@
-"""Batch runs: every prompt of a file through the engine into a store, resumable.
+"""One prompt through the engine into a store: its row blocks streamed into a staged group that
+becomes visible only when complete (see ``store/zarr_store.py``), and the run's description.
 
-Everything that can be checked is checked before the store is touched: the prompts file,
-the model, every prompt's length. Then each prompt streams its row blocks into a staged
-group that becomes visible only when complete (see ``store/zarr_store.py``).
+Used by both ways of running a corpus: one process (``runs/local.py``) and the workers of a
+dask.distributed cluster (``runs/cluster.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from detjac import __version__
-from detjac.errors import LinearizationError, PromptError, PromptsFileError
+from detjac.errors import LinearizationError
+
+from .prompts import PromptLine
 
 LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 power iterations)
-
-
-@dataclass(frozen=True)
-class PromptLine:
-    line: int  # 1-based line number in the prompts file
-    text: str
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class PromptsFile:
-    path: Path
-    prompts: list[PromptLine]
-    blank: int
-
-
-def read_prompts(path: str | Path) -> PromptsFile:
-    """Prompts of a ``.txt`` (one per line) or ``.jsonl`` (``{"prompt": ..., ...}`` per line) file.
-
-    Blank lines are skipped and counted. Raises PromptsFileError for a missing, unreadable,
-    empty or malformed file, naming the line.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise PromptsFileError(f"Expected a prompts file at {path}. Got no such file.")
-    if not path.is_file():
-        raise PromptsFileError(f"Expected a prompts file at {path}. Got a folder.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise PromptsFileError(f"Expected UTF-8 text in {path}. Got undecodable bytes at offset {exc.start}.") from exc
-    except OSError as exc:
-        raise PromptsFileError(f"Expected a readable prompts file at {path}. Got: {exc.strerror}.") from exc
-    jsonl = path.suffix.lower() == ".jsonl"
-    prompts, blank = [], 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            blank += 1
-            continue
-        prompts.append(_parse_jsonl_line(path, number, raw) if jsonl else PromptLine(number, raw))
-    if not prompts:
-        raise PromptsFileError(f"Expected at least one prompt in {path}. Got an empty file"
-                               + (f" ({blank} blank lines)." if blank else "."))
-    return PromptsFile(path, prompts, blank)
-
-
-def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
-    try:
-        record = json.loads(raw)
-    except ValueError as exc:
-        raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
-    key = "prompt" if isinstance(record, dict) and "prompt" in record else "text"
-    if not isinstance(record, dict) or not isinstance(record.get(key), str):
-        raise PromptsFileError(f'Expected {{"prompt": "..."}} (or "text") on line {number} of {path}. '
-                               f"Got {raw[:80]!r}.")
-    return PromptLine(number, record.pop(key), record)
 
 
 def parse_keep(keep: str) -> int | None:
@@ -105,35 +49,6 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
             "dtype": dtype, "keep": keep, "detach": detach, "position": family.default_position, "target": "hidden",
             "family": family.name, "detach_rules": family.describe() if detach else [], "row_block": row_block,
             "max_tokens": max_tokens, "detjac_version": __version__}
-
-
-def tokenize_all(prompts: PromptsFile, model: Any, tokenizer: Any, max_tokens: int) -> list[list[int]]:
-    """Token ids of every prompt; raises PromptError listing every prompt that is too long."""
-    from detjac.engine import parse_prompt
-
-    ids, too_long = [], []
-    for item in prompts.prompts:
-        try:
-            tokens = parse_prompt(item.text, model, tokenizer)
-        except PromptError as exc:
-            raise PromptError(f"Line {item.line} of {prompts.path}: {exc}") from exc
-        if len(tokens) > max_tokens:
-            too_long.append(f"line {item.line} ({len(tokens)} tokens)")
-        ids.append(tokens)
-    if too_long:
-        shown = ", ".join(too_long[:10]) + (f" and {len(too_long) - 10} more" if len(too_long) > 10 else "")
-        raise PromptError(f"Expected prompts of at most {max_tokens} tokens (--max-tokens). Got longer ones in "
-                          f"{prompts.path}: {shown}. Nothing was written.")
-    return ids
-
-
-@dataclass
-class RunSummary:
-    written: int = 0
-    skipped_complete: int = 0
-    duplicates: int = 0
-    blank_lines: int = 0
-    worst_error: float = 0.0
 
 
 def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptLine, ids: list[int],
@@ -175,9 +90,10 @@ class _OutputRows:
 
 
 def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
-                          targets: list[Any], bar: Any) -> float:
+                          targets: list[Any], bar: Any, progress: bool = True) -> float:
     """One prompt through the layer-streamed engine: the final Jacobian and every layerwise ``targets``
-    Jacobian, block by block into ``store``; returns the final Jacobian's reconstruction error."""
+    Jacobian, block by block into ``store``; returns the final Jacobian's reconstruction error. ``progress``
+    shows the engine's own bars (forward pass, sweeps)."""
     import torch
 
     from detjac.engine import relative_error
@@ -186,7 +102,7 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
 
     storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
-    trace = sm.trace(ids, progress=True)
+    trace = sm.trace(ids, progress=progress)
     output = Target(-1, "output")
     auto_rows = run.get("row_block") in (None, "auto")
     plan = sm.plan(trace, [output, *targets], mode="reverse" if rank is not None else run.get("mode", "auto"),
@@ -209,7 +125,7 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
     with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
                      layerwise=specs) as writer:
         bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
-        for b in sm.blocks(trace, [output, *targets], plan, progress=True):
+        for b in sm.blocks(trace, [output, *targets], plan, progress=progress):
             x = trace.source(b.target)[b.token_start:b.token_stop]
             recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
             name = "jacobian" if b.target == output else b.target.name

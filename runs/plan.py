@@ -1,0 +1,206 @@
+"""A corpus run, planned once, then executed in one process (``local.py``) or on a cluster (``cluster.py``).
+
+:func:`prepare_run` reads the prompts file, loads the model with :meth:`ModelSpec.load` (the
+same call every worker of a distributed run makes), tokenizes and checks every prompt,
+describes the run (its identity decides the prompt ids and whether a store may be resumed)
+and lists the unique prompts. :func:`open_run_store` then creates or resumes the store, and
+:meth:`RunPlan.pending` leaves out the prompts already complete in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .batch import run_description, storage_dtype, write_prompt, write_streamed_prompt
+from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How a process loads the run's model; pickled to every worker of a distributed run."""
+
+    model: str  # "default", or a checkpoint folder (absolute, so that workers find it on a shared file system)
+    dtype: str = "float64"
+    device: str = "cpu"
+    streamed: bool = False  # the layer-streamed engine (a skeleton; one layer in memory at a time)
+    detach: bool = True
+    max_memory: str | None = None
+    quantize: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+    def load(self, device: str | None = None) -> LoadedModel:
+        """Load the model on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
+        does to plan, without the memory budget, which names the workers' devices)."""
+        import torch
+
+        from detjac.engine.default import resolve_model
+
+        source = resolve_model(self.model)
+        device = device or self.device
+        if self.streamed:
+            from detjac.engine.streamed import StreamedModel
+
+            budget = self.max_memory if device == self.device else None
+            sm = StreamedModel(source, dtype=getattr(torch, self.dtype), device=device, detach=self.detach,
+                               max_memory=budget, quantize=self.quantize, revision=self.revision,
+                               trust_remote_code=self.trust_remote_code)
+            return LoadedModel(sm, sm.tokenizer, sm.prompt_model(), source, streamed=True)
+        from detjac.engine import get_tokenizer, load_model
+
+        model = load_model(source, dtype=getattr(torch, self.dtype), device=device, revision=self.revision,
+                           trust_remote_code=self.trust_remote_code)
+        return LoadedModel(model, get_tokenizer(model), model, source, streamed=False)
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers model, or a StreamedModel
+    tokenizer: Any
+    prompt_model: Any  # what parse_prompt checks token ids against
+    source: Any  # the checkpoint folder (or the model id) it was loaded from
+    streamed: bool
+
+    @property
+    def context(self) -> int:
+        """The model's context length in tokens (unbounded when its config does not say)."""
+        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 2**31
+
+
+@dataclass(frozen=True)
+class PromptTask:
+    """One unique prompt of a run: its id, line and tokens, or why it cannot be run (``error``)."""
+
+    pid: str
+    item: PromptLine
+    ids: list[int]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A prompt a run could not compute: where it came from, and why."""
+
+    line: int
+    reason: str
+    error: str = "PromptError"
+    stage: str = "tokenize"  # tokenize (before any compute), compute (on a worker), worker (its workers died)
+
+
+@dataclass
+class RunSummary:
+    written: int = 0
+    skipped_complete: int = 0
+    duplicates: int = 0
+    blank_lines: int = 0
+    worst_error: float = 0.0
+    failed: dict[str, Failure] = field(default_factory=dict)  # by prompt id
+    loads: dict[str, tuple[int, float]] = field(default_factory=dict)  # worker -> (model loads, seconds loading)
+
+    def add_written(self, error: float) -> None:
+        self.written += 1
+        self.worst_error = max(self.worst_error, error)
+
+
+@dataclass
+class RunPlan:
+    prompts: PromptsFile
+    spec: ModelSpec
+    loaded: LoadedModel
+    run: dict[str, Any]  # the store's run description (identity and settings)
+    targets: list[Any]  # layerwise targets (streamed engine)
+    tasks: list[PromptTask]  # the unique prompts, in file order
+    duplicates: int
+
+    def summary(self) -> RunSummary:
+        return RunSummary(duplicates=self.duplicates, blank_lines=self.prompts.blank)
+
+    def pending(self, store: Any, summary: RunSummary) -> list[PromptTask]:
+        """The tasks whose prompt is not complete in ``store``; counts the others in ``summary``."""
+        done = set(store.prompt_ids())
+        summary.skipped_complete = sum(t.pid in done for t in self.tasks)
+        return [t for t in self.tasks if t.pid not in done]
+
+
+def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, row_block: int | None,
+                max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
+                mode: str = "auto", lenient: bool = False, load_device: str | None = None) -> RunPlan:
+    """Read, load, tokenize and describe: everything checkable, before any store is touched.
+
+    With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
+    the model's context), raises PromptError and nothing runs; with ``lenient=True`` such a
+    prompt becomes a task with its ``error`` set, to be recorded as failed while the others run.
+    ``load_device`` loads the model somewhere else than ``spec.device`` (a distributed run's
+    client plans on the CPU; its workers compute on their devices).
+    """
+    from detjac.store import prompt_id
+
+    prompts = read_prompts(prompts_path)
+    loaded = spec.load(load_device)
+    targets: list[Any] = []
+    if layers is not None:
+        from detjac.engine.streamed import layer_targets
+
+        targets = layer_targets(layers, components, loaded.model.n_layers)
+    limit = min(max_tokens or loaded.context, loaded.context)
+    tokenized = tokenize_each(prompts, loaded.prompt_model, loaded.tokenizer, limit)
+    if not lenient:
+        check_tokenized(prompts, tokenized, limit)
+    source = loaded.source
+    model_dir = Path(source) if Path(source).is_dir() else None
+    run = run_description(loaded.model, model_arg, model_dir, spec.revision, spec.dtype,
+                          row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach)
+    if spec.streamed:
+        run.update({"engine": "streamed", "layerwise": [t.name for t in targets], "quantize": spec.quantize,
+                    "mode": mode, "max_memory": spec.max_memory})
+    tasks: dict[str, PromptTask] = {}
+    duplicates = 0
+    for item, tok in zip(prompts.prompts, tokenized, strict=True):
+        pid = prompt_id(run, item.text)
+        if pid in tasks:
+            duplicates += 1
+        else:
+            tasks[pid] = PromptTask(pid, item, tok.ids, tok.error)
+    return RunPlan(prompts, spec, loaded, run, targets, list(tasks.values()), duplicates)
+
+
+def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> Any:
+    """Create the run's store at ``out`` (with the model's decoding matrices), or resume it; holds its lock."""
+    from detjac.store import create_store
+
+    return create_store(out, plan.run, force_new=force_new,
+                        model_data=lambda: model_for_decoding(plan.loaded, plan.spec.dtype))
+
+
+def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, Any], targets: list[Any], bar: Any,
+              progress: bool = True) -> float:
+    """Compute one prompt and commit it to ``store``; returns its reconstruction error."""
+    if loaded.streamed:
+        return write_streamed_prompt(store, loaded.model, task.pid, task.item, task.ids, run, targets, bar, progress)
+    return write_prompt(store, loaded.model, loaded.tokenizer, task.pid, task.item, task.ids, run, bar)
+
+
+def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The embedding and unembedding matrices, the final norm's gain and the tokenizer file, kept in the store
+    for decoding."""
+    import torch
+
+    from detjac.engine.decode import final_norm_gain
+
+    model, source = loaded.model, loaded.source
+    storage = getattr(torch, storage_dtype(dtype))
+    if hasattr(model, "decoding_matrices"):  # the streamed engine reads them from the checkpoint
+        arrays = model.decoding_matrices(storage)
+    else:
+        from detjac.engine import decoding_matrix
+
+        arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": decoding_matrix(model)}
+        gain = final_norm_gain(model)
+        if gain is not None:
+            arrays["final_norm"] = gain
+    arrays = {k: v.detach().to(device="cpu", dtype=storage).numpy() for k, v in arrays.items()}
+    tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
+    files = {"tokenizer.json": tok_file.read_bytes()} if tok_file is not None and tok_file.is_file() else {}
+    return arrays, files

@@ -1,0 +1,120 @@
+"""Prompts files and their tokens: what a run reads before it touches a store.
+
+A ``.txt`` file holds one prompt per line, a ``.jsonl`` file one ``{"prompt": ...}`` (or
+``"text"``) object per line with other fields kept as metadata; blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from detjac.errors import PromptError, PromptsFileError
+
+
+@dataclass(frozen=True)
+class PromptLine:
+    line: int  # 1-based line number in the prompts file
+    text: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptsFile:
+    path: Path
+    prompts: list[PromptLine]
+    blank: int
+
+
+def read_prompts(path: str | Path) -> PromptsFile:
+    """Prompts of a ``.txt`` (one per line) or ``.jsonl`` (``{"prompt": ..., ...}`` per line) file.
+
+    Blank lines are skipped and counted. Raises PromptsFileError for a missing, unreadable,
+    empty or malformed file, naming the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise PromptsFileError(f"Expected a prompts file at {path}. Got no such file.")
+    if not path.is_file():
+        raise PromptsFileError(f"Expected a prompts file at {path}. Got a folder.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptsFileError(f"Expected UTF-8 text in {path}. Got undecodable bytes at offset {exc.start}.") from exc
+    except OSError as exc:
+        raise PromptsFileError(f"Expected a readable prompts file at {path}. Got: {exc.strerror}.") from exc
+    jsonl = path.suffix.lower() == ".jsonl"
+    prompts, blank = [], 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            blank += 1
+            continue
+        prompts.append(_parse_jsonl_line(path, number, raw) if jsonl else PromptLine(number, raw))
+    if not prompts:
+        raise PromptsFileError(f"Expected at least one prompt in {path}. Got an empty file"
+                               + (f" ({blank} blank lines)." if blank else "."))
+    return PromptsFile(path, prompts, blank)
+
+
+def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
+    key = "prompt" if isinstance(record, dict) and "prompt" in record else "text"
+    if not isinstance(record, dict) or not isinstance(record.get(key), str):
+        raise PromptsFileError(f'Expected {{"prompt": "..."}} (or "text") on line {number} of {path}. '
+                               f"Got {raw[:80]!r}.")
+    return PromptLine(number, record.pop(key), record)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A prompt's token ids, or why it cannot be run (``error``; the ids are then as far as they got)."""
+
+    ids: list[int]
+    error: str | None = None
+    too_long: bool = False
+
+
+def tokenize_each(prompts: PromptsFile, model: Any, tokenizer: Any, max_tokens: int) -> list[Tokenized]:
+    """Token ids of every prompt, each checked on its own: a prompt the tokenizer or the model refuses, or one
+    longer than ``max_tokens``, gets the reason instead of stopping the others."""
+    from detjac.engine import parse_prompt
+
+    out = []
+    for item in prompts.prompts:
+        try:
+            tokens = parse_prompt(item.text, model, tokenizer)
+        except PromptError as exc:
+            out.append(Tokenized([], f"Line {item.line} of {prompts.path}: {exc}"))
+            continue
+        if len(tokens) > max_tokens:
+            out.append(Tokenized(tokens, f"Expected a prompt of at most {max_tokens} tokens (--max-tokens). Got "
+                                         f"{len(tokens)} tokens on line {item.line} of {prompts.path}.", True))
+        else:
+            out.append(Tokenized(tokens))
+    return out
+
+
+def check_tokenized(prompts: PromptsFile, results: list[Tokenized], max_tokens: int) -> None:
+    """Raise PromptError for the first prompt the tokenizer refused, else one listing every prompt that is too
+    long (a run in one process refuses the whole file before it touches the store)."""
+    refused = next((r.error for r in results if r.error is not None and not r.too_long), None)
+    if refused is not None:
+        raise PromptError(refused)
+    too_long = [f"line {item.line} ({len(r.ids)} tokens)" for item, r in zip(prompts.prompts, results, strict=True)
+                if r.too_long]
+    if too_long:
+        shown = ", ".join(too_long[:10]) + (f" and {len(too_long) - 10} more" if len(too_long) > 10 else "")
+        raise PromptError(f"Expected prompts of at most {max_tokens} tokens (--max-tokens). Got longer ones in "
+                          f"{prompts.path}: {shown}. Nothing was written.")
+
+
+def tokenize_all(prompts: PromptsFile, model: Any, tokenizer: Any, max_tokens: int) -> list[list[int]]:
+    """Token ids of every prompt; raises PromptError as :func:`check_tokenized` does."""
+    results = tokenize_each(prompts, model, tokenizer, max_tokens)
+    check_tokenized(prompts, results, max_tokens)
+    return [r.ids for r in results]

@@ -1,0 +1,62 @@
+"""Failure records: prompts a run could not compute, with the reason, under ``failed/<prompt_id>``.
+
+A record is a zarr group whose attributes say which prompt failed and why (``reason``,
+``error``, ``stage``, ...). It is written under a temporary name and renamed into place, and
+removed when the prompt is later committed, so a prompt is complete or failed, never both.
+Readers that predate records ignore the folder. The spec is ``store/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from . import format as fmt
+
+
+def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
+    """Write (or replace) the failure record of ``prompt_id``."""
+    import zarr
+
+    folder = store_path / fmt.FAILED
+    final = folder / prompt_id
+    tmp = folder / f".{prompt_id}.tmp-{secrets.token_hex(4)}"
+    try:
+        if not (folder / "zarr.json").is_file():
+            zarr.open_group(str(folder), mode="a", zarr_format=3)
+        group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        group.attrs.update({**attrs, "failed_at": fmt.now()})
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        from .zarr_writer import disk_error
+
+        raise disk_error(exc, f"record the failure of prompt {prompt_id} in {store_path}") from exc
+
+
+def read_all(store_path: Path) -> dict[str, dict[str, Any]]:
+    """Every failure record, by prompt id (sorted)."""
+    folder = store_path / fmt.FAILED
+    if not folder.is_dir():
+        return {}
+    records = {}
+    for entry in sorted(folder.iterdir()):
+        meta = entry / "zarr.json"
+        if entry.name.startswith(".") or not meta.is_file():
+            continue
+        try:
+            records[entry.name] = json.loads(meta.read_text()).get("attributes", {})
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"Expected a readable failure record at {meta}. Got: {exc}.") from exc
+    return records
+
+
+def clear(store_path: Path, prompt_id: str) -> None:
+    """Remove the failure record of ``prompt_id``, if any."""
+    shutil.rmtree(store_path / fmt.FAILED / prompt_id, ignore_errors=True)

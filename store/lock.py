@@ -1,0 +1,80 @@
+"""The store's writer lock: one run writes a store at a time; its workers write under its lease.
+
+The run that writes a store holds an exclusive ``flock`` on ``.writer.lock`` for its lifetime
+and keeps its holder record in that file: process id, host, start time and a random
+``lease``. A second run is refused with a message naming the holder. Worker processes of the
+holding run (``detjac run --scheduler``/``--workers``) take no lock: they are given the lease
+and write prompts only while the lock file still names it, so a task left over from a run
+that has ended (or one whose store was replaced) cannot publish into the store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from . import format as fmt
+
+
+def acquire(path: Path) -> Any:
+    """Take the writer lock of the store at ``path`` and record this process as its holder.
+
+    Returns the open lock file (closing it releases the lock); raises StoreError naming the
+    holder if another process holds it.
+    """
+    handle = open(path / fmt.LOCK, "a+")  # noqa: SIM115 - kept open while the store is written
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        raise StoreError(f"Expected no other writer on {path}. Got one running ({describe(holder(path))}; it "
+                         f"holds {path / fmt.LOCK}); wait for it to finish or write to another --out.") from exc
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": fmt.now(), "lease": secrets.token_hex(8)}
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps(record))
+    handle.flush()
+    return handle
+
+
+def release(handle: Any) -> None:
+    """Clear the holder record and release the lock (a later check of the old lease fails)."""
+    handle.seek(0)
+    handle.truncate()
+    handle.flush()
+    handle.close()
+
+
+def holder(path: Path) -> dict[str, Any] | None:
+    """The holder record in the lock file, or None when no writer holds the store (or it predates records)."""
+    try:
+        text = (path / fmt.LOCK).read_text()
+    except OSError:
+        return None
+    try:
+        record = json.loads(text) if text.strip() else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def describe(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "a writer that left no record"
+    return f"pid {record.get('pid')} on host {record.get('host')}, since {record.get('since')}"
+
+
+def check_lease(path: Path, lease: str) -> None:
+    """Raise StoreError unless the store's writer lock is still held under ``lease``."""
+    record = holder(path)
+    if record is None or record.get("lease") != lease:
+        now_held = describe(record) if record is not None else "no writer"
+        raise StoreError(f"Expected the store {path} to be held by the run that sent this prompt (lease {lease}). "
+                         f"Got {now_held}: that run has ended or another took over, so this prompt is left "
+                         "to the run that holds the store now.")
