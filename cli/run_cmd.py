@@ -175,7 +175,7 @@ def _run_distributed(plan: Any, store: Any, tasks: list[Any], summary: Any, work
     # LocalCluster workers share this machine's cores; a scheduler's workers keep their own thread settings.
     threads = max(1, len(os.sched_getaffinity(0)) // workers) if workers else None
     try:
-        with dask_client(workers, scheduler, memory_limit) as client:
+        with dask_client(workers, scheduler, memory_limit, trim_memory=False) as client:
             run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=scheduler is None)
     except KeyboardInterrupt:
         return True
