@@ -661,11 +661,14 @@ class StreamedModel:
                 bar.close()
 
     def _reverse(self, trace: Trace, targets: list[Target], r0: int, r1: int,
-                 progress: bool) -> Iterator[JacobianBlock]:
+                 progress: bool, seed: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
+        """Rows ``r0:r1`` of every target; with ``seed`` (r1 - r0, n, d), its rows at the target position are
+        pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free)."""
         n, d, p, L = len(trace.token_ids), self.d_model, trace.position, self.n_layers
         dev, dt = self.device, self.dtype
-        seed = torch.zeros(r1 - r0, n, d, dtype=dt, device=dev)
-        seed[torch.arange(r1 - r0), p, torch.arange(r0, r1)] = 1.0
+        if seed is None:
+            seed = torch.zeros(r1 - r0, n, d, dtype=dt, device=dev)
+            seed[torch.arange(r1 - r0), p, torch.arange(r0, r1)] = 1.0
         active: list[tuple[Target, torch.Tensor]] = []  # cotangents at the current layer's output
         if any(t.component == "output" for t in targets):
             _, pull = torch.func.vjp(self._final(p), trace.inputs[L].to(dev))
@@ -705,17 +708,23 @@ class StreamedModel:
             yield JacobianBlock(t, r0, r1, 0, n, g)
 
     def _forward(self, trace: Trace, targets: list[Target], k0: int, k1: int,
-                 progress: bool) -> Iterator[JacobianBlock]:
+                 progress: bool, tangent: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
+        """Columns of tokens ``k0:k1`` of every target; with ``tangent`` (c, n, d), those directions are pushed
+        instead of the basis columns, and each block's values are the products ``J @ tangent`` (d, c)."""
         n, d, p, L = len(trace.token_ids), self.d_model, trace.position, self.n_layers
-        c = (k1 - k0) * d
-        s = k0  # causal truncation: the tangents are zero before position s, which they do not carry
-        tangent = torch.zeros(c, n - s, d, dtype=self.dtype, device=self.device)
-        cols = torch.arange(c)
-        tangent[cols, k0 - s + cols // d, cols % d] = 1.0
+        basis = tangent is None
+        if tangent is None:
+            c = (k1 - k0) * d
+            s = k0  # causal truncation: the basis tangents are zero before position s, which they do not carry
+            tangent = torch.zeros(c, n - s, d, dtype=self.dtype, device=self.device)
+            cols = torch.arange(c)
+            tangent[cols, k0 - s + cols // d, cols % d] = 1.0
+        else:  # arbitrary directions over every position
+            c, s = tangent.shape[0], 0
         top = max((L - 1 if t.component == "output" else t.layer) for t in targets)
 
-        def columns(t: Target, v: torch.Tensor) -> JacobianBlock:  # v: (c, d) -> (d, k1 - k0, d)
-            return JacobianBlock(t, 0, d, k0, k1, v.T.reshape(d, k1 - k0, d))
+        def columns(t: Target, v: torch.Tensor) -> JacobianBlock:  # v: (c, d) -> (d, k1 - k0, d), or (d, c)
+            return JacobianBlock(t, 0, d, k0, k1, v.T.reshape(d, k1 - k0, d) if basis else v.T)
 
         def at(v: torch.Tensor) -> torch.Tensor:  # (c, n - s, d) -> (c, d) at the target position
             return v[:, p - s] if p >= s else v.new_zeros(c, d)
