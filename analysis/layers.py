@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError
-from .spectra import _inputs, dimensionality, singular_values, top_singular
+from .spectra import _inputs, dimensionality, singular_values, thin_svd, top_singular
 
 COMPONENTS = ("layer", "attn", "mlp")
 
@@ -184,7 +184,7 @@ def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: n
         return cached[0]["U1"]
     if J.shape[0] <= 1024:  # read the Jacobian once and take each J_k's exact SVD
         method, dense = "exact", np.asarray(J.compute())
-        U1 = np.stack([np.linalg.svd(dense[:, k], full_matrices=False)[0][:, 0] for k in range(dense.shape[1])])
+        U1 = np.stack([thin_svd(dense[:, k])[0][:, 0] for k in range(dense.shape[1])])
     else:
         method = "randomized"
         U1 = np.stack([top_singular(prompt, 1, k, method=method, target=target).U[:, 0]

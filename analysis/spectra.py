@@ -47,6 +47,16 @@ def _output(prompt: Any, target: str | None) -> np.ndarray:
     return prompt.array("output") if target is None else prompt.layerwise(target, "output")
 
 
+def thin_svd(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.linalg.svd(A, full_matrices=False)``, retried on ``A.T`` when LAPACK's divide and conquer does
+    not converge (it fails on rare finite matrices; the transpose takes another path)."""
+    try:
+        return np.linalg.svd(A, full_matrices=False)
+    except np.linalg.LinAlgError:
+        V, S, Ut = np.linalg.svd(A.T, full_matrices=False)
+        return Ut.T, S, V.T
+
+
 def operator(prompt: Any, token: int | None, target: str | None = None) -> Any:
     """Lazy dask array of ``J_k`` (rows, cols) or, for ``token=None``, ``[J_1 ... J_n]`` (rows, n * cols).
 
@@ -86,7 +96,7 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
         U, S = _gram_triplets(A, k)
         Vt = (np.asarray((A.T @ U).compute()) / np.where(S > 0, S, 1.0)).T
     elif method == "exact":
-        U, S, Vt = np.linalg.svd(A.compute(), full_matrices=False)
+        U, S, Vt = thin_svd(np.asarray(A.compute()))
         U, S, Vt = U[:, :k], S[:k], Vt[:k]
     else:
         raise InvalidArgumentError(f"Expected method 'randomized', 'gram' or 'exact'. Got {method!r}.")

@@ -178,14 +178,14 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     t0 = time.perf_counter()
     trace = sm.trace(ids)
     targets = [Target(-1, "output")] if layers is None else [Target(i, "layer") for i in layers]
-    plan = sm.plan(trace, targets, row_block=row_block, mode="reverse")
+    plan = sm.plan(trace, targets, row_block=row_block, mode="reverse" if layers is None else "auto")
     t_sweeps = time.perf_counter()
     d = sm.d_model
     writers = {t: store.begin(f"{i:016x}", n_rows=d, n_tokens=n, n_cols=d, dtype="float32", row_block=row_block)
                for i, t in enumerate(targets)}
     checked = targets[0] if layers is None else Target(_checked(layers), "layer")
     for b in sm.blocks(trace, targets, plan):  # row blocks go to the store as they come
-        writers[b.target].write_rows(b.start, b.stop, b.values.numpy())
+        writers[b.target].write_block("jacobian", b.start, b.stop, b.token_start, b.token_stop, b.values.numpy())
     seconds = time.perf_counter() - t0
     sweeps = time.perf_counter() - t_sweeps
     rss_above = peak_mib() - base  # before reading anything back
@@ -200,9 +200,15 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     stored = store.get(f"{targets.index(checked):016x}").jacobian(lazy=False)
     store.close()
     torch.save(torch.from_numpy(stored), out)
-    depth = sum(t.depth(sm.n_layers) for t in targets)
+    if plan.forward:  # tokens k0:k1 carry (k1 - k0) d tangents over positions k0: through every layer
+        flops = sum(sweep_flops(cfg, n - k0, min(plan.token_block, n - k0) * d, 1)
+                    for k0 in range(0, n, plan.token_block)) * max(t.depth(sm.n_layers) for t in targets)
+    else:
+        flops = sweep_flops(cfg, n, d, 1) * sum(t.depth(sm.n_layers) for t in targets)
     return {"seconds": seconds, "rss_above_weights_mib": rss_above, "row_block": plan.row_block,
-            "matmul_gflops": flops_matmul / 1e9, "sweep_gflops": sweep_flops(cfg, n, d, 1) * depth / sweeps / 1e9,
+            "token_block": plan.token_block, "mode": "forward" if plan.forward else "reverse",
+            "matmul_gflops": flops_matmul / 1e9, "sweep_gflops": flops / sweeps / 1e9,
+            "suffix_layers": sm.stats.suffix_layers,
             "auto_mode": "forward" if sm.plan(trace, targets).forward else "reverse"}
 
 
@@ -273,8 +279,13 @@ def section_compare(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 
 
 def section_layerwise(tmp: Path, quick: bool) -> list[dict[str, Any]]:
-    layers = list(range(SMALL["num_hidden_layers"]))
-    return [_pair("llama d1024 L8, all layer outputs", SMALL, 8 if quick else 32, tmp, layers, 64)]
+    """All layer outputs: reverse mode's regime (8 layers, 32 tokens) and forward mode's (28 layers, 4 tokens)."""
+    rows = [_pair("llama d1024 L8, all layer outputs", SMALL, 8 if quick else 32, tmp,
+                  list(range(SMALL["num_hidden_layers"])), 64)]
+    if not quick:
+        rows.append(_pair("qwen3-0.6B shape, all 28 layer outputs", HALF_B, 4, tmp,
+                          list(range(HALF_B["num_hidden_layers"])), 64))
+    return rows
 
 
 def section_ooc(tmp: Path, quick: bool) -> dict[str, Any]:

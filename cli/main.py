@@ -14,6 +14,7 @@ from .analyze_cmds import analyze
 from .run_cmd import DTYPES, run
 from .steer_cmd import steer
 from .store_cmds import store
+from .svd_cmd import svd
 
 
 class DetjacGroup(click.Group):
@@ -35,6 +36,7 @@ def main() -> None:
     \b
     Examples:
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the"
+      detjac svd ./Llama-3.2-1B --prompt-file long.txt --k 16
       detjac demo
       detjac run default prompts.txt --out run.zarr
       detjac store verify run.zarr
@@ -232,6 +234,7 @@ main.add_command(run)
 main.add_command(store)
 main.add_command(analyze)
 main.add_command(steer)
+main.add_command(svd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -41,6 +41,22 @@ def decode_top(vectors: torch.Tensor, matrix: torch.Tensor, top: int) -> tuple[t
     return ids, values
 
 
+def decode_blocks(V: torch.Tensor, n_blocks: int, matrix: torch.Tensor, top: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode right singular vectors of ``[J_1 ... J_n]``: each column of V (n_blocks * d, k) through the d-block
+    of the token that carries most of its ``|v|^2``.
+
+    Returns (ids (k, top), scores (k, top), picks (k,) the chosen block, shares (k,) its share of ``|v|^2``).
+    """
+    blocks = V.T.reshape(V.shape[1], n_blocks, -1)  # (k, n_blocks, d)
+    energy = blocks.pow(2).sum(-1)  # (k, n_blocks)
+    picks = energy.argmax(-1)  # (k,)
+    chosen = blocks[torch.arange(len(picks)), picks].T  # (d, k)
+    ids, scores = decode_top(chosen, matrix, top)
+    shares = energy.gather(1, picks[:, None])[:, 0] / energy.sum(-1)
+    return ids, scores, picks, shares
+
+
 def final_norm_gain(model: torch.nn.Module) -> torch.Tensor | None:
     """The final norm's elementwise gain (d,), ``offset + weight`` by the family's norm rule, or None.
 

@@ -15,6 +15,9 @@ so the two can be compared on equal numerical footing. Every frozen factor goes 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -108,13 +111,23 @@ class DetachedGatedMLP(DetachedModule):
         act = getattr(inner, r.act)
         if r.fused:
             gate, up = getattr(inner, r.gate_up)(x).chunk(2, dim=-1)  # (..., i) each
-        else:
-            gate, up = getattr(inner, r.gate)(x), getattr(inner, r.up)(x)
-        return getattr(inner, r.down)(freeze(lambda: act(gate), self.detach) * up)
+            return getattr(inner, r.down)(freeze(lambda: act(gate), self.detach) * up)
+        # The gate projection runs inside the frozen branch on the detached input: forward-mode
+        # products then push no tangents through it (reverse mode never pulled any back).
+        factor = freeze(lambda: act(getattr(inner, r.gate)(x.detach() if self.detach else x)), self.detach)
+        return getattr(inner, r.down)(factor * getattr(inner, r.up)(x))
 
     def linear_modules(self) -> list[tuple[str, nn.Module]]:
         """Children of the wrapped MLP that stay on the linear path, with their names."""
         return [(f"inner.{n}", getattr(self.inner, n)) for n in self.linear_children]
+
+
+class DetachedInput(DetachedModule):
+    """A child of an attention block that feeds only the frozen probabilities (a query or key projection):
+    it runs on the detached input, so forward-mode products push no tangents through it."""
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.inner(x.detach() if self.detach else x, *args, **kwargs)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -123,6 +136,57 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
         return x
     b, h, s, hd = x.shape
     return x[:, :, None].expand(b, h, n_rep, s, hd).reshape(b, h * n_rep, s, hd)
+
+
+class AttentionReplay:
+    """Lets a causal decoder layer run on a suffix of the positions (forward-mode tangents that are zero
+    before ``start``).
+
+    :meth:`record` runs the full-sequence layer once and keeps each attention call's values and
+    frozen probabilities; :meth:`replay` then serves the suffix's calls: the recorded prefix values go
+    in front of the suffix's own (constants: their tangent is zero) and the recorded probability rows
+    of the suffix's queries are used. The suffix's primal output, and so every position-wise frozen
+    factor after the attention, equals the full run's.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []  # (value, probs) per attention call
+        self.start: int | None = None
+        self._cursor = 0
+
+    @contextmanager
+    def record(self) -> Iterator[None]:
+        self.records, self.start = [], None
+        token = _REPLAY.set(self)
+        try:
+            yield
+        finally:
+            _REPLAY.reset(token)
+
+    @contextmanager
+    def replay(self, start: int) -> Iterator[None]:
+        self.start, self._cursor = start, 0
+        token = _REPLAY.set(self)
+        try:
+            yield
+        finally:
+            _REPLAY.reset(token)
+
+    def causal(self) -> bool:
+        """Whether every recorded query attends only to itself and earlier positions."""
+        return all(not torch.triu(probs, diagonal=1).any() for _, probs in self.records)
+
+    def serve(self, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(full values, probability rows of the suffix's queries) for the next attention call."""
+        if self._cursor >= len(self.records):
+            raise RuntimeError("A suffix replay made more attention calls than the recorded full run.")
+        full_value, probs = self.records[self._cursor]
+        self._cursor += 1
+        start = self.start
+        return torch.cat([full_value[:, :, :start], value], dim=2), probs[:, :, start:]
+
+
+_REPLAY: ContextVar[AttentionReplay | None] = ContextVar("detjac_attention_replay", default=None)
 
 
 def _attention(
@@ -138,6 +202,12 @@ def _attention(
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n_rep = getattr(module, "num_key_value_groups", 1)
+    replay = _REPLAY.get()
+    if replay is not None and replay.start is not None:  # a suffix of the queries (see AttentionReplay)
+        value, probs = replay.serve(value)
+        out = torch.matmul(probs, repeat_kv(value, n_rep))
+        return out.transpose(1, 2).contiguous(), probs
+    value_in = value
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     fdt = _factor_dtype(query.dtype)
 
@@ -150,6 +220,8 @@ def _attention(
         return torch.softmax(scores, dim=-1).to(query.dtype)
 
     probs = freeze(probabilities, detach)
+    if replay is not None:
+        replay.records.append((value_in.detach(), probs.detach()))
     out = torch.matmul(probs, value)  # (batch, heads, q_len, hd)
     return out.transpose(1, 2).contiguous(), probs
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import SingularTriplets, decode_top, top_singular
+from .decode import SingularTriplets, decode_blocks, decode_top, top_singular
 from .jacobian import JacobianResult, decoding_matrix
 
 
@@ -73,12 +73,7 @@ def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: to
     spectrum = full.S
     svd = SingularTriplets(full.U[:, :k], full.S[:k], full.V[:, :k])
     left_ids, left_scores = decode_top(svd.U, unembed, top)
-    blocks = svd.V.T.reshape(svd.V.shape[1], n_blocks, -1)  # (k, n_blocks, d)
-    energy = blocks.pow(2).sum(-1)  # (k, n_blocks)
-    picks = energy.argmax(-1)  # (k,)
-    chosen = blocks[torch.arange(len(picks)), picks].T  # (d, k)
-    right_ids, right_scores = decode_top(chosen, embed, top)
-    shares = energy.gather(1, picks[:, None])[:, 0] / energy.sum(-1)
+    right_ids, right_scores, picks, shares = decode_blocks(svd.V, n_blocks, embed, top)
     return spectrum, left_ids, left_scores, right_ids, right_scores, picks, shares
 
 

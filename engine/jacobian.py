@@ -96,15 +96,21 @@ class JacobianStream:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, total=self.n_blocks, desc="row blocks", unit="block")
-        pullback_rows = torch.func.vmap(self._pullback)
         for start in starts:
             stop = min(start + self.row_block, self.n_rows)
-            # torch.func pullbacks build a graph of the backward itself (for higher-order
-            # transforms) unless grad mode is off; that graph would keep every intermediate
-            # cotangent of the block alive (3x the peak memory at d_model=512).
-            with torch.no_grad():
-                values = pullback_rows(eye[start:stop])[0]  # (rows, n_tokens, d_model)
-            yield RowBlock(start, stop, values)
+            yield RowBlock(start, stop, self.pull(eye[start:stop]))
+
+    def pull(self, cotangents: torch.Tensor) -> torch.Tensor:
+        """``cotangents @ J`` for a block of output-space rows (rows, d_model) -> (rows, n_tokens, d_model).
+
+        Basis rows give rows of J (what iterating the stream does); any other rows give products with
+        ``J^T`` without forming J (:mod:`detjac.engine.operator`).
+        """
+        # torch.func pullbacks build a graph of the backward itself (for higher-order
+        # transforms) unless grad mode is off; that graph would keep every intermediate
+        # cotangent of the block alive (3x the peak memory at d_model=512).
+        with torch.no_grad():
+            return torch.func.vmap(self._pullback)(cotangents)[0]
 
 
 def stream_jacobian(

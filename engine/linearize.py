@@ -1,7 +1,8 @@
 """Linearize a loaded model in place, for the duration of a ``with`` block.
 
-``linearized(model)`` wraps the model's own norm and MLP instances with the detached
-wrappers of :mod:`detjac.engine.detach`, points the config at the registered detached
+``linearized(model)`` wraps the model's own norm and MLP instances (and the query and key
+projections, which then run on the detached input) with the detached wrappers of
+:mod:`detjac.engine.detach`, points the config at the registered detached
 attention function, puts the model in eval mode with frozen parameters, and runs the
 guard. On exit every instance, the attention setting, the training flag and the
 ``requires_grad`` flags are restored, so the stock model is untouched afterwards.
@@ -27,6 +28,7 @@ from .detach import (
     EXACT_ATTENTION,
     DetachedActivation,
     DetachedGatedMLP,
+    DetachedInput,
     DetachedNorm,
     register_attention,
 )
@@ -70,6 +72,9 @@ def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tu
     def visit(parent: nn.Module) -> None:
         for name, child in list(parent.named_children()):
             wrapper = _wrapper_for(child, family, detach)
+            if wrapper is None and detach and type(parent) in family.attentions \
+                    and name in family.attention_frozen_children:  # a query or key projection
+                wrapper = DetachedInput(child, detach)
             if wrapper is None:
                 visit(child)
             else:

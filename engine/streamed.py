@@ -24,7 +24,13 @@ cotangent (or tangent) vectors.
 
 Cost model (units: one vector of n_tokens positions through one layer). Reverse mode
 costs ``d_model * sum(depth(t))`` over the requested targets (depth: layers between the
-target and the input); forward mode costs ``n_tokens * d_model * max(depth(t))``.
+target and the input); forward mode costs ``n_tokens * d_model * max(depth(t))`` without
+truncation. The layers are causal, so the tangents of tokens ``k0:k1`` are zero before
+position ``k0``: forward mode carries them over positions ``k0:`` only (the attention
+reads the prefix's values and probability rows recorded by one full-length forward of
+the layer, :class:`~detjac.engine.detach.AttentionReplay`), which brings its cost to
+``sum over blocks (k1 - k0) * d_model * (n_tokens - k0) / n_tokens`` per layer, about
+half for small blocks.
 ``mode="auto"`` takes forward mode for the cumulative targets when it is cheaper (many
 layers, short prompt) and reverse mode otherwise; per-layer (``*_local``) targets are
 always reverse mode (one layer each).
@@ -63,6 +69,7 @@ from torch import nn
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
 from .decode import final_norm_gain
+from .detach import AttentionReplay
 from .families import family_for
 from .linearize import linearized
 from .loading import _read_checkpoint, parse_prompt
@@ -238,6 +245,7 @@ class StreamStats:
     max_resident_layers: int = 0
     resident: set[int] = field(default_factory=set)
     bytes_read: int = 0
+    suffix_layers: int = 0  # forward-mode layer sweeps run on a suffix of the positions (causal truncation)
 
 
 class StreamedModel:
@@ -462,8 +470,11 @@ class StreamedModel:
     def _step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
               ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """Layer ``i`` as a function (n, d) -> (output (n, d), mid residual (n, d))."""
+        return self._layer_fn(i, *calls[i])
+
+    def _layer_fn(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+                  ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         layer = self.layers[i]
-        args, kwargs = calls[i]
         mid_module = getattr(layer, self.family.mid_residual)
 
         def step(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -477,6 +488,33 @@ class StreamedModel:
             return out[0], seen[0][0]
 
         return step
+
+    def _suffix_step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
+                     start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """Layer ``i`` on positions ``start:`` only, (n - start, d) -> (n - start, d) twice, for tangents that
+        are zero before ``start``; None where that would not be exact (see :class:`AttentionReplay`).
+
+        One full-length forward of the layer records the attention's values and frozen probabilities;
+        the suffix then runs with the prefix's values and its own probability rows. Exact because the
+        layer is causal (checked on the recorded probabilities) and every other factor is position-wise.
+        """
+        args, kwargs = calls[i]
+        sliced = _suffix_kwargs(kwargs, start, h.shape[0])
+        if not self.detach or args or sliced is None:
+            return None
+        replay = AttentionReplay()
+        with replay.record(), torch.no_grad():
+            self._step(i, calls)(h)
+        if not replay.records or not replay.causal():
+            return None
+        step = self._layer_fn(i, args, sliced)
+        self.stats.suffix_layers += 1
+
+        def suffix(hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with replay.replay(start):
+                return step(hs)
+
+        return suffix
 
     def _final(self, position: int) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda h: self.decoder.norm(h)[position]
@@ -552,10 +590,13 @@ class StreamedModel:
                 raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r} instead.")
         n, d, L = len(trace.token_ids), self.d_model, self.n_layers
         cumulative = [t for t in targets if not t.local]
-        reverse_cost = d * sum(t.depth(L) for t in cumulative)
-        forward_cost = n * d * max((t.depth(L) for t in cumulative), default=0.0)
         budget = self._vector_budget(trace)
         rows_fit = budget // self._vector_bytes(n) if budget is not None else None
+        if token_block is None:
+            token_block = max(1, n // 4) if rows_fit is None else min(n, rows_fit // d)
+        reverse_cost = d * sum(t.depth(L) for t in cumulative)
+        forward_cost = self._forward_vectors(n, max(1, token_block)) * max((t.depth(L) for t in cumulative),
+                                                                           default=0.0)
         forward_ok = mode == "forward" or (mode == "auto" and forward_cost < reverse_cost
                                            and (rows_fit is None or rows_fit >= d))
         fwd = sorted(cumulative) if forward_ok and cumulative else []
@@ -565,8 +606,6 @@ class StreamedModel:
             row_block = DEFAULT_ROW_BLOCK if rows_fit is None else min(d, rows_fit // n_rev)
             if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
                 row_block = -(-d // -(-d // row_block))
-        if token_block is None:
-            token_block = max(1, n // 4) if rows_fit is None else min(n, rows_fit // d)
         if budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
             raise InvalidArgumentError(
                 f"Expected a memory budget that holds one layer ({self.layer_bytes() / 2**30:.2f} GiB) and at least "
@@ -576,6 +615,13 @@ class StreamedModel:
         row_block, token_block = max(1, row_block), max(1, token_block)
         return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,
                     -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
+
+    def _forward_vectors(self, n: int, token_block: int) -> float:
+        """Forward mode's vectors per layer, in units of n positions: a block of tokens ``k0:k1`` carries
+        ``(k1 - k0) * d`` tangents over positions ``k0:`` only (causal truncation, detached models)."""
+        if not self.detach:
+            return float(n * self.d_model)
+        return sum(min(token_block, n - k0) * self.d_model * (n - k0) / n for k0 in range(0, n, token_block))
 
     def _device_budget(self) -> int | None:
         return self.budgets.get(_device_key(self.device))
@@ -615,11 +661,14 @@ class StreamedModel:
                 bar.close()
 
     def _reverse(self, trace: Trace, targets: list[Target], r0: int, r1: int,
-                 progress: bool) -> Iterator[JacobianBlock]:
+                 progress: bool, seed: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
+        """Rows ``r0:r1`` of every target; with ``seed`` (r1 - r0, n, d), its rows at the target position are
+        pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free)."""
         n, d, p, L = len(trace.token_ids), self.d_model, trace.position, self.n_layers
         dev, dt = self.device, self.dtype
-        seed = torch.zeros(r1 - r0, n, d, dtype=dt, device=dev)
-        seed[torch.arange(r1 - r0), p, torch.arange(r0, r1)] = 1.0
+        if seed is None:
+            seed = torch.zeros(r1 - r0, n, d, dtype=dt, device=dev)
+            seed[torch.arange(r1 - r0), p, torch.arange(r0, r1)] = 1.0
         active: list[tuple[Target, torch.Tensor]] = []  # cotangents at the current layer's output
         if any(t.component == "output" for t in targets):
             _, pull = torch.func.vjp(self._final(p), trace.inputs[L].to(dev))
@@ -659,34 +708,53 @@ class StreamedModel:
             yield JacobianBlock(t, r0, r1, 0, n, g)
 
     def _forward(self, trace: Trace, targets: list[Target], k0: int, k1: int,
-                 progress: bool) -> Iterator[JacobianBlock]:
+                 progress: bool, tangent: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
+        """Columns of tokens ``k0:k1`` of every target; with ``tangent`` (c, n, d), those directions are pushed
+        instead of the basis columns, and each block's values are the products ``J @ tangent`` (d, c)."""
         n, d, p, L = len(trace.token_ids), self.d_model, trace.position, self.n_layers
-        c = (k1 - k0) * d
-        tangent = torch.zeros(c, n, d, dtype=self.dtype, device=self.device)
-        cols = torch.arange(c)
-        tangent[cols, k0 + cols // d, cols % d] = 1.0
+        basis = tangent is None
+        if tangent is None:
+            c = (k1 - k0) * d
+            s = k0  # causal truncation: the basis tangents are zero before position s, which they do not carry
+            tangent = torch.zeros(c, n - s, d, dtype=self.dtype, device=self.device)
+            cols = torch.arange(c)
+            tangent[cols, k0 - s + cols // d, cols % d] = 1.0
+        else:  # arbitrary directions over every position
+            c, s = tangent.shape[0], 0
         top = max((L - 1 if t.component == "output" else t.layer) for t in targets)
 
-        def columns(t: Target, v: torch.Tensor) -> JacobianBlock:  # v: (c, d) -> (d, k1 - k0, d)
-            return JacobianBlock(t, 0, d, k0, k1, v.T.reshape(d, k1 - k0, d))
+        def columns(t: Target, v: torch.Tensor) -> JacobianBlock:  # v: (c, d) -> (d, k1 - k0, d), or (d, c)
+            return JacobianBlock(t, 0, d, k0, k1, v.T.reshape(d, k1 - k0, d) if basis else v.T)
+
+        def at(v: torch.Tensor) -> torch.Tensor:  # (c, n - s, d) -> (c, d) at the target position
+            return v[:, p - s] if p >= s else v.new_zeros(c, d)
 
         for i in _bar(range(top + 1), progress, "forward sweep", "layer", leave=False):
             with self._layer(i), torch.no_grad():
-                step, h = self._step(i, trace.calls), trace.inputs[i].to(self.device)
-                t_out, t_mid = torch.func.vmap(lambda v, step=step, h=h: torch.func.jvp(step, (h,), (v,))[1])(tangent)
+                h = trace.inputs[i].to(self.device)
+                step = self._suffix_step(i, trace.calls, h, s) if s > 0 else None
+                if step is None:
+                    if s > 0:  # not truncatable exactly: carry the zeros again
+                        tangent = torch.cat([tangent.new_zeros(c, s, d), tangent], dim=1)
+                        s = 0
+                    step = self._step(i, trace.calls)
+                hs = h[s:]
+                t_out, t_mid = torch.func.vmap(lambda v, step=step, hs=hs: torch.func.jvp(step, (hs,), (v,))[1])(
+                    tangent)
             for t in (t for t in targets if t.layer == i):
                 if t.component == "layer":
-                    yield columns(t, t_out[:, p])
+                    yield columns(t, at(t_out))
                 elif t.component == "attn":
-                    yield columns(t, t_mid[:, p] - tangent[:, p])
+                    yield columns(t, at(t_mid) - at(tangent))
                 else:
-                    yield columns(t, t_out[:, p] - t_mid[:, p])
+                    yield columns(t, at(t_out) - at(t_mid))
             tangent = t_out
             del t_mid
         if any(t.component == "output" for t in targets):
-            h = trace.inputs[L].to(self.device)
+            h = trace.inputs[L][s:].to(self.device)
             with torch.no_grad():
-                y = torch.func.vmap(lambda v: torch.func.jvp(self._final(p), (h,), (v,))[1])(tangent)
+                y = torch.func.vmap(lambda v: torch.func.jvp(self._final(p - s), (h,), (v,))[1])(tangent) \
+                    if p >= s else tangent.new_zeros(c, d)
             yield columns(Target(-1, "output"), y)
 
     # -- conveniences -------------------------------------------------------------------
@@ -752,6 +820,24 @@ class _PromptModel:
 @dataclass(frozen=True)
 class _Vocab:
     num_embeddings: int
+
+
+def _suffix_kwargs(kwargs: dict[str, Any], start: int, n: int) -> dict[str, Any] | None:
+    """A decoder layer's keyword arguments for positions ``start:`` only; None for one it does not know."""
+    out: dict[str, Any] = {}
+    for key, v in kwargs.items():
+        if v is None or isinstance(v, bool):
+            out[key] = v
+        elif key == "attention_mask" and isinstance(v, torch.Tensor) and v.shape[-2:] == (n, n):
+            out[key] = v[..., start:, :]
+        elif key == "position_ids" and isinstance(v, torch.Tensor) and v.shape[-1] == n:
+            out[key] = v[..., start:]
+        elif key == "position_embeddings" and isinstance(v, tuple) and all(
+                isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] == n for t in v):
+            out[key] = tuple(t[:, start:] for t in v)
+        else:
+            return None
+    return out
 
 
 def _param_slots(module: nn.Module) -> dict[str, tuple[nn.Module, str]]:

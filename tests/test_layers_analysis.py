@@ -155,3 +155,20 @@ def test_report_includes_the_layerwise_section(layer_store, tmp_path):
     assert summary["layerwise_prompts"] == 1 and 0 <= summary["prediction_emerges_in_u1"] <= 1
     assert {"layers.parquet", "emergence.parquet", "dims.parquet", "emergence.png"} <= set(summary["files"])
     assert jobs.token_id(layer_store, "id:5") == 5
+
+
+def test_thin_svd_retries_the_transpose_when_lapack_does_not_converge(monkeypatch):
+    from detjac.analysis import spectra
+
+    A = np.random.default_rng(0).standard_normal((6, 4))
+    real = np.linalg.svd
+
+    def flaky(a, full_matrices=True, **kw):
+        if a.shape == A.shape:
+            raise np.linalg.LinAlgError("SVD did not converge")
+        return real(a, full_matrices=full_matrices, **kw)
+
+    monkeypatch.setattr(spectra.np.linalg, "svd", flaky)
+    U, S, Vt = spectra.thin_svd(A)
+    np.testing.assert_allclose(U * S @ Vt, A, atol=1e-12)
+    np.testing.assert_allclose(S, real(A, compute_uv=False), rtol=1e-12)

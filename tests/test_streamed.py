@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, load_model, output_logits
-from detjac.engine.streamed import StreamedModel, Target, layer_targets, parse_memory
+from detjac.engine.streamed import StreamedModel, Target, _suffix_kwargs, layer_targets, parse_memory
 from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.weights import SafetensorsWeights, resolve_key
 from detjac.errors import CheckpointError, InvalidArgumentError
@@ -36,6 +36,7 @@ def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.
     assert rev.plan.forward == [] and fwd.plan.reverse == []
     for t in rev.jacobians:
         assert rev.reconstruction_error(t) < EXACT, t.name
+    assert sm.stats.suffix_layers > 0  # token blocks after the first carried their suffix only
     for t in fwd.jacobians:
         assert fwd.reconstruction_error(t) < EXACT, t.name
         scale = rev[t].abs().max().item()
@@ -45,6 +46,34 @@ def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.
     before = rev[f"layer.{last - 1}"]
     summed = before + rev[f"attn.{last}"] + rev[f"mlp.{last}"]
     assert (summed - rev[f"layer.{last}"]).abs().max().item() < 1e-10
+
+
+def test_forward_mode_truncation_at_an_earlier_position_and_without_detaching(prompt_ids: list[int]) -> None:
+    model = tiny_model("mistral", seed=2)  # a sliding window shorter than the prompt
+    ref = StreamedModel(model).jacobians(prompt_ids, ["layer.1", "output"], mode="reverse", position=3)
+    sm = StreamedModel(model)
+    fwd = sm.jacobians(prompt_ids, ["layer.1", "output"], mode="forward", token_block=2, position=3)
+    for t in fwd.jacobians:
+        assert (fwd[t] - ref[t]).abs().max().item() <= EXACT, t.name
+        assert not fwd[t][:, 4:].any(), t.name  # tokens after the target position do not reach it
+    assert sm.stats.suffix_layers > 0
+    ordinary = StreamedModel(model, detach=False)  # no frozen probabilities: never truncated
+    exact = ordinary.jacobians(prompt_ids, ["layer.1"], mode="forward", token_block=2)
+    assert ordinary.stats.suffix_layers == 0
+    assert (exact["layer.1"] - ordinary.jacobians(prompt_ids, ["layer.1"], mode="reverse")["layer.1"]
+            ).abs().max().item() <= EXACT
+
+
+def test_suffix_arguments_slice_positions_and_refuse_unknown_ones() -> None:
+    n = 5
+    kwargs = {"attention_mask": torch.zeros(1, 1, n, n), "position_ids": torch.arange(n)[None],
+              "position_embeddings": (torch.ones(1, n, 4), torch.ones(1, n, 4)), "past_key_values": None,
+              "use_cache": False}
+    sliced = _suffix_kwargs(kwargs, 2, n)
+    assert sliced["attention_mask"].shape == (1, 1, 3, n)
+    assert sliced["position_ids"].tolist() == [[2, 3, 4]]
+    assert [t.shape for t in sliced["position_embeddings"]] == [(1, 3, 4)] * 2
+    assert _suffix_kwargs({**kwargs, "cache_position": torch.arange(n)}, 2, n) is None
 
 
 def test_ordinary_jacobian_matches_in_memory_engine(prompt_ids: list[int]) -> None:

@@ -1,0 +1,196 @@
+"""``detjac svd``: top singular triplets of one prompt's Jacobian from products, without forming it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .run_cmd import DTYPES
+
+
+def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    from detjac.errors import PromptError
+
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("Expected exactly one of --prompt and --prompt-file.")
+    if prompt_file is None:
+        return prompt  # type: ignore[return-value]
+    try:
+        return Path(prompt_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"Expected a readable UTF-8 text file for --prompt-file. Got {prompt_file}: {exc}") from exc
+
+
+@click.command("svd")
+@click.argument("model", type=click.Path(), default="default", required=False)
+@click.option("--prompt", "-p", default=None, help="Prompt text (tokenized with the model's tokenizer).")
+@click.option("--prompt-file", type=click.Path(dir_okay=False), default=None,
+              help="Read the prompt from a UTF-8 text file instead (long prompts).")
+@click.option("--k", "k", type=click.IntRange(min=1), default=16, show_default=True, help="Singular triplets wanted.")
+@click.option("--top", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Decoded tokens per singular vector.")
+@click.option("--method", type=click.Choice(["lanczos", "randomized"]), default="lanczos", show_default=True,
+              help="Block Lanczos, or randomized subspace iteration (slower on clustered spectra).")
+@click.option("--block", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Lanczos: vectors added to the basis per iteration.")
+@click.option("--oversample", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Randomized: extra subspace vectors beyond --k.")
+@click.option("--tol", type=click.FloatRange(min=0, min_open=True, max=1, max_open=True), default=None,
+              help="Residual ||J v - sigma u|| / sigma_1 at which a triplet has converged "
+                   "[default: 1e-8 in float64, sqrt(eps) otherwise].")
+@click.option("--max-iters", type=click.IntRange(min=1), default=None,
+              help="Iteration limit [default: none for Lanczos (it ends by d_model/block iterations), "
+                   "100 for randomized].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random start.")
+@click.option("--product-block", type=click.IntRange(min=1), default=None,
+              help="Vectors per product sweep (memory) [default: 64, or what --max-memory allows].")
+@click.option("--streamed", is_flag=True,
+              help="Stream decoder layers from the checkpoint one at a time (implied by --max-memory).")
+@click.option("--max-memory", default=None,
+              help="Memory budget per device for the streamed engine, e.g. cpu=4GiB or cuda:0=8GiB.")
+@click.option("--position", type=int, default=None,
+              help="Target position [default: the last token; [CLS] (0) for encoders].")
+@click.option("--compare", is_flag=True,
+              help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+              help="Write U, S, V, the residuals and the token ids to this .npz file.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
+              help="Compute dtype; float64 is the exactness mode.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
+@click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
+@click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
+def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: int, method: str, block: int,
+        oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
+        streamed: bool, max_memory: str | None, position: int | None, compare: bool, out: str | None,
+        dtype: str, device: str, revision: str | None, trust_remote_code: bool) -> None:
+    """Top singular triplets of MODEL's detached Jacobian on one prompt, without forming it.
+
+    The combined operator J = [J_1 ... J_n] (d_model x n_tokens * d_model) is applied by
+    products only: J^T u by vmapped pullbacks and J v by the transposed pullback (or, with
+    --streamed, by forward-mode sweeps through one layer at a time). Block Lanczos on J J^T
+    finds the top --k triplets; each converges when ||J v - sigma u|| <= tol * sigma_1.
+    Memory stays at one block of product vectors instead of the whole J (2 GiB in float64
+    at d_model 512 and 1024 tokens).
+
+    Prints the singular values with their residuals, the tokens the left vectors decode to
+    (through the unembedding) and the right vectors (the token block carrying most of
+    |v|^2, through the input embedding), and the products used.
+
+    \b
+    Examples:
+      detjac svd -p "Kitten, n. A young" --k 8                     # the default model
+      detjac svd ./Llama-3.2-1B --prompt-file long.txt --k 16 --top 8
+      detjac svd ./Qwen3-14B --prompt-file long.txt --max-memory cpu=16GiB --dtype float32
+      detjac svd -p "Oak, n. (Bot.) Any tree" --compare --out oak.npz
+    """
+    import torch
+
+    from detjac.engine.default import resolve_model
+    from detjac.engine.svds import top_singular
+
+    text = _prompt_text(prompt, prompt_file)
+    streamed = streamed or max_memory is not None
+    source = resolve_model(model)
+    t0 = time.perf_counter()
+    lm, op = _operator(source, text, streamed=streamed, max_memory=max_memory, dtype=getattr(torch, dtype),
+                       device=device, position=position, block=product_block, revision=revision,
+                       trust_remote_code=trust_remote_code)
+    tok = op_tokenizer(lm)
+    n, d = op.n_tokens, op.d_model
+    where = f"{device}, layers streamed one at a time" if streamed else device
+    click.echo(f"model       {model} ({dtype}, {where}); target: position {op.position} of {n} tokens")
+    click.echo(f"operator    J = [J_1 ... J_n]: {d} x {n * d}, applied by products (never formed: "
+               f"{d * n * d * op.dtype.itemsize / 2**20:.1f} MiB if it were)")
+    err = op.check()
+    click.echo(f"reconstruction error of J x{' + b' if op.bias is not None else ''} (one product)  {err:.3e}")
+    result = top_singular(op, k, method=method, block=block, oversample=oversample, tol=tol, max_iters=max_iters,
+                          seed=seed, orient=op.produced, progress=True)
+    seconds = time.perf_counter() - t0
+    status = "converged" if result.converged else f"NOT converged (tol {result.tol:.0e}: raise --max-iters)"
+    click.echo(f"{method}: {result.iterations} iterations, basis {result.basis}, {result.matvecs} products with J "
+               f"and {result.rmatvecs} with J^T ({op.stats.sweeps} sweeps); {status}, max residual "
+               f"{float(result.residuals.max()):.1e} sigma_1  ({seconds:.1f} s in all)")
+    _echo_triplets(lm, tok, op, result, top)
+    if compare:
+        _compare(lm, source, text, op, result, dtype)
+    if out is not None:
+        _save(out, op, result, model, text)
+
+
+def _operator(source: Any, text: str, *, streamed: bool, max_memory: str | None, dtype: Any, device: str,
+              position: int | None, block: int | None, revision: str | None, trust_remote_code: bool) -> Any:
+    from detjac.engine import load_model
+    from detjac.engine.operator import jacobian_operator
+
+    if streamed:
+        from detjac.engine.streamed import StreamedModel
+
+        lm: Any = StreamedModel(source, dtype=dtype, device=device, max_memory=max_memory, revision=revision,
+                                trust_remote_code=trust_remote_code)
+    else:
+        lm = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
+    return lm, jacobian_operator(lm, text, position=position, block=block, progress=streamed)
+
+
+def op_tokenizer(lm: Any) -> Any:
+    """The tokenizer of an in-memory or a streamed model (None when the checkpoint has none)."""
+    from detjac.engine import get_tokenizer
+    from detjac.engine.streamed import StreamedModel
+
+    return lm.tokenizer if isinstance(lm, StreamedModel) else get_tokenizer(lm)
+
+
+def _matrices(lm: Any) -> tuple[Any, Any]:
+    """(decoding matrix for left vectors, input embedding for right vectors), both (vocab, d)."""
+    from detjac.engine import decoding_matrix
+    from detjac.engine.streamed import StreamedModel
+
+    if isinstance(lm, StreamedModel):
+        mats = lm.decoding_matrices()
+        return mats["unembedding"], mats["embedding"]
+    return decoding_matrix(lm).detach(), lm.get_input_embeddings().weight.detach()
+
+
+def _echo_triplets(lm: Any, tok: Any, op: Any, result: Any, top: int) -> None:
+    from detjac.engine.decode import decode_blocks, decode_top
+
+    from .render import piece, pieces
+
+    unembed, embed = _matrices(lm)
+    left_ids, _ = decode_top(result.U.cpu(), unembed.cpu(), top)
+    right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, embed.cpu(), top)
+    click.echo(f"  {'#':>3}  {'sigma':>10}  {'residual':>8}  left -> tokens | right [token, share of |v|^2] -> tokens")
+    for i, s in enumerate(result.S.tolist()):
+        at = piece(tok, op.token_ids[int(picks[i])])
+        click.echo(f"  {i + 1:>3}  {s:>10.5g}  {float(result.residuals[i]):>8.1e}  {pieces(tok, left_ids[i].tolist())}"
+                   f" | [{int(picks[i])} {at}, {float(shares[i]):.0%}] {pieces(tok, right_ids[i].tolist())}")
+
+
+def _compare(lm: Any, source: Any, text: str, op: Any, result: Any, dtype: str) -> None:
+    """Form J with the row-block engine, take its full SVD and compare (the check the matrix-free path avoids)."""
+    import torch
+
+    from detjac.engine import detached_jacobian, load_model
+    from detjac.engine.streamed import StreamedModel
+
+    t0 = time.perf_counter()
+    model = load_model(source, dtype=getattr(torch, dtype)) if isinstance(lm, StreamedModel) else lm
+    full = detached_jacobian(model, op.token_ids, position=op.position).combined()
+    S = torch.linalg.svdvals(full)[: result.S.shape[0]].to(result.S.device)
+    rel = float(((result.S - S).abs() / S).max())
+    click.echo(f"compare     formed J and its full SVD in {time.perf_counter() - t0:.1f} s: max relative "
+               f"error of the top {S.shape[0]} singular values {rel:.1e}")
+
+
+def _save(path: str, op: Any, result: Any, model: str, text: str) -> None:
+    import numpy as np
+
+    arrays = {"U": result.U, "S": result.S, "V": result.right_blocks(op.n_tokens).permute(1, 2, 0),
+              "residuals": result.residuals}
+    np.savez(path, **{k: v.detach().cpu().numpy() for k, v in arrays.items()},
+             token_ids=np.asarray(op.token_ids, dtype=np.int64), position=op.position, model=model, prompt=text,
+             method=result.method, matvecs=result.matvecs, rmatvecs=result.rmatvecs, converged=result.converged)
+    click.echo(f"wrote U (d, k), S (k,), V (token, d, k) and residuals to {path}")
