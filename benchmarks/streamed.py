@@ -79,19 +79,23 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere: KiB (Linux) / bytes (macOS)
 
 
-def sweep_flops(cfg: dict[str, Any], n: int, rows: int, layers: int) -> float:
+def sweep_flops(cfg: dict[str, Any], n: int, rows: int, layers: int, queries: int | None = None) -> float:
     """FLOPs of pulling ``rows`` vectors of ``n`` positions back through ``layers`` layers.
 
     Per vector and layer: the transposed value, output, up and down projections
     (``2 n (d kv + d q + 2 d f)``, q/kv the widths of all query/key-value heads) and the
-    transposed frozen-probability products (``2 n^2 q``). Norm scales, the gate product and
+    transposed frozen-probability products (``2 n^2 q``). A layer pulled back from the outputs of
+    its last ``queries`` positions only (the top layer in reverse mode: its cotangents are zero
+    before the target position) does the value projection over all n positions and the rest over
+    ``queries``: ``2 n d kv + 2 queries (d q + 2 d f) + 2 queries n q``. Norm scales, the gate product and
     the per-layer recomputed forward are not counted (they are O(n d) per vector or O(1)
     in the number of vectors).
     """
     d, f = cfg["hidden_size"], cfg["intermediate_size"]
     q = cfg["num_attention_heads"] * cfg["head_dim"]
     kv = cfg["num_key_value_heads"] * cfg["head_dim"]
-    per = 2 * n * (d * kv + d * q + 2 * d * f) + 2 * n * n * q
+    m = n if queries is None else queries
+    per = 2 * n * d * kv + 2 * m * (d * q + 2 * d * f) + 2 * m * n * q
     return float(per * rows * layers)
 
 
@@ -205,10 +209,14 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
                     for k0 in range(0, n, plan.token_block)) * max(t.depth(sm.n_layers) for t in targets)
     else:
         flops = sweep_flops(cfg, n, d, 1) * sum(t.depth(sm.n_layers) for t in targets)
+        if sm.stats.pulled_suffix_layers:  # the top layer's targets were pulled back from the target position only
+            start = [sm.n_layers - 1 if t.component == "output" else t.layer for t in targets]
+            saved = sweep_flops(cfg, n, d, 1) - sweep_flops(cfg, n, d, 1, queries=n - trace.position)
+            flops -= start.count(max(start)) * saved
     return {"seconds": seconds, "rss_above_weights_mib": rss_above, "row_block": plan.row_block,
             "token_block": plan.token_block, "mode": "forward" if plan.forward else "reverse",
             "matmul_gflops": flops_matmul / 1e9, "sweep_gflops": flops / sweeps / 1e9,
-            "suffix_layers": sm.stats.suffix_layers,
+            "suffix_layers": sm.stats.suffix_layers, "pulled_suffix_layers": sm.stats.pulled_suffix_layers,
             "auto_mode": "forward" if sm.plan(trace, targets).forward else "reverse"}
 
 

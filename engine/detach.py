@@ -138,25 +138,48 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, n_rep, s, hd).reshape(b, h * n_rep, s, hd)
 
 
+def grouped_product(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``probs @ repeat_kv(value)`` without repeating the values: (batch, heads, q, kv) x (batch, kv_heads, kv, hd)
+    -> (batch, heads, q, hd).
+
+    The ``n_rep`` query heads that share a key-value head are stacked along the query axis, so one
+    matmul per key-value head does their work; its pullback sums over the group inside the matmul
+    instead of reducing a repeated copy.
+    """
+    b, h, q, kv = probs.shape
+    kvh = value.shape[1]
+    if h == kvh:
+        return torch.matmul(probs, value)
+    grouped = torch.matmul(probs.reshape(b, kvh, (h // kvh) * q, kv), value)
+    return grouped.reshape(b, h, q, value.shape[-1])
+
+
 class AttentionReplay:
-    """Lets a causal decoder layer run on a suffix of the positions (forward-mode tangents that are zero
-    before ``start``).
+    """Lets a causal decoder layer compute the outputs of a suffix of the positions only.
 
     :meth:`record` runs the full-sequence layer once and keeps each attention call's values and
     frozen probabilities; :meth:`replay` then serves the suffix's calls: the recorded prefix values go
-    in front of the suffix's own (constants: their tangent is zero) and the recorded probability rows
-    of the suffix's queries are used. The suffix's primal output, and so every position-wise frozen
-    factor after the attention, equals the full run's.
+    in front of the suffix's own and the recorded probability rows of the suffix's queries are used.
+    The suffix's primal output, and so every position-wise frozen factor after the attention, equals
+    the full run's. Two uses:
+
+    - forward-mode tangents that are zero before ``start``: the prefix values are recorded as
+      constants (their tangent is zero);
+    - ``record(live=True)`` inside a function being differentiated, for cotangents that are zero
+      before ``start`` (reverse mode): the prefix values stay functions of the layer's input, so the
+      pullback reaches every position through them while the output projection and the MLP run on the
+      suffix only.
     """
 
     def __init__(self) -> None:
         self.records: list[tuple[torch.Tensor, torch.Tensor]] = []  # (value, probs) per attention call
         self.start: int | None = None
+        self.live = False
         self._cursor = 0
 
     @contextmanager
-    def record(self) -> Iterator[None]:
-        self.records, self.start = [], None
+    def record(self, live: bool = False) -> Iterator[None]:
+        self.records, self.start, self.live = [], None, live
         token = _REPLAY.set(self)
         try:
             yield
@@ -205,10 +228,9 @@ def _attention(
     replay = _REPLAY.get()
     if replay is not None and replay.start is not None:  # a suffix of the queries (see AttentionReplay)
         value, probs = replay.serve(value)
-        out = torch.matmul(probs, repeat_kv(value, n_rep))
+        out = grouped_product(probs, value)
         return out.transpose(1, 2).contiguous(), probs
-    value_in = value
-    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    key = repeat_kv(key, n_rep)
     fdt = _factor_dtype(query.dtype)
 
     def probabilities() -> torch.Tensor:  # (batch, heads, q_len, kv_len)
@@ -221,8 +243,8 @@ def _attention(
 
     probs = freeze(probabilities, detach)
     if replay is not None:
-        replay.records.append((value_in.detach(), probs.detach()))
-    out = torch.matmul(probs, value)  # (batch, heads, q_len, hd)
+        replay.records.append((value if replay.live else value.detach(), probs.detach()))
+    out = grouped_product(probs, value)  # (batch, heads, q_len, hd)
     return out.transpose(1, 2).contiguous(), probs
 
 

@@ -210,10 +210,10 @@ class ModelOperator(JacobianOperator):
         is linear, so its own pullback is ``v -> J v``; it runs the backward graph of the
         kept pullback backwards, through exactly the linear path. ``"jvp"``: forward mode
         (``torch.func.jvp`` of the linearized forward, vmapped over the columns), which runs
-        the forward again and also pushes the tangents through the inputs of the frozen
-        factors (query and key projections, attention scores, gate projections) before they
-        are detached: measured 2-4x the time per column of ``"transpose"`` on a d_model 512
-        Llama (the same products, to rounding).
+        the whole forward again with the tangents (query, key and gate projections run on
+        detached inputs, so no tangent goes through them): measured 1.2-1.3x the time of
+        ``"transpose"`` for 32 columns on a float64 d_model 512, 4-layer Llama at 64 and 256
+        tokens, with identical products.
     """
 
     FORWARD_MODES = ("transpose", "jvp")

@@ -16,7 +16,12 @@ cotangent (or tangent) vectors.
    goes from the top layer down, through ``torch.func.vjp`` of one detached layer at a
    time, vmapped over the block. Targets deeper in the model join the block as the sweep
    reaches their layer, so one sweep serves them all and each layer's weights are read
-   once per block.
+   once per block. Where a layer's cotangents are zero before some position (the top layer:
+   they sit at the target position only; below a sliding window, a band), the layer is pulled
+   back from the outputs of the later positions only: its attention reads the values of every
+   position as functions of the input (:class:`~detjac.engine.detach.AttentionReplay`, live),
+   so the pullback runs the value projection over all positions and the output projection
+   and the MLP over the suffix (one position at the top).
 3. **Forward mode** (column blocks): tangents of whole tokens' input columns go from the
    bottom layer up through ``torch.func.jvp``; every layer's cumulative Jacobian (its
    output, attention and MLP contributions w.r.t. the input embeddings) is read off on the
@@ -24,7 +29,8 @@ cotangent (or tangent) vectors.
 
 Cost model (units: one vector of n_tokens positions through one layer). Reverse mode
 costs ``d_model * sum(depth(t))`` over the requested targets (depth: layers between the
-target and the input); forward mode costs ``n_tokens * d_model * max(depth(t))`` without
+target and the input), less nearly one layer per target at the top of a sweep (there only
+the value projection runs over every position); forward mode costs ``n_tokens * d_model * max(depth(t))`` without
 truncation. The layers are causal, so the tangents of tokens ``k0:k1`` are zero before
 position ``k0``: forward mode carries them over positions ``k0:`` only (the attention
 reads the prefix's values and probability rows recorded by one full-length forward of
@@ -246,6 +252,7 @@ class StreamStats:
     resident: set[int] = field(default_factory=set)
     bytes_read: int = 0
     suffix_layers: int = 0  # forward-mode layer sweeps run on a suffix of the positions (causal truncation)
+    pulled_suffix_layers: int = 0  # reverse-mode layer pullbacks from the outputs of a suffix of the positions
 
 
 class StreamedModel:
@@ -489,25 +496,39 @@ class StreamedModel:
 
         return step
 
-    def _suffix_step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
-                     start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-        """Layer ``i`` on positions ``start:`` only, (n - start, d) -> (n - start, d) twice, for tangents that
-        are zero before ``start``; None where that would not be exact (see :class:`AttentionReplay`).
-
-        One full-length forward of the layer records the attention's values and frozen probabilities;
-        the suffix then runs with the prefix's values and its own probability rows. Exact because the
-        layer is causal (checked on the recorded probabilities) and every other factor is position-wise.
-        """
+    def _replayable(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
+                    start: int) -> tuple[Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                                         Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                                         AttentionReplay] | None:
+        """(layer ``i`` on all positions, layer ``i`` on positions ``start:`` for an :class:`AttentionReplay`, the
+        replay recorded by one full-length forward of ``h`` with constant values), or None where running a
+        suffix would not be exact: not detaching, arguments it cannot slice, or a layer that is not causal
+        (checked on the recorded probabilities)."""
         args, kwargs = calls[i]
         sliced = _suffix_kwargs(kwargs, start, h.shape[0])
         if not self.detach or args or sliced is None:
             return None
-        replay = AttentionReplay()
-        with replay.record(), torch.no_grad():
-            self._step(i, calls)(h)
-        if not replay.records or not replay.causal():
+        full = self._step(i, calls)
+        recorded = AttentionReplay()
+        with recorded.record(), torch.no_grad():
+            full(h)
+        if not recorded.records or not recorded.causal():
             return None
-        step = self._layer_fn(i, args, sliced)
+        return full, self._layer_fn(i, args, sliced), recorded
+
+    def _suffix_step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
+                     start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """Layer ``i`` on positions ``start:`` only, (n - start, d) -> (n - start, d) twice, for tangents that
+        are zero before ``start``; None where that would not be exact (see :meth:`_replayable`).
+
+        One full-length forward of the layer records the attention's values and frozen probabilities;
+        the suffix then runs with the prefix's values (constants) and its own probability rows. Exact
+        because the layer is causal and every other factor is position-wise.
+        """
+        steps = self._replayable(i, calls, h, start)
+        if steps is None:
+            return None
+        _, step, replay = steps
         self.stats.suffix_layers += 1
 
         def suffix(hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -515,6 +536,31 @@ class StreamedModel:
                 return step(hs)
 
         return suffix
+
+    def _pulled_suffix_step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
+                            start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """Layer ``i`` as a function of all its input positions, (n, d) -> the outputs of positions ``start:``,
+        (n - start, d) twice, for cotangents that are zero before ``start``; None where that would not be exact.
+
+        The function runs the layer at full length once, keeping the attention's values as functions of
+        the input, then the suffix with them: the pullback goes through the value projections of every
+        position but through the output projection and the MLP of the suffix only (the full run's other
+        outputs are not used, so nothing is pulled back through them).
+        """
+        steps = self._replayable(i, calls, h, start)
+        if steps is None:
+            return None
+        full, step, _ = steps
+        self.stats.pulled_suffix_layers += 1
+
+        def pulled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            replay = AttentionReplay()
+            with replay.record(live=True):
+                full(x)
+            with replay.replay(start):
+                return step(x[start:])
+
+        return pulled
 
     def _final(self, position: int) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda h: self.decoder.norm(h)[position]
@@ -690,9 +736,14 @@ class StreamedModel:
             g_mid = torch.cat([e[2] for e in entries])
             del entries[:]  # the concatenated copies are all that is kept
             with self._layer(i):
-                _, pull = torch.func.vjp(self._step(i, trace.calls), trace.inputs[i].to(dev))
+                h = trace.inputs[i].to(dev)
+                s = _first_nonzero_position(g_out, g_mid)
+                step = self._pulled_suffix_step(i, trace.calls, h, s) if 0 < s < n else None
+                if step is None:
+                    step, s = self._step(i, trace.calls), 0
+                _, pull = torch.func.vjp(step, h)
                 with torch.no_grad():
-                    g_in = torch.func.vmap(pull)((g_out, g_mid))[0]
+                    g_in = torch.func.vmap(pull)((g_out[:, s:], g_mid[:, s:]))[0]
             del g_out, g_mid
             order = [t for t, _ in active] + [t for t in targets if t.layer == i and t.component != "output"]
             active = []
@@ -820,6 +871,13 @@ class _PromptModel:
 @dataclass(frozen=True)
 class _Vocab:
     num_embeddings: int
+
+
+def _first_nonzero_position(*cotangents: torch.Tensor) -> int:
+    """The first position (axis 1) where any of ``cotangents`` (block, n, d) is nonzero; n if none is."""
+    used = torch.stack([g.ne(0).any(dim=2).any(dim=0) for g in cotangents]).any(dim=0)
+    hits = used.nonzero()
+    return int(hits[0]) if hits.numel() else int(used.shape[0])
 
 
 def _suffix_kwargs(kwargs: dict[str, Any], start: int, n: int) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ def test_streamed_equals_in_memory_engine_for_every_family(streamable_model: tor
     sm = StreamedModel(streamable_model, dtype=torch.float64)
     res = sm.jacobians(prompt_ids, ["output"], row_block=7)  # blocks that do not divide d_model
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
+    assert sm.stats.pulled_suffix_layers >= res.plan.n_blocks  # at least the top layer, from the last position only
     assert res.reconstruction_error("output") < EXACT
     assert torch.allclose(sm.logits(res.trace.output), ref.logits, rtol=0, atol=1e-12)
     assert int(sm.logits(res.trace.output).argmax()) == ref.next_token_id
@@ -34,6 +35,7 @@ def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.
     rev = sm.jacobians(prompt_ids, targets, mode="reverse", row_block=9)
     fwd = sm.jacobians(prompt_ids, [t for t in targets if "local" not in t], mode="forward", token_block=3)
     assert rev.plan.forward == [] and fwd.plan.reverse == []
+    assert sm.stats.pulled_suffix_layers >= rev.plan.n_blocks  # the top layer (more below a sliding window)
     for t in rev.jacobians:
         assert rev.reconstruction_error(t) < EXACT, t.name
     assert sm.stats.suffix_layers > 0  # token blocks after the first carried their suffix only
@@ -60,6 +62,8 @@ def test_forward_mode_truncation_at_an_earlier_position_and_without_detaching(pr
     ordinary = StreamedModel(model, detach=False)  # no frozen probabilities: never truncated
     exact = ordinary.jacobians(prompt_ids, ["layer.1"], mode="forward", token_block=2)
     assert ordinary.stats.suffix_layers == 0
+    ordinary.jacobians(prompt_ids, ["output"], mode="reverse")
+    assert ordinary.stats.pulled_suffix_layers == 0
     assert (exact["layer.1"] - ordinary.jacobians(prompt_ids, ["layer.1"], mode="reverse")["layer.1"]
             ).abs().max().item() <= EXACT
 
