@@ -721,29 +721,37 @@ class StreamedModel:
             with torch.no_grad():
                 active.append((Target(-1, "output"), torch.func.vmap(pull)(seed[:, p])[0]))
         top = max((L - 1 if t.component == "output" else t.layer) for t in targets)
+        dense = False  # once the cotangents reach position 0 they stay there (the residual path passes them on)
         for i in _bar(range(top, -1, -1), progress, "reverse sweep", "layer", leave=False):
-            entries = [(t, g, torch.zeros_like(g)) for t, g in active]
+            # (target, cotangent at the layer's output, at its mid residual); None: zero
+            entries: list[tuple[Target, torch.Tensor | None, torch.Tensor | None]] = [(t, g, None) for t, g in active]
             for t in (t for t in targets if t.layer == i and t.component != "output"):
                 if t.component == "layer":
-                    entries.append((t, seed, torch.zeros_like(seed)))
+                    entries.append((t, seed, None))
                 elif t.component == "attn":
-                    entries.append((t, torch.zeros_like(seed), seed))
+                    entries.append((t, None, seed))
                 else:
                     entries.append((t, seed, -seed))
             if not entries:
                 continue
-            g_out = torch.cat([e[1] for e in entries])
-            g_mid = torch.cat([e[2] for e in entries])
+            g_out = _stacked([e[1] for e in entries], seed)
+            g_mid = _stacked([e[2] for e in entries], seed) if any(e[2] is not None for e in entries) else None
             del entries[:]  # the concatenated copies are all that is kept
             with self._layer(i):
                 h = trace.inputs[i].to(dev)
-                s = _first_nonzero_position(g_out, g_mid)
+                s = 0 if dense else _first_nonzero_position(*(g for g in (g_out, g_mid) if g is not None))
                 step = self._pulled_suffix_step(i, trace.calls, h, s) if 0 < s < n else None
                 if step is None:
                     step, s = self._step(i, trace.calls), 0
-                _, pull = torch.func.vjp(step, h)
+                dense = s == 0
+                if g_mid is None:  # only the output's cotangents: the mid residual is not pulled back
+                    _, pull = torch.func.vjp(lambda x, step=step: step(x)[0], h)
+                    cotangents: Any = g_out[:, s:]
+                else:
+                    _, pull = torch.func.vjp(step, h)
+                    cotangents = (g_out[:, s:], g_mid[:, s:])
                 with torch.no_grad():
-                    g_in = torch.func.vmap(pull)((g_out[:, s:], g_mid[:, s:]))[0]
+                    g_in = torch.func.vmap(pull)(cotangents)[0]
             del g_out, g_mid
             order = [t for t, _ in active] + [t for t in targets if t.layer == i and t.component != "output"]
             active = []
@@ -871,6 +879,13 @@ class _PromptModel:
 @dataclass(frozen=True)
 class _Vocab:
     num_embeddings: int
+
+
+def _stacked(parts: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
+    """``parts`` (each like ``like`` or None for zeros) stacked along the block axis; one part is not copied."""
+    if len(parts) == 1 and parts[0] is not None:
+        return parts[0]
+    return torch.cat([torch.zeros_like(like) if g is None else g for g in parts])
 
 
 def _first_nonzero_position(*cotangents: torch.Tensor) -> int:

@@ -34,3 +34,13 @@ def streamable_model(request: pytest.FixtureRequest) -> torch.nn.Module:
 @pytest.fixture(scope="session")
 def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: with tiny tensors a second thread only adds synchronization, which
+    costs 10x on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -18,13 +18,7 @@ EXACT = 1e-12
 SIGMA_REL = 1e-8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: a second thread only adds synchronization, which costs 10x on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -6,7 +6,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from detjac.cli.main import main
@@ -16,12 +15,7 @@ PROMPT = "The fog rolls over the bay in the morning"
 ROW = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\S+)\s+(.*) \| \[(\d+) (.*), (\d+)%\] (.*)$", flags=re.M)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sigmas(output: str) -> list[float]:
