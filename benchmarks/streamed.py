@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -50,6 +51,7 @@ from typing import Any
 import numpy as np
 
 RESULTS = Path(__file__).parent / "results" / "streamed.json"
+BUDGET_SHARE = 0.1  # the budgeted run's --max-memory: two layers plus this share of the reference's peak above weights
 
 # Random Llama, d=1024, 8 layers, ffn 2816, GQA 16/4 heads (the figures quoted in the issue).
 SMALL = dict(model_type="llama", hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
@@ -127,6 +129,22 @@ def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int 
     return 2 * size**3 / best
 
 
+def reset_peak() -> float:
+    """Reset this process's peak resident set to its current one (Linux ``clear_refs``) and return it, MiB.
+
+    Measuring "peak above a base" against an old high-water mark would hide every run that stays
+    below what building the model once needed. Where the reset is not allowed: the old high-water mark.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return peak_mib()
+
+
 # -- children -------------------------------------------------------------------------------
 
 
@@ -144,7 +162,7 @@ def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | N
             return decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, -1]
 
         torch.autograd.functional.jacobian(final, x[:2], vectorize=True)  # warm up
-        base = peak_mib()
+        base = reset_peak()
         t0 = time.perf_counter()
         if layers is None:
             jac = torch.autograd.functional.jacobian(final, x, vectorize=True)
@@ -164,28 +182,36 @@ def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | N
 
 
 def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None, row_block: int,
-                 release: bool) -> dict[str, Any]:
+                 extra_budget_mib: float | None) -> dict[str, Any]:
+    """detjac as ``detjac run --streamed`` runs it; with ``extra_budget_mib``, under ``--max-memory cpu=`` two
+    layers (what the budget sets aside for streamed weights; here they are resident, not copied) plus that many MiB,
+    the row block chosen by the plan and the store's shards sized as the CLI sizes them under a budget."""
     torch = _torch()
-    from detjac.engine.streamed import StreamedModel, Target, return_freed_memory
+    from detjac.engine.streamed import StreamedModel, Target
+    from detjac.runs.batch import _shard_bytes
     from detjac.store import create_store
 
-    if release:  # what a CPU --max-memory budget does: freed blocks go back to the system at once
-        return_freed_memory()
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
     flops_matmul = matmul_flops(torch.float32)
     sm = StreamedModel(model, dtype=torch.float32)
+    budget = None
+    if extra_budget_mib is not None:
+        budget = 2 * sm.layer_bytes() + int(extra_budget_mib * 2**20)
+        sm = StreamedModel(model, dtype=torch.float32, max_memory={"cpu": budget})
+        row_block = None
     sm.jacobians(ids[:2], ["output"], row_block=row_block)  # warm up
     shutil.rmtree(Path(out).with_suffix(".zarr"), ignore_errors=True)  # a fresh store per run
     store = create_store(Path(out).with_suffix(".zarr"), {"model_id": "bench"})
-    base = peak_mib()
+    base = reset_peak()
     t0 = time.perf_counter()
     trace = sm.trace(ids)
     targets = [Target(-1, "output")] if layers is None else [Target(i, "layer") for i in layers]
     plan = sm.plan(trace, targets, row_block=row_block, mode="reverse" if layers is None else "auto")
     t_sweeps = time.perf_counter()
     d = sm.d_model
-    writers = {t: store.begin(f"{i:016x}", n_rows=d, n_tokens=n, n_cols=d, dtype="float32", row_block=row_block)
+    writers = {t: store.begin(f"{i:016x}", n_rows=d, n_tokens=n, n_cols=d, dtype="float32", row_block=plan.row_block,
+                              shard_bytes=_shard_bytes(sm))
                for i, t in enumerate(targets)}
     checked = targets[0] if layers is None else Target(_checked(layers), "layer")
     for b in sm.blocks(trace, targets, plan):  # row blocks go to the store as they come
@@ -214,6 +240,8 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
             saved = sweep_flops(cfg, n, d, 1) - sweep_flops(cfg, n, d, 1, queries=n - trace.position)
             flops -= start.count(max(start)) * saved
     return {"seconds": seconds, "rss_above_weights_mib": rss_above, "row_block": plan.row_block,
+            "budget_mib": None if budget is None else budget / 2**20,
+            "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "0"),
             "token_block": plan.token_block, "mode": "forward" if plan.forward else "reverse",
             "matmul_gflops": flops_matmul / 1e9, "sweep_gflops": flops / sweeps / 1e9,
             "suffix_layers": sm.stats.suffix_layers, "pulled_suffix_layers": sm.stats.pulled_suffix_layers,
@@ -250,8 +278,11 @@ def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
             "gib_read": sm.stats.bytes_read / 2**30}
 
 
-def _run_child(*args: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "_child", *args], capture_output=True, text=True)
+def _run_child(*args: str, huge_pages: bool = True) -> dict[str, Any]:
+    """One measurement in a fresh process; ``huge_pages``: THP_MEM_ALLOC_ENABLE as the CLI sets it (PyTorch reads
+    it at its first allocation)."""
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1" if huge_pages else "0"}
+    proc = subprocess.run([sys.executable, __file__, "_child", *args], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -261,22 +292,33 @@ def _run_child(*args: str) -> dict[str, Any]:
 
 
 def _pair(
-    name: str, cfg: dict[str, Any], n: int, tmp: Path, layers: list[int] | None, row_block: int
+    name: str, cfg: dict[str, Any], n: int, tmp: Path, layers: list[int] | None, row_block: int,
+    pages: tuple[str, ...] = ("4k", "thp"), budgeted: bool = True,
 ) -> dict[str, Any]:
+    """The reference with and without huge pages (``pages``; the faster is the baseline), then detjac as the CLI
+    runs it (huge pages on), then (``budgeted``) detjac under a CPU budget of two layers plus BUDGET_SHARE of the
+    reference's memory."""
     torch = _torch()
     spec = json.dumps({"cfg": cfg, "n": n, "layers": layers, "row_block": row_block})
-    ref = _run_child("reference", spec, str(tmp / "ref.pt"))
+    refs = {p: _run_child("reference", spec, str(tmp / f"ref_{p}.pt"), huge_pages=p == "thp") for p in pages}
+    ref = min(refs.values(), key=lambda r: r["seconds"])
+    shutil.copy(tmp / f"ref_{pages[0]}.pt", tmp / "ref.pt")
     ours = _run_child("detjac", spec, str(tmp / "ours.pt"))
-    low = _run_child("detjac", json.dumps({**json.loads(spec), "release": True}), str(tmp / "low.pt"))
-    a, b, c = (torch.load(tmp / f) for f in ("ref.pt", "ours.pt", "low.pt"))
-    ref_rss = max(ref["rss_above_weights_mib"], 1e-9)
-    row = {"name": name, "tokens": n, "reference": ref, "detjac": ours, "detjac_budget_allocator": low,
-           "time_ratio": ours["seconds"] / ref["seconds"],
+    ref_rss = max(min(r["rss_above_weights_mib"] for r in refs.values()), 1e-9)
+    row = {"name": name, "tokens": n, "reference": ref, **{f"reference_{p}_pages": r for p, r in refs.items()},
+           "detjac": ours, "time_ratio": ours["seconds"] / ref["seconds"],
            "rss_ratio": ours["rss_above_weights_mib"] / ref_rss,
-           "time_ratio_budget_allocator": low["seconds"] / ref["seconds"],
-           "rss_ratio_budget_allocator": low["rss_above_weights_mib"] / ref_rss,
-           "max_abs_diff": float(max((a - b).abs().max(), (a - c).abs().max())), "max_abs": float(a.abs().max()),
            "efficiency_vs_matmul": ours["sweep_gflops"] / ours["matmul_gflops"]}
+    a = torch.load(tmp / "ref.pt")
+    diffs = [(a - torch.load(tmp / "ours.pt")).abs().max()]
+    if budgeted:
+        extra = BUDGET_SHARE * ref_rss
+        low = _run_child("detjac", json.dumps({**json.loads(spec), "extra_budget_mib": extra}), str(tmp / "low.pt"))
+        diffs.append((a - torch.load(tmp / "low.pt")).abs().max())
+        row.update({"detjac_budget": low, "time_ratio_budget": low["seconds"] / ref["seconds"],
+                    "rss_ratio_budget": low["rss_above_weights_mib"] / ref_rss,
+                    "efficiency_vs_matmul_budget": low["sweep_gflops"] / low["matmul_gflops"]})
+    row.update({"max_abs_diff": float(max(diffs)), "max_abs": float(a.abs().max())})
     print(json.dumps(row), flush=True)
     return row
 
@@ -289,10 +331,10 @@ def section_compare(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 def section_layerwise(tmp: Path, quick: bool) -> list[dict[str, Any]]:
     """All layer outputs: reverse mode's regime (8 layers, 32 tokens) and forward mode's (28 layers, 4 tokens)."""
     rows = [_pair("llama d1024 L8, all layer outputs", SMALL, 8 if quick else 32, tmp,
-                  list(range(SMALL["num_hidden_layers"])), 64)]
+                  list(range(SMALL["num_hidden_layers"])), 64, pages=("thp",), budgeted=False)]
     if not quick:
         rows.append(_pair("qwen3-0.6B shape, all 28 layer outputs", HALF_B, 4, tmp,
-                          list(range(HALF_B["num_hidden_layers"])), 64))
+                          list(range(HALF_B["num_hidden_layers"])), 64, pages=("thp",), budgeted=False))
     return rows
 
 
@@ -360,12 +402,12 @@ def main() -> None:
             result = child_ooc(sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
         else:
             spec = json.loads(sys.argv[3])
-            _torch().set_num_threads(int(__import__("os").environ.get("BENCH_THREADS", "2")))
+            _torch().set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
             if kind == "reference":
                 result = child_reference(spec["cfg"], spec["n"], sys.argv[4], spec["layers"])
             else:
                 result = child_detjac(spec["cfg"], spec["n"], sys.argv[4], spec["layers"], spec["row_block"],
-                                      spec.get("release", False))
+                                      spec.get("extra_budget_mib"))
         print(json.dumps(result))
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

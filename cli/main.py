@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -15,6 +16,13 @@ from .run_cmd import DTYPES, run
 from .steer_cmd import steer
 from .store_cmds import store
 from .svd_cmd import svd
+
+# Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
+# more get transparent huge pages where the kernel allows them (THP "madvise" or "always"). The sweeps allocate
+# and free large cotangent buffers in every layer; with 4 KiB pages each new one costs a page fault per page
+# (measured: a 128-token reverse block took 1.1 million faults and ~15% longer). THP_MEM_ALLOC_ENABLE=0 turns
+# it off; worker processes a run starts inherit it.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 class DetjacGroup(click.Group):

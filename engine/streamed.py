@@ -492,7 +492,8 @@ class StreamedModel:
             finally:
                 handle.remove()
             out = out[0] if isinstance(out, tuple) else out
-            return out[0], seen[0][0]
+            # squeeze, not [0]: its pullback is a view, where indexing's writes into a zeroed buffer per vector
+            return out.squeeze(0), seen[0].squeeze(0)
 
         return step
 

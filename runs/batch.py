@@ -111,7 +111,7 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
     n, d = len(ids), sm.d_model
     if rank is not None:
         with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
-                         rank=rank) as writer:
+                         rank=rank, shard_bytes=_shard_bytes(sm)) as writer:
             error, extra = _stream_low_rank(_OutputRows(sm, trace, plan), writer, rank,
                                             run.get("passes", LOW_RANK_PASSES), bar)
             if run["detach"]:
@@ -123,7 +123,7 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
                                    plan.token_block) for t in targets}
     recon = {t: torch.zeros_like(trace.value(t)) for t in [output, *targets]}
     with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
-                     layerwise=specs) as writer:
+                     layerwise=specs, shard_bytes=_shard_bytes(sm)) as writer:
         bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
         for b in sm.blocks(trace, [output, *targets], plan, progress=progress):
             x = trace.source(b.target)[b.token_start:b.token_stop]
@@ -146,6 +146,15 @@ def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: 
                                                           "token_block": plan.token_block,
                                                           "bytes_read": sm.stats.bytes_read}})
     return errors[output]
+
+
+def _shard_bytes(sm: Any) -> int | None:
+    """Under a CPU memory budget, jacobian shards of at most 1/64 of it (the writer holds up to one shard and
+    zarr about two more while it writes one); None: the store's default."""
+    from detjac.store.format import SHARD_BYTES
+
+    budget = sm.budgets.get("cpu")
+    return None if budget is None else max(1, min(SHARD_BYTES, budget // 64))
 
 
 def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], storage: str, bias: Any = None) -> None:

@@ -126,9 +126,10 @@ class JacobianStore(ABC):
     @abstractmethod
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
               row_block: int, rank: int | None = None,
-              layerwise: dict[str, LayerwiseSpec] | None = None) -> PromptWriter:
+              layerwise: dict[str, LayerwiseSpec] | None = None, shard_bytes: int | None = None) -> PromptWriter:
         """Start writing a prompt (needs the store opened for writing); ``rank`` selects low-rank mode,
-        ``layerwise`` names the layerwise Jacobians stored with it."""
+        ``layerwise`` names the layerwise Jacobians stored with it. ``shard_bytes`` caps what the writer
+        holds before it writes (a backend's default when None); ``1`` writes every row block as it comes."""
 
     @abstractmethod
     def verify(self, progress: bool = False) -> list[VerifyResult]:

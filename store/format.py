@@ -44,7 +44,7 @@ DIMENSIONS = {
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
 OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = sum_k J_k x_k + b
 
-SHARD_BYTES = 64 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes
+SHARD_BYTES = 16 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes (at least one)
 
 
 def now() -> str:
@@ -76,9 +76,9 @@ def put_array(group: Any, name: str, values: Any, dims: tuple[str, ...] | None =
     return arr
 
 
-def shard_rows(row_block: int, n_rows: int, row_bytes: int) -> int:
-    """Rows per jacobian shard: whole row blocks, as many as fit in ``SHARD_BYTES`` (at least one)."""
-    blocks = max(1, SHARD_BYTES // max(1, row_block * row_bytes))
+def shard_rows(row_block: int, n_rows: int, row_bytes: int, shard_bytes: int = SHARD_BYTES) -> int:
+    """Rows per jacobian shard: whole row blocks, as many as fit in ``shard_bytes`` (at least one)."""
+    blocks = max(1, shard_bytes // max(1, row_block * row_bytes))
     return min(row_block * blocks, -(-n_rows // row_block) * row_block)
 
 

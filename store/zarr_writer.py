@@ -56,10 +56,16 @@ class ZarrPromptWriter(PromptWriter):
     """Writes one prompt group under ``_staging``; row blocks are grouped into whole shards."""
 
     def __init__(self, store: ZarrStore, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-                 row_block: int, rank: int | None = None, layerwise: dict[str, LayerwiseSpec] | None = None) -> None:
+                 row_block: int, rank: int | None = None, layerwise: dict[str, LayerwiseSpec] | None = None,
+                 shard_bytes: int | None = None) -> None:
         import zarr
 
+        if shard_bytes is not None and (isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int)
+                                        or shard_bytes < 1):
+            raise StoreError(f"Expected shard_bytes to be a positive integer or None. Got {shard_bytes!r}.")
+
         self.id, self.n_rows, self.n_tokens, self.dtype, self.rank = prompt_id, n_rows, n_tokens, dtype, rank
+        self.n_cols = n_cols
         self.layerwise = dict(layerwise or {})
         if self.layerwise and rank is not None:
             raise StoreError(f"Expected full mode for layerwise Jacobians of prompt {prompt_id}. Got rank {rank}.")
@@ -69,9 +75,10 @@ class ZarrPromptWriter(PromptWriter):
         attempt = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
         self.staging = store.path / fmt.STAGING / f"{prompt_id}.{attempt}"
         self._written: set[str] = set()
-        self._buffer: list[np.ndarray] = []
-        self._buffer_start = self._next_row = 0
-        self.shard_rows = fmt.shard_rows(row_block, n_rows, n_tokens * n_cols * np.dtype(dtype).itemsize)
+        self._buffer: np.ndarray | None = None  # the shard being filled, rows from _buffer_start
+        self._filled = self._buffer_start = self._next_row = 0
+        self.shard_rows = fmt.shard_rows(row_block, n_rows, n_tokens * n_cols * np.dtype(dtype).itemsize,
+                                         fmt.SHARD_BYTES if shard_bytes is None else shard_bytes)
         try:
             shutil.rmtree(self.staging, ignore_errors=True)
             group = zarr.open_group(str(self.staging), mode="w", zarr_format=3)
@@ -95,27 +102,40 @@ class ZarrPromptWriter(PromptWriter):
             raise disk_error(exc, f"start prompt {prompt_id} in {store.path}") from exc
 
     def write_rows(self, start: int, stop: int, values: np.ndarray) -> None:
+        values = np.asarray(values)
         if start != self._next_row or stop <= start or stop > self.n_rows or values.shape[0] != stop - start:
             raise StoreError(f"Expected jacobian rows starting at {self._next_row} for prompt {self.id}. "
                              f"Got rows {start}:{stop} with {values.shape[0]} values.")
         if self.rank is not None:
             raise StoreError(f"Expected triplets for prompt {self.id} (low-rank mode). Got jacobian rows.")
+        if values.shape[1:] != (self.n_tokens, self.n_cols):
+            raise StoreError(f"Expected jacobian rows of shape (rows, {self.n_tokens}, {self.n_cols}) for prompt "
+                             f"{self.id}. Got values of shape {values.shape}.")
         self._next_row = stop
-        self._buffer.append(np.asarray(values))
-        if stop - self._buffer_start >= self.shard_rows or stop == self.n_rows:
-            self._flush()
+        done = 0
+        while done < len(values):  # fill whole shards; a shard that comes whole is written without a copy
+            rows = min(self.shard_rows, self.n_rows - self._buffer_start)
+            if self._filled == 0 and len(values) - done >= rows:
+                self._write_shard(values[done:done + rows])
+                done += rows
+                continue
+            if self._buffer is None:
+                self._buffer = np.empty((rows, self.n_tokens, self.n_cols), dtype=self.dtype)
+            take = min(len(values) - done, rows - self._filled)
+            self._buffer[self._filled:self._filled + take] = values[done:done + take]
+            self._filled += take
+            done += take
+            if self._filled == rows:
+                buffer, self._buffer, self._filled = self._buffer, None, 0
+                self._write_shard(buffer)
 
-    def _flush(self) -> None:
-        if not self._buffer:
-            return
-        block = np.concatenate(self._buffer, axis=0)
+    def _write_shard(self, block: np.ndarray) -> None:
         try:
             self._arrays["jacobian"][self._buffer_start:self._buffer_start + len(block)] = block
         except OSError as exc:
             self.abort()
             raise disk_error(exc, f"write prompt {self.id}") from exc
         self._buffer_start += len(block)
-        self._buffer = []
         if self._buffer_start == self.n_rows:
             self._written.add("jacobian")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -77,3 +78,16 @@ def test_store_and_analysis_do_not_import_torch():
     code = "import sys, detjac.store, detjac.analysis; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_cli_turns_on_huge_pages_before_torch_unless_told_not_to():
+    """PyTorch reads THP_MEM_ALLOC_ENABLE at its first allocation: the CLI sets it before torch is imported and
+    keeps a value the user gave."""
+    code = ("import os, sys; from detjac.cli.main import main; "
+            "print(os.environ['THP_MEM_ALLOC_ENABLE'], 'torch' in sys.modules)")
+    for given, expected in ((None, "1 False"), ("0", "0 False")):
+        env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+        if given is not None:
+            env["THP_MEM_ALLOC_ENABLE"] = given
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+        assert out.strip() == expected

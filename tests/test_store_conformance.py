@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,35 @@ def test_prompt_ids_are_stable_and_depend_on_the_run():
     assert prompt_id(RUN, "hello") != prompt_id(RUN, "hello ")
     assert prompt_id(RUN, "hello") != prompt_id(dict(RUN, dtype="float32"), "hello")
     assert prompt_id(RUN, "hello") == prompt_id(dict(RUN, row_block=64), "hello")  # chunking is not identity
+
+
+@pytest.mark.parametrize("shard_bytes, shard_rows", [(None, 12), (2 * 3 * 3 * 5 * 8, 6), (1, 3)])
+def test_rows_in_any_pieces_fill_whole_shards(backend, shard_bytes, shard_rows):
+    """Blocks of any size go into shards of whole row blocks, at most ``shard_bytes`` each (one block at least)."""
+    import zarr
+
+    store, reader = backend
+    J, x, y = random_prompt(3, rows=11)
+    writer = store.begin("s", n_rows=11, n_tokens=3, n_cols=5, dtype="float64", row_block=3, shard_bytes=shard_bytes)
+    bounds = [0, 2, 7, 8, 11]  # pieces of 2, 5, 1 and 3 rows, across shard boundaries
+    for a, b in itertools.pairwise(bounds):
+        writer.write_rows(a, b, J[a:b])
+    writer.write_array("embeddings", x)
+    writer.write_array("output", y)
+    writer.write_array("token_ids", np.arange(3))
+    writer.commit({"prompt": "s", "n_tokens": 3, "reconstruction_error": 0.0, "dtype": "float64"})
+    assert np.array_equal(reader().get("s").jacobian(lazy=False), J)
+    if store.path.is_dir():
+        assert zarr.open_array(store.path / "prompts" / "s" / "jacobian", mode="r").shards == (shard_rows, 3, 5)
+
+
+def test_bad_rows_and_shard_sizes_are_refused(backend):
+    store, reader = backend
+    with pytest.raises(StoreError, match="Expected shard_bytes to be a positive integer or None. Got 0"):
+        store.begin("e", n_rows=7, n_tokens=3, n_cols=5, dtype="float64", row_block=3, shard_bytes=0)
+    writer = store.begin("e", n_rows=7, n_tokens=3, n_cols=5, dtype="float64", row_block=3)
+    with pytest.raises(StoreError, match=r"Expected jacobian rows of shape \(rows, 3, 5\) for prompt e. "
+                                         r"Got values of shape \(3, 1, 5\)"):
+        writer.write_rows(0, 3, np.zeros((3, 1, 5)))  # would broadcast
+    writer.abort()
+    assert reader().prompt_ids() == []

@@ -92,6 +92,8 @@ def test_verify_catches_a_wrong_layerwise_value(stores: dict[str, Path], tmp_pat
 
 
 def test_budgeted_and_low_rank_streamed_runs(tmp_path: Path, stores: dict[str, Path]) -> None:
+    import zarr
+
     prompts = write_prompts(tmp_path / "p.txt", [PROMPTS[0][:12]])
     result = invoke("run", "default", str(prompts), "--out", str(tmp_path / "b.zarr"), "--max-memory", "cpu=40MiB")
     assert result.exit_code == 0, result.output
@@ -99,6 +101,10 @@ def test_budgeted_and_low_rank_streamed_runs(tmp_path: Path, stores: dict[str, P
     _, mem = _only(stores["memory"])
     assert np.abs(budgeted.jacobian(lazy=False) - mem.jacobian(lazy=False)).max() <= 1e-12
     assert store.run["row_block"] == "auto" and budgeted.attrs["stream"]["row_block"] < 256
+    stored = zarr.open_array(str(tmp_path / "b.zarr" / "prompts" / budgeted.id / "jacobian"), mode="r")
+    row_bytes = stored.shape[1] * stored.shape[2] * stored.dtype.itemsize  # shards within 1/64 of the budget
+    assert stored.chunks[0] == budgeted.attrs["stream"]["row_block"]
+    assert stored.shards[0] == stored.chunks[0] or stored.shards[0] * row_bytes <= (40 << 20) // 64
     result = invoke("run", "default", str(prompts), "--out", str(tmp_path / "r.zarr"), "--streamed", "--keep", "rank:4")
     assert result.exit_code == 0, result.output
     _, low = _only(tmp_path / "r.zarr")
