@@ -14,10 +14,13 @@ compare
     as they come. Reported: time ratio (detjac / reference), peak RSS above the loaded
     weights and its ratio, max |difference| of the two Jacobians, and efficiency: the
     achieved FLOP/s of detjac's row sweeps divided by ``torch.matmul``'s FLOP/s measured
-    in the same process (FLOP model in :func:`sweep_flops`). detjac runs twice: with the
-    default glibc allocator, and with the allocator setting a CPU ``--max-memory`` budget
-    applies (``return_freed_memory``: large freed blocks go back to the system at once,
-    which bounds the resident set but costs page faults on every new block).
+    in the same process (FLOP model in :func:`sweep_flops`). The reference runs with 4 KiB pages
+    and with huge pages (``THP_MEM_ALLOC_ENABLE``; the faster is the baseline). detjac runs twice:
+    as ``detjac run --streamed`` does (huge pages, row blocks of 64), and under a CPU
+    ``--max-memory`` of two layers plus ``BUDGET_SHARE`` of the reference's peak above the
+    weights (the engine sizes the row block; the store's shards are sized as the CLI sizes
+    them; freed blocks go back to the system at once). Peaks are measured from a reset
+    (``clear_refs``) after the model is built and warmed up.
 layerwise
     The cumulative Jacobian of every layer's output: the reference's per-layer loop (one
     ``jacobian(vectorize=True)`` call per layer) against one detjac request.

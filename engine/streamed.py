@@ -47,8 +47,10 @@ device's budget. On CPU a budget also makes glibc return large freed blocks to t
 at once (:func:`return_freed_memory`, process-wide): with its default adaptive threshold
 the sweeps' short-lived cotangent buffers fragment the heap and the resident set grows to
 several times what is in use. The price is page faults on every new buffer (measured
-1.0-1.45x the time of a sweep on 2 CPU cores), so without a budget the default
-allocator is kept.
+1.0-1.45x the time of a sweep on 2 CPU cores with 4 KiB pages), so without a budget the
+default allocator is kept. Page faults are why the ``detjac`` command sets PyTorch's
+``THP_MEM_ALLOC_ENABLE=1`` before torch loads (buffers of 2 MiB and more on transparent huge
+pages: 20x fewer faults in a 128-token row block); from Python, export it before importing torch.
 
 Targets (:class:`Target`): ``output`` is the final normed hidden state (what
 :func:`detjac.engine.detached_jacobian` returns). ``layer.L`` is decoder layer L's output
