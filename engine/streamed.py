@@ -499,39 +499,34 @@ class StreamedModel:
 
         return step
 
-    def _replayable(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
-                    start: int) -> tuple[Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                                         Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                                         AttentionReplay] | None:
-        """(layer ``i`` on all positions, layer ``i`` on positions ``start:`` for an :class:`AttentionReplay`, the
-        replay recorded by one full-length forward of ``h`` with constant values), or None where running a
-        suffix would not be exact: not detaching, arguments it cannot slice, or a layer that is not causal
-        (checked on the recorded probabilities)."""
+    def _suffix_fn(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], n: int,
+                   start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """Layer ``i`` on positions ``start:``, to run under an :class:`AttentionReplay`'s ``replay``; None where
+        running a suffix would not be exact: not detaching, or arguments it cannot slice."""
         args, kwargs = calls[i]
-        sliced = _suffix_kwargs(kwargs, start, h.shape[0])
+        sliced = _suffix_kwargs(kwargs, start, n)
         if not self.detach or args or sliced is None:
             return None
-        full = self._step(i, calls)
-        recorded = AttentionReplay()
-        with recorded.record(), torch.no_grad():
-            full(h)
-        if not recorded.records or not recorded.causal():
-            return None
-        return full, self._layer_fn(i, args, sliced), recorded
+        return self._layer_fn(i, args, sliced)
 
     def _suffix_step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
                      start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
         """Layer ``i`` on positions ``start:`` only, (n - start, d) -> (n - start, d) twice, for tangents that
-        are zero before ``start``; None where that would not be exact (see :meth:`_replayable`).
+        are zero before ``start``; None where that would not be exact (see :meth:`_suffix_fn`), or where the
+        layer is not causal (checked on the recorded probabilities).
 
         One full-length forward of the layer records the attention's values and frozen probabilities;
         the suffix then runs with the prefix's values (constants) and its own probability rows. Exact
         because the layer is causal and every other factor is position-wise.
         """
-        steps = self._replayable(i, calls, h, start)
-        if steps is None:
+        step = self._suffix_fn(i, calls, h.shape[0], start)
+        if step is None:
             return None
-        _, step, replay = steps
+        replay = AttentionReplay()
+        with replay.record(), torch.no_grad():
+            self._step(i, calls)(h)
+        if not replay.records or not replay.causal():
+            return None
         self.stats.suffix_layers += 1
 
         def suffix(hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -543,23 +538,27 @@ class StreamedModel:
     def _pulled_suffix_step(self, i: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], h: torch.Tensor,
                             start: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
         """Layer ``i`` as a function of all its input positions, (n, d) -> the outputs of positions ``start:``,
-        (n - start, d) twice, for cotangents that are zero before ``start``; None where that would not be exact.
+        (n - start, d) twice, for cotangents that are zero before ``start``; None where a suffix cannot run
+        (see :meth:`_suffix_fn`).
 
         The function runs the layer at full length once, keeping the attention's values as functions of
         the input, then the suffix with them: the pullback goes through the value projections of every
         position but through the output projection and the MLP of the suffix only (the full run's other
-        outputs are not used, so nothing is pulled back through them).
+        outputs are not used, so nothing is pulled back through them). A layer whose recorded
+        probabilities are not causal gives the full run's outputs at ``start:`` instead (exact too).
         """
-        steps = self._replayable(i, calls, h, start)
-        if steps is None:
+        step = self._suffix_fn(i, calls, h.shape[0], start)
+        if step is None:
             return None
-        full, step, _ = steps
-        self.stats.pulled_suffix_layers += 1
+        full = self._step(i, calls)
 
         def pulled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             replay = AttentionReplay()
             with replay.record(live=True):
-                full(x)
+                out, mid = full(x)
+            if not replay.records or not replay.causal():
+                return out[start:], mid[start:]
+            self.stats.pulled_suffix_layers += 1
             with replay.replay(start):
                 return step(x[start:])
 
