@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("corpus", Path(__file__).parents[1] / "scripts" / "corpus.py")
+_SPEC = importlib.util.spec_from_file_location("corpus", Path(__file__).parents[2] / "scripts" / "corpus.py")
 corpus = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(corpus)
 
@@ -80,7 +80,7 @@ def test_heldout_split_is_deterministic_and_small():
 
 
 _TRAIN_SPEC = importlib.util.spec_from_file_location(
-    "train_default_model", Path(__file__).parents[1] / "scripts" / "train_default_model.py")
+    "train_default_model", Path(__file__).parents[2] / "scripts" / "train_default_model.py")
 train_script = importlib.util.module_from_spec(_TRAIN_SPEC)
 _TRAIN_SPEC.loader.exec_module(train_script)
 

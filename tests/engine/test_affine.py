@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import AFFINE
+from tiny_models import AFFINE
 
 from detjac.engine import detached_jacobian, linearized, stream_jacobian
 from detjac.engine.report import stock_logits

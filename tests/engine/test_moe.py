@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES
+from tiny_models import FAMILIES
 
 from detjac.engine import detached_jacobian, linearized
 from detjac.engine.families import family_for

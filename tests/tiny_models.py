@@ -1,0 +1,50 @@
+"""Tiny random models of every family, built from configs (no network): constants and fixtures.
+
+The conftest.py of each folder whose tests need torch re-exports the fixtures; the store and
+analysis tests do not import this module, so they run without torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from detjac.engine.families import family_for
+from detjac.engine.tiny import WINDOW, save_tiny_checkpoint, tiny_config, tiny_model, tiny_model_types
+
+FAMILIES = tiny_model_types()
+STREAMABLE = [t for t in FAMILIES if family_for(tiny_config(t)).streamable]
+AFFINE = [t for t in FAMILIES if family_for(tiny_config(t)).affine]
+N_TOKENS = 3 * WINDOW + 1  # longer than every sliding window in the tiny configs
+
+
+@pytest.fixture(scope="session")
+def prompt_ids() -> list[int]:
+    return torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(1234)).tolist()
+
+
+@pytest.fixture(params=FAMILIES)
+def family_model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return tiny_model(request.param, seed=7)
+
+
+@pytest.fixture(params=STREAMABLE)
+def streamable_model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return tiny_model(request.param, seed=7)
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: with tiny tensors a second thread only adds synchronization, which
+    costs 10x on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
