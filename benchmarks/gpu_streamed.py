@@ -135,8 +135,8 @@ def _max_memory(device: str, budget_gib: float | None) -> str | None:
 
 def _one_run(name: str, spec: dict[str, Any], device: str, tmp: Path, tokens: int) -> dict[str, Any]:
     torch = _torch()
+    from detjac.engine import StreamedModel, Target
     from detjac.engine.jacobian import reconstruct, relative_error
-    from detjac.engine.streamed import StreamedModel, Target
 
     cfg, meter = spec["cfg"], _Meter(device)
     folder = tmp / name

@@ -7,10 +7,10 @@ length (64, 256 and 1024 random tokens by default), two fresh processes:
 formed
     The in-memory row-block engine (``detached_jacobian``, row_block 64: the CLI's default)
     forms J (d x n d), then ``torch.linalg.svd`` gives its top 16 triplets
-    (:func:`detjac.engine.decode.top_singular`, what ``detjac jacobian`` and the demo use).
+    (:func:`detjac.engine.decode.dense_svd`, what ``detjac jacobian`` and the demo use).
 matrix-free
     :class:`detjac.engine.operator.ModelOperator` (the forward pass and its pullback once,
-    products in blocks of at most 64 columns) and :func:`detjac.engine.svds.top_singular`
+    products in blocks of at most 64 columns) and :func:`detjac.engine.svds.operator_svd`
     (block Lanczos, block 8, residual tolerance 1e-8 of sigma_1, final residuals verified by
     explicit products).
 
@@ -60,15 +60,15 @@ def child_formed(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
     import torch
 
     from detjac.engine import detached_jacobian
-    from detjac.engine.decode import top_singular
+    from detjac.engine.decode import dense_svd
 
     model, ids = _setup(cfg, n)
-    top_singular(detached_jacobian(model, ids[:4]).combined(), K)  # warm up kernels and allocator
+    dense_svd(detached_jacobian(model, ids[:4]).combined(), K)  # warm up kernels and allocator
     base = peak_mib()
     t0 = time.perf_counter()
     res = detached_jacobian(model, ids, row_block=64)
     t_form = time.perf_counter() - t0
-    svd = top_singular(res.combined(), K, orient=res.produced)
+    svd = dense_svd(res.combined(), K, orient=res.produced)
     seconds = time.perf_counter() - t0
     rss = peak_mib() - base
     torch.save({"S": svd.S, "U": svd.U}, out)
@@ -81,15 +81,15 @@ def child_matrix_free(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
     import torch
 
     from detjac.engine.operator import ModelOperator
-    from detjac.engine.svds import top_singular
+    from detjac.engine.svds import operator_svd
 
     model, ids = _setup(cfg, n)
-    top_singular(ModelOperator(model, ids[:4]), 2)  # warm up kernels and allocator
+    operator_svd(ModelOperator(model, ids[:4]), 2)  # warm up kernels and allocator
     base = peak_mib()
     t0 = time.perf_counter()
     op = ModelOperator(model, ids)
     t_build = time.perf_counter() - t0
-    svd = top_singular(op, K, block=8, tol=1e-8, orient=op.produced)
+    svd = operator_svd(op, K, block=8, tol=1e-8, orient=op.produced)
     seconds = time.perf_counter() - t0
     rss = peak_mib() - base
     err = op.check()  # after the measurement: one more product

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
-from detjac.engine.decode import decode_top, top_singular
+from detjac.engine.decode import decode_top, dense_svd
 from detjac.engine.default import default_model_dir
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +46,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def leading_vector_hit(model, tokenizer, prompt: str, top: int) -> tuple[bool, int, int]:
     """(prediction in top-``top`` of decoded u_1, predicted id, rank of the prediction in the decode)."""
     res = detached_jacobian(model, prompt, tokenizer=tokenizer)
-    svd = top_singular(res.combined(), 1, orient=res.output)
+    svd = dense_svd(res.combined(), 1, orient=res.output)
     unembed = model.get_output_embeddings().weight.detach()
     ids, _ = decode_top(svd.U, unembed, unembed.shape[0])
     rank = int((ids[0] == res.next_token_id).nonzero()[0, 0]) + 1

@@ -91,9 +91,9 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
       detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
     """
-    from detjac.engine import decoding_matrix, get_tokenizer, load_model
-    from detjac.engine.decode import decode_top, top_singular
+    from detjac.engine import family_for, get_tokenizer, load_model
     from detjac.engine.default import resolve_model
+    from detjac.engine.explain import explain_summed
     from detjac.engine.report import exactness_report
 
     from .render import piece
@@ -106,8 +106,6 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     click.echo(f"model       {model} ({res.family}, {dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
-    from detjac.engine import family_for
-
     encoder = family_for(lm.config).encoder  # no LM head: scores against the word embeddings
     label, left = ("top token  ", "word embeddings") if encoder else ("next token ", "unembedding")
     click.echo(f"{label} {piece(tok, res.next_token_id)} (id {res.next_token_id}, "
@@ -116,16 +114,12 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     ordinary = rep.ordinary.reconstruction_error if rep.ordinary else float("nan")
     click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {ordinary:.3e}")
     click.echo(f"max |logit - stock logit|  {rep.stock_logit_diff:.3e}   ({rep.seconds:.2f} s)")
-    svd = top_singular(res.summed(), n_values, orient=res.produced)
-    unembed = decoding_matrix(lm).detach()
-    embed = lm.get_input_embeddings().weight.detach()
-    left_ids, _ = decode_top(svd.U, unembed, top)
-    right_ids, _ = decode_top(svd.V, embed, top)
+    summed = explain_summed(res, lm, n_values, top)
     click.echo("top singular values of sum_k J_k, with decoded tokens:")
     click.echo(f"  {'#':>2}  {'sigma':>10}  left ({left}) | right (embedding)")
-    for i, s in enumerate(svd.S.tolist()):
-        left = " ".join(piece(tok, t) for t in left_ids[i].tolist())
-        right = " ".join(piece(tok, t) for t in right_ids[i].tolist())
+    for i, s in enumerate(summed.singular_values.tolist()):
+        left = " ".join(piece(tok, t) for t in summed.left_ids[i].tolist())
+        right = " ".join(piece(tok, t) for t in summed.right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
 
 

@@ -88,17 +88,17 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     """
     import torch
 
+    from detjac.engine import jacobian_operator, load_engine, operator_svd, return_freed_memory
     from detjac.engine.default import resolve_model
-    from detjac.engine.svds import top_singular
 
     text = _prompt_text(prompt, prompt_file)
     streamed = streamed or max_memory is not None
-    source = resolve_model(model)
     t0 = time.perf_counter()
-    lm, op = _operator(source, text, streamed=streamed, max_memory=max_memory, dtype=getattr(torch, dtype),
-                       device=device, position=position, block=product_block, revision=revision,
-                       trust_remote_code=trust_remote_code)
-    tok = op_tokenizer(lm)
+    engine = load_engine(resolve_model(model), streamed=streamed, dtype=getattr(torch, dtype), device=device,
+                         max_memory=max_memory, revision=revision, trust_remote_code=trust_remote_code)
+    if engine.memory_budget("cpu") is not None:
+        return_freed_memory()
+    op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
     n, d = op.n_tokens, op.d_model
     where = f"{device}, layers streamed one at a time" if streamed else device
     click.echo(f"model       {model} ({dtype}, {where}); target: position {op.position} of {n} tokens")
@@ -106,62 +106,29 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
                f"{d * n * d * op.dtype.itemsize / 2**20:.1f} MiB if it were)")
     err = op.check()
     click.echo(f"reconstruction error of J x{' + b' if op.bias is not None else ''} (one product)  {err:.3e}")
-    result = top_singular(op, k, method=method, block=block, oversample=oversample, tol=tol, max_iters=max_iters,
+    result = operator_svd(op, k, method=method, block=block, oversample=oversample, tol=tol, max_iters=max_iters,
                           seed=seed, orient=op.produced, progress=True)
     seconds = time.perf_counter() - t0
     status = "converged" if result.converged else f"NOT converged (tol {result.tol:.0e}: raise --max-iters)"
     click.echo(f"{method}: {result.iterations} iterations, basis {result.basis}, {result.matvecs} products with J "
                f"and {result.rmatvecs} with J^T ({op.stats.sweeps} sweeps); {status}, max residual "
                f"{float(result.residuals.max()):.1e} sigma_1  ({seconds:.1f} s in all)")
-    _echo_triplets(lm, tok, op, result, top)
+    _echo_triplets(engine, op, result, top)
     if compare:
-        _compare(lm, source, text, op, result, dtype)
+        _compare(op, result)
     if out is not None:
         _save(out, op, result, model, text)
 
 
-def _operator(source: Any, text: str, *, streamed: bool, max_memory: str | None, dtype: Any, device: str,
-              position: int | None, block: int | None, revision: str | None, trust_remote_code: bool) -> Any:
-    from detjac.engine import load_model
-    from detjac.engine.operator import jacobian_operator
-
-    if streamed:
-        from detjac.engine.streamed import StreamedModel
-
-        lm: Any = StreamedModel(source, dtype=dtype, device=device, max_memory=max_memory, revision=revision,
-                                trust_remote_code=trust_remote_code)
-    else:
-        lm = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
-    return lm, jacobian_operator(lm, text, position=position, block=block, progress=streamed)
-
-
-def op_tokenizer(lm: Any) -> Any:
-    """The tokenizer of an in-memory or a streamed model (None when the checkpoint has none)."""
-    from detjac.engine import get_tokenizer
-    from detjac.engine.streamed import StreamedModel
-
-    return lm.tokenizer if isinstance(lm, StreamedModel) else get_tokenizer(lm)
-
-
-def _matrices(lm: Any) -> tuple[Any, Any]:
-    """(decoding matrix for left vectors, input embedding for right vectors), both (vocab, d)."""
-    from detjac.engine import decoding_matrix
-    from detjac.engine.streamed import StreamedModel
-
-    if isinstance(lm, StreamedModel):
-        mats = lm.decoding_matrices()
-        return mats["unembedding"], mats["embedding"]
-    return decoding_matrix(lm).detach(), lm.get_input_embeddings().weight.detach()
-
-
-def _echo_triplets(lm: Any, tok: Any, op: Any, result: Any, top: int) -> None:
-    from detjac.engine.decode import decode_blocks, decode_top
+def _echo_triplets(engine: Any, op: Any, result: Any, top: int) -> None:
+    from detjac.engine import decode_blocks, decode_top
 
     from .render import piece, pieces
 
-    unembed, embed = _matrices(lm)
-    left_ids, _ = decode_top(result.U.cpu(), unembed.cpu(), top)
-    right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, embed.cpu(), top)
+    tok = engine.tokenizer
+    mats = engine.decoding_matrices()
+    left_ids, _ = decode_top(result.U.cpu(), mats["unembedding"], top)
+    right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, mats["embedding"], top)
     click.echo(f"  {'#':>3}  {'sigma':>10}  {'residual':>8}  left -> tokens | right [token, share of |v|^2] -> tokens")
     for i, s in enumerate(result.S.tolist()):
         at = piece(tok, op.token_ids[int(picks[i])])
@@ -169,17 +136,13 @@ def _echo_triplets(lm: Any, tok: Any, op: Any, result: Any, top: int) -> None:
                    f" | [{int(picks[i])} {at}, {float(shares[i]):.0%}] {pieces(tok, right_ids[i].tolist())}")
 
 
-def _compare(lm: Any, source: Any, text: str, op: Any, result: Any, dtype: str) -> None:
-    """Form J with the row-block engine, take its full SVD and compare (the check the matrix-free path avoids)."""
+def _compare(op: Any, result: Any) -> None:
+    """Form J by row blocks with the same engine, take its full SVD and compare (the check products avoid)."""
     import torch
 
-    from detjac.engine import detached_jacobian, load_model
-    from detjac.engine.streamed import StreamedModel
-
     t0 = time.perf_counter()
-    model = load_model(source, dtype=getattr(torch, dtype)) if isinstance(lm, StreamedModel) else lm
-    full = detached_jacobian(model, op.token_ids, position=op.position).combined()
-    S = torch.linalg.svdvals(full)[: result.S.shape[0]].to(result.S.device)
+    _, J = op.engine.jacobian(op.token_ids, position=op.position)
+    S = torch.linalg.svdvals(J.reshape(J.shape[0], -1))[: result.S.shape[0]].to(result.S.device)
     rel = float(((result.S - S).abs() / S).max())
     click.echo(f"compare     formed J and its full SVD in {time.perf_counter() - t0:.1f} s: max relative "
                f"error of the top {S.shape[0]} singular values {rel:.1e}")

@@ -1,12 +1,34 @@
 """The engine: exact detached Jacobians of a transformer's forward pass (torch only).
 
+This module is the engine's façade: runs/, cli/ and every other caller import from here
+only. Two engines implement one interface (:class:`Engine`, see :mod:`detjac.engine.backend`):
+the in-memory one for a loaded model of any supported family, and the layer-streamed one
+(:class:`StreamedModel`) for models larger than the compute device, layerwise targets and
+memory budgets. :func:`load_engine` picks one from the user's options; :func:`as_engine` wraps
+a loaded model.
+
 >>> from detjac.engine import load_model, detached_jacobian
 >>> model = load_model("path/to/checkpoint", dtype=torch.float64)        # doctest: +SKIP
 >>> res = detached_jacobian(model, "The bridge out of Marin is the")     # doctest: +SKIP
 >>> res.jacobian.shape, res.reconstruction_error                         # doctest: +SKIP
+
+>>> engine = load_engine("path/to/checkpoint", streamed=True, max_memory="cuda:0=8GiB")  # doctest: +SKIP
+>>> trace = engine.trace("The bridge out of Marin is the")                               # doctest: +SKIP
+>>> for block in engine.blocks(trace, [Target.parse("layer.3", engine.n_layers)]): ...   # doctest: +SKIP
 """
 
+from __future__ import annotations
+
+from typing import Any
+
+from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
+from detjac.targets import OUTPUTS, Target, layer_targets
+
+from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
+from .budget import parse_memory, return_freed_memory
+from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .families import FAMILIES, family_for, supported_model_types
+from .inmemory import InMemoryEngine
 from .jacobian import (
     JacobianResult,
     JacobianStream,
@@ -16,30 +38,92 @@ from .jacobian import (
     logit_jacobian,
     output_logits,
     reconstruct,
-    relative_error,
     stream_jacobian,
 )
 from .linearize import Linearized, linearized
 from .loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
+from .operator import JacobianOperator, jacobian_operator
+from .streamed import StreamedModel, StreamedResult
+from .svds import OperatorSVD, operator_svd
+
+
+def as_engine(model: Any, *, detach: bool = True, tokenizer: Any | None = None,
+              forward: str = "transpose") -> Engine:
+    """``model`` if it is an engine already, else a loaded transformers model wrapped in the in-memory engine."""
+    if isinstance(model, Engine):
+        return model
+    return InMemoryEngine(model, detach=detach, tokenizer=tokenizer, forward=forward)
+
+
+def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, device: str = "cpu",
+                detach: bool = True, max_memory: str | dict[str, int] | None = None, quantize: str | None = None,
+                revision: str | None = None, trust_remote_code: bool = False) -> Engine:
+    """Load a checkpoint folder into an engine: the layer-streamed one when ``streamed`` (or a memory budget, or
+    quantizing on load, which only it does), else the in-memory one.
+
+    Parameters
+    ----------
+    source
+        A checkpoint folder (see :func:`load_model`).
+    dtype
+        Compute dtype (default float64, the exactness mode).
+    max_memory
+        Budgets per device (``"cuda:0=8GiB,cpu=32GiB"``); the streamed engine sizes its blocks to them.
+    """
+    import torch
+
+    dtype = torch.float64 if dtype is None else dtype
+    if streamed or max_memory or quantize:
+        return StreamedModel(source, dtype=dtype, device=device, detach=detach, max_memory=max_memory,
+                             quantize=quantize, revision=revision, trust_remote_code=trust_remote_code)
+    model = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
+    return InMemoryEngine(model, detach=detach)
+
 
 __all__ = [
     "FAMILIES",
+    "FLOAT64_EXACTNESS_BOUND",
+    "OUTPUTS",
+    "Engine",
+    "EngineStats",
+    "InMemoryEngine",
+    "JacobianBlock",
+    "JacobianOperator",
     "JacobianResult",
     "JacobianStream",
     "Linearized",
+    "OperatorSVD",
+    "Plan",
+    "Prompt",
     "RowBlock",
+    "SingularTriplets",
+    "StreamedModel",
+    "StreamedResult",
+    "Target",
+    "Trace",
+    "as_engine",
     "check_checkpoint_dir",
+    "decode_blocks",
+    "decode_top",
     "decoding_matrix",
+    "dense_svd",
     "detached_jacobian",
     "family_for",
+    "final_norm_gain",
     "get_tokenizer",
+    "jacobian_operator",
+    "layer_targets",
     "linearized",
+    "load_engine",
     "load_model",
     "logit_jacobian",
+    "operator_svd",
     "output_logits",
+    "parse_memory",
     "parse_prompt",
     "reconstruct",
     "relative_error",
+    "return_freed_memory",
     "stream_jacobian",
     "supported_model_types",
 ]

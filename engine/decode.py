@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from detjac.singular import orient as orient_pairs
+
 
 @dataclass(frozen=True)
 class SingularTriplets:
@@ -16,7 +18,7 @@ class SingularTriplets:
     V: torch.Tensor
 
 
-def top_singular(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -> SingularTriplets:
+def dense_svd(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -> SingularTriplets:
     """Exact top-``k`` SVD of a (d_out, d_in) operator.
 
     Singular vectors are defined up to a joint sign. With ``orient`` (d_out,) given, each
@@ -26,8 +28,7 @@ def top_singular(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -
     U, S, Vh = torch.linalg.svd(op, full_matrices=False)
     U, S, V = U[:, :k], S[:k], Vh[:k].T
     if orient is not None:
-        sign = torch.where(orient.to(U.dtype) @ U < 0, -1.0, 1.0).to(U.dtype)  # (k,)
-        U, V = U * sign, V * sign
+        U, V = orient_pairs(U, V, orient)
     return SingularTriplets(U, S, V)
 
 
@@ -79,3 +80,16 @@ def final_norm_gain(model: torch.nn.Module) -> torch.Tensor | None:
     if center or getattr(norm, "weight", None) is None:  # a LayerNorm's centring and bias are not a gain
         return None
     return norm.weight.detach() + offset
+
+
+def model_decoding_matrices(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A loaded model's ``embedding`` (vocab, d), ``unembedding`` (vocab, d) (an encoder's word embeddings when it
+    has no language-model head) and, where its final norm has one, ``final_norm`` (d,) gain; detached, on the CPU,
+    in ``dtype`` (default: the model's). The one place a loaded model's decoding matrices are gathered."""
+    from .jacobian import decoding_matrix
+
+    arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": decoding_matrix(model)}
+    gain = final_norm_gain(model)
+    if gain is not None:
+        arrays["final_norm"] = gain
+    return {k: v.detach().to(device="cpu", dtype=dtype or v.dtype) for k, v in arrays.items()}

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import SingularTriplets, decode_blocks, decode_top, top_singular
-from .jacobian import JacobianResult, decoding_matrix
+from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, model_decoding_matrices
+from .jacobian import JacobianResult
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Explanation:
 def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: torch.Tensor, embed: torch.Tensor,
             k: int, top: int) -> tuple[torch.Tensor, ...]:
     """Decode the top ``k`` triplets of ``op`` (d, n_blocks * d); returns tensors and block picks."""
-    full = top_singular(op, min(op.shape), orient=produced)  # one SVD: the spectrum and the top k
+    full = dense_svd(op, min(op.shape), orient=produced)  # one SVD: the spectrum and the top k
     spectrum = full.S
     svd = SingularTriplets(full.U[:, :k], full.S[:k], full.V[:, :k])
     left_ids, left_scores = decode_top(svd.U, unembed, top)
@@ -94,8 +94,7 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
     tokens : list[str] | None
         Labels for the tokens (defaults to ``result.tokens`` or the ids).
     """
-    unembed = decoding_matrix(model).detach()
-    embed = model.get_input_embeddings().weight.detach()
+    unembed, embed = _matrices(model, result)
     labels = tokens or result.tokens or [str(i) for i in result.token_ids]
     n = len(result.token_ids)
     spec, lid, lsc, rid, rsc, picks, shares = _decode(result.combined(), result.produced, n, unembed, embed, k, top)
@@ -108,3 +107,18 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
         per_token.append(DecodedOperator(labels[pos], pos, spec, lid, lsc, rid, rsc, [pos] * len(spec[:k]),
                                          [1.0] * len(spec[:k])))
     return Explanation(result, combined, per_token)
+
+
+def explain_summed(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int = 5) -> DecodedOperator:
+    """Decode the top ``k`` singular triplets of ``sum_k J_k`` (the operator on a direction shared by every
+    token): left vectors through the unembedding, right vectors through the input embedding."""
+    unembed, embed = _matrices(model, result)
+    spec, lid, lsc, rid, rsc, _, _ = _decode(result.summed(), result.produced, 1, unembed, embed, k, top)
+    return DecodedOperator("summed", None, spec, lid, lsc, rid, rsc, [0] * len(spec[:k]), [1.0] * len(spec[:k]))
+
+
+def _matrices(model: torch.nn.Module, result: JacobianResult) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unembedding, input embedding), each (vocab, d), on the result's device."""
+    mats = model_decoding_matrices(model)
+    device = result.jacobian.device
+    return mats["unembedding"].to(device), mats["embedding"].to(device)

@@ -26,15 +26,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from detjac.errors import InvalidArgumentError, LinearizationError, UnsupportedModelError
+from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 
 from .families import family_for
 from .linearize import linearized
 from .loading import get_tokenizer, parse_prompt
 from .scalar import softcap_ratio
 from .tape import FactorTape
-
-# Detached float64 reconstruction must be exact; anything above this is a missed nonlinearity.
-FLOAT64_EXACTNESS_BOUND = 1e-9
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class JacobianStream:
     detached: bool
     family: str
     detach_rules: list[str]
-    _pullback: Any = field(repr=False)
+    pullback: Any = field(repr=False)
     progress: bool = False
     bias: torch.Tensor | None = None
 
@@ -110,7 +108,7 @@ class JacobianStream:
         # transforms) unless grad mode is off; that graph would keep every intermediate
         # cotangent of the block alive (3x the peak memory at d_model=512).
         with torch.no_grad():
-            return torch.func.vmap(self._pullback)(cotangents)[0]
+            return torch.func.vmap(self.pullback)(cotangents)[0]
 
 
 def stream_jacobian(
@@ -180,7 +178,7 @@ def stream_jacobian(
     return JacobianStream(
         token_ids=ids, embeddings=embeddings, output=output.detach(), position=position,
         row_block=row_block, detached=detach, family=lin.family.name,
-        detach_rules=lin.family.describe() if detach else [], _pullback=pullback, progress=progress, bias=bias,
+        detach_rules=lin.family.describe() if detach else [], pullback=pullback, progress=progress, bias=bias,
     )
 
 
@@ -259,13 +257,6 @@ def reconstruct(jacobian: torch.Tensor, embeddings: torch.Tensor, bias: torch.Te
     """``sum_k J_k x_k (+ b)`` for J (rows, n, d), X (n, d) and an optional offset b (rows,); returns (rows,)."""
     recon = torch.einsum("rnd,nd->r", jacobian, embeddings)
     return recon + bias if bias is not None else recon
-
-
-def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """``||approx - exact|| / ||exact||`` (absolute error when ``exact`` is zero)."""
-    denom = torch.linalg.vector_norm(exact)
-    err = torch.linalg.vector_norm(approx - exact)
-    return float(err / denom) if denom > 0 else float(err)
 
 
 def decoding_matrix(model: PreTrainedModel) -> torch.Tensor:

@@ -38,10 +38,10 @@ def check_checkpoint_dir(path: str | Path) -> Path:
     CheckpointError
         The path is missing, not a directory, or lacks ``config.json`` or weights.
     """
-    return _read_checkpoint(path)[0]
+    return read_checkpoint(path)[0]
 
 
-def _read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`)."""
     p = Path(path).expanduser()
     if not p.exists():
@@ -120,7 +120,7 @@ def load_model(
     else:
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-        path, raw_config = _read_checkpoint(source)
+        path, raw_config = read_checkpoint(source)
         # Refuse an unsupported family from config.json alone, before transformers parses it
         # (a model_type transformers does not know would otherwise fail with its own message).
         family_for(SimpleNamespace(model_type=raw_config.get("model_type")))

@@ -5,48 +5,36 @@
 :meth:`detjac.engine.JacobianResult.combined`. Forming it costs ``d_model`` pullbacks and
 ``d_model * n_tokens * d_model`` numbers (2 GiB in float64 at d_model 512 and 1024 tokens);
 many analyses need only a few products with it, for instance the top singular triplets
-(:func:`detjac.engine.svds.top_singular`).
+(:func:`detjac.engine.svds.operator_svd`).
 
 ``matvec(V)`` computes ``J V`` for a block of input-space columns and ``rmatvec(U)`` computes
-``J^T U`` for a block of output-space columns, both vmapped over the block's columns.
-Blocks wider than ``block`` columns are split, so memory is one block of vectors, whatever
-the number of columns asked for.
+``J^T U`` for a block of output-space columns. Blocks wider than ``block`` columns are split,
+so memory is one block of vectors, whatever the number of columns asked for.
 
-Two implementations:
-
-- :class:`ModelOperator`: an in-memory model of any supported family. The forward pass runs
-  once at construction, with its pullback kept (as :func:`detjac.engine.stream_jacobian`
-  does): ``rmatvec`` is the vmapped pullback (``torch.func.vjp``). ``matvec`` is the pullback
-  of the pullback (a linear map's transpose, see :class:`ModelOperator`) or, with
-  ``forward="jvp"``, forward mode (``torch.func.jvp`` of the linearized forward). For an
-  affine family (``y = J x + b``) the products are with the linear part ``J``: the offset's
-  derivative is zero, and ``b`` itself is computed at construction, for the exactness check.
-- :class:`StreamedOperator`: a :class:`detjac.engine.streamed.StreamedModel`. The forward
-  pass (its trace) runs once; each block of products is one sweep through the layers
-  (bottom-up by ``torch.func.jvp`` for ``matvec``, top-down by ``torch.func.vjp`` for
-  ``rmatvec``), reading each layer's weights once per block.
+:class:`JacobianOperator` works on any :class:`~detjac.engine.backend.Engine` and a trace of
+the prompt: the products are the engine's :meth:`~detjac.engine.backend.Engine.push` and
+:meth:`~detjac.engine.backend.Engine.pull`. With the in-memory engine the forward pass runs
+once, its pullback kept: ``J^T u`` is the vmapped pullback, ``J v`` the pullback of the
+pullback (or forward mode, ``forward="jvp"``); for an affine family (``y = J x + b``) the
+products are with the linear part ``J``. With the layer-streamed engine each block of
+products is one sweep through the layers (bottom-up by ``torch.func.jvp`` for ``matvec``,
+top-down by ``torch.func.vjp`` for ``rmatvec``), reading each layer's weights once per block.
+:func:`jacobian_operator` builds one from a loaded model or an engine.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from detjac.errors import InvalidArgumentError, LinearizationError
+from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
+from detjac.targets import OUTPUTS
 
-from .jacobian import FLOAT64_EXACTNESS_BOUND, relative_error, stream_jacobian
-from .linearize import linearized
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-    from .streamed import StreamedModel
-
-DEFAULT_BLOCK = 64
+from .backend import Engine, Prompt, Trace
+from .cost import DEFAULT_ROW_BLOCK as DEFAULT_BLOCK
 
 
 @dataclass
@@ -64,8 +52,25 @@ class OperatorStats:
         return self.matvecs + self.rmatvecs
 
 
-class JacobianOperator(ABC):
+def check_block(block: Any) -> int:
+    """``block`` (columns per product sweep) as a positive int, or an :class:`InvalidArgumentError`."""
+    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+        raise InvalidArgumentError(f"Expected block to be a positive integer. Got {block!r} instead.")
+    return block
+
+
+class JacobianOperator:
     """``J`` (d_model, n_tokens * d_model) of one prompt, applied by blocks of at most ``block`` columns.
+
+    Parameters
+    ----------
+    engine
+        Any engine (:class:`~detjac.engine.backend.Engine`).
+    trace
+        The prompt's forward pass, from ``engine.trace``.
+    block
+        Columns per product sweep: memory grows with it, results do not change. Default: the row block
+        the engine plans for the output (64, or what a memory budget allows).
 
     Attributes
     ----------
@@ -85,18 +90,13 @@ class JacobianOperator(ABC):
         Products computed so far.
     """
 
-    token_ids: list[int]
-    position: int
-    embeddings: torch.Tensor
-    output: torch.Tensor
-    bias: torch.Tensor | None
-    detached: bool
-
-    def __init__(self, block: int) -> None:
-        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise InvalidArgumentError(f"Expected block to be a positive integer. Got {block!r} instead.")
-        self.block = block
+    def __init__(self, engine: Engine, trace: Trace, block: int | None = None) -> None:
+        if block is None:
+            block = engine.plan(trace, [OUTPUTS], mode="reverse").row_block
+        self.engine, self.trace, self.block = engine, trace, check_block(block)
         self.stats = OperatorStats()
+        self.token_ids, self.position, self.detached = trace.token_ids, trace.position, engine.detach
+        self.embeddings, self.output, self.bias = trace.embeddings, trace.output, trace.bias
 
     @property
     def n_tokens(self) -> int:
@@ -170,13 +170,13 @@ class JacobianOperator(ABC):
             )
         return err
 
-    @abstractmethod
     def _push(self, tangents: torch.Tensor) -> torch.Tensor:
         """(c, n_tokens, d_model) input directions -> (c, d_model) their images ``J v``."""
+        return self.engine.push(self.trace, tangents)
 
-    @abstractmethod
     def _pull(self, cotangents: torch.Tensor) -> torch.Tensor:
         """(c, d_model) output directions -> (c, n_tokens, d_model) their pullbacks ``J^T u``."""
+        return self.engine.pull(self.trace, cotangents)
 
     def _count(self, which: str, columns: int) -> None:
         setattr(self.stats, which, getattr(self.stats, which) + columns)
@@ -190,119 +190,31 @@ class JacobianOperator(ABC):
         return (X[:, None] if X.dim() == 1 else X).to(dtype=self.dtype, device=self.device)
 
 
-class ModelOperator(JacobianOperator):
-    """``J`` of an in-memory model (every supported family); see the module docstring.
-
-    Parameters
-    ----------
-    model
-        A loaded model of a supported family.
-    prompt
-        Text or token ids.
-    position
-        Target position (default: the last; 0, [CLS], for encoders).
-    block
-        Columns per vmapped product: memory grows with it, results do not change.
-    detach
-        The detached Jacobian (default) or the ordinary one.
-    forward
-        How ``matvec`` computes ``J V``. ``"transpose"`` (default): the pullback ``u -> J^T u``
-        is linear, so its own pullback is ``v -> J v``; it runs the backward graph of the
-        kept pullback backwards, through exactly the linear path. ``"jvp"``: forward mode
-        (``torch.func.jvp`` of the linearized forward, vmapped over the columns), which runs
-        the whole forward again with the tangents (query, key and gate projections run on
-        detached inputs, so no tangent goes through them): measured 1.2-1.3x the time of
-        ``"transpose"`` for 32 columns on a float64 d_model 512, 4-layer Llama at 64 and 256
-        tokens, with identical products.
-    """
-
-    FORWARD_MODES = ("transpose", "jvp")
-
-    def __init__(self, model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, *,
-                 position: int | None = None, block: int = DEFAULT_BLOCK, detach: bool = True,
-                 tokenizer: Any | None = None, forward: str = "transpose") -> None:
-        super().__init__(block)
-        if forward not in self.FORWARD_MODES:
-            raise InvalidArgumentError(f"Expected forward one of {', '.join(self.FORWARD_MODES)}. Got {forward!r}.")
-        self.model, self.forward = model, forward
-        self._stream = stream_jacobian(model, prompt, row_block=block, detach=detach, position=position,
-                                       tokenizer=tokenizer)
-        s = self._stream
-        self.token_ids, self.position, self.detached = s.token_ids, s.position % len(s.token_ids), detach
-        self.embeddings, self.output, self.bias = s.embeddings, s.output, s.bias
-        self._transpose: Any = None
-        if forward == "transpose":  # any point will do: the pullback is linear in its cotangent
-            with torch.enable_grad():
-                _, self._transpose = torch.func.vjp(lambda u: s._pullback(u)[0], torch.zeros_like(s.output))
-
-    def _push(self, tangents: torch.Tensor) -> torch.Tensor:
-        if self._transpose is not None:
-            with torch.no_grad():
-                return torch.func.vmap(self._transpose)(tangents)[0]
-        x, p = self.embeddings, self.position
-        with linearized(self.model, detach=self.detached) as lin, torch.no_grad():
-            def target(e: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
-                return lin.decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, p]
-
-            return torch.func.vmap(lambda v: torch.func.jvp(target, (x,), (v,))[1])(tangents)
-
-    def _pull(self, cotangents: torch.Tensor) -> torch.Tensor:
-        return self._stream.pull(cotangents)
-
-
-class StreamedOperator(JacobianOperator):
-    """``J`` of a layer-streamed model: each block of products is one sweep through its layers.
-
-    Parameters
-    ----------
-    model
-        A :class:`~detjac.engine.streamed.StreamedModel`.
-    prompt
-        Text or token ids.
-    position
-        Target position (default: the last).
-    block
-        Columns per sweep. Default: the row block the model's memory budget allows
-        (:meth:`StreamedModel.plan`), or 64 without a budget.
-    """
-
-    def __init__(self, model: StreamedModel, prompt: str | Sequence[int] | torch.Tensor, *,
-                 position: int | None = None, block: int | None = None, progress: bool = False) -> None:
-        from .streamed import Target
-
-        self.model = model
-        self._target = Target(-1, "output")
-        self.trace = model.trace(prompt, position=-1 if position is None else position, progress=progress)
-        if block is None:
-            block = model.plan(self.trace, [self._target], mode="reverse").row_block
-        super().__init__(block)
-        t = self.trace
-        self.token_ids, self.position, self.detached = t.token_ids, t.position, model.detach
-        self.embeddings, self.output, self.bias = t.embeddings, t.output, None
-
-    def _push(self, tangents: torch.Tensor) -> torch.Tensor:
-        (block,) = self.model._forward(self.trace, [self._target], 0, tangents.shape[0], False, tangent=tangents)
-        return block.values.T  # (c, d)
-
-    def _pull(self, cotangents: torch.Tensor) -> torch.Tensor:
-        seed = torch.zeros(cotangents.shape[0], self.n_tokens, self.d_model, dtype=self.dtype, device=self.device)
-        seed[:, self.position] = cotangents
-        (block,) = self.model._reverse(self.trace, [self._target], 0, cotangents.shape[0], False, seed=seed)
-        return block.values  # (c, n, d)
-
-
-def jacobian_operator(model: PreTrainedModel | StreamedModel, prompt: str | Sequence[int] | torch.Tensor, *,
-                      position: int | None = None, block: int | None = None, detach: bool = True,
-                      tokenizer: Any | None = None, forward: str = "transpose",
+def jacobian_operator(model: Any, prompt: Prompt, *, position: int | None = None, block: int | None = None,
+                      detach: bool = True, tokenizer: Any | None = None, forward: str = "transpose",
                       progress: bool = False) -> JacobianOperator:
-    """The operator ``J`` of ``prompt``: :class:`StreamedOperator` for a ``StreamedModel``, else :class:`ModelOperator`.
+    """The operator ``J`` of ``prompt`` on ``model``: an engine, or a loaded transformers model.
 
-    A ``StreamedModel`` carries its own ``detach`` setting and tokenizer and always pushes
-    tangents in forward mode; ``detach``, ``tokenizer`` and ``forward`` apply to an in-memory model.
+    An engine carries its own ``detach`` setting, tokenizer and way of pushing tangents;
+    ``detach``, ``tokenizer`` and ``forward`` (see :class:`~detjac.engine.inmemory.InMemoryEngine`)
+    apply to a loaded model. ``block`` defaults to the engine's planned row block.
     """
-    from .streamed import StreamedModel
+    from . import as_engine
 
-    if isinstance(model, StreamedModel):
-        return StreamedOperator(model, prompt, position=position, block=block, progress=progress)
-    return ModelOperator(model, prompt, position=position, block=DEFAULT_BLOCK if block is None else block,
-                         detach=detach, tokenizer=tokenizer, forward=forward)
+    if block is not None:
+        check_block(block)  # before the forward pass
+    engine = as_engine(model, detach=detach, tokenizer=tokenizer, forward=forward)
+    return JacobianOperator(engine, engine.trace(prompt, position=position, progress=progress), block)
+
+
+def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, block: int = DEFAULT_BLOCK,  # noqa: N802
+                  detach: bool = True, tokenizer: Any | None = None, forward: str = "transpose") -> JacobianOperator:
+    """``J`` of a loaded model (every supported family): :func:`jacobian_operator` with the in-memory engine."""
+    return jacobian_operator(model, prompt, position=position, block=block, detach=detach, tokenizer=tokenizer,
+                             forward=forward)
+
+
+def StreamedOperator(model: Any, prompt: Prompt, *, position: int | None = None,  # noqa: N802
+                     block: int | None = None, progress: bool = False) -> JacobianOperator:
+    """``J`` of a :class:`~detjac.engine.streamed.StreamedModel`: :func:`jacobian_operator` on that engine."""
+    return jacobian_operator(model, prompt, position=position, block=block, progress=progress)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from detjac.errors import InvalidArgumentError
+from detjac.singular import orient as orient_pairs
 
 from .operator import JacobianOperator
 
@@ -82,7 +83,7 @@ class OperatorSVD:
     verified: bool
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        """``U, S, V = top_singular(op, k)``."""
+        """``U, S, V = operator_svd(op, k)``."""
         return iter((self.U, self.S, self.V))
 
     @property
@@ -118,7 +119,7 @@ def default_tol(dtype: torch.dtype) -> float:
     return 1e-8 if dtype == torch.float64 else math.sqrt(torch.finfo(dtype).eps)
 
 
-def top_singular(op: JacobianOperator, k: int, *, method: str = "lanczos", block: int = 8, oversample: int = 8,
+def operator_svd(op: JacobianOperator, k: int, *, method: str = "lanczos", block: int = 8, oversample: int = 8,
                  tol: float | None = None, max_iters: int | None = None, seed: int = 0, verify: bool = True,
                  orient: torch.Tensor | None = None, progress: bool = False) -> OperatorSVD:
     """The top ``k`` singular triplets of ``op`` from products with ``J`` and ``J^T`` (see the module docstring).
@@ -185,8 +186,7 @@ def top_singular(op: JacobianOperator, k: int, *, method: str = "lanczos", block
     order = torch.argsort(S, descending=True)  # Rayleigh quotients may swap two nearly equal Ritz values
     U, S, V, residuals = U[:, order], S[order], V[:, order], residuals[order]
     if orient is not None:
-        sign = torch.where(orient.to(U.dtype) @ U < 0, -1.0, 1.0).to(U.dtype)
-        U, V = U * sign, V * sign
+        U, V = orient_pairs(U, V, orient)
     return OperatorSVD(U=U, S=S.to(op.dtype), V=V, residuals=residuals, converged=bool(residuals.max() <= tol),
                        method=method, iterations=iterations, basis=basis,
                        matvecs=op.stats.matvecs - before[0], rmatvecs=op.stats.rmatvecs - before[1],

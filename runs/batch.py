@@ -51,109 +51,73 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
             "max_tokens": max_tokens, "detjac_version": __version__}
 
 
-def write_prompt(store: Any, model: Any, tokenizer: Any, pid: str, item: PromptLine, ids: list[int],
-                 run: dict[str, Any], bar: Any) -> float:
-    """Stream one prompt's Jacobian into ``store``; returns its reconstruction error."""
-    from detjac.engine import output_logits, stream_jacobian
-
-    stream = stream_jacobian(model, ids, row_block=run["row_block"], detach=run["detach"], position=run["position"])
-    storage = storage_dtype(run["dtype"])
-    rank = parse_keep(run["keep"])
-    with store.begin(pid, n_rows=stream.n_rows, n_tokens=len(ids), n_cols=stream.embeddings.shape[-1],
-                     dtype=storage, row_block=run["row_block"], rank=rank) as writer:
-        if rank is None:
-            error = _stream_full(stream, writer, storage, bar)
-            extra: dict[str, Any] = {}
-        else:
-            error, extra = _stream_low_rank(stream, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
-        if run["detach"]:
-            _check_exact(error, run["dtype"], item)
-        _write_small(writer, stream.embeddings, stream.output, ids, storage, stream.bias)
-        next_id = int(output_logits(model, stream.output).argmax())
-        affine = {"affine": True} if stream.bias is not None else {}
-        writer.commit({**_prompt_attrs(tokenizer, item, ids, next_id, error, run, storage), **extra, **affine})
-    return error
-
-
-class _OutputRows:
-    """The streamed engine's row blocks of the final Jacobian, iterable again (low-rank mode sweeps it)."""
-
-    def __init__(self, sm: Any, trace: Any, plan: Any) -> None:
-        from detjac.engine.streamed import Target
-
-        self.sm, self.trace, self.plan, self.target = sm, trace, plan, Target(-1, "output")
-        self.n_rows, self.n_blocks = sm.d_model, plan.n_row_blocks
-        self.embeddings, self.output = trace.embeddings, trace.output
-
-    def __iter__(self) -> Any:
-        return self.sm.blocks(self.trace, [self.target], self.plan)
-
-
-def write_streamed_prompt(store: Any, sm: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
-                          targets: list[Any], bar: Any, progress: bool = True) -> float:
-    """One prompt through the layer-streamed engine: the final Jacobian and every layerwise ``targets``
-    Jacobian, block by block into ``store``; returns the final Jacobian's reconstruction error. ``progress``
-    shows the engine's own bars (forward pass, sweeps)."""
-    import torch
-
-    from detjac.engine import relative_error
-    from detjac.engine.streamed import Target
+def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
+                 targets: list[Any], bar: Any, progress: bool = True) -> float:
+    """One prompt through ``engine`` into ``store``: the output's Jacobian and every layerwise ``targets``
+    Jacobian, block by block (or, in low-rank mode, the output's top triplets); returns the output's
+    reconstruction error. ``progress`` shows the engine's own bars (forward pass, sweeps)."""
     from detjac.store import LayerwiseSpec
+    from detjac.targets import OUTPUTS
 
     storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
-    trace = sm.trace(ids, progress=progress)
-    output = Target(-1, "output")
+    trace = engine.trace(ids, position=run["position"], progress=progress)
     auto_rows = run.get("row_block") in (None, "auto")
-    plan = sm.plan(trace, [output, *targets], mode="reverse" if rank is not None else run.get("mode", "auto"),
-                   row_block=None if auto_rows else run["row_block"])
-    next_id = int(sm.logits(trace.output).argmax())
-    n, d = len(ids), sm.d_model
-    if rank is not None:
-        with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
-                         rank=rank, shard_bytes=_shard_bytes(sm)) as writer:
-            error, extra = _stream_low_rank(_OutputRows(sm, trace, plan), writer, rank,
-                                            run.get("passes", LOW_RANK_PASSES), bar)
-            if run["detach"]:
-                _check_exact(error, run["dtype"], item)
-            _write_small(writer, trace.embeddings, trace.output, ids, storage)
-            writer.commit({**_prompt_attrs(sm.tokenizer, item, ids, next_id, error, run, storage), **extra})
-        return error
-    specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, "forward" if t in plan.forward else "reverse",
-                                   plan.token_block) for t in targets}
-    recon = {t: torch.zeros_like(trace.value(t)) for t in [output, *targets]}
-    with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block,
-                     layerwise=specs, shard_bytes=_shard_bytes(sm)) as writer:
-        bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
-        for b in sm.blocks(trace, [output, *targets], plan, progress=progress):
-            x = trace.source(b.target)[b.token_start:b.token_stop]
-            recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
-            name = "jacobian" if b.target == output else b.target.name
-            writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, storage))
-            bar.update()
-        errors = {t: relative_error(recon[t], trace.value(t)) for t in recon}
+    plan = engine.plan(trace, [OUTPUTS, *targets], mode="reverse" if rank is not None else run.get("mode", "auto"),
+                       row_block=None if auto_rows else run["row_block"])
+    next_id = int(engine.logits(trace.output).argmax())
+    n, d = len(ids), engine.d_model
+    specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block) for t in targets}
+    with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block, rank=rank,
+                     layerwise=specs or None, shard_bytes=_shard_bytes(engine)) as writer:
+        if rank is None:
+            errors = _stream_full(engine, trace, plan, writer, storage, bar, progress)
+            extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
+        else:
+            rows = _OutputRows(engine, trace, plan)
+            errors, extra = _stream_low_rank(rows, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
         for t, e in errors.items():
             if run["detach"]:
-                _check_exact(e, run["dtype"], item, t.name)
-            if t != output:
+                _check_exact(e, run["dtype"], item, "" if t.is_output else t.name)
+            if not t.is_output:
                 writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
                 if t.local:
                     writer.write_layerwise(t.name, "inputs", _numpy(trace.source(t), storage))
-        _write_small(writer, trace.embeddings, trace.output, ids, storage)
-        layerwise = {t.name: {"reconstruction_error": errors[t], "mode": specs[t.name].mode} for t in targets}
-        writer.commit({**_prompt_attrs(sm.tokenizer, item, ids, next_id, errors[output], run, storage),
-                       "layerwise": layerwise, "stream": {"row_block": plan.row_block,
-                                                          "token_block": plan.token_block,
-                                                          "bytes_read": sm.stats.bytes_read}})
-    return errors[output]
+        _write_small(writer, trace.embeddings, trace.output, ids, storage, trace.bias)
+        affine = {"affine": True} if trace.bias is not None else {}
+        writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, errors[OUTPUTS], run, storage), **extra,
+                       **affine})
+    return errors[OUTPUTS]
 
 
-def _shard_bytes(sm: Any) -> int | None:
+def _layerwise_attrs(errors: dict[Any, float], specs: dict[str, Any]) -> dict[str, Any]:
+    """The ``layerwise`` attribute of a prompt: each target's reconstruction error and mode (none: no attribute)."""
+    if not specs:
+        return {}
+    return {"layerwise": {t.name: {"reconstruction_error": e, "mode": specs[t.name].mode}
+                          for t, e in errors.items() if not t.is_output}}
+
+
+class _OutputRows:
+    """The output's row blocks of one trace, iterable again (low-rank mode sweeps them several times)."""
+
+    def __init__(self, engine: Any, trace: Any, plan: Any) -> None:
+        from detjac.targets import OUTPUTS
+
+        self.engine, self.trace, self.plan, self.target = engine, trace, plan, OUTPUTS
+        self.n_rows, self.n_blocks = engine.d_model, plan.n_row_blocks
+        self.embeddings, self.output, self.bias = trace.embeddings, trace.output, trace.bias
+
+    def __iter__(self) -> Any:
+        return self.engine.blocks(self.trace, [self.target], self.plan)
+
+
+def _shard_bytes(engine: Any) -> int | None:
     """Under a CPU memory budget, jacobian shards of at most 1/64 of it (the writer holds up to one shard and
     zarr about two more while it writes one); None: the store's default."""
     from detjac.store.format import SHARD_BYTES
 
-    budget = sm.budgets.get("cpu")
+    budget = engine.memory_budget("cpu")
     return None if budget is None else max(1, min(SHARD_BYTES, budget // 64))
 
 
@@ -165,32 +129,38 @@ def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], stor
         writer.write_array("bias", _numpy(bias, storage))
 
 
-def _stream_full(stream: Any, writer: Any, storage: str, bar: Any) -> float:
-    """Row blocks to the writer as they come; the reconstruction is accumulated on the way."""
+def _stream_full(engine: Any, trace: Any, plan: Any, writer: Any, storage: str, bar: Any,
+                 progress: bool) -> dict[Any, float]:
+    """Every target's blocks to the writer as they come; the reconstructions are accumulated on the way. Returns
+    each target's reconstruction error (the output's with an affine model's offset added)."""
     import torch
 
-    from detjac.engine import relative_error
+    from detjac.exactness import relative_error
 
-    recon = torch.empty_like(stream.output)
-    bar.reset(total=stream.n_blocks)
-    for block in stream:
-        recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
-        writer.write_rows(block.start, block.stop, _numpy(block.values, storage))
+    targets = plan.reverse + plan.forward
+    recon = {t: torch.zeros_like(trace.value(t)) for t in targets}
+    bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
+    for b in engine.blocks(trace, targets, plan, progress=progress):
+        x = trace.source(b.target)[b.token_start:b.token_stop]
+        recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
+        name = "jacobian" if b.target.is_output else b.target.name
+        writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, storage))
         bar.update()
-    return relative_error(_plus_bias(recon, stream), stream.output)
+    return {t: relative_error(_plus_bias(recon[t], trace) if t.is_output else recon[t], trace.value(t))
+            for t in targets}
 
 
-def _plus_bias(recon: Any, stream: Any) -> Any:
-    """``sum_k J_k x_k`` plus the offset of an affine model (streams without one have none)."""
-    bias = getattr(stream, "bias", None)
-    return recon + bias if bias is not None else recon
+def _plus_bias(recon: Any, trace: Any) -> Any:
+    """``sum_k J_k x_k`` plus the offset of an affine model (linear models have none)."""
+    return recon + trace.bias if trace.bias is not None else recon
 
 
-def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any) -> tuple[float, dict[str, Any]]:
+def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int,
+                     bar: Any) -> tuple[dict[Any, float], dict[str, Any]]:
     """``passes`` sweeps of the row stream through a subspace iteration; only the triplets are stored."""
     import torch
 
-    from detjac.engine import relative_error
+    from detjac.exactness import relative_error
     from detjac.store.subspace import SubspaceIteration
 
     n, d = stream.embeddings.shape
@@ -207,11 +177,13 @@ def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int, bar: Any)
             bar.update()
         more = iteration.end_pass()
     attrs = writer.write_triplets(*iteration.finish())
-    return relative_error(_plus_bias(recon, stream), stream.output), {**attrs, "passes": passes}
+    from detjac.targets import OUTPUTS
+
+    return {OUTPUTS: relative_error(_plus_bias(recon, stream), stream.output)}, {**attrs, "passes": passes}
 
 
 def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> None:
-    from detjac.engine.jacobian import FLOAT64_EXACTNESS_BOUND
+    from detjac.exactness import FLOAT64_EXACTNESS_BOUND
 
     if dtype == "float64" and not error < FLOAT64_EXACTNESS_BOUND:
         of = f" of {what}" if what else ""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .batch import run_description, storage_dtype, write_prompt, write_streamed_prompt
+from .batch import run_description, storage_dtype, write_prompt
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
 
 
@@ -32,41 +32,39 @@ class ModelSpec:
     trust_remote_code: bool = False
 
     def load(self, device: str | None = None) -> LoadedModel:
-        """Load the model on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
+        """Load the engine on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
         does to plan, without the memory budget, which names the workers' devices)."""
         import torch
 
+        from detjac.engine import load_engine, return_freed_memory
         from detjac.engine.default import resolve_model
 
         source = resolve_model(self.model)
         device = device or self.device
-        if self.streamed:
-            from detjac.engine.streamed import StreamedModel
-
-            budget = self.max_memory if device == self.device else None
-            sm = StreamedModel(source, dtype=getattr(torch, self.dtype), device=device, detach=self.detach,
-                               max_memory=budget, quantize=self.quantize, revision=self.revision,
-                               trust_remote_code=self.trust_remote_code)
-            return LoadedModel(sm, sm.tokenizer, sm.prompt_model(), source, streamed=True)
-        from detjac.engine import get_tokenizer, load_model
-
-        model = load_model(source, dtype=getattr(torch, self.dtype), device=device, revision=self.revision,
-                           trust_remote_code=self.trust_remote_code)
-        return LoadedModel(model, get_tokenizer(model), model, source, streamed=False)
+        budget = self.max_memory if device == self.device else None
+        engine = load_engine(source, streamed=self.streamed, dtype=getattr(torch, self.dtype), device=device,
+                             detach=self.detach, max_memory=budget, quantize=self.quantize, revision=self.revision,
+                             trust_remote_code=self.trust_remote_code)
+        if engine.memory_budget("cpu") is not None and device == "cpu":
+            return_freed_memory()  # this process computes under a CPU budget: keep the resident set honest
+        return LoadedModel(engine, source)
 
 
 @dataclass
 class LoadedModel:
-    model: Any  # a transformers model, or a StreamedModel
-    tokenizer: Any
-    prompt_model: Any  # what parse_prompt checks token ids against
-    source: Any  # the checkpoint folder (or the model id) it was loaded from
-    streamed: bool
+    """An engine and the checkpoint folder (or the model id) it was loaded from."""
+
+    engine: Any  # a detjac.engine.Engine
+    source: Any
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
 
     @property
     def context(self) -> int:
         """The model's context length in tokens (unbounded when its config does not say)."""
-        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 2**31
+        return self.engine.context
 
 
 @dataclass(frozen=True)
@@ -141,16 +139,16 @@ def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, ro
     loaded = spec.load(load_device)
     targets: list[Any] = []
     if layers is not None:
-        from detjac.engine.streamed import layer_targets
+        from detjac.targets import layer_targets
 
-        targets = layer_targets(layers, components, loaded.model.n_layers)
+        targets = layer_targets(layers, components, loaded.engine.n_layers)
     limit = min(max_tokens or loaded.context, loaded.context)
-    tokenized = tokenize_each(prompts, loaded.prompt_model, loaded.tokenizer, limit)
+    tokenized = tokenize_each(prompts, loaded.engine.prompt_model(), loaded.tokenizer, limit)
     if not lenient:
         check_tokenized(prompts, tokenized, limit)
     source = loaded.source
     model_dir = Path(source) if Path(source).is_dir() else None
-    run = run_description(loaded.model, model_arg, model_dir, spec.revision, spec.dtype,
+    run = run_description(loaded.engine, model_arg, model_dir, spec.revision, spec.dtype,
                           row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach)
     if spec.streamed:
         run.update({"engine": "streamed", "layerwise": [t.name for t in targets], "quantize": spec.quantize,
@@ -177,9 +175,7 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
 def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, Any], targets: list[Any], bar: Any,
               progress: bool = True) -> float:
     """Compute one prompt and commit it to ``store``; returns its reconstruction error."""
-    if loaded.streamed:
-        return write_streamed_prompt(store, loaded.model, task.pid, task.item, task.ids, run, targets, bar, progress)
-    return write_prompt(store, loaded.model, loaded.tokenizer, task.pid, task.item, task.ids, run, bar)
+    return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress)
 
 
 def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -187,20 +183,9 @@ def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any],
     for decoding."""
     import torch
 
-    from detjac.engine.decode import final_norm_gain
-
-    model, source = loaded.model, loaded.source
     storage = getattr(torch, storage_dtype(dtype))
-    if hasattr(model, "decoding_matrices"):  # the streamed engine reads them from the checkpoint
-        arrays = model.decoding_matrices(storage)
-    else:
-        from detjac.engine import decoding_matrix
-
-        arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": decoding_matrix(model)}
-        gain = final_norm_gain(model)
-        if gain is not None:
-            arrays["final_norm"] = gain
-    arrays = {k: v.detach().to(device="cpu", dtype=storage).numpy() for k, v in arrays.items()}
+    arrays = {k: v.numpy() for k, v in loaded.engine.decoding_matrices(storage).items()}
+    source = loaded.source
     tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
     files = {"tokenizer.json": tok_file.read_bytes()} if tok_file is not None and tok_file.is_file() else {}
     return arrays, files

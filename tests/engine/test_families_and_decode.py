@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from detjac.engine import FAMILIES
-from detjac.engine.decode import decode_top, top_singular
+from detjac.engine.decode import decode_top, dense_svd
 from detjac.engine.tiny import tiny_model_types
 
 
@@ -23,11 +23,11 @@ def test_every_family_declares_rules():
         assert len(family.describe()) == rules
 
 
-def test_top_singular_matches_svd_and_orients_by_output():
+def test_dense_svd_matches_svd_and_orients_by_output():
     gen = torch.Generator().manual_seed(0)
     op = torch.randn(6, 5, generator=gen, dtype=torch.float64)
     y = torch.randn(6, generator=gen, dtype=torch.float64)
-    svd = top_singular(op, 3, orient=y)
+    svd = dense_svd(op, 3, orient=y)
     assert torch.allclose(svd.S, torch.linalg.svdvals(op)[:3])
     assert torch.all(y @ svd.U >= 0)
     # each oriented pair still satisfies op v = s u

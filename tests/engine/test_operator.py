@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from detjac.engine import JacobianStream, detached_jacobian, load_model
-from detjac.engine.operator import JacobianOperator, ModelOperator, StreamedOperator, jacobian_operator
+from detjac.engine.operator import JacobianOperator, ModelOperator, OperatorStats, check_block, jacobian_operator
 from detjac.engine.streamed import StreamedModel
-from detjac.engine.svds import top_singular
+from detjac.engine.svds import operator_svd
 from detjac.engine.tiny import tiny_model
 from detjac.errors import InvalidArgumentError
 
@@ -38,8 +38,7 @@ class MatrixOperator(JacobianOperator):
     """An explicit matrix behind the operator interface: the algorithm alone, on a spectrum chosen by the test."""
 
     def __init__(self, J: torch.Tensor, n_tokens: int, block: int = 16) -> None:
-        super().__init__(block)
-        self.J = J
+        self.block, self.stats, self.J = check_block(block), OperatorStats(), J  # no engine: _push and _pull below
         self.embeddings = torch.zeros(n_tokens, J.shape[0], dtype=J.dtype)
         self.output, self.bias, self.detached = torch.zeros(J.shape[0], dtype=J.dtype), None, True
         self.token_ids, self.position = list(range(n_tokens)), n_tokens - 1
@@ -82,7 +81,7 @@ def test_streamed_operator_equals_formed_jacobian_and_streams_layers(llama_check
     J = detached_jacobian(load_model(llama_checkpoint), prompt_ids).combined()
     sm = StreamedModel(llama_checkpoint)
     op = jacobian_operator(sm, prompt_ids, block=3)
-    assert isinstance(op, StreamedOperator) and op.shape == tuple(J.shape)
+    assert isinstance(op, JacobianOperator) and op.engine is sm and op.shape == tuple(J.shape)
     V, U = _randn(J.shape[1], 4, seed=5), _randn(J.shape[0], 4, seed=6)
     assert _rel(op.matvec(V), J @ V) <= EXACT and _rel(op.rmatvec(U), J.T @ U) <= EXACT
     assert abs(float(torch.dot(op.matvec(V[:, 0]), U[:, 0]) - torch.dot(V[:, 0], op.rmatvec(U[:, 0])))) \
@@ -95,13 +94,13 @@ def test_streamed_operator_equals_formed_jacobian_and_streams_layers(llama_check
 
 
 @pytest.mark.parametrize("method", ["lanczos", "randomized"])
-def test_top_singular_matches_the_full_svd(method, prompt_ids):
+def test_operator_svd_matches_the_full_svd(method, prompt_ids):
     model = tiny_model("llama", seed=7)
     J = detached_jacobian(model, prompt_ids).combined()
     U_ref, S_ref, Vh_ref = torch.linalg.svd(J, full_matrices=False)
     k = 6
     op = jacobian_operator(model, prompt_ids, block=8)
-    res = top_singular(op, k, method=method, block=4, oversample=6, orient=op.produced)
+    res = operator_svd(op, k, method=method, block=4, oversample=6, orient=op.produced)
     assert res.converged and float(res.residuals.max()) <= res.tol
     assert float(((res.S - S_ref[:k]).abs() / S_ref[:k]).max()) <= SIGMA_REL
     assert _min_cosine(res.U, U_ref[:, :k]) >= 1 - SIGMA_REL  # the same subspaces, signs aside
@@ -118,7 +117,7 @@ def test_top_singular_matches_the_full_svd(method, prompt_ids):
 def test_streamed_and_in_memory_operators_give_the_same_triplets(llama_checkpoint: Path, prompt_ids):
     ops = [jacobian_operator(load_model(llama_checkpoint), prompt_ids), jacobian_operator(
         StreamedModel(llama_checkpoint), prompt_ids)]
-    a, b = (top_singular(op, 4, block=4, orient=op.produced) for op in ops)
+    a, b = (operator_svd(op, 4, block=4, orient=op.produced) for op in ops)
     assert float(((a.S - b.S).abs() / a.S).max()) <= SIGMA_REL
     assert _min_cosine(a.U, b.U) >= 1 - SIGMA_REL
 
@@ -133,7 +132,7 @@ def test_clustered_and_repeated_singular_values():
     Ul = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0]
     Vr = torch.linalg.qr(torch.randn(n * d, d, generator=gen, dtype=torch.float64))[0]
     op = MatrixOperator(Ul @ torch.diag(S) @ Vr.T, n)
-    res = top_singular(op, 6, block=4)
+    res = operator_svd(op, 6, block=4)
     assert res.converged
     assert float(((res.S - S[:6]).abs() / S[:6]).max()) <= SIGMA_REL
     assert _min_cosine(res.U[:, :2], Ul[:, :2]) >= 1 - SIGMA_REL  # the whole eigenspace of the double value
@@ -145,7 +144,7 @@ def test_lanczos_ends_exactly_when_its_basis_fills_the_space():
     d, n = 24, 3
     J = _randn(d, n * d, seed=9)
     op = MatrixOperator(J, n, block=5)
-    res = top_singular(op, 3, block=7, tol=1e-18)  # 7 does not divide 24: the last block is narrower
+    res = operator_svd(op, 3, block=7, tol=1e-18)  # 7 does not divide 24: the last block is narrower
     assert res.basis == d and res.iterations == 4 and not res.converged
     S_ref = torch.linalg.svdvals(J)[:3]
     assert float(((res.S - S_ref).abs() / S_ref).max()) <= 1e-12
@@ -166,11 +165,11 @@ def test_long_prompt_never_forms_j(monkeypatch):
     op = jacobian_operator(model, ids, block=2)
     j_bytes = op.shape[0] * op.shape[1] * op.dtype.itemsize
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = top_singular(op, 4, block=4)
+        res = operator_svd(op, 4, block=4)
     largest = max(e.cpu_memory_usage for e in prof.events())
     assert 0 < largest < j_bytes / 4, (largest, j_bytes)
     assert res.converged and op.stats.widest_block == 2
-    again = top_singular(op, 4, block=6, seed=1)  # another start, another Krylov space: the same values
+    again = operator_svd(op, 4, block=6, seed=1)  # another start, another Krylov space: the same values
     assert float(((res.S - again.S).abs() / res.S).max()) <= SIGMA_REL
 
 
@@ -187,7 +186,7 @@ def test_long_prompt_never_forms_j(monkeypatch):
 def test_bad_arguments_are_refused(kwargs, message):
     op = MatrixOperator(_randn(32, 64), 2)
     with pytest.raises(InvalidArgumentError) as err:
-        top_singular(op, **kwargs)
+        operator_svd(op, **kwargs)
     assert message in str(err.value)
     assert op.stats.products == 0  # refused before any product
 
@@ -207,5 +206,5 @@ def test_operator_checks_its_inputs(prompt_ids):
 
 def test_an_iteration_limit_is_reported_not_hidden():
     op = MatrixOperator(_randn(32, 96, seed=4), 3)
-    res = top_singular(op, 4, method="randomized", oversample=0, max_iters=1)
+    res = operator_svd(op, 4, method="randomized", oversample=0, max_iters=1)
     assert not res.converged and res.iterations == 1 and float(res.residuals.max()) > res.tol

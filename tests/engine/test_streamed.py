@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, load_model, output_logits
-from detjac.engine.streamed import StreamedModel, Target, _suffix_kwargs, layer_targets, parse_memory
+from detjac.engine.streamed import StreamedModel, Target, layer_targets, parse_memory
 from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
+from detjac.engine.tracing import suffix_kwargs
 from detjac.engine.weights import SafetensorsWeights, resolve_key
 from detjac.errors import CheckpointError, InvalidArgumentError
 
@@ -73,11 +74,11 @@ def test_suffix_arguments_slice_positions_and_refuse_unknown_ones() -> None:
     kwargs = {"attention_mask": torch.zeros(1, 1, n, n), "position_ids": torch.arange(n)[None],
               "position_embeddings": (torch.ones(1, n, 4), torch.ones(1, n, 4)), "past_key_values": None,
               "use_cache": False}
-    sliced = _suffix_kwargs(kwargs, 2, n)
+    sliced = suffix_kwargs(kwargs, 2, n)
     assert sliced["attention_mask"].shape == (1, 1, 3, n)
     assert sliced["position_ids"].tolist() == [[2, 3, 4]]
     assert [t.shape for t in sliced["position_embeddings"]] == [(1, 3, 4)] * 2
-    assert _suffix_kwargs({**kwargs, "cache_position": torch.arange(n)}, 2, n) is None
+    assert suffix_kwargs({**kwargs, "cache_position": torch.arange(n)}, 2, n) is None
 
 
 def test_ordinary_jacobian_matches_in_memory_engine(prompt_ids: list[int]) -> None:
@@ -133,7 +134,7 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     trace = roomy.trace(prompt_ids)
     assert roomy.plan(trace, [Target(-1, "output")]).row_block == roomy.d_model  # everything fits: one sweep
     sm = StreamedModel(llama_checkpoint)
-    one_vector = sm._vector_bytes(len(prompt_ids))
+    one_vector = sm.cost.vector_bytes(len(prompt_ids))
     # room for exactly 5 vectors besides two copies of a layer and the hidden states
     budget = 2 * sm.layer_bytes() + (2 * sm.n_layers + 2) * len(prompt_ids) * sm.d_model * 8 + 5 * one_vector
     tight = StreamedModel(llama_checkpoint, max_memory={"cpu": budget})

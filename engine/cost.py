@@ -1,0 +1,121 @@
+"""The cost model and block sizing of the layer-streamed engine.
+
+Units: one vector of n_tokens positions through one layer. Reverse mode costs
+``d_model * sum(depth(t))`` over the requested targets (depth: layers between the target and
+the input, :func:`depth`), less nearly one layer per target at the top of a sweep (there only
+the value projection runs over every position). Forward mode costs ``n_tokens * d_model *
+max(depth(t))`` without truncation; the layers are causal, so the tangents of tokens
+``k0:k1`` are carried over positions ``k0:`` only, which brings its cost to
+``sum over blocks (k1 - k0) * d_model * (n_tokens - k0) / n_tokens`` per layer
+(:meth:`CostModel.forward_vectors`), about half for small blocks. ``mode="auto"`` takes
+forward mode for the cumulative targets when it is cheaper (many layers, short prompt) and
+reverse mode otherwise; per-layer (``*_local``) targets are always reverse mode (one layer each).
+
+Memory: with a budget for the compute device, the block is sized so that one layer (twice,
+while the next is read), the trace and the block's vectors fit (:meth:`CostModel.plan`). One
+vector costs :meth:`CostModel.vector_bytes` inside a layer's vjp or jvp (measured: see
+``benchmarks/streamed.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from detjac.errors import InvalidArgumentError
+from detjac.targets import Target
+
+from .backend import Plan
+
+DEFAULT_ROW_BLOCK = 64
+MODES = ("auto", "reverse", "forward")
+
+
+def depth(t: Target, n_layers: int) -> float:
+    """Layers between the target and the vectors' seed, for the cost model."""
+    if t.local:
+        return 1.0
+    if t.is_output:
+        return float(n_layers)
+    return t.layer + (0.5 if t.component == "attn" else 1.0)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The shapes that decide cost and memory: hidden and MLP sizes, layers, bytes per number and per layer.
+
+    ``budget`` is the compute device's memory budget in bytes (None: no budget).
+    """
+
+    d_model: int
+    ffn: int
+    n_layers: int
+    itemsize: int
+    layer_bytes: int
+    detach: bool = True
+    budget: int | None = None
+    device: str = "cpu"
+
+    def vector_bytes(self, n: int) -> int:
+        """Bytes one vector of the block costs inside one layer's vjp/jvp at ``n`` tokens."""
+        return self.itemsize * n * (8 * self.d_model + 4 * self.ffn)
+
+    def vector_budget(self, n: int) -> int | None:
+        """Bytes left for the block: the budget less one layer (twice while it is read) and the trace."""
+        if self.budget is None:
+            return None
+        trace_bytes = (2 * self.n_layers + 2) * n * self.d_model * self.itemsize
+        return max(0, self.budget - 2 * self.layer_bytes - trace_bytes)
+
+    def forward_vectors(self, n: int, token_block: int) -> float:
+        """Forward mode's vectors per layer, in units of n positions: a block of tokens ``k0:k1`` carries
+        ``(k1 - k0) * d`` tangents over positions ``k0:`` only (causal truncation, detached models)."""
+        if not self.detach:
+            return float(n * self.d_model)
+        return sum(min(token_block, n - k0) * self.d_model * (n - k0) / n for k0 in range(0, n, token_block))
+
+    def plan(self, n: int, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
+             token_block: int | None = None) -> Plan:
+        """Split ``targets`` between reverse and forward mode and size the blocks for a prompt of ``n`` tokens.
+
+        Raises
+        ------
+        InvalidArgumentError
+            An unknown mode, a non-positive block, or a budget too small for one layer and one block.
+        """
+        _check_request(mode, row_block, token_block)
+        d, L = self.d_model, self.n_layers
+        cumulative = [t for t in targets if not t.local]
+        budget = self.vector_budget(n)
+        rows_fit = budget // self.vector_bytes(n) if budget is not None else None
+        if token_block is None:
+            token_block = max(1, n // 4) if rows_fit is None else min(n, rows_fit // d)
+        reverse_cost = d * sum(depth(t, L) for t in cumulative)
+        forward_cost = self.forward_vectors(n, max(1, token_block)) * max((depth(t, L) for t in cumulative),
+                                                                          default=0.0)
+        forward_ok = mode == "forward" or (mode == "auto" and forward_cost < reverse_cost
+                                           and (rows_fit is None or rows_fit >= d))
+        fwd = sorted(cumulative) if forward_ok and cumulative else []
+        rev = sorted(t for t in targets if t not in fwd)
+        n_rev = max(1, len(rev))
+        if row_block is None:
+            row_block = DEFAULT_ROW_BLOCK if rows_fit is None else min(d, rows_fit // n_rev)
+            if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
+                row_block = -(-d // -(-d // row_block))
+        if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
+            raise InvalidArgumentError(
+                f"Expected a memory budget that holds one layer ({self.layer_bytes / 2**30:.2f} GiB) and at least "
+                f"{n_rev if rev else d} vectors of {self.vector_bytes(n) / 2**20:.1f} MiB. Got "
+                f"{self.budget / 2**30:.2f} GiB for {self.device}: raise --max-memory."
+            )
+        row_block, token_block = max(1, row_block), max(1, token_block)
+        return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,
+                    -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
+
+
+def _check_request(mode: str, row_block: int | None, token_block: int | None) -> None:
+    if mode not in MODES:
+        raise InvalidArgumentError(f"Expected mode auto, reverse or forward. Got {mode!r}.")
+    for name, value in (("row_block", row_block), ("token_block", token_block)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r} instead.")

@@ -1,0 +1,119 @@
+"""Every engine through the same checks: the interface callers rely on, so none of them asks which it holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detjac.engine import (
+    OUTPUTS,
+    Engine,
+    InMemoryEngine,
+    StreamedModel,
+    Target,
+    as_engine,
+    jacobian_operator,
+    load_engine,
+    load_model,
+)
+from detjac.engine.detach import DetachedNorm
+from detjac.errors import InvalidArgumentError, PromptError
+from detjac.exactness import relative_error
+
+
+@pytest.fixture(params=["in-memory", "streamed"])
+def engine(request, llama_checkpoint) -> Engine:
+    return load_engine(llama_checkpoint, streamed=request.param == "streamed")
+
+
+@pytest.fixture(scope="module")
+def reference(llama_checkpoint):
+    """The output's Jacobian (d, n, d) of the in-memory model, formed directly."""
+    from detjac.engine import detached_jacobian
+
+    return detached_jacobian(load_model(llama_checkpoint), list(range(3, 20)))
+
+
+def test_load_engine_picks_by_the_options(llama_checkpoint):
+    assert isinstance(load_engine(llama_checkpoint), InMemoryEngine)
+    assert isinstance(load_engine(llama_checkpoint, streamed=True), StreamedModel)
+    assert isinstance(load_engine(llama_checkpoint, max_memory="cpu=8GiB"), StreamedModel)
+    model = load_model(llama_checkpoint)
+    assert isinstance(as_engine(model), InMemoryEngine)
+    streamed = StreamedModel(model)
+    assert as_engine(streamed) is streamed
+
+
+def test_trace_blocks_and_products_agree_across_engines(engine, reference):
+    ids = reference.token_ids
+    trace = engine.trace(ids)
+    assert trace.token_ids == ids and trace.position == len(ids) - 1
+    assert torch.allclose(trace.output, reference.output, rtol=0, atol=1e-12)
+    assert torch.equal(trace.source(OUTPUTS), trace.embeddings) and torch.equal(trace.value(OUTPUTS), trace.output)
+    plan = engine.plan(trace, [OUTPUTS], row_block=5)
+    assert plan.reverse == [OUTPUTS] and plan.row_block == 5 and plan.n_row_blocks == -(-engine.d_model // 5)
+    J = torch.zeros_like(reference.jacobian)
+    for b in engine.blocks(trace, [OUTPUTS], plan):
+        assert b.target == OUTPUTS and b.stop - b.start <= 5
+        J[b.start:b.stop, b.token_start:b.token_stop] = b.values
+    assert relative_error(J, reference.jacobian) < 1e-12
+    V = torch.randn(3, len(ids), engine.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    U = torch.randn(3, engine.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    Jc = reference.combined()
+    assert relative_error(engine.push(trace, V), (Jc @ V.reshape(3, -1).T).T) < 1e-12
+    assert relative_error(engine.pull(trace, U).reshape(3, -1), U @ Jc) < 1e-12
+
+
+def test_decoding_logits_and_tokens_agree_across_engines(engine, reference, llama_checkpoint):
+    model = load_model(llama_checkpoint)
+    mats = engine.decoding_matrices()
+    assert set(mats) == {"embedding", "unembedding", "final_norm"}
+    assert torch.equal(mats["embedding"], model.get_input_embeddings().weight.detach())
+    assert torch.equal(mats["unembedding"], model.get_output_embeddings().weight.detach())
+    assert mats["unembedding"].device.type == "cpu" and engine.decoding_matrices(torch.float32)["embedding"].dtype \
+        == torch.float32
+    logits = engine.logits(reference.output)
+    assert relative_error(logits, reference.logits) < 1e-12
+    assert engine.token_ids(reference.token_ids) == reference.token_ids
+    with pytest.raises(PromptError, match="at least one token"):
+        engine.trace("")
+    with pytest.raises(InvalidArgumentError, match="position"):
+        engine.trace(reference.token_ids, position=100)
+
+
+def test_operator_block_comes_from_the_engine_plan(engine, reference):
+    op = jacobian_operator(engine, reference.token_ids)
+    assert op.block == engine.plan(op.trace, [OUTPUTS], mode="reverse").row_block
+    assert op.check() < 1e-12
+
+
+def test_in_memory_engine_refuses_layerwise_targets_by_name(llama_checkpoint):
+    engine = load_engine(llama_checkpoint)
+    trace = engine.trace([5, 6, 7])
+    with pytest.raises(InvalidArgumentError, match="layer.1.*layer-streamed engine"):
+        engine.plan(trace, [OUTPUTS, Target.parse("layer.1")])
+    with pytest.raises(InvalidArgumentError, match="Expected mode auto or reverse"):
+        engine.plan(trace, [OUTPUTS], mode="forward")
+
+
+def test_a_trace_of_one_engine_is_refused_by_the_other(llama_checkpoint):
+    a, b = load_engine(llama_checkpoint), load_engine(llama_checkpoint, streamed=True)
+    with pytest.raises(InvalidArgumentError, match="Expected a trace from the layer-streamed engine"):
+        list(b.blocks(a.trace([5, 6, 7]), [OUTPUTS]))
+    with pytest.raises(InvalidArgumentError, match="Expected a trace from the in-memory engine"):
+        a.pull(b.trace([5, 6, 7]), torch.zeros(1, a.d_model, dtype=torch.float64))
+
+
+def test_streamed_skeleton_is_linearized_only_while_it_computes(llama_checkpoint):
+    sm = StreamedModel(llama_checkpoint)
+
+    def detached_norms() -> int:
+        return sum(isinstance(m, DetachedNorm) for m in sm.model.modules())
+
+    assert detached_norms() == 0  # constructed (and guarded), nothing left entered
+    blocks = sm.blocks(sm.trace([5, 6, 7, 8]), [OUTPUTS, Target.parse("mlp.0", sm.n_layers)])
+    next(blocks)
+    assert detached_norms() > 0  # inside the sweep
+    blocks.close()
+    assert detached_norms() == 0
+    assert sm.record(sm.plan(sm.trace([5, 6]), [OUTPUTS]))["stream"]["bytes_read"] == sm.stats.bytes_read
