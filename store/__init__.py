@@ -10,8 +10,9 @@ The format is specified in ``store/README.md``.
 
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
 from .format import FORMAT_VERSION, prompt_id
-from .zarr_store import ZarrPrompt, ZarrStore, open_store, verify_prompt
-from .zarr_writer import ZarrPromptWriter, attach_store, create_store
+from .zarr_prompt import ZarrPrompt, verify_prompt
+from .zarr_store import ZarrStore, attach_store, create_store, open_store
+from .zarr_writer import ZarrPromptWriter
 
 __all__ = [
     "FORMAT_VERSION",

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import StoreError
 from . import format as fmt
+from .disk import disk_error
 
 
 def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
@@ -35,8 +36,6 @@ def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
         os.rename(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        from .zarr_writer import disk_error
-
         raise disk_error(exc, f"record the failure of prompt {prompt_id} in {store_path}") from exc
 
 

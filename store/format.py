@@ -1,6 +1,7 @@
 """The on-disk format of a detjac store (version 1); the spec is ``store/README.md``.
 
-Pure numpy / zarr: nothing here imports torch.
+Names of the folders and arrays, the run identity, codecs, and the root description
+(:func:`read_root`). Pure numpy / zarr: nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..errors import StoreFormatError
 
 FORMAT_VERSION = 1
 ROOT_KEY = "detjac_store"  # root group attribute holding the run description
@@ -89,3 +93,26 @@ def mismatches(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
 
     return [f"{key}: {get(stored, key)!r} (store) != {get(wanted, key)!r}" for key in RUN_IDENTITY
             if get(stored, key) != get(wanted, key)]
+
+
+def read_root(path: Path) -> dict[str, Any]:
+    """The store's root description; raises StoreFormatError for anything else."""
+    meta_file = path / "zarr.json"
+    if not path.exists():
+        raise StoreFormatError(f"Expected a detjac store at {path}. Got no such file or folder.")
+    if not path.is_dir() or not meta_file.is_file():
+        raise StoreFormatError(f"Expected a detjac store (a zarr v3 folder with zarr.json) at {path}. "
+                               f"Got {'a file' if path.is_file() else 'a folder without zarr.json'} instead.")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got an error: {exc}.") from exc
+    root = meta.get("attributes", {}).get(ROOT_KEY)
+    if meta.get("zarr_format") != 3 or not isinstance(root, dict):
+        raise StoreFormatError(f"Expected a detjac store at {path}. Got a zarr folder without the "
+                               f"'{ROOT_KEY}' attribute (not written by detjac).")
+    version = root.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise StoreFormatError(f"Expected store format version <= {FORMAT_VERSION} at {path}. Got {version!r}: "
+                               "it was written by a newer detjac; upgrade detjac to read it.")
+    return root

@@ -1,61 +1,49 @@
-"""The zarr v3 directory backend, writing side: staged prompt groups, store creation, the writer lock.
+"""The zarr v3 directory backend, writing one prompt: a staged group renamed into place at commit.
 
 A prompt is written into ``_staging/<id>.<host>.<pid>.<random>`` (one folder per attempt, so
 a retry on another worker never meets a killed attempt's files) and renamed into
-``prompts/<id>`` only after every chunk and its attributes are on disk. One run at a time
-holds the writer lock (``lock.py``); it clears staging leftovers of crashed runs when it starts.
+``prompts/<id>`` only after every chunk and its attributes are on disk. The writer knows the
+store only through :class:`Publisher` (where it lives, whether its run still holds it), so
+this module does not depend on the store's own module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import secrets
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreError, StoreMismatchError
+from ..errors import InvalidArgumentError, StoreError
+from ..targets import COMPONENTS, Target
 from . import format as fmt
-from . import lock
 from .base import LayerwiseSpec, PromptWriter
-from .location import store_path
-from .zarr_store import ZarrStore, read_root
+from .disk import disk_error, fsync_dir, fsync_tree
+from .subspace import Triplets
 
 
-def disk_error(exc: OSError, what: str) -> StoreError:
-    reasons = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
-               errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-               errno.EPERM: "permission denied"}
-    reason = reasons.get(exc.errno or 0, str(exc))
-    return StoreError(f"Could not {what}: {reason}. Nothing half-written is visible; fix this and re-run to resume.")
+class Publisher(Protocol):
+    """What a prompt writer needs of its store."""
 
+    path: Path  # the store folder
 
-def _fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def check_writer(self) -> None:
+        """Raise StoreError unless the run that opened the store still holds it."""
 
-
-def _fsync_tree(path: Path) -> None:
-    """Flush every file and folder under ``path`` (so a rename publishes data that is on disk)."""
-    for folder, _, files in os.walk(path):
-        for name in files:
-            _fsync_dir(os.path.join(folder, name))
-        _fsync_dir(folder)
+    def clear_failure(self, prompt_id: str) -> None:
+        """Remove the failure record of a prompt that is now committed."""
 
 
 class ZarrPromptWriter(PromptWriter):
     """Writes one prompt group under ``_staging``; row blocks are grouped into whole shards."""
 
-    def __init__(self, store: ZarrStore, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
+    def __init__(self, store: Publisher, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
                  row_block: int, rank: int | None = None, layerwise: dict[str, LayerwiseSpec] | None = None,
                  shard_bytes: int | None = None) -> None:
         import zarr
@@ -69,6 +57,8 @@ class ZarrPromptWriter(PromptWriter):
         self.layerwise = dict(layerwise or {})
         if self.layerwise and rank is not None:
             raise StoreError(f"Expected full mode for layerwise Jacobians of prompt {prompt_id}. Got rank {rank}.")
+        for name, spec in self.layerwise.items():
+            _check_layerwise(prompt_id, name, spec)
         self._covered: dict[str, int] = {}  # elements (rows x tokens) written per region-written Jacobian
         self.store = store
         self.final = store.path / fmt.PROMPTS / prompt_id
@@ -227,13 +217,13 @@ class ZarrPromptWriter(PromptWriter):
                              f"{', '.join(sorted(missing))} (rows written: {self._next_row} of {self.n_rows}).")
         try:
             self._group.attrs.update({**attrs, "complete": True})
-            _fsync_tree(self.staging)
+            fsync_tree(self.staging)
             self.store.check_writer()
             if self.final.exists():  # the same prompt was stored meanwhile: keep the first
                 self.abort()
                 return
             os.rename(self.staging, self.final)
-            _fsync_dir(self.final.parent)
+            fsync_dir(self.final.parent)
         except OSError as exc:
             self.abort()
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and self.final.exists():
@@ -246,8 +236,7 @@ class ZarrPromptWriter(PromptWriter):
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
 
-    def write_triplets(self, per_token: list[Any], combined: Any) -> dict[str, Any]:
-        """Low-rank mode: per-token and combined triplets (``store.subspace.Triplets``); returns attrs to commit."""
+    def write_triplets(self, per_token: Sequence[Triplets], combined: Triplets) -> dict[str, Any]:
         if self.rank is None:
             raise StoreError(f"Expected jacobian rows for prompt {self.id} (full mode). Got triplets.")
         arrays = {
@@ -272,100 +261,10 @@ class ZarrPromptWriter(PromptWriter):
                 "combined_captured": combined.captured}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _write_model(root: Any, tmp: Path, arrays: dict[str, np.ndarray], files: dict[str, bytes]) -> dict[str, str]:
-    """Model matrices (for decoding without the model) and small files; returns their SHA-256s."""
-    import hashlib
-
-    group = root.create_group(fmt.MODEL)
-    digests = {}
-    for name, values in arrays.items():
-        fmt.put_array(group, name, values, fmt.DIMENSIONS[name], chunks=(min(8192, values.shape[0]), *values.shape[1:]))
-        digests[name] = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
-    for name, data in files.items():
-        (tmp / fmt.MODEL / name).write_bytes(data)
-        digests[name] = hashlib.sha256(data).hexdigest()
-    return digests
-
-
-def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
-               files: dict[str, bytes] | None = None) -> None:
-    """Create the store under a temporary name and rename it into place."""
-    import zarr
-
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a writer killed while creating the store
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        root = zarr.open_group(str(tmp), mode="w", zarr_format=3)
-        root.create_group(fmt.PROMPTS)
-        digests = _write_model(root, tmp, arrays or {}, files or {})
-        root.attrs[fmt.ROOT_KEY] = {"format_version": fmt.FORMAT_VERSION, "created": fmt.now(), "run": run,
-                                    "model_sha256": digests}
-        _fsync_tree(tmp)
-        os.rename(tmp, path)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise disk_error(exc, f"create the store {path}") from exc
-
-
-def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False,
-                 model_data: Callable[[], tuple[dict[str, np.ndarray], dict[str, bytes]]] | None = None) -> ZarrStore:
-    """Open ``path`` for writing: create it, or resume it if it holds the same run.
-
-    When a new store is created, ``model_data()`` is called for the arrays (``embedding``
-    (vocab, col), ``unembedding`` (vocab, row)) and files (e.g. ``tokenizer.json``) kept
-    under ``model/``, so that analyses can decode singular vectors without the model; a
-    resumed store already has them, and the call (a copy of the matrices) is skipped.
-
-    Raises StoreMismatchError if the store was written for another model or settings
-    (unless ``force_new``, which deletes it and starts again), StoreFormatError if ``path``
-    is not a detjac store, StoreError if it cannot be written or another writer holds it.
-    """
-    path = store_path(path)
-    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
-        root = read_root(path)
-        differences = fmt.mismatches(root.get("run", {}), run)
-        if differences and not force_new:
-            raise StoreMismatchError(f"Expected the store {path} to hold the same run. Got differences: "
-                                     + "; ".join(differences) + ". Use --force-new to replace it, or another --out.")
-        if differences:
-            lock.release(lock.acquire(path))  # refuse to delete a store that another writer is using
-            shutil.rmtree(path)
-    elif path.exists():
-        path.rmdir()  # an empty folder: replace it with the new store
-    if not path.exists():
-        if not path.parent.is_dir():
-            raise StoreError(f"Expected an existing parent folder for the store {path}. Got none at {path.parent}.")
-        if not os.access(path.parent, os.W_OK):
-            raise StoreError(f"Could not create the store {path}: {path.parent} is not writable.")
-        _new_store(path, run, *(model_data() if model_data is not None else ({}, {})))
-    if not os.access(path, os.W_OK):
-        raise StoreError(f"Could not write to the store {path}: it is read-only.")
-    handle = lock.acquire(path)
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(path / fmt.STAGING)  # leftovers of crashed runs: partial prompts are redone
-    return ZarrStore(path, read_root(path), handle)
-
-
-def attach_store(location: str | os.PathLike[str], lease: str) -> ZarrStore:
-    """Open a store for writing prompts on behalf of the run that holds its writer lock under ``lease``.
-
-    This is how a run's workers write (``detjac run --scheduler``): they take no lock, and each
-    commit checks that the lock file still names ``lease``. Raises StoreError if it does not.
-    """
-    path = store_path(location)
-    lock.check_lease(path, lease)
-    return ZarrStore(path, read_root(path), lease=lease)
+def _check_layerwise(prompt_id: str, name: str, spec: LayerwiseSpec) -> None:
+    """A layerwise target is stored under its name in the target grammar (``detjac.targets``), e.g. ``mlp_local.3``."""
+    expected = Target(spec.layer, spec.component, spec.local).name if spec.component in COMPONENTS else None
+    if name != expected or spec.layer < 0 or spec.mode not in ("reverse", "forward"):
+        raise StoreError(f"Expected a layerwise target named COMPONENT[_local].LAYER after its spec, with COMPONENT "
+                         f"one of {', '.join(COMPONENTS)}, a layer >= 0 and mode reverse or forward, for prompt "
+                         f"{prompt_id}. Got {name!r} for {spec}.")

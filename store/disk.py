@@ -1,0 +1,66 @@
+"""File-system primitives of the directory backend: durable writes, and OS errors a user can act on.
+
+Every write of the store goes to a temporary name, is flushed with :func:`fsync_tree`, and is
+renamed into place; an ``OSError`` on the way becomes a :class:`~detjac.errors.StoreError` that
+says what could not be done and why (:func:`disk_error`). This module knows nothing of zarr.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from ..errors import StoreError
+
+_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+            errno.EPERM: "permission denied"}
+
+
+def disk_error(exc: OSError, what: str) -> StoreError:
+    """The StoreError to raise when ``what`` (e.g. ``"commit prompt 3f2a..."``) failed with ``exc``.
+
+    Parameters
+    ----------
+    exc : OSError
+        The error the file system raised.
+    what : str
+        What was being done, as a verb phrase ("write prompt p").
+
+    Returns
+    -------
+    StoreError
+        "Could not <what>: <reason>. Nothing half-written is visible; ...", with the common
+        errnos (disk full, quota, read-only, permissions) in words.
+    """
+    reason = _REASONS.get(exc.errno or 0, str(exc))
+    return StoreError(f"Could not {what}: {reason}. Nothing half-written is visible; fix this and re-run to resume.")
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush one file or folder to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file and folder under ``path`` (so a rename publishes data that is on disk)."""
+    for folder, _, files in os.walk(path):
+        for name in files:
+            fsync_dir(os.path.join(folder, name))
+        fsync_dir(folder)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
