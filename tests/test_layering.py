@@ -1,0 +1,233 @@
+"""The layers of detjac import each other one way only (README, "Architecture"); read from the source.
+
+Every ``.py`` file under core/, engine/, store/, analysis/, runs/ and cli/ is parsed with
+``ast`` (nothing is imported, so this runs without torch in a fraction of a second), and every
+import is collected: module-level ones, those inside functions and classes, relative ones
+(resolved with the folder -> package mapping of pyproject.toml), ``importlib.import_module``
+of a literal name, and imports under ``if TYPE_CHECKING:`` too -- a type-only import still
+ties one layer's source to another's, and an annotation can name a Protocol of its own
+layer instead, so they are held to the same rules.
+
+Edges are module to module (``from detjac.store import create_store`` is an edge to
+``detjac.store``; ``from . import format`` to ``detjac.store.format``). The implicit import
+of a module's parent packages by Python is not an edge: it would make every package
+``__init__`` that re-exports a submodule a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"core": "detjac", "engine": "detjac.engine", "store": "detjac.store", "analysis": "detjac.analysis",
+           "runs": "detjac.runs", "cli": "detjac.cli"}
+
+TORCH = ("torch", "transformers", "accelerate", "bitsandbytes")  # torch, or packages that import it
+ZARR_DASK = ("zarr", "numcodecs", "dask", "distributed")
+LAYERS = ("detjac.engine", "detjac.store", "detjac.analysis", "detjac.runs", "detjac.cli")
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str  # relative to the repository root
+    line: int
+    module: str  # the importing module, e.g. detjac.store.zarr_store
+    target: str  # the imported module, e.g. detjac.store.format or numpy.linalg
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} imports {self.target}"
+
+
+def module_name(path: Path) -> str:
+    """``store/zarr_store.py`` -> ``detjac.store.zarr_store``; ``engine/families/__init__.py`` ->
+    ``detjac.engine.families``."""
+    rel = path.relative_to(ROOT)
+    parts = [FOLDERS[rel.parts[0]], *rel.parts[1:]]
+    parts[-1] = parts[-1].removesuffix(".py")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_files() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def all_modules() -> set[str]:
+    return {module_name(p) for p in source_files()}
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The modules a ``from X import a, b`` statement imports: ``X.a`` where that is a module, else ``X``."""
+    if node.level:
+        package = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{node.module}" if node.module else package
+    else:
+        base = node.module or ""
+    targets = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
+    if len(targets) < len(node.names):
+        targets.append(base)  # names that are attributes of the module, not submodules
+    return targets
+
+
+def imports_of(path: Path, known: set[str]) -> Iterator[Import]:
+    """Every import in one file of the tree (see the module docstring for what counts)."""
+    return parse_imports(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)), module_name(path),
+                         path.name == "__init__.py", known)
+
+
+def parse_imports(source: str, rel: str, module: str, is_package: bool, known: set[str]) -> Iterator[Import]:
+    """Every import in ``source``, the text of module ``module`` in file ``rel``."""
+    for node in ast.walk(ast.parse(source, filename=rel)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            targets = _resolve(node, module, is_package, known)
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"):
+            targets = [node.args[0].value]
+        else:
+            continue
+        for target in targets:
+            yield Import(rel, node.lineno, module, target)
+
+
+def all_imports() -> list[Import]:
+    known = all_modules()
+    return [imp for path in source_files() for imp in imports_of(path, known)]
+
+
+def within(name: str, *packages: str) -> bool:
+    """Whether module ``name`` is one of ``packages`` or inside one of them."""
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def top_level(name: str) -> str:
+    return name.partition(".")[0]
+
+
+# layer -> (what it must not import, why)
+RULES = {
+    "detjac.engine": (lambda t: within(t, "detjac.store", "detjac.analysis", "detjac.runs", "detjac.cli")
+                      or top_level(t) in ZARR_DASK, "engine/ computes; it never imports store, analysis, runs, cli, "
+                                                    "zarr or dask"),
+    "detjac.store": (lambda t: within(t, "detjac.engine", "detjac.analysis", "detjac.runs", "detjac.cli")
+                     or top_level(t) in TORCH, "store/ never imports torch, engine, analysis, runs or cli"),
+    "detjac.analysis": (lambda t: within(t, "detjac.engine", "detjac.runs", "detjac.cli") or top_level(t) in TORCH,
+                        "analysis/ reads the store only: no torch, engine, runs or cli"),
+}
+
+
+def _layer(module: str) -> str | None:
+    """The layer a module belongs to (``detjac.store`` for ``detjac.store.zarr_store``); None for core/."""
+    return next((layer for layer in LAYERS if within(module, layer)), None)
+
+
+def violations(imports: list[Import]) -> list[str]:
+    out = []
+    for imp in imports:
+        layer = _layer(imp.module)
+        if layer in RULES and RULES[layer][0](imp.target):
+            out.append(f"{imp}  ({RULES[layer][1]})")
+        if within(imp.target, "detjac.cli") and layer != "detjac.cli":
+            out.append(f"{imp}  (only cli/ imports detjac.cli: it is the outermost layer)")
+        if layer is None and (within(imp.target, *LAYERS) or top_level(imp.target) in TORCH + ZARR_DASK):
+            out.append(f"{imp}  (core/ is the dependency-free base every layer imports)")
+    return out
+
+
+def cycles(imports: list[Import]) -> list[list[Import]]:
+    """The import cycles between detjac modules: for each strongly connected component of more than one module
+    (or a module importing itself), the imports inside it."""
+    known = all_modules()
+    edges: dict[str, set[str]] = {m: set() for m in known}
+    for imp in imports:
+        if imp.target in known:
+            edges[imp.module].add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm; the module graph is small, recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges[v]:
+                components.append(component)
+
+    for v in sorted(known):
+        if v not in index:
+            visit(v)
+    return [sorted((i for i in imports if i.module in c and i.target in c), key=lambda i: (i.file, i.line))
+            for c in components]
+
+
+def test_the_source_is_found():
+    """The checks below would pass vacuously on an empty tree: make sure they see every layer."""
+    modules = all_modules()
+    assert {"detjac", "detjac.errors", "detjac.engine", "detjac.store.base", "detjac.analysis.spectra",
+            "detjac.runs.batch", "detjac.cli.main"} <= modules
+    found = all_imports()
+    assert any(i.module == "detjac.store.zarr_store" and i.target == "detjac.store.format" for i in found)
+    assert any(i.module == "detjac.store.zarr_store" and i.target == "zarr" for i in found)  # inside a function
+
+
+def test_no_import_cycles_between_detjac_modules():
+    found = cycles(all_imports())
+    message = "\n\n".join(f"cycle through {', '.join(sorted({i.module for i in c}))}:\n  "
+                          + "\n  ".join(str(i) for i in c) for c in found)
+    assert not found, f"Expected no import cycles between detjac modules. Got {len(found)}:\n\n{message}"
+
+
+def test_layers_import_one_way():
+    found = violations(all_imports())
+    assert not found, (f"Expected each layer to import only the layers below it (README, 'Architecture'). "
+                       f"Got {len(found)} imports that do not:\n  " + "\n  ".join(found))
+
+
+def test_the_checks_catch_what_they_claim():
+    """Each rule fires on a made-up import of the kind it forbids, with the file and line in its message; imports
+    inside functions and under TYPE_CHECKING are seen, relative ones resolved."""
+    fake = [Import("store/x.py", 3, "detjac.store.x", "torch.nn"),
+            Import("analysis/y.py", 9, "detjac.analysis.y", "detjac.engine.streamed"),
+            Import("engine/z.py", 5, "detjac.engine.z", "dask.array"),
+            Import("runs/w.py", 7, "detjac.runs.w", "detjac.cli.main"),
+            Import("core/v.py", 2, "detjac.v", "detjac.store"),
+            Import("store/ok.py", 1, "detjac.store.ok", "numpy"),
+            Import("cli/ok.py", 1, "detjac.cli.ok", "detjac.cli.render")]
+    assert [f.split("  (")[0] for f in violations(fake)] == [
+        "store/x.py:3 imports torch.nn", "analysis/y.py:9 imports detjac.engine.streamed",
+        "engine/z.py:5 imports dask.array", "runs/w.py:7 imports detjac.cli.main", "core/v.py:2 imports detjac.store"]
+    loop = [Import("store/a.py", 1, "detjac.store.base", "detjac.store.format"),
+            Import("store/b.py", 2, "detjac.store.format", "detjac.store.base"),
+            Import("store/c.py", 4, "detjac.store.lock", "detjac.store.format")]
+    assert [[str(i) for i in c] for c in cycles(loop)] == [["store/a.py:1 imports detjac.store.format",
+                                                            "store/b.py:2 imports detjac.store.base"]]
+    source = ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    import torch\n\ndef f():\n    from ..engine import streamed\n"
+              "    from . import format as fmt, nothing_such\n    importlib.import_module('detjac.cli.main')\n")
+    found = {(i.line, i.target) for i in parse_imports(source, "store/f.py", "detjac.store.f", False, all_modules())}
+    assert found == {(1, "__future__"), (2, "typing"), (4, "torch"), (7, "detjac.engine.streamed"),
+                     (8, "detjac.store.format"), (8, "detjac.store"), (9, "detjac.cli.main")}
