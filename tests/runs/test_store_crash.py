@@ -43,6 +43,7 @@ def wait_for_prompts(out, count: int, proc, timeout: float = 120.0) -> None:
 KILL_POINTS = {0: -1, 1: 0, 2: 3, 3: 6}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", sorted(KILL_POINTS))
 def test_kill_minus_nine_then_resume_gives_the_same_store(reference, tmp_path, seed):
     prompts, ref, duration = reference

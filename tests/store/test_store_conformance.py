@@ -1,29 +1,59 @@
-"""What every store backend must do (store/base.py); add a backend to BACKENDS to run it through."""
+"""What every store backend must do (store/base.py); add a backend to BACKENDS to run it through.
+
+Each test goes through the interface only (``JacobianStore``, ``StoredPrompt``,
+``PromptWriter``); the prompts come from ``store_factory``, whose arrays are exact.
+"""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
+from store_factory import (
+    layer_targets,
+    make_store,
+    run_description,
+    synthetic_model,
+    synthetic_prompt,
+    write_prompt,
+)
 
 from detjac.errors import InvalidArgumentError, StoreError
-from detjac.store import JacobianStore, create_store, open_store, prompt_id
+from detjac.store import JacobianStore, LayerwiseSpec, attach_store, create_store, open_store, prompt_id
 
 RUN = {"model_id": "m", "model_type": "llama", "config_sha256": "c", "revision": None, "dtype": "float64",
        "keep": "full", "detach": True, "position": -1, "target": "hidden", "row_block": 3}
+MODEL = synthetic_model(d_model=6, vocab=30, seed=3)
 
-# name -> (open for writing, open for reading)
-BACKENDS = {"zarr-directory": (lambda path: create_store(path, RUN), open_store)}
+
+@dataclass(frozen=True)
+class Backend:
+    """How to reach one backend: create (or resume) a store for writing, open one for reading, attach a worker."""
+
+    create: Any  # (path, run, model_data) -> JacobianStore opened for writing
+    open: Any  # path -> JacobianStore
+    attach: Any  # (path, lease) -> JacobianStore writing under the run's lease
+
+
+BACKENDS = {"zarr-directory": Backend(lambda path, run, data=None: create_store(path, run, model_data=data),
+                                      open_store, attach_store)}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request, tmp_path):
-    writer_factory, reader_factory = BACKENDS[request.param]
+    impl = BACKENDS[request.param]
     path = tmp_path / "store"
-    store = writer_factory(path)
-    yield store, lambda: reader_factory(path)
+    store = impl.create(path, RUN, lambda: MODEL.model_data("float64"))
+    yield store, lambda: impl.open(path)
     store.close()
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def impl(request):
+    return BACKENDS[request.param]
 
 
 def random_prompt(seed: int, rows: int = 7, n: int = 3, d: int = 5):
@@ -154,3 +184,267 @@ def test_bad_rows_and_shard_sizes_are_refused(backend):
         writer.write_rows(0, 3, np.zeros((3, 1, 5)))  # would broadcast
     writer.abort()
     assert reader().prompt_ids() == []
+
+
+def _synthetic(impl: Backend, path, **settings):
+    """A store of ``impl`` opened for writing with a synthetic run, and a function writing one prompt into it."""
+    run = run_description(MODEL, n_layers=2, row_block=2, **settings)
+    store = impl.create(path, run, lambda: MODEL.model_data("float64"))
+
+    def put_text(text: str, targets=(), affine: bool = False, token_block: int = 1):
+        truth = synthetic_prompt(MODEL, run, text, n_layers=2, targets=targets, affine=affine)
+        write_prompt(store, MODEL, run, truth, token_block=token_block)
+        return truth
+
+    return store, put_text
+
+
+def test_run_description_and_metadata(impl, tmp_path):
+    run = run_description(MODEL, n_layers=2)
+    with impl.create(tmp_path / "s", run) as store:
+        assert store.run == run and store.format_version == 1 and store.lease is not None
+    reader = impl.open(tmp_path / "s")
+    assert reader.run == run and isinstance(reader.created, str) and reader.created[:2] == "20"
+    assert reader.lease is None and len(reader) == 0 and list(reader) == []
+
+
+def test_model_arrays_and_files_are_kept_for_decoding(backend):
+    _, reader = backend
+    r = reader()
+    assert np.array_equal(r.model_array("embedding"), MODEL.embedding)
+    assert np.array_equal(r.model_array("unembedding"), MODEL.unembedding)
+    assert np.array_equal(r.model_array("final_norm"), MODEL.final_norm)
+    with pytest.raises(StoreError, match="Expected a model array 'lm_head'"):
+        r.model_array("lm_head")
+    assert r.model_file("tokenizer.json").read_text() == MODEL.tokenizer_json()
+    assert r.model_file("vocab.txt") is None
+
+
+def test_a_store_without_model_data_says_so(impl, tmp_path):
+    impl.create(tmp_path / "s", RUN).close()
+    with pytest.raises(StoreError, match="Got none .stores written without the model's matrices cannot decode"):
+        impl.open(tmp_path / "s").model_array("embedding")
+
+
+def test_analysis_results_round_trip_and_are_replaced(backend):
+    store, reader = backend
+    put(store, "a", seed=1)
+    assert reader().read_analysis("a", "svd_combined") is None
+    arrays = {"U": np.arange(6.0).reshape(3, 2), "S": np.array([2.0, 1.0])}
+    store.write_analysis("a", "svd_combined", arrays, {"params": {"k": 2}, "token": None})
+    got, attrs = reader().read_analysis("a", "svd_combined")
+    assert sorted(got) == ["S", "U"] and all(np.array_equal(got[k], v) for k, v in arrays.items())
+    assert attrs["params"] == {"k": 2} and attrs["token"] is None and "written_at" in attrs
+    store.write_analysis("a", "svd_combined", {"S": np.array([3.0])}, {"params": {"k": 1}})
+    got, attrs = reader().read_analysis("a", "svd_combined")
+    assert list(got) == ["S"] and got["S"].tolist() == [3.0] and attrs["params"] == {"k": 1}
+    assert reader().read_analysis("a", "spectrum_combined") is None
+    with pytest.raises(StoreError, match="Expected a complete prompt 'zz'"):
+        store.write_analysis("zz", "svd_combined", arrays, {})
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_layerwise_jacobians_read_back_with_what_they_reconstruct(impl, tmp_path, mode):
+    store, put_text = _synthetic(impl, tmp_path / "s", targets=["layer.1", "mlp_local.0"], mode=mode)
+    targets = layer_targets(2, "layer,attn,mlp,mlp_local")
+    truth = put_text("the oak tree grows", targets, token_block=3)
+    store.close()
+    prompt = impl.open(tmp_path / "s").get(truth.id)
+    assert prompt.layerwise_targets == ["attn.0", "layer.0", "mlp.0", "mlp_local.0",
+                                        "attn.1", "layer.1", "mlp.1", "mlp_local.1"]
+    for name, t in truth.layerwise.items():
+        assert np.array_equal(np.asarray(prompt.layerwise(name).compute()), t.jacobian)
+        assert np.array_equal(prompt.layerwise(name, lazy=False), t.jacobian)
+        assert np.array_equal(prompt.layerwise(name, "output"), t.output)
+        info = prompt.layerwise_info(name)
+        assert (info["layer"], info["component"], info["mode"]) == (int(name[-1]), name.split(".")[0].split("_")[0],
+                                                                    mode)
+        assert info["local"] is name.startswith("mlp_local") and info["reconstruction_error"] < 1e-14
+        if info["local"]:
+            assert np.array_equal(prompt.layerwise(name, "inputs"), t.inputs)
+    with pytest.raises(InvalidArgumentError, match=r"Expected a layerwise target of prompt .* \(attn.0, layer.0, "
+                                                   r".*\). Got 'layer.7'"):
+        prompt.layerwise("layer.7")
+    with pytest.raises(InvalidArgumentError, match="Expected one of jacobian, output for layer.0. Got 'inputs'"):
+        prompt.layerwise("layer.0", "inputs")
+    with pytest.raises(InvalidArgumentError, match="Got 'layer.7'"):
+        prompt.layerwise_info("layer.7")
+    assert all(r.ok for r in impl.open(tmp_path / "s").verify())
+
+
+def test_a_prompt_without_layerwise_jacobians_has_none(backend):
+    store, reader = backend
+    put(store, "a")
+    prompt = reader().get("a")
+    assert prompt.layerwise_targets == [] and not prompt.low_rank and prompt.bias() is None
+    with pytest.raises(InvalidArgumentError, match="none stored"):
+        prompt.layerwise("layer.0")
+
+
+def test_blocks_in_any_order_must_cover_each_jacobian(backend):
+    store, reader = backend
+    rng = np.random.default_rng(0)
+    J, x = rng.standard_normal((4, 3, 5)), rng.standard_normal((3, 5))
+    specs = {"attn.2": LayerwiseSpec(2, "attn", False, "forward", 2)}
+    writer = store.begin("b", n_rows=4, n_tokens=3, n_cols=5, dtype="float64", row_block=2, layerwise=specs)
+    for (r0, r1), (k0, k1) in reversed(list(itertools.product([(0, 2), (2, 4)], [(0, 2), (2, 3)]))):
+        writer.write_block("attn.2", r0, r1, k0, k1, J[r0:r1, k0:k1])
+    with pytest.raises(StoreError, match=r"Expected a block inside \(4 rows, 3 tokens\) of attn.2 .* Got rows 2:5"):
+        writer.write_block("attn.2", 2, 5, 0, 3, np.zeros((3, 3, 5)))
+    with pytest.raises(StoreError, match="Expected 'jacobian' or a layerwise target .* Got 'mlp.2'"):
+        writer.write_block("mlp.2", 0, 2, 0, 3, J[:2])
+    with pytest.raises(StoreError, match="Expected one of output for a layerwise target .* Got 'attn.2' / 'inputs'"):
+        writer.write_layerwise("attn.2", "inputs", x)
+    writer.write_block("jacobian", 0, 4, 1, 3, J[:, 1:])  # the prompt's own Jacobian by token blocks too
+    writer.write_layerwise("attn.2", "output", np.einsum("rtc,tc->r", J, x))
+    for name, values in (("embeddings", x), ("output", np.einsum("rtc,tc->r", J, x)), ("token_ids", np.arange(3))):
+        writer.write_array(name, values)
+    with pytest.raises(StoreError, match="Expected every array of prompt b before commit. Got none for jacobian"):
+        writer.commit({"prompt": "b", "n_tokens": 3})  # token 0 of the prompt's Jacobian is missing
+    assert reader().prompt_ids() == []
+
+
+def test_layerwise_targets_are_named_by_the_target_grammar(backend):
+    store, _ = backend
+    for name, spec in (("layer-1", LayerwiseSpec(1, "layer", False)), ("mlp.1", LayerwiseSpec(1, "mlp", True)),
+                       ("resid.1", LayerwiseSpec(1, "resid", False))):
+        with pytest.raises(StoreError, match=f"Expected a layerwise target named COMPONENT.*Got '{name}'"):
+            store.begin("n", n_rows=4, n_tokens=3, n_cols=5, dtype="float64", row_block=2, layerwise={name: spec})
+    with pytest.raises(StoreError, match="Expected full mode for layerwise Jacobians of prompt n. Got rank 2"):
+        store.begin("n", n_rows=4, n_tokens=3, n_cols=5, dtype="float64", row_block=2, rank=2,
+                    layerwise={"mlp.1": LayerwiseSpec(1, "mlp", False)})
+
+
+def test_low_rank_prompts_hold_triplets_and_no_jacobian(impl, tmp_path):
+    store, put_text = _synthetic(impl, tmp_path / "s", keep="rank:3")
+    truth = put_text("a young cat plays in the sea")
+    with pytest.raises(StoreError, match="Expected triplets for prompt q .low-rank mode.. Got jacobian rows"):
+        store.begin("q", n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=2, rank=3).write_rows(
+            0, 2, np.zeros((2, 2, 6)))
+    store.close()
+    prompt = impl.open(tmp_path / "s").get(truth.id)
+    assert prompt.low_rank and prompt.attrs["rank"] == 3 and prompt.attrs["passes"] == 3
+    J = truth.jacobian
+    U, S, V = prompt.triplets()
+    np.testing.assert_allclose(S, np.linalg.svd(J.reshape(6, -1), compute_uv=False)[:3], rtol=1e-8)
+    assert U.shape == (6, 3) and V.shape == (truth.n_tokens, 6, 3)
+    Ut, St, Vt = prompt.triplets(-1)
+    np.testing.assert_allclose(St, np.linalg.svd(J[:, -1], compute_uv=False)[:3], rtol=1e-8)
+    np.testing.assert_allclose(np.abs(np.sum(Ut * np.linalg.svd(J[:, -1])[0][:, :3], axis=0)), 1, atol=1e-6)
+    assert Vt.shape == (6, 3) and np.array_equal(prompt.array("token_S")[-1], St)
+    with pytest.raises(InvalidArgumentError, match=r"Expected a token index in \[-7, 7\)"):
+        prompt.triplets(7)
+    with pytest.raises(StoreError, match="stored in low-rank mode .rank:3.: it has no full Jacobian"):
+        prompt.jacobian()
+    with pytest.raises(StoreError, match="stored in low-rank mode"):
+        prompt.operator(0)
+    assert all(r.ok for r in impl.open(tmp_path / "s").verify())
+
+
+def test_full_prompts_have_no_triplets(backend):
+    store, reader = backend
+    put(store, "a")
+    with pytest.raises(StoreError, match="Prompt a holds the full Jacobian, not triplets"):
+        reader().get("a").triplets()
+    writer = store.begin("t", n_rows=7, n_tokens=3, n_cols=5, dtype="float64", row_block=3)
+    with pytest.raises(StoreError, match="Expected jacobian rows for prompt t .full mode.. Got triplets"):
+        writer.write_triplets([], None)
+    writer.abort()
+
+
+def test_an_affine_prompt_keeps_its_offset_and_verify_checks_it(impl, tmp_path):
+    store, put_text = _synthetic(impl, tmp_path / "s")
+    truth = put_text("the whale is a metal", affine=True)
+    rng = np.random.default_rng(5)
+    J, x = rng.standard_normal((6, 2, 6)), rng.standard_normal((2, 6))
+    with store.begin("wrong", n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=6) as w:
+        w.write_rows(0, 6, J)
+        for name, values in (("embeddings", x), ("output", np.einsum("rtc,tc->r", J, x) + 1.0),
+                             ("token_ids", np.arange(2)), ("bias", np.full(6, 1.5))):  # b is 1, not 1.5
+            w.write_array(name, values)
+        with pytest.raises(StoreError, match=r"Expected bias of shape \(6,\) for prompt wrong. Got \(5,\)"):
+            w.write_array("bias", np.ones(5))
+        w.commit({"prompt": "wrong", "n_tokens": 2, "reconstruction_error": 0.0, "dtype": "float64"})
+    store.close()
+    reader = impl.open(tmp_path / "s")
+    assert np.array_equal(reader.get(truth.id).bias(), truth.bias) and reader.get(truth.id).attrs["affine"]
+    results = {r.id: r for r in reader.verify()}
+    assert results[truth.id].ok and results[truth.id].reconstruction_error < 1e-14
+    assert not results["wrong"].ok and "reconstruction error" in results["wrong"].reason
+
+
+def test_verify_checks_each_layerwise_target(backend):
+    store, reader = backend
+    rng = np.random.default_rng(1)
+    J, x = rng.standard_normal((4, 3, 5)), rng.standard_normal((3, 5))
+    y = np.einsum("rtc,tc->r", J, x)
+    specs = {"layer.0": LayerwiseSpec(0, "layer", False), "layer_local.1": LayerwiseSpec(1, "layer", True)}
+    with store.begin("lw", n_rows=4, n_tokens=3, n_cols=5, dtype="float64", row_block=2, layerwise=specs) as w:
+        w.write_rows(0, 4, J)
+        w.write_block("layer.0", 0, 4, 0, 3, J)
+        w.write_layerwise("layer.0", "output", y)
+        w.write_block("layer_local.1", 0, 4, 0, 3, J)
+        w.write_layerwise("layer_local.1", "inputs", 2 * x)  # its output would be 2 y
+        w.write_layerwise("layer_local.1", "output", y)
+        for name, values in (("embeddings", x), ("output", y), ("token_ids", np.arange(3))):
+            w.write_array(name, values)
+        w.commit({"prompt": "lw", "n_tokens": 3, "reconstruction_error": 0.0, "dtype": "float64"})
+    (result,) = reader().verify()
+    assert not result.ok and result.reason.startswith("layerwise layer_local.1: reconstruction error 1.000e+00 above")
+
+
+def test_an_ordinary_jacobian_must_reproduce_its_stored_error(impl, tmp_path):
+    store, put_text = _synthetic(impl, tmp_path / "s", detach=False)
+    truth = put_text("the harp plays")
+    rng = np.random.default_rng(2)
+    J, x = rng.standard_normal((6, 2, 6)), rng.standard_normal((2, 6))
+    with store.begin("liar", n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=6) as w:
+        w.write_rows(0, 6, J)
+        for name, values in (("embeddings", x), ("output", np.einsum("rtc,tc->r", J, x) + 1.0),
+                             ("token_ids", np.arange(2))):
+            w.write_array(name, values)
+        w.commit({"prompt": "liar", "n_tokens": 2, "reconstruction_error": 1e-15, "dtype": "float64",
+                  "detached": False})
+    store.close()
+    results = {r.id: r for r in impl.open(tmp_path / "s").verify()}
+    stored = impl.open(tmp_path / "s").get(truth.id).attrs["reconstruction_error"]
+    assert results[truth.id].ok and stored > 1e-2 and results[truth.id].reconstruction_error == pytest.approx(stored)
+    assert not results["liar"].ok and "differs from the stored 1.000e-15" in results["liar"].reason
+
+
+def test_failure_records_lease_and_staging(impl, tmp_path):
+    path = tmp_path / "s"
+    with impl.create(path, RUN) as store:
+        store.record_failure("f", {"prompt": "too long", "line": 3, "reason": "too many tokens", "stage": "tokenize"})
+        reader = impl.open(path)
+        assert reader.failures()["f"]["line"] == 3 and "failed_at" in reader.failures()["f"]
+        with pytest.raises(StoreError, match="Got a failed one .line 3.: too many tokens"):
+            reader.get("f")
+        with pytest.raises(StoreError, match="Expected a store opened for writing"):
+            reader.record_failure("g", {})
+        worker = impl.attach(path, store.lease)
+        put(worker, "f", seed=1)  # a worker's commit clears the record: complete or failed, never both
+        assert impl.open(path).failures() == {} and impl.open(path).prompt_ids() == ["f"]
+        pending = store.begin("p", n_rows=7, n_tokens=3, n_cols=5, dtype="float64", row_block=3)
+        assert len(impl.open(path).staging_leftovers()) == 1 and impl.open(path).staging_leftovers()[0][:2] == "p."
+        with pytest.raises(StoreError, match="Expected a store opened for writing"):
+            impl.open(path).clear_staging()
+        store.clear_staging()
+        assert impl.open(path).staging_leftovers() == []
+        pending.abort()
+        with pytest.raises(StoreError, match="Expected a store opened for writing"):
+            impl.open(path).begin("x", n_rows=1, n_tokens=1, n_cols=1, dtype="float64", row_block=1)
+    with pytest.raises(StoreError, match="that run has ended or another took over"):
+        put(worker, "late")  # the run is over: its worker publishes nothing
+    with impl.create(path, RUN) as again:  # closing released the writer: a new run may take the store
+        assert again.prompt_ids() == ["f"]
+
+
+def test_the_factory_store_reads_back_through_the_interface(tmp_path):
+    """The synthetic factory itself writes only through the interface; its stores open with every backend."""
+    made = make_store(tmp_path / "s", prompts=3, targets=["layer.1"])
+    for impl in BACKENDS.values():
+        store = impl.open(made.path)
+        assert store.prompt_ids() == made.ids and all(r.ok for r in store.verify())
+        for pid, truth in made.prompts.items():
+            assert np.array_equal(store.get(pid).jacobian(lazy=False), truth.jacobian)

@@ -1,0 +1,156 @@
+"""The store refuses what it cannot do safely, with a message that says why, and leaves what is there untouched.
+
+Without a run: stores come from ``store_factory``; `detjac run`'s own refusals of bad input are
+in tests/runs/test_run_errors.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import numpy as np
+import pytest
+from store_factory import make_store
+
+from detjac.errors import StoreError, StoreFormatError, StoreMismatchError
+from detjac.store import create_store, open_store
+
+RUN = {"model_id": "m", "model_type": "llama", "config_sha256": "c", "revision": None, "dtype": "float64",
+       "keep": "full", "detach": True, "position": -1, "target": "hidden", "row_block": 2}
+
+
+def snapshot(path):
+    """Every file under ``path`` and its bytes (the writer lock's holder record aside)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != ".writer.lock"}
+
+
+def test_not_a_store(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"jpeg")
+    with pytest.raises(StoreFormatError, match="Expected a detjac store .a zarr v3 folder with zarr.json.*Got a folder "
+                                               "without zarr.json"):
+        create_store(folder, RUN)
+    assert [p.name for p in folder.iterdir()] == ["cat.jpg"]
+    with pytest.raises(StoreFormatError, match="Got a file instead"):
+        open_store(folder / "cat.jpg")
+    with pytest.raises(StoreFormatError, match="Got no such file or folder"):
+        open_store(tmp_path / "missing.zarr")
+    (folder / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    with pytest.raises(StoreFormatError, match="without the 'detjac_store' attribute"):
+        open_store(folder)
+    with pytest.raises(StoreFormatError, match="without the 'detjac_store' attribute"):
+        create_store(folder, RUN)
+    (folder / "zarr.json").write_text("{not json")
+    with pytest.raises(StoreFormatError, match="Expected readable JSON in"):
+        open_store(folder)
+
+
+def test_object_store_urls_are_refused_with_a_pointer():
+    with pytest.raises(StoreError, match=r"Expected a store on a POSIX file system .* Got 's3://b/run.zarr' .s3:// has "
+                                         "no atomic rename or lock.*'Object stores' in store/README.md"):
+        open_store("s3://b/run.zarr")
+
+
+def test_file_urls_name_local_stores(tmp_path):
+    made = make_store(tmp_path / "s.zarr", prompts=1)
+    assert open_store(f"file://{made.path}").prompt_ids() == made.ids
+
+
+def test_newer_format_version_is_refused(tmp_path):
+    made = make_store(tmp_path / "s.zarr", prompts=1)
+    meta_file = made.path / "zarr.json"
+    meta = json.loads(meta_file.read_text())
+    meta["attributes"]["detjac_store"]["format_version"] = 99
+    meta_file.write_text(json.dumps(meta))
+    before = snapshot(made.path)
+    with pytest.raises(StoreFormatError, match="Expected store format version <= 1 .* Got 99: .* upgrade detjac"):
+        open_store(made.path)
+    with pytest.raises(StoreFormatError, match="Got 99"):
+        create_store(made.path, made.run)
+    assert snapshot(made.path) == before
+
+
+def test_a_store_of_another_run_is_refused_unless_forced(tmp_path):
+    made = make_store(tmp_path / "s.zarr", prompts=2)
+    before = snapshot(made.path)
+    other = dict(made.run, dtype="float32", model_id="tiny-llama")
+    with pytest.raises(StoreMismatchError, match=r"Expected the store .* to hold the same run. Got differences: "
+                                                 r"model_id: 'synthetic' \(store\) != 'tiny-llama'; dtype: 'float64' "
+                                                 r"\(store\) != 'float32'. Use --force-new"):
+        create_store(made.path, other)
+    assert snapshot(made.path) == before
+    with create_store(made.path, dict(made.run, row_block=64)) as resumed:  # not identity: resumed as it is
+        assert resumed.prompt_ids() == made.ids and resumed.run == made.run
+    with create_store(made.path, other, force_new=True) as replaced:
+        assert replaced.prompt_ids() == [] and replaced.run == other
+    with pytest.raises(StoreError, match="Expected a model array 'embedding'"):  # the old model data went with it
+        open_store(made.path).model_array("embedding")
+
+
+def test_read_only_target(tmp_path, monkeypatch):
+    import os
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode == os.W_OK else real_access(p, mode))
+    with pytest.raises(StoreError, match=f"Could not create the store .*: {tmp_path} is not writable"):
+        create_store(tmp_path / "s.zarr", RUN)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_second_writer_is_refused(tmp_path):
+    with create_store(tmp_path / "s.zarr", RUN):
+        with pytest.raises(StoreError, match="Expected no other writer on .* Got one running"):
+            create_store(tmp_path / "s.zarr", RUN)
+        with pytest.raises(StoreError, match="Got one running"):  # nor may --force-new delete it under the writer
+            create_store(tmp_path / "s.zarr", dict(RUN, dtype="float32"), force_new=True)
+        assert (tmp_path / "s.zarr" / "zarr.json").is_file()
+    create_store(tmp_path / "s.zarr", RUN).close()  # free again once the first is closed
+
+
+def _write(store, pid, rows=4):
+    with store.begin(pid, n_rows=rows, n_tokens=3, n_cols=4, dtype="float64", row_block=2) as w:
+        for start in range(0, rows, 2):
+            w.write_rows(start, start + 2, np.ones((2, 3, 4)))
+        w.write_array("embeddings", np.ones((3, 4)))
+        w.write_array("output", np.full(rows, 12.0))
+        w.write_array("token_ids", np.arange(3))
+        w.commit({"prompt": pid, "n_tokens": 3, "reconstruction_error": 0.0, "dtype": "float64"})
+
+
+def test_out_of_disk_at_commit_leaves_no_visible_partial_prompt(tmp_path, monkeypatch):
+    from detjac.store import zarr_writer
+
+    path = tmp_path / "s.zarr"
+    with create_store(path, RUN) as store:
+        _write(store, "first")
+        monkeypatch.setattr(zarr_writer.os, "rename",
+                            lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+        with pytest.raises(StoreError, match="Could not commit prompt second: the disk is full"):
+            _write(store, "second")
+        assert store.staging_leftovers() == []
+    assert open_store(path).prompt_ids() == ["first"]
+
+
+def test_disk_full_inside_zarr_becomes_a_store_error(tmp_path, monkeypatch):
+    import zarr
+
+    path = tmp_path / "s.zarr"
+    with create_store(path, RUN) as store:
+        writer = store.begin("p", n_rows=2, n_tokens=3, n_cols=4, dtype="float64", row_block=2)
+        monkeypatch.setattr(zarr.Array, "__setitem__",
+                            lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+        with pytest.raises(StoreError, match="Could not write prompt p: the disk is full. Nothing half-written"):
+            writer.write_rows(0, 2, np.ones((2, 3, 4)))
+        assert store.staging_leftovers() == []
+    assert open_store(path).prompt_ids() == []
+
+
+def test_leftovers_of_a_killed_creation_are_removed(tmp_path):
+    dead = tmp_path / ".s.zarr.tmp-999999999"  # no such process
+    dead.mkdir()
+    (dead / "zarr.json").write_text("{}")
+    create_store(tmp_path / "s.zarr", RUN).close()
+    assert not dead.exists() and open_store(tmp_path / "s.zarr").prompt_ids() == []
