@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError
+from ..targets import COMPONENTS, Target
 from .spectra import _inputs, dimensionality, singular_values, thin_svd, top_singular
-
-COMPONENTS = ("layer", "attn", "mlp")
 
 
 def lens(store: Any) -> tuple[np.ndarray, bool]:
@@ -43,13 +42,6 @@ def lens(store: Any) -> tuple[np.ndarray, bool]:
 def token_rank(scores: np.ndarray, token: int) -> int:
     """1-based rank of ``token`` among ``scores`` (vocab,), highest first; ties count in its favour."""
     return int((scores > scores[token]).sum()) + 1
-
-
-def parse_target(name: str) -> tuple[str, bool, int]:
-    """``mlp_local.3`` -> ("mlp", True, 3)."""
-    component, _, layer = name.rpartition(".")
-    local = component.endswith("_local")
-    return component.removesuffix("_local"), local, int(layer)
 
 
 def _targets(prompt: Any, targets: Sequence[str] | None) -> list[str]:
@@ -100,13 +92,14 @@ def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int =
         tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
         for target in _targets(prompt, targets):
             arrays = target_spectrum(store, pid, target, k)
-            component, local, layer = parse_target(target)
+            parsed = Target.parse(target)
             dims = dimensionality(arrays["S_all"])
             scores = W @ arrays["U"]  # (vocab, k)
             ranks = [token_rank(scores[:, i], tracked) for i in range(scores.shape[1])]
             lens_scores = W @ prompt.layerwise(target, "output").astype(np.float64)
             rows.append({
-                "prompt_id": pid, "target": target, "layer": layer, "component": component, "local": local,
+                "prompt_id": pid, "target": target, "layer": parsed.layer, "component": parsed.component,
+                "local": parsed.local,
                 "token": tracked, "top": top, "sigma_1": float(arrays["S"][0]), "stable_rank": dims.stable_rank,
                 "participation_ratio": dims.participation_ratio, "n90": dims.n90, "n99": dims.n99,
                 "u1_rank": ranks[0], "u1_hit": ranks[0] <= top,
@@ -150,17 +143,18 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
     if component not in COMPONENTS:
         raise InvalidArgumentError(f"Expected a component among {', '.join(COMPONENTS)}. Got {component!r}.")
     prompt = store.get(prompt_id)
-    suffix = "_local" if local else ""
-    layers = sorted(parse_target(t)[2] for t in _targets(prompt, None) if t.rpartition(".")[0] == component + suffix)
+    picked = [t for t in map(Target.parse, _targets(prompt, None)) if t.component == component and t.local == local]
+    kind = Target(0, component, local).kind  # mlp, mlp_local, ...
+    layers = sorted(t.layer for t in picked)
     if not layers:
-        raise InvalidArgumentError(f"Expected stored {component}{suffix}.L targets with prompt {prompt_id}. "
+        raise InvalidArgumentError(f"Expected stored {kind}.L targets with prompt {prompt_id}. "
                                    f"Got {', '.join(prompt.layerwise_targets)}.")
     tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
     W, _ = lens(store)
     u1_rank = np.zeros((len(layers), prompt.n_tokens), dtype=np.int64)
     contribution_rank = np.zeros_like(u1_rank)
     for i, layer in enumerate(layers):
-        target = f"{component}{suffix}.{layer}"
+        target = Target(layer, component, local).name
         J = prompt.layerwise(target).astype(np.float64)  # lazy (rows, n, cols)
         x = _inputs(prompt, target).astype(np.float64)  # (n, cols)
         contributions = np.asarray(da.einsum("rtc,tc->tr", J, x).compute())  # (n, rows)
@@ -169,7 +163,7 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
         contribution_rank[i] = [token_rank(col, tracked) for col in (W @ contributions.T).T]
     return {"layers": layers, "token": tracked, "u1_rank": u1_rank, "contribution_rank": contribution_rank,
             "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")])),
-            "component": component + suffix}
+            "component": kind}
 
 
 def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:

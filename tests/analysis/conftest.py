@@ -1,3 +1,5 @@
-"""Tiny random models of every family as fixtures (see ``tests/tiny_models.py``)."""
+"""The analysis tests need neither torch nor a model: their stores come from ``tests/store_factory.py``.
 
-from tiny_models import family_model, llama_checkpoint, one_thread, prompt_ids, streamable_model  # noqa: F401
+Nothing here (or in the tests of this folder) imports torch, ``detjac.engine`` or
+``tiny_models``; ``tests/test_layering.py`` checks it.
+"""

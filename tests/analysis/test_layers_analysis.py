@@ -1,13 +1,12 @@
-"""Layerwise analyses from the store: spectra against numpy, the logit lens against the model, emergence of a
-planted token, heatmaps, and the `detjac analyze layers|decode` commands."""
+"""Layerwise analyses from the store: spectra against numpy, the logit lens, emergence of a planted token, heatmaps,
+and the `detjac analyze layers|decode` commands, on synthetic stores (``store_factory``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
-from store_helpers import run_default
+from store_factory import make_store
 
 from detjac.analysis import jobs, layers
 from detjac.analysis.spectra import singular_values, top_singular
@@ -15,13 +14,16 @@ from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.store import LayerwiseSpec, create_store, open_store
 
-PROMPT = "Oak, n. (Bot.) Any tree"
+PROMPT = "the oak is a tree of the sea"
+TARGETS = [f"{c}.{i}" for i in (0, 2, 3) for c in ("layer", "attn", "mlp", "mlp_local")]
 
 
 @pytest.fixture(scope="module")
 def layer_store(tmp_path_factory):
-    return run_default(tmp_path_factory.mktemp("layers"), [PROMPT], "lw.zarr", "--layers", "0,2,3",
-                       "--components", "layer,attn,mlp,mlp_local")
+    """One prompt of 8 tokens, d = 16, four layers; targets of layers 0, 2 and 3 (``--layers 0,2,3 --components
+    layer,attn,mlp,mlp_local``)."""
+    return make_store(tmp_path_factory.mktemp("layers") / "lw.zarr", prompts=[PROMPT], d_model=16, n_layers=4,
+                      targets=TARGETS).open()
 
 
 def test_layerwise_spectra_match_numpy(layer_store):
@@ -40,23 +42,23 @@ def test_layerwise_spectra_match_numpy(layer_store):
         assert np.all(last.U.T @ (J[:, -1] @ x) >= 0)
 
 
-def test_lens_decodes_a_layer_output_like_the_model(layer_store):
-    """``W_U diag(g)`` ranks tokens exactly as lm_head(final_norm(h)) does for a stored layer output h."""
-    from detjac.engine.default import load_default_model
-
-    model = load_default_model()
+def test_lens_is_the_unembedding_after_the_final_norm_gain(layer_store, tmp_path):
+    """``W_U diag(g)`` ranks tokens as ``W_U (g * h / rms(h))`` -- the model's decoding of a layer output ``h`` -- does
+    (the same against the default model's lm_head is in tests/runs/test_layers_lens_run.py)."""
     W, has_gain = layers.lens(layer_store)
-    assert has_gain
-    np.testing.assert_array_equal(layer_store.model_array("final_norm"), model.model.norm.weight.detach().numpy())
+    gain, unembed = layer_store.model_array("final_norm"), layer_store.model_array("unembedding")
+    assert has_gain and np.array_equal(W, unembed * gain)
     prompt = next(iter(layer_store))
     h = prompt.layerwise("layer.2", "output").astype(np.float64)
-    with torch.no_grad():
-        logits = model.lm_head(model.model.norm(torch.from_numpy(h)[None])).numpy()[0]
+    logits = unembed @ (gain * h / np.sqrt(np.mean(h**2) + 1e-6))
     ours = W @ h
     assert np.corrcoef(ours, logits)[0, 1] > 1 - 1e-12  # the same up to the norm's positive scale
-    assert np.array_equal(np.argsort(-ours)[:20], np.argsort(-logits)[:20])
+    assert np.array_equal(np.argsort(-ours, kind="stable"), np.argsort(-logits, kind="stable"))
     for t in np.argsort(-logits)[:5]:
         assert layers.token_rank(ours, int(t)) == layers.token_rank(logits, int(t))
+    plain = make_store(tmp_path / "s.zarr", prompts=1, final_norm=False).open()
+    W, has_gain = layers.lens(plain)
+    assert not has_gain and np.array_equal(W, plain.model_array("unembedding"))
 
 
 def _planted_store(path, planted_layer: int, token: int):
@@ -115,6 +117,7 @@ def test_emergence_finds_the_planted_layer(tmp_path):
         layers.layer_table(store, ["p"], targets=["layer.9"])
 
 
+@pytest.mark.slow  # ~15 s: dask's ProgressBar in the CLI waits up to 0.5 s after each compute
 def test_layers_and_decode_commands(layer_store, tmp_path):
     import pyarrow.parquet as pq
 
@@ -143,7 +146,7 @@ def test_layers_and_decode_commands(layer_store, tmp_path):
 
 
 def test_layers_refuses_a_store_without_layerwise_jacobians(tmp_path):
-    run_default(tmp_path, ["Oak, n."], "s.zarr")
+    make_store(tmp_path / "s.zarr", prompts=1)
     result = CliRunner().invoke(main, ["analyze", "layers", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "L")])
     assert result.exit_code == 1 and "--layers all" in result.output
 
