@@ -231,3 +231,67 @@ def test_the_checks_catch_what_they_claim():
     found = {(i.line, i.target) for i in parse_imports(source, "store/f.py", "detjac.store.f", False, all_modules())}
     assert found == {(1, "__future__"), (2, "typing"), (4, "torch"), (7, "detjac.engine.streamed"),
                      (8, "detjac.store.format"), (8, "detjac.store"), (9, "detjac.cli.main")}
+
+
+# -- the store and analysis tests run without torch ------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+TORCH_FREE_TESTS = ("store", "analysis")  # folders of tests/ whose tests need neither torch nor a model
+TEST_HELPERS_FORBIDDEN = ("tiny_models",)  # helpers of tests/ that build torch models
+FORBIDDEN_NAMES = {("store_helpers", "run_default")}  # runs the default model through `detjac run`
+
+
+def _test_imports(path: Path) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, module, names) of every import in a test file, at any depth; relative imports are not used there."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.lineno, node.module, [alias.name for alias in node.names]
+
+
+def test_store_and_analysis_tests_import_neither_torch_nor_a_model():
+    """Their files, conftest.py included, and the helpers of tests/ they import (transitively), read with ast."""
+    todo = [p for folder in TORCH_FREE_TESTS for p in sorted((TESTS / folder).glob("*.py"))]
+    assert {"conftest.py", "test_store_conformance.py"} <= {p.name for p in todo}
+    seen: set[Path] = set()
+    found = []
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for line, module, names in _test_imports(path):
+            where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+            if top_level(module) in TORCH or within(module, "detjac.engine", "detjac.runs") \
+                    or module in TEST_HELPERS_FORBIDDEN:
+                found.append(where)
+            found += [f"{where}.{name}" for name in names if (module, name) in FORBIDDEN_NAMES]
+            helper = TESTS / f"{module}.py"
+            if helper.is_file():
+                todo.append(helper)
+    assert TESTS / "store_factory.py" in seen
+    assert not found, ("Expected the tests of tests/store and tests/analysis to need neither torch nor a model (their "
+                       "stores come from tests/store_factory.py; tests of a real run go to tests/runs). Got:\n  "
+                       + "\n  ".join(found))
+
+
+def test_store_and_analysis_test_modules_load_without_torch():
+    """Importing them (conftest.py first, as pytest does) loads neither torch nor the engine, transitively."""
+    import subprocess
+    import sys
+
+    files = [str(p) for folder in TORCH_FREE_TESTS for p in sorted((TESTS / folder).glob("*.py"))]
+    code = ("import importlib.util, sys\n"
+            f"sys.path.insert(0, {str(TESTS)!r})\n"
+            f"for i, f in enumerate(sorted({files!r}, key=lambda f: not f.endswith('conftest.py'))):\n"
+            "    spec = importlib.util.spec_from_file_location(f'm{i}', f)\n"
+            "    sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)\n"
+            "    spec.loader.exec_module(module)\n"
+            "print(sorted({m if m.startswith('detjac') else m.partition('.')[0] for m in sys.modules\n"
+            "              if m.partition('.')[0] in ('torch', 'transformers', 'tiny_models')\n"
+            "              or m.startswith(('detjac.engine', 'detjac.runs'))}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"Expected no torch, engine or runs modules. Got {out.stdout.strip()}."
