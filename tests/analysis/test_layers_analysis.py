@@ -38,8 +38,9 @@ def test_layerwise_spectra_match_numpy(layer_store):
         assert np.all(spec.U.T @ prompt.layerwise(target, "output") >= 0)  # oriented along what it produced
         last = top_singular(prompt, 2, -1, method="exact", target=target)
         np.testing.assert_allclose(last.S, np.linalg.svd(J[:, -1], compute_uv=False)[:2], rtol=1e-12)
-        x = layers._inputs(prompt, target)[-1]
-        assert np.all(last.U.T @ (J[:, -1] @ x) >= 0)
+        local = target.startswith("mlp_local")
+        x = (prompt.layerwise(target, "inputs") if local else prompt.array("embeddings"))[-1]
+        assert np.all(last.U.T @ (J[:, -1] @ x) >= 0)  # oriented along what token -1 alone produced
 
 
 def test_lens_is_the_unembedding_after_the_final_norm_gain(layer_store, tmp_path):
@@ -111,6 +112,11 @@ def test_emergence_finds_the_planted_layer(tmp_path):
     Jl = prompt.layerwise("layer.3", lazy=False)
     contribution = Jl[:, 0] @ prompt.array("embeddings")[0]
     assert heat["contribution_rank"][3, 0] == layers.token_rank(layers.lens(store)[0] @ contribution, 31)
+    local = layers.token_heatmap(store, "p", "mlp", token=31, local=True)
+    assert local["layers"] == [1] and local["component"] == "mlp_local"
+    Jl, inputs = prompt.layerwise("mlp_local.1", lazy=False), prompt.layerwise("mlp_local.1", "inputs")
+    assert list(local["contribution_rank"][0]) == [layers.token_rank(layers.lens(store)[0] @ (Jl[:, k] @ inputs[k]), 31)
+                                                   for k in range(3)]
     with pytest.raises(InvalidArgumentError, match="Expected stored attn.L targets"):
         layers.token_heatmap(store, "p", "attn")
     with pytest.raises(InvalidArgumentError, match="Expected layerwise targets"):
