@@ -5,7 +5,7 @@
 >>> [p.prompt for p in store.prompts(contains="cat")]     # doctest: +SKIP
 >>> store.get(store.prompt_ids()[0]).jacobian()           # lazy dask array (row, token, col)  # doctest: +SKIP
 
-The format is specified in ``store/README.md``.
+The format is specified in ``docs/store-format.md``.
 """
 
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult

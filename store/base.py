@@ -34,7 +34,7 @@ class StoredPrompt(ABC):
         The prompt id (16 hex digits for prompts written by ``detjac run``).
     attrs : dict
         The attributes committed with the prompt (``prompt``, ``n_tokens``,
-        ``reconstruction_error``, ``next_token_id``, ...; see ``store/README.md``).
+        ``reconstruction_error``, ``next_token_id``, ...; see ``docs/store-format.md``).
     """
 
     id: str
@@ -82,7 +82,7 @@ class StoredPrompt(ABC):
             ``embeddings`` (token, col), ``output`` (row,), ``token_ids`` (token,), ``bias`` (row,;
             affine models only), and in low-rank mode ``token_U`` (token, row, rank), ``token_S``
             (token, rank), ``token_V`` (token, col, rank), ``token_frobenius_sq`` (token,), ...
-            (see ``store/README.md``).
+            (see ``docs/store-format.md``).
 
         Raises
         ------
@@ -305,7 +305,7 @@ class JacobianStore(ABC):
         Where the store lives (a folder for the directory backend).
     run : dict
         The run description written at creation: its identity (``model_id``, ``dtype``,
-        ``keep``, ``detach``, ...) and settings (see ``store/README.md``).
+        ``keep``, ``detach``, ...) and settings (see ``docs/store-format.md``).
     format_version : int
         The store format's version.
     created : str or None
@@ -445,7 +445,7 @@ class JacobianStore(ABC):
         Parameters
         ----------
         attrs : dict
-            ``prompt``, ``line``, ``meta``, ``reason``, ``error``, ``stage`` (see ``store/README.md``);
+            ``prompt``, ``line``, ``meta``, ``reason``, ``error``, ``stage`` (see ``docs/store-format.md``);
             ``failed_at`` is added.
 
         Raises

@@ -3,7 +3,7 @@
 A record is a zarr group whose attributes say which prompt failed and why (``reason``,
 ``error``, ``stage``, ...). It is written under a temporary name and renamed into place, and
 removed when the prompt is later committed, so a prompt is complete or failed, never both.
-Readers that predate records ignore the folder. The spec is ``store/README.md``.
+Readers that predate records ignore the folder. The spec is ``docs/store-format.md``.
 """
 
 from __future__ import annotations

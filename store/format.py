@@ -1,4 +1,4 @@
-"""The on-disk format of a detjac store (version 1); the spec is ``store/README.md``.
+"""The on-disk format of a detjac store (version 1); the spec is ``docs/store-format.md``.
 
 Names of the folders and arrays, the run identity, codecs, and the root description
 (:func:`read_root`). Pure numpy / zarr: nothing here imports torch.

@@ -4,7 +4,7 @@ The commit protocol (a prompt group renamed into place, ``flock`` on the writer 
 needs a POSIX file system: a local disk or a shared one mounted on every worker (NFS v4,
 Lustre, GPFS, CephFS). Such a store is named by a path or a ``file://`` URL. Object stores
 (``s3://``, ``gs://``, ...) have no atomic rename and no locks; what a backend for them needs
-is written down in ``store/README.md`` ("Object stores"), and their URLs are refused here
+is written down in ``docs/store-format.md`` ("Object stores"), and their URLs are refused here
 with that pointer rather than written half-safely.
 """
 
@@ -32,7 +32,7 @@ def store_path(location: str | os.PathLike[str]) -> Path:
     if protocol not in LOCAL_PROTOCOLS:
         raise StoreError(f"Expected a store on a POSIX file system (a path, or a file:// URL of a folder shared by "
                          f"every worker). Got {text!r} ({protocol}:// has no atomic rename or lock, which the "
-                         "store's commit protocol needs; see 'Object stores' in store/README.md).")
+                         "store's commit protocol needs; see 'Object stores' in docs/store-format.md).")
     if protocol is None:
         return Path(text)
     from fsspec.core import url_to_fs

@@ -1,6 +1,6 @@
 """The zarr v3 directory backend, reading one prompt: its group opened read-only, and its verification.
 
-A complete prompt is the group ``prompts/<id>`` of the store folder (``store/README.md``);
+A complete prompt is the group ``prompts/<id>`` of the store folder (``docs/store-format.md``);
 this module only reads it. :func:`verify_prompt` decodes every chunk (each carries a crc32c)
 and checks that the Jacobians still reconstruct what they were stored with.
 """

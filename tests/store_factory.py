@@ -14,7 +14,7 @@ everything a store promises holds to rounding:
 - the input embeddings are rows of the embedding matrix, ``x_k = E[token_k]``;
 - layer ``L`` adds an attention and an MLP Jacobian (random) to the residual stream:
   ``layer.L = layer.(L-1) + attn.L + mlp.L``, with ``layer.(-1)`` the identity on the last
-  token (store/README.md), each target's ``output`` being ``sum_k J_k x_k``;
+  token (docs/store-format.md), each target's ``output`` being ``sum_k J_k x_k``;
 - the output is the final norm with its scale frozen: ``y = g * r * h`` for ``h`` the last
   layer's output, so ``J = diag(g r) layer.(n_layers-1)``, plus an offset ``b`` for an
   affine model; the next token is ``argmax(W_U y)``;

@@ -50,7 +50,7 @@ def test_not_a_store(tmp_path):
 
 def test_object_store_urls_are_refused_with_a_pointer():
     with pytest.raises(StoreError, match=r"Expected a store on a POSIX file system .* Got 's3://b/run.zarr' .s3:// has "
-                                         "no atomic rename or lock.*'Object stores' in store/README.md"):
+                                         "no atomic rename or lock.*'Object stores' in docs/store-format.md"):
         open_store("s3://b/run.zarr")
 
 
