@@ -241,12 +241,11 @@ def synthetic_prompt(model: SyntheticModel, run: dict[str, Any], text: str, *, n
 
 def write_prompt(store: JacobianStore, model: SyntheticModel, run: dict[str, Any], truth: PromptTruth, *,
                  line: int = 1, token_block: int = 1) -> float:
-    """Write one prompt as a real run does (``runs/batch.py``); returns its stored reconstruction error.
+    """Write one prompt as a real run does (``runs/batch.py:write_prompt``); returns its stored reconstruction error.
 
-    Full mode without layerwise targets streams row blocks (``write_rows``, the in-memory
-    engine); with targets every Jacobian goes in blocks (``write_block``, the streamed engine:
-    row blocks in reverse mode, ``token_block`` tokens at a time in forward mode); ``keep`` of
-    ``rank:K`` stores triplets from the store's subspace iteration instead.
+    Every Jacobian goes in blocks (``write_block``): row blocks in reverse mode, ``token_block``
+    tokens at a time in forward mode (the run's ``mode``, for runs with layerwise targets);
+    ``keep`` of ``rank:K`` stores triplets from the store's subspace iteration instead.
     """
     storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
@@ -261,12 +260,10 @@ def write_prompt(store: JacobianStore, model: SyntheticModel, run: dict[str, Any
                      layerwise=specs or None) as writer:
         if rank is not None:
             extra = _write_low_rank(writer, J, rank, row_block, run.get("passes", LOW_RANK_PASSES))
-        elif not specs:
-            for start in range(0, d, row_block):
-                writer.write_rows(start, min(start + row_block, d), J[start:start + row_block])
         else:
+            _write_blocks(writer, "jacobian", J, mode if specs else "reverse", row_block, token_block)
+        if specs:  # the streamed engine: every target block by block, and what its blocks were
             extra = _write_layerwise(writer, truth, specs, storage, row_block, token_block, x)
-            _write_blocks(writer, "jacobian", J, mode, row_block, token_block)
             extra["stream"] = {"row_block": row_block, "token_block": token_block, "bytes_read": 0}
         writer.write_array("embeddings", x)
         writer.write_array("output", y)
