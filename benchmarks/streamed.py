@@ -191,6 +191,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     the row block chosen by the plan and the store's shards sized as the CLI sizes them under a budget."""
     torch = _torch()
     from detjac.engine import StreamedModel, Target, return_freed_memory
+    from detjac.engine.cost import depth
     from detjac.runs.batch import _shard_bytes
     from detjac.store import create_store
 
@@ -236,9 +237,9 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     torch.save(torch.from_numpy(stored), out)
     if plan.forward:  # tokens k0:k1 carry (k1 - k0) d tangents over positions k0: through every layer
         flops = sum(sweep_flops(cfg, n - k0, min(plan.token_block, n - k0) * d, 1)
-                    for k0 in range(0, n, plan.token_block)) * max(t.depth(sm.n_layers) for t in targets)
+                    for k0 in range(0, n, plan.token_block)) * max(depth(t, sm.n_layers) for t in targets)
     else:
-        flops = sweep_flops(cfg, n, d, 1) * sum(t.depth(sm.n_layers) for t in targets)
+        flops = sweep_flops(cfg, n, d, 1) * sum(depth(t, sm.n_layers) for t in targets)
         if sm.stats.pulled_suffix_layers:  # the top layer's targets were pulled back from the target position only
             start = [sm.n_layers - 1 if t.component == "output" else t.layer for t in targets]
             saved = sweep_flops(cfg, n, d, 1) - sweep_flops(cfg, n, d, 1, queries=n - trace.position)

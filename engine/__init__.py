@@ -19,13 +19,12 @@ a loaded model.
 
 from __future__ import annotations
 
-from typing import Any
-
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS, Target, layer_targets
 
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .budget import parse_memory, return_freed_memory
+from .choose import as_engine, load_engine
 from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .families import FAMILIES, family_for, supported_model_types
 from .inmemory import InMemoryEngine
@@ -45,40 +44,6 @@ from .loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prom
 from .operator import JacobianOperator, jacobian_operator
 from .streamed import StreamedModel, StreamedResult
 from .svds import OperatorSVD, operator_svd
-
-
-def as_engine(model: Any, *, detach: bool = True, tokenizer: Any | None = None,
-              forward: str = "transpose") -> Engine:
-    """``model`` if it is an engine already, else a loaded transformers model wrapped in the in-memory engine."""
-    if isinstance(model, Engine):
-        return model
-    return InMemoryEngine(model, detach=detach, tokenizer=tokenizer, forward=forward)
-
-
-def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, device: str = "cpu",
-                detach: bool = True, max_memory: str | dict[str, int] | None = None, quantize: str | None = None,
-                revision: str | None = None, trust_remote_code: bool = False) -> Engine:
-    """Load a checkpoint folder into an engine: the layer-streamed one when ``streamed`` (or a memory budget, or
-    quantizing on load, which only it does), else the in-memory one.
-
-    Parameters
-    ----------
-    source
-        A checkpoint folder (see :func:`load_model`).
-    dtype
-        Compute dtype (default float64, the exactness mode).
-    max_memory
-        Budgets per device (``"cuda:0=8GiB,cpu=32GiB"``); the streamed engine sizes its blocks to them.
-    """
-    import torch
-
-    dtype = torch.float64 if dtype is None else dtype
-    if streamed or max_memory or quantize:
-        return StreamedModel(source, dtype=dtype, device=device, detach=detach, max_memory=max_memory,
-                             quantize=quantize, revision=revision, trust_remote_code=trust_remote_code)
-    model = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
-    return InMemoryEngine(model, detach=detach)
-
 
 __all__ = [
     "FAMILIES",

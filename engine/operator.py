@@ -34,6 +34,7 @@ from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS
 
 from .backend import Engine, Prompt, Trace
+from .choose import as_engine
 from .cost import DEFAULT_ROW_BLOCK as DEFAULT_BLOCK
 
 
@@ -199,8 +200,6 @@ def jacobian_operator(model: Any, prompt: Prompt, *, position: int | None = None
     ``detach``, ``tokenizer`` and ``forward`` (see :class:`~detjac.engine.inmemory.InMemoryEngine`)
     apply to a loaded model. ``block`` defaults to the engine's planned row block.
     """
-    from . import as_engine
-
     if block is not None:
         check_block(block)  # before the forward pass
     engine = as_engine(model, detach=detach, tokenizer=tokenizer, forward=forward)
