@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from detjac import singular
 from detjac.singular import orient as orient_pairs
 
 
@@ -33,29 +35,28 @@ def dense_svd(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -> S
 
 
 def decode_top(vectors: torch.Tensor, matrix: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d).
+    """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d), by
+    :func:`detjac.singular.decode_top` (ties in vocabulary order).
 
-    Returns (ids, scores), each (k, top), highest score first.
+    Returns (ids, scores), each (k, top), highest score first, as CPU tensors.
     """
-    scores = matrix.to(vectors.dtype) @ vectors  # (vocab, k)
-    values, ids = scores.T.topk(min(top, scores.shape[0]), dim=-1)
-    return ids, values
+    ids, scores = singular.decode_top(_numpy(vectors), _numpy(matrix), top)
+    return torch.from_numpy(ids), torch.from_numpy(scores)
 
 
 def decode_blocks(V: torch.Tensor, n_blocks: int, matrix: torch.Tensor, top: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decode right singular vectors of ``[J_1 ... J_n]``: each column of V (n_blocks * d, k) through the d-block
-    of the token that carries most of its ``|v|^2``.
+    """Decode right singular vectors of ``[J_1 ... J_n]`` (see :func:`detjac.singular.decode_blocks`).
 
     Returns (ids (k, top), scores (k, top), picks (k,) the chosen block, shares (k,) its share of ``|v|^2``).
     """
-    blocks = V.T.reshape(V.shape[1], n_blocks, -1)  # (k, n_blocks, d)
-    energy = blocks.pow(2).sum(-1)  # (k, n_blocks)
-    picks = energy.argmax(-1)  # (k,)
-    chosen = blocks[torch.arange(len(picks)), picks].T  # (d, k)
-    ids, scores = decode_top(chosen, matrix, top)
-    shares = energy.gather(1, picks[:, None])[:, 0] / energy.sum(-1)
-    return ids, scores, picks, shares
+    return tuple(torch.from_numpy(a) for a in singular.decode_blocks(_numpy(V), n_blocks, _numpy(matrix), top))
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a numpy array on the CPU, in its own dtype (bfloat16 and float16 widened to float32)."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 
 
 def final_norm_gain(model: torch.nn.Module) -> torch.Tensor | None:

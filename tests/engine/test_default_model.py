@@ -35,6 +35,7 @@ def test_shipped_files_match_the_model_card():
     assert f"{training['heldout_perplexity']:.2f}" in card
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", DEMO_PROMPTS)
 def test_load_model_reconstructs_exactly_in_float64(default_model, prompt):
     res = detached_jacobian(default_model, prompt)
@@ -65,6 +66,7 @@ def test_resolve_model_names_the_shipped_folder(tmp_path, monkeypatch):
     assert resolve_model("default") == "default"  # a real folder of that name wins
 
 
+@pytest.mark.slow
 def test_demo_runs_on_the_shipped_model(tmp_path):
     plot = tmp_path / "spectra.png"
     result = CliRunner().invoke(main, ["demo", "--plot", str(plot), "--k", "2", "--top", "6"])

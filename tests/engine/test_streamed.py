@@ -51,6 +51,7 @@ def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.
     assert (summed - rev[f"layer.{last}"]).abs().max().item() < 1e-10
 
 
+@pytest.mark.slow
 def test_forward_mode_truncation_at_an_earlier_position_and_without_detaching(prompt_ids: list[int]) -> None:
     model = tiny_model("mistral", seed=2)  # a sliding window shorter than the prompt
     ref = StreamedModel(model).jacobians(prompt_ids, ["layer.1", "output"], mode="reverse", position=3)
