@@ -1,5 +1,9 @@
 """Analyses of detached Jacobians on numpy / dask arrays (no torch at module level).
 
-``plots``: matplotlib figures (singular value spectra). The dask analyses that read the
-store (SVD, decoding, layerwise emergence, steering) land after the store.
+``spectra``: singular triplets, decoding and dimensionality of one stored operator;
+``jobs``: those mapped over a store's prompts, results kept in the store; ``layers``: the
+layerwise decomposition (layer table, emergence, heatmaps); ``compare``: detached against
+ordinary Jacobians; ``plots``: matplotlib figures. The reports behind ``detjac analyze``
+compose them and write tables and figures: ``decoded`` (svd, decode), ``jobs.dims_report``
+(dims), ``layer_report`` (layers), ``compare.compare_report`` (compare), ``report`` (report).
 """

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from .jobs import write_table
 from .spectra import decode, dimensionality, singular_values, top_singular
 
 
@@ -69,3 +71,48 @@ def plot_compare(rows: list[dict[str, Any]], path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    """:func:`compare`'s rows, how many prompts have the prediction among the top decoded tokens of ``u_1``
+    (``hits``: detached, ordinary), and the files written (``plot``, ``table`` when asked for)."""
+
+    rows: list[dict[str, Any]]
+    top: int
+    hits: tuple[int, int]
+    plot: Path
+    table: Path | None = None
+
+
+def compare_report(detached: Any, ordinary: Any, top: int = 10, plot: str | Path = "detjac-compare.png",
+                   table: str | Path | None = None) -> CompareReport:
+    """Compare two stores of the same prompts (:func:`compare`) and write the figure and, optionally, the table.
+
+    Parameters
+    ----------
+    detached, ordinary : JacobianStore
+        Stores written by ``detjac run`` and by ``detjac run --ordinary``; prompts matched by text.
+    top : int
+        Decoded tokens of ``u_1`` searched for the prediction.
+    plot : str or Path
+        The figure (:func:`plot_compare`).
+    table : str or Path or None
+        The rows without the spectra (Parquet for a ``.parquet`` suffix, else CSV).
+
+    Returns
+    -------
+    CompareReport
+
+    Raises
+    ------
+    InvalidArgumentError
+        When the stores are not a detached and an ordinary one, in that order, or share no prompt.
+    """
+    rows = compare(detached, ordinary, top)
+    hits = (sum(r["detached_u1_hit"] for r in rows), sum(r["ordinary_u1_hit"] for r in rows))
+    figure = plot_compare(rows, plot)
+    written = None
+    if table:
+        written = write_table([{k: v for k, v in r.items() if not k.endswith("spectrum")} for r in rows], table)
+    return CompareReport(rows, top, hits, figure, written)

@@ -8,6 +8,7 @@ when one is active, else dask's default) runs the array work.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,22 @@ def dims(store: Any, prompt_ids: Iterable[str], progress: Any = None) -> list[di
         if progress is not None:
             progress.update()
     return rows
+
+
+@dataclass(frozen=True)
+class DimsReport:
+    """:func:`dims`'s rows and the table written from them (None when not asked for)."""
+
+    rows: list[dict[str, Any]]
+    table: Path | None = None
+
+
+def dims_report(store: Any, prompt_ids: Iterable[str], table: str | Path | None = None,
+                progress: Any = None) -> DimsReport:
+    """:func:`dims` of ``prompt_ids``, written to ``table`` when given (Parquet for a ``.parquet`` suffix, else
+    CSV; see :func:`write_table`). ``progress`` (tqdm-like) is updated once per prompt."""
+    rows = dims(store, prompt_ids, progress=progress)
+    return DimsReport(rows, write_table(rows, table) if table else None)
 
 
 def write_table(rows: list[dict[str, Any]], path: Any) -> Path:

@@ -45,10 +45,10 @@ def one(config: str, prompts: str, out: str) -> dict[str, Any]:
     started = time.perf_counter()
     import torch  # noqa: F401 - imported first, so that the planning phase is not the imports
 
-    from detjac.cli.cluster import dask_client
     from detjac.runs.cluster import run_on_cluster
     from detjac.runs.local import run_local
     from detjac.runs.plan import ModelSpec, RunSummary, open_run_store, prepare_run
+    from detjac.runs.scheduler import dask_client
 
     class TimedSummary(RunSummary):
         """Counts as the run does, and notes when each prompt was committed."""
@@ -70,7 +70,7 @@ def one(config: str, prompts: str, out: str) -> dict[str, Any]:
         tasks = plan.pending(store, summary)
         if workers:
             cluster_started = time.perf_counter()
-            with dask_client(workers, None, "auto", trim_memory=False) as client:
+            with dask_client(workers, None, "auto", trim_memory=False, log=print) as client:
                 phases["cluster_start_s"] = time.perf_counter() - cluster_started
                 begin = time.perf_counter()
                 run_on_cluster(client, plan, store, tasks, summary, torch_threads=max(1, _cores() // workers),

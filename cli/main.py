@@ -12,7 +12,8 @@ from detjac import __version__
 from detjac.errors import DetjacError
 
 from .analyze_cmds import analyze
-from .run_cmd import DTYPES, run
+from .options import DTYPES
+from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
 from .svd_cmd import svd

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -55,3 +56,110 @@ def echo_explanation(expl: Any, tokenizer: Any, per_token_k: int = 1) -> None:
         click.echo(f"   {labels[op.position]:>14} sigma {top_values}")
         trimmed = replace(op, left_ids=op.left_ids[:per_token_k], right_ids=op.right_ids[:per_token_k])
         _echo_operator(trimmed, tokenizer, labels, "      ")
+
+
+SHOWN_FAILURES = 20  # failed prompts listed at the end of a run (all are in the store)
+
+
+def echo_run_outcome(outcome: Any) -> None:
+    """The counts of a ``detjac run``, its model loads per worker, its failed prompts, and an interruption."""
+    summary, out = outcome.summary, outcome.out
+    failed = f"{len(summary.failed)} failed, " if outcome.distributed else ""
+    click.echo(f"done: {summary.written} written, {summary.skipped_complete} already complete, {failed}"
+               f"{summary.duplicates} duplicates, {summary.blank_lines} blank lines; {outcome.total} prompts in {out}; "
+               f"worst reconstruction error this run {summary.worst_error:.2e}")
+    if summary.loads:
+        counts = sorted({n for n, _ in summary.loads.values()})
+        seconds = sum(s for _, s in summary.loads.values()) / len(summary.loads)
+        each = f"{counts[0]} each" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} per worker"
+        click.echo(f"model loads: {len(summary.loads)} workers, {each}, {seconds:.2f} s per worker on average")
+    if summary.failed:
+        click.echo(f"failed ({len(summary.failed)}; recorded in {out} under failed/, retried by the next run):")
+        for pid, failure in list(summary.failed.items())[:SHOWN_FAILURES]:
+            click.echo(f"  line {failure.line} ({pid}, {failure.stage}): {failure.reason}")
+        if len(summary.failed) > SHOWN_FAILURES:
+            click.echo(f"  ... and {len(summary.failed) - SHOWN_FAILURES} more: detjac store info {out}")
+    if outcome.interrupted:
+        click.echo(f"interrupted: the prompts committed so far are in {out}; run the same command again to resume.")
+
+
+def echo_decoded(spectra: list[Any]) -> None:
+    """Each decoded spectrum (:class:`detjac.analysis.decoded.DecodedSpectrum`): sigma, left and right tokens."""
+    for spec in spectra:
+        click.echo(f"\n{spec.title}\n  {spec.target}, {spec.operator}")
+        for t in spec.triplets:
+            click.echo(f"  #{t.index} sigma {t.sigma:<9.4g} left -> {t.left}")
+            click.echo(f"     right [token {t.right_token}, {t.right_share:.0%}] -> {t.right}")
+
+
+def echo_dims(rows: list[dict[str, Any]]) -> None:
+    """The dimensionality table of ``detjac analyze dims``."""
+    click.echo(f"{'prompt':<17} {'token':>8} {'stable rank':>11} {'part. ratio':>11} {'n90':>4} {'n99':>4}")
+    for r in rows:
+        click.echo(f"{r['prompt_id']:<17} {r['token']!s:>8} {r['stable_rank']:>11.2f} "
+                   f"{r['participation_ratio']:>11.2f} {r['n90']:>4} {r['n99']:>4}")
+
+
+def echo_layer_report(report: Any) -> None:
+    """The layer table, where the tracked token emerges, and the files written (a ``LayerReport``)."""
+    text = report.token_text
+    click.echo(f"{'prompt':<17} {'target':<14} {'sigma_1':>9} {'srank':>7} {'n90':>4} {'u1 rank':>7} "
+               f"{'lens rank':>9}  u_1 decoded")
+    for r in report.rows:
+        click.echo(f"{r['prompt_id']:<17} {r['target']:<14} {r['sigma_1']:>9.4g} {r['stable_rank']:>7.2f} "
+                   f"{r['n90']:>4} {r['u1_rank']:>7} {r['lens_rank']:>9}  "
+                   f"{' '.join(text(t) for t in r['u1_tokens'][:6])}")
+    for e in report.emerged:
+        click.echo(f"{e['prompt_id']} {e['component']:<5} tracking {text(e['token'])}: in the top {report.top} of u_1 "
+                   f"from layer {e['first_layer_u1'] if e['first_layer_u1'] >= 0 else 'never'}, of the logit lens "
+                   f"from layer {e['first_layer_lens'] if e['first_layer_lens'] >= 0 else 'never'}")
+    click.echo(f"wrote {', '.join(p.name for p in report.written)} to {report.out}")
+
+
+def echo_compare(report: Any) -> None:
+    """Detached against ordinary, per prompt, the prediction's hits in u_1, and the files written."""
+    rows = report.rows
+    click.echo(f"{'prompt':<17} {'error det':>9} {'error ord':>9} {'sigma1 det':>10} {'sigma1 ord':>10} "
+               f"{'srank det':>9} {'srank ord':>9} {'u1 det':>6} {'u1 ord':>6}")
+    for r in rows:
+        click.echo(f"{r['prompt_id']:<17} {r['detached_error']:>9.1e} {r['ordinary_error']:>9.1e} "
+                   f"{r['detached_sigma_1']:>10.4g} {r['ordinary_sigma_1']:>10.4g} {r['detached_stable_rank']:>9.2f} "
+                   f"{r['ordinary_stable_rank']:>9.2f} {'hit' if r['detached_u1_hit'] else '-':>6} "
+                   f"{'hit' if r['ordinary_u1_hit'] else '-':>6}")
+    click.echo(f"prediction among the top-{report.top} decoded tokens of u_1: detached {report.hits[0]}/{len(rows)}, "
+               f"ordinary {report.hits[1]}/{len(rows)}")
+    click.echo(f"wrote {report.plot}")
+    if report.table is not None:
+        click.echo(f"wrote {report.table}")
+
+
+def echo_steering_table(rows: list[dict[str, Any]]) -> None:
+    """One row per strength of a steering evaluation."""
+    click.echo(f"{'λ':>6} {'prompts':>7} {'with concept':>12} {'concept/gen':>11} {'distinct':>8}  example")
+    for r in rows:
+        click.echo(f"{r['strength']:>6g} {r['prompts']:>7} {r['share_with_concept']:>12.0%} "
+                   f"{r['concept_per_continuation']:>11.2f} {r['distinct_share']:>8.2f}  {r['example'][:60]!r}")
+
+
+def echo_store_summary(path: str, summary: Any) -> None:
+    """A store's description and counts (a ``StoreSummary``), with its failed prompts."""
+    click.echo(f"store {path}: format version {summary.format_version}, created {summary.created}")
+    click.echo(json.dumps(summary.run, indent=2, ensure_ascii=False))
+    leftovers, failures = summary.staging_leftovers, summary.failures
+    click.echo(f"{summary.complete} complete prompts, {summary.disk_bytes / 2**20:.1f} MiB on disk"
+               + (f"; {len(leftovers)} partial prompts in staging (redone on the next run)" if leftovers else "")
+               + (f"; {len(failures)} failed prompts (retried by the next run):" if failures else ""))
+    for pid, record in failures.items():
+        click.echo(f"  {pid}  line {record.get('line')} ({record.get('stage')}, {record.get('error')}): "
+                   f"{record.get('reason')}")
+
+
+def echo_prompt_layout(layout: Any) -> None:
+    """One prompt's attrs and how its Jacobian is kept (a ``PromptLayout``)."""
+    click.echo(json.dumps(layout.attrs, indent=2, ensure_ascii=False))
+    if layout.low_rank:
+        U, S, V = layout.triplet_shapes
+        click.echo(f"low rank: combined U {U}, S {S}, V {V}; per-token triplets of rank "
+                   f"{layout.rank} for {layout.n_tokens} tokens")
+    else:
+        click.echo(f"jacobian {layout.shape} {layout.dtype}, chunks {layout.chunks}")

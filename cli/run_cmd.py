@@ -1,16 +1,17 @@
-"""``detjac run``: every prompt of a file into a store, in this process or on a dask.distributed cluster."""
+"""``detjac run``: every prompt of a file into a store, in this process or on a dask.distributed cluster.
+
+The run itself is :func:`detjac.runs.run.run_corpus`; this module parses, calls it and prints.
+"""
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-DTYPES = ("float64", "float32", "bfloat16")
-SHOWN_FAILURES = 20  # failed prompts listed at the end of a run (all are in the store)
+from . import render
+from .options import DTYPES
 
 
 @click.command()
@@ -96,105 +97,10 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
       detjac run /shared/Qwen3-8B corpus.jsonl --out file:///shared/q8.zarr --scheduler tcp://10.0.0.5:8786 \\
           --dtype bfloat16 --device cuda:0
     """
-    from detjac.runs.batch import parse_keep
+    from detjac.runs.run import RunOptions, run_corpus
 
-    parse_keep(settings["keep"])
     settings["detach"] = not settings.pop("ordinary")
-    _run(model, prompts, out, **settings)
-
-
-def _run(model_arg: str, prompts_path: str, out: str, *, dtype: str, row_block: int | None, max_tokens: int | None,
-         keep: str, detach: bool, layers: str | None, components: str, streamed: bool, max_memory: str | None,
-         quantize: str | None, mode: str, force_new: bool, device: str, revision: str | None,
-         trust_remote_code: bool, workers: int, scheduler: str | None, memory_limit: str) -> None:
-    from detjac.runs.plan import ModelSpec, open_run_store, prepare_run
-
-    streamed = streamed or bool(layers or max_memory or quantize)
-    _check_options(layers, components, keep, streamed, mode, workers, scheduler)
-    distributed = scheduler is not None or workers > 0
-    spec = ModelSpec(_model_ref(model_arg), dtype, device, streamed, detach, max_memory, quantize, revision,
-                     trust_remote_code)
-    # A distributed run's client plans on the CPU; the workers compute on --device.
-    plan = prepare_run(model_arg, prompts_path, spec, row_block=row_block, max_tokens=max_tokens, keep=keep,
-                       layers=layers, components=components, mode=mode, lenient=distributed,
-                       load_device="cpu" if distributed else None)
-    summary = plan.summary()
-    interrupted = False
-    with open_run_store(plan, out, force_new) as store:
-        tasks = plan.pending(store, summary)
-        refused = sum(t.error is not None for t in tasks)
-        what = f" and {len(plan.targets)} layerwise Jacobians per prompt" if plan.targets else ""
-        click.echo(f"{len(plan.prompts.prompts)} prompts in {prompts_path} ({plan.prompts.blank} blank lines "
-                   f"skipped, {summary.duplicates} duplicates); {summary.skipped_complete} already in {out}; "
-                   f"{len(tasks) - refused} to compute{what}"
-                   + (f"; {refused} cannot be run (recorded as failed)." if refused else "."))
-        if distributed:
-            interrupted = _run_distributed(plan, store, tasks, summary, workers, scheduler, memory_limit)
-        else:
-            from detjac.runs.local import run_local
-
-            run_local(plan, store, tasks, summary)
-        total = len(store.prompt_ids())
-    _echo_summary(summary, out, total, distributed)
-    if interrupted:
-        click.echo(f"interrupted: the prompts committed so far are in {out}; run the same command again to resume.")
-        sys.exit(130)
-    if summary.failed:
-        sys.exit(3)
-
-
-def _check_options(layers: str | None, components: str, keep: str, streamed: bool, mode: str, workers: int,
-                   scheduler: str | None) -> None:
-    from detjac.errors import InvalidArgumentError
-
-    if layers is None and components != "layer":
-        raise InvalidArgumentError(f"Expected --layers with --components. Got --components {components} alone.")
-    if layers is not None and keep != "full":
-        raise InvalidArgumentError(f"Expected --keep full with --layers (layerwise Jacobians are stored whole). "
-                                   f"Got --keep {keep}.")
-    if not streamed and mode != "auto":
-        raise InvalidArgumentError(f"Expected --mode with the streamed engine (--streamed). Got --mode {mode} alone.")
-    if scheduler is not None and workers:
-        raise InvalidArgumentError(f"Expected either --scheduler (an existing cluster) or --workers (a LocalCluster). "
-                                   f"Got both: --scheduler {scheduler} --workers {workers}.")
-
-
-def _model_ref(model_arg: str) -> str:
-    """A checkpoint folder as an absolute path (workers resolve it on their own file system); else unchanged."""
-    path = Path(model_arg)
-    return str(path.resolve()) if path.is_dir() else model_arg
-
-
-def _run_distributed(plan: Any, store: Any, tasks: list[Any], summary: Any, workers: int, scheduler: str | None,
-                     memory_limit: str) -> bool:
-    """Run ``tasks`` on a cluster; returns True when interrupted (Ctrl-C), after cancelling what was queued."""
-    from detjac.runs.cluster import run_on_cluster
-
-    from .cluster import dask_client
-
-    # LocalCluster workers share this machine's cores; a scheduler's workers keep their own thread settings.
-    threads = max(1, len(os.sched_getaffinity(0)) // workers) if workers else None
-    try:
-        with dask_client(workers, scheduler, memory_limit, trim_memory=False) as client:
-            run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=scheduler is None)
-    except KeyboardInterrupt:
-        return True
-    return False
-
-
-def _echo_summary(summary: Any, out: str, total: int, distributed: bool) -> None:
-    failed = f"{len(summary.failed)} failed, " if distributed else ""
-    click.echo(f"done: {summary.written} written, {summary.skipped_complete} already complete, {failed}"
-               f"{summary.duplicates} duplicates, {summary.blank_lines} blank lines; {total} prompts in {out}; "
-               f"worst reconstruction error this run {summary.worst_error:.2e}")
-    if summary.loads:
-        counts = sorted({n for n, _ in summary.loads.values()})
-        seconds = sum(s for _, s in summary.loads.values()) / len(summary.loads)
-        each = f"{counts[0]} each" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} per worker"
-        click.echo(f"model loads: {len(summary.loads)} workers, {each}, {seconds:.2f} s per worker on average")
-    if summary.failed:
-        click.echo(f"failed ({len(summary.failed)}; recorded in {out} under failed/, retried by the next run):")
-        for pid, failure in list(summary.failed.items())[:SHOWN_FAILURES]:
-            click.echo(f"  line {failure.line} ({pid}, {failure.stage}): {failure.reason}")
-        if len(summary.failed) > SHOWN_FAILURES:
-            click.echo(f"  ... and {len(summary.failed) - SHOWN_FAILURES} more: detjac store info {out}")
+    outcome = run_corpus(model, prompts, out, RunOptions(**settings), log=click.echo)
+    render.echo_run_outcome(outcome)
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)

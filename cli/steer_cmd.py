@@ -1,58 +1,14 @@
-"""``detjac steer``: generate with a concept prompt's stored layer Jacobians added at one layer."""
+"""``detjac steer``: generate with a concept prompt's stored layer Jacobians added at one layer.
+
+The steering runs in :mod:`detjac.runs.steering`; this module parses, calls it and prints.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from .analyze_cmds import TABLE_HELP
-from .run_cmd import DTYPES
-
-
-def _strengths(value: str) -> list[float]:
-    try:
-        values = [float(v) for v in value.split(",") if v.strip()]
-    except ValueError as exc:
-        raise click.BadParameter(f"Expected comma-separated numbers such as 0,0.5,1,2. Got {value!r}.") from exc
-    if not values:
-        raise click.BadParameter(f"Expected at least one strength. Got {value!r}.")
-    return values
-
-
-def _concept_source(value: str) -> tuple[str, str]:
-    path, sep, pid = value.rpartition(":")
-    if not sep or not path or not pid:
-        raise click.BadParameter(f"Expected STORE:PROMPT_ID (e.g. run.zarr:3f2a9c0d1e2b4a5f). Got {value!r}.")
-    return path, pid
-
-
-def concept_operator(store: Any, prompt_id: str, layer: int, model: Any) -> Any:
-    """The steering operator from a stored prompt's ``layer.<layer>`` Jacobian, checked against ``model``."""
-    import numpy as np
-    import torch
-
-    from detjac.engine.steer import SteeringOperator
-    from detjac.errors import InvalidArgumentError
-
-    prompt = store.get(prompt_id)
-    n_layers = model.config.get_text_config().num_hidden_layers
-    if not -n_layers <= layer < n_layers:
-        raise InvalidArgumentError(f"Expected a layer in [-{n_layers}, {n_layers}). Got {layer}.")
-    layer %= n_layers
-    target = f"layer.{layer}"
-    if target not in prompt.layerwise_targets:
-        raise InvalidArgumentError(
-            f"Expected the layerwise Jacobian {target} with prompt {prompt_id}. Got "
-            f"{', '.join(prompt.layerwise_targets) or 'no layerwise Jacobians'}: run `detjac run MODEL CONCEPT.txt "
-            f"--out STORE --layers {layer} --components layer`.")
-    stored = store.model_array("embedding").astype(np.float64)
-    mine = model.get_input_embeddings().weight.detach().to("cpu", torch.float64).numpy()
-    if stored.shape != mine.shape or np.linalg.norm(stored - mine) > 1e-2 * np.linalg.norm(mine):
-        raise InvalidArgumentError(f"Expected the store's model to be this model. Got input embeddings of shape "
-                                   f"{stored.shape} in the store and {mine.shape} in the model, or different values.")
-    J = prompt.layerwise(target, lazy=False)
-    return SteeringOperator.from_jacobian(layer, torch.from_numpy(np.asarray(J)).to(model.dtype), prompt.prompt)
+from . import render
+from .options import DTYPES, TABLE_HELP, parse_concept_source, parse_strengths
 
 
 @click.command("steer")
@@ -94,44 +50,24 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
       detjac steer default --concept-from c.zarr:3f2a9c0d1e2b4a5f --layer 1 --prompts p.txt \\
           --strengths 0,1,2,4 --concept-tokens " aquatic, mamm, sea" --table steer.csv
     """
-    import torch
-
-    from detjac.analysis import jobs
-    from detjac.engine import get_tokenizer, load_model
-    from detjac.engine.default import resolve_model
-    from detjac.engine.steer import evaluate, generate
-    from detjac.errors import InvalidArgumentError
-    from detjac.store import open_store
+    from detjac.runs.steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
     if prompt is None and prompts_file is None:
         raise click.UsageError("Expected --prompt TEXT or --prompts FILE. Got neither.")
-    store_path, pid = _concept_source(concept)
-    lm = load_model(resolve_model(model), dtype=getattr(torch, dtype), device=device)
-    tok = get_tokenizer(lm)
-    if tok is None:
-        raise InvalidArgumentError(f"Expected a tokenizer with {model} to encode prompts. Got none.")
-    op = concept_operator(open_store(store_path), pid, layer, lm)
+    store_path, pid = parse_concept_source(concept)
+    values = parse_strengths(strengths) if prompts_file is not None else []
+    session = load_concept(model, store_path, pid, layer, dtype=dtype, device=device)
+    op = session.operator
     click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer}")
     if prompt is not None:
-        ids = tok(prompt)["input_ids"]
+        steered = steer_prompt(session, prompt, strength, max_new_tokens)
         click.echo(f"prompt    {prompt!r}")
-        click.echo(f"unsteered {tok.decode(generate(lm, ids, max_new_tokens))!r}")
-        click.echo(f"λ={strength:<7g} {tok.decode(generate(lm, ids, max_new_tokens, op, strength))!r}")
+        click.echo(f"unsteered {steered.unsteered!r}")
+        click.echo(f"λ={strength:<7g} {steered.steered!r}")
     if prompts_file is not None:
-        with open(prompts_file, encoding="utf-8") as handle:
-            prompts = [line.strip() for line in handle if line.strip()]
-        if not prompts:
-            raise InvalidArgumentError(f"Expected prompts in {prompts_file}. Got only blank lines.")
-        if concept_tokens is not None:
-            ids = {first for t in concept_tokens.split(",") if t
-                   for first in tok(t, add_special_tokens=False)["input_ids"][:1]}
-        else:
-            ids = {t for t in tok(op.concept)["input_ids"] if sum(c.isalpha() for c in tok.decode([t])) >= 4}
-        click.echo("concept tokens: " + " ".join(repr(tok.decode([t])) for t in sorted(ids)))
-        rows = evaluate(lm, tok, op, prompts, _strengths(strengths), ids, max_new_tokens, progress=True)
-        click.echo(f"{'λ':>6} {'prompts':>7} {'with concept':>12} {'concept/gen':>11} {'distinct':>8}  example")
-        for r in rows:
-            click.echo(f"{r['strength']:>6g} {r['prompts']:>7} {r['share_with_concept']:>12.0%} "
-                       f"{r['concept_per_continuation']:>11.2f} {r['distinct_share']:>8.2f}  {r['example'][:60]!r}")
-        if table_path:
-            click.echo(f"wrote {jobs.write_table(rows, table_path)}")
+        evaluation = prepare_evaluation(session, prompts_file, concept_tokens)
+        click.echo("concept tokens: " + " ".join(repr(t) for t in evaluation.concept_tokens))
+        table = evaluate_steering(session, evaluation, values, max_new_tokens, table_path)
+        render.echo_steering_table(table.rows)
+        if table.table is not None:
+            click.echo(f"wrote {table.table}")

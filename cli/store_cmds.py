@@ -1,10 +1,13 @@
-"""``detjac store ls|info|verify|export``: look into a store written by ``detjac run``."""
+"""``detjac store ls|info|verify|export``: look into a store written by ``detjac run``.
+
+What is reported comes from :mod:`detjac.store.summary`; this module parses, calls it and prints.
+"""
 
 from __future__ import annotations
 
-import json
-
 import click
+
+from . import render
 
 
 @click.group()
@@ -51,30 +54,13 @@ def info(path: str, prompt_id: str | None) -> None:
       detjac store info run.zarr 3f2a9c0d1e2b4a5f
     """
     from detjac.store import open_store
+    from detjac.store.summary import prompt_layout, store_summary
 
     st = open_store(path)
     if prompt_id is not None:
-        prompt = st.get(prompt_id)
-        click.echo(json.dumps(prompt.attrs, indent=2, ensure_ascii=False))
-        if prompt.low_rank:
-            U, S, V = prompt.triplets()
-            click.echo(f"low rank: combined U {U.shape}, S {S.shape}, V {V.shape}; per-token triplets of rank "
-                       f"{S.shape[0]} for {prompt.n_tokens} tokens")
-        else:
-            arr = prompt.jacobian()
-            click.echo(f"jacobian {tuple(arr.shape)} {arr.dtype}, chunks {arr.chunksize}")
-        return
-    size = sum(f.stat().st_size for f in st.path.rglob("*") if f.is_file())
-    click.echo(f"store {path}: format version {st.format_version}, created {st.created}")
-    click.echo(json.dumps(st.run, indent=2, ensure_ascii=False))
-    leftovers = st.staging_leftovers()
-    failures = st.failures()
-    click.echo(f"{len(st)} complete prompts, {size / 2**20:.1f} MiB on disk"
-               + (f"; {len(leftovers)} partial prompts in staging (redone on the next run)" if leftovers else "")
-               + (f"; {len(failures)} failed prompts (retried by the next run):" if failures else ""))
-    for pid, record in failures.items():
-        click.echo(f"  {pid}  line {record.get('line')} ({record.get('stage')}, {record.get('error')}): "
-                   f"{record.get('reason')}")
+        render.echo_prompt_layout(prompt_layout(st.get(prompt_id)))
+    else:
+        render.echo_store_summary(path, store_summary(st))
 
 
 @store.command()
@@ -89,15 +75,14 @@ def verify(path: str) -> None:
       detjac store verify run.zarr
     """
     from detjac.store import open_store
+    from detjac.store.summary import verify_summary
 
-    results = open_store(path).verify(progress=True)
-    bad = [r for r in results if not r.ok]
-    for r in bad:
+    result = verify_summary(open_store(path), progress=True)
+    for r in result.corrupt:
         click.echo(f"CORRUPT {r.id}: {r.reason}")
-    worst = max((r.reconstruction_error for r in results if r.ok and r.reconstruction_error is not None), default=0.0)
-    click.echo(f"{len(results) - len(bad)} of {len(results)} prompts ok (worst reconstruction error {worst:.2e}); "
-               f"{len(bad)} corrupt")
-    if bad:
+    click.echo(f"{result.ok} of {len(result.results)} prompts ok (worst reconstruction error "
+               f"{result.worst_error:.2e}); {len(result.corrupt)} corrupt")
+    if result.corrupt:
         raise SystemExit(1)
 
 
@@ -112,18 +97,8 @@ def export(path: str, prompt_id: str, out: str) -> None:
     Example:
       detjac store export run.zarr 3f2a9c0d1e2b4a5f --out prompt.npz
     """
-    import numpy as np
-
     from detjac.store import open_store
+    from detjac.store.summary import export_npz
 
-    prompt = open_store(path).get(prompt_id)
-    arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
-    if prompt.bias() is not None:
-        arrays["bias"] = prompt.bias()
-    if prompt.low_rank:
-        arrays.update({f"combined_{x}": a for x, a in zip("USV", prompt.triplets(), strict=True)})
-        arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})
-    else:
-        arrays["jacobian"] = prompt.jacobian(lazy=False)
-    np.savez(out, attrs=np.array(json.dumps(prompt.attrs)), **arrays)
+    export_npz(open_store(path), prompt_id, out)
     click.echo(f"wrote {out}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .run_cmd import DTYPES
+from .options import DTYPES
 
 
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:

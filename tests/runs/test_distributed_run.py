@@ -29,7 +29,7 @@ def cluster():
     import dask
     from distributed import Client, LocalCluster
 
-    from detjac.cli.cluster import LOST_WORKER_TIMEOUT
+    from detjac.runs.scheduler import LOST_WORKER_TIMEOUT
 
     with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,

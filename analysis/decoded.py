@@ -1,0 +1,143 @@
+"""Singular vectors decoded to tokens (``detjac analyze svd|decode``): as records, a figure and a table.
+
+:func:`decode_report` runs :func:`detjac.analysis.jobs.svd` (triplets kept in the store and
+reused for the same parameters), decodes every triplet with
+:func:`detjac.analysis.jobs.decode_spectrum` (left vectors through the unembedding, or for a
+layerwise target through the final norm's gain and the unembedding; right vectors through
+the input embedding) and writes the figure and the table asked for. The records carry the
+decoded tokens as quoted text by the store's tokenizer, ready to print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import jobs
+from .plots import plot_decoded
+from .spectra import Spectrum
+
+
+@dataclass(frozen=True)
+class DecodedTriplet:
+    """The ``index``-th (from 1) singular triplet: sigma and the tokens its vectors decode to.
+
+    ``left`` and ``right`` are the decoded tokens as quoted text, space-separated; the right
+    vector is decoded at token ``right_token``, whose block holds ``right_share`` of its energy
+    (the token itself, share 1, for a per-token operator).
+    """
+
+    index: int
+    sigma: float
+    left: str
+    right: str
+    right_token: int
+    right_share: float
+
+    def cells(self) -> list[str]:
+        """The row of the figure and the table: #, sigma, left tokens, ``[token] right tokens``."""
+        return [f"{self.index}", f"{self.sigma:.4g}", self.left, f"[{self.right_token}] {self.right}"]
+
+
+@dataclass(frozen=True)
+class DecodedSpectrum:
+    """One prompt's decoded triplets of one operator.
+
+    ``title`` names the prompt (id, text, stored next token); ``target`` is ``"output"`` or the
+    layerwise target; ``operator`` is ``[J_1 ... J_n]`` (combined) or ``J_<token>``.
+    """
+
+    prompt_id: str
+    title: str
+    target: str
+    operator: str
+    token: int | None
+    triplets: list[DecodedTriplet]
+
+    def section(self) -> tuple[str, list[list[str]]]:
+        """(heading, rows) for :func:`detjac.analysis.plots.plot_decoded`."""
+        return f"{self.title}: {self.target}, {self.operator}", [t.cells() for t in self.triplets]
+
+
+@dataclass(frozen=True)
+class DecodeReport:
+    """The decoded spectra, one per prompt, and the files written (the figure, then the table)."""
+
+    spectra: list[DecodedSpectrum]
+    written: list[Path]
+
+
+def decode_spectra(store: Any, spectra: Sequence[Spectrum], top: int = 8) -> list[DecodedSpectrum]:
+    """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`)."""
+    text = jobs.token_texts(store)
+    decoded = []
+    for spec in spectra:
+        prompt = store.get(spec.prompt_id)
+        ids = jobs.decode_spectrum(store, spec, top)
+        triplets = [DecodedTriplet(i + 1, float(sigma), " ".join(text(t) for t in ids["left_ids"][i]),
+                                   " ".join(text(t) for t in ids["right_ids"][i]), int(ids["right_tokens"][i]),
+                                   float(ids["right_shares"][i]))
+                    for i, sigma in enumerate(spec.S)]
+        decoded.append(DecodedSpectrum(
+            spec.prompt_id, f"{spec.prompt_id} {prompt.prompt[:70]!r} -> next {prompt.attrs.get('next_token')!r}",
+            spec.target or "output", "[J_1 ... J_n]" if spec.token is None else f"J_{spec.token}", spec.token,
+            triplets))
+    return decoded
+
+
+def decoded_rows(spectra: Sequence[DecodedSpectrum]) -> list[dict[str, Any]]:
+    """One table row per triplet: prompt, target, token (``combined`` or the index, as text), the cells."""
+    return [{"prompt_id": d.prompt_id, "target": d.target, "token": "combined" if d.token is None else str(d.token),
+             "index": t.index, "sigma": t.sigma, "left_tokens": t.cells()[2], "right_tokens": t.cells()[3]}
+            for d in spectra for t in d.triplets]
+
+
+def decode_report(store: Any, prompt_ids: Sequence[str], *, k: int = 5, top: int = 8, token: int | None = None,
+                  target: str | None = None, method: str = "randomized", power_iterations: int = 6,
+                  plot: str | Path | None = None, table: str | Path | None = None,
+                  progress: Any = None) -> DecodeReport:
+    """Top-``k`` singular triplets of every prompt, decoded to ``top`` tokens each; optionally a figure and a table.
+
+    Parameters
+    ----------
+    store : JacobianStore
+    prompt_ids : sequence of str
+    k : int
+        Singular triplets per prompt.
+    top : int
+        Decoded tokens per vector.
+    token : int or None
+        A token index (negative from the end) for its ``J_k``; None for the combined operator.
+    target : str or None
+        A stored layerwise target (``layer.2``, ``mlp_local.0``, ...); None for the model output.
+    method : {"randomized", "gram", "exact"}
+        How the triplets are computed (see :func:`detjac.analysis.spectra.top_singular`).
+    power_iterations : int
+        Power iterations of the randomized method.
+    plot : str or Path or None
+        Write the decoded tokens as a figure here (PNG, SVG or PDF by suffix).
+    table : str or Path or None
+        Write one row per triplet here (Parquet for a ``.parquet`` suffix, else CSV).
+    progress : tqdm-like or None
+        Updated once per prompt.
+
+    Returns
+    -------
+    DecodeReport
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a target the store does not hold, or a token index out of range.
+    """
+    spectra = jobs.svd(store, prompt_ids, k, token, method=method, power_iterations=power_iterations,
+                       target=target, progress=progress)
+    decoded = decode_spectra(store, spectra, top)
+    written = []
+    if plot:
+        written.append(plot_decoded([d.section() for d in decoded], plot))
+    if table:
+        written.append(jobs.write_table(decoded_rows(decoded), table))
+    return DecodeReport(decoded, written)

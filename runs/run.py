@@ -1,0 +1,181 @@
+"""A corpus run from start to end (``detjac run``): check the options, plan, open the store, compute, count.
+
+:func:`run_corpus` is the one entry point: it checks the combination of options, plans the
+run (:func:`detjac.runs.plan.prepare_run`), creates or resumes the store, and computes the
+pending prompts in this process (:mod:`detjac.runs.local`) or on a dask.distributed cluster
+(:mod:`detjac.runs.cluster`, on a client from :mod:`detjac.runs.scheduler`). It prints nothing:
+what it has to say while running (the plan, where the cluster runs) goes to a ``log``
+callback, and the counts come back in a :class:`RunOutcome`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from detjac.errors import InvalidArgumentError
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``detjac run`` computes and stores: the command's options, by the same names.
+
+    ``detach=False`` stores the ordinary Jacobian (``--ordinary``). ``workers`` (a LocalCluster
+    of that many processes) and ``scheduler`` (an existing cluster's address) exclude each
+    other; with neither, this process computes every prompt.
+    """
+
+    dtype: str = "float64"
+    row_block: int | None = None
+    max_tokens: int | None = None
+    keep: str = "full"
+    detach: bool = True
+    layers: str | None = None
+    components: str = "layer"
+    streamed: bool = False
+    max_memory: str | None = None
+    quantize: str | None = None
+    mode: str = "auto"
+    force_new: bool = False
+    device: str = "cpu"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    workers: int = 0
+    scheduler: str | None = None
+    memory_limit: str = "auto"
+
+    @property
+    def distributed(self) -> bool:
+        return self.scheduler is not None or self.workers > 0
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run did: its counts (``summary``), the prompts now in the store, whether it was interrupted."""
+
+    summary: Any  # detjac.runs.plan.RunSummary
+    out: str
+    total: int  # complete prompts in the store after the run
+    distributed: bool
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """0 every prompt stored, 3 some prompts failed, 130 interrupted (Ctrl-C)."""
+        return 130 if self.interrupted else 3 if self.summary.failed else 0
+
+
+def check_options(options: RunOptions) -> RunOptions:
+    """The options with ``streamed`` implied by ``layers``, ``max_memory`` or ``quantize``; raises for
+    combinations that cannot run (before any model is loaded).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unparsable ``keep``, ``components`` without ``layers``, ``layers`` with a low-rank
+        ``keep``, a ``mode`` without the streamed engine, or both ``workers`` and ``scheduler``.
+    """
+    from .batch import parse_keep
+
+    o = options
+    parse_keep(o.keep)
+    streamed = o.streamed or bool(o.layers or o.max_memory or o.quantize)
+    if o.layers is None and o.components != "layer":
+        raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
+    if o.layers is not None and o.keep != "full":
+        raise InvalidArgumentError(f"Expected --keep full with --layers (layerwise Jacobians are stored whole). "
+                                   f"Got --keep {o.keep}.")
+    if not streamed and o.mode != "auto":
+        raise InvalidArgumentError(f"Expected --mode with the streamed engine (--streamed). Got --mode {o.mode} alone.")
+    if o.scheduler is not None and o.workers:
+        raise InvalidArgumentError(f"Expected either --scheduler (an existing cluster) or --workers (a LocalCluster). "
+                                   f"Got both: --scheduler {o.scheduler} --workers {o.workers}.")
+    return replace(o, streamed=streamed)
+
+
+def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, log: Log | None = None) -> RunOutcome:
+    """Detached Jacobians of ``model`` on every prompt of the file ``prompts``, into the store ``out``.
+
+    Parameters
+    ----------
+    model : str
+        A checkpoint folder or ``default``.
+    prompts : str or Path
+        A .txt (one prompt per line) or .jsonl file.
+    out : str
+        The store: a path or a ``file://`` URL; created, or resumed.
+    options : RunOptions
+    log : callable or None
+        Called with a line on the plan (prompts, duplicates, already stored, to compute) and,
+        for a distributed run, with where its cluster runs.
+
+    Returns
+    -------
+    RunOutcome
+        Interrupted (Ctrl-C) only for a distributed run; in one process KeyboardInterrupt propagates.
+
+    Raises
+    ------
+    InvalidArgumentError
+        See :func:`check_options`; PromptError, StoreError and the other DetjacErrors of planning
+        and computing.
+    """
+    from .plan import ModelSpec, open_run_store, prepare_run
+
+    o = check_options(options)
+    spec = ModelSpec(model_ref(model), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
+                     o.revision, o.trust_remote_code)
+    # A distributed run's client plans on the CPU; the workers compute on --device.
+    plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
+                       layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
+                       load_device="cpu" if o.distributed else None)
+    summary = plan.summary()
+    interrupted = False
+    with open_run_store(plan, out, o.force_new) as store:
+        tasks = plan.pending(store, summary)
+        if log is not None:
+            log(plan_line(plan, summary, tasks, prompts, out))
+        if o.distributed:
+            interrupted = _run_distributed(plan, store, tasks, summary, o, log)
+        else:
+            from .local import run_local
+
+            run_local(plan, store, tasks, summary)
+        total = len(store.prompt_ids())
+    return RunOutcome(summary, out, total, o.distributed, interrupted)
+
+
+def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, out: str) -> str:
+    """What the run will do: prompts read, blank lines, duplicates, already stored, to compute, refused."""
+    refused = sum(t.error is not None for t in tasks)
+    what = f" and {len(plan.targets)} layerwise Jacobians per prompt" if plan.targets else ""
+    return (f"{len(plan.prompts.prompts)} prompts in {prompts} ({plan.prompts.blank} blank lines "
+            f"skipped, {summary.duplicates} duplicates); {summary.skipped_complete} already in {out}; "
+            f"{len(tasks) - refused} to compute{what}"
+            + (f"; {refused} cannot be run (recorded as failed)." if refused else "."))
+
+
+def model_ref(model: str) -> str:
+    """A checkpoint folder as an absolute path (workers resolve it on their own file system); else unchanged."""
+    path = Path(model)
+    return str(path.resolve()) if path.is_dir() else model
+
+
+def _run_distributed(plan: Any, store: Any, tasks: list[Any], summary: Any, o: RunOptions, log: Log | None) -> bool:
+    """Run ``tasks`` on a cluster; returns True when interrupted (Ctrl-C), after cancelling what was queued."""
+    from .cluster import run_on_cluster
+    from .scheduler import dask_client
+
+    # LocalCluster workers share this machine's cores; a scheduler's workers keep their own thread settings.
+    threads = max(1, len(os.sched_getaffinity(0)) // o.workers) if o.workers else None
+    try:
+        with dask_client(o.workers, o.scheduler, o.memory_limit, trim_memory=False, log=log) as client:
+            run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=o.scheduler is None)
+    except KeyboardInterrupt:
+        return True
+    return False

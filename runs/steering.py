@@ -1,0 +1,185 @@
+"""Steering from a store (``detjac steer``): a concept prompt's stored layer Jacobians steer a loaded model.
+
+:func:`load_concept` loads the model and builds the :class:`~detjac.engine.steer.SteeringOperator`
+from a prompt stored with ``detjac run --layers`` (checked against the model);
+:func:`steer_prompt` makes one unsteered and one steered continuation;
+:func:`prepare_evaluation` and :func:`evaluate_steering` measure how often the concept's
+tokens appear in continuations across strengths, as a table. The steering itself (the
+operator, the hook, greedy generation) is :mod:`detjac.engine.steer`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detjac.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class ConceptSession:
+    """A loaded model, its tokenizer and the steering operator of a stored concept prompt."""
+
+    model: Any
+    tokenizer: Any
+    operator: Any  # detjac.engine.steer.SteeringOperator
+
+
+@dataclass(frozen=True)
+class SteeredText:
+    """One prompt's greedy continuations, unsteered and steered at ``strength``, as text."""
+
+    prompt: str
+    strength: float
+    unsteered: str
+    steered: str
+
+
+@dataclass(frozen=True)
+class SteeringEvaluation:
+    """The prompts of a measurement and the concept's token ids (with their texts, sorted by id)."""
+
+    prompts: list[str]
+    concept_ids: set[int]
+    concept_tokens: list[str]
+
+
+@dataclass(frozen=True)
+class SteeringTable:
+    """One row per strength (see :func:`detjac.engine.steer.evaluate`) and the table file, when written."""
+
+    rows: list[dict[str, Any]]
+    table: Path | None = None
+
+
+def concept_operator(store: Any, prompt_id: str, layer: int, model: Any) -> Any:
+    """The steering operator from a stored prompt's ``layer.<layer>`` Jacobian, checked against ``model``.
+
+    Parameters
+    ----------
+    store : JacobianStore
+        A store written by ``detjac run --layers`` with this model.
+    prompt_id : str
+        The concept prompt.
+    layer : int
+        The steered layer; negative counts from the end.
+    model : transformers model
+        Its input embeddings must be the store's (to within 1 % in norm).
+
+    Returns
+    -------
+    SteeringOperator
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a layer out of range, a prompt without the ``layer.<layer>`` Jacobian, or a store
+        of another model.
+    """
+    import numpy as np
+    import torch
+
+    from detjac.engine.steer import SteeringOperator
+
+    prompt = store.get(prompt_id)
+    n_layers = model.config.get_text_config().num_hidden_layers
+    if not -n_layers <= layer < n_layers:
+        raise InvalidArgumentError(f"Expected a layer in [-{n_layers}, {n_layers}). Got {layer}.")
+    layer %= n_layers
+    target = f"layer.{layer}"
+    if target not in prompt.layerwise_targets:
+        raise InvalidArgumentError(
+            f"Expected the layerwise Jacobian {target} with prompt {prompt_id}. Got "
+            f"{', '.join(prompt.layerwise_targets) or 'no layerwise Jacobians'}: run `detjac run MODEL CONCEPT.txt "
+            f"--out STORE --layers {layer} --components layer`.")
+    stored = store.model_array("embedding").astype(np.float64)
+    mine = model.get_input_embeddings().weight.detach().to("cpu", torch.float64).numpy()
+    if stored.shape != mine.shape or np.linalg.norm(stored - mine) > 1e-2 * np.linalg.norm(mine):
+        raise InvalidArgumentError(f"Expected the store's model to be this model. Got input embeddings of shape "
+                                   f"{stored.shape} in the store and {mine.shape} in the model, or different values.")
+    J = prompt.layerwise(target, lazy=False)
+    return SteeringOperator.from_jacobian(layer, torch.from_numpy(np.asarray(J)).to(model.dtype), prompt.prompt)
+
+
+def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int, *, dtype: str = "float32",
+                 device: str = "cpu") -> ConceptSession:
+    """Load ``model`` (a checkpoint folder or ``default``) and the operator of ``prompt_id`` in the store.
+
+    Raises
+    ------
+    InvalidArgumentError
+        When the model has no tokenizer, or as :func:`concept_operator`.
+    """
+    import torch
+
+    from detjac.engine import get_tokenizer, load_model
+    from detjac.engine.default import resolve_model
+    from detjac.store import open_store
+
+    lm = load_model(resolve_model(model), dtype=getattr(torch, dtype), device=device)
+    tok = get_tokenizer(lm)
+    if tok is None:
+        raise InvalidArgumentError(f"Expected a tokenizer with {model} to encode prompts. Got none.")
+    return ConceptSession(lm, tok, concept_operator(open_store(store_path), prompt_id, layer, lm))
+
+
+def steer_prompt(session: ConceptSession, prompt: str, strength: float, max_new_tokens: int = 24) -> SteeredText:
+    """Greedy continuations of ``prompt``, without steering and with it at ``strength``."""
+    from detjac.engine.steer import generate
+
+    tok, lm = session.tokenizer, session.model
+    ids = tok(prompt)["input_ids"]
+    return SteeredText(prompt, strength, tok.decode(generate(lm, ids, max_new_tokens)),
+                       tok.decode(generate(lm, ids, max_new_tokens, session.operator, strength)))
+
+
+def concept_ids(tokenizer: Any, concept: str, words: str | None = None) -> set[int]:
+    """The token ids counted as the concept.
+
+    With ``words`` (comma-separated), the first token of each word (leading spaces matter);
+    else every token of the ``concept`` prompt whose text has at least 4 letters.
+    """
+    if words is not None:
+        return {first for w in words.split(",") if w
+                for first in tokenizer(w, add_special_tokens=False)["input_ids"][:1]}
+    return {t for t in tokenizer(concept)["input_ids"] if sum(c.isalpha() for c in tokenizer.decode([t])) >= 4}
+
+
+def prepare_evaluation(session: ConceptSession, prompts_path: str | Path,
+                       words: str | None = None) -> SteeringEvaluation:
+    """Read the prompts (one per line, blank lines skipped) and pick the concept tokens (:func:`concept_ids`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        When the file holds only blank lines.
+    """
+    with open(prompts_path, encoding="utf-8") as handle:
+        prompts = [line.strip() for line in handle if line.strip()]
+    if not prompts:
+        raise InvalidArgumentError(f"Expected prompts in {prompts_path}. Got only blank lines.")
+    ids = concept_ids(session.tokenizer, session.operator.concept, words)
+    return SteeringEvaluation(prompts, ids, [session.tokenizer.decode([t]) for t in sorted(ids)])
+
+
+def evaluate_steering(session: ConceptSession, evaluation: SteeringEvaluation, strengths: Sequence[float],
+                      max_new_tokens: int = 24, table: str | Path | None = None,
+                      progress: bool = True) -> SteeringTable:
+    """How often the concept's tokens appear in the continuations of every prompt at every strength.
+
+    One row per strength (:func:`detjac.engine.steer.evaluate`), written to ``table`` when
+    given (Parquet for a ``.parquet`` suffix, else CSV).
+
+    Raises
+    ------
+    InvalidArgumentError
+        When there is no concept token to count.
+    """
+    from detjac.analysis.jobs import write_table
+    from detjac.engine.steer import evaluate
+
+    rows = evaluate(session.model, session.tokenizer, session.operator, evaluation.prompts, strengths,
+                    evaluation.concept_ids, max_new_tokens, progress=progress)
+    return SteeringTable(rows, write_table(rows, table) if table else None)

@@ -1,0 +1,111 @@
+"""What ``detjac store info|verify|export`` report about a store, computed from its public API.
+
+Everything here reads a store through :class:`~detjac.store.base.JacobianStore` and its
+prompts, except :func:`store_summary` (size on disk, creation time, staging leftovers) and
+:func:`prompt_layout` / :func:`export_npz` (low-rank triplets), which use what the Zarr
+store and its prompts add to the interface. Nothing here writes to a store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .base import JacobianStore, VerifyResult
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """A store's run description and counts: complete prompts, bytes on disk, partial and failed prompts."""
+
+    format_version: int
+    created: str | None
+    run: dict[str, Any]
+    complete: int
+    disk_bytes: int
+    staging_leftovers: list[str]
+    failures: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """How one prompt's Jacobian is kept: whole (``shape``, ``dtype``, ``chunks``) or as low-rank triplets
+    (``triplet_shapes`` of the combined U, S, V; per-token triplets of ``rank`` for ``n_tokens`` tokens)."""
+
+    attrs: dict[str, Any]
+    low_rank: bool
+    n_tokens: int
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    chunks: tuple[int, ...] | None = None
+    triplet_shapes: tuple[tuple[int, ...], ...] | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class VerifySummary:
+    """Every prompt's :class:`VerifyResult`, the corrupt ones, and the worst reconstruction error of the others."""
+
+    results: list[VerifyResult]
+    corrupt: list[VerifyResult]
+    worst_error: float
+
+    @property
+    def ok(self) -> int:
+        return len(self.results) - len(self.corrupt)
+
+
+def store_summary(store: Any) -> StoreSummary:
+    """The run description, the counts and the size on disk of ``store``.
+
+    ``store`` is a store in a local folder (a :class:`~detjac.store.zarr_store.ZarrStore`): its
+    ``path``, ``created`` and ``staging_leftovers()`` are not part of the abstract interface.
+    """
+    size = sum(f.stat().st_size for f in Path(store.path).rglob("*") if f.is_file())
+    return StoreSummary(store.format_version, store.created, store.run, len(store), size,
+                        store.staging_leftovers(), store.failures())
+
+
+def prompt_layout(prompt: Any) -> PromptLayout:
+    """How ``prompt``'s Jacobian is kept (reads the low-rank triplets, or only the full array's metadata)."""
+    if prompt.low_rank:
+        U, S, V = prompt.triplets()
+        return PromptLayout(prompt.attrs, True, prompt.n_tokens, triplet_shapes=(U.shape, S.shape, V.shape),
+                            rank=S.shape[0])
+    arr = prompt.jacobian()
+    return PromptLayout(prompt.attrs, False, prompt.n_tokens, shape=tuple(arr.shape), dtype=str(arr.dtype),
+                        chunks=arr.chunksize)
+
+
+def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummary:
+    """Re-read every complete prompt (:meth:`JacobianStore.verify`) and sort the results."""
+    results = store.verify(progress=progress)
+    corrupt = [r for r in results if not r.ok]
+    worst = max((r.reconstruction_error for r in results if r.ok and r.reconstruction_error is not None),
+                default=0.0)
+    return VerifySummary(results, corrupt, worst)
+
+
+def export_npz(store: JacobianStore, prompt_id: str, out: str | Path) -> Path:
+    """Write one prompt's arrays and its attrs (as JSON text, no pickles) to the numpy ``.npz`` file ``out``.
+
+    The arrays: ``embeddings``, ``output``, ``token_ids``, ``bias`` when stored, and ``jacobian``
+    (row, token, col), or for a low-rank prompt ``combined_U``/``combined_S``/``combined_V`` and the
+    per-token ``token_U``, ``token_S``, ``token_V``, ``token_frobenius_sq``. Returns ``out`` (numpy
+    adds ``.npz`` to a name without it).
+    """
+    prompt: Any = store.get(prompt_id)
+    arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
+    if prompt.bias() is not None:
+        arrays["bias"] = prompt.bias()
+    if prompt.low_rank:
+        arrays.update({f"combined_{x}": a for x, a in zip("USV", prompt.triplets(), strict=True)})
+        arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})
+    else:
+        arrays["jacobian"] = prompt.jacobian(lazy=False)
+    np.savez(out, attrs=np.array(json.dumps(prompt.attrs)), **arrays)
+    return Path(out)
