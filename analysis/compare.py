@@ -10,12 +10,12 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from .jobs import write_table
-from .spectra import decode, dimensionality, singular_values, top_singular
+from .spectra import decode, dimensionality, singular_values, stored_svd
 
 
 def _summary(store: Any, prompt: Any, top: int, unembed: np.ndarray) -> dict[str, Any]:
     s = singular_values(prompt)
-    spec = top_singular(prompt, 1, method="gram")
+    spec = stored_svd(prompt, 1, method="gram")
     ids, _ = decode(spec.U, unembed, top)
     d = dimensionality(s)
     return {"error": float(prompt.attrs["reconstruction_error"]), "sigma_1": float(s[0]),

@@ -113,7 +113,7 @@ def decode_report(store: Any, prompt_ids: Sequence[str], *, k: int = 5, top: int
     target : str or None
         A stored layerwise target (``layer.2``, ``mlp_local.0``, ...); None for the model output.
     method : {"randomized", "gram", "exact"}
-        How the triplets are computed (see :func:`detjac.analysis.spectra.top_singular`).
+        How the triplets are computed (see :func:`detjac.analysis.spectra.stored_svd`).
     power_iterations : int
         Power iterations of the randomized method.
     plot : str or Path or None

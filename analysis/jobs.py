@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from .spectra import Spectrum, decode, dimensionality, singular_values, top_singular
+from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
 
 
 def _name(kind: str, token: int | None, target: str | None = None) -> str:
@@ -38,7 +38,7 @@ def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = N
             results.append(Spectrum(pid, token, arrays["U"], arrays["S"], arrays["V"], method, attrs["params"],
                                     target))
         else:
-            spec = top_singular(store.get(pid), k, token, method=method, power_iterations=power_iterations,
+            spec = stored_svd(store.get(pid), k, token, method=method, power_iterations=power_iterations,
                                 oversample=oversample, seed=seed, target=target)
             store.write_analysis(pid, name, {"U": spec.U, "S": spec.S, "V": spec.V},
                                  {"params": wanted, "token": token, "target": target})

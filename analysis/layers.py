@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError
 from ..targets import COMPONENTS, Target
-from .spectra import _inputs, dimensionality, singular_values, thin_svd, top_singular
+from .spectra import dimensionality, operator_inputs, singular_values, stored_svd, thin_svd
 
 
 def lens(store: Any) -> tuple[np.ndarray, bool]:
@@ -68,7 +68,7 @@ def target_spectrum(store: Any, prompt_id: str, target: str, k: int = 4) -> dict
     if cached is not None and cached[1].get("params", {}).get("k") == k:
         return cached[0]
     prompt = store.get(prompt_id)
-    spec = top_singular(prompt, k, None, method="gram", target=target)
+    spec = stored_svd(prompt, k, None, method="gram", target=target)
     arrays = {"S_all": singular_values(prompt, None, target), "U": spec.U, "S": spec.S, "V": spec.V}
     store.write_analysis(prompt_id, name, arrays, {"params": {"k": k, "method": "gram"}, "target": target})
     return arrays
@@ -156,7 +156,7 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
     for i, layer in enumerate(layers):
         target = Target(layer, component, local).name
         J = prompt.layerwise(target).astype(np.float64)  # lazy (rows, n, cols)
-        x = _inputs(prompt, target).astype(np.float64)  # (n, cols)
+        x = operator_inputs(prompt, target).astype(np.float64)  # (n, cols)
         contributions = np.asarray(da.einsum("rtc,tc->tr", J, x).compute())  # (n, rows)
         U1 = _per_token_u1(store, prompt, target, J, contributions)  # (n, rows)
         u1_rank[i] = [token_rank(col, tracked) for col in (W @ U1.T).T]
@@ -181,7 +181,7 @@ def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: n
         U1 = np.stack([thin_svd(dense[:, k])[0][:, 0] for k in range(dense.shape[1])])
     else:
         method = "randomized"
-        U1 = np.stack([top_singular(prompt, 1, k, method=method, target=target).U[:, 0]
+        U1 = np.stack([stored_svd(prompt, 1, k, method=method, target=target).U[:, 0]
                        for k in range(prompt.n_tokens)])
     U1 *= np.where(np.einsum("tr,tr->t", U1, contributions) < 0, -1.0, 1.0)[:, None]
     store.write_analysis(prompt.id, name, {"U1": U1}, {"params": {"method": method}, "target": target})

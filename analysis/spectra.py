@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..singular import decode_top, orient
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def _jacobian(prompt: Any, target: str | None) -> Any:
     return prompt.jacobian(lazy=True) if target is None else prompt.layerwise(target)
 
 
-def _inputs(prompt: Any, target: str | None) -> np.ndarray:
+def operator_inputs(prompt: Any, target: str | None) -> np.ndarray:
     """What the Jacobian multiplies: the input embeddings, or a ``*_local`` target's layer inputs (token, cols)."""
     if target is not None and prompt.layerwise_info(target).get("local"):
         return prompt.layerwise(target, "inputs")
@@ -71,7 +72,7 @@ def operator(prompt: Any, token: int | None, target: str | None = None) -> Any:
     return J[:, token % n, :]
 
 
-def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: str = "randomized",
+def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str = "randomized",
                  power_iterations: int = 4, oversample: int = 10, seed: int = 0, target: str | None = None) -> Spectrum:
     """Top-``k`` singular triplets of a stored prompt's combined operator or of token ``token``'s ``J_k``
     (of the model output, or of the layerwise ``target``).
@@ -101,8 +102,7 @@ def top_singular(prompt: Any, k: int = 8, token: int | None = None, *, method: s
     else:
         raise InvalidArgumentError(f"Expected method 'randomized', 'gram' or 'exact'. Got {method!r}.")
     produced = _produced(prompt, token, target)
-    sign = np.where(produced @ U < 0, -1.0, 1.0)
-    U, V = U * sign, Vt.T * sign
+    U, V = orient(U, Vt.T, produced)
     if token is None:
         V = V.reshape(prompt.n_tokens, -1, k)
     params = {"k": k, "power_iterations": power_iterations, "oversample": oversample, "seed": seed}
@@ -130,16 +130,14 @@ def _produced(prompt: Any, token: int | None, target: str | None = None) -> np.n
         output = _output(prompt, target).astype(np.float64)
         bias = prompt.bias() if target is None else None
         return output - bias.astype(np.float64) if bias is not None else output
-    x = _inputs(prompt, target)[token].astype(np.float64)
+    x = operator_inputs(prompt, target)[token].astype(np.float64)
     return np.asarray(operator(prompt, token, target).astype(np.float64) @ x)
 
 
 def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d): (k, top) each."""
-    scores = (matrix.astype(np.float64) @ vectors).T  # (k, vocab)
-    top = min(top, scores.shape[1])
-    ids = np.argsort(-scores, axis=1, kind="stable")[:, :top]
-    return ids, np.take_along_axis(scores, ids, axis=1)
+    """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d): (k, top) each,
+    scored in float64 (:func:`detjac.singular.decode_top`)."""
+    return decode_top(np.asarray(vectors, dtype=np.float64), np.asarray(matrix, dtype=np.float64), top)
 
 
 def singular_values(prompt: Any, token: int | None = None, target: str | None = None) -> np.ndarray:

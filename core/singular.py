@@ -1,4 +1,4 @@
-"""How a singular pair is oriented: one rule for the engine (torch) and the analyses (numpy).
+"""How a singular pair is oriented and how a vector is decoded to tokens: one rule for the engine and the analyses.
 
 Singular vectors are defined up to a joint sign of each pair ``(u_i, v_i)``. detjac flips each
 pair so that ``u_i . r >= 0`` for a reference ``r`` in the output space, normally what the

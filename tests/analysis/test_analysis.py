@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from store_factory import make_store, prompt_texts, synthetic_model
 
 from detjac.analysis import jobs
-from detjac.analysis.spectra import dimensionality, singular_values, top_singular
+from detjac.analysis.spectra import dimensionality, singular_values, stored_svd
 from detjac.cli.main import main
 from detjac.store import create_store, open_store
 
@@ -36,10 +36,10 @@ def test_randomized_svd_matches_numpy(real_store):
         J = prompt.jacobian(lazy=False).astype(np.float64)
         for token, A in ((None, J.reshape(J.shape[0], -1)), (-1, J[:, -1, :])):
             exact = np.linalg.svd(A, compute_uv=False)
-            spec = top_singular(prompt, 6, token, power_iterations=6)
+            spec = stored_svd(prompt, 6, token, power_iterations=6)
             np.testing.assert_allclose(spec.S, exact[:6], rtol=1e-6)
-            np.testing.assert_allclose(top_singular(prompt, 6, token, method="exact").S, exact[:6], rtol=1e-12)
-            gram = top_singular(prompt, 6, token, method="gram")
+            np.testing.assert_allclose(stored_svd(prompt, 6, token, method="exact").S, exact[:6], rtol=1e-12)
+            gram = stored_svd(prompt, 6, token, method="gram")
             np.testing.assert_allclose(gram.S, exact[:6], rtol=1e-10)
             V = gram.V.reshape(-1, 6)
             np.testing.assert_allclose(gram.U @ np.diag(gram.S) @ V.T, (A @ V) @ V.T, atol=1e-9 * exact[0])
@@ -92,10 +92,10 @@ def test_local_cluster_gives_the_same_answers(real_store):
 
     pid = real_store.prompt_ids()[1]
     with dask.config.set(scheduler="synchronous"):
-        single = top_singular(real_store.get(pid), 4, power_iterations=4)
+        single = stored_svd(real_store.get(pid), 4, power_iterations=4)
         single_dims = dimensionality(singular_values(real_store.get(pid)))
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster):
-        multi = top_singular(real_store.get(pid), 4, power_iterations=4)
+        multi = stored_svd(real_store.get(pid), 4, power_iterations=4)
         multi_dims = dimensionality(singular_values(real_store.get(pid)))
     np.testing.assert_allclose(multi.S, single.S, rtol=1e-12)
     np.testing.assert_allclose(np.abs(multi.U.T @ single.U), np.eye(4), atol=1e-8)

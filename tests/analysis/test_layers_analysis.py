@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from store_factory import make_store
 
 from detjac.analysis import jobs, layers
-from detjac.analysis.spectra import singular_values, top_singular
+from detjac.analysis.spectra import singular_values, stored_svd
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.store import LayerwiseSpec, create_store, open_store
@@ -32,11 +32,11 @@ def test_layerwise_spectra_match_numpy(layer_store):
         J = prompt.layerwise(target, lazy=False).astype(np.float64)
         A = J.reshape(J.shape[0], -1)
         exact = np.linalg.svd(A, compute_uv=False)
-        spec = top_singular(prompt, 4, method="gram", target=target)
+        spec = stored_svd(prompt, 4, method="gram", target=target)
         np.testing.assert_allclose(spec.S, exact[:4], rtol=1e-10)
         np.testing.assert_allclose(singular_values(prompt, target=target), exact, rtol=1e-10, atol=1e-12 * exact[0])
         assert np.all(spec.U.T @ prompt.layerwise(target, "output") >= 0)  # oriented along what it produced
-        last = top_singular(prompt, 2, -1, method="exact", target=target)
+        last = stored_svd(prompt, 2, -1, method="exact", target=target)
         np.testing.assert_allclose(last.S, np.linalg.svd(J[:, -1], compute_uv=False)[:2], rtol=1e-12)
         local = target.startswith("mlp_local")
         x = (prompt.layerwise(target, "inputs") if local else prompt.array("embeddings"))[-1]

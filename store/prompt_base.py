@@ -1,0 +1,278 @@
+"""What a backend provides for one prompt: reading it (:class:`StoredPrompt`) and writing it (:class:`PromptWriter`).
+
+Part of the store interface (:mod:`detjac.store.base`, which re-exports everything here);
+``tests/store/test_store_conformance.py`` checks every backend against it. Shapes use the
+store's dimension names: ``row``, ``token``, ``col``, ``vocab``, ``rank``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .subspace import Triplets
+
+
+class StoredPrompt(ABC):
+    """One complete prompt in a store (read-only).
+
+    Attributes
+    ----------
+    id : str
+        The prompt id (16 hex digits for prompts written by ``detjac run``).
+    attrs : dict
+        The attributes committed with the prompt (``prompt``, ``n_tokens``,
+        ``reconstruction_error``, ``next_token_id``, ...; see ``docs/store-format.md``).
+    """
+
+    id: str
+    attrs: dict[str, Any]
+
+    @abstractmethod
+    def jacobian(self, lazy: bool = True) -> Any:
+        """The prompt's Jacobian ``[J_1 ... J_n]``.
+
+        Parameters
+        ----------
+        lazy : bool
+            A dask array chunked like the store (True) or a numpy array read in full (False).
+
+        Returns
+        -------
+        dask.array.Array or numpy.ndarray
+            (row, token, col).
+
+        Raises
+        ------
+        StoreError
+            The prompt was stored in low-rank mode and has no full Jacobian (see :meth:`triplets`).
+        """
+
+    @abstractmethod
+    def operator(self, k: int) -> np.ndarray:
+        """Token ``k``'s operator ``J_k``, (row, col); a negative ``k`` counts from the end.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``k`` outside ``[-n_tokens, n_tokens)``.
+        StoreError
+            A low-rank prompt (no full Jacobian).
+        """
+
+    @abstractmethod
+    def array(self, name: str) -> np.ndarray:
+        """Any array of the prompt but its Jacobian, in full.
+
+        Parameters
+        ----------
+        name : str
+            ``embeddings`` (token, col), ``output`` (row,), ``token_ids`` (token,), ``bias`` (row,;
+            affine models only), and in low-rank mode ``token_U`` (token, row, rank), ``token_S``
+            (token, rank), ``token_V`` (token, col, rank), ``token_frobenius_sq`` (token,), ...
+            (see ``docs/store-format.md``).
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``name`` is not an array of this prompt; the message lists those it has.
+        """
+
+    @abstractmethod
+    def triplets(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Low-rank mode: the stored top singular triplets ``(U, S, V)``.
+
+        Parameters
+        ----------
+        k : int or None
+            Token ``k``'s ``J_k`` (negative counts from the end), or None for the combined
+            operator ``[J_1 ... J_n]``.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``U`` (row, rank), ``S`` (rank,) descending, and ``V``: (col, rank) for a token,
+            (token, col, rank) for the combined operator.
+
+        Raises
+        ------
+        StoreError
+            The prompt holds its full Jacobian, not triplets.
+        InvalidArgumentError
+            ``k`` outside ``[-n_tokens, n_tokens)``.
+        """
+
+    @property
+    @abstractmethod
+    def layerwise_targets(self) -> list[str]:
+        """Names of the layerwise Jacobians stored with the prompt (``layer.3``, ``mlp_local.0``, ...),
+        in :class:`detjac.targets.Target` order (by layer, then component); empty when none."""
+
+    @abstractmethod
+    def layerwise(self, target: str, array: str = "jacobian", lazy: bool = True) -> Any:
+        """One array of a layerwise target.
+
+        Parameters
+        ----------
+        target : str
+            One of :attr:`layerwise_targets`.
+        array : str
+            ``jacobian`` (row, token, col); ``output`` (row,), the value the Jacobian
+            reconstructs; or, for ``*_local`` targets, ``inputs`` (token, col), the layer's
+            input hidden states (what the Jacobian multiplies).
+        lazy : bool
+            For ``jacobian``: a dask array (True) or numpy (False). The others are numpy.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``target`` is not stored with the prompt, or ``array`` is not one of its arrays;
+            the message lists what there is.
+        """
+
+    @abstractmethod
+    def layerwise_info(self, target: str) -> dict[str, Any]:
+        """What a layerwise target is and how well it reconstructs.
+
+        Returns
+        -------
+        dict
+            ``layer`` (int), ``component`` (``layer``, ``attn`` or ``mlp``), ``local`` (bool: with
+            respect to the layer's own input), ``mode`` (``reverse`` or ``forward``) and, when the
+            run recorded it, ``reconstruction_error``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``target`` is not stored with the prompt.
+        """
+
+    def bias(self) -> np.ndarray | None:
+        """(row,) offset ``b`` of an affine model's map ``y = sum_k J_k x_k + b``, or None (a linear model)."""
+        try:
+            return self.array("bias")
+        except ValueError:
+            return None
+
+    @property
+    def low_rank(self) -> bool:
+        """Whether the prompt was stored in low-rank mode (``--keep rank:K``): triplets, no Jacobian."""
+        return "rank" in self.attrs
+
+    @property
+    def prompt(self) -> str:
+        """The prompt's text."""
+        return self.attrs["prompt"]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attrs["n_tokens"])
+
+
+@dataclass(frozen=True)
+class LayerwiseSpec:
+    """A layerwise Jacobian stored with a prompt: which target, and how the engine produces its blocks."""
+
+    layer: int
+    component: str  # layer, attn or mlp
+    local: bool  # w.r.t. the layer's own input (True) or the input embeddings (False)
+    mode: str = "reverse"  # reverse: row blocks; forward: token blocks
+    token_block: int = 1
+
+
+class PromptWriter(ABC):
+    """Streams one prompt into a store; nothing is visible before :meth:`commit`.
+
+    A writer is a context manager: leaving the ``with`` block on an exception aborts it.
+    Every write method raises StoreError when its values do not fit the shapes given to
+    :meth:`JacobianStore.begin` (the message says what was expected), and StoreError when the
+    disk refuses the write, after aborting the prompt.
+    """
+
+    @abstractmethod
+    def write_rows(self, start: int, stop: int, values: np.ndarray) -> None:
+        """Jacobian rows ``start:stop``, (rows, token, col), all tokens; rows arrive in order (full mode)."""
+
+    @abstractmethod
+    def write_block(self, target: str, start: int, stop: int, token_start: int, token_stop: int,
+                    values: np.ndarray) -> None:
+        """Rows ``start:stop`` x tokens ``token_start:token_stop`` of a Jacobian, (rows, tokens, col).
+
+        Parameters
+        ----------
+        target : str
+            ``"jacobian"`` (the prompt's Jacobian) or a layerwise target named in ``begin``.
+        start, stop, token_start, token_stop : int
+            The block. Blocks may come in any order and must not overlap; a Jacobian counts as
+            written when its blocks cover it.
+        values : numpy.ndarray
+            (stop - start, token_stop - token_start, col).
+        """
+
+    @abstractmethod
+    def write_array(self, name: str, values: np.ndarray) -> None:
+        """``embeddings`` (token, col), ``output`` (row,) or ``token_ids`` (token,) in full, or an affine
+        model's ``bias`` (row,).
+
+        Raises
+        ------
+        InvalidArgumentError
+            Another ``name``.
+        """
+
+    @abstractmethod
+    def write_layerwise(self, target: str, array: str, values: np.ndarray) -> None:
+        """A layerwise target's ``output`` (row,) -- the value its Jacobian reconstructs -- or, for a
+        ``*_local`` target, its ``inputs`` (token, col): the layer's input hidden states."""
+
+    @abstractmethod
+    def write_triplets(self, per_token: Sequence[Triplets], combined: Triplets) -> dict[str, Any]:
+        """Low-rank mode: every token's and the combined operator's triplets (see :mod:`detjac.store.subspace`).
+
+        Parameters
+        ----------
+        per_token : sequence of Triplets
+            One per token: ``U`` (row, rank), ``S`` (rank,), ``V`` (col, rank) and the energies.
+        combined : Triplets
+            Of ``[J_1 ... J_n]``: ``V`` (token * col, rank).
+
+        Returns
+        -------
+        dict
+            Attributes to pass to :meth:`commit`: ``keep``, ``rank``, ``combined_frobenius_sq``,
+            ``combined_residual_sq``, ``combined_captured``.
+
+        Raises
+        ------
+        StoreError
+            The prompt was begun in full mode.
+        """
+
+    @abstractmethod
+    def commit(self, attrs: dict[str, Any]) -> None:
+        """Attach ``attrs`` and make the prompt visible, atomically.
+
+        If the same prompt was committed meanwhile (another attempt at it), the first one is
+        kept and this one dropped.
+
+        Raises
+        ------
+        StoreError
+            An array of the prompt is missing (the writer is aborted), the store is no longer
+            held by this writer's run, or the disk refuses the commit.
+        """
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop everything written so far."""
+
+    def __enter__(self) -> PromptWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
