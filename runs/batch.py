@@ -1,5 +1,5 @@
 """One prompt through the engine into a store: its row blocks streamed into a staged group that
-becomes visible only when complete (see ``store/zarr_store.py``), and the run's description.
+becomes visible only when complete (see ``store/zarr_writer.py``), and the run's description.
 
 Used by both ways of running a corpus: one process (``runs/local.py``) and the workers of a
 dask.distributed cluster (``runs/cluster.py``).
