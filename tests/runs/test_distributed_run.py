@@ -250,3 +250,7 @@ def test_how_settled_prompts_are_counted_recorded_or_stop_the_run(tmp_path):
         assert "OSError: stale file handle (after 3 attempts)" in store.failures()[task.pid]["reason"]
         with pytest.raises(WorkerError, match="could not load the model"):
             _collect(store, summary, task, _Settled("error", exception=WorkerError("could not load the model")))
+
+
+# Whole `detjac run`s on the default model or a cluster: seconds each.
+pytestmark = pytest.mark.slow

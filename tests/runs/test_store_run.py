@@ -196,3 +196,7 @@ def test_streamed_run_of_an_affine_model_is_refused_cleanly(tmp_path):
     result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--streamed")
     assert result.exit_code == 1 and "layer-streamed engine" in result.output and "BERT" in result.output
     assert not (tmp_path / "s.zarr").exists()
+
+
+# Whole `detjac run`s on the default model or a cluster: seconds each.
+pytestmark = pytest.mark.slow

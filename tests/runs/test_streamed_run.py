@@ -142,3 +142,7 @@ def test_resuming_with_other_layerwise_targets_is_refused(tmp_path: Path) -> Non
     info = invoke("store", "info", str(tmp_path / "s.zarr"), open_store(tmp_path / "s.zarr").prompt_ids()[0])
     assert info.exit_code == 0 and "layer.0" in info.output, info.output
     assert json.loads(json.dumps(open_store(tmp_path / "s.zarr").run))["layerwise"] == ["layer.0"]
+
+
+# Whole `detjac run`s on the default model or a cluster: seconds each.
+pytestmark = pytest.mark.slow
