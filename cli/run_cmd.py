@@ -51,7 +51,7 @@ from .options import DTYPES
                    "Jacobian is that of the quantized model. bitsandbytes checkpoints are read as they are.")
 @click.option("--mode", type=click.Choice(("auto", "reverse", "forward")), default="auto", show_default=True,
               help="Streamed engine: reverse (row blocks, vjp) or forward (token blocks, jvp) sweeps; auto picks "
-                   "the cheaper by the cost model (see README).")
+                   "the cheaper by the cost model (see docs/engine.md, section Cost model).")
 @click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings.")
 @click.option("--device", default="cpu", show_default=True,
               help="Torch device, e.g. cuda:0 (with --scheduler: each worker's own; dask-cuda gives each one GPU).")

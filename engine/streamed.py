@@ -48,7 +48,7 @@ from detjac.targets import OUTPUTS, Target, layer_targets
 
 from . import sweeps
 from .backend import Engine, JacobianBlock, Plan, Prompt, Trace
-from .budget import budgets_of, device_key, parse_memory
+from .budget import budgets_of, device_key, parse_memory, return_freed_memory
 from .cost import DEFAULT_ROW_BLOCK, CostModel
 from .families import family_for
 from .jacobian import reconstruct
@@ -59,8 +59,8 @@ from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
 from .weights import open_source
 
-__all__ = ["DEFAULT_ROW_BLOCK", "StreamedModel", "StreamedResult", "StreamedTrace", "Target", "layer_targets",
-           "parse_memory"]
+__all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
+           "layer_targets", "parse_memory", "return_freed_memory"]
 
 
 class StreamedModel(Engine):
