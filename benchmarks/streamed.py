@@ -190,7 +190,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     layers (what the budget sets aside for streamed weights; here they are resident, not copied) plus that many MiB,
     the row block chosen by the plan and the store's shards sized as the CLI sizes them under a budget."""
     torch = _torch()
-    from detjac.engine import StreamedModel, Target, return_freed_memory
+    from detjac.engine import StreamedModel, Target, honour_cpu_budget
     from detjac.engine.cost import depth
     from detjac.runs.batch import _shard_bytes
     from detjac.store import create_store
@@ -203,7 +203,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     if extra_budget_mib is not None:
         budget = 2 * sm.layer_bytes() + int(extra_budget_mib * 2**20)
         sm = StreamedModel(model, dtype=torch.float32, max_memory={"cpu": budget})
-        return_freed_memory()  # as the detjac command does under a CPU budget
+        honour_cpu_budget(sm)  # as the detjac command does
         row_block = None
     sm.jacobians(ids[:2], ["output"], row_block=row_block)  # warm up
     shutil.rmtree(Path(out).with_suffix(".zarr"), ignore_errors=True)  # a fresh store per run
@@ -260,11 +260,10 @@ def _checked(layers: list[int]) -> int:
 
 def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import StreamedModel, Target, return_freed_memory
+    from detjac.engine import StreamedModel, Target, honour_cpu_budget
 
     sm = StreamedModel(folder, dtype=torch.float32, max_memory=budget)
-    if sm.memory_budget("cpu") is not None:
-        return_freed_memory()  # as the detjac command does under a CPU budget
+    honour_cpu_budget(sm)  # as the detjac command does
     ids = list(range(100, 100 + n))
     base = peak_mib()
     t0 = time.perf_counter()

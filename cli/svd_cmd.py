@@ -88,7 +88,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     """
     import torch
 
-    from detjac.engine import jacobian_operator, load_engine, operator_svd, return_freed_memory
+    from detjac.engine import honour_cpu_budget, jacobian_operator, load_engine, operator_svd
     from detjac.engine.default import resolve_model
 
     text = _prompt_text(prompt, prompt_file)
@@ -96,8 +96,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     t0 = time.perf_counter()
     engine = load_engine(resolve_model(model), streamed=streamed, dtype=getattr(torch, dtype), device=device,
                          max_memory=max_memory, revision=revision, trust_remote_code=trust_remote_code)
-    if engine.memory_budget("cpu") is not None:
-        return_freed_memory()
+    honour_cpu_budget(engine)
     op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
     n, d = op.n_tokens, op.d_model
     where = f"{device}, layers streamed one at a time" if streamed else device

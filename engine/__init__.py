@@ -23,7 +23,7 @@ from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS, Target, layer_targets
 
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
-from .budget import parse_memory, return_freed_memory
+from .budget import honour_cpu_budget, parse_memory, return_freed_memory
 from .choose import as_engine, load_engine
 from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .families import FAMILIES, family_for, supported_model_types
@@ -76,6 +76,7 @@ __all__ = [
     "family_for",
     "final_norm_gain",
     "get_tokenizer",
+    "honour_cpu_budget",
     "jacobian_operator",
     "layer_targets",
     "linearized",

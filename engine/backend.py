@@ -227,7 +227,15 @@ class Engine(ABC):
                  progress: bool = False) -> tuple[Trace, torch.Tensor]:
         """One target's whole Jacobian (d_model, n_tokens, d_model) in memory, with its trace (small inputs)."""
         trace = self.trace(prompt, position=position, progress=progress)
-        out = torch.empty(self.d_model, trace.n_tokens, self.d_model, dtype=self.dtype, device=self.device)
-        for b in self.blocks(trace, [target], progress=progress):
-            out[b.start:b.stop, b.token_start:b.token_stop] = b.values
-        return trace, out
+        plan = self.plan(trace, [target])
+        return trace, self.assemble(trace, [target], plan, progress=progress)[target]
+
+    def assemble(self, trace: Trace, targets: Sequence[Target], plan: Plan, *,
+                 progress: bool = False) -> dict[Target, torch.Tensor]:
+        """Every requested Jacobian whole, (d_model, n_tokens, d_model) each, from :meth:`blocks` (small inputs;
+        stores take the blocks as they come)."""
+        n = trace.n_tokens
+        out = {t: torch.empty(self.d_model, n, self.d_model, dtype=self.dtype, device=self.device) for t in targets}
+        for b in self.blocks(trace, targets, plan, progress=progress):
+            out[b.target][b.start:b.stop, b.token_start:b.token_stop] = b.values
+        return out

@@ -64,6 +64,13 @@ def device_key(device: Any) -> str:
     return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
 
 
+def honour_cpu_budget(engine: Any) -> None:
+    """:func:`return_freed_memory` when ``engine`` computes on the CPU under a CPU budget (call it from the
+    application that owns the process, once the engine is loaded); nothing otherwise."""
+    if engine.device.type == "cpu" and engine.memory_budget("cpu") is not None:
+        return_freed_memory()
+
+
 def return_freed_memory() -> None:
     """Make glibc hand large freed blocks back to the system at once (process-wide; call it from the application).
 

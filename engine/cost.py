@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from detjac.errors import InvalidArgumentError
 from detjac.targets import Target
@@ -83,7 +84,7 @@ class CostModel:
         InvalidArgumentError
             An unknown mode, a non-positive block, or a budget too small for one layer and one block.
         """
-        _check_request(mode, row_block, token_block)
+        check_request(mode, row_block, token_block)
         d, L = self.d_model, self.n_layers
         cumulative = [t for t in targets if not t.local]
         budget = self.vector_budget(n)
@@ -113,9 +114,17 @@ class CostModel:
                     -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
 
 
-def _check_request(mode: str, row_block: int | None, token_block: int | None) -> None:
+def check_request(mode: str, row_block: int | None, token_block: int | None) -> None:
+    """A known mode, and blocks that are None (sized by the plan) or positive integers."""
     if mode not in MODES:
         raise InvalidArgumentError(f"Expected mode auto, reverse or forward. Got {mode!r}.")
     for name, value in (("row_block", row_block), ("token_block", token_block)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r} instead.")
+        if value is not None:
+            check_positive(name, value)
+
+
+def check_positive(name: str, value: Any) -> int:
+    """``value`` as a positive int (a bool is not one), or an :class:`InvalidArgumentError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r} instead.")
+    return value

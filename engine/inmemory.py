@@ -21,13 +21,12 @@ from detjac.errors import InvalidArgumentError
 from detjac.targets import OUTPUTS, Target
 
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
-from .cost import DEFAULT_ROW_BLOCK, MODES
+from .cost import DEFAULT_ROW_BLOCK, MODES, check_request
 from .decode import model_decoding_matrices
 from .families import family_for
 from .jacobian import JacobianStream, output_logits, stream_jacobian
 from .linearize import linearized
 from .loading import get_tokenizer
-from .progress import progress_bar
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -99,9 +98,7 @@ class InMemoryEngine(Engine):
                 f"Expected only the 'output' target from the in-memory engine. Got {', '.join(others)}: layerwise "
                 "targets need the layer-streamed engine (detjac run --layers, or StreamedModel)."
             )
-        if row_block is not None and (isinstance(row_block, bool) or not isinstance(row_block, int)
-                                      or row_block < 1):
-            raise InvalidArgumentError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
+        check_request("reverse", row_block, token_block)
         rows = row_block or DEFAULT_ROW_BLOCK
         return Plan([OUTPUTS] if targets else [], [], rows, 1, float(self.d_model), 0.0,
                     -(-self.d_model // rows) if targets else 0, 0)
@@ -110,12 +107,9 @@ class InMemoryEngine(Engine):
                progress: bool = False) -> Iterator[JacobianBlock]:
         """Rows of the output's Jacobian, ``plan.row_block`` at a time, from vmapped basis pullbacks."""
         plan = plan if plan is not None else self.plan(trace, targets)
-        d, n = self.d_model, trace.n_tokens
-        eye = torch.eye(d, dtype=self.dtype, device=self.device)
-        starts = range(0, d, plan.row_block) if plan.reverse else range(0)
-        for start in progress_bar(starts, progress, "row blocks", "block", total=plan.n_row_blocks):
-            stop = min(start + plan.row_block, d)
-            yield JacobianBlock(OUTPUTS, start, stop, 0, n, self.pull(trace, eye[start:stop]))
+        if plan.reverse:
+            for r in _stream(trace).rows(plan.row_block, progress):
+                yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
         """``J^T u``: (c, d) -> (c, n, d), one vmapped pullback."""

@@ -88,14 +88,16 @@ class JacobianStream:
         return -(-self.n_rows // self.row_block)
 
     def __iter__(self) -> Iterator[RowBlock]:
-        eye = torch.eye(self.n_rows, dtype=self.output.dtype, device=self.output.device)
-        starts = range(0, self.n_rows, self.row_block)
-        if self.progress:
-            from tqdm.auto import tqdm
+        return self.rows(self.row_block, self.progress)
 
-            starts = tqdm(starts, total=self.n_blocks, desc="row blocks", unit="block")
-        for start in starts:
-            stop = min(start + self.row_block, self.n_rows)
+    def rows(self, row_block: int, progress: bool = False) -> Iterator[RowBlock]:
+        """Every row of J, ``row_block`` at a time, from vmapped pullbacks of basis cotangents."""
+        from .progress import progress_bar
+
+        eye = torch.eye(self.n_rows, dtype=self.output.dtype, device=self.output.device)
+        starts = range(0, self.n_rows, row_block)
+        for start in progress_bar(starts, progress, "row blocks", "block", total=-(-self.n_rows // row_block)):
+            stop = min(start + row_block, self.n_rows)
             yield RowBlock(start, stop, self.pull(eye[start:stop]))
 
     def pull(self, cotangents: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from detjac.targets import OUTPUTS
 from .backend import Engine, Prompt, Trace
 from .choose import as_engine
 from .cost import DEFAULT_ROW_BLOCK as DEFAULT_BLOCK
+from .cost import check_positive
 
 
 @dataclass
@@ -55,9 +56,7 @@ class OperatorStats:
 
 def check_block(block: Any) -> int:
     """``block`` (columns per product sweep) as a positive int, or an :class:`InvalidArgumentError`."""
-    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-        raise InvalidArgumentError(f"Expected block to be a positive integer. Got {block!r} instead.")
-    return block
+    return check_positive("block", block)
 
 
 class JacobianOperator:

@@ -252,11 +252,7 @@ class StreamedModel(Engine):
         trace = self.trace(prompt, position=position, progress=progress)
         wanted = [t if isinstance(t, Target) else Target.parse(t, self.n_layers) for t in targets]
         plan = self.plan(trace, wanted, mode=mode, row_block=row_block, token_block=token_block)
-        n = trace.n_tokens
-        out = {t: torch.empty(self.d_model, n, self.d_model, dtype=self.dtype, device=self.device) for t in wanted}
-        for b in self.blocks(trace, wanted, plan, progress=progress):
-            out[b.target][b.start:b.stop, b.token_start:b.token_stop] = b.values
-        return StreamedResult(trace, out, plan)
+        return StreamedResult(trace, self.assemble(trace, wanted, plan, progress=progress), plan)
 
 
 @dataclass

@@ -74,8 +74,7 @@ def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[
             errors = _stream_full(engine, trace, plan, writer, storage, bar, progress)
             extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
         else:
-            rows = _OutputRows(engine, trace, plan)
-            errors, extra = _stream_low_rank(rows, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
+            errors, extra = _stream_low_rank(engine, trace, plan, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
         for t, e in errors.items():
             if run["detach"]:
                 _check_exact(e, run["dtype"], item, "" if t.is_output else t.name)
@@ -96,20 +95,6 @@ def _layerwise_attrs(errors: dict[Any, float], specs: dict[str, Any]) -> dict[st
         return {}
     return {"layerwise": {t.name: {"reconstruction_error": e, "mode": specs[t.name].mode}
                           for t, e in errors.items() if not t.is_output}}
-
-
-class _OutputRows:
-    """The output's row blocks of one trace, iterable again (low-rank mode sweeps them several times)."""
-
-    def __init__(self, engine: Any, trace: Any, plan: Any) -> None:
-        from detjac.targets import OUTPUTS
-
-        self.engine, self.trace, self.plan, self.target = engine, trace, plan, OUTPUTS
-        self.n_rows, self.n_blocks = engine.d_model, plan.n_row_blocks
-        self.embeddings, self.output, self.bias = trace.embeddings, trace.output, trace.bias
-
-    def __iter__(self) -> Any:
-        return self.engine.blocks(self.trace, [self.target], self.plan)
 
 
 def _shard_bytes(engine: Any) -> int | None:
@@ -155,31 +140,30 @@ def _plus_bias(recon: Any, trace: Any) -> Any:
     return recon + trace.bias if trace.bias is not None else recon
 
 
-def _stream_low_rank(stream: Any, writer: Any, rank: int, passes: int,
+def _stream_low_rank(engine: Any, trace: Any, plan: Any, writer: Any, rank: int, passes: int,
                      bar: Any) -> tuple[dict[Any, float], dict[str, Any]]:
-    """``passes`` sweeps of the row stream through a subspace iteration; only the triplets are stored."""
+    """``passes`` sweeps of the output's row blocks through a subspace iteration; only the triplets are stored."""
     import torch
 
     from detjac.exactness import relative_error
     from detjac.store.subspace import SubspaceIteration
+    from detjac.targets import OUTPUTS
 
-    n, d = stream.embeddings.shape
-    iteration = SubspaceIteration(stream.n_rows, n, d, rank, passes=passes)
-    recon = torch.empty_like(stream.output)
-    bar.reset(total=stream.n_blocks * passes)
+    n, d = trace.embeddings.shape
+    iteration = SubspaceIteration(engine.d_model, n, d, rank, passes=passes)
+    recon = torch.empty_like(trace.output)
+    bar.reset(total=plan.n_row_blocks * passes)
     more = True
     while more:
         first_pass = iteration.pass_index == 0
-        for block in stream:
+        for block in engine.blocks(trace, [OUTPUTS], plan):
             if first_pass:  # the rows are the same in every pass
-                recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, stream.embeddings)
+                recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, trace.embeddings)
             iteration.update(block.start, block.stop, _numpy(block.values, "float64"))
             bar.update()
         more = iteration.end_pass()
     attrs = writer.write_triplets(*iteration.finish())
-    from detjac.targets import OUTPUTS
-
-    return {OUTPUTS: relative_error(_plus_bias(recon, stream), stream.output)}, {**attrs, "passes": passes}
+    return {OUTPUTS: relative_error(_plus_bias(recon, trace), trace.output)}, {**attrs, "passes": passes}
 
 
 def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> None:

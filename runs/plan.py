@@ -36,7 +36,7 @@ class ModelSpec:
         does to plan, without the memory budget, which names the workers' devices)."""
         import torch
 
-        from detjac.engine import load_engine, return_freed_memory
+        from detjac.engine import honour_cpu_budget, load_engine
         from detjac.engine.default import resolve_model
 
         source = resolve_model(self.model)
@@ -45,8 +45,7 @@ class ModelSpec:
         engine = load_engine(source, streamed=self.streamed, dtype=getattr(torch, self.dtype), device=device,
                              detach=self.detach, max_memory=budget, quantize=self.quantize, revision=self.revision,
                              trust_remote_code=self.trust_remote_code)
-        if engine.memory_budget("cpu") is not None and device == "cpu":
-            return_freed_memory()  # this process computes under a CPU budget: keep the resident set honest
+        honour_cpu_budget(engine)  # this process computes under a CPU budget: keep the resident set honest
         return LoadedModel(engine, source)
 
 

@@ -117,3 +117,18 @@ def test_streamed_skeleton_is_linearized_only_while_it_computes(llama_checkpoint
     blocks.close()
     assert detached_norms() == 0
     assert sm.record(sm.plan(sm.trace([5, 6]), [OUTPUTS]))["stream"]["bytes_read"] == sm.stats.bytes_read
+
+
+def test_the_cpu_budget_allocator_setting_follows_the_compute_device(monkeypatch, llama_checkpoint):
+    from types import SimpleNamespace
+
+    from detjac.engine import budget
+
+    calls = []
+    monkeypatch.setattr(budget, "return_freed_memory", lambda: calls.append(1))
+    budget.honour_cpu_budget(load_engine(llama_checkpoint))  # no budget: glibc's default stays
+    budget.honour_cpu_budget(load_engine(llama_checkpoint, max_memory="cpu=8GiB"))
+    assert calls == [1]
+    on_gpu = SimpleNamespace(device=torch.device("cuda:0"), memory_budget=lambda device: 8 * 2**30)
+    budget.honour_cpu_budget(on_gpu)  # a CPU budget of a GPU run does not concern this process's allocator
+    assert calls == [1]
