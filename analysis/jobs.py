@@ -73,14 +73,21 @@ def decode_spectrum(store: Any, spec: Spectrum, top: int = 8) -> dict[str, Any]:
             "right_tokens": where.tolist(), "right_shares": shares.tolist()}
 
 
-def token_texts(store: Any) -> Any:
-    """A function id -> text from the tokenizer kept in the store (ids as text without one)."""
-    path = store.model_file("tokenizer.json")
-    if path is None:
-        return str
+def stored_tokenizer(store: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` kept in the store (checked against its SHA-256), or None without one."""
+    data = store.model_bytes("tokenizer.json")
+    if data is None:
+        return None
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(path))
+    return Tokenizer.from_str(data.decode("utf-8"))
+
+
+def token_texts(store: Any) -> Any:
+    """A function id -> text from the tokenizer kept in the store (ids as text without one)."""
+    tok = stored_tokenizer(store)
+    if tok is None:
+        return str
     return lambda i: repr(tok.decode([int(i)], skip_special_tokens=False))
 
 
@@ -92,13 +99,11 @@ def token_id(store: Any, text: str) -> int:
         if not 0 <= tid < vocab:
             raise InvalidArgumentError(f"Expected id:N with 0 <= N < {vocab}. Got {text!r}.")
         return tid
-    path = store.model_file("tokenizer.json")
-    if path is None:
+    tok = stored_tokenizer(store)
+    if tok is None:
         raise InvalidArgumentError(f"Expected a tokenizer in the store to look up {text!r}. Got none; "
                                    "give the token as id:N.")
-    from tokenizers import Tokenizer
-
-    ids = Tokenizer.from_file(str(path)).encode(text, add_special_tokens=False).ids
+    ids = tok.encode(text, add_special_tokens=False).ids
     if len(ids) != 1:
         raise InvalidArgumentError(f"Expected {text!r} to be one token. Got {len(ids)} tokens {ids}; pick one of "
                                    "them (a leading space often matters), or give id:N.")

@@ -141,17 +141,47 @@ def echo_steering_table(rows: list[dict[str, Any]]) -> None:
                    f"{r['concept_per_continuation']:>11.2f} {r['distinct_share']:>8.2f}  {r['example'][:60]!r}")
 
 
+def listed_prompt(row: Any) -> str:
+    """One line of ``store ls`` (a ``Listed``): id, tokens, error, next token, text; or DAMAGED and why."""
+    if row.damage is not None:
+        return f"{row.id}  DAMAGED: {row.damage}"
+    a = row.attrs
+    error = a.get("reconstruction_error")
+    return (f"{row.id}  {a.get('n_tokens', '?'):>4} tok  err {'-' if error is None else format(error, '.1e')}  "
+            f"next {a.get('next_token')!r:<12} {str(a.get('prompt', ''))[:70]!r}")
+
+
+def echo_verify(result: Any) -> None:
+    """What ``store verify`` found (a ``VerifySummary``): each corrupt part, then the counts."""
+    for r in result.corrupt:
+        where = r.id if r.kind == "prompt" else f"{r.kind} {r.id}"
+        click.echo(f"CORRUPT {where}: {r.reason}")
+    bad_parts = sum(r.kind != "prompt" for r in result.corrupt)
+    click.echo(f"{result.ok} of {result.prompts} prompts ok (worst reconstruction error {result.worst_error:.2e}); "
+               f"{result.prompts - result.ok} corrupt; {result.parts - bad_parts} of {result.parts} other parts ok "
+               "(model arrays, analyses, failure records)")
+    if result.format_version < 2:
+        click.echo(f"note: a format-{result.format_version} store has no checksums of its attributes and files: "
+                   "verify proved chunk checksums, attribute types, token ids, reconstructions and the model "
+                   "arrays; a changed attribute (of a prompt or of the run) or a deleted chunk of a layerwise "
+                   "Jacobian or bias (format 1 skipped all-zero chunks there) cannot be detected.")
+
+
 def echo_store_summary(path: str, summary: Any) -> None:
     """A store's description and counts (a ``StoreSummary``), with its failed prompts."""
     click.echo(f"store {path}: format version {summary.format_version}, created {summary.created}")
     click.echo(json.dumps(summary.run, indent=2, ensure_ascii=False))
     leftovers, failures = summary.staging_leftovers, summary.failures
+    damaged = summary.damaged
     click.echo(f"{summary.complete} complete prompts, {summary.disk_bytes / 2**20:.1f} MiB on disk"
+               + (f"; {len(damaged)} of them DAMAGED (run `detjac store verify`)" if damaged else "")
                + (f"; {len(leftovers)} partial prompts in staging (redone on the next run)" if leftovers else "")
                + (f"; {len(failures)} failed prompts (retried by the next run):" if failures else ""))
     for pid, record in failures.items():
         click.echo(f"  {pid}  line {record.get('line')} ({record.get('stage')}, {record.get('error')}): "
                    f"{record.get('reason')}")
+    for pid, reason in damaged.items():
+        click.echo(f"  {pid}  DAMAGED: {reason}")
 
 
 def echo_prompt_layout(layout: Any) -> None:

@@ -29,17 +29,18 @@ def store() -> None:
 def ls(path: str, contains: str | None) -> None:
     """List the complete prompts: id, tokens, reconstruction error, next token, text.
 
+    A damaged prompt (changed attributes, a missing file) is listed as DAMAGED with the reason;
+    `detjac store verify` checks every byte.
+
     \b
     Example:
       detjac store ls run.zarr --contains "Oak"
     """
     from detjac.store import open_store
+    from detjac.store.summary import listing
 
-    st = open_store(path)
-    for p in st.prompts(contains=contains):
-        a = p.attrs
-        click.echo(f"{p.id}  {a['n_tokens']:>4} tok  err {a['reconstruction_error']:.1e}  "
-                   f"next {a.get('next_token')!r:<12} {a['prompt'][:70]!r}")
+    for row in listing(open_store(path), contains):
+        click.echo(render.listed_prompt(row))
 
 
 @store.command()
@@ -66,9 +67,14 @@ def info(path: str, prompt_id: str | None) -> None:
 @store.command()
 @click.argument("path", type=click.Path())
 def verify(path: str) -> None:
-    """Re-read every complete prompt: chunk checksums and sum_k J_k x_k against the stored output.
+    """Check everything a reader uses: every prompt on its own, the model arrays, stored analyses.
 
-    Exits with status 1 if any prompt is corrupt, naming each.
+    Per prompt: attributes against the checksum written at commit, every file against its
+    SHA-256, every chunk decoded (crc32c), token ids against the attributes, and sum_k J_k x_k
+    against the stored output within the bound of the run's dtype. Then the model arrays and
+    tokenizer against their SHA-256s, analysis results, failure records, and anything that does
+    not belong in a store (symlinks included). Exits with status 1 if anything is corrupt,
+    naming each.
 
     \b
     Example:
@@ -78,10 +84,7 @@ def verify(path: str) -> None:
     from detjac.store.summary import verify_summary
 
     result = verify_summary(open_store(path), progress=True)
-    for r in result.corrupt:
-        click.echo(f"CORRUPT {r.id}: {r.reason}")
-    click.echo(f"{result.ok} of {len(result.results)} prompts ok (worst reconstruction error "
-               f"{result.worst_error:.2e}); {len(result.corrupt)} corrupt")
+    render.echo_verify(result)
     if result.corrupt:
         raise SystemExit(1)
 

@@ -137,15 +137,19 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
     summary = plan.summary()
     interrupted = False
     with open_run_store(plan, out, o.force_new) as store:
-        tasks = plan.pending(store, summary)
-        if log is not None:
-            log(plan_line(plan, summary, tasks, prompts, out))
-        if o.distributed:
-            interrupted = _run_distributed(plan, store, tasks, summary, o, log)
-        else:
-            from .local import run_local
+        try:
+            tasks = plan.pending(store, summary)
+            if log is not None:
+                log(plan_line(plan, summary, tasks, prompts, out))
+            if o.distributed:
+                interrupted = _run_distributed(plan, store, tasks, summary, o, log)
+            else:
+                from .local import run_local
 
-            run_local(plan, store, tasks, summary)
+                run_local(plan, store, tasks, summary)
+        except BaseException:
+            store.discard()  # a store this run created and that holds nothing goes with the refusal
+            raise
         total = len(store.prompt_ids())
     return RunOutcome(summary, out, total, o.distributed, interrupted)
 

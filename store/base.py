@@ -29,12 +29,18 @@ __all__ = ["JacobianStore", "LayerwiseSpec", "PromptWriter", "StoredPrompt", "Ve
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Outcome of re-checking one prompt: ``ok`` or the reason it is corrupt."""
+    """Outcome of re-checking one prompt, or one other part of a store: ``ok`` or the reason it is corrupt.
+
+    ``kind`` is ``prompt`` (``id`` is the prompt id) or, for the rest of the store, ``model`` (a decoding
+    array or file), ``analysis`` (a stored result), ``failed`` (a failure record) or ``store`` (an entry
+    that does not belong, a symlink); ``id`` is then its path inside the store.
+    """
 
     id: str
     ok: bool
     reconstruction_error: float | None
     reason: str = ""
+    kind: str = "prompt"
 
 
 class JacobianStore(ABC):
@@ -107,8 +113,16 @@ class JacobianStore(ABC):
 
     @abstractmethod
     def verify(self, progress: bool = False) -> list[VerifyResult]:
-        """Re-read every complete prompt: checksums, and ``sum_k J_k x_k (+ b)`` against ``output`` within the
-        bound of the prompt's dtype (:data:`detjac.exactness.DTYPE_BOUND`), layerwise targets included.
+        """Re-read everything a reader uses, each prompt on its own.
+
+        For every complete prompt: its attributes against the checksum written at commit, every
+        file against its SHA-256, every chunk decoded (crc32c), the token ids against the
+        attributes, and ``sum_k J_k x_k (+ b)`` against ``output`` within the bound of the run's
+        dtype (:data:`detjac.exactness.DTYPE_BOUND`), layerwise targets included (low-rank
+        prompts: their spectra). Then the rest of the store: the model arrays and files against
+        their SHA-256s, stored analysis results, failure records, and any entry that does not
+        belong (symlinks included). Stores of format 1 carry no checksums for attributes and
+        files; for them only chunk checksums, types and reconstructions are checked.
 
         Parameters
         ----------
@@ -118,7 +132,8 @@ class JacobianStore(ABC):
         Returns
         -------
         list of VerifyResult
-            One per prompt, in id order.
+            One per prompt in id order, then one per other part checked (``kind`` says which).
+            A damaged part is reported, never raised.
         """
 
     # -- model matrices, kept for decoding without the model -----------------------------------
@@ -141,8 +156,14 @@ class JacobianStore(ABC):
         """
 
     @abstractmethod
-    def model_file(self, name: str) -> Path | None:
-        """A local path of a file kept with the model arrays (e.g. ``tokenizer.json``), or None."""
+    def model_bytes(self, name: str) -> bytes | None:
+        """A file kept with the model arrays (``tokenizer.json``), or None when the store has none.
+
+        Raises
+        ------
+        StoreError
+            The bytes differ from the SHA-256 recorded at creation (CorruptError).
+        """
 
     # -- analysis results -----------------------------------------------------------------------
 
@@ -214,6 +235,11 @@ class JacobianStore(ABC):
         StoreError
             The store is not open for writing.
         """
+
+    @abstractmethod
+    def discard(self) -> None:
+        """Delete the store if this handle created it and it holds no prompt and no failure record (a run that
+        was refused before its first prompt leaves nothing behind); otherwise do nothing."""
 
     def close(self) -> None:  # noqa: B027 - a default, not a duty: reading handles hold nothing to release
         """Release what the store holds (a writer's lock); reading handles hold nothing."""

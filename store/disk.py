@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 from ..errors import StoreError
@@ -64,3 +65,25 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def discard_folder(path: Path) -> None:
+    """Delete the folder ``path`` crash-safely: rename it aside (``.NAME.old-<pid>``), then delete that.
+
+    A kill between the two leaves the aside folder, which :func:`clear_aside` removes later; never a
+    half-deleted folder under the original name.
+    """
+    aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(path, aside)
+    fsync_dir(path.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def clear_aside(path: Path) -> None:
+    """Remove what killed writers left beside the store ``path``: ``.NAME.tmp-<pid>`` (a store being created) and
+    ``.NAME.old-<pid>`` (one being replaced), for processes that are gone."""
+    for stale in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not alive(int(pid)) and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)

@@ -18,20 +18,22 @@ from typing import Any
 from ..errors import StoreError
 from . import format as fmt
 from .disk import disk_error
+from .integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
 
 
 def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
     """Write (or replace) the failure record of ``prompt_id``."""
     import zarr
 
-    folder = store_path / fmt.FAILED
-    final = folder / prompt_id
+    folder = refuse_links(store_path, fmt.FAILED)
+    final = folder / check_prompt_id(prompt_id)
     tmp = folder / f".{prompt_id}.tmp-{secrets.token_hex(4)}"
     try:
         if not (folder / "zarr.json").is_file():
             zarr.open_group(str(folder), mode="a", zarr_format=3)
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
-        group.attrs.update({**attrs, "failed_at": fmt.now()})
+        record = {**attrs, "failed_at": fmt.now()}
+        group.attrs.update({**record, INTEGRITY: {"attrs_sha256": attrs_digest(record), "files": {}}})
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
     except OSError as exc:
@@ -41,21 +43,28 @@ def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
 
 def read_all(store_path: Path) -> dict[str, dict[str, Any]]:
     """Every failure record, by prompt id (sorted)."""
-    folder = store_path / fmt.FAILED
+    folder = refuse_links(store_path, fmt.FAILED)
     if not folder.is_dir():
         return {}
     records = {}
     for entry in sorted(folder.iterdir()):
         meta = entry / "zarr.json"
-        if entry.name.startswith(".") or not meta.is_file():
-            continue
+        if not PROMPT_ID.fullmatch(entry.name) or entry.is_symlink() or not meta.is_file():
+            continue  # temporary names; anything else is reported by verify
         try:
-            records[entry.name] = json.loads(meta.read_text()).get("attributes", {})
-        except (OSError, ValueError) as exc:
+            attrs = json.loads(meta.read_text()).get("attributes", {})
+        except (OSError, ValueError, AttributeError) as exc:
             raise StoreError(f"Expected a readable failure record at {meta}. Got: {exc}.") from exc
+        records[entry.name] = {k: v for k, v in attrs.items() if k != INTEGRITY}
     return records
+
+
+def check(store_path: Path, prompt_id: str) -> None:
+    """Raise CorruptError unless the record of ``prompt_id`` is as written (format 2 records are sealed)."""
+    check_seal(refuse_links(store_path, fmt.FAILED, prompt_id), read_attrs(store_path / fmt.FAILED / prompt_id),
+               hashes=True)
 
 
 def clear(store_path: Path, prompt_id: str) -> None:
     """Remove the failure record of ``prompt_id``, if any."""
-    shutil.rmtree(store_path / fmt.FAILED / prompt_id, ignore_errors=True)
+    shutil.rmtree(refuse_links(store_path, fmt.FAILED, check_prompt_id(prompt_id)), ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The on-disk format of a detjac store (version 1); the spec is ``docs/store-format.md``.
+"""The on-disk format of a detjac store (version 2; version 1 is read); the spec is ``docs/store-format.md``.
 
 Names of the folders and arrays, the run identity, codecs, and the root description
 (:func:`read_root`). Pure numpy / zarr: nothing here imports torch.
@@ -15,15 +15,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreFormatError
+from .integrity import INTEGRITY, attrs_digest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SEALED_SINCE = 2  # format versions from this one seal groups, write every chunk and keep the lock in WRITER
 ROOT_KEY = "detjac_store"  # root group attribute holding the run description
 PROMPTS = "prompts"  # group of complete prompts: the only place readers look
 STAGING = "_staging"  # prompts being written; renamed into PROMPTS when complete
 FAILED = "failed"  # failure records of prompts a run could not compute: failed/<prompt_id>
-LOCK = ".writer.lock"
+LOCK = ".writer.lock"  # format 1's writer lock; format 2 keeps it in WRITER/zarr.json, a zarr group
+WRITER = "_writer"
 ANALYSIS = "analysis"  # results of detjac.analysis, per prompt: analysis/<prompt_id>/<name>
 MODEL = "model"  # the model's embedding and unembedding matrices and tokenizer, for decoding
+# Everything a store's root may hold (format 1's lock file included).
+STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODEL, WRITER, LOCK})
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
@@ -43,11 +48,14 @@ DIMENSIONS = {
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
     "final_norm": ("row",),
+    "tokenizer": ("byte",),
 }
+MODEL_FILES = {"tokenizer.json": "tokenizer"}  # files kept under model/, as uint8 arrays from format 2 on
 
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
 OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = sum_k J_k x_k + b
 
+EVERY_CHUNK = {"write_empty_chunks": True}  # all-zero chunks are written too: an absent chunk is a lost one
 SHARD_BYTES = 16 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes (at least one)
 
 
@@ -75,7 +83,8 @@ def put_array(group: Any, name: str, values: Any, dims: tuple[str, ...] | None =
     """Create ``name`` in a zarr ``group`` with the store's codecs and write ``values`` (one chunk by default)."""
     values = np.asarray(values)
     arr = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=dims,
-                             chunks=chunks or values.shape or None, compressors=compressors(values.itemsize))
+                             chunks=chunks or values.shape or None, compressors=compressors(values.itemsize),
+                             fill_value=0, config=EVERY_CHUNK)
     arr[...] = values
     return arr
 
@@ -112,7 +121,36 @@ def read_root(path: Path) -> dict[str, Any]:
         raise StoreFormatError(f"Expected a detjac store at {path}. Got a zarr folder without the "
                                f"'{ROOT_KEY}' attribute (not written by detjac).")
     version = root.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if type(version) is not int or version < 1:
+        raise StoreFormatError(f"Expected the store format version (a positive integer) in {meta_file}. Got "
+                               f"{version!r}: the root attributes are damaged.")
+    if version > FORMAT_VERSION:
         raise StoreFormatError(f"Expected store format version <= {FORMAT_VERSION} at {path}. Got {version!r}: "
                                "it was written by a newer detjac; upgrade detjac to read it.")
+    if version >= SEALED_SINCE:
+        seal = root.get(INTEGRITY)
+        if not isinstance(seal, dict) or seal.get("attrs_sha256") != attrs_digest(root):
+            raise StoreFormatError(f"Expected the root attributes of {path} to match the SHA-256 written with "
+                                   f"them. Got {'no checksum' if not isinstance(seal, dict) else 'a different one'}: "
+                                   "the store's run description was changed or damaged, so nothing in it is "
+                                   "trusted.")
     return root
+
+
+def sealed_root(run: dict[str, Any], model_sha256: dict[str, str]) -> dict[str, Any]:
+    """The root description of a new store, with the SHA-256 of its own contents."""
+    root = {"format_version": FORMAT_VERSION, "created": now(), "run": run, "model_sha256": model_sha256}
+    return {**root, INTEGRITY: {"attrs_sha256": attrs_digest(root)}}
+
+
+def group_meta(attrs: dict[str, Any] | None = None) -> str:
+    """The ``zarr.json`` text of a zarr v3 group with ``attrs``."""
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attrs or {}})
+
+
+def ensure_group(folder: Path) -> None:
+    """Make ``folder`` (whose parent exists) a zarr group, if it is not one yet."""
+    folder.mkdir(exist_ok=True)
+    meta = folder / "zarr.json"
+    if not meta.is_file():
+        meta.write_text(group_meta())

@@ -1,8 +1,11 @@
 """The store's writer lock: one run writes a store at a time; its workers write under its lease.
 
-The run that writes a store holds an exclusive ``flock`` on ``.writer.lock`` for its lifetime
+The run that writes a store holds an exclusive ``flock`` on its lock file for its lifetime
 and keeps its holder record in that file: process id, host, start time and a random
-``lease``. A second run is refused with a message naming the holder. Worker processes of the
+``lease``. The lock file is ``_writer/zarr.json``, the metadata of a zarr group whose
+attribute ``holder`` is the record (so zarr walks the store without meeting a foreign file);
+stores of format 1 used ``.writer.lock``, holding the bare record. A second run is refused
+with a message naming the holder. Worker processes of the
 holding run (``detjac run --scheduler``/``--workers``) take no lock: they are given the lease
 and write prompts only while the lock file still names it, so a task left over from a run
 that has ended (or one whose store was replaced) cannot publish into the store.
@@ -15,6 +18,7 @@ import json
 import os
 import secrets
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,45 +26,74 @@ from ..errors import StoreError
 from . import format as fmt
 
 
-def acquire(path: Path) -> Any:
+def lock_file(path: Path) -> Path:
+    """The lock file of the store at ``path``: format 1's ``.writer.lock`` where there is one, else ``_writer/zarr.json``."""
+    legacy = path / fmt.LOCK
+    return legacy if legacy.is_file() and not legacy.is_symlink() else path / fmt.WRITER / "zarr.json"
+
+
+def _encode(path: Path, record: dict[str, Any] | None) -> str:
+    if lock_file(path).name == fmt.LOCK:
+        return json.dumps(record) if record else ""
+    return fmt.group_meta({"holder": record} if record else {})
+
+
+def acquire(path: Path) -> Held:
     """Take the writer lock of the store at ``path`` and record this process as its holder.
 
-    Returns the open lock file (closing it releases the lock); raises StoreError naming the
-    holder if another process holds it.
+    Returns the lock as held (give it to :func:`release`); raises StoreError naming the holder
+    if another process holds it.
     """
-    handle = open(path / fmt.LOCK, "a+")  # noqa: SIM115 - kept open while the store is written
+    file = lock_file(path)
+    if file.parent.is_symlink() or file.is_symlink():
+        raise StoreError(f"Expected no symlinks inside the store {path}. Got {file} reached through one.")
+    file.parent.mkdir(exist_ok=True)
+    handle = open(file, "a+")  # noqa: SIM115 - kept open while the store is written
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
         handle.close()
         raise StoreError(f"Expected no other writer on {path}. Got one running ({describe(holder(path))}; it "
-                         f"holds {path / fmt.LOCK}); wait for it to finish or write to another --out.") from exc
+                         f"holds {file}); wait for it to finish or write to another --out.") from exc
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": fmt.now(), "lease": secrets.token_hex(8)}
+    _rewrite(handle, _encode(path, record))
+    return Held(handle, path)
+
+
+@dataclass
+class Held:
+    """The writer lock as held: the open lock file (closing it releases the flock) and its store."""
+
+    handle: Any
+    path: Path
+
+
+def _rewrite(handle: Any, text: str) -> None:
     handle.seek(0)
     handle.truncate()
-    handle.write(json.dumps(record))
+    handle.write(text)
     handle.flush()
-    return handle
 
 
-def release(handle: Any) -> None:
+def release(held: Held) -> None:
     """Clear the holder record and release the lock (a later check of the old lease fails)."""
-    handle.seek(0)
-    handle.truncate()
-    handle.flush()
-    handle.close()
+    _rewrite(held.handle, _encode(held.path, None))
+    held.handle.close()
 
 
 def holder(path: Path) -> dict[str, Any] | None:
     """The holder record in the lock file, or None when no writer holds the store (or it predates records)."""
+    file = lock_file(path)
     try:
-        text = (path / fmt.LOCK).read_text()
+        text = file.read_text()
     except OSError:
         return None
     try:
         record = json.loads(text) if text.strip() else None
     except ValueError:
         return None
+    if isinstance(record, dict) and file.name != fmt.LOCK:
+        record = record.get("attributes", {}).get("holder")
     return record if isinstance(record, dict) else None
 
 

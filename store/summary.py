@@ -9,6 +9,7 @@ store and its prompts add to the interface. Nothing here writes to a store.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from .base import JacobianStore, VerifyResult
 
 @dataclass(frozen=True)
 class StoreSummary:
-    """A store's run description and counts: complete prompts, bytes on disk, partial and failed prompts."""
+    """A store's run description and counts: complete prompts (and the damaged ones among them, with why), bytes
+    on disk, partial and failed prompts."""
 
     format_version: int
     created: str | None
@@ -29,6 +31,16 @@ class StoreSummary:
     disk_bytes: int
     staging_leftovers: list[str]
     failures: dict[str, dict[str, Any]]
+    damaged: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One complete prompt as ``store ls`` shows it: its attributes, or why it cannot be read."""
+
+    id: str
+    attrs: dict[str, Any] | None
+    damage: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,15 +60,27 @@ class PromptLayout:
 
 @dataclass(frozen=True)
 class VerifySummary:
-    """Every prompt's :class:`VerifyResult`, the corrupt ones, and the worst reconstruction error of the others."""
+    """Every :class:`VerifyResult` (prompts, then the other parts), the corrupt ones, and the worst reconstruction
+    error of the prompts that are ok."""
 
     results: list[VerifyResult]
     corrupt: list[VerifyResult]
     worst_error: float
+    format_version: int = 2
+
+    @property
+    def prompts(self) -> int:
+        return sum(r.kind == "prompt" for r in self.results)
 
     @property
     def ok(self) -> int:
-        return len(self.results) - len(self.corrupt)
+        """Prompts that are ok."""
+        return self.prompts - sum(r.kind == "prompt" for r in self.corrupt)
+
+    @property
+    def parts(self) -> int:
+        """Other parts checked (model arrays, analysis results, failure records, stray entries)."""
+        return len(self.results) - self.prompts
 
 
 def store_summary(store: Any) -> StoreSummary:
@@ -65,9 +89,29 @@ def store_summary(store: Any) -> StoreSummary:
     ``store`` is a store in a local folder (a :class:`~detjac.store.zarr_store.ZarrStore`): its
     ``path``, ``created`` and ``staging_leftovers()`` are not part of the abstract interface.
     """
-    size = sum(f.stat().st_size for f in Path(store.path).rglob("*") if f.is_file())
+    size = 0
+    for here, _, files in os.walk(store.path):  # symlinks are not followed (nor counted)
+        size += sum(os.lstat(os.path.join(here, name)).st_size for name in files)
+    damaged = {row.id: row.damage for row in listing(store) if row.damage is not None}
     return StoreSummary(store.format_version, store.created, store.run, len(store), size,
-                        store.staging_leftovers(), store.failures())
+                        store.staging_leftovers(), store.failures(), damaged)
+
+
+def listing(store: JacobianStore, contains: str | None = None) -> list[Listed]:
+    """Every complete prompt whose text contains ``contains``, or that is damaged (its reason instead of its
+    attributes: a damaged prompt is listed whatever ``contains`` says)."""
+    from ..errors import StoreError
+
+    rows = []
+    for pid in store.prompt_ids():
+        try:
+            attrs = store.get(pid).attrs
+        except StoreError as exc:
+            rows.append(Listed(pid, None, str(exc.__cause__ or exc)))
+            continue
+        if contains is None or contains in str(attrs.get("prompt", "")):
+            rows.append(Listed(pid, attrs))
+    return rows
 
 
 def prompt_layout(prompt: Any) -> PromptLayout:
@@ -87,7 +131,7 @@ def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummar
     corrupt = [r for r in results if not r.ok]
     worst = max((r.reconstruction_error for r in results if r.ok and r.reconstruction_error is not None),
                 default=0.0)
-    return VerifySummary(results, corrupt, worst)
+    return VerifySummary(results, corrupt, worst, store.format_version)
 
 
 def export_npz(store: JacobianStore, prompt_id: str, out: str | Path) -> Path:

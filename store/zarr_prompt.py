@@ -1,34 +1,73 @@
 """The zarr v3 directory backend, reading one prompt: its group opened read-only, and its verification.
 
 A complete prompt is the group ``prompts/<id>`` of the store folder (``docs/store-format.md``);
-this module only reads it. :func:`verify_prompt` decodes every chunk (each carries a crc32c)
-and checks that the Jacobians still reconstruct what they were stored with.
+this module only reads it. Opening a prompt checks its attributes (their types, and in
+format 2 their SHA-256 and the names and sizes of its files); its chunks are read through
+:class:`~detjac.store.strict.StrictLocalStore`, so a missing one raises. :func:`verify_prompt`
+goes further: it hashes every file, decodes every chunk (each carries a crc32c) and checks
+that the Jacobians still reconstruct what they were stored with, within the bound of the
+run's dtype.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError
-from ..exactness import DTYPE_BOUND, FLOAT64_EXACTNESS_BOUND, relative_error
+from ..exactness import DTYPE_BOUND, relative_error
 from ..targets import Target
 from . import format as fmt
 from .base import StoredPrompt, VerifyResult
+from .integrity import CorruptError, check_name, check_seal, read_attrs
+from .schema import attrs_problem
+
+
+@dataclass(frozen=True)
+class StoreContext:
+    """What a prompt needs to know of its store: where it is, its format version and its run."""
+
+    path: Path
+    format_version: int
+    run: dict[str, Any]
+
+    @property
+    def sealed(self) -> bool:
+        return self.format_version >= fmt.SEALED_SINCE
 
 
 class ZarrPrompt(StoredPrompt):
-    """A complete prompt group, opened read-only."""
+    """A complete prompt group, opened read-only.
 
-    def __init__(self, path: Path) -> None:
-        import zarr
+    Raises
+    ------
+    CorruptError
+        The prompt's attributes are malformed or (format 2) changed since commit, or a file it
+        was committed with is missing, resized or joined by another; the message says which.
+    """
 
-        self.path = path
-        self.id = path.name
-        self._group = zarr.open_group(str(path), mode="r")
-        self.attrs = dict(self._group.attrs)
+    def __init__(self, path: Path, store: StoreContext) -> None:
+        from .strict import open_group, sparse_layerwise
+
+        self.path, self.id, self.store = path, path.name, store
+        try:
+            self.attrs = read_attrs(path)
+            problem = attrs_problem(self.attrs)
+            if problem is not None:
+                raise CorruptError(problem)
+            if store.sealed:
+                check_seal(path, self.attrs, hashes=False)
+        except CorruptError as exc:
+            raise CorruptError(f"Expected an intact prompt {self.id} in {store.path}. Got a damaged one: {exc}. "
+                               "`detjac store verify` checks every prompt.") from exc
+        what = f"prompt {self.id} in {store.path}"
+        self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
+
+    def __repr__(self) -> str:
+        return f"<ZarrPrompt {self.id}: {self.attrs.get('n_tokens')} tokens, {self.attrs.get('prompt', '')[:40]!r}>"
 
     def _full(self) -> Any:
         if self.low_rank:
@@ -36,15 +75,19 @@ class ZarrPrompt(StoredPrompt):
                              "full Jacobian. Use prompt.triplets(k) for token k or prompt.triplets() for all tokens.")
         return self._group["jacobian"]
 
+    def _token(self, k: int) -> int:
+        n = self.n_tokens
+        if not -n <= k < n:
+            raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
+        return k % n
+
     def triplets(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not self.low_rank:
             raise StoreError(f"Prompt {self.id} holds the full Jacobian, not triplets; use jacobian() or operator().")
         if k is None:
             return tuple(self._group[f"combined_{x}"][...] for x in "USV")  # type: ignore[return-value]
-        n = self.n_tokens
-        if not -n <= k < n:
-            raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
-        return tuple(self._group[f"token_{x}"][k % n] for x in "USV")  # type: ignore[return-value]
+        k = self._token(k)
+        return tuple(self._group[f"token_{x}"][k] for x in "USV")  # type: ignore[return-value]
 
     def jacobian(self, lazy: bool = True) -> Any:
         arr = self._full()
@@ -55,10 +98,7 @@ class ZarrPrompt(StoredPrompt):
         return arr[...]
 
     def operator(self, k: int) -> np.ndarray:
-        n = self.n_tokens
-        if not -n <= k < n:
-            raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {self.id}. Got {k}.")
-        return self._full()[:, k % n, :]
+        return self._full()[:, self._token(k), :]
 
     @property
     def layerwise_targets(self) -> list[str]:
@@ -70,7 +110,7 @@ class ZarrPrompt(StoredPrompt):
         if target not in self.layerwise_targets:
             raise InvalidArgumentError(f"Expected a layerwise target of prompt {self.id} "
                                        f"({', '.join(self.layerwise_targets) or 'none stored'}). Got {target!r}.")
-        group = self._group[f"{fmt.LAYERWISE}/{target}"]
+        group = self._group[f"{fmt.LAYERWISE}/{check_name(target, 'a layerwise target')}"]
         if array not in group.array_keys():
             raise InvalidArgumentError(f"Expected one of {', '.join(sorted(group.array_keys()))} for {target}. "
                                        f"Got {array!r}.")
@@ -92,67 +132,113 @@ class ZarrPrompt(StoredPrompt):
         return self._group[name][...]
 
 
-def verify_prompt(path: Path) -> VerifyResult:
-    """Decode every chunk (crc32c is checked on read) and recompute the reconstruction error."""
+def verify_prompt(path: Path, store: StoreContext | None = None) -> VerifyResult:
+    """Check one prompt on its own: seal and every file's SHA-256 (format 2), every chunk decoded (crc32c), the
+    arrays against the attributes, and each Jacobian's reconstruction within the bound of the run's dtype.
+
+    Parameters
+    ----------
+    path : Path
+        The prompt's folder, ``<store>/prompts/<id>``.
+    store : StoreContext or None
+        Its store; read from ``path``'s grandparent when None.
+
+    Returns
+    -------
+    VerifyResult
+        ``ok``, or the reason the prompt is corrupt; never raises for a damaged prompt.
+    """
     pid = path.name
     try:
-        prompt = ZarrPrompt(path)
-        if prompt.low_rank:
-            return _verify_low_rank(prompt)
-        arr = prompt._group["jacobian"]
-        x = prompt.array("embeddings").astype(np.float64)
-        y = prompt.array("output").astype(np.float64)
-        recon = np.empty_like(y)
-        step = arr.chunks[0]
-        for start in range(0, arr.shape[0], step):
-            block = arr[start:start + step].astype(np.float64)  # (rows, token, col)
-            recon[start:start + step] = np.einsum("rtc,tc->r", block, x)
-        if "bias" in prompt._group.array_keys():  # an affine model: y = sum_k J_k x_k + b
-            recon += prompt.array("bias").astype(np.float64)
-    except Exception as exc:  # noqa: BLE001 - any decode failure means the prompt is corrupt
-        return VerifyResult(pid, False, None, f"unreadable: {type(exc).__name__}: {exc}")
+        if store is None:
+            root_path = path.parent.parent
+            root = fmt.read_root(root_path)
+            store = StoreContext(root_path, root["format_version"], root.get("run", {}))
+        prompt = ZarrPrompt(path, store)
+        if store.sealed:
+            check_seal(path, prompt.attrs, hashes=True)
+        return _check_numbers(prompt, store)
+    except Exception as exc:  # noqa: BLE001 - any failure to read or check it means the prompt is corrupt
+        reason = str(exc.__cause__) if isinstance(exc, CorruptError) and exc.__cause__ else str(exc)
+        return VerifyResult(pid, False, None, reason if isinstance(exc, CorruptError) else
+                            f"unreadable: {type(exc).__name__}: {exc}")
+
+
+def _check_numbers(prompt: ZarrPrompt, store: StoreContext) -> VerifyResult:
+    """The prompt's arrays decoded and checked against its attributes and against each other."""
+    _check_tokens(prompt)
+    if prompt.low_rank:
+        return _verify_low_rank(prompt)
+    bound = DTYPE_BOUND.get(store.run.get("dtype"), DTYPE_BOUND["float64"])
+    detached = store.run.get("detach", True) is not False
+    x = prompt.array("embeddings").astype(np.float64)
+    y = prompt.array("output").astype(np.float64)
+    recon = _reconstruct(prompt._group["jacobian"], x, y.shape)
+    if "bias" in prompt._group.array_keys():  # an affine model: y = sum_k J_k x_k + b
+        recon += prompt.array("bias").astype(np.float64)
     error = relative_error(recon, y)
-    stored = float(prompt.attrs.get("reconstruction_error", 0.0))
-    bound = DTYPE_BOUND.get(prompt.attrs.get("dtype", "float64"), FLOAT64_EXACTNESS_BOUND)
     for target in prompt.layerwise_targets:  # each reconstructs its own output, within the same bound
-        try:
-            t_error = _layerwise_error(prompt, target, x)
-        except Exception as exc:  # noqa: BLE001
-            return VerifyResult(pid, False, error, f"layerwise {target} unreadable: {type(exc).__name__}: {exc}")
-        t_stored = float(prompt.attrs.get("layerwise", {}).get(target, {}).get("reconstruction_error", 0.0))
-        t_bound = max(bound, 10 * t_stored)
-        if prompt.attrs.get("detached") is not False and (not np.isfinite(t_error) or t_error > t_bound):
-            return VerifyResult(pid, False, error, f"layerwise {target}: reconstruction error {t_error:.3e} "
-                                                   f"above {t_bound:.1e}")
-    if prompt.attrs.get("detached") is False:  # an ordinary Jacobian: it must reproduce its stored error
-        if not np.isfinite(error) or abs(error - stored) > bound * max(1.0, stored):
-            return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} differs from the stored "
-                                                   f"{stored:.3e}")
-        return VerifyResult(pid, True, error)
-    bound = max(bound, 10 * stored)
-    if not np.isfinite(error) or error > bound:
-        return VerifyResult(pid, False, error, f"reconstruction error {error:.3e} above {bound:.1e}")
-    return VerifyResult(pid, True, error)
+        t_error = _layerwise_error(prompt, target, x)
+        if detached and not t_error <= bound:
+            return VerifyResult(prompt.id, False, error, f"layerwise {target}: reconstruction error {t_error:.3e} "
+                                                         f"above {bound:.1e} (the bound of {store.run.get('dtype')})")
+    stored = prompt.attrs.get("reconstruction_error")
+    if not detached:  # an ordinary Jacobian: it must reproduce its stored error
+        if stored is None or not abs(error - stored) <= bound * max(1.0, stored):
+            return VerifyResult(prompt.id, False, error, f"reconstruction error {error:.3e} differs from the stored "
+                                                         f"{stored!r}")
+        return VerifyResult(prompt.id, True, error)
+    if not error <= bound:
+        return VerifyResult(prompt.id, False, error, f"reconstruction error {error:.3e} above {bound:.1e} (the "
+                                                     f"bound of {store.run.get('dtype')})")
+    return VerifyResult(prompt.id, True, error)
 
 
-def _layerwise_error(prompt: ZarrPrompt, target: str, embeddings: np.ndarray) -> float:
-    """``|| sum_k J_k x_k - output || / || output ||`` of one layerwise target, chunk by chunk."""
-    arr = prompt._group[f"{fmt.LAYERWISE}/{target}/jacobian"]
-    local = "inputs" in prompt._group[f"{fmt.LAYERWISE}/{target}"].array_keys()
-    x = prompt.layerwise(target, "inputs").astype(np.float64) if local else embeddings
-    y = prompt.layerwise(target, "output").astype(np.float64)
-    recon = np.zeros_like(y)
+def _check_tokens(prompt: ZarrPrompt) -> None:
+    """``token_ids`` decodes and equals the ids in the attributes; the arrays have ``n_tokens`` tokens."""
+    ids = prompt.array("token_ids")
+    n = prompt.n_tokens
+    if ids.shape != (n,):
+        raise CorruptError(f"token_ids has shape {ids.shape}, the prompt has {n} tokens")
+    if "token_ids" in prompt.attrs and ids.tolist() != prompt.attrs["token_ids"]:
+        raise CorruptError("the token_ids array differs from the token ids in the attributes")
+    embeddings = prompt._group["embeddings"]
+    if embeddings.shape[0] != n:
+        raise CorruptError(f"embeddings has {embeddings.shape[0]} tokens, the prompt has {n}")
+
+
+def _reconstruct(arr: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``sum_k J_k x_k`` of a stored (row, token, col) Jacobian, chunk by chunk, in float64."""
+    if arr.shape[0] != shape[0] or arr.shape[1:] != x.shape:
+        raise CorruptError(f"a Jacobian of shape {arr.shape} does not map inputs {x.shape} to outputs {shape}")
+    recon = np.zeros(shape, dtype=np.float64)
     rows, tokens = arr.chunks[0], arr.chunks[1]
     for r in range(0, arr.shape[0], rows):
         for k in range(0, arr.shape[1], tokens):
             block = arr[r:r + rows, k:k + tokens].astype(np.float64)
             recon[r:r + rows] += np.einsum("rtc,tc->r", block, x[k:k + tokens])
-    return relative_error(recon, y)
+    return recon
+
+
+def _layerwise_error(prompt: ZarrPrompt, target: str, embeddings: np.ndarray) -> float:
+    """``|| sum_k J_k x_k - output || / || output ||`` of one layerwise target, chunk by chunk."""
+    group = prompt._group[f"{fmt.LAYERWISE}/{target}"]
+    local = "inputs" in group.array_keys()
+    x = prompt.layerwise(target, "inputs").astype(np.float64) if local else embeddings
+    y = prompt.layerwise(target, "output").astype(np.float64)
+    return relative_error(_reconstruct(group["jacobian"], x, y.shape), y)
 
 
 def _verify_low_rank(prompt: ZarrPrompt) -> VerifyResult:
     """Decode every array (checksums); singular values finite, non-negative, descending, not above the energy."""
     arrays = {name: prompt._group[name][...] for name in prompt._group.array_keys()}
+    n, rank = prompt.n_tokens, prompt.attrs.get("rank")
+    for name in ("token_U", "token_S", "token_V", "token_frobenius_sq", "combined_U", "combined_S", "combined_V"):
+        if name not in arrays:
+            raise CorruptError(f"the low-rank array {name} is missing")
+    if arrays["token_S"].shape[0] != n or (rank is not None and arrays["combined_S"].shape != (rank,)):
+        raise CorruptError(f"token_S {arrays['token_S'].shape} / combined_S {arrays['combined_S'].shape} do not "
+                           f"match {n} tokens and rank {rank}")
     for name in ("token_S", "combined_S"):
         s = arrays[name].astype(np.float64)
         if not np.all(np.isfinite(s)) or np.any(s < 0) or np.any(np.diff(s, axis=-1) > 1e-12 * s.max(initial=1)):

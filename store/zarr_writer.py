@@ -10,6 +10,7 @@ this module does not depend on the store's own module.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -25,6 +26,7 @@ from ..targets import COMPONENTS, Target
 from . import format as fmt
 from .base import LayerwiseSpec, PromptWriter
 from .disk import disk_error, fsync_dir, fsync_tree
+from .integrity import INTEGRITY, check_prompt_id, refuse_links, seal
 from .subspace import Triplets
 
 
@@ -52,6 +54,7 @@ class ZarrPromptWriter(PromptWriter):
                                         or shard_bytes < 1):
             raise StoreError(f"Expected shard_bytes to be a positive integer or None. Got {shard_bytes!r}.")
 
+        check_prompt_id(prompt_id)
         self.id, self.n_rows, self.n_tokens, self.dtype, self.rank = prompt_id, n_rows, n_tokens, dtype, rank
         self.n_cols = n_cols
         self.layerwise = dict(layerwise or {})
@@ -70,6 +73,10 @@ class ZarrPromptWriter(PromptWriter):
         self.shard_rows = fmt.shard_rows(row_block, n_rows, n_tokens * n_cols * np.dtype(dtype).itemsize,
                                          fmt.SHARD_BYTES if shard_bytes is None else shard_bytes)
         try:
+            refuse_links(store.path, fmt.STAGING)
+            refuse_links(store.path, fmt.PROMPTS)
+            (store.path / fmt.STAGING).mkdir(exist_ok=True)
+            fmt.ensure_group(store.path / fmt.STAGING)
             shutil.rmtree(self.staging, ignore_errors=True)
             group = zarr.open_group(str(self.staging), mode="w", zarr_format=3)
             shapes = {"jacobian": ((n_rows, n_tokens, n_cols), dtype), "embeddings": ((n_tokens, n_cols), dtype),
@@ -83,7 +90,7 @@ class ZarrPromptWriter(PromptWriter):
                     name, shape=shape, dtype=dt, dimension_names=fmt.DIMENSIONS[name],
                     chunks=(min(row_block, n_rows), n_tokens, n_cols) if big else shape,
                     shards=(self.shard_rows, n_tokens, n_cols) if big else None,
-                    compressors=fmt.compressors(np.dtype(dt).itemsize), fill_value=0)
+                    compressors=fmt.compressors(np.dtype(dt).itemsize), fill_value=0, config=fmt.EVERY_CHUNK)
             self._group = group
             for name, spec in self.layerwise.items():
                 self._create_layerwise(group, name, spec, n_cols, row_block)
@@ -141,7 +148,8 @@ class ZarrPromptWriter(PromptWriter):
             arrays["inputs"] = ((n, n_cols), (n, n_cols))
         for array, (shape, chunk) in arrays.items():
             sub.create_array(array, shape=shape, dtype=self.dtype, dimension_names=fmt.DIMENSIONS[array],
-                             chunks=chunk, compressors=fmt.compressors(itemsize), fill_value=0)
+                             chunks=chunk, compressors=fmt.compressors(itemsize), fill_value=0,
+                             config=fmt.EVERY_CHUNK)
 
     def write_block(self, target: str, start: int, stop: int, token_start: int, token_stop: int,
                     values: np.ndarray) -> None:
@@ -217,6 +225,8 @@ class ZarrPromptWriter(PromptWriter):
                              f"{', '.join(sorted(missing))} (rows written: {self._next_row} of {self.n_rows}).")
         try:
             self._group.attrs.update({**attrs, "complete": True})
+            written = json.loads((self.staging / "zarr.json").read_text())["attributes"]  # as readers will see them
+            self._group.attrs.update({INTEGRITY: seal(self.staging, written)})
             fsync_tree(self.staging)
             self.store.check_writer()
             if self.final.exists():  # the same prompt was stored meanwhile: keep the first

@@ -14,6 +14,7 @@ import pytest
 import zarr
 from click.testing import CliRunner
 from store_factory import make_store
+from store_helpers import reseal
 
 from detjac.cli.main import main
 
@@ -34,7 +35,7 @@ def test_ls_and_info(full):
     pid = ls.output.split()[0]
     assert full.prompts[pid].text == "a young cat" and "3 tok" in ls.output
     info = invoke("store", "info", full.path)
-    assert "3 complete prompts" in info.output and "format version 1" in info.output
+    assert "3 complete prompts" in info.output and "format version 2" in info.output
     assert '"model_id": "synthetic"' in info.output
     one = invoke("store", "info", full.path, pid)
     attrs = json.loads(one.output[: one.output.rindex("}") + 1])
@@ -63,8 +64,12 @@ def test_verify_flags_a_corrupted_chunk_by_id(full, tmp_path):
     chunk.write_bytes(bytes(raw))
     result = invoke("store", "verify", copy)
     assert result.exit_code == 1
-    assert re.search(rf"CORRUPT {victim}: unreadable: .*checksum", result.output)
+    rel = chunk.relative_to(copy / "prompts" / victim).as_posix()
+    assert f"CORRUPT {victim}: file {rel} changed since commit (its SHA-256 differs)" in result.output
     assert "2 of 3 prompts ok" in result.output and "1 corrupt" in result.output
+    reseal(copy / "prompts" / victim)  # behind the seal, the chunk's own crc32c still catches the flip
+    result = invoke("store", "verify", copy)
+    assert result.exit_code == 1 and re.search(rf"CORRUPT {victim}: unreadable: .*checksum", result.output)
 
 
 def test_verify_checks_an_affine_prompt_s_offset(tmp_path):
@@ -74,7 +79,8 @@ def test_verify_checks_an_affine_prompt_s_offset(tmp_path):
     data = tmp_path / "x.npz"
     assert invoke("store", "export", made.path, pid, "--out", data).exit_code == 0
     assert np.array_equal(np.load(data)["bias"], made.prompts[pid].bias)
-    zarr.open_array(str(made.path / "prompts" / pid / "bias"), mode="r+")[...] = 0.0
+    zarr.open_array(str(made.path / "prompts" / pid / "bias"), mode="r+")[...] = 0.5 * made.prompts[pid].bias
+    reseal(made.path / "prompts" / pid)
     verify = invoke("store", "verify", made.path)
     assert verify.exit_code == 1 and f"CORRUPT {pid}: reconstruction error" in verify.output
 
@@ -94,6 +100,7 @@ def test_low_rank_prompts_in_info_export_and_verify(tmp_path):
     assert not (low.path / "prompts" / pid / "jacobian").exists()
     S = low.path / "prompts" / low.ids[1] / "token_S"
     zarr.open_array(str(S), mode="r+")[0, 0] = -1.0  # not a spectrum: verify says so
+    reseal(S.parent)
     verify = invoke("store", "verify", low.path)
     assert verify.exit_code == 1
     assert f"CORRUPT {low.ids[1]}: token_S is not a valid descending spectrum" in verify.output

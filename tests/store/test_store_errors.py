@@ -66,7 +66,7 @@ def test_newer_format_version_is_refused(tmp_path):
     meta["attributes"]["detjac_store"]["format_version"] = 99
     meta_file.write_text(json.dumps(meta))
     before = snapshot(made.path)
-    with pytest.raises(StoreFormatError, match="Expected store format version <= 1 .* Got 99: .* upgrade detjac"):
+    with pytest.raises(StoreFormatError, match="Expected store format version <= 2 .* Got 99: .* upgrade detjac"):
         open_store(made.path)
     with pytest.raises(StoreFormatError, match="Got 99"):
         create_store(made.path, made.run)
@@ -125,13 +125,13 @@ def test_out_of_disk_at_commit_leaves_no_visible_partial_prompt(tmp_path, monkey
 
     path = tmp_path / "s.zarr"
     with create_store(path, RUN) as store:
-        _write(store, "first")
+        _write(store, "f1" * 8)
         monkeypatch.setattr(zarr_writer.os, "rename",
                             lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
-        with pytest.raises(StoreError, match="Could not commit prompt second: the disk is full"):
-            _write(store, "second")
+        with pytest.raises(StoreError, match="Could not commit prompt 5e5e5e5e5e5e5e5e: the disk is full"):
+            _write(store, "5e" * 8)
         assert store.staging_leftovers() == []
-    assert open_store(path).prompt_ids() == ["first"]
+    assert open_store(path).prompt_ids() == ["f1" * 8]
 
 
 def test_disk_full_inside_zarr_becomes_a_store_error(tmp_path, monkeypatch):
@@ -139,10 +139,10 @@ def test_disk_full_inside_zarr_becomes_a_store_error(tmp_path, monkeypatch):
 
     path = tmp_path / "s.zarr"
     with create_store(path, RUN) as store:
-        writer = store.begin("p", n_rows=2, n_tokens=3, n_cols=4, dtype="float64", row_block=2)
+        writer = store.begin("0" * 16, n_rows=2, n_tokens=3, n_cols=4, dtype="float64", row_block=2)
         monkeypatch.setattr(zarr.Array, "__setitem__",
                             lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
-        with pytest.raises(StoreError, match="Could not write prompt p: the disk is full. Nothing half-written"):
+        with pytest.raises(StoreError, match="Could not write prompt 0{16}: the disk is full. Nothing half-written"):
             writer.write_rows(0, 2, np.ones((2, 3, 4)))
         assert store.staging_leftovers() == []
     assert open_store(path).prompt_ids() == []

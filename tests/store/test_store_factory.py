@@ -60,7 +60,7 @@ def test_the_store_holds_the_truth_and_verifies(made):
 def test_the_tokenizer_matches_the_token_ids(made):
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(made.open().model_file("tokenizer.json")))
+    tok = Tokenizer.from_str(made.open().model_bytes("tokenizer.json").decode())
     for truth in made.prompts.values():
         assert tok.encode(truth.text).ids == truth.token_ids
     assert tok.encode("Quercus oak").ids == [0, made.model.words.index("oak")]  # unknown words: [UNK]

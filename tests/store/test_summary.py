@@ -18,6 +18,9 @@ RUN = {"model_id": "m", "model_type": "llama", "config_sha256": "c", "revision":
 ROWS, N, COLS = 4, 3, 5
 
 
+GOOD, BAD, LOST, LOW = "900d" * 4, "bad0" * 4, "1057" * 4, "10" * 8  # prompt ids are 16 hex digits
+
+
 def _write_full(store, pid, scale=1.0, seed=0):
     """A prompt whose stored output is ``scale`` times ``sum_k J_k x_k``."""
     rng = np.random.default_rng(seed)
@@ -27,7 +30,7 @@ def _write_full(store, pid, scale=1.0, seed=0):
         w.write_array("embeddings", x)
         w.write_array("output", scale * np.einsum("rtc,tc->r", J, x))
         w.write_array("token_ids", np.arange(N))
-        w.commit({"prompt": pid, "n_tokens": N, "reconstruction_error": 0.0, "dtype": "float64"})
+        w.commit({"prompt": f"text of {pid}", "n_tokens": N, "reconstruction_error": 0.0, "dtype": "float64"})
     return J, x
 
 
@@ -35,9 +38,9 @@ def _write_full(store, pid, scale=1.0, seed=0):
 def full_store(tmp_path):
     path = tmp_path / "s.zarr"
     with create_store(path, RUN) as st:
-        _write_full(st, "good", 1 + 1e-12)
-        _write_full(st, "bad", 2.0, seed=1)
-        st.record_failure("lost", {"prompt": "too long", "line": 3, "reason": "Expected fewer tokens.",
+        _write_full(st, GOOD, 1 + 1e-12)
+        _write_full(st, BAD, 2.0, seed=1)
+        st.record_failure(LOST, {"prompt": "too long", "line": 3, "reason": "Expected fewer tokens.",
                                    "error": "PromptError", "stage": "tokenize"})
     return path
 
@@ -50,29 +53,30 @@ def test_store_summary_counts_prompts_bytes_leftovers_and_failures(full_store):
     assert summary.run["model_id"] == "m" and summary.format_version == open_store(full_store).format_version
     assert summary.created == open_store(full_store).created is not None
     assert summary.staging_leftovers == ["half.host.1.x"]
-    assert list(summary.failures) == ["lost"] and summary.failures["lost"]["line"] == 3
+    assert list(summary.failures) == [LOST] and summary.failures[LOST]["line"] == 3 and summary.damaged == {}
 
 
 def test_verify_summary_names_the_corrupt_prompt_and_the_worst_error_of_the_others(full_store):
     result = verify_summary(open_store(full_store))
-    assert [r.id for r in result.corrupt] == ["bad"] and result.ok == 1 and len(result.results) == 2
+    assert [r.id for r in result.corrupt] == [BAD] and result.ok == 1 and result.prompts == 2
+    assert [(r.kind, r.id, r.ok) for r in result.results[2:]] == [("failed", f"failed/{LOST}", True)]
     assert result.corrupt[0].reason.startswith("reconstruction error 5.000e-01 above")
     assert result.worst_error == pytest.approx(1e-12, rel=1e-3)  # |y/(1+e) - y| / |y|, the good prompt's
 
 
 def test_layout_and_export_of_a_full_prompt(full_store, tmp_path):
     store = open_store(full_store)
-    layout = prompt_layout(store.get("good"))
+    layout = prompt_layout(store.get(GOOD))
     assert not layout.low_rank and layout.shape == (ROWS, N, COLS) and layout.dtype == "float64"
-    assert layout.chunks[0] == 2 and layout.n_tokens == N and layout.attrs["prompt"] == "good"
-    out = export_npz(store, "good", tmp_path / "good.npz")
+    assert layout.chunks[0] == 2 and layout.n_tokens == N and layout.attrs["prompt"] == f"text of {GOOD}"
+    out = export_npz(store, GOOD, tmp_path / "good.npz")
     data = np.load(out)
     assert sorted(data.files) == ["attrs", "embeddings", "jacobian", "output", "token_ids"]
-    np.testing.assert_array_equal(data["jacobian"], store.get("good").jacobian(lazy=False))
-    np.testing.assert_array_equal(data["embeddings"], store.get("good").array("embeddings"))
-    assert json.loads(str(data["attrs"])) == store.get("good").attrs
+    np.testing.assert_array_equal(data["jacobian"], store.get(GOOD).jacobian(lazy=False))
+    np.testing.assert_array_equal(data["embeddings"], store.get(GOOD).array("embeddings"))
+    assert json.loads(str(data["attrs"])) == store.get(GOOD).attrs
     with pytest.raises(StoreError, match="Got a failed one"):
-        export_npz(store, "lost", tmp_path / "lost.npz")
+        export_npz(store, LOST, tmp_path / "lost.npz")
 
 
 def test_layout_and_export_of_a_low_rank_prompt(tmp_path):
@@ -85,17 +89,17 @@ def test_layout_and_export_of_a_low_rank_prompt(tmp_path):
 
     path = tmp_path / "lr.zarr"
     with create_store(path, {**RUN, "keep": f"rank:{rank}"}) as st, \
-            st.begin("lr", n_rows=ROWS, n_tokens=N, n_cols=COLS, dtype="float64", row_block=2, rank=rank) as w:
+            st.begin(LOW, n_rows=ROWS, n_tokens=N, n_cols=COLS, dtype="float64", row_block=2, rank=rank) as w:
         attrs = w.write_triplets([triplets(COLS) for _ in range(N)], triplets(N * COLS))
         for name, values in (("embeddings", np.ones((N, COLS))), ("output", np.ones(ROWS)),
                              ("token_ids", np.arange(N))):
             w.write_array(name, values)
-        w.commit({"prompt": "lr", "n_tokens": N, "reconstruction_error": 0.1, "dtype": "float64", **attrs})
+        w.commit({"prompt": "low rank", "n_tokens": N, "reconstruction_error": 0.1, "dtype": "float64", **attrs})
     store = open_store(path)
-    layout = prompt_layout(store.get("lr"))
+    layout = prompt_layout(store.get(LOW))
     assert layout.low_rank and layout.rank == rank and layout.n_tokens == N and layout.shape is None
     assert layout.triplet_shapes == ((ROWS, rank), (rank,), (N, COLS, rank))
-    data = np.load(export_npz(store, "lr", tmp_path / "lr.npz"))
+    data = np.load(export_npz(store, LOW, tmp_path / "lr.npz"))
     assert {"combined_U", "combined_S", "combined_V", "token_U", "token_S", "token_V", "token_frobenius_sq"} \
         <= set(data.files) and "jacobian" not in data.files
     np.testing.assert_array_equal(data["combined_S"], [3.0, 1.0])

@@ -1,0 +1,126 @@
+"""``verify`` beyond the prompts: the model arrays, analysis results, failure records and stray entries.
+
+Each part is checked on its own and reported as a :class:`~detjac.store.base.VerifyResult`
+(``kind`` says which part), so one damaged part never hides another and nothing raises. Prompts
+are checked by :func:`detjac.store.zarr_prompt.verify_prompt`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import failed
+from . import format as fmt
+from .base import VerifyResult
+from .integrity import NAME, PROMPT_ID
+
+
+
+def verify_store(store: Any) -> list[VerifyResult]:
+    """Every part of ``store`` (a :class:`~detjac.store.zarr_store.ZarrStore`) but its prompts, checked."""
+    path: Path = store.path
+    results = [*_stray(path), *_links(path)]
+    results += _model(store)
+    results += _analyses(store)
+    results += _failures(store)
+    return results
+
+
+def _bad(where: str, kind: str, reason: str) -> VerifyResult:
+    return VerifyResult(where, False, None, reason, kind)
+
+
+def _checked(where: str, kind: str, check: Any) -> VerifyResult:
+    """Run ``check()``; a result ``ok``, or corrupt with the reason it raised."""
+    try:
+        check()
+    except Exception as exc:  # noqa: BLE001 - any failure to read a part means it is damaged
+        cause = exc.__cause__ if exc.__cause__ is not None and "Got a damaged one" in str(exc) else exc
+        return _bad(where, kind, str(cause))
+    return VerifyResult(where, True, None, "", kind)
+
+
+def _stray(path: Path) -> list[VerifyResult]:
+    """Entries that do not belong: at the root, under prompts/ (not a 16-hex-digit id with its zarr.json)."""
+    found = [_bad(entry.name, "store", "not part of a detjac store") for entry in sorted(path.iterdir())
+             if entry.name not in fmt.STORE_ENTRIES and not entry.name.startswith(".")]
+    prompts = path / fmt.PROMPTS
+    if prompts.is_dir() and not prompts.is_symlink():
+        found += [_bad(f"{fmt.PROMPTS}/{entry.name}", "store", "not a prompt (expected 16 hex digits holding zarr.json)")
+                  for entry in sorted(prompts.iterdir())
+                  if entry.name != "zarr.json" and not (PROMPT_ID.fullmatch(entry.name) and entry.is_dir()
+                                                         and (entry / "zarr.json").is_file())]
+    return found
+
+
+def _links(path: Path) -> list[VerifyResult]:
+    """Every symlink inside the store (readers refuse them: they would lead outside)."""
+    found = []
+    for here, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            entry = Path(here) / name
+            if entry.is_symlink():
+                found.append(_bad(entry.relative_to(path).as_posix(), "store",
+                                  f"a symlink (to {os.readlink(entry)}); symlinks inside a store are refused"))
+    return found
+
+
+def _model(store: Any) -> list[VerifyResult]:
+    """Each model array and file, decoded and compared with the SHA-256 recorded at creation."""
+    folder = store.path / fmt.MODEL
+    if not folder.is_dir() or folder.is_symlink():
+        return [_bad(fmt.MODEL, "model", "the model group is missing")] if store.model_sha256 else []
+    files = set(fmt.MODEL_FILES)
+    results = []
+    for name in sorted(store.model_sha256):
+        read = (lambda n=name: store.model_bytes(n)) if name in files else (lambda n=name: store.model_array(n))
+        result = _checked(f"{fmt.MODEL}/{name}", "model", read)
+        if result.ok and name in files and store.model_bytes(name) is None:
+            result = _bad(f"{fmt.MODEL}/{name}", "model", "missing (its SHA-256 was recorded at creation)")
+        results.append(result)
+    known = set(store.model_sha256) | {fmt.MODEL_FILES[n] for n in files & set(store.model_sha256)} | {"zarr.json"}
+    if store.context.sealed:
+        results += [_bad(f"{fmt.MODEL}/{entry.name}", "model", "not recorded when the store was created")
+                    for entry in sorted(folder.iterdir()) if entry.name not in known]
+    return results
+
+
+def _analyses(store: Any) -> list[VerifyResult]:
+    """Each stored analysis result, its seal checked and its arrays decoded."""
+    folder = store.path / fmt.ANALYSIS
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    results = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == "zarr.json" or entry.is_symlink():
+            continue
+        if not PROMPT_ID.fullmatch(entry.name) or not entry.is_dir():
+            results.append(_bad(f"{fmt.ANALYSIS}/{entry.name}", "analysis", "not a prompt id"))
+            continue
+        for result in sorted(entry.iterdir()):
+            where = f"{fmt.ANALYSIS}/{entry.name}/{result.name}"
+            if result.name == "zarr.json" or result.name.startswith(".") or result.is_symlink():
+                continue  # a result being replaced; symlinks are reported by _links
+            if not NAME.fullmatch(result.name) or not (result / "zarr.json").is_file():
+                results.append(_bad(where, "analysis", "not an analysis result"))
+                continue
+            results.append(_checked(where, "analysis", lambda p=entry.name, n=result.name: _read(store, p, n)))
+    return results
+
+
+def _read(store: Any, prompt_id: str, name: str) -> None:
+    if store.read_analysis(prompt_id, name) is None:
+        raise FileNotFoundError(f"analysis {name} of {prompt_id} vanished while verified")
+
+
+def _failures(store: Any) -> list[VerifyResult]:
+    """Each failure record against its seal (format 2)."""
+    if not store.context.sealed:
+        return []
+    try:
+        ids = sorted(store.failures())
+    except Exception as exc:  # noqa: BLE001
+        return [_bad(fmt.FAILED, "failed", str(exc))]
+    return [_checked(f"{fmt.FAILED}/{pid}", "failed", lambda p=pid: failed.check(store.path, p)) for pid in ids]

@@ -1,0 +1,135 @@
+"""The zarr v3 directory backend, creating a store: built under a temporary name, renamed into place.
+
+A new store is written as ``.NAME.tmp-<pid>`` (root group with its sealed description, the
+model's decoding arrays, the writer group) and renamed to ``NAME``; replacing one
+(``--force-new``) renames the old store aside as ``.NAME.old-<pid>`` before anything is
+deleted, so a kill at any point leaves either the old store, no store, or the new one, and
+what is left aside is removed by the next writer. A handle that created its store can
+:meth:`~detjac.store.zarr_store.ZarrStore.discard` it while it is still empty (a run refused
+before its first prompt leaves nothing behind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError, StoreMismatchError
+from . import lock
+from . import format as fmt
+from .disk import clear_aside, discard_folder, disk_error, fsync_tree
+from .location import store_path
+from .zarr_store import ZarrStore
+
+
+
+def _write_model(root: Any, arrays: dict[str, np.ndarray], files: dict[str, bytes]) -> dict[str, str]:
+    """Model matrices (for decoding without the model) and small files, as arrays; returns their SHA-256s."""
+    group = root.create_group(fmt.MODEL)
+    digests = {}
+    for name, values in arrays.items():
+        fmt.put_array(group, name, values, fmt.DIMENSIONS[name], chunks=(min(8192, values.shape[0]), *values.shape[1:]))
+        digests[name] = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
+    for name, data in files.items():
+        array = fmt.MODEL_FILES.get(name)
+        if array is None:
+            raise StoreError(f"Expected model files among {', '.join(fmt.MODEL_FILES)}. Got {name!r}.")
+        fmt.put_array(group, array, np.frombuffer(data, dtype=np.uint8), fmt.DIMENSIONS[array],
+                      chunks=(max(1, min(len(data), 1 << 22)),)).attrs["file"] = name
+        digests[name] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
+               files: dict[str, bytes] | None = None) -> None:
+    """Create the store under a temporary name and rename it into place."""
+    import zarr
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        root = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        root.create_group(fmt.PROMPTS)
+        root.create_group(fmt.WRITER)  # its zarr.json is the writer lock (lock.py)
+        digests = _write_model(root, arrays or {}, files or {})
+        root.attrs[fmt.ROOT_KEY] = fmt.sealed_root(run, digests)
+        fsync_tree(tmp)
+        os.rename(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise disk_error(exc, f"create the store {path}") from exc
+
+
+def _half_deleted(path: Path) -> bool:
+    """A folder without a root ``zarr.json`` whose entries are all a store's: a store an older detjac was deleting."""
+    names = {p.name for p in path.iterdir()}
+    return bool(names) and "zarr.json" not in names and names <= fmt.STORE_ENTRIES and fmt.PROMPTS in names
+
+
+def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False,
+                 model_data: Callable[[], tuple[dict[str, np.ndarray], dict[str, bytes]]] | None = None) -> ZarrStore:
+    """Open ``path`` for writing: create it, or resume it if it holds the same run.
+
+    When a new store is created, ``model_data()`` is called for the arrays (``embedding``
+    (vocab, col), ``unembedding`` (vocab, row)) and files (e.g. ``tokenizer.json``) kept
+    under ``model/``, so that analyses can decode singular vectors without the model; a
+    resumed store already has them, and the call (a copy of the matrices) is skipped.
+
+    Raises StoreMismatchError if the store was written for another model or settings, or in
+    an older format (unless ``force_new``, which replaces it: renamed aside, then deleted),
+    StoreFormatError if ``path`` is not a detjac store, StoreError if it cannot be written or
+    another writer holds it.
+    """
+    path = store_path(path)
+    if path.is_symlink():
+        path = path.resolve()  # a link to the store folder names the store; links inside it are refused
+    if path.parent.is_dir():
+        clear_aside(path)
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        if force_new and path.is_dir() and _half_deleted(path):
+            discard_folder(path)
+        else:
+            _replace_or_resume(path, run, force_new)
+    elif path.exists():
+        path.rmdir()  # an empty folder: replace it with the new store
+    fresh = not path.exists()
+    if fresh:
+        if not path.parent.is_dir():
+            raise StoreError(f"Expected an existing parent folder for the store {path}. Got none at {path.parent}.")
+        if not os.access(path.parent, os.W_OK):
+            raise StoreError(f"Could not create the store {path}: {path.parent} is not writable.")
+        _new_store(path, run, *(model_data() if model_data is not None else ({}, {})))
+    if not os.access(path, os.W_OK):
+        raise StoreError(f"Could not write to the store {path}: it is read-only.")
+    handle = lock.acquire(path)
+    try:
+        store = ZarrStore(path, fmt.read_root(path), handle, fresh=fresh)
+        shutil.rmtree(path / fmt.STAGING, ignore_errors=True)  # leftovers of crashed runs: partial prompts are redone
+    except BaseException:
+        lock.release(handle)
+        raise
+    return store
+
+
+def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> None:
+    """Leave a store of the same run in place (it is resumed); replace another one if ``force_new``, else refuse."""
+    root = fmt.read_root(path)
+    differences = fmt.mismatches(root.get("run", {}), run)
+    if root["format_version"] < fmt.FORMAT_VERSION:
+        differences.append(f"format_version: {root['format_version']} (store) != {fmt.FORMAT_VERSION}: stores of an "
+                           "older format are read, not extended")
+    if differences and not force_new:
+        raise StoreMismatchError(f"Expected the store {path} to hold the same run. Got differences: "
+                                 + "; ".join(differences) + ". Use --force-new to replace it, or another --out.")
+    if differences:
+        held = lock.acquire(path)  # refuse to delete a store that another writer is using
+        try:
+            discard_folder(path)
+        finally:
+            lock.release(held)
