@@ -10,8 +10,8 @@ The format is specified in ``docs/store-format.md``.
 
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
 from .format import FORMAT_VERSION, prompt_id
-from .zarr_prompt import ZarrPrompt, verify_prompt
 from .zarr_create import create_store
+from .zarr_prompt import ZarrPrompt, verify_prompt
 from .zarr_store import ZarrStore, attach_store, open_store
 from .zarr_writer import ZarrPromptWriter
 

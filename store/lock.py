@@ -27,7 +27,8 @@ from . import format as fmt
 
 
 def lock_file(path: Path) -> Path:
-    """The lock file of the store at ``path``: format 1's ``.writer.lock`` where there is one, else ``_writer/zarr.json``."""
+    """The lock file of the store at ``path``: format 1's ``.writer.lock`` where there is one, else
+    ``_writer/zarr.json``."""
     legacy = path / fmt.LOCK
     return legacy if legacy.is_file() and not legacy.is_symlink() else path / fmt.WRITER / "zarr.json"
 

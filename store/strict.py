@@ -59,11 +59,16 @@ def open_group(root: Path, what: str, allow_missing: Callable[[str], bool] | Non
                            zarr_format=3)
 
 
+SPARSE_IN_FORMAT_1 = ("bias", "token_residual_sq")  # arrays that may be all zero: an exact subspace, no offset
+
+
 def sparse_layerwise(key: str) -> bool:
-    """Chunks a format-1 prompt may lack: it skipped all-zero chunks, and a layerwise Jacobian has some where a
-    token cannot reach the target (sliding-window attention), as may an affine model's ``bias``."""
+    """Chunks a format-1 prompt may lack: it skipped all-zero chunks, which a layerwise Jacobian has where a token
+    cannot reach the target (sliding-window attention), and which ``bias`` or ``token_residual_sq`` may be."""
     parts = key.split("/")
-    return (len(parts) >= 4 and parts[0] == "layerwise" and parts[2:4] == ["jacobian", "c"]) or parts[:2] == ["bias", "c"]
+    if len(parts) >= 4 and parts[0] == "layerwise" and parts[2:4] == ["jacobian", "c"]:
+        return True
+    return len(parts) >= 2 and parts[0] in SPARSE_IN_FORMAT_1 and parts[1] == "c"
 
 
 def sparse_any(key: str) -> bool:

@@ -17,7 +17,6 @@ from .base import VerifyResult
 from .integrity import NAME, PROMPT_ID
 
 
-
 def verify_store(store: Any) -> list[VerifyResult]:
     """Every part of ``store`` (a :class:`~detjac.store.zarr_store.ZarrStore`) but its prompts, checked."""
     path: Path = store.path
@@ -48,7 +47,8 @@ def _stray(path: Path) -> list[VerifyResult]:
              if entry.name not in fmt.STORE_ENTRIES and not entry.name.startswith(".")]
     prompts = path / fmt.PROMPTS
     if prompts.is_dir() and not prompts.is_symlink():
-        found += [_bad(f"{fmt.PROMPTS}/{entry.name}", "store", "not a prompt (expected 16 hex digits holding zarr.json)")
+        found += [_bad(f"{fmt.PROMPTS}/{entry.name}", "store",
+                       "not a prompt (expected 16 hex digits holding zarr.json)")
                   for entry in sorted(prompts.iterdir())
                   if entry.name != "zarr.json" and not (PROMPT_ID.fullmatch(entry.name) and entry.is_dir()
                                                          and (entry / "zarr.json").is_file())]

@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError, StoreMismatchError
-from . import lock
 from . import format as fmt
+from . import lock
 from .disk import clear_aside, discard_folder, disk_error, fsync_tree
 from .location import store_path
 from .zarr_store import ZarrStore
-
 
 
 def _write_model(root: Any, arrays: dict[str, np.ndarray], files: dict[str, bytes]) -> dict[str, str]:

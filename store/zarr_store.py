@@ -26,7 +26,17 @@ from . import failed, lock
 from . import format as fmt
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, VerifyResult
 from .disk import discard_folder, disk_error
-from .integrity import INTEGRITY, PROMPT_ID, CorruptError, check_name, check_prompt_id, check_seal, read_attrs, refuse_links, seal
+from .integrity import (
+    INTEGRITY,
+    PROMPT_ID,
+    CorruptError,
+    check_name,
+    check_prompt_id,
+    check_seal,
+    read_attrs,
+    refuse_links,
+    seal,
+)
 from .location import store_path
 from .zarr_prompt import StoreContext, ZarrPrompt, verify_prompt
 from .zarr_writer import ZarrPromptWriter

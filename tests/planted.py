@@ -7,6 +7,7 @@ import numpy as np
 from detjac.store import LayerwiseSpec, create_store, open_store
 
 VOCAB, D, N = 50, 12, 3
+P0, P1 = "0" * 15 + "0", "0" * 15 + "1"  # the planted prompts' ids (16 hex digits)
 
 
 def _matrices(rng):
@@ -23,7 +24,8 @@ def planted_store(path, *, left: int = 31, right: int = 17, layer_from: int = 2,
                   prompts: tuple[str, ...] = ("planted",), sigma: float = 50.0):
     """Prompts whose Jacobian is ``sigma u v^T`` at token 1 plus noise, with ``u`` decoding to ``left`` through
     the unembedding and ``v`` to ``right`` through the embedding; layerwise targets layer.0..3 (``u`` planted
-    from ``layer_from`` on, through the lens ``W_U diag(g)``) and mlp_local.1. Prompt ids: p0, p1, ..."""
+    from ``layer_from`` on, through the lens ``W_U diag(g)``) and mlp_local.1. Prompt ids: P0, P1, ... (the
+    index in 16 hex digits)."""
     rng = np.random.default_rng(1)
     embed, lens, gain = _matrices(rng)
     unembed = lens / gain
@@ -36,7 +38,7 @@ def planted_store(path, *, left: int = 31, right: int = 17, layer_from: int = 2,
         for i, text in enumerate(prompts):
             x = rng.standard_normal((N, D))
             x[1] = embed[right]
-            with st.begin(f"p{i}", n_rows=D, n_tokens=N, n_cols=D, dtype="float64", row_block=D,
+            with st.begin(f"{i:016x}", n_rows=D, n_tokens=N, n_cols=D, dtype="float64", row_block=D,
                           layerwise=specs) as w:
                 J = 0.01 * rng.standard_normal((D, N, D))
                 J[:, 1, :] += sigma * np.outer(u_out, embed[right])

@@ -25,6 +25,9 @@ MODEL = synthetic_model(d_model=32, vocab=60, seed=11)
 TEXTS = prompt_texts(2, 5, seed=11)
 
 
+P = "0" * 16  # a prompt id (16 hex digits)
+
+
 @pytest.fixture(scope="module")
 def real_store(tmp_path_factory):
     """Two prompts of five tokens, d = 32 (the name is the one the tests had with a store of the default model)."""
@@ -73,7 +76,7 @@ def test_decoding_returns_a_planted_direction(tmp_path):
     run = {"model_id": "planted", "dtype": "float64", "keep": "full"}
     model_data = lambda: ({"embedding": embed, "unembedding": unembed}, {})  # noqa: E731
     with create_store(tmp_path / "s.zarr", run, model_data=model_data) as st:
-        with st.begin("p", n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=4) as w:
+        with st.begin(P, n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=4) as w:
             for start in range(0, d, 4):
                 w.write_rows(start, start + 4, J[start:start + 4])
             w.write_array("embeddings", x)
@@ -81,7 +84,7 @@ def test_decoding_returns_a_planted_direction(tmp_path):
             w.write_array("token_ids", np.arange(n))
             w.commit({"prompt": "planted", "n_tokens": n, "reconstruction_error": 0.0, "dtype": "float64"})
     store = open_store(tmp_path / "s.zarr")
-    decoded = jobs.decode_spectrum(store, jobs.svd(store, ["p"], k=2)[0], top=3)
+    decoded = jobs.decode_spectrum(store, jobs.svd(store, [P], k=2)[0], top=3)
     assert decoded["left_ids"][0, 0] == out_token and decoded["right_ids"][0, 0] == in_token
     assert decoded["right_tokens"][0] == position and decoded["right_shares"][0] > 0.99
 

@@ -18,6 +18,9 @@ PROMPT = "the oak is a tree of the sea"
 TARGETS = [f"{c}.{i}" for i in (0, 2, 3) for c in ("layer", "attn", "mlp", "mlp_local")]
 
 
+P = "0" * 16  # a prompt id (16 hex digits)
+
+
 @pytest.fixture(scope="module")
 def layer_store(tmp_path_factory):
     """One prompt of 8 tokens, d = 16, four layers; targets of layers 0, 2 and 3 (``--layers 0,2,3 --components
@@ -75,7 +78,7 @@ def _planted_store(path, planted_layer: int, token: int):
     data = lambda: ({"embedding": embed, "unembedding": unembed, "final_norm": gain}, {})  # noqa: E731
     x = rng.standard_normal((n, d))
     with create_store(path, run, model_data=data) as st, \
-            st.begin("p", n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=d, layerwise=specs) as w:
+            st.begin(P, n_rows=d, n_tokens=n, n_cols=d, dtype="float64", row_block=d, layerwise=specs) as w:
         J = rng.standard_normal((d, n, d))
         w.write_rows(0, d, J)
         for name, spec in specs.items():
@@ -97,30 +100,30 @@ def _planted_store(path, planted_layer: int, token: int):
 
 def test_emergence_finds_the_planted_layer(tmp_path):
     store = _planted_store(tmp_path / "s.zarr", planted_layer=2, token=31)
-    rows = layers.layer_table(store, ["p"], k=2, top=1, token=31)
+    rows = layers.layer_table(store, [P], k=2, top=1, token=31)
     by = {r["target"]: r for r in rows}
     assert [by[f"layer.{i}"]["u1_rank"] == 1 for i in range(4)] == [False, False, True, True]
     assert by["layer.3"]["first_sv"] == 1 and by["layer.0"]["first_sv"] == 0
     assert by["mlp_local.1"]["local"] and by["mlp_local.1"]["component"] == "mlp"
     (entry,) = [e for e in layers.emergence(rows) if e["component"] == "layer"]
     assert entry["first_layer_u1"] == 2 and entry["layers"] == 4
-    assert store.read_analysis("p", "layers_layer.2")[1]["params"] == {"k": 2, "method": "gram"}
-    heat = layers.token_heatmap(store, "p", token=31)
+    assert store.read_analysis(P, "layers_layer.2")[1]["params"] == {"k": 2, "method": "gram"}
+    heat = layers.token_heatmap(store, P, token=31)
     assert heat["layers"] == [0, 1, 2, 3] and heat["u1_rank"].shape == (4, 3)
     assert list(heat["u1_rank"][2:, 1]) == [1, 1] and heat["u1_rank"][0, 1] > 1
-    prompt = store.get("p")
+    prompt = store.get(P)
     Jl = prompt.layerwise("layer.3", lazy=False)
     contribution = Jl[:, 0] @ prompt.array("embeddings")[0]
     assert heat["contribution_rank"][3, 0] == layers.token_rank(layers.lens(store)[0] @ contribution, 31)
-    local = layers.token_heatmap(store, "p", "mlp", token=31, local=True)
+    local = layers.token_heatmap(store, P, "mlp", token=31, local=True)
     assert local["layers"] == [1] and local["component"] == "mlp_local"
     Jl, inputs = prompt.layerwise("mlp_local.1", lazy=False), prompt.layerwise("mlp_local.1", "inputs")
     assert list(local["contribution_rank"][0]) == [layers.token_rank(layers.lens(store)[0] @ (Jl[:, k] @ inputs[k]), 31)
                                                    for k in range(3)]
     with pytest.raises(InvalidArgumentError, match="Expected stored attn.L targets"):
-        layers.token_heatmap(store, "p", "attn")
+        layers.token_heatmap(store, P, "attn")
     with pytest.raises(InvalidArgumentError, match="Expected layerwise targets"):
-        layers.layer_table(store, ["p"], targets=["layer.9"])
+        layers.layer_table(store, [P], targets=["layer.9"])
 
 
 @pytest.mark.slow  # ~15 s: dask's ProgressBar in the CLI waits up to 0.5 s after each compute

@@ -55,7 +55,8 @@ def test_scheduler_run_equals_the_single_process_store(tmp_path, reference, clus
     assert re.search(r"model loads: [12] workers?, 1 each", result.output)  # one load per worker, not per prompt
     assert_same_store(reference, out)
     assert open_store(out).staging_leftovers() == [] and open_store(out).failures() == {}
-    assert (out / ".writer.lock").read_text() == ""  # the holder record goes with the run
+    lock = json.loads((out / "_writer" / "zarr.json").read_text())
+    assert lock == {"zarr_format": 3, "node_type": "group", "attributes": {}}  # the holder record goes with the run
 
 
 def _attempts(out):

@@ -110,3 +110,16 @@ def test_store_of_another_model_is_refused(tmp_path, one_prompt_store, llama_che
     assert result.exit_code == 1
     assert "Expected the store" in result.output and "model_id: 'gcide-llama' (store) != 'tiny-llama'" in result.output
     assert "config_sha256" in result.output and store_snapshot(one_prompt_store) == before
+
+
+def test_a_run_refused_before_its_first_prompt_leaves_no_store_it_created(tmp_path, one_prompt_store, monkeypatch):
+    from detjac import exactness
+
+    monkeypatch.setattr(exactness, "relative_error", lambda *a: float("nan"))  # as a NaN in the model would
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[1:2])
+    out = run_fails(tmp_path, prompts)
+    assert "float64 reconstruction error nan is above 1e-09; a nonlinearity escaped detaching" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.txt", "s.zarr"]  # new.zarr went with the refusal
+    before = store_snapshot(one_prompt_store)
+    run_fails(tmp_path, prompts, out=one_prompt_store)  # a store that already held prompts is kept
+    assert store_snapshot(one_prompt_store) == before

@@ -32,6 +32,7 @@ ID = {"a": "a" * 16, "b": "b" * 16, "c": "c" * 16, "d": "d" * 16, "e": "e" * 16,
       "x2": "1" * 15 + "2", "y1": "2" * 15 + "1", "zz": "f" * 16, "v1": "0" * 15 + "1", "v2": "0" * 15 + "2",
       "dup": "d0" * 8, "s": "5" * 16, "n": "9" * 16, "q": "7" * 16, "t": "7" * 15 + "0"}
 NAMES = {pid: name for name, pid in ID.items()}
+F, LW, WRONG, LIAR = "0f" * 8, "0b" * 8, "0a" * 8, "0c" * 8
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,8 @@ def test_rows_in_any_pieces_fill_whole_shards(backend, shard_bytes, shard_rows):
 
     store, reader = backend
     J, x, y = random_prompt(3, rows=11)
-    writer = store.begin(ID["s"], n_rows=11, n_tokens=3, n_cols=5, dtype="float64", row_block=3, shard_bytes=shard_bytes)
+    writer = store.begin(ID["s"], n_rows=11, n_tokens=3, n_cols=5, dtype="float64", row_block=3,
+                         shard_bytes=shard_bytes)
     bounds = [0, 2, 7, 8, 11]  # pieces of 2, 5, 1 and 3 rows, across shard boundaries
     for a, b in itertools.pairwise(bounds):
         writer.write_rows(a, b, J[a:b])
@@ -366,7 +368,7 @@ def test_an_affine_prompt_keeps_its_offset_and_verify_checks_it(impl, tmp_path):
     truth = put_text("the whale is a metal", affine=True)
     rng = np.random.default_rng(5)
     J, x = rng.standard_normal((6, 2, 6)), rng.standard_normal((2, 6))
-    with store.begin("0a0a0a0a0a0a0a0a", n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=6) as w:
+    with store.begin(WRONG, n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=6) as w:
         w.write_rows(0, 6, J)
         for name, values in (("embeddings", x), ("output", np.einsum("rtc,tc->r", J, x) + 1.0),
                              ("token_ids", np.arange(2)), ("bias", np.full(6, 1.5))):  # b is 1, not 1.5
@@ -379,7 +381,7 @@ def test_an_affine_prompt_keeps_its_offset_and_verify_checks_it(impl, tmp_path):
     assert np.array_equal(reader.get(truth.id).bias(), truth.bias) and reader.get(truth.id).attrs["affine"]
     results = {r.id: r for r in reader.verify()}
     assert results[truth.id].ok and results[truth.id].reconstruction_error < 1e-14
-    assert not results["0a0a0a0a0a0a0a0a"].ok and "reconstruction error" in results["0a0a0a0a0a0a0a0a"].reason
+    assert not results[WRONG].ok and "reconstruction error" in results[WRONG].reason
 
 
 def test_verify_checks_each_layerwise_target(backend):
@@ -388,7 +390,7 @@ def test_verify_checks_each_layerwise_target(backend):
     J, x = rng.standard_normal((4, 3, 5)), rng.standard_normal((3, 5))
     y = np.einsum("rtc,tc->r", J, x)
     specs = {"layer.0": LayerwiseSpec(0, "layer", False), "layer_local.1": LayerwiseSpec(1, "layer", True)}
-    with store.begin("0b0b0b0b0b0b0b0b", n_rows=4, n_tokens=3, n_cols=5, dtype="float64", row_block=2, layerwise=specs) as w:
+    with store.begin(LW, n_rows=4, n_tokens=3, n_cols=5, dtype="float64", row_block=2, layerwise=specs) as w:
         w.write_rows(0, 4, J)
         w.write_block("layer.0", 0, 4, 0, 3, J)
         w.write_layerwise("layer.0", "output", y)
@@ -407,7 +409,7 @@ def test_an_ordinary_jacobian_must_reproduce_its_stored_error(impl, tmp_path):
     truth = put_text("the harp plays")
     rng = np.random.default_rng(2)
     J, x = rng.standard_normal((6, 2, 6)), rng.standard_normal((2, 6))
-    with store.begin("0c0c0c0c0c0c0c0c", n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=6) as w:
+    with store.begin(LIAR, n_rows=6, n_tokens=2, n_cols=6, dtype="float64", row_block=6) as w:
         w.write_rows(0, 6, J)
         for name, values in (("embeddings", x), ("output", np.einsum("rtc,tc->r", J, x) + 1.0),
                              ("token_ids", np.arange(2))):
@@ -418,24 +420,25 @@ def test_an_ordinary_jacobian_must_reproduce_its_stored_error(impl, tmp_path):
     results = {r.id: r for r in impl.open(tmp_path / "s").verify()}
     stored = impl.open(tmp_path / "s").get(truth.id).attrs["reconstruction_error"]
     assert results[truth.id].ok and stored > 1e-2 and results[truth.id].reconstruction_error == pytest.approx(stored)
-    assert not results["0c0c0c0c0c0c0c0c"].ok and "differs from the stored 1e-15" in results["0c0c0c0c0c0c0c0c"].reason
+    assert not results[LIAR].ok and "differs from the stored 1e-15" in results[LIAR].reason
 
 
 def test_failure_records_lease_and_staging(impl, tmp_path):
     path = tmp_path / "s"
     with impl.create(path, RUN) as store:
-        store.record_failure("0f0f0f0f0f0f0f0f", {"prompt": "too long", "line": 3, "reason": "too many tokens", "stage": "tokenize"})
+        store.record_failure(F, {"prompt": "too long", "line": 3, "reason": "too many tokens", "stage": "tokenize"})
         reader = impl.open(path)
-        assert reader.failures()["0f0f0f0f0f0f0f0f"]["line"] == 3 and "failed_at" in reader.failures()["0f0f0f0f0f0f0f0f"]
+        assert reader.failures()[F]["line"] == 3 and "failed_at" in reader.failures()[F]
         with pytest.raises(StoreError, match="Got a failed one .line 3.: too many tokens"):
-            reader.get("0f0f0f0f0f0f0f0f")
+            reader.get(F)
         with pytest.raises(StoreError, match="Expected a store opened for writing"):
             reader.record_failure("0" * 16, {})
         worker = impl.attach(path, store.lease)
-        put(worker, "0f0f0f0f0f0f0f0f", seed=1)  # a worker's commit clears the record: complete or failed, never both
-        assert impl.open(path).failures() == {} and impl.open(path).prompt_ids() == ["0f0f0f0f0f0f0f0f"]
+        put(worker, F, seed=1)  # a worker's commit clears the record: complete or failed, never both
+        assert impl.open(path).failures() == {} and impl.open(path).prompt_ids() == [F]
         pending = store.begin("0" * 15 + "7", n_rows=7, n_tokens=3, n_cols=5, dtype="float64", row_block=3)
-        assert len(impl.open(path).staging_leftovers()) == 1 and impl.open(path).staging_leftovers()[0][:17] == "0" * 15 + "7."
+        leftovers = impl.open(path).staging_leftovers()
+        assert len(leftovers) == 1 and leftovers[0][:17] == f"{7:016x}."
         with pytest.raises(StoreError, match="Expected a store opened for writing"):
             impl.open(path).clear_staging()
         store.clear_staging()
@@ -446,7 +449,7 @@ def test_failure_records_lease_and_staging(impl, tmp_path):
     with pytest.raises(StoreError, match="that run has ended or another took over"):
         put(worker, "1a7e" * 4)  # the run is over: its worker publishes nothing
     with impl.create(path, RUN) as again:  # closing released the writer: a new run may take the store
-        assert again.prompt_ids() == ["0f0f0f0f0f0f0f0f"]
+        assert again.prompt_ids() == [F]
 
 
 def test_the_factory_store_reads_back_through_the_interface(tmp_path):
