@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import DetjacError
 from . import failed
 from . import format as fmt
 from .base import VerifyResult
@@ -35,9 +36,11 @@ def _checked(where: str, kind: str, check: Any) -> VerifyResult:
     """Run ``check()``; a result ``ok``, or corrupt with the reason it raised."""
     try:
         check()
-    except Exception as exc:  # noqa: BLE001 - any failure to read a part means it is damaged
+    except DetjacError as exc:
         cause = exc.__cause__ if exc.__cause__ is not None and "Got a damaged one" in str(exc) else exc
         return _bad(where, kind, str(cause))
+    except Exception as exc:  # noqa: BLE001 - any failure to read a part means it is damaged
+        return _bad(where, kind, f"unreadable: {type(exc).__name__}: {exc}")
     return VerifyResult(where, True, None, "", kind)
 
 

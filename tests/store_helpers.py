@@ -9,7 +9,7 @@ import numpy as np
 
 from detjac.store import open_store
 
-TIMESTAMPS = {"written_at", "created"}
+TIMESTAMPS = {"written_at", "created", "integrity"}  # the seal covers written_at
 
 PROMPTS = [
     "Kitten, n. A young cat.",

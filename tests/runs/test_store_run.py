@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from store_helpers import PROMPTS, assert_all_equal, store_snapshot, write_prompts
+from store_helpers import PROMPTS, assert_all_equal, reseal, store_snapshot, write_prompts
 
 from detjac.cli.main import main
 from detjac.engine import detached_jacobian
@@ -85,7 +85,7 @@ def test_store_commands(run_store, tmp_path):
     assert ls.exit_code == 0 and len(ls.output.strip().splitlines()) == 1 and "Kitten" in ls.output
     pid = ls.output.split()[0]
     info = invoke("store", "info", str(path))
-    assert "4 complete prompts" in info.output and "format version 1" in info.output
+    assert "4 complete prompts" in info.output and "format version 2" in info.output
     one = invoke("store", "info", str(path), pid)
     assert json.loads(one.output[: one.output.rindex("}") + 1])["prompt"] == PROMPTS[0]
     verify = invoke("store", "verify", str(path))
@@ -109,8 +109,11 @@ def test_verify_flags_a_corrupted_chunk_by_id(run_store, tmp_path):
     chunk.write_bytes(bytes(raw))
     result = invoke("store", "verify", str(copy))
     assert result.exit_code == 1
-    assert re.search(rf"CORRUPT {victim}: unreadable: .*checksum", result.output)
+    rel = chunk.relative_to(copy / "prompts" / victim).as_posix()
+    assert f"CORRUPT {victim}: file {rel} changed since commit (its SHA-256 differs)" in result.output
     assert "3 of 4 prompts ok" in result.output and "1 corrupt" in result.output
+    reseal(copy / "prompts" / victim)  # behind the seal, the chunk's crc32c catches the flipped bit
+    assert re.search(rf"CORRUPT {victim}: unreadable: .*checksum", invoke("store", "verify", str(copy)).output)
 
 
 def test_float32_run_and_dtype_mismatch_on_resume(tmp_path):
