@@ -44,8 +44,8 @@ def main() -> None:
 
     \b
     Examples:
-      detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the"
-      detjac svd ./Llama-3.2-1B --prompt-file long.txt --k 16
+      detjac jacobian meta-llama/Llama-3.2-1B --prompt "The bridge out of Marin is the"   # from the HF cache
+      detjac svd meta-llama/Llama-3.2-1B --prompt-file long.txt --k 16
       detjac demo
       detjac run default prompts.txt --out run.zarr
       detjac store verify run.zarr
@@ -73,14 +73,15 @@ def _torch_dtype(name: str) -> Any:
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
               help="Decoded tokens per singular vector.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
-@click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
+@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
 def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
              device: str, revision: str | None, trust_remote_code: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
-    MODEL is a local Hugging Face checkpoint folder, or `default` (also when omitted) for
-    the shipped default model.
+    MODEL is a local Hugging Face checkpoint folder, a hub id (org/name, read from the Hugging
+    Face cache, or downloaded into it when online; `hf download org/name` fetches it ahead),
+    or `default` (also when omitted) for the shipped default model.
 
     Prints the prompt tokens, the predicted next token, the reconstruction error of the
     detached and of the ordinary Jacobian, and the top singular values of the summed
@@ -90,7 +91,8 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     \b
     Examples:
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
-      detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
+      detjac jacobian meta-llama/Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
+      detjac jacobian ./my-checkpoint --prompt "..."           # a folder saved by save_pretrained
     """
     from detjac.engine import family_for, get_tokenizer, load_model
     from detjac.engine.default import resolve_model

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 from detjac.errors import CheckpointError, PromptError
 
 from .families import family_for
+from .hub import is_hub_id, resolve_hub_id
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -30,24 +31,28 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 _TOKENIZERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
 
-def check_checkpoint_dir(path: str | Path) -> Path:
-    """Return ``path`` if it is a Hugging Face checkpoint directory, else raise.
+def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
+    """Return the checkpoint directory ``path`` names, else raise: ``path`` itself, or the Hugging Face cache's
+    snapshot folder of a hub id (``org/name``, at ``revision``; see :mod:`detjac.engine.hub`).
 
     Raises
     ------
     CheckpointError
-        The path is missing, not a directory, or lacks ``config.json`` or weights.
+        The path is missing, not a directory, or lacks ``config.json`` or weights; a hub id
+        that is not in the cache and cannot be downloaded.
     """
-    return read_checkpoint(path)[0]
+    return read_checkpoint(path, revision)[0]
 
 
-def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`)."""
+    if is_hub_id(path):
+        path = resolve_hub_id(str(path), revision)
     p = Path(path).expanduser()
     if not p.exists():
         raise CheckpointError(
-            f"Expected a Hugging Face checkpoint directory. Got {str(path)!r}, which does not "
-            "exist (detjac loads local checkpoints only; download the model first)."
+            f"Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {str(path)!r}, which does "
+            "not exist."
         )
     if not p.is_dir():
         raise CheckpointError(
@@ -89,7 +94,8 @@ def load_model(
     Parameters
     ----------
     source
-        A local checkpoint directory, or an already-loaded ``PreTrainedModel``.
+        A local checkpoint directory, a Hugging Face hub id (``org/name``: the cache's snapshot, see
+        :mod:`detjac.engine.hub`), or an already-loaded ``PreTrainedModel``.
     dtype
         Parameter dtype. float64 (the default) is the exactness mode; ``None`` keeps the
         checkpoint's (or the given model's) dtype.
@@ -120,7 +126,7 @@ def load_model(
     else:
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-        path, raw_config = read_checkpoint(source)
+        path, raw_config = read_checkpoint(source, revision)
         # Refuse an unsupported family from config.json alone, before transformers parses it
         # (a model_type transformers does not know would otherwise fail with its own message).
         family_for(SimpleNamespace(model_type=raw_config.get("model_type")))

@@ -70,7 +70,8 @@ class StreamedModel(Engine):
     ----------
     source
         A checkpoint folder with safetensors shards (weights are read layer by layer and
-        never all held), or a loaded model (its tensors are used in place; with another
+        never all held), a Hugging Face hub id (its snapshot in the cache, see
+        :mod:`detjac.engine.hub`), or a loaded model (its tensors are used in place; with another
         ``device`` or ``dtype`` one layer at a time is copied).
     dtype
         Compute dtype; float64 is the exactness mode.
@@ -108,6 +109,7 @@ class StreamedModel(Engine):
                 f"Got budgets for {', '.join(self.budgets)} only."
             )
         config, cls, raw, self.path = _model_class(source, revision, trust_remote_code)
+        source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
         self.family = _streamable_family(config)
         self.config = config
         weights = open_source(source, raw)
@@ -289,7 +291,7 @@ def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> 
         return source.config, type(source), None, None
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path, raw = read_checkpoint(source)
+    path, raw = read_checkpoint(source, revision)
     config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return config, AutoModelForCausalLM._model_mapping[type(config)], raw, path
 

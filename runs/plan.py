@@ -21,7 +21,8 @@ from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tok
 class ModelSpec:
     """How a process loads the run's model; pickled to every worker of a distributed run."""
 
-    model: str  # "default", or a checkpoint folder (absolute, so that workers find it on a shared file system)
+    model: str  # "default", or a checkpoint folder (absolute, so that workers find it on a shared file system;
+    # a hub id's snapshot folder in the Hugging Face cache)
     dtype: str = "float64"
     device: str = "cpu"
     streamed: bool = False  # the layer-streamed engine (a skeleton; one layer in memory at a time)

@@ -104,7 +104,7 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
     Parameters
     ----------
     model : str
-        A checkpoint folder or ``default``.
+        A checkpoint folder, a Hugging Face hub id (``org/name``) or ``default``.
     prompts : str or Path
         A .txt (one prompt per line) or .jsonl file.
     out : str
@@ -128,7 +128,7 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
     from .plan import ModelSpec, open_run_store, prepare_run
 
     o = check_options(options)
-    spec = ModelSpec(model_ref(model), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
+    spec = ModelSpec(model_ref(model, o.revision), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
                      o.revision, o.trust_remote_code)
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
@@ -160,8 +160,15 @@ def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, ou
             + (f"; {refused} cannot be run (recorded as failed)." if refused else "."))
 
 
-def model_ref(model: str) -> str:
-    """A checkpoint folder as an absolute path (workers resolve it on their own file system); else unchanged."""
+def model_ref(model: str, revision: str | None = None) -> str:
+    """A checkpoint folder as an absolute path (workers resolve it on their own file system), a hub id as its
+    snapshot folder in the Hugging Face cache (found, or downloaded, once, here); else unchanged."""
+    from detjac.engine.hub import is_hub_id
+
+    if is_hub_id(model):
+        from detjac.engine import check_checkpoint_dir
+
+        return str(check_checkpoint_dir(model, revision))
     path = Path(model)
     return str(path.resolve()) if path.is_dir() else model
 
