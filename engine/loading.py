@@ -23,6 +23,7 @@ from detjac.errors import CheckpointError, PromptError
 
 from .families import family_for
 from .hub import is_hub_id, resolve_hub_id
+from .weights import tensors_error
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -135,10 +136,11 @@ def load_model(
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
         # MoE experts: the stock default (grouped_mm) rejects float64; eager is the loop detjac mirrors
         extra = {"experts_implementation": "eager"} if family.moes else {}
-        model = auto.from_pretrained(
-            path, config=config, revision=revision, dtype=dtype or "auto",
+        model, info = auto.from_pretrained(
+            path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
             trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
         )
+        _check_loading_info(path, info)
         model.to(device)
         if tokenizer is None and any(path.glob("tokenizer*")):
             tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
@@ -146,6 +148,14 @@ def load_model(
     if tokenizer is not None:
         _TOKENIZERS[model] = tokenizer
     return model
+
+
+def _check_loading_info(path: Path, info: dict[str, Any]) -> None:
+    """Refuse what transformers would only warn about: a parameter missing from the checkpoint (initialized
+    at random) or a tensor the model has no place for (a checkpoint of another architecture)."""
+    found = {what: [str(k) for k in info.get(f"{what}_keys") or ()] for what in ("missing", "unexpected", "mismatched")}
+    if any(found.values()):
+        raise tensors_error(f"a checkpoint in {path}", found)
 
 
 def _has_safetensors(path: Path) -> bool | None:

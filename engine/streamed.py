@@ -57,7 +57,7 @@ from .loading import read_checkpoint
 from .progress import progress_bar
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
-from .weights import open_source
+from .weights import check_complete, open_source
 
 __all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
            "layer_targets", "parse_memory", "return_freed_memory"]
@@ -120,6 +120,8 @@ class StreamedModel(Engine):
         self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
                                  quantize=quantize)
         sk = self.skeleton
+        check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={sk.head_name()} if sk.tied else (),
+                       required=(sk.decoder_path + ".", sk.head_name()))  # what this engine reads
         self.source, self.model, self.decoder, self.layers = weights, sk.model, sk.decoder, sk.layers
         self.n_layers, self.d_model, self.ffn, self.stats = sk.n_layers, sk.d_model, sk.ffn, sk.stats
         self.steps = LayerSteps(sk, self.family, detach)
