@@ -43,8 +43,11 @@ DIMENSIONS = {
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
     "final_norm": ("row",),
+    "token": ("token",),
+    "token_text": ("token",),
 }
 
+COORDINATES = ("token", "token_text")  # xarray coordinates of a prompt's token dimension, written at commit
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
 OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = sum_k J_k x_k + b
 
@@ -78,6 +81,30 @@ def put_array(group: Any, name: str, values: Any, dims: tuple[str, ...] | None =
                              chunks=chunks or values.shape or None, compressors=compressors(values.itemsize))
     arr[...] = values
     return arr
+
+
+def put_token_coordinates(group: Any, n_tokens: int, tokens: list[str] | None) -> dict[str, str]:
+    """Coordinates of a prompt's ``token`` dimension, for xarray: ``token`` (positions 0..n-1) and, with a
+    tokenizer, ``token_text`` (the decoded pieces); returns the group attribute naming the non-dimension
+    ones (``token_ids`` is one), which ``xarray.open_zarr`` reads as coordinates."""
+    put_array(group, "token", np.arange(n_tokens, dtype=np.int64), DIMENSIONS["token"])
+    names = ["token_ids"]
+    if tokens is not None and len(tokens) == n_tokens:
+        arr = group.create_array("token_text", shape=(n_tokens,), dtype=str, dimension_names=DIMENSIONS["token_text"])
+        arr[...] = np.asarray(tokens, dtype=str)
+        names.append("token_text")
+    return {"coordinates": " ".join(names)}
+
+
+def consolidate(path: Path) -> None:
+    """Consolidate a group's metadata into its zarr.json (read by ``xarray.open_zarr`` without a warning)."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():  # zarr notes that consolidated metadata is not in the v3 spec (yet)
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))
 
 
 def shard_rows(row_block: int, n_rows: int, row_bytes: int, shard_bytes: int = SHARD_BYTES) -> int:

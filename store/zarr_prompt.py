@@ -85,8 +85,21 @@ class ZarrPrompt(StoredPrompt):
         return {**dict(self._group[f"{fmt.LAYERWISE}/{target}"].attrs),
                 **self.attrs.get("layerwise", {}).get(target, {})}
 
+    def to_xarray(self) -> Any:
+        """The prompt's arrays as a lazy ``xarray.Dataset`` (dask-backed; needs xarray): dimensions ``row``,
+        ``token``, ``col``, and the token coordinates ``token`` (position), ``token_ids``, ``token_text``.
+        The same as ``xarray.open_zarr(prompt.path)``."""
+        import xarray as xr
+
+        return xr.open_zarr(self.path, consolidated="consolidated_metadata" in self._metadata())
+
+    def _metadata(self) -> dict[str, Any]:
+        import json
+
+        return json.loads((self.path / "zarr.json").read_text())
+
     def array(self, name: str) -> np.ndarray:
-        names = sorted(set(self._group.array_keys()) - {"jacobian"})
+        names = sorted(set(self._group.array_keys()) - {"jacobian", *fmt.COORDINATES})
         if name not in names:
             raise InvalidArgumentError(f"Expected one of {', '.join(names)}. Got {name!r}.")
         return self._group[name][...]

@@ -216,7 +216,9 @@ class ZarrPromptWriter(PromptWriter):
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
                              f"{', '.join(sorted(missing))} (rows written: {self._next_row} of {self.n_rows}).")
         try:
-            self._group.attrs.update({**attrs, "complete": True})
+            coordinates = fmt.put_token_coordinates(self._group, self.n_tokens, attrs.get("tokens"))
+            self._group.attrs.update({**attrs, **coordinates, "complete": True})
+            fmt.consolidate(self.staging)
             fsync_tree(self.staging)
             self.store.check_writer()
             if self.final.exists():  # the same prompt was stored meanwhile: keep the first
