@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -136,10 +137,11 @@ def load_model(
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
         # MoE experts: the stock default (grouped_mm) rejects float64; eager is the loop detjac mirrors
         extra = {"experts_implementation": "eager"} if family.moes else {}
-        model, info = auto.from_pretrained(
-            path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
-            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
-        )
+        with _quiet_transformers():  # its "Loading weights" bar, on every load, says nothing a user can act on
+            model, info = auto.from_pretrained(
+                path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
+                trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
+            )
         _check_loading_info(path, info)
         model.to(device)
         if tokenizer is None and any(path.glob("tokenizer*")):
@@ -148,6 +150,20 @@ def load_model(
     if tokenizer is not None:
         _TOKENIZERS[model] = tokenizer
     return model
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars off for the duration of the block (then as they were)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _check_loading_info(path: Path, info: dict[str, Any]) -> None:

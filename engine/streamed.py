@@ -128,6 +128,8 @@ class StreamedModel(Engine):
         self._linear_depth = 0
         with self._linear():  # the guard: a module without a detach rule is refused here, not mid-run
             pass
+        if self.budgets:  # a budget that cannot hold one layer and one vector of a one-token prompt: refused now
+            self.cost.plan(1, [OUTPUTS])
 
     @contextmanager
     def _linear(self) -> Iterator[None]:

@@ -123,7 +123,7 @@ class RunPlan:
         return [t for t in self.tasks if t.pid not in done]
 
 
-def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, row_block: int | None,
+def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
@@ -136,7 +136,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, ro
     """
     from detjac.store import prompt_id
 
-    prompts = read_prompts(prompts_path)
+    prompts = prompts_path if isinstance(prompts_path, PromptsFile) else read_prompts(prompts_path)
     loaded = spec.load(load_device)
     targets: list[Any] = []
     if layers is not None:

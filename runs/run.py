@@ -98,15 +98,16 @@ def check_options(options: RunOptions) -> RunOptions:
     return replace(o, streamed=streamed)
 
 
-def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, log: Log | None = None) -> RunOutcome:
+def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOptions,
+               log: Log | None = None) -> RunOutcome:
     """Detached Jacobians of ``model`` on every prompt of the file ``prompts``, into the store ``out``.
 
     Parameters
     ----------
     model : str
         A checkpoint folder, a Hugging Face hub id (``org/name``) or ``default``.
-    prompts : str or Path
-        A .txt (one prompt per line) or .jsonl file.
+    prompts : str, Path or PromptsFile
+        A .txt (one prompt per line) or .jsonl file, or prompts already read (:mod:`detjac.runs.prompts`).
     out : str
         The store: a path or a ``file://`` URL; created, or resumed.
     options : RunOptions
@@ -148,6 +149,18 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
             run_local(plan, store, tasks, summary)
         total = len(store.prompt_ids())
     return RunOutcome(summary, out, total, o.distributed, interrupted)
+
+
+def run_one(model: str, prompt: str, out: str, options: RunOptions) -> str:
+    """One prompt (text) into the store ``out`` (created, or resumed), as ``detjac run`` would store it from a
+    file holding that line; returns its prompt id."""
+    from detjac.store import open_store, prompt_id
+
+    from .prompts import PromptLine, PromptsFile
+
+    prompts = PromptsFile(Path("--prompt"), [PromptLine(1, prompt)], 0)
+    run_corpus(model, prompts, out, replace(options, workers=0, scheduler=None))
+    return prompt_id(open_store(out).run, prompt)
 
 
 def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, out: str) -> str:

@@ -155,7 +155,7 @@ class ZarrStore(JacobianStore):
                                 shard_bytes=shard_bytes)
 
     def verify(self, progress: bool = False) -> list[VerifyResult]:
-        from tqdm import tqdm
+        from detjac.progress import tqdm
 
         ids = self.prompt_ids()
         return [verify_prompt(self.path / fmt.PROMPTS / pid) for pid in tqdm(ids, desc="verify", unit="prompt",
