@@ -50,6 +50,7 @@ class PlainBar:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.total, self.n, self.postfix, self.closed = total, 0, "", False
+        self._shown: tuple[int, str] | None = None  # the count and postfix of the last line written
         self.interval = float(os.environ.get("DETJAC_PROGRESS_INTERVAL", 30)) if interval is None else interval
         self.file = file
         self.start = self._last = time.monotonic()
@@ -77,12 +78,12 @@ class PlainBar:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
 
     def close(self) -> None:
-        if not self.closed and self.leave:
+        if not self.closed and self.leave and self._shown != (self.n, self.postfix):
             self._line()
         self.closed = True
 
     def _line(self) -> None:
-        self._last = time.monotonic()
+        self._last, self._shown = time.monotonic(), (self.n, self.postfix)
         done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
         percent = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         extra = f", {self.postfix}" if self.postfix else ""
