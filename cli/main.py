@@ -106,6 +106,10 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
 
     from .render import piece
 
+    if out is not None and out.lower().endswith(".npz"):
+        from detjac.runs.export import check_npz_path
+
+        check_npz_path(out)  # before any work
     lm = load_model(resolve_model(model), dtype=_torch_dtype(dtype), device=device, revision=revision,
                     trust_remote_code=trust_remote_code)
     tok = get_tokenizer(lm)

@@ -17,14 +17,20 @@ import numpy as np
 from detjac.errors import InvalidArgumentError
 
 
-def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[str] | None = None) -> Path:
-    """Write a :class:`~detjac.engine.JacobianResult` to ``path`` (``.npz``, compressed); returns the path.
-    ``tokens``: the decoded pieces to save (default: the result's own)."""
+def check_npz_path(path: str | Path) -> Path:
+    """``path`` if an .npz file can be written there (checked before any work), else InvalidArgumentError."""
     path = Path(path)
     if path.suffix.lower() != ".npz":
         raise InvalidArgumentError(f"Expected a file name ending in .npz. Got {str(path)!r}.")
     if not path.parent.is_dir():
         raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {path.parent}.")
+    return path
+
+
+def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[str] | None = None) -> Path:
+    """Write a :class:`~detjac.engine.JacobianResult` to ``path`` (``.npz``, compressed); returns the path.
+    ``tokens``: the decoded pieces to save (default: the result's own)."""
+    path = check_npz_path(path)
 
     def numpy(t: Any) -> np.ndarray:
         return t.detach().to("cpu").numpy()

@@ -58,23 +58,25 @@ def test_the_sample_prompts_files_read_and_tokenize() -> None:
             assert 3 <= len(ids) <= 64
 
 
-def test_jacobian_out_writes_an_npz_or_a_store(tmp_path: Path) -> None:
+def test_jacobian_out_writes_an_npz_or_a_store(tmp_path: Path, llama_checkpoint: Path) -> None:
     runner = CliRunner()
-    npz = tmp_path / "oak.npz"
-    result = runner.invoke(main, ["jacobian", "-p", "Oak, n. A tree", "--k", "1", "--top", "1", "--out", str(npz)])
+    npz = tmp_path / "abc.npz"
+    args = ["jacobian", str(llama_checkpoint), "-p", "a b c", "--k", "1", "--top", "1", "--out"]
+    result = runner.invoke(main, [*args, str(npz)])
     assert result.exit_code == 0, result.output
     saved = np.load(npz)
-    J, x = saved["jacobian"], saved["embeddings"]
-    assert J.shape == (256, len(saved["token_ids"]), 256) and list(saved["tokens"])[:3] == ["<s>", "O", "ak"]
+    J, x, d = saved["jacobian"], saved["embeddings"], len(saved["output"])
+    assert J.shape == (d, 4, d) and list(saved["tokens"]) == ["<s>", "a", " b", " c"]
     error = np.linalg.norm(np.einsum("rtc,tc->r", J, x) - saved["output"]) / np.linalg.norm(saved["output"])
-    assert error < 1e-12 and float(saved["reconstruction_error"]) < 1e-12 and str(saved["model"]) == "default"
-    zarr_out = tmp_path / "oak.zarr"
-    result = runner.invoke(main, ["jacobian", "-p", "Oak, n. A tree", "--k", "1", "--top", "1", "--out", str(zarr_out)])
+    assert error < 1e-12 and float(saved["reconstruction_error"]) < 1e-12
+    assert str(saved["model"]) == str(llama_checkpoint) and str(saved["prompt"]) == "a b c"
+    zarr_out = tmp_path / "abc.zarr"
+    result = runner.invoke(main, [*args, str(zarr_out)])
     assert result.exit_code == 0, result.output
     (prompt,) = list(open_store(zarr_out))
     assert f"stored as prompt {prompt.id} in {zarr_out}" in result.output
     np.testing.assert_array_equal(prompt.jacobian(lazy=False), J)  # the same numbers as the .npz
-    bad = runner.invoke(main, ["jacobian", "-p", "Oak", "--out", str(tmp_path / "missing" / "x.npz")])
+    bad = runner.invoke(main, [*args[:-1], "--out", str(tmp_path / "missing" / "x.npz")])
     assert bad.exit_code == 1 and "Expected an existing folder" in bad.output
 
 
