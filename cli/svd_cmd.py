@@ -60,7 +60,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 @click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
               help="Compute dtype; float64 is the exactness mode.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
-@click.option("--revision", default=None, help="Checkpoint revision (for from_pretrained).")
+@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
 def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
@@ -82,8 +82,8 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     \b
     Examples:
       detjac svd -p "Kitten, n. A young" --k 8                     # the default model
-      detjac svd ./Llama-3.2-1B --prompt-file long.txt --k 16 --top 8
-      detjac svd ./Qwen3-14B --prompt-file long.txt --max-memory cpu=16GiB --dtype float32
+      detjac svd meta-llama/Llama-3.2-1B --prompt-file long.txt --k 16 --top 8
+      detjac svd Qwen/Qwen3-14B --prompt-file long.txt --max-memory cpu=16GiB --dtype float32
       detjac svd -p "Oak, n. (Bot.) Any tree" --compare --out oak.npz
     """
     import torch

@@ -27,7 +27,7 @@ def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, devic
     Parameters
     ----------
     source
-        A checkpoint folder (see :func:`load_model`).
+        A checkpoint folder or a Hugging Face hub id ``org/name`` (see :func:`load_model`).
     dtype
         Compute dtype (default float64, the exactness mode).
     max_memory

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 from detjac.errors import CheckpointError, PromptError
 
 from .families import family_for
+from .hub import is_hub_id, resolve_hub_id
+from .weights import tensors_error
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -30,24 +33,28 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 _TOKENIZERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
 
-def check_checkpoint_dir(path: str | Path) -> Path:
-    """Return ``path`` if it is a Hugging Face checkpoint directory, else raise.
+def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
+    """Return the checkpoint directory ``path`` names, else raise: ``path`` itself, or the Hugging Face cache's
+    snapshot folder of a hub id (``org/name``, at ``revision``; see :mod:`detjac.engine.hub`).
 
     Raises
     ------
     CheckpointError
-        The path is missing, not a directory, or lacks ``config.json`` or weights.
+        The path is missing, not a directory, or lacks ``config.json`` or weights; a hub id
+        that is not in the cache and cannot be downloaded.
     """
-    return read_checkpoint(path)[0]
+    return read_checkpoint(path, revision)[0]
 
 
-def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`)."""
+    if is_hub_id(path):
+        path = resolve_hub_id(str(path), revision)
     p = Path(path).expanduser()
     if not p.exists():
         raise CheckpointError(
-            f"Expected a Hugging Face checkpoint directory. Got {str(path)!r}, which does not "
-            "exist (detjac loads local checkpoints only; download the model first)."
+            f"Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {str(path)!r}, which does "
+            "not exist."
         )
     if not p.is_dir():
         raise CheckpointError(
@@ -89,7 +96,8 @@ def load_model(
     Parameters
     ----------
     source
-        A local checkpoint directory, or an already-loaded ``PreTrainedModel``.
+        A local checkpoint directory, a Hugging Face hub id (``org/name``: the cache's snapshot, see
+        :mod:`detjac.engine.hub`), or an already-loaded ``PreTrainedModel``.
     dtype
         Parameter dtype. float64 (the default) is the exactness mode; ``None`` keeps the
         checkpoint's (or the given model's) dtype.
@@ -120,7 +128,7 @@ def load_model(
     else:
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-        path, raw_config = read_checkpoint(source)
+        path, raw_config = read_checkpoint(source, revision)
         # Refuse an unsupported family from config.json alone, before transformers parses it
         # (a model_type transformers does not know would otherwise fail with its own message).
         family_for(SimpleNamespace(model_type=raw_config.get("model_type")))
@@ -129,10 +137,12 @@ def load_model(
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
         # MoE experts: the stock default (grouped_mm) rejects float64; eager is the loop detjac mirrors
         extra = {"experts_implementation": "eager"} if family.moes else {}
-        model = auto.from_pretrained(
-            path, config=config, revision=revision, dtype=dtype or "auto",
-            trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
-        )
+        with _quiet_transformers():  # its "Loading weights" bar, on every load, says nothing a user can act on
+            model, info = auto.from_pretrained(
+                path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
+                trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
+            )
+        _check_loading_info(path, info)
         model.to(device)
         if tokenizer is None and any(path.glob("tokenizer*")):
             tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
@@ -140,6 +150,28 @@ def load_model(
     if tokenizer is not None:
         _TOKENIZERS[model] = tokenizer
     return model
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars off for the duration of the block (then as they were)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _check_loading_info(path: Path, info: dict[str, Any]) -> None:
+    """Refuse what transformers would only warn about: a parameter missing from the checkpoint (initialized
+    at random) or a tensor the model has no place for (a checkpoint of another architecture)."""
+    found = {what: [str(k) for k in info.get(f"{what}_keys") or ()] for what in ("missing", "unexpected", "mismatched")}
+    if any(found.values()):
+        raise tensors_error(f"a checkpoint in {path}", found)
 
 
 def _has_safetensors(path: Path) -> bool | None:

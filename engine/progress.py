@@ -10,6 +10,6 @@ def progress_bar(items: Any, progress: bool, desc: str, unit: str, leave: bool =
     """``items`` wrapped in a tqdm bar when ``progress`` (a bare bar when ``items`` is None); else ``items``."""
     if not progress:
         return items
-    from tqdm.auto import tqdm
+    from detjac.progress import tqdm
 
     return tqdm(items, desc=desc, unit=unit, leave=leave, total=total)

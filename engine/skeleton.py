@@ -160,14 +160,23 @@ class Skeleton:
         scale = getattr(emb, "embed_scale", None)  # Gemma3 scales inside its embedding module
         return x * scale.to(self.dtype) if scale is not None else x
 
+    @property
+    def tied(self) -> bool:
+        """Whether the unembedding is the input embedding (read from the embedding's key)."""
+        return bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False) or
+                    getattr(self.config, "tie_word_embeddings", False))
+
+    def head_name(self) -> str:
+        """The model's name of the unembedding matrix (``lm_head.weight``)."""
+        head = self.model.get_output_embeddings()
+        return next(n for n, m in self.model.named_modules() if m is head) + ".weight"
+
     def _matrix_key(self, which: str) -> str:
         """The checkpoint key of the input embedding (``"embedding"``) or unembedding matrix."""
-        head = self.model.get_output_embeddings()
-        tied = getattr(self.config.get_text_config(), "tie_word_embeddings", False) or \
-            getattr(self.config, "tie_word_embeddings", False)
-        module = self.decoder.get_input_embeddings() if which == "embedding" or tied else head
-        name = next(n for n, m in self.model.named_modules() if m is module) + ".weight"
-        return self.source.resolve(name)
+        if which == "embedding" or self.tied:
+            emb = self.decoder.get_input_embeddings()
+            return self.source.resolve(next(n for n, m in self.model.named_modules() if m is emb) + ".weight")
+        return self.source.resolve(self.head_name())
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """``embedding`` (vocab, d), ``unembedding`` (vocab, d) and ``final_norm`` (d,) on CPU, read whole from the

@@ -129,7 +129,7 @@ def evaluate(model: Any, tokenizer: Any, op: SteeringOperator, prompts: Sequence
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
     runs = [(s, ids) for s in strengths for ids in encoded]
     if progress:
-        from tqdm.auto import tqdm
+        from detjac.progress import tqdm
 
         runs = tqdm(runs, desc="steered generations", unit="gen")
     outs: dict[float, list[list[int]]] = {float(s): [] for s in strengths}

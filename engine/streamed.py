@@ -57,7 +57,7 @@ from .loading import read_checkpoint
 from .progress import progress_bar
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
-from .weights import open_source
+from .weights import check_complete, open_source
 
 __all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
            "layer_targets", "parse_memory", "return_freed_memory"]
@@ -70,7 +70,8 @@ class StreamedModel(Engine):
     ----------
     source
         A checkpoint folder with safetensors shards (weights are read layer by layer and
-        never all held), or a loaded model (its tensors are used in place; with another
+        never all held), a Hugging Face hub id (its snapshot in the cache, see
+        :mod:`detjac.engine.hub`), or a loaded model (its tensors are used in place; with another
         ``device`` or ``dtype`` one layer at a time is copied).
     dtype
         Compute dtype; float64 is the exactness mode.
@@ -108,6 +109,7 @@ class StreamedModel(Engine):
                 f"Got budgets for {', '.join(self.budgets)} only."
             )
         config, cls, raw, self.path = _model_class(source, revision, trust_remote_code)
+        source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
         self.family = _streamable_family(config)
         self.config = config
         weights = open_source(source, raw)
@@ -118,12 +120,16 @@ class StreamedModel(Engine):
         self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
                                  quantize=quantize)
         sk = self.skeleton
+        check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={sk.head_name()} if sk.tied else (),
+                       required=(sk.decoder_path + ".", sk.head_name()))  # what this engine reads
         self.source, self.model, self.decoder, self.layers = weights, sk.model, sk.decoder, sk.layers
         self.n_layers, self.d_model, self.ffn, self.stats = sk.n_layers, sk.d_model, sk.ffn, sk.stats
         self.steps = LayerSteps(sk, self.family, detach)
         self._linear_depth = 0
         with self._linear():  # the guard: a module without a detach rule is refused here, not mid-run
             pass
+        if self.budgets:  # a budget that cannot hold one layer and one vector of a one-token prompt: refused now
+            self.cost.plan(1, [OUTPUTS])
 
     @contextmanager
     def _linear(self) -> Iterator[None]:
@@ -289,7 +295,7 @@ def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> 
         return source.config, type(source), None, None
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path, raw = read_checkpoint(source)
+    path, raw = read_checkpoint(source, revision)
     config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return config, AutoModelForCausalLM._model_mapping[type(config)], raw, path
 

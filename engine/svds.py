@@ -289,7 +289,7 @@ def _randomized(op: JacobianOperator, k: int, width: int, tol: float, max_iters:
 def _bar(progress: bool, method: str) -> Any:
     if not progress:
         return None
-    from tqdm.auto import tqdm
+    from detjac.progress import tqdm
 
     return tqdm(desc=f"{method} iterations", unit="it")
 

@@ -200,6 +200,52 @@ def resolve_key(name: str, keys: Iterable[str]) -> str:
     )
 
 
+def check_complete(model: nn.Module, source: WeightSource, where: str = "a checkpoint",
+                   optional: Iterable[str] = (), required: tuple[str, ...] = ("",)) -> None:
+    """Refuse a checkpoint that lacks one of ``model``'s parameters or holds a tensor the model has no place for.
+
+    Either would otherwise surface mid-run (a missing tensor) or never (an extra one: a checkpoint of
+    another architecture). Only parameters whose names start with one of ``required`` must be there, and
+    ``optional`` ones may be missing (a tied unembedding, read from the embedding); other modalities'
+    towers and the auxiliary tensors of a bitsandbytes checkpoint (next to the weight they quantize)
+    are expected.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the missing and the unexpected tensors (the first few of each).
+    """
+    if is_resident(source):
+        return
+    keys = dict.fromkeys(source.names())
+    used: set[str] = set()
+    missing = []
+    for name, _ in model.named_parameters():
+        try:
+            used.add(resolve_key(name, keys))
+        except CheckpointError:
+            if name not in optional and name.startswith(required):
+                missing.append(name)
+    for name, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]:
+        try:
+            used.add(resolve_key(name, keys))
+        except CheckpointError:
+            pass
+    modules = {k.rsplit(".", 1)[0] for k in used} if source.quantized else set()
+    unexpected = [k for k in keys if k not in used and not any(t in k for t in _OTHER_TOWERS)
+                  and not any(k.startswith(m + ".") for m in modules)]
+    if missing or unexpected:
+        raise tensors_error(where, {"missing": missing, "unexpected": unexpected})
+
+
+def tensors_error(where: str, found: dict[str, list[str]]) -> CheckpointError:
+    """The error for a checkpoint whose tensors are not the model's: ``found`` maps "missing", "unexpected"
+    (...) to tensor names; the first five of each are named."""
+    return CheckpointError(f"Expected {where} with exactly the model's tensors. Got " + "; ".join(
+        f"{len(names)} {what}: {', '.join(sorted(names)[:5])}{' ...' if len(names) > 5 else ''}"
+        for what, names in found.items() if names) + ".")
+
+
 def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
     """Bytes the parameters of ``module`` take in ``dtype`` (meta parameters count too)."""
     return sum(p.numel() for p in module.parameters()) * dtype.itemsize

@@ -37,13 +37,15 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
                     row_block: int, max_tokens: int, keep: str = "full", detach: bool = True) -> dict[str, Any]:
     """What identifies the run (checked when resuming) plus its other settings."""
     from detjac.engine import family_for
+    from detjac.engine.hub import is_hub_id
 
     config_file = model_dir / "config.json" if model_dir is not None else None
     config_sha = (hashlib.sha256(config_file.read_bytes()).hexdigest()
                   if config_file is not None and config_file.is_file()
                   else hashlib.sha256(model.config.to_json_string().encode()).hexdigest())
     family = family_for(model.config)
-    return {"model_id": model_dir.name if model_dir is not None else model_arg,
+    hub = is_hub_id(model_arg)  # the id names the model; model_path, its snapshot folder, names the commit
+    return {"model_id": model_dir.name if model_dir is not None and not hub else model_arg,
             "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
             "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
             "dtype": dtype, "keep": keep, "detach": detach, "position": family.default_position, "target": "hidden",

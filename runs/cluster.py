@@ -107,8 +107,8 @@ class PromptOutcome:
 def compute_prompt(task: PromptTask, job: PromptJob) -> PromptOutcome:
     """A worker's task: compute ``task`` with the worker's model and commit it to the store."""
     from distributed import get_worker
-    from tqdm import tqdm
 
+    from detjac.progress import tqdm
     from detjac.store import attach_store
 
     worker = get_worker()
@@ -139,7 +139,8 @@ def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTas
     and propagates.
     """
     from distributed import as_completed
-    from tqdm.auto import tqdm
+
+    from detjac.progress import tqdm
 
     for task in tasks:
         if task.error is not None:

@@ -9,7 +9,7 @@ from .plan import PromptTask, RunPlan, RunSummary, write_one
 
 def run_local(plan: RunPlan, store: Any, tasks: list[PromptTask], summary: RunSummary) -> RunSummary:
     """Compute and commit every task in this process (the model ``plan`` loaded); counts go to ``summary``."""
-    from tqdm.auto import tqdm
+    from detjac.progress import tqdm
 
     with tqdm(total=len(tasks), desc="prompts", unit="prompt") as outer, \
             tqdm(desc="blocks", unit="block", leave=False) as inner:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .batch import run_description, storage_dtype, write_prompt
+from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
 
 
@@ -21,7 +22,8 @@ from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tok
 class ModelSpec:
     """How a process loads the run's model; pickled to every worker of a distributed run."""
 
-    model: str  # "default", or a checkpoint folder (absolute, so that workers find it on a shared file system)
+    model: str  # "default", or a checkpoint folder (absolute, so that workers find it on a shared file system;
+    # a hub id's snapshot folder in the Hugging Face cache)
     dtype: str = "float64"
     device: str = "cpu"
     streamed: bool = False  # the layer-streamed engine (a skeleton; one layer in memory at a time)
@@ -121,7 +123,7 @@ class RunPlan:
         return [t for t in self.tasks if t.pid not in done]
 
 
-def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, row_block: int | None,
+def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
@@ -134,7 +136,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, ro
     """
     from detjac.store import prompt_id
 
-    prompts = read_prompts(prompts_path)
+    prompts = prompts_path if isinstance(prompts_path, PromptsFile) else read_prompts(prompts_path)
     loaded = spec.load(load_device)
     targets: list[Any] = []
     if layers is not None:
@@ -149,6 +151,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, ro
     model_dir = Path(source) if Path(source).is_dir() else None
     run = run_description(loaded.engine, model_arg, model_dir, spec.revision, spec.dtype,
                           row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach)
+    run.update(weights_identity(model_dir))  # the weight files' SHA-256s: part of the run's identity
     if spec.streamed:
         run.update({"engine": "streamed", "layerwise": [t.name for t in targets], "quantize": spec.quantize,
                     "mode": mode, "max_memory": spec.max_memory})
@@ -165,10 +168,17 @@ def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, ro
 
 def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> Any:
     """Create the run's store at ``out`` (with the model's decoding matrices), or resume it; holds its lock."""
-    from detjac.store import create_store
+    from detjac.errors import StoreMismatchError
+    from detjac.store import create_store, open_store
 
-    return create_store(out, plan.run, force_new=force_new,
-                        model_data=lambda: model_for_decoding(plan.loaded, plan.spec.dtype))
+    try:
+        return create_store(out, plan.run, force_new=force_new,
+                            model_data=lambda: model_for_decoding(plan.loaded, plan.spec.dtype))
+    except StoreMismatchError as exc:
+        files = weights_difference(open_store(out).run, plan.run)
+        if files is None:
+            raise
+        raise StoreMismatchError(f"{exc} Weight files that differ: {files}.") from None
 
 
 def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, Any], targets: list[Any], bar: Any,

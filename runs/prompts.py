@@ -1,7 +1,10 @@
 """Prompts files and their tokens: what a run reads before it touches a store.
 
 A ``.txt`` file holds one prompt per line, a ``.jsonl`` file one ``{"prompt": ...}`` (or
-``"text"``) object per line with other fields kept as metadata; blank lines are skipped.
+``"text"``) object per line with other fields kept as metadata; blank lines are skipped. In a
+``.jsonl`` file a prompt may be token ids (``{"prompt": [1, 2, 3]}``), used as they are; its
+text is then the JSON list (``"[1, 2, 3]"``), which is what its prompt id and the store's
+``prompt`` attribute are made of.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ class PromptLine:
     line: int  # 1-based line number in the prompts file
     text: str
     meta: dict[str, Any] = field(default_factory=dict)
+    ids: tuple[int, ...] | None = None  # token ids given instead of text (JSONL); text is then their JSON list
+
+    @property
+    def prompt(self) -> str | list[int]:
+        """What the engine tokenizes: the text, or the token ids as given."""
+        return self.text if self.ids is None else list(self.ids)
 
 
 @dataclass
@@ -64,9 +73,13 @@ def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
     except ValueError as exc:
         raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
     key = "prompt" if isinstance(record, dict) and "prompt" in record else "text"
-    if not isinstance(record, dict) or not isinstance(record.get(key), str):
-        raise PromptsFileError(f'Expected {{"prompt": "..."}} (or "text") on line {number} of {path}. '
-                               f"Got {raw[:80]!r}.")
+    value = record.get(key) if isinstance(record, dict) else None
+    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        record.pop(key)
+        return PromptLine(number, json.dumps(value), record, tuple(value))
+    if not isinstance(value, str):
+        raise PromptsFileError(f'Expected {{"prompt": "..."}} (or "text"; or token ids, {{"prompt": [1, 2, 3]}}) on '
+                               f"line {number} of {path}. Got {raw[:80]!r}.")
     return PromptLine(number, record.pop(key), record)
 
 
@@ -87,7 +100,7 @@ def tokenize_each(prompts: PromptsFile, model: Any, tokenizer: Any, max_tokens: 
     out = []
     for item in prompts.prompts:
         try:
-            tokens = parse_prompt(item.text, model, tokenizer)
+            tokens = parse_prompt(item.prompt, model, tokenizer)
         except PromptError as exc:
             out.append(Tokenized([], f"Line {item.line} of {prompts.path}: {exc}"))
             continue

@@ -98,15 +98,16 @@ def check_options(options: RunOptions) -> RunOptions:
     return replace(o, streamed=streamed)
 
 
-def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, log: Log | None = None) -> RunOutcome:
+def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOptions,
+               log: Log | None = None) -> RunOutcome:
     """Detached Jacobians of ``model`` on every prompt of the file ``prompts``, into the store ``out``.
 
     Parameters
     ----------
     model : str
-        A checkpoint folder or ``default``.
-    prompts : str or Path
-        A .txt (one prompt per line) or .jsonl file.
+        A checkpoint folder, a Hugging Face hub id (``org/name``) or ``default``.
+    prompts : str, Path or PromptsFile
+        A .txt (one prompt per line) or .jsonl file, or prompts already read (:mod:`detjac.runs.prompts`).
     out : str
         The store: a path or a ``file://`` URL; created, or resumed.
     options : RunOptions
@@ -128,7 +129,7 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
     from .plan import ModelSpec, open_run_store, prepare_run
 
     o = check_options(options)
-    spec = ModelSpec(model_ref(model), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
+    spec = ModelSpec(model_ref(model, o.revision), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
                      o.revision, o.trust_remote_code)
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
@@ -154,6 +155,18 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
     return RunOutcome(summary, out, total, o.distributed, interrupted)
 
 
+def run_one(model: str, prompt: str, out: str, options: RunOptions) -> str:
+    """One prompt (text) into the store ``out`` (created, or resumed), as ``detjac run`` would store it from a
+    file holding that line; returns its prompt id."""
+    from detjac.store import open_store, prompt_id
+
+    from .prompts import PromptLine, PromptsFile
+
+    prompts = PromptsFile(Path("--prompt"), [PromptLine(1, prompt)], 0)
+    run_corpus(model, prompts, out, replace(options, workers=0, scheduler=None))
+    return prompt_id(open_store(out).run, prompt)
+
+
 def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, out: str) -> str:
     """What the run will do: prompts read, blank lines, duplicates, already stored, to compute, refused."""
     refused = sum(t.error is not None for t in tasks)
@@ -164,8 +177,15 @@ def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, ou
             + (f"; {refused} cannot be run (recorded as failed)." if refused else "."))
 
 
-def model_ref(model: str) -> str:
-    """A checkpoint folder as an absolute path (workers resolve it on their own file system); else unchanged."""
+def model_ref(model: str, revision: str | None = None) -> str:
+    """A checkpoint folder as an absolute path (workers resolve it on their own file system), a hub id as its
+    snapshot folder in the Hugging Face cache (found, or downloaded, once, here); else unchanged."""
+    from detjac.engine.hub import is_hub_id
+
+    if is_hub_id(model):
+        from detjac.engine import check_checkpoint_dir
+
+        return str(check_checkpoint_dir(model, revision))
     path = Path(model)
     return str(path.resolve()) if path.is_dir() else model
 

@@ -252,6 +252,13 @@ class JacobianStore(ABC):
 
     # -- composites -----------------------------------------------------------------------------
 
+    def __repr__(self) -> str:
+        r = self.run
+        layers = f", {len(r['layerwise'])} layerwise targets" if r.get("layerwise") else ""
+        return (f"<{type(self).__name__} {self.path}: {len(self)} prompts, model {r.get('model_id')} "
+                f"({r.get('model_type')}), {r.get('dtype')}, {r.get('keep', 'full')}"
+                f"{'' if r.get('detach', True) else ', ordinary'}{layers}>")
+
     def __contains__(self, prompt_id: object) -> bool:
         return prompt_id in set(self.prompt_ids())
 

@@ -32,10 +32,10 @@ STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODE
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
-                "layerwise", "quantize")
+                "layerwise", "quantize", "weights_sha256")
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
-OPTIONAL_IDENTITY = ("layerwise", "quantize")
+OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256")
 LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs}
 
 DIMENSIONS = {
@@ -49,9 +49,12 @@ DIMENSIONS = {
     "unembedding": ("vocab", "row"),
     "final_norm": ("row",),
     "tokenizer": ("byte",),
+    "token": ("token",),
+    "token_text": ("token",),
 }
 MODEL_FILES = {"tokenizer.json": "tokenizer"}  # files kept under model/, as uint8 arrays from format 2 on
 
+COORDINATES = ("token", "token_text")  # xarray coordinates of a prompt's token dimension, written at commit
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
 OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = sum_k J_k x_k + b
 
@@ -87,6 +90,31 @@ def put_array(group: Any, name: str, values: Any, dims: tuple[str, ...] | None =
                              fill_value=0, config=EVERY_CHUNK)
     arr[...] = values
     return arr
+
+
+def put_token_coordinates(group: Any, n_tokens: int, tokens: list[str] | None) -> dict[str, str]:
+    """Coordinates of a prompt's ``token`` dimension, for xarray: ``token`` (positions 0..n-1) and, with a
+    tokenizer, ``token_text`` (the decoded pieces); returns the group attribute naming the non-dimension
+    ones (``token_ids`` is one), which ``xarray.open_zarr`` reads as coordinates."""
+    put_array(group, "token", np.arange(n_tokens, dtype=np.int64), DIMENSIONS["token"])
+    names = ["token_ids"]
+    if tokens is not None and len(tokens) == n_tokens:
+        arr = group.create_array("token_text", shape=(n_tokens,), dtype=str, dimension_names=DIMENSIONS["token_text"],
+                                 config=EVERY_CHUNK)
+        arr[...] = np.asarray(tokens, dtype=str)
+        names.append("token_text")
+    return {"coordinates": " ".join(names)}
+
+
+def consolidate(path: Path) -> None:
+    """Consolidate a group's metadata into its zarr.json (read by ``xarray.open_zarr`` without a warning)."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():  # zarr notes that consolidated metadata is not in the v3 spec (yet)
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))
 
 
 def shard_rows(row_block: int, n_rows: int, row_bytes: int, shard_bytes: int = SHARD_BYTES) -> int:

@@ -172,6 +172,16 @@ class StoredPrompt(ABC):
     def n_tokens(self) -> int:
         return int(self.attrs["n_tokens"])
 
+    def __repr__(self) -> str:
+        a = self.attrs
+        kind = f"low-rank {a.get('keep', 'rank')}" if self.low_rank else "full"
+        layers = f", {len(self.layerwise_targets)} layerwise" if self.layerwise_targets else ""
+        text = self.prompt if len(self.prompt) <= 40 else self.prompt[:37] + "..."
+        error = a.get("reconstruction_error")
+        return (f"<{type(self).__name__} {self.id}: {text!r}, {self.n_tokens} tokens, {kind}{layers}, "
+                f"{a.get('storage_dtype', a.get('dtype'))}, next {a.get('next_token')!r}"
+                + (f", error {error:.1e}>" if isinstance(error, float) else ">"))
+
 
 @dataclass(frozen=True)
 class LayerwiseSpec:

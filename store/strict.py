@@ -52,11 +52,15 @@ class StrictLocalStore(LocalStore):
 
 
 def open_group(root: Path, what: str, allow_missing: Callable[[str], bool] | None = None) -> Any:
-    """The zarr v3 group at ``root``, read-only, through a :class:`StrictLocalStore`."""
+    """The zarr v3 group at ``root``, read-only, through a :class:`StrictLocalStore`.
+
+    Consolidated metadata (kept in a prompt's ``zarr.json`` for xarray) is not used: it lies outside
+    the seal, so every array's metadata is read from its own sealed ``zarr.json``.
+    """
     import zarr
 
     return zarr.open_group(store=StrictLocalStore(root, what=what, allow_missing=allow_missing), mode="r",
-                           zarr_format=3)
+                           zarr_format=3, use_consolidated=False)
 
 
 SPARSE_IN_FORMAT_1 = ("bias", "token_residual_sq")  # arrays that may be all zero: an exact subspace, no offset

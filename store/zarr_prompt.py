@@ -66,9 +66,6 @@ class ZarrPrompt(StoredPrompt):
         what = f"prompt {self.id} in {store.path}"
         self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
 
-    def __repr__(self) -> str:
-        return f"<ZarrPrompt {self.id}: {self.attrs.get('n_tokens')} tokens, {self.attrs.get('prompt', '')[:40]!r}>"
-
     def _full(self) -> Any:
         if self.low_rank:
             raise StoreError(f"Prompt {self.id} was stored in low-rank mode ({self.attrs.get('keep')}): it has no "
@@ -125,8 +122,21 @@ class ZarrPrompt(StoredPrompt):
         return {**dict(self._group[f"{fmt.LAYERWISE}/{target}"].attrs),
                 **self.attrs.get("layerwise", {}).get(target, {})}
 
+    def to_xarray(self) -> Any:
+        """The prompt's arrays as a lazy ``xarray.Dataset`` (dask-backed; needs xarray): dimensions ``row``,
+        ``token``, ``col``, and the token coordinates ``token`` (position), ``token_ids``, ``token_text``.
+        The same as ``xarray.open_zarr(prompt.path)``."""
+        import xarray as xr
+
+        return xr.open_zarr(self.path, consolidated="consolidated_metadata" in self._metadata())
+
+    def _metadata(self) -> dict[str, Any]:
+        import json
+
+        return json.loads((self.path / "zarr.json").read_text())
+
     def array(self, name: str) -> np.ndarray:
-        names = sorted(set(self._group.array_keys()) - {"jacobian"})
+        names = sorted(set(self._group.array_keys()) - {"jacobian", *fmt.COORDINATES})
         if name not in names:
             raise InvalidArgumentError(f"Expected one of {', '.join(names)}. Got {name!r}.")
         return self._group[name][...]

@@ -57,10 +57,6 @@ class ZarrStore(JacobianStore):
         self._lock = lock
         self._lease = lease  # set for a worker writing on behalf of the lock holder (attach_store)
 
-    def __repr__(self) -> str:
-        return (f"<ZarrStore {self.path}: {len(self.prompt_ids())} prompts, model {self.run.get('model_id')!r}, "
-                f"{self.run.get('dtype')}, keep {self.run.get('keep')}>")
-
     @property
     def writable(self) -> bool:
         return self._lock is not None or self._lease is not None
@@ -225,7 +221,7 @@ class ZarrStore(JacobianStore):
                                 shard_bytes=shard_bytes)
 
     def verify(self, progress: bool = False) -> list[VerifyResult]:
-        from tqdm import tqdm
+        from detjac.progress import tqdm
 
         from .verify import verify_store
 

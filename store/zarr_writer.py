@@ -224,9 +224,11 @@ class ZarrPromptWriter(PromptWriter):
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
                              f"{', '.join(sorted(missing))} (rows written: {self._next_row} of {self.n_rows}).")
         try:
-            self._group.attrs.update({**attrs, "complete": True})
+            coordinates = fmt.put_token_coordinates(self._group, self.n_tokens, attrs.get("tokens"))
+            self._group.attrs.update({**attrs, **coordinates, "complete": True})
             written = json.loads((self.staging / "zarr.json").read_text())["attributes"]  # as readers will see them
             self._group.attrs.update({INTEGRITY: seal(self.staging, written)})
+            fmt.consolidate(self.staging)
             fsync_tree(self.staging)
             self.store.check_writer()
             if self.final.exists():  # the same prompt was stored meanwhile: keep the first

@@ -62,7 +62,8 @@ def test_empty_and_blank_only_files(tmp_path):
 def test_malformed_jsonl(tmp_path):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"title": "no prompt key"}\n')
-    assert 'Expected {"prompt": "..."} (or "text") on line 2' in run_fails(tmp_path, bad)
+    expected = 'Expected {"prompt": "..."} (or "text"; or token ids, {"prompt": [1, 2, 3]}) on line 2'
+    assert expected in run_fails(tmp_path, bad)
     bad.write_text('{"prompt": "fine"}\n{not json\n')
     assert "Expected a JSON object on line 2" in run_fails(tmp_path, bad)
 

@@ -1,0 +1,91 @@
+"""Progress bars: tqdm's on a terminal; elsewhere plain lines.
+
+Long work shows a bar. Where stderr is not a terminal (batch schedulers, ``nohup``, CI logs,
+notebooks) a tqdm bar would fill the log with carriage returns and, for nested bars, the
+cursor-up escapes ``ESC[A``; there :func:`tqdm` returns a :class:`PlainBar`, which writes whole
+lines instead: at most one per ``DETJAC_PROGRESS_INTERVAL`` seconds (default 30) while a bar
+runs, and a last one when a bar that is kept (``leave=True``) closes. Torch-free: every layer
+may use it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+
+def on_terminal(stream: Any = None) -> bool:
+    """Whether ``stream`` (default: stderr, where bars go) is a terminal."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def tqdm(iterable: Iterable[Any] | None = None, *, desc: str | None = None, unit: str = "it",
+         total: int | None = None, leave: bool = True, disable: bool = False) -> Any:
+    """A progress bar with tqdm's interface: tqdm's own on a terminal (or when disabled), else a :class:`PlainBar`."""
+    if disable or on_terminal():
+        from tqdm.auto import tqdm as terminal_bar
+
+        return terminal_bar(iterable, desc=desc, unit=unit, total=total, leave=leave, disable=disable)
+    return PlainBar(iterable, desc=desc, unit=unit, total=total, leave=leave)
+
+
+class PlainBar:
+    """What a bar reports, as whole lines on ``file`` (stderr): no carriage returns, no cursor movement.
+
+    Implements the part of tqdm's interface detjac uses: iteration, ``update``, ``reset``,
+    ``set_postfix``, ``close`` and the context manager.
+    """
+
+    def __init__(self, iterable: Iterable[Any] | None = None, *, desc: str | None = None, unit: str = "it",
+                 total: int | None = None, leave: bool = True, interval: float | None = None,
+                 file: TextIO | None = None) -> None:
+        self.iterable, self.desc, self.unit, self.leave = iterable, desc or "", unit, leave
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.total, self.n, self.postfix, self.closed = total, 0, "", False
+        self._shown: tuple[int, str] | None = None  # the count and postfix of the last line written
+        self.interval = float(os.environ.get("DETJAC_PROGRESS_INTERVAL", 30)) if interval is None else interval
+        self.file = file
+        self.start = self._last = time.monotonic()
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.iterable or ():
+            yield item
+            self.update()
+
+    def __enter__(self) -> PlainBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._last >= self.interval:
+            self._line()
+
+    def reset(self, total: int | None = None) -> None:
+        self.n, self.total = 0, total
+
+    def set_postfix(self, **values: Any) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def close(self) -> None:
+        if not self.closed and self.leave and self._shown != (self.n, self.postfix):
+            self._line()
+        self.closed = True
+
+    def _line(self) -> None:
+        self._last, self._shown = time.monotonic(), (self.n, self.postfix)
+        done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        percent = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        extra = f", {self.postfix}" if self.postfix else ""
+        line = f"{self.desc}: {done} {self.unit}{percent} in {self._last - self.start:.1f} s{extra}"
+        print(line, file=self.file or sys.stderr, flush=True)

@@ -1,0 +1,121 @@
+"""Hub ids: a model named ``org/name`` found in the Hugging Face cache (or, online, downloaded into it).
+
+A MODEL argument that is not an existing folder but has the form of a Hub repository id
+(``meta-llama/Llama-3.2-1B``) is resolved through ``huggingface_hub`` to a snapshot folder of
+the local Hugging Face cache, which every loader then reads like any checkpoint folder (the
+layer-streamed engine reads its safetensors shards in place, through the cache's symlinks).
+
+- The cache is looked in first, with no network at all: ``HF_HUB_CACHE`` if set, else
+  ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (the hub's own rules, read when a model
+  is resolved, not when this module is imported).
+- ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``): the cache only. A model that is not
+  there is an error naming the id, the revision, the cache folder and the command that
+  fetches it (``hf download ID --revision R``).
+- Otherwise a model missing from the cache is downloaded into it (config, tokenizer and
+  safetensors files only); a gated model needs ``HF_TOKEN`` (or ``hf auth login``), read by
+  ``huggingface_hub`` itself. A failed download is the same error, with the hub's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from detjac.errors import CheckpointError
+
+# A repository id as the hub accepts it: one namespace, one name, neither starting with '.' or '-'.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+# What loading a model reads: config, tokenizer, safetensors weights (never pickles, never other formats).
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+
+
+def is_hub_id(source: object) -> bool:
+    """Whether ``source`` names a Hub repository rather than a local folder: ``org/name``, not a path that exists."""
+    if not isinstance(source, str) or not _HUB_ID.fullmatch(source):
+        return False
+    if ".." in source or "--" in source or source.endswith(".git"):
+        return False
+    return not Path(source).exists()
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    home = os.environ.get("HF_HOME") or os.path.join(xdg, "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) forbids the network."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in _TRUE
+
+
+def fetch_command(repo_id: str, revision: str | None = None) -> str:
+    """The command that puts ``repo_id`` at ``revision`` into the cache."""
+    return f"hf download {repo_id} --revision {revision or 'main'}"
+
+
+def repo_folder(repo_id: str, cache: Path | None = None) -> Path:
+    """The cache folder of a model repository: ``models--org--name``."""
+    return (cache or hub_cache_dir()) / ("models--" + repo_id.replace("/", "--"))
+
+
+def resolve_hub_id(repo_id: str, revision: str | None = None) -> Path:
+    """The snapshot folder of ``repo_id`` at ``revision`` (default ``main``): from the cache, else downloaded.
+
+    Raises
+    ------
+    CheckpointError
+        Not in the cache while offline, or the download failed (no such repository or revision,
+        a gated model without access, no network). The message names the id, the revision, the
+        cache folder and the command that fetches the model.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    cache, rev = hub_cache_dir(), revision or "main"
+    try:
+        return Path(snapshot_download(repo_id, revision=rev, cache_dir=cache, local_files_only=True,
+                                      allow_patterns=DOWNLOAD_PATTERNS))
+    except HFValidationError as exc:
+        raise CheckpointError(f"Expected a checkpoint folder or a Hugging Face model id (org/name). Got "
+                              f"{repo_id!r}: {exc}") from None
+    except (LocalEntryNotFoundError, OSError) as exc:  # IncompleteSnapshotError is an OSError too
+        cached_error: Exception = exc
+    if hub_offline():
+        raise _not_found(repo_id, rev, cache, "HF_HUB_OFFLINE is set, so nothing is downloaded") from cached_error
+    try:
+        return Path(snapshot_download(repo_id, revision=rev, cache_dir=cache, allow_patterns=DOWNLOAD_PATTERNS))
+    except Exception as exc:  # the hub's many errors (HTTP, gated, not found, offline) all end here
+        raise _not_found(repo_id, rev, cache, f"the download failed: {_reason(exc)}") from None
+
+
+def _reason(exc: Exception) -> str:
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(exc, GatedRepoError):
+        return "the model is gated: accept its terms on huggingface.co and set HF_TOKEN (or run `hf auth login`)"
+    if isinstance(exc, RevisionNotFoundError):
+        return "the hub has no such revision"
+    if isinstance(exc, RepositoryNotFoundError):
+        return "the hub has no such repository, or it is private (set HF_TOKEN)"
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
+
+
+def _not_found(repo_id: str, revision: str, cache: Path, why: str) -> CheckpointError:
+    folder = repo_folder(repo_id, cache)
+    where = f"{folder}" if folder.is_dir() else f"{cache} (it has no {folder.name})"
+    local = f" There is no local folder {repo_id!r} either." if "/" in repo_id else ""
+    return CheckpointError(
+        f"Expected the Hugging Face model {repo_id!r} at revision {revision!r} in the cache {where}. Got no "
+        f"complete snapshot there, and {why}.{local} Fetch it with:\n  {fetch_command(repo_id, revision)}\n"
+        "(the cache is HF_HUB_CACHE, else $HF_HOME/hub; a gated model needs HF_TOKEN)."
+    )

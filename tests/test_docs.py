@@ -1,0 +1,71 @@
+"""The documentation site builds from docs/ in strict mode: a broken link, a missing anchor or an API reference
+to something that does not exist fails the build (mkdocs + mkdocstrings, the ``test`` extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def missing(modules: dict[str, str]) -> list[str]:
+    """The distributions (values) whose modules (keys) cannot be imported."""
+    out = []
+    for module, distribution in modules.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # the parent package is absent
+            found = False
+        if not found:
+            out.append(distribution)
+    return out
+
+
+MISSING = missing({"mkdocs": "mkdocs", "mkdocstrings": "mkdocstrings", "mkdocstrings_handlers.python":
+                   "mkdocstrings-python", "mkdocs_jupyter": "mkdocs-jupyter", "material": "mkdocs-material"})
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"docs build skipped: {', '.join(MISSING)} not installed; "
+                                                      "install with pip install -e '.[test]' (or make install)")
+
+
+def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build --strict``; the notebooks are rendered as committed (tests/test_notebooks.py runs them)."""
+    env = {**os.environ, "DETJAC_DOCS_EXECUTE": "false"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=root,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_docs_build_in_strict_mode(tmp_path: Path) -> None:
+    result = build(ROOT, tmp_path / "site")
+    assert result.returncode == 0, result.stderr[-4000:]
+    api = (tmp_path / "site" / "api" / "engine" / "index.html").read_text()
+    assert "load_engine" in api and "hf download" in api  # rendered from the docstrings
+    pages = ("user-guide", "store-format", "engine", "benchmarks", "notebooks/tour", "notebooks/layers-and-steering")
+    for page in pages:
+        assert (tmp_path / "site" / page / "index.html").is_file()
+
+
+def test_a_broken_link_or_reference_fails_the_build(tmp_path: Path) -> None:
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("mkdocs.yml", "pyproject.toml"):
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(ROOT / "docs", copy / "docs")
+    (copy / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "mkdocs_hooks.py", copy / "scripts")
+    for folder in ("core", "engine", "store", "analysis", "runs", "cli"):
+        (copy / folder).symlink_to(ROOT / folder)
+    index = copy / "docs" / "index.md"
+    index.write_text(index.read_text() + "\nSee [nowhere](no-such-page.md).\n")
+    result = build(copy, tmp_path / "site")
+    assert result.returncode != 0 and "no-such-page.md" in result.stderr
+    index.write_text(index.read_text().replace("[nowhere](no-such-page.md)", "nothing"))
+    (copy / "docs" / "api" / "core.md").write_text("# x\n\n::: detjac.no_such_module\n")
+    result = build(copy, tmp_path / "site2")
+    assert result.returncode != 0 and "detjac.no_such_module" in result.stderr
