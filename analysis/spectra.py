@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..singular import decode_top, orient
+from ..targets import Target
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,10 @@ def _jacobian(prompt: Any, target: str | None) -> Any:
 
 
 def operator_inputs(prompt: Any, target: str | None) -> np.ndarray:
-    """What the Jacobian multiplies: the input embeddings, or a ``*_local`` target's layer inputs (token, cols)."""
-    if target is not None and prompt.layerwise_info(target).get("local"):
-        return prompt.layerwise(target, "inputs")
-    return prompt.array("embeddings")
+    """What the Jacobian multiplies (token, cols): the input embeddings, a ``*_local`` target's layer inputs or a
+    ``to_output`` target's layer outputs."""
+    source = Target.parse(target).source_array if target is not None else None
+    return prompt.layerwise(target, source) if source is not None else prompt.array("embeddings")
 
 
 def _output(prompt: Any, target: str | None) -> np.ndarray:

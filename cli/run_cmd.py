@@ -38,8 +38,10 @@ from .options import DTYPES
                    "from the end). Implies --streamed.")
 @click.option("--components", default="layer", show_default=True,
               help="With --layers: layer (the layer's output), attn, mlp (its attention / MLP contributions), "
-                   "w.r.t. the input embeddings; add _local (layer_local, attn_local, mlp_local) for the same "
-                   "w.r.t. the layer's own input.")
+                   "resid_mid (the residual between them), layer_normed, attn_normed, mlp_normed (the paper's: "
+                   "through the final norm frozen at the vector's own value), w.r.t. the input embeddings; add "
+                   "_local (layer_local, mlp_normed_local, ...) for the same w.r.t. the layer's own input; "
+                   "to_output: dy/dh_L, the output w.r.t. the layer's output at every position.")
 @click.option("--streamed", is_flag=True,
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")

@@ -24,7 +24,7 @@ from detjac.targets import OUTPUTS, Target, layer_targets
 
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .budget import honour_cpu_budget, parse_memory, return_freed_memory
-from .choose import as_engine, load_engine
+from .choose import as_engine, check_layerwise_request, load_engine
 from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .families import FAMILIES, family_for, supported_model_types
 from .inmemory import InMemoryEngine
@@ -68,6 +68,7 @@ __all__ = [
     "Trace",
     "as_engine",
     "check_checkpoint_dir",
+    "check_layerwise_request",
     "decode_blocks",
     "decode_top",
     "decoding_matrix",

@@ -41,3 +41,35 @@ def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, devic
                              quantize=quantize, revision=revision, trust_remote_code=trust_remote_code)
     model = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
     return InMemoryEngine(model, detach=detach)
+
+
+def check_layerwise_request(source: Any, components: str) -> None:
+    """Refuse ``--components`` a checkpoint's family cannot have, from its config alone (before any weights load).
+
+    ``to_output`` and the ``*_normed`` targets are defined by the output ``y``, the final normed hidden state at
+    the target position: an encoder (BERT) has no final norm, so they are refused for it by name.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown component (the valid ones are listed), or one the family cannot have.
+    """
+    from types import SimpleNamespace
+
+    from detjac.errors import InvalidArgumentError
+    from detjac.targets import TO_OUTPUT, Target, kinds, parse_components
+
+    from .families import family_for
+    from .loading import read_checkpoint
+
+    names = parse_components(components)
+    _, raw = read_checkpoint(source)
+    family = family_for(SimpleNamespace(model_type=raw.get("model_type")))
+    needs_output = [c for c in names if Target(0, c.removesuffix("_local")).base == TO_OUTPUT
+                    or Target(0, c.removesuffix("_local")).normed]
+    if family.encoder and needs_output:
+        valid = [k for k in kinds() if not Target(0, k.removesuffix("_local")).normed and k != TO_OUTPUT]
+        raise InvalidArgumentError(
+            f"Expected --components among {', '.join(valid)} for an encoder ({family.name}): it has no final norm, "
+            f"so the output y that {', '.join(needs_output)} are defined by does not exist. Got {components!r}."
+        )

@@ -18,11 +18,13 @@ parts live along their seams:
   sizes the blocks to a memory budget (:mod:`detjac.engine.budget`).
 
 Targets (:class:`~detjac.targets.Target`): ``output`` is the final normed hidden state (what
-:func:`detjac.engine.detached_jacobian` returns); ``layer.L``, ``attn.L``, ``mlp.L`` and their
-``*_local`` variants are a decoder layer's output and its attention and MLP contributions,
-w.r.t. the input embeddings or the layer's own input. Each reconstructs its own target value
-exactly: ``sum_k J[:, k, :] x_k`` with ``x`` the input embeddings (cumulative) or the layer's
-input hidden states (local).
+:func:`detjac.engine.detached_jacobian` returns); ``layer.L``, ``attn.L``, ``mlp.L``, ``resid_mid.L``,
+their ``*_normed`` variants (through the final norm frozen at the vector's own value) and their
+``*_local`` variants are a decoder layer's output, its attention and MLP contributions and the
+residual between them, w.r.t. the input embeddings or the layer's own input; ``to_output.L`` is
+``dy/dh_L`` over every position. Each reconstructs its own target value exactly:
+``sum_k J[:, k, :] x_k`` with ``x`` the input embeddings (cumulative), the layer's input hidden
+states (local) or its output hidden states (``to_output``).
 
 The skeleton is linearized (:func:`~detjac.engine.linearize.linearized`) only while the engine
 computes: each public method enters and leaves it. Page faults: the ``detjac`` command sets
@@ -166,7 +168,14 @@ class StreamedModel(Engine):
 
         ids = self.token_ids(prompt)
         with self._linear():
-            return tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
+            st = tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
+        st.norm = self._norm
+        return st
+
+    def _norm(self, v: torch.Tensor) -> torch.Tensor:
+        """The linearized final norm of vectors (..., d) (each scale frozen at its own vector)."""
+        with self._linear(), torch.no_grad():
+            return self.steps.norm(v.to(self.device))
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:

@@ -80,8 +80,8 @@ def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[
                 _check_exact(e, run["dtype"], item, "" if t.is_output else t.name)
             if not t.is_output:
                 writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
-                if t.local:
-                    writer.write_layerwise(t.name, "inputs", _numpy(trace.source(t), storage))
+                if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
+                    writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), storage))
         _write_small(writer, trace.embeddings, trace.output, ids, storage, trace.bias)
         affine = {"affine": True} if trace.bias is not None else {}
         writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, errors[OUTPUTS], run, storage), **extra,

@@ -135,6 +135,11 @@ def prepare_run(model_arg: str, prompts_path: str | Path, spec: ModelSpec, *, ro
     from detjac.store import prompt_id
 
     prompts = read_prompts(prompts_path)
+    if layers is not None:
+        from detjac.engine import check_layerwise_request
+        from detjac.engine.default import resolve_model
+
+        check_layerwise_request(resolve_model(spec.model), components)
     loaded = spec.load(load_device)
     targets: list[Any] = []
     if layers is not None:

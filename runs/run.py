@@ -80,6 +80,8 @@ def check_options(options: RunOptions) -> RunOptions:
         For an unparsable ``keep``, ``components`` without ``layers``, ``layers`` with a low-rank
         ``keep``, a ``mode`` without the streamed engine, or both ``workers`` and ``scheduler``.
     """
+    from detjac.targets import parse_components
+
     from .batch import parse_keep
 
     o = options
@@ -87,6 +89,8 @@ def check_options(options: RunOptions) -> RunOptions:
     streamed = o.streamed or bool(o.layers or o.max_memory or o.quantize)
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
+    if o.layers is not None:
+        parse_components(o.components)  # an unknown component is refused before any model loads
     if o.layers is not None and o.keep != "full":
         raise InvalidArgumentError(f"Expected --keep full with --layers (layerwise Jacobians are stored whole). "
                                    f"Got --keep {o.keep}.")

@@ -31,7 +31,7 @@ RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", 
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
 OPTIONAL_IDENTITY = ("layerwise", "quantize")
-LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs}
+LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs|input}
 
 DIMENSIONS = {
     "jacobian": ("row", "token", "col"),
@@ -40,6 +40,7 @@ DIMENSIONS = {
     "bias": ("row",),
     "token_ids": ("token",),
     "inputs": ("token", "col"),
+    "input": ("token", "col"),
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
     "final_norm": ("row",),

@@ -138,8 +138,8 @@ def verify_prompt(path: Path) -> VerifyResult:
 def _layerwise_error(prompt: ZarrPrompt, target: str, embeddings: np.ndarray) -> float:
     """``|| sum_k J_k x_k - output || / || output ||`` of one layerwise target, chunk by chunk."""
     arr = prompt._group[f"{fmt.LAYERWISE}/{target}/jacobian"]
-    local = "inputs" in prompt._group[f"{fmt.LAYERWISE}/{target}"].array_keys()
-    x = prompt.layerwise(target, "inputs").astype(np.float64) if local else embeddings
+    source = Target.parse(target).source_array
+    x = prompt.layerwise(target, source).astype(np.float64) if source is not None else embeddings
     y = prompt.layerwise(target, "output").astype(np.float64)
     recon = np.zeros_like(y)
     rows, tokens = arr.chunks[0], arr.chunks[1]
