@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreError
+from ..singular import orient
 from ..targets import COMPONENTS, Target
-from .spectra import dimensionality, operator_inputs, singular_values, stored_svd, thin_svd
+from .spectra import dimensionality, operator_inputs, singular_values, stored_svd
 
 
 def lens(store: Any) -> tuple[np.ndarray, bool]:
@@ -58,20 +59,56 @@ def _targets(prompt: Any, targets: Sequence[str] | None) -> list[str]:
     return list(targets)
 
 
+DENSE_BYTES = 256 * 2**20
+"""A layerwise Jacobian up to this many float64 bytes is read once and decomposed in memory (numpy); larger ones
+go through dask chunk by chunk."""
+
+
+def _in_memory(prompt: Any, target: str) -> np.ndarray | None:
+    """The target's (rows, n, cols) Jacobian in float64 if it fits :data:`DENSE_BYTES`, read in one go; else None."""
+    J = prompt.layerwise(target)  # lazy: only the shape is read here
+    if J.size * 8 > DENSE_BYTES:
+        return None
+    return np.asarray(prompt.layerwise(target, lazy=False), dtype=np.float64)
+
+
 def target_spectrum(store: Any, prompt_id: str, target: str, k: int = 4) -> dict[str, np.ndarray]:
     """All singular values of a layerwise target's ``[J_1 ... J_n]`` and its top-``k`` triplets, kept in the store.
 
     Returns ``S_all`` (min(rows, n * cols),), ``U`` (rows, k), ``S`` (k,), ``V`` (n_tokens, cols, k).
+    The top triplets come from the Gram matrix ``A A^T`` of ``A = [J_1 ... J_n]`` (the ``gram`` method of
+    :func:`~detjac.analysis.spectra.stored_svd`). A Jacobian that fits :data:`DENSE_BYTES` is read once and every
+    singular value comes from the same Gram matrix's eigenvalues: each energy ``sigma_i^2`` within
+    ``eps * sigma_1^2``, which is all the dimensionality measures use (a value below ``~1e-7 sigma_1`` loses
+    its relative accuracy). A larger one is streamed through dask, its values from an exact tall SVD.
     """
     name = f"layers_{target}"
     cached = store.read_analysis(prompt_id, name)
     if cached is not None and cached[1].get("params", {}).get("k") == k:
         return cached[0]
     prompt = store.get(prompt_id)
-    spec = stored_svd(prompt, k, None, method="gram", target=target)
-    arrays = {"S_all": singular_values(prompt, None, target), "U": spec.U, "S": spec.S, "V": spec.V}
+    dense = _in_memory(prompt, target)
+    if dense is None:
+        spec = stored_svd(prompt, k, None, method="gram", target=target)
+        arrays = {"S_all": singular_values(prompt, None, target), "U": spec.U, "S": spec.S, "V": spec.V}
+    else:
+        arrays = _dense_spectrum(dense, k, prompt.layerwise(target, "output").astype(np.float64))
     store.write_analysis(prompt_id, name, arrays, {"params": {"k": k, "method": "gram"}, "target": target})
     return arrays
+
+
+def _dense_spectrum(J: np.ndarray, k: int, produced: np.ndarray) -> dict[str, np.ndarray]:
+    """What :func:`target_spectrum` returns, from the whole (rows, n, cols) Jacobian in memory; ``produced`` (rows,)
+    is what it reconstructs (the sign of each pair: see :func:`detjac.singular.orient`)."""
+    rows, n, cols = J.shape
+    A = J.reshape(rows, n * cols)
+    k = min(k, *A.shape)
+    w, Q = np.linalg.eigh(A @ A.T)  # ascending energies sigma_i^2, each within eps * sigma_1^2
+    s_all = np.sqrt(np.clip(w[::-1][:min(A.shape)], 0.0, None))
+    U, S = Q[:, ::-1][:, :k], s_all[:k]
+    V = (A.T @ U) / np.where(S > 0, S, 1.0)
+    U, V = orient(U, V, produced)
+    return {"S_all": s_all, "U": U, "S": S, "V": V.reshape(n, cols, k)}
 
 
 def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int = 10, token: int | None = None,
@@ -155,9 +192,11 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
     contribution_rank = np.zeros_like(u1_rank)
     for i, layer in enumerate(layers):
         target = Target(layer, component, local).name
-        J = prompt.layerwise(target).astype(np.float64)  # lazy (rows, n, cols)
+        dense = _in_memory(prompt, target)
+        J = dense if dense is not None else prompt.layerwise(target).astype(np.float64)  # (rows, n, cols)
         x = operator_inputs(prompt, target).astype(np.float64)  # (n, cols)
-        contributions = np.asarray(da.einsum("rtc,tc->tr", J, x).compute())  # (n, rows)
+        contributions = (np.einsum("rtc,tc->tr", J, x) if dense is not None
+                         else np.asarray(da.einsum("rtc,tc->tr", J, x).compute()))  # (n, rows)
         U1 = _per_token_u1(store, prompt, target, J, contributions)  # (n, rows)
         u1_rank[i] = [token_rank(col, tracked) for col in (W @ U1.T).T]
         contribution_rank[i] = [token_rank(col, tracked) for col in (W @ contributions.T).T]
@@ -169,16 +208,17 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
 def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:
     """Leading left singular vector of each token's ``J_k`` of ``target`` (n, rows), kept in the store.
 
-    ``J`` is the target's lazy (rows, n, cols) Jacobian; each vector is signed so that
+    ``J`` is the target's (rows, n, cols) Jacobian, in memory (numpy) or lazy (dask); each vector is signed so that
     ``u . (J_k x_k) >= 0`` with ``contributions`` (n, rows) the ``J_k x_k``.
     """
     name = f"layers_tokens_{target}"
     cached = store.read_analysis(prompt.id, name)
     if cached is not None:
         return cached[0]["U1"]
-    if J.shape[0] <= 1024:  # read the Jacobian once and take each J_k's exact SVD
-        method, dense = "exact", np.asarray(J.compute())
-        U1 = np.stack([thin_svd(dense[:, k])[0][:, 0] for k in range(dense.shape[1])])
+    if isinstance(J, np.ndarray):  # in memory: the top eigenvector of every J_k J_k^T, in one batched call
+        method = "gram"
+        per_token = J.transpose(1, 0, 2)  # (n, rows, cols)
+        U1 = np.linalg.eigh(per_token @ per_token.transpose(0, 2, 1))[1][:, :, -1]  # (n, rows)
     else:
         method = "randomized"
         U1 = np.stack([stored_svd(prompt, 1, k, method=method, target=target).U[:, 0]

@@ -112,7 +112,11 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
 
 def _gram_triplets(A: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k left singular vectors and values of a dask array from its streamed Gram matrix."""
-    gram = np.asarray((A @ A.T).compute())  # (rows, rows)
+    return gram_top(np.asarray((A @ A.T).compute()), k)
+
+
+def gram_top(gram: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k left singular vectors (rows, k) and values (k,) of ``A`` from its Gram matrix ``A A^T`` (rows, rows)."""
     w, Q = np.linalg.eigh(gram)
     order = np.argsort(w)[::-1][:k]
     return Q[:, order], np.sqrt(np.clip(w[order], 0.0, None))
