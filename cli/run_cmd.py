@@ -33,6 +33,10 @@ from .options import DTYPES
 @click.option("--ordinary", is_flag=True,
               help="Store the ordinary Jacobian (nothing detached; it does not reconstruct the output), "
                    "for comparison with the detached one.")
+@click.option("--convention", default=None,
+              help="The family's detach convention (default: its first). Phi3: up (default, like every family: "
+                   "act(gate(x)) frozen, linear path through up) or gate (the paper's reference code: up(x) and "
+                   "sigmoid(gate(x)) frozen, linear path through gate). Recorded in the store's run attributes.")
 @click.option("--layers", default=None,
               help="Also store layerwise Jacobians of these layers: all, or indices like 0,5,10 (negative counts "
                    "from the end). Implies --streamed.")

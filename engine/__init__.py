@@ -28,19 +28,10 @@ from .choose import as_engine, check_layerwise_request, load_engine
 from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .families import FAMILIES, family_for, supported_model_types
 from .inmemory import InMemoryEngine
-from .jacobian import (
-    JacobianResult,
-    JacobianStream,
-    RowBlock,
-    decoding_matrix,
-    detached_jacobian,
-    logit_jacobian,
-    output_logits,
-    reconstruct,
-    stream_jacobian,
-)
+from .jacobian import JacobianResult, JacobianStream, RowBlock, detached_jacobian, reconstruct, stream_jacobian
 from .linearize import Linearized, linearized
 from .loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
+from .logits import decoding_matrix, logit_jacobian, output_logits
 from .operator import JacobianOperator, jacobian_operator
 from .streamed import StreamedModel, StreamedResult
 from .svds import OperatorSVD, operator_svd

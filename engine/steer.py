@@ -38,7 +38,6 @@ from detjac.errors import InvalidArgumentError
 
 from .families import family_for
 
-
 METHODS = ("detjac", "paper")
 
 

@@ -87,6 +87,8 @@ class StreamedModel(Engine):
         ``nf4``, ``fp4`` or ``int8``: run the model bitsandbytes would run after
         quantizing a float checkpoint on load (each linear weight goes through bnb's
         quantize-dequantize round trip as its layer is streamed in).
+    convention
+        The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
 
     Raises
     ------
@@ -94,14 +96,14 @@ class StreamedModel(Engine):
         A family the streamed engine does not support (affine, mixture of experts, encoder), or a
         module without a detach rule.
     InvalidArgumentError
-        Budgets without the compute device, or a bad ``quantize``.
+        Budgets without the compute device, a bad ``quantize``, or a convention the family lacks.
     """
 
     def __init__(self, source: str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu", detach: bool = True,
                  max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
                  revision: str | None = None, trust_remote_code: bool = False,
-                 tokenizer: Any | None = None) -> None:
+                 tokenizer: Any | None = None, convention: str | None = None) -> None:
         self.dtype, self.device, self.detach = dtype, torch.device(device), detach
         self.budgets = budgets_of(max_memory)
         if self.budgets and device_key(self.device) not in self.budgets:
@@ -111,6 +113,7 @@ class StreamedModel(Engine):
             )
         config, cls, raw, self.path = _model_class(source, revision, trust_remote_code)
         self.family = _streamable_family(config)
+        self.convention = self.family.check_convention(convention)
         self.config = config
         weights = open_source(source, raw)
         _check_quantize(quantize, weights.quantized)
@@ -137,7 +140,7 @@ class StreamedModel(Engine):
             finally:
                 self._linear_depth -= 1
             return
-        with linearized(self.model, detach=self.detach):
+        with linearized(self.model, detach=self.detach, convention=self.convention):
             self._linear_depth = 1
             try:
                 yield

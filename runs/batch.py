@@ -34,8 +34,10 @@ def parse_keep(keep: str) -> int | None:
 
 
 def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                    row_block: int, max_tokens: int, keep: str = "full", detach: bool = True) -> dict[str, Any]:
-    """What identifies the run (checked when resuming) plus its other settings."""
+                    row_block: int, max_tokens: int, keep: str = "full", detach: bool = True,
+                    convention: str | None = None) -> dict[str, Any]:
+    """What identifies the run (checked when resuming) plus its other settings. ``convention`` is the family's
+    detach convention when it is not its default (None: the default, which leaves prompt ids as they were)."""
     from detjac.engine import family_for
 
     config_file = model_dir / "config.json" if model_dir is not None else None
@@ -47,7 +49,8 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
             "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
             "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
             "dtype": dtype, "keep": keep, "detach": detach, "position": family.default_position, "target": "hidden",
-            "family": family.name, "detach_rules": family.describe() if detach else [], "row_block": row_block,
+            "family": family.name, "detach_rules": family.describe(convention) if detach else [],
+            "convention": convention, "row_block": row_block,
             "max_tokens": max_tokens, "detjac_version": __version__}
 
 

@@ -25,7 +25,8 @@ Log = Callable[[str], None]
 class RunOptions:
     """How ``detjac run`` computes and stores: the command's options, by the same names.
 
-    ``detach=False`` stores the ordinary Jacobian (``--ordinary``). ``workers`` (a LocalCluster
+    ``detach=False`` stores the ordinary Jacobian (``--ordinary``); ``convention`` picks the family's detach
+    convention (None: its default; recorded in the store's run attributes when another). ``workers`` (a LocalCluster
     of that many processes) and ``scheduler`` (an existing cluster's address) exclude each
     other; with neither, this process computes every prompt.
     """
@@ -48,6 +49,7 @@ class RunOptions:
     workers: int = 0
     scheduler: str | None = None
     memory_limit: str = "auto"
+    convention: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -133,7 +135,7 @@ def run_corpus(model: str, prompts: str | Path, out: str, options: RunOptions, l
 
     o = check_options(options)
     spec = ModelSpec(model_ref(model), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
-                     o.revision, o.trust_remote_code)
+                     o.revision, o.trust_remote_code, o.convention)
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,

@@ -143,9 +143,8 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
 
     from detjac.engine import get_tokenizer, load_model
     from detjac.engine.default import resolve_model
-    from detjac.store import open_store
-
     from detjac.engine.steer import check_method
+    from detjac.store import open_store
 
     check_method(method)  # before the model loads
     lm = load_model(resolve_model(model), dtype=getattr(torch, dtype), device=device)

@@ -27,10 +27,10 @@ MODEL = "model"  # the model's embedding and unembedding matrices and tokenizer,
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
-                "layerwise", "quantize")
+                "layerwise", "quantize", "convention")
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
-OPTIONAL_IDENTITY = ("layerwise", "quantize")
+OPTIONAL_IDENTITY = ("layerwise", "quantize", "convention")
 LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs|input}
 
 DIMENSIONS = {

@@ -42,7 +42,7 @@ def reference_steering(model, J: np.ndarray, layer: int, ids: list[int], strengt
             steered = torch.stack([h[i] + strength * h[i].norm() * added[i] / (2 * added[i].norm())
                                    for i in range(len(ids))])
 
-            def swap(_m, args, kwargs):
+            def swap(_m, args, kwargs, steered=steered):
                 return ((steered[None], *args[1:]), kwargs) if args else (args, {**kwargs,
                                                                                   "hidden_states": steered[None]})
 
