@@ -30,9 +30,16 @@ from ..targets import COMPONENTS, Target
 from .spectra import dimensionality, operator_inputs, singular_values, stored_svd
 
 
-def lens(store: Any) -> tuple[np.ndarray, bool]:
-    """``W_U diag(g)`` (vocab, d) in float64, and whether the final norm's gain ``g`` was in the store."""
+def lens(store: Any, target: str | None = None) -> tuple[np.ndarray, bool]:
+    """The matrix (vocab, d) in float64 that decodes a target's rows, and whether it holds the final norm's gain.
+
+    Residual-stream targets (``layer``, ``attn``, ``mlp``, ``resid_mid`` and their ``_local``; the default) decode
+    through ``W_U diag(g)``; targets already after the final norm (see
+    :attr:`detjac.targets.Target.after_final_norm`: ``*_normed``, ``to_output``) through ``W_U`` alone.
+    """
     unembed = store.model_array("unembedding").astype(np.float64)
+    if target is not None and Target.parse(target).after_final_norm:
+        return unembed, False
     try:
         gain = store.model_array("final_norm").astype(np.float64)
     except StoreError:
@@ -120,14 +127,16 @@ def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int =
     ``u1_rank`` (rank of the token in the decoded ``u_1``; 1 = top), ``u1_hit`` (rank <= ``top``),
     ``first_sv`` (the first of the top ``k`` left singular vectors that has the token in its top
     ``top``, 0 if none), ``lens_rank`` (rank of the token when the output vector itself is
-    decoded: the logit lens), and ``u1_tokens`` (the top decoded token ids of ``u_1``).
+    decoded: the logit lens), ``u1_tokens`` (the top decoded token ids of ``u_1``) and ``normed`` (the target's
+    rows are after the final norm, ``*_normed`` and ``to_output``, and decode through ``W_U``; else through
+    ``W_U diag(g)``: see :func:`lens`).
     """
-    W, _ = lens(store)
     rows = []
     for pid in prompt_ids:
         prompt = store.get(pid)
         tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
         for target in _targets(prompt, targets):
+            W, _ = lens(store, target)
             arrays = target_spectrum(store, pid, target, k)
             parsed = Target.parse(target)
             dims = dimensionality(arrays["S_all"])
@@ -136,7 +145,7 @@ def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int =
             lens_scores = W @ prompt.layerwise(target, "output").astype(np.float64)
             rows.append({
                 "prompt_id": pid, "target": target, "layer": parsed.layer, "component": parsed.component,
-                "local": parsed.local,
+                "local": parsed.local, "normed": parsed.after_final_norm,
                 "token": tracked, "top": top, "sigma_1": float(arrays["S"][0]), "stable_rank": dims.stable_rank,
                 "participation_ratio": dims.participation_ratio, "n90": dims.n90, "n99": dims.n99,
                 "u1_rank": ranks[0], "u1_hit": ranks[0] <= top,
@@ -147,6 +156,21 @@ def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int =
         if progress is not None:
             progress.update()
     return rows
+
+
+def targets_used(rows: Sequence[dict[str, Any]]) -> str:
+    """Which targets a layer table used, normed or not, in words (one line)."""
+    kinds = {}
+    for r in rows:
+        kinds.setdefault(bool(r["normed"]), set()).add(Target.parse(r["target"]).kind)
+    parts = []
+    if kinds.get(False):
+        parts.append(f"{', '.join(sorted(kinds[False]))} (residual stream before the final norm, decoded through "
+                     "W_U diag(g))")
+    if kinds.get(True):
+        parts.append(f"{', '.join(sorted(kinds[True]))} (after the final norm frozen at each vector's own value, "
+                     "decoded through W_U)")
+    return "targets: " + "; ".join(parts) if parts else "targets: none"
 
 
 def emergence(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -187,7 +211,7 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
         raise InvalidArgumentError(f"Expected stored {kind}.L targets with prompt {prompt_id}. "
                                    f"Got {', '.join(prompt.layerwise_targets)}.")
     tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
-    W, _ = lens(store)
+    W, _ = lens(store, Target(layers[0], component, local).name)
     u1_rank = np.zeros((len(layers), prompt.n_tokens), dtype=np.int64)
     contribution_rank = np.zeros_like(u1_rank)
     for i, layer in enumerate(layers):

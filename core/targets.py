@@ -102,6 +102,12 @@ class Target:
         return self.component == TO_OUTPUT
 
     @property
+    def after_final_norm(self) -> bool:
+        """Whether the target's rows live after the final norm (``output``, ``*_normed``, ``to_output``: decode them
+        through the unembedding) rather than in the residual stream before it (through ``W_U diag(g)``)."""
+        return self.is_output or self.normed or self.is_to_output
+
+    @property
     def source_array(self) -> str | None:
         """The stored array the Jacobian multiplies (``inputs`` for ``*_local``, ``input`` for ``to_output``),
         or None for the input embeddings."""

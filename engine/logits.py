@@ -6,7 +6,7 @@ An encoder without a language-model head (BERT) scores against its word embeddin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,8 +17,6 @@ from .scalar import softcap_ratio
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-    from .jacobian import JacobianResult
 
 
 def decoding_matrix(model: PreTrainedModel) -> torch.Tensor:
@@ -48,8 +46,9 @@ def output_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def logit_jacobian(model: PreTrainedModel, result: JacobianResult, tokens: Sequence[int] | None = None) -> torch.Tensor:
-    """Jacobian of chosen logits w.r.t. the input embeddings: ``W_U[tokens] @ J``.
+def logit_jacobian(model: PreTrainedModel, result: Any, tokens: Sequence[int] | None = None) -> torch.Tensor:
+    """Jacobian of chosen logits w.r.t. the input embeddings: ``W_U[tokens] @ J`` (``result``: a
+    :class:`~detjac.engine.jacobian.JacobianResult`).
 
     Never a vocabulary-sized pullback: the hidden-state Jacobian is mapped through the
     unembedding rows. With final-logit soft-capping ``c tanh(z / c)``, the capping is the
