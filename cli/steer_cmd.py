@@ -14,7 +14,8 @@ from .options import DTYPES, TABLE_HELP, parse_concept_source, parse_strengths
 @click.command("steer")
 @click.argument("model", type=click.Path(), default="default", required=False)
 @click.option("--concept-from", "concept", required=True,
-              help="STORE:PROMPT_ID of a concept prompt stored with `--layers` (its layer.L Jacobian).")
+              help="STORE:PROMPT_ID of a concept prompt stored with `--layers` (its layer.L Jacobian; "
+                   "layer_normed.L or layer.L with --method paper).")
 @click.option("--layer", type=int, required=True, help="Layer whose output is steered (negative: from the end).")
 @click.option("--strength", type=float, default=1.0, show_default=True,
               help="λ: the added vector's norm relative to the hidden state's.")
@@ -57,7 +58,8 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
       detjac steer default --concept-from c.zarr:3f2a9c0d1e2b4a5f --layer 1 --prompts p.txt \\
           --strengths 0,1,2,4 --concept-tokens " aquatic, mamm, sea" --table steer.csv
       detjac run default concept.txt --out n.zarr --layers 1 --components layer_normed
-      detjac steer default --concept-from n.zarr:3f2a9c0d1e2b4a5f --layer 1 --method paper -p "A"
+      detjac steer default --concept-from n.zarr:3f2a9c0d1e2b4a5f --layer 1 --method paper \\
+          --prompt "Ream, n. A bundle of"
     """
     from detjac.runs.steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
