@@ -96,3 +96,7 @@ def test_method_choices_and_missing_operators(concept_store, tmp_path) -> None:
                                     "--method", "paper", "--strength", "2", "--prompt", PROMPT,
                                     "--max-new-tokens", "4"])
     assert out.exit_code == 0 and "method paper" in out.output, out.output
+
+
+# `detjac run` of the default model and 16 greedy steps of it: seconds.
+pytestmark = pytest.mark.slow

@@ -83,3 +83,7 @@ def test_bad_components_are_refused_before_a_store_is_touched(tmp_path: Path) ->
                     "--components", "layer,to_output")
     assert result.exit_code != 0 and "encoder" in result.output and "to_output" in result.output, result.output
     assert "resid_mid" in result.output and "Traceback" not in result.output and not (tmp_path / "b.zarr").exists()
+
+
+# A whole `detjac run` of the default model: seconds.
+pytestmark = pytest.mark.slow
