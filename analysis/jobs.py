@@ -51,14 +51,15 @@ def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = N
 def decode_spectrum(store: Any, spec: Spectrum, top: int = 8) -> dict[str, Any]:
     """Decoded tokens of a spectrum's vectors: left through the unembedding, right through the embedding.
 
-    Left vectors of a layerwise target live in the residual stream before the final norm and
-    are decoded through ``W_U diag(g)`` (see :func:`detjac.analysis.layers.lens`). For the
+    Left vectors of a residual-stream layerwise target live before the final norm and are
+    decoded through ``W_U diag(g)``, those of ``*_normed`` and ``to_output`` targets through
+    ``W_U`` (see :func:`detjac.analysis.layers.lens`). For the
     combined operator each right vector is decoded at the token whose block carries most of
     its energy (reported with its share).
     """
     from .layers import lens
 
-    unembed = store.model_array("unembedding") if spec.target is None else lens(store)[0]
+    unembed = store.model_array("unembedding") if spec.target is None else lens(store, spec.target)[0]
     embed = store.model_array("embedding")
     left_ids, left_scores = decode(spec.U, unembed, top)
     if spec.token is None:

@@ -36,6 +36,7 @@ class LayerReport:
     out: Path
     top: int
     token_text: Callable[[int], str]
+    targets: str = ""  # which targets were used, normed or not (:func:`detjac.analysis.layers.targets_used`)
 
 
 def layer_report(store: Any, prompt_ids: Sequence[str], out: str | Path, *, k: int = 4, top: int = 10,
@@ -62,8 +63,8 @@ def layer_report(store: Any, prompt_ids: Sequence[str], out: str | Path, *, k: i
     token : str or None
         The token to track: one token of the store's tokenizer, or ``id:N``; None tracks each
         prompt's prediction.
-    component : {"layer", "attn", "mlp"}
-        Targets of the heatmaps.
+    component : str
+        Targets of the heatmaps: a component of :data:`detjac.targets.COMPONENTS` (``layer``, ``layer_normed``, ...).
     heatmaps : int
         Heatmaps for this many prompts (the first ones).
     table_format : {"csv", "parquet"}
@@ -94,4 +95,4 @@ def layer_report(store: Any, prompt_ids: Sequence[str], out: str | Path, *, k: i
     for pid, heat in zip(prompt_ids, heats, strict=False):
         written.append(plot_token_heatmap(heat, folder / f"heatmap_{pid}.png", text(heat["token"]),
                                           store.get(pid).prompt[:100]))
-    return LayerReport(rows, emerged, written, folder, top, text)
+    return LayerReport(rows, emerged, written, folder, top, text, layers.targets_used(rows))

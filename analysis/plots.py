@@ -64,7 +64,7 @@ def pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def save_figure(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -98,7 +98,7 @@ def plot_token_heatmap(heat: Mapping[str, Any], path: str | Path, token_text: st
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_layer_dims(rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> Path:
@@ -127,7 +127,7 @@ def plot_layer_dims(rows: Sequence[Mapping[str, Any]], path: str | Path, title: 
     axes[0].legend(fontsize=7)
     fig.suptitle(title or "Layerwise detached Jacobians across depth (median over prompts)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_emergence(rows: Sequence[Mapping[str, Any]], path: str | Path, top: int) -> Path:
@@ -139,7 +139,8 @@ def plot_emergence(rows: Sequence[Mapping[str, Any]], path: str | Path, top: int
     for r in rows:
         if not r["local"]:
             by.setdefault(r["component"], {}).setdefault(r["layer"], []).append(r)
-    for (name, by_layer), colour in zip(sorted(by.items()), ("C0", "C1", "C2", "C3"), strict=False):
+    for i, (name, by_layer) in enumerate(sorted(by.items())):
+        colour = f"C{i % 10}"
         layers = sorted(by_layer)
         ax.plot(layers, [np.mean([r["u1_hit"] for r in by_layer[layer]]) for layer in layers], "-o", ms=3,
                 color=colour, label=f"{name}: u_1")
@@ -151,7 +152,7 @@ def plot_emergence(rows: Sequence[Mapping[str, Any]], path: str | Path, top: int
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_decoded(sections: Sequence[tuple[str, Sequence[Sequence[str]]]], path: str | Path) -> Path:
@@ -170,4 +171,4 @@ def plot_decoded(sections: Sequence[tuple[str, Sequence[Sequence[str]]]], path: 
         table.auto_set_font_size(False)
         table.set_fontsize(7)
         ax.set_title(title, fontsize=8, loc="left")
-    return _save(fig, path)
+    return save_figure(fig, path)

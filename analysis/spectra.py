@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..singular import decode_top, orient
+from ..targets import Target
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,10 @@ def _jacobian(prompt: Any, target: str | None) -> Any:
 
 
 def operator_inputs(prompt: Any, target: str | None) -> np.ndarray:
-    """What the Jacobian multiplies: the input embeddings, or a ``*_local`` target's layer inputs (token, cols)."""
-    if target is not None and prompt.layerwise_info(target).get("local"):
-        return prompt.layerwise(target, "inputs")
-    return prompt.array("embeddings")
+    """What the Jacobian multiplies (token, cols): the input embeddings, a ``*_local`` target's layer inputs or a
+    ``to_output`` target's layer outputs."""
+    source = Target.parse(target).source_array if target is not None else None
+    return prompt.layerwise(target, source) if source is not None else prompt.array("embeddings")
 
 
 def _output(prompt: Any, target: str | None) -> np.ndarray:
@@ -111,7 +112,11 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
 
 def _gram_triplets(A: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k left singular vectors and values of a dask array from its streamed Gram matrix."""
-    gram = np.asarray((A @ A.T).compute())  # (rows, rows)
+    return gram_top(np.asarray((A @ A.T).compute()), k)
+
+
+def gram_top(gram: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k left singular vectors (rows, k) and values (k,) of ``A`` from its Gram matrix ``A A^T`` (rows, rows)."""
     w, Q = np.linalg.eigh(gram)
     order = np.argsort(w)[::-1][:k]
     return Q[:, order], np.sqrt(np.clip(w[order], 0.0, None))

@@ -1,4 +1,4 @@
-"""``detjac analyze svd|decode|dims|layers|compare|report``: dask analyses of a store, results written back.
+"""``detjac analyze svd|decode|dims|layers|compare|report`` (and the views of ``views_cmds.py``): analyses of a store.
 
 Each command opens the store, calls one function of :mod:`detjac.analysis` inside the dask
 scheduler of :mod:`detjac.runs.scheduler`, and prints what it returns.
@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import click
 
+from detjac.targets import COMPONENTS
+
 from . import render
 from .options import TABLE_HELP, parse_target, parse_token, scheduler_options
 
 
 @click.group()
 def analyze() -> None:
-    """Analyses of a store with dask (no model, no GPU): svd, decode, dims, layers, compare, report.
+    """Analyses of a store with dask (no model, no GPU): svd, decode, dims, layers, compare, report, and the views
+    columns, image, path.
 
     \b
     Examples:
@@ -24,6 +27,9 @@ def analyze() -> None:
       detjac analyze dims run.zarr --table dims.parquet --workers 2
       detjac analyze layers run.zarr --out layers/
       detjac analyze report run.zarr --out report/
+      detjac analyze columns run.zarr --token -1
+      detjac analyze image run.zarr --token 0 --out j0.png
+      detjac analyze path lw.zarr --kind layer_normed
     """
 
 
@@ -149,7 +155,7 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
               help="A token 'appears' when it is among this many decoded tokens.")
 @click.option("--token", "token_text", default=None,
               help="Token to track (one token of the store's tokenizer, or id:N); default: each prompt's prediction.")
-@click.option("--component", type=click.Choice(["layer", "attn", "mlp"]), default="layer", show_default=True,
+@click.option("--component", type=click.Choice(COMPONENTS), default="layer", show_default=True,
               help="Targets of the layer x token heatmaps.")
 @click.option("--heatmaps", type=click.IntRange(min=0), default=4, show_default=True,
               help="Heatmaps for this many prompts (the first ones).")
@@ -161,7 +167,8 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
     """Layerwise decomposition: spectra, decoded tokens and where the prediction emerges.
 
     Needs a store written with `detjac run ... --layers`. For every stored target (layer.L,
-    attn.L, mlp.L, *_local.L) of every prompt: dimensionality of [J_1 ... J_n], the rank of
+    attn.L, mlp.L, resid_mid.L, *_normed.L, *_local.L, to_output.L) of every prompt, saying
+    which were normed: dimensionality of [J_1 ... J_n], the rank of
     the tracked token in the decoded leading left singular vector (u_1) and in the decoded
     output itself (the logit lens). Writes layers.csv, emergence.csv, layer_dims.png,
     emergence.png and heatmap_<prompt>.png (the token's rank per layer and input token);

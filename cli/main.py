@@ -17,6 +17,7 @@ from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
 from .svd_cmd import svd
+from .views_cmds import VIEW_COMMANDS
 
 # Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
 # more get transparent huge pages where the kernel allows them (THP "madvise" or "always"). The sweeps allocate
@@ -265,6 +266,8 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
 main.add_command(run)
 main.add_command(store)
 main.add_command(analyze)
+for _view in VIEW_COMMANDS:  # analyze columns | image | path
+    analyze.add_command(_view)
 main.add_command(steer)
 main.add_command(svd)
 

@@ -113,6 +113,7 @@ def echo_layer_report(report: Any) -> None:
         click.echo(f"{e['prompt_id']} {e['component']:<5} tracking {text(e['token'])}: in the top {report.top} of u_1 "
                    f"from layer {e['first_layer_u1'] if e['first_layer_u1'] >= 0 else 'never'}, of the logit lens "
                    f"from layer {e['first_layer_lens'] if e['first_layer_lens'] >= 0 else 'never'}")
+    click.echo(report.targets)
     click.echo(f"wrote {', '.join(p.name for p in report.written)} to {report.out}")
 
 

@@ -33,13 +33,19 @@ from .options import DTYPES
 @click.option("--ordinary", is_flag=True,
               help="Store the ordinary Jacobian (nothing detached; it does not reconstruct the output), "
                    "for comparison with the detached one.")
+@click.option("--convention", default=None,
+              help="The family's detach convention (default: its first). Phi3: up (default, like every family: "
+                   "act(gate(x)) frozen, linear path through up) or gate (the paper's reference code: up(x) and "
+                   "sigmoid(gate(x)) frozen, linear path through gate). Recorded in the store's run attributes.")
 @click.option("--layers", default=None,
               help="Also store layerwise Jacobians of these layers: all, or indices like 0,5,10 (negative counts "
                    "from the end). Implies --streamed.")
 @click.option("--components", default="layer", show_default=True,
               help="With --layers: layer (the layer's output), attn, mlp (its attention / MLP contributions), "
-                   "w.r.t. the input embeddings; add _local (layer_local, attn_local, mlp_local) for the same "
-                   "w.r.t. the layer's own input.")
+                   "resid_mid (the residual between them), layer_normed, attn_normed, mlp_normed (the paper's: "
+                   "through the final norm frozen at the vector's own value), w.r.t. the input embeddings; add "
+                   "_local (layer_local, mlp_normed_local, ...) for the same w.r.t. the layer's own input; "
+                   "to_output: dy/dh_L, the output w.r.t. the layer's output at every position.")
 @click.option("--streamed", is_flag=True,
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")

@@ -14,7 +14,8 @@ from .options import DTYPES, TABLE_HELP, parse_concept_source, parse_strengths
 @click.command("steer")
 @click.argument("model", type=click.Path(), default="default", required=False)
 @click.option("--concept-from", "concept", required=True,
-              help="STORE:PROMPT_ID of a concept prompt stored with `--layers` (its layer.L Jacobian).")
+              help="STORE:PROMPT_ID of a concept prompt stored with `--layers` (its layer.L Jacobian; "
+                   "layer_normed.L or layer.L with --method paper).")
 @click.option("--layer", type=int, required=True, help="Layer whose output is steered (negative: from the end).")
 @click.option("--strength", type=float, default=1.0, show_default=True,
               help="λ: the added vector's norm relative to the hidden state's.")
@@ -28,16 +29,23 @@ from .options import DTYPES, TABLE_HELP, parse_concept_source, parse_strengths
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=24, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
+@click.option("--method", type=click.Choice(("detjac", "paper")), default="detjac", show_default=True,
+              help="detjac: layer.L operators aligned at the end, added to layer L's output from position 1 on; "
+                   "paper: the reference's procedure (layer_normed.L operators aligned from the start, summed "
+                   "cumulatively, half the strength, added to layer L's input at every position).")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
 def steer(model: str, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
-          strengths: str, concept_tokens: str | None, max_new_tokens: int, dtype: str, device: str,
+          strengths: str, concept_tokens: str | None, max_new_tokens: int, dtype: str, device: str, method: str,
           table_path: str | None) -> None:
     """Steer MODEL's generation with a concept prompt's layer-L detached Jacobians.
 
     The concept prompt's operators J_1 ... J_n of layer L (stored by `detjac run --layers`)
     are applied to the new text's embeddings, summed (aligned at the end, as a filter over
     the sequence) and added to layer L's output at every position with norm λ times the
-    hidden state's. Greedy decoding, so runs are reproducible.
+    hidden state's. With --method paper, the paper's procedure instead: the layer_normed.L
+    operators (or layer.L times the final norm's gain), aligned from the start and summed
+    cumulatively, added to layer L's input at every position with norm λ/2 times the hidden
+    state's. Greedy decoding, so runs are reproducible.
 
     With --prompt: the unsteered and the steered continuation. With --prompts: a table of
     how often the concept's tokens appear in the continuations across --strengths.
@@ -49,6 +57,9 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
           --prompt "Ream, n. A bundle, package, or quantity of"
       detjac steer default --concept-from c.zarr:3f2a9c0d1e2b4a5f --layer 1 --prompts p.txt \\
           --strengths 0,1,2,4 --concept-tokens " aquatic, mamm, sea" --table steer.csv
+      detjac run default concept.txt --out n.zarr --layers 1 --components layer_normed
+      detjac steer default --concept-from n.zarr:3f2a9c0d1e2b4a5f --layer 1 --method paper \\
+          --prompt "Ream, n. A bundle of"
     """
     from detjac.runs.steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
@@ -56,9 +67,10 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
         raise click.UsageError("Expected --prompt TEXT or --prompts FILE. Got neither.")
     store_path, pid = parse_concept_source(concept)
     values = parse_strengths(strengths) if prompts_file is not None else []
-    session = load_concept(model, store_path, pid, layer, dtype=dtype, device=device)
+    session = load_concept(model, store_path, pid, layer, dtype=dtype, device=device, method=method)
     op = session.operator
-    click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer}")
+    click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer} "
+               f"(method {op.method})")
     if prompt is not None:
         steered = steer_prompt(session, prompt, strength, max_new_tokens)
         click.echo(f"prompt    {prompt!r}")

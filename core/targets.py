@@ -4,14 +4,25 @@ A *target* is an output of the forward pass whose Jacobian detjac computes, at t
 position:
 
 ``output``
-    The final normed hidden state (what :func:`detjac.engine.detached_jacobian` returns).
+    The final normed hidden state ``y`` (what :func:`detjac.engine.detached_jacobian` returns).
 ``layer.L``
     Decoder layer ``L``'s output (the residual stream after it).
 ``attn.L``, ``mlp.L``
     Layer ``L``'s attention and MLP blocks' contributions to the residual stream (post-norms
     included), so ``layer.L = layer.L-1 + attn.L + mlp.L``.
-``layer_local.L``, ``attn_local.L``, ``mlp_local.L``
+``resid_mid.L``
+    The residual stream between layer ``L``'s attention and MLP blocks: ``layer.L-1 + attn.L``
+    (the reference implementation's ``attn_plus_residual``).
+``layer_normed.L``, ``attn_normed.L``, ``mlp_normed.L``
+    The paper's intermediate targets: the model's final norm applied to ``layer.L``, ``attn.L``
+    or ``mlp.L``, its scale frozen at that vector's own value (``g * v / rms(v)`` for an
+    RMSNorm with gain ``g``). Exact like the others; their singular vectors and stable ranks
+    differ from the un-normed ones wherever ``g`` is not uniform.
+``*_local.L`` (every component above)
     The same, but with respect to layer ``L``'s own input instead of the input embeddings.
+``to_output.L``
+    ``dy/dh_L``: the output ``y`` with respect to layer ``L``'s output ``h_L`` at every position
+    (the reference's ``transform_to_output``), so ``y = sum_k T_k h_L[k]``.
 
 Negative layer indices count from the end when the number of layers is known
 (:meth:`Target.parse`). Targets sort by layer, then component: the order the store lists
@@ -27,10 +38,18 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgumentError
 
-COMPONENTS = ("layer", "attn", "mlp")
+BASE_COMPONENTS = ("layer", "attn", "mlp")  # the un-normed residual-stream targets (what the paper's figures norm)
+NORMED_SUFFIX = "_normed"
+RESID_MID = "resid_mid"
+TO_OUTPUT = "to_output"
+COMPONENTS = (*BASE_COMPONENTS, RESID_MID, *(c + NORMED_SUFFIX for c in BASE_COMPONENTS), TO_OUTPUT)
 LOCAL_SUFFIX = "_local"
 OUTPUT = "output"
-_NAME = re.compile(r"(layer|attn|mlp)(_local)?\.(-?\d+)")
+_NAME = re.compile(r"([a-z_]+?)(_local)?\.(-?\d+)")
+
+# The array a layerwise target's Jacobian multiplies when it is not the input embeddings (store names).
+INPUTS = "inputs"  # *_local targets: the layer's input hidden states (token, col)
+INPUT = "input"  # to_output targets: the layer's output hidden states h_L (token, col)
 
 
 @dataclass(frozen=True, order=True)
@@ -42,7 +61,7 @@ class Target:
     layer : int
         The decoder layer (non-negative), or -1 for the model output.
     component : str
-        ``"output"``, ``"layer"``, ``"attn"`` or ``"mlp"``.
+        ``"output"`` or one of :data:`COMPONENTS`.
     local : bool
         With respect to the layer's own input (``*_local``) instead of the input embeddings.
     """
@@ -53,7 +72,7 @@ class Target:
 
     @property
     def name(self) -> str:
-        """``output``, ``layer.3``, ``mlp_local.0``, ..."""
+        """``output``, ``layer.3``, ``mlp_local.0``, ``to_output.2``, ..."""
         if self.component == OUTPUT:
             return OUTPUT
         return f"{self.component}{LOCAL_SUFFIX if self.local else ''}.{self.layer}"
@@ -67,9 +86,36 @@ class Target:
         """The component with its ``_local`` suffix (``mlp_local``); ``output`` for the model output."""
         return self.component + (LOCAL_SUFFIX if self.local else "")
 
+    @property
+    def normed(self) -> bool:
+        """Passed through the final norm, its scale frozen at the target's own value (``*_normed``)."""
+        return self.component.endswith(NORMED_SUFFIX)
+
+    @property
+    def base(self) -> str:
+        """The residual-stream vector the target is taken of: ``layer``, ``attn``, ``mlp``, ``resid_mid``,
+        ``to_output`` or ``output`` (a normed target's component without ``_normed``)."""
+        return self.component.removesuffix(NORMED_SUFFIX)
+
+    @property
+    def is_to_output(self) -> bool:
+        return self.component == TO_OUTPUT
+
+    @property
+    def after_final_norm(self) -> bool:
+        """Whether the target's rows live after the final norm (``output``, ``*_normed``, ``to_output``: decode them
+        through the unembedding) rather than in the residual stream before it (through ``W_U diag(g)``)."""
+        return self.is_output or self.normed or self.is_to_output
+
+    @property
+    def source_array(self) -> str | None:
+        """The stored array the Jacobian multiplies (``inputs`` for ``*_local``, ``input`` for ``to_output``),
+        or None for the input embeddings."""
+        return INPUT if self.is_to_output else INPUTS if self.local else None
+
     @classmethod
     def parse(cls, name: str, n_layers: int | None = None) -> Target:
-        """``output``, ``layer.3``, ``attn.-1``, ``mlp_local.3``, ...
+        """``output``, ``layer.3``, ``attn.-1``, ``mlp_local.3``, ``layer_normed.2``, ``to_output.1``, ...
 
         With ``n_layers`` a layer index is checked and a negative one counts from the end; without,
         it must be non-negative (a stored name).
@@ -82,10 +128,10 @@ class Target:
         if name == OUTPUT:
             return OUTPUTS
         m = _NAME.fullmatch(name) if isinstance(name, str) else None
-        if m is None:
+        if m is None or m.group(1) + (m.group(2) or "") not in kinds():
             raise InvalidArgumentError(
-                f"Expected a target 'output' or COMPONENT[_local].LAYER with COMPONENT one of "
-                f"{', '.join(COMPONENTS)} (e.g. 'attn.3'). Got {name!r}."
+                f"Expected a target 'output' or KIND.LAYER with KIND one of {', '.join(kinds())} "
+                f"(e.g. 'attn.3'). Got {name!r}."
             )
         layer = int(m.group(3))
         if n_layers is not None:
@@ -107,12 +153,30 @@ def layer_index(i: int, n_layers: int) -> int:
 
 
 def kinds() -> list[str]:
-    """Every component with and without ``_local``: ``layer, attn, mlp, layer_local, ...``."""
-    return [*COMPONENTS, *(c + LOCAL_SUFFIX for c in COMPONENTS)]
+    """Every valid ``--components`` value: each component, and with ``_local`` all but ``to_output``."""
+    return [*COMPONENTS, *(c + LOCAL_SUFFIX for c in COMPONENTS if c != TO_OUTPUT)]
+
+
+def parse_components(components: str | Sequence[str]) -> list[str]:
+    """``--components`` as a list of kinds (``layer,attn_normed,to_output``), checked before any model loads.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown component (the message lists the valid ones), or none.
+    """
+    names = [c.strip() for c in components.split(",")] if isinstance(components, str) else list(components)
+    allowed = kinds()
+    bad = [c for c in names if c not in allowed]
+    if bad or not names:
+        raise InvalidArgumentError(
+            f"Expected --components among {', '.join(allowed)}. Got {', '.join(map(repr, bad)) or 'none'}."
+        )
+    return names
 
 
 def layer_targets(layers: str | Sequence[int], components: str | Sequence[str], n_layers: int) -> list[Target]:
-    """Targets for ``--layers all|0,5,10`` and ``--components layer,attn,mlp[,*_local]``, sorted.
+    """Targets for ``--layers all|0,5,10`` and ``--components layer,attn,mlp[,...]`` (:func:`kinds`), sorted.
 
     Raises
     ------
@@ -132,14 +196,9 @@ def layer_targets(layers: str | Sequence[int], components: str | Sequence[str], 
                 ) from None
     else:
         picked = list(layers)
-    names = [c.strip() for c in components.split(",")] if isinstance(components, str) else list(components)
-    allowed = kinds()
-    bad = [c for c in names if c not in allowed]
-    if bad or not names or not picked:
-        raise InvalidArgumentError(
-            f"Expected at least one layer and components among {', '.join(allowed)}. "
-            f"Got layers {layers!r} and components {components!r}."
-        )
+    names = parse_components(components)
+    if not picked:
+        raise InvalidArgumentError(f"Expected at least one layer in --layers. Got {layers!r}.")
     out = {Target(layer_index(i, n_layers), c.removesuffix(LOCAL_SUFFIX), c.endswith(LOCAL_SUFFIX))
            for i in picked for c in names}
     return sorted(out)

@@ -24,23 +24,14 @@ from detjac.targets import OUTPUTS, Target, layer_targets
 
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .budget import honour_cpu_budget, parse_memory, return_freed_memory
-from .choose import as_engine, load_engine
+from .choose import as_engine, check_layerwise_request, load_engine
 from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .families import FAMILIES, family_for, supported_model_types
 from .inmemory import InMemoryEngine
-from .jacobian import (
-    JacobianResult,
-    JacobianStream,
-    RowBlock,
-    decoding_matrix,
-    detached_jacobian,
-    logit_jacobian,
-    output_logits,
-    reconstruct,
-    stream_jacobian,
-)
+from .jacobian import JacobianResult, JacobianStream, RowBlock, detached_jacobian, reconstruct, stream_jacobian
 from .linearize import Linearized, linearized
 from .loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
+from .logits import decoding_matrix, logit_jacobian, output_logits
 from .operator import JacobianOperator, jacobian_operator
 from .streamed import StreamedModel, StreamedResult
 from .svds import OperatorSVD, operator_svd
@@ -68,6 +59,7 @@ __all__ = [
     "Trace",
     "as_engine",
     "check_checkpoint_dir",
+    "check_layerwise_request",
     "decode_blocks",
     "decode_top",
     "decoding_matrix",

@@ -133,6 +133,8 @@ class Engine(ABC):
         Compute dtype (float64 is the exactness mode) and device.
     detach : bool
         Detached Jacobians (True) or ordinary ones.
+    convention : str
+        The family's detach convention in use (:attr:`~detjac.engine.families.Family.conventions`).
     n_layers, d_model : int
         Decoder layers and hidden size.
     stats : EngineStats
@@ -144,6 +146,7 @@ class Engine(ABC):
     dtype: torch.dtype
     device: torch.device
     detach: bool
+    convention: str
     n_layers: int
     d_model: int
     stats: EngineStats

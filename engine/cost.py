@@ -9,7 +9,9 @@ max(depth(t))`` without truncation; the layers are causal, so the tangents of to
 ``sum over blocks (k1 - k0) * d_model * (n_tokens - k0) / n_tokens`` per layer
 (:meth:`CostModel.forward_vectors`), about half for small blocks. ``mode="auto"`` takes
 forward mode for the cumulative targets when it is cheaper (many layers, short prompt) and
-reverse mode otherwise; per-layer (``*_local``) targets are always reverse mode (one layer each).
+reverse mode otherwise; per-layer (``*_local``) targets are always reverse mode (one layer each), and
+so are ``to_output.L`` targets with the output: the output's cotangents at layer ``L`` are their rows,
+read off its reverse sweep at no extra cost.
 
 Memory: with a budget for the compute device, the block is sized so that one layer (twice,
 while the next is read), the trace and the block's vectors fit (:meth:`CostModel.plan`). One
@@ -38,7 +40,15 @@ def depth(t: Target, n_layers: int) -> float:
         return 1.0
     if t.is_output:
         return float(n_layers)
-    return t.layer + (0.5 if t.component == "attn" else 1.0)
+    if t.is_to_output:
+        return float(n_layers - 1 - t.layer)
+    return t.layer + (0.5 if t.base in ("attn", "resid_mid") else 1.0)
+
+
+def reverse_only(t: Target, targets: Sequence[Target]) -> bool:
+    """Whether ``t`` is computed in reverse mode whatever the plan: per-layer targets (one layer each),
+    ``to_output`` targets and, when one is requested, the output (their rows are its cotangents)."""
+    return t.local or t.is_to_output or (t.is_output and any(u.is_to_output for u in targets))
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ class CostModel:
         """
         check_request(mode, row_block, token_block)
         d, L = self.d_model, self.n_layers
-        cumulative = [t for t in targets if not t.local]
+        cumulative = [t for t in targets if not reverse_only(t, targets)]
         budget = self.vector_budget(n)
         rows_fit = budget // self.vector_bytes(n) if budget is not None else None
         if token_block is None:

@@ -87,7 +87,7 @@ def model_decoding_matrices(model: torch.nn.Module, dtype: torch.dtype | None = 
     """A loaded model's ``embedding`` (vocab, d), ``unembedding`` (vocab, d) (an encoder's word embeddings when it
     has no language-model head) and, where its final norm has one, ``final_norm`` (d,) gain; detached, on the CPU,
     in ``dtype`` (default: the model's). The one place a loaded model's decoding matrices are gathered."""
-    from .jacobian import decoding_matrix
+    from .logits import decoding_matrix
 
     arrays = {"embedding": model.get_input_embeddings().weight, "unembedding": decoding_matrix(model)}
     gain = final_norm_gain(model)

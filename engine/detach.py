@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from detjac.errors import UnsupportedModelError
 
 from .families.base import MlpRule, NormRule
-from .scalar import Ratio
+from .scalar import Ratio, activation_ratio
 from .tape import freeze
 
 DETACHED_ATTENTION = "detjac_detached"
@@ -99,16 +99,26 @@ class DetachedActivation(DetachedModule):
 
 
 class DetachedGatedMLP(DetachedModule):
-    """``down(act(gate(x)) * up(x))`` with the whole ``act(gate(x))`` branch frozen."""
+    """``down(act(gate(x)) * up(x))`` with the whole ``act(gate(x))`` branch frozen (convention ``up``), or with
+    ``up(x)`` and the ratio ``r(g) = act(g) / g`` frozen, so that ``g = gate(x)`` keeps the linear path (``gate``)."""
 
-    def __init__(self, inner: nn.Module, rule: MlpRule, detach: bool) -> None:
+    def __init__(self, inner: nn.Module, rule: MlpRule, detach: bool, convention: str = "up") -> None:
         super().__init__(inner, detach)
-        self.rule = rule
-        self.linear_children = (rule.gate_up, rule.down) if rule.fused else (rule.up, rule.down)
+        self.rule, self.convention = rule, convention
+        self.ratio: Ratio | None = None
+        if convention == "gate":
+            self.ratio = activation_ratio(getattr(inner, rule.act))
+            if self.ratio is None:
+                raise UnsupportedModelError(f"Expected an activation written as g * r(g) for the gate convention. "
+                                            f"Got {type(getattr(inner, rule.act)).__name__}.")
+        linear = rule.gate if convention == "gate" else rule.up
+        self.linear_children = (rule.gate_up, rule.down) if rule.fused else (linear, rule.down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         r, inner = self.rule, self.inner
         act = getattr(inner, r.act)
+        if self.ratio is not None:
+            return getattr(inner, r.down)(self._gate_path(x))
         if r.fused:
             gate, up = getattr(inner, r.gate_up)(x).chunk(2, dim=-1)  # (..., i) each
             return getattr(inner, r.down)(freeze(lambda: act(gate), self.detach) * up)
@@ -116,6 +126,16 @@ class DetachedGatedMLP(DetachedModule):
         # products then push no tangents through it (reverse mode never pulled any back).
         factor = freeze(lambda: act(getattr(inner, r.gate)(x.detach() if self.detach else x)), self.detach)
         return getattr(inner, r.down)(factor * getattr(inner, r.up)(x))
+
+    def _gate_path(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., i): g * frozen(r(g) * up(x))
+        r, inner, ratio = self.rule, self.inner, self.ratio
+        assert ratio is not None
+        if r.fused:
+            gate, up = getattr(inner, r.gate_up)(x).chunk(2, dim=-1)
+        else:  # the up projection runs inside the frozen factor on the detached input (no tangents through it)
+            gate, up = getattr(inner, r.gate)(x), getattr(inner, r.up)(x.detach() if self.detach else x)
+        factor = freeze(lambda: ratio(gate.to(_factor_dtype(gate.dtype))).to(gate.dtype) * up, self.detach)
+        return gate * factor
 
     def linear_modules(self) -> list[tuple[str, nn.Module]]:
         """Children of the wrapped MLP that stay on the linear path, with their names."""

@@ -24,9 +24,10 @@ from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .cost import DEFAULT_ROW_BLOCK, MODES, check_request
 from .decode import model_decoding_matrices
 from .families import family_for
-from .jacobian import JacobianStream, output_logits, stream_jacobian
+from .jacobian import JacobianStream, stream_jacobian
 from .linearize import linearized
 from .loading import get_tokenizer
+from .logits import output_logits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -59,15 +60,18 @@ class InMemoryEngine(Engine):
         ``"jvp"``, forward mode through the linearized model (measured 1.2-1.3x the time of
         ``"transpose"`` for 32 columns of a float64 d_model 512, 4-layer Llama at 64 and 256
         tokens, with identical products).
+    convention
+        The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
     """
 
     def __init__(self, model: PreTrainedModel, *, detach: bool = True, tokenizer: Any | None = None,
-                 forward: str = "transpose") -> None:
+                 forward: str = "transpose", convention: str | None = None) -> None:
         if forward not in FORWARD_MODES:
             raise InvalidArgumentError(f"Expected forward one of {', '.join(FORWARD_MODES)}. Got {forward!r}.")
         self.model, self.detach, self.forward = model, detach, forward
         self.config = model.config
         self.family = family_for(model.config)
+        self.convention = self.family.check_convention(convention)
         first = next(model.parameters())
         self.dtype, self.device = first.dtype, first.device
         text = model.config.get_text_config()
@@ -84,7 +88,8 @@ class InMemoryEngine(Engine):
 
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
         """The linearized forward pass, its pullback kept (and, for an affine family, the offset ``b``)."""
-        s = stream_jacobian(self.model, prompt, detach=self.detach, position=position, tokenizer=self._tokenizer)
+        s = stream_jacobian(self.model, prompt, detach=self.detach, position=position, tokenizer=self._tokenizer,
+                            convention=self.convention)
         return InMemoryTrace(s.token_ids, s.position % len(s.token_ids), s.embeddings, s.output, s.bias, s)
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
@@ -129,7 +134,7 @@ class InMemoryEngine(Engine):
 
     def _jvp(self, trace: InMemoryTrace, tangents: torch.Tensor) -> torch.Tensor:
         x, p = trace.embeddings, trace.position
-        with linearized(self.model, detach=self.detach) as lin, torch.no_grad():
+        with linearized(self.model, detach=self.detach, convention=self.convention) as lin, torch.no_grad():
             def target(e: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
                 return lin.decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, p]
 

@@ -25,13 +25,13 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from detjac.errors import InvalidArgumentError, LinearizationError, UnsupportedModelError
+from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 
 from .families import family_for
 from .linearize import linearized
 from .loading import get_tokenizer, parse_prompt
-from .scalar import softcap_ratio
+from .logits import logit_jacobian, output_logits
 from .tape import FactorTape
 
 
@@ -122,6 +122,7 @@ def stream_jacobian(
     position: int | None = None,
     tokenizer: Any | None = None,
     progress: bool = False,
+    convention: str | None = None,
 ) -> JacobianStream:
     """Run the forward pass and return a stream of Jacobian row blocks.
 
@@ -138,13 +139,15 @@ def stream_jacobian(
     position
         Token position whose output is the target. Default: the last (causal models), 0
         (the [CLS] token) for encoders.
+    convention
+        The family's detach convention (None: its default; see :func:`linearized`).
 
     Raises
     ------
     PromptError
         Empty prompt, unknown token ids, or more tokens than the model's context.
     InvalidArgumentError
-        ``row_block`` < 1 or ``position`` outside the prompt.
+        ``row_block`` < 1, ``position`` outside the prompt, or a convention the family lacks.
     UnsupportedModelError
         Unknown family or a module without a detach rule.
     """
@@ -155,7 +158,7 @@ def stream_jacobian(
         position = family_for(model.config).default_position
     if not -len(ids) <= position < len(ids):
         raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
-    with linearized(model, detach=detach) as lin:
+    with linearized(model, detach=detach, convention=convention) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)
         embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
@@ -180,7 +183,8 @@ def stream_jacobian(
     return JacobianStream(
         token_ids=ids, embeddings=embeddings, output=output.detach(), position=position,
         row_block=row_block, detached=detach, family=lin.family.name,
-        detach_rules=lin.family.describe() if detach else [], pullback=pullback, progress=progress, bias=bias,
+        detach_rules=lin.family.describe(lin.convention) if detach else [], pullback=pullback, progress=progress,
+        bias=bias,
     )
 
 
@@ -259,68 +263,6 @@ def reconstruct(jacobian: torch.Tensor, embeddings: torch.Tensor, bias: torch.Te
     """``sum_k J_k x_k (+ b)`` for J (rows, n, d), X (n, d) and an optional offset b (rows,); returns (rows,)."""
     recon = torch.einsum("rnd,nd->r", jacobian, embeddings)
     return recon + bias if bias is not None else recon
-
-
-def decoding_matrix(model: PreTrainedModel) -> torch.Tensor:
-    """(vocab, d_model) matrix that maps a final hidden state to token scores: the unembedding, or for an
-    encoder without a language-model head (BERT), the word embeddings."""
-    head = None if family_for(model.config).encoder else model.get_output_embeddings()
-    return (head if head is not None else model.get_input_embeddings()).weight
-
-
-def _final_softcap(model: PreTrainedModel) -> float | None:
-    return getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-
-
-def output_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """Next-token logits (..., vocab) from final normed hidden states (..., d), as the model computes them.
-
-    For an encoder without a language-model head these are scores against the word embeddings.
-    """
-    if family_for(model.config).encoder:
-        weight = decoding_matrix(model)
-        return hidden.to(weight.dtype) @ weight.T
-    head = model.get_output_embeddings()
-    logits = head(hidden.to(head.weight.dtype))
-    cap = _final_softcap(model)
-    if cap is not None:
-        logits = logits * softcap_ratio(cap)(logits)
-    return logits
-
-
-def logit_jacobian(model: PreTrainedModel, result: JacobianResult, tokens: Sequence[int] | None = None) -> torch.Tensor:
-    """Jacobian of chosen logits w.r.t. the input embeddings: ``W_U[tokens] @ J``.
-
-    Never a vocabulary-sized pullback: the hidden-state Jacobian is mapped through the
-    unembedding rows. With final-logit soft-capping ``c tanh(z / c)``, the capping is the
-    scalar nonlinearity ``z * r(z)`` of :func:`detjac.engine.scalar.softcap_ratio`, whose
-    ratio is frozen (detached) or differentiated (ordinary Jacobian).
-
-    For an affine model the chosen logits are ``sum_k (W_U J_k) x_k + W_U b``: the offset
-    ``W_U[tokens] @ result.bias`` is not part of the Jacobian.
-
-    Returns
-    -------
-    (len(tokens), n_tokens, d_model); all vocabulary rows when ``tokens`` is None.
-    """
-    head = None if family_for(model.config).encoder else model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise UnsupportedModelError(
-            "Expected a bias-free unembedding for a linear logit Jacobian. Got lm_head with a bias."
-        )
-    weight = decoding_matrix(model)
-    rows = weight if tokens is None else weight[list(tokens)]  # (t, d)
-    jac = torch.einsum("td,dnk->tnk", rows.to(result.jacobian.dtype), result.jacobian)
-    cap = _final_softcap(model)
-    if cap is not None:
-        z = rows.to(result.output.dtype) @ result.output  # (t,)
-        ratio = softcap_ratio(cap)
-        if result.detached:
-            factor = ratio(z)
-        else:  # d/dz (z * r(z))
-            factor = torch.func.vmap(torch.func.grad(lambda s: s * ratio(s)))(z)
-        jac = jac * factor[:, None, None]
-    return jac
 
 
 def detached_jacobian(

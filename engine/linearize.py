@@ -46,14 +46,15 @@ class Linearized:
     decoder: nn.Module
     family: Family
     detach: bool
+    convention: str = "up"
 
 
-def _wrapper_for(module: nn.Module, family: Family, detach: bool) -> nn.Module | None:
+def _wrapper_for(module: nn.Module, family: Family, detach: bool, convention: str) -> nn.Module | None:
     """The detached wrapper of ``module`` if a rule covers it."""
     if (norm := family.norm_rule(module)) is not None:
         return DetachedNorm(module, norm, detach)
     if (mlp := family.mlp_rule(module)) is not None:
-        return DetachedGatedMLP(module, mlp, detach)
+        return DetachedGatedMLP(module, mlp, detach, convention)
     if (moe := family.moe_rule(module)) is not None:
         return DetachedMoE(module, moe, detach)
     if (ratio := activation_ratio(module)) is not None:
@@ -61,7 +62,8 @@ def _wrapper_for(module: nn.Module, family: Family, detach: bool) -> nn.Module |
     return None
 
 
-def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tuple[nn.Module, str, nn.Module]]:
+def _wrap_instances(decoder: nn.Module, family: Family, detach: bool,
+                    convention: str) -> list[tuple[nn.Module, str, nn.Module]]:
     """Replace norm, MLP, MoE and activation instances under ``decoder``; return (parent, name, original) to undo.
 
     A wrapped module is not descended into: the activation inside a gated MLP is already
@@ -71,7 +73,7 @@ def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tu
 
     def visit(parent: nn.Module) -> None:
         for name, child in list(parent.named_children()):
-            wrapper = _wrapper_for(child, family, detach)
+            wrapper = _wrapper_for(child, family, detach, convention)
             if wrapper is None and detach and type(parent) in family.attentions \
                     and name in family.attention_frozen_children:  # a query or key projection
                 wrapper = DetachedInput(child, detach)
@@ -86,7 +88,7 @@ def _wrap_instances(decoder: nn.Module, family: Family, detach: bool) -> list[tu
 
 
 @contextmanager
-def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linearized]:
+def linearized(model: PreTrainedModel, *, detach: bool = True, convention: str | None = None) -> Iterator[Linearized]:
     """Run a block with ``model`` linearized (``detach=True``) or exact but not detached.
 
     Parameters
@@ -96,13 +98,19 @@ def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linea
     detach
         Freeze the nonlinear factors (the detached Jacobian). With ``False`` the same
         exact-dtype computation runs without freezing (the ordinary Jacobian).
+    convention
+        The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`);
+        None: its default.
 
     Raises
     ------
     UnsupportedModelError
         Unknown ``model_type``, or a module on the input-to-output path without a rule.
+    InvalidArgumentError
+        A convention the family does not have.
     """
     family = family_for(model.config)
+    convention = family.check_convention(convention)
     problem = family.config_problem(model.config.get_text_config())
     if problem is not None:
         raise UnsupportedModelError(f"Expected a {family.name} config without extra nonlinearities. Got {problem}.")
@@ -114,13 +122,13 @@ def linearized(model: PreTrainedModel, *, detach: bool = True) -> Iterator[Linea
     attn_before = [(c, c._attn_implementation) for c in {id(c): c for c in configs}.values()]
     replaced: list[tuple[nn.Module, str, nn.Module]] = []
     try:
-        replaced = _wrap_instances(decoder, family, detach)
+        replaced = _wrap_instances(decoder, family, detach, convention)
         for config, _ in attn_before:
             config._attn_implementation = DETACHED_ATTENTION if detach else EXACT_ATTENTION
         model.eval()
         model.requires_grad_(False)
         check_linear_path(decoder, family, prefix=_path_of(model, decoder))
-        yield Linearized(model=model, decoder=decoder, family=family, detach=detach)
+        yield Linearized(model=model, decoder=decoder, family=family, detach=detach, convention=convention)
     finally:
         for parent, name, original in reversed(replaced):
             setattr(parent, name, original)

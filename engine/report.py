@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from .families import family_for
-from .jacobian import JacobianResult, detached_jacobian, output_logits
+from .jacobian import JacobianResult, detached_jacobian
+from .logits import output_logits
 
 
 @dataclass(frozen=True)

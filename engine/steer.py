@@ -1,18 +1,27 @@
-"""Steering generation with a concept prompt's layerwise detached Jacobians.
+"""Steering generation with a concept prompt's layerwise detached Jacobians: two methods.
 
 The detached Jacobians ``J_1 ... J_n`` of layer ℓ's output (at the last position) for a
-concept prompt are an exact linear system: ``h_ℓ = Σ_k J_k x_k`` over the concept's input
-embeddings. Applied to another prompt's embeddings, the same operators map that text
-through the concept prompt's frozen computation, into the directions layer ℓ used for the
-concept. Steering adds that, scaled, to the hidden state at layer ℓ:
+concept prompt are an exact linear system over the concept's input embeddings. Applied to
+another prompt's embeddings ``x'``, the same operators map that text through the concept
+prompt's frozen computation, into the directions layer ℓ used for the concept; steering adds
+that, scaled, to the new sequence's hidden states while it generates.
 
-    v_j = Σ_{i=0}^{n-1} J_{n-i} x'_{j-i}          (operators aligned at the end, like a filter)
+``detjac`` (:data:`METHODS`; the default): operators ``layer.ℓ``, aligned at the end like a
+filter over the sequence, added to layer ℓ's **output** at every position but the first
+(which in most models holds the attention sink)::
+
+    v_j = Σ_{i=0}^{n-1} J_{n-i} x'_{j-i}          (x'_{j-i} with j - i < 0 skipped)
     h_ℓ[j] <- h_ℓ[j] + λ ||h_ℓ[j]|| v_j / ||v_j||
 
-for every position j of the new sequence (prompt and generated tokens alike) except the
-first, which in most models holds the attention sink; positions before the start of the
-sequence contribute nothing (``x'_{j-i}`` with ``j - i < 0`` is skipped). λ is relative to
-the hidden state's norm, so one value means the same at any layer and for any model. With
+``paper`` (the reference implementation's ``apply_steering_operator``): operators
+``layer_normed.ℓ`` (layer ℓ's output through the final norm, as the reference takes them),
+aligned from the start and summed cumulatively, added to layer ℓ's **input** at every
+position, the first included::
+
+    a_i = Σ_{k<=i} J_{k mod n} x'_k
+    h[i] <- h[i] + λ ||h[i]|| a_i / (2 ||a_i||)    (h: the input of layer ℓ)
+
+Both scale relative to the hidden state's norm, so one λ means the same at any layer; with
 ``λ = 0`` generation is exactly the unsteered model's.
 """
 
@@ -29,25 +38,45 @@ from detjac.errors import InvalidArgumentError
 
 from .families import family_for
 
+METHODS = ("detjac", "paper")
+
+
+def check_method(method: str) -> str:
+    """``method`` if it is one of :data:`METHODS`, else an :class:`InvalidArgumentError` naming them."""
+    if method not in METHODS:
+        raise InvalidArgumentError(f"Expected a steering method among {', '.join(METHODS)}. Got {method!r}.")
+    return method
+
 
 @dataclass
 class SteeringOperator:
-    """A concept prompt's layer-``layer`` Jacobians ``operators`` (n_concept, d, d): operator k maps token k."""
+    """A concept prompt's layer-``layer`` Jacobians ``operators`` (n_concept, d, d): operator k maps token k.
+
+    ``method`` says how they are applied (see the module docstring): ``detjac`` or ``paper``.
+    """
 
     layer: int
     operators: torch.Tensor
     concept: str = ""
+    method: str = "detjac"
+
+    def __post_init__(self) -> None:
+        check_method(self.method)
 
     @classmethod
-    def from_jacobian(cls, layer: int, jacobian: Any, concept: str = "") -> SteeringOperator:
-        """From a stored layerwise Jacobian (rows, token, cols) of the target ``layer.<layer>``."""
+    def from_jacobian(cls, layer: int, jacobian: Any, concept: str = "", method: str = "detjac") -> SteeringOperator:
+        """From a stored layerwise Jacobian (rows, token, cols) of the target ``layer.<layer>`` (``detjac``) or
+        ``layer_normed.<layer>`` (``paper``)."""
         J = torch.as_tensor(jacobian)
         if J.ndim != 3 or J.shape[0] != J.shape[2]:
             raise InvalidArgumentError(f"Expected a layer Jacobian of shape (d, n_tokens, d). Got {tuple(J.shape)}.")
-        return cls(layer, J.permute(1, 0, 2).contiguous(), concept)
+        return cls(layer, J.permute(1, 0, 2).contiguous(), concept, method)
 
     def vectors(self, embeddings: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """``v_j`` for positions ``start ..`` of a sequence with input ``embeddings`` (m, d): (m - start, d)."""
+        """The un-scaled vectors added at positions ``start ..`` of a sequence with input ``embeddings`` (m, d):
+        ``v_j`` (``detjac``) or ``a_i`` (``paper``), (m - start, d)."""
+        if self.method == "paper":
+            return self._cumulative(embeddings)[start:]
         n, m = self.operators.shape[0], embeddings.shape[0]
         ops = self.operators.to(embeddings.dtype)
         out = embeddings.new_zeros(m - start, embeddings.shape[1])
@@ -57,9 +86,28 @@ class SteeringOperator:
                 out[first - start:] += embeddings[first - i:m - i] @ ops[n - 1 - i].T
         return out
 
+    def _cumulative(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``a_i = Σ_{k<=i} J_{k mod n} x'_k`` for every position i of ``embeddings`` (m, d): (m, d)."""
+        n, m = self.operators.shape[0], embeddings.shape[0]
+        ops = self.operators.to(embeddings.dtype)[torch.arange(m) % n]  # (m, d, d): operator k mod n for token k
+        return torch.cumsum(torch.einsum("krc,kc->kr", ops, embeddings), dim=0)
+
+    def added(self, hidden: torch.Tensor, embeddings: torch.Tensor, strength: float) -> torch.Tensor:
+        """What the method adds to ``hidden`` (s, d), the last s positions of a sequence whose input embeddings so
+        far are ``embeddings`` (m, d): (s, d)."""
+        s, m = hidden.shape[0], embeddings.shape[0]
+        v = self.vectors(embeddings.to(hidden.dtype), m - s)  # (s, d)
+        norms = v.norm(dim=-1, keepdim=True)
+        half = 0.5 if self.method == "paper" else 1.0
+        scale = strength * half * hidden.norm(dim=-1, keepdim=True) / torch.where(norms > 0, norms, 1.0)
+        if self.method == "detjac" and m - s == 0:  # the first position (attention sink) is left alone
+            scale[0] = 0.0
+        return scale * v
+
 
 class _Hooks:
-    """Records the input embeddings as they are computed and adds the steering at the layer's output."""
+    """Records the input embeddings as they are computed and adds the steering at the layer's output (``detjac``)
+    or input (``paper``)."""
 
     def __init__(self, op: SteeringOperator, strength: float) -> None:
         self.op, self.strength = op, strength
@@ -71,17 +119,18 @@ class _Hooks:
                                        f"{output.shape[0]}.")
         self.embeddings.append(output[0].detach())
 
+    def _steered(self, hidden: torch.Tensor) -> torch.Tensor:  # (1, s, d) -> (1, s, d)
+        return hidden + self.op.added(hidden[0], torch.cat(self.embeddings), self.strength)[None]
+
     def on_layer(self, module: Any, args: Any, output: Any) -> Any:
         hidden = output[0] if isinstance(output, tuple) else output  # (1, s, d)
-        x = torch.cat(self.embeddings)  # (m, d): the sequence so far, this call's tokens included
-        s, m = hidden.shape[1], x.shape[0]
-        v = self.op.vectors(x.to(hidden.dtype), m - s)  # (s, d)
-        norms = v.norm(dim=-1, keepdim=True)
-        scale = self.strength * hidden[0].norm(dim=-1, keepdim=True) / torch.where(norms > 0, norms, 1.0)
-        if m - s == 0:  # the first position (attention sink) is left alone
-            scale[0] = 0.0
-        steered = hidden + (scale * v)[None]
+        steered = self._steered(hidden)
         return (steered, *output[1:]) if isinstance(output, tuple) else steered
+
+    def on_layer_input(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return (self._steered(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": self._steered(kwargs["hidden_states"])}
 
 
 @contextlib.contextmanager
@@ -96,8 +145,10 @@ def steering(model: Any, op: SteeringOperator, strength: float) -> Iterator[None
         raise InvalidArgumentError(f"Expected steering operators of shape (n, {d}, {d}) for this model. "
                                    f"Got {tuple(op.operators.shape)}: the concept store is from another model.")
     hooks = _Hooks(op, float(strength))
+    layer = layers[op.layer]
     handles = [decoder.get_input_embeddings().register_forward_hook(hooks.on_embedding),
-               layers[op.layer].register_forward_hook(hooks.on_layer)]
+               layer.register_forward_pre_hook(hooks.on_layer_input, with_kwargs=True) if op.method == "paper"
+               else layer.register_forward_hook(hooks.on_layer)]
     try:
         yield
     finally:

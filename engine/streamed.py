@@ -18,11 +18,13 @@ parts live along their seams:
   sizes the blocks to a memory budget (:mod:`detjac.engine.budget`).
 
 Targets (:class:`~detjac.targets.Target`): ``output`` is the final normed hidden state (what
-:func:`detjac.engine.detached_jacobian` returns); ``layer.L``, ``attn.L``, ``mlp.L`` and their
-``*_local`` variants are a decoder layer's output and its attention and MLP contributions,
-w.r.t. the input embeddings or the layer's own input. Each reconstructs its own target value
-exactly: ``sum_k J[:, k, :] x_k`` with ``x`` the input embeddings (cumulative) or the layer's
-input hidden states (local).
+:func:`detjac.engine.detached_jacobian` returns); ``layer.L``, ``attn.L``, ``mlp.L``, ``resid_mid.L``,
+their ``*_normed`` variants (through the final norm frozen at the vector's own value) and their
+``*_local`` variants are a decoder layer's output, its attention and MLP contributions and the
+residual between them, w.r.t. the input embeddings or the layer's own input; ``to_output.L`` is
+``dy/dh_L`` over every position. Each reconstructs its own target value exactly:
+``sum_k J[:, k, :] x_k`` with ``x`` the input embeddings (cumulative), the layer's input hidden
+states (local) or its output hidden states (``to_output``).
 
 The skeleton is linearized (:func:`~detjac.engine.linearize.linearized`) only while the engine
 computes: each public method enters and leaves it. Page faults: the ``detjac`` command sets
@@ -86,6 +88,8 @@ class StreamedModel(Engine):
         ``nf4``, ``fp4`` or ``int8``: run the model bitsandbytes would run after
         quantizing a float checkpoint on load (each linear weight goes through bnb's
         quantize-dequantize round trip as its layer is streamed in).
+    convention
+        The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
 
     Raises
     ------
@@ -93,14 +97,14 @@ class StreamedModel(Engine):
         A family the streamed engine does not support (affine, mixture of experts, encoder), or a
         module without a detach rule.
     InvalidArgumentError
-        Budgets without the compute device, or a bad ``quantize``.
+        Budgets without the compute device, a bad ``quantize``, or a convention the family lacks.
     """
 
     def __init__(self, source: str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu", detach: bool = True,
                  max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
                  revision: str | None = None, trust_remote_code: bool = False,
-                 tokenizer: Any | None = None) -> None:
+                 tokenizer: Any | None = None, convention: str | None = None) -> None:
         self.dtype, self.device, self.detach = dtype, torch.device(device), detach
         self.budgets = budgets_of(max_memory)
         if self.budgets and device_key(self.device) not in self.budgets:
@@ -111,6 +115,7 @@ class StreamedModel(Engine):
         config, cls, raw, self.path = _model_class(source, revision, trust_remote_code)
         source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
         self.family = _streamable_family(config)
+        self.convention = self.family.check_convention(convention)
         self.config = config
         weights = open_source(source, raw)
         _check_quantize(quantize, weights.quantized)
@@ -141,7 +146,7 @@ class StreamedModel(Engine):
             finally:
                 self._linear_depth -= 1
             return
-        with linearized(self.model, detach=self.detach):
+        with linearized(self.model, detach=self.detach, convention=self.convention):
             self._linear_depth = 1
             try:
                 yield
@@ -172,7 +177,14 @@ class StreamedModel(Engine):
 
         ids = self.token_ids(prompt)
         with self._linear():
-            return tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
+            st = tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
+        st.norm = self._norm
+        return st
+
+    def _norm(self, v: torch.Tensor) -> torch.Tensor:
+        """The linearized final norm of vectors (..., d) (each scale frozen at its own vector)."""
+        with self._linear(), torch.no_grad():
+            return self.steps.norm(v.to(self.device))
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:

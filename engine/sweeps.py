@@ -15,6 +15,10 @@ in one sweep per column block. The tangents of tokens ``k0:k1`` are zero before 
 ``k0``, so they are carried over positions ``k0:`` only
 (:meth:`~detjac.engine.tracing.LayerSteps.suffix_step`).
 
+Normed targets (``*_normed``) are the final norm frozen at the target's own vector, a linear map
+``M``: reverse mode seeds ``e_r M``, forward mode multiplies the columns by ``M``. ``to_output.L``
+targets are the output's cotangents as the reverse sweep passes layer ``L``'s output.
+
 Both also take arbitrary vectors instead of basis ones (``seed``, ``tangent``): that is how the
 matrix-free operator's products ``J^T u`` and ``J v`` are computed.
 """
@@ -26,7 +30,7 @@ from typing import Any
 
 import torch
 
-from detjac.targets import OUTPUTS, Target
+from detjac.targets import OUTPUTS, RESID_MID, Target
 
 from .backend import JacobianBlock
 from .progress import progress_bar
@@ -37,29 +41,37 @@ from .tracing import LayerSteps, StreamedTrace
 def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], r0: int, r1: int,
             progress: bool = False, seed: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
     """Rows ``r0:r1`` of every target; with ``seed`` (r1 - r0, n, d), its rows at the target position are
-    pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free)."""
+    pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free).
+
+    The output's cotangents at layer ``L``'s output *are* rows of ``to_output.L``: those targets are read off
+    the output's sweep on the way down (computed whenever one is requested, even without the output)."""
     n, d, p, L = len(trace.token_ids), sk.d_model, trace.position, sk.n_layers
-    dev, dt = sk.device, sk.dtype
+    dev, dt, rows = sk.device, sk.dtype, r1 - r0
     if seed is None:
-        seed = torch.zeros(r1 - r0, n, d, dtype=dt, device=dev)
-        seed[torch.arange(r1 - r0), p, torch.arange(r0, r1)] = 1.0
+        seed = torch.zeros(rows, n, d, dtype=dt, device=dev)
+        seed[torch.arange(rows), p, torch.arange(r0, r1)] = 1.0
+    to_output = {t.layer: t for t in targets if t.is_to_output}
+    want_output = any(t.is_output for t in targets)
+    swept = [t for t in targets if not t.is_output and not t.is_to_output]
     active: list[tuple[Target, torch.Tensor]] = []  # cotangents at the current layer's output
-    if any(t.component == "output" for t in targets):
+    if want_output or to_output:
         _, pull = torch.func.vjp(steps.final(p), trace.inputs[L].to(dev))
         with torch.no_grad():
             active.append((OUTPUTS, torch.func.vmap(pull)(seed[:, p])[0]))
-    top = max((L - 1 if t.component == "output" else t.layer) for t in targets)
+    top = L - 1 if active else max(t.layer for t in swept)
     dense = False  # once the cotangents reach position 0 they stay there (the residual path passes them on)
     for i in progress_bar(range(top, -1, -1), progress, "reverse sweep", "layer", leave=False):
+        if i in to_output:  # dy/dh_i: the output's cotangents at layer i's output, every position
+            yield JacobianBlock(to_output[i], r0, r1, 0, n, active[0][1])
+            if not want_output and i == min(to_output):
+                active = active[1:]
         # (target, cotangent at the layer's output, at its mid residual); None: zero
         entries: list[tuple[Target, torch.Tensor | None, torch.Tensor | None]] = [(t, g, None) for t, g in active]
-        for t in (t for t in targets if t.layer == i and t.component != "output"):
-            if t.component == "layer":
-                entries.append((t, seed, None))
-            elif t.component == "attn":
-                entries.append((t, None, seed))
-            else:
-                entries.append((t, seed, -seed))
+        joining = [t for t in swept if t.layer == i]
+        own: dict[Target, torch.Tensor] = {}  # each joining target's cotangent at its own vector
+        for t in joining:
+            own[t] = _normed_seed(steps, trace, t, seed) if t.normed else seed
+            entries.append((t, *_layer_seeds(t, own[t])))
         if not entries:
             continue
         g_out = _stacked([e[1] for e in entries], seed)
@@ -81,18 +93,38 @@ def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
             with torch.no_grad():
                 g_in = torch.func.vmap(pull)(cotangents)[0]
         del g_out, g_mid
-        order = [t for t, _ in active] + [t for t in targets if t.layer == i and t.component != "output"]
+        order = [t for t, _ in active] + joining
         active = []
         for j, t in enumerate(order):
-            g = g_in[j * (r1 - r0):(j + 1) * (r1 - r0)]
-            if t.component == "attn" and t.layer == i:
-                g = g - seed  # attn = mid - input: the identity path leaves
-            if t.local and t.layer == i:
+            g = g_in[j * rows:(j + 1) * rows]
+            if t in own and t.base == "attn":
+                g = g - own[t]  # attn = mid - input: the identity path leaves
+            if t in own and t.local:
                 yield JacobianBlock(t, r0, r1, 0, n, g)
             else:
                 active.append((t, g))
     for t, g in active:
         yield JacobianBlock(t, r0, r1, 0, n, g)
+
+
+def _layer_seeds(t: Target, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Cotangents at a layer's output and at its mid residual for cotangents ``g`` at target ``t``'s vector."""
+    base = t.base
+    if base == "layer":
+        return g, None
+    if base in ("attn", RESID_MID):  # attn = mid - input (the identity is taken off after the pullback)
+        return None, g
+    return g, -g  # mlp = output - mid
+
+
+def _normed_seed(steps: LayerSteps, trace: StreamedTrace, t: Target, seed: torch.Tensor) -> torch.Tensor:
+    """``seed`` at the position times the final norm's Jacobian ``M`` at the target's own vector: the cotangents of
+    the un-normed vector that give the normed target's rows (``J_normed = M J``)."""
+    p = trace.position
+    M = steps.norm_matrix(trace.base_value(t).to(seed.device))  # (d, d)
+    out = torch.zeros_like(seed)
+    out[:, p] = seed[:, p] @ M
+    return out
 
 
 def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], k0: int, k1: int,
@@ -129,13 +161,11 @@ def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
             hs = h[s:]
             t_out, t_mid = torch.func.vmap(lambda v, step=step, hs=hs: torch.func.jvp(step, (hs,), (v,))[1])(
                 tangent)
-        for t in (t for t in targets if t.layer == i):
-            if t.component == "layer":
-                yield columns(t, at(t_out))
-            elif t.component == "attn":
-                yield columns(t, at(t_mid) - at(tangent))
-            else:
-                yield columns(t, at(t_out) - at(t_mid))
+        for t in (t for t in targets if t.layer == i and not t.is_output):
+            v = _layer_tangent(t.base, at(t_out), at(t_mid), at(tangent))
+            if t.normed:  # M v for each column v: the final norm frozen at the target's own vector
+                v = v @ steps.norm_matrix(trace.base_value(t).to(v.device)).T
+            yield columns(t, v)
         tangent = t_out
         del t_mid
     if any(t.component == "output" for t in targets):
@@ -144,6 +174,17 @@ def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
             y = torch.func.vmap(lambda v: torch.func.jvp(steps.final(p - s), (h,), (v,))[1])(tangent) \
                 if p >= s else tangent.new_zeros(c, d)
         yield columns(OUTPUTS, y)
+
+
+def _layer_tangent(base: str, out: torch.Tensor, mid: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """Tangents of the residual-stream vector ``base`` from those of a layer's output, mid residual and input."""
+    if base == "layer":
+        return out
+    if base == "attn":
+        return mid - inp
+    if base == RESID_MID:
+        return mid
+    return out - mid
 
 
 def _stacked(parts: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:

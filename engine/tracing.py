@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import Target
+from detjac.targets import RESID_MID, Target
 
 from .backend import Trace
 from .detach import AttentionReplay
@@ -38,25 +38,44 @@ Step = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class StreamedTrace(Trace):
-    """A :class:`~detjac.engine.backend.Trace` with every layer's states, for layerwise targets."""
+    """A :class:`~detjac.engine.backend.Trace` with every layer's states, for layerwise targets.
+
+    ``norm`` is the linearized final norm, (..., d) -> (..., d), each vector's scale frozen at its own value
+    (the ``*_normed`` targets' map); set by :meth:`~detjac.engine.streamed.StreamedModel.trace`.
+    """
 
     inputs: list[torch.Tensor] = field(default_factory=list)  # inputs[l]: layer l's input (n, d); [L]: the output
     mids: list[torch.Tensor] = field(default_factory=list)  # mids[l]: residual between attention and MLP (n, d)
     calls: Calls = field(repr=False, default_factory=list)
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = field(repr=False, default=None)
+
+    def base_value(self, t: Target) -> torch.Tensor:
+        """(d,) the residual-stream vector at the position that a (normed) target is taken of."""
+        p, base = self.position, t.base
+        if base == "layer":
+            return self.inputs[t.layer + 1][p]
+        if base == "attn":
+            return self.mids[t.layer][p] - self.inputs[t.layer][p]
+        if base == "mlp":
+            return self.inputs[t.layer + 1][p] - self.mids[t.layer][p]
+        if base == RESID_MID:
+            return self.mids[t.layer][p]
+        raise KeyError(f"Expected a residual-stream target. Got {t.name!r}.")
 
     def value(self, t: Target) -> torch.Tensor:
         """The target's value at the position (what its Jacobian must reconstruct)."""
-        p = self.position
-        if t.is_output:
+        if t.is_output or t.is_to_output:
             return self.output
-        if t.component == "layer":
-            return self.inputs[t.layer + 1][p]
-        if t.component == "attn":
-            return self.mids[t.layer][p] - self.inputs[t.layer][p]
-        return self.inputs[t.layer + 1][p] - self.mids[t.layer][p]
+        v = self.base_value(t)
+        if t.normed:
+            assert self.norm is not None, "a StreamedTrace from StreamedModel.trace carries the final norm"
+            return self.norm(v)
+        return v
 
     def source(self, t: Target) -> torch.Tensor:
         """(n, d): the vectors the target's Jacobian acts on."""
+        if t.is_to_output:
+            return self.inputs[t.layer + 1]
         return self.inputs[t.layer] if t.local else self.embeddings
 
 
@@ -73,6 +92,17 @@ class LayerSteps:
     def final(self, position: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """The final norm at ``position``: (n, d) -> (d,)."""
         return lambda h: self.sk.decoder.norm(h)[position]
+
+    def norm(self, v: torch.Tensor) -> torch.Tensor:
+        """The final norm of vectors (..., d), each with its scale frozen at its own value (when detaching)."""
+        return self.sk.decoder.norm(v)
+
+    def norm_matrix(self, v: torch.Tensor) -> torch.Tensor:
+        """(d, d): the final norm's Jacobian at the vector ``v`` (d,): ``norm(v) = M v`` once its scale is frozen
+        (``diag(g / rms(v))`` for an RMSNorm). The ``*_normed`` targets' Jacobians are ``M`` times the
+        un-normed ones."""
+        with torch.no_grad():
+            return torch.func.jacrev(self.norm)(v)
 
     def _layer_fn(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         layer = self.sk.layers[i]

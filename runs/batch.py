@@ -34,8 +34,10 @@ def parse_keep(keep: str) -> int | None:
 
 
 def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                    row_block: int, max_tokens: int, keep: str = "full", detach: bool = True) -> dict[str, Any]:
-    """What identifies the run (checked when resuming) plus its other settings."""
+                    row_block: int, max_tokens: int, keep: str = "full", detach: bool = True,
+                    convention: str | None = None) -> dict[str, Any]:
+    """What identifies the run (checked when resuming) plus its other settings. ``convention`` is the family's
+    detach convention when it is not its default (None: the default, which leaves prompt ids as they were)."""
     from detjac.engine import family_for
     from detjac.engine.hub import is_hub_id
 
@@ -49,7 +51,8 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
             "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
             "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
             "dtype": dtype, "keep": keep, "detach": detach, "position": family.default_position, "target": "hidden",
-            "family": family.name, "detach_rules": family.describe() if detach else [], "row_block": row_block,
+            "family": family.name, "detach_rules": family.describe(convention) if detach else [],
+            "convention": convention, "row_block": row_block,
             "max_tokens": max_tokens, "detjac_version": __version__}
 
 
@@ -82,8 +85,8 @@ def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[
                 _check_exact(e, run["dtype"], item, "" if t.is_output else t.name)
             if not t.is_output:
                 writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
-                if t.local:
-                    writer.write_layerwise(t.name, "inputs", _numpy(trace.source(t), storage))
+                if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
+                    writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), storage))
         _write_small(writer, trace.embeddings, trace.output, ids, storage, trace.bias)
         affine = {"affine": True} if trace.bias is not None else {}
         writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, errors[OUTPUTS], run, storage), **extra,

@@ -32,6 +32,7 @@ class ModelSpec:
     quantize: str | None = None
     revision: str | None = None
     trust_remote_code: bool = False
+    convention: str | None = None  # the family's detach convention; None: its default
 
     def load(self, device: str | None = None) -> LoadedModel:
         """Load the engine on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
@@ -46,7 +47,7 @@ class ModelSpec:
         budget = self.max_memory if device == self.device else None
         engine = load_engine(source, streamed=self.streamed, dtype=getattr(torch, self.dtype), device=device,
                              detach=self.detach, max_memory=budget, quantize=self.quantize, revision=self.revision,
-                             trust_remote_code=self.trust_remote_code)
+                             trust_remote_code=self.trust_remote_code, convention=self.convention)
         honour_cpu_budget(engine)  # this process computes under a CPU budget: keep the resident set honest
         return LoadedModel(engine, source)
 
@@ -137,6 +138,11 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     from detjac.store import prompt_id
 
     prompts = prompts_path if isinstance(prompts_path, PromptsFile) else read_prompts(prompts_path)
+    if layers is not None:
+        from detjac.engine import check_layerwise_request
+        from detjac.engine.default import resolve_model
+
+        check_layerwise_request(resolve_model(spec.model), components)
     loaded = spec.load(load_device)
     targets: list[Any] = []
     if layers is not None:
@@ -150,7 +156,9 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     source = loaded.source
     model_dir = Path(source) if Path(source).is_dir() else None
     run = run_description(loaded.engine, model_arg, model_dir, spec.revision, spec.dtype,
-                          row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach)
+                          row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach,
+                          None if loaded.engine.convention == loaded.engine.family.conventions[0]
+                          else loaded.engine.convention)
     run.update(weights_identity(model_dir))  # the weight files' SHA-256s: part of the run's identity
     if spec.streamed:
         run.update({"engine": "streamed", "layerwise": [t.name for t in targets], "quantize": spec.quantize,

@@ -25,7 +25,8 @@ Log = Callable[[str], None]
 class RunOptions:
     """How ``detjac run`` computes and stores: the command's options, by the same names.
 
-    ``detach=False`` stores the ordinary Jacobian (``--ordinary``). ``workers`` (a LocalCluster
+    ``detach=False`` stores the ordinary Jacobian (``--ordinary``); ``convention`` picks the family's detach
+    convention (None: its default; recorded in the store's run attributes when another). ``workers`` (a LocalCluster
     of that many processes) and ``scheduler`` (an existing cluster's address) exclude each
     other; with neither, this process computes every prompt.
     """
@@ -48,6 +49,7 @@ class RunOptions:
     workers: int = 0
     scheduler: str | None = None
     memory_limit: str = "auto"
+    convention: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -80,6 +82,8 @@ def check_options(options: RunOptions) -> RunOptions:
         For an unparsable ``keep``, ``components`` without ``layers``, ``layers`` with a low-rank
         ``keep``, a ``mode`` without the streamed engine, or both ``workers`` and ``scheduler``.
     """
+    from detjac.targets import parse_components
+
     from .batch import parse_keep
 
     o = options
@@ -87,6 +91,8 @@ def check_options(options: RunOptions) -> RunOptions:
     streamed = o.streamed or bool(o.layers or o.max_memory or o.quantize)
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
+    if o.layers is not None:
+        parse_components(o.components)  # an unknown component is refused before any model loads
     if o.layers is not None and o.keep != "full":
         raise InvalidArgumentError(f"Expected --keep full with --layers (layerwise Jacobians are stored whole). "
                                    f"Got --keep {o.keep}.")
@@ -130,7 +136,7 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
 
     o = check_options(options)
     spec = ModelSpec(model_ref(model, o.revision), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
-                     o.revision, o.trust_remote_code)
+                     o.revision, o.trust_remote_code, o.convention)
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,

@@ -54,8 +54,13 @@ class SteeringTable:
     table: Path | None = None
 
 
-def concept_operator(store: Any, prompt_id: str, layer: int, model: Any) -> Any:
-    """The steering operator from a stored prompt's ``layer.<layer>`` Jacobian, checked against ``model``.
+def concept_operator(store: Any, prompt_id: str, layer: int, model: Any, method: str = "detjac") -> Any:
+    """The steering operator from a stored prompt's layer-``layer`` Jacobian, checked against ``model``.
+
+    ``detjac`` takes ``layer.<layer>``; ``paper`` takes ``layer_normed.<layer>`` (the reference's operators:
+    the layer's output through the final norm frozen at its own value) or, when only ``layer.<layer>`` is
+    stored, ``diag(g) layer.<layer>`` with ``g`` the stored final-norm gain: the two differ by the positive
+    factor ``1 / rms`` of the concept's state, which the method's normalization removes, so they steer alike.
 
     Parameters
     ----------
@@ -67,6 +72,8 @@ def concept_operator(store: Any, prompt_id: str, layer: int, model: Any) -> Any:
         The steered layer; negative counts from the end.
     model : transformers model
         Its input embeddings must be the store's (to within 1 % in norm).
+    method : {"detjac", "paper"}
+        See :mod:`detjac.engine.steer`.
 
     Returns
     -------
@@ -75,37 +82,57 @@ def concept_operator(store: Any, prompt_id: str, layer: int, model: Any) -> Any:
     Raises
     ------
     InvalidArgumentError
-        For a layer out of range, a prompt without the ``layer.<layer>`` Jacobian, or a store
-        of another model.
+        For an unknown method, a layer out of range, a prompt without the Jacobian the method needs, or a
+        store of another model.
     """
     import numpy as np
     import torch
 
-    from detjac.engine.steer import SteeringOperator
+    from detjac.engine.steer import SteeringOperator, check_method
 
+    check_method(method)
     prompt = store.get(prompt_id)
     n_layers = model.config.get_text_config().num_hidden_layers
     if not -n_layers <= layer < n_layers:
         raise InvalidArgumentError(f"Expected a layer in [-{n_layers}, {n_layers}). Got {layer}.")
     layer %= n_layers
-    target = f"layer.{layer}"
-    if target not in prompt.layerwise_targets:
-        raise InvalidArgumentError(
-            f"Expected the layerwise Jacobian {target} with prompt {prompt_id}. Got "
-            f"{', '.join(prompt.layerwise_targets) or 'no layerwise Jacobians'}: run `detjac run MODEL CONCEPT.txt "
-            f"--out STORE --layers {layer} --components layer`.")
+    J = _method_jacobian(store, prompt, layer, method)
     stored = store.model_array("embedding").astype(np.float64)
     mine = model.get_input_embeddings().weight.detach().to("cpu", torch.float64).numpy()
     if stored.shape != mine.shape or np.linalg.norm(stored - mine) > 1e-2 * np.linalg.norm(mine):
         raise InvalidArgumentError(f"Expected the store's model to be this model. Got input embeddings of shape "
                                    f"{stored.shape} in the store and {mine.shape} in the model, or different values.")
-    J = prompt.layerwise(target, lazy=False)
-    return SteeringOperator.from_jacobian(layer, torch.from_numpy(np.asarray(J)).to(model.dtype), prompt.prompt)
+    return SteeringOperator.from_jacobian(layer, torch.from_numpy(J).to(model.dtype), prompt.prompt, method)
+
+
+def _method_jacobian(store: Any, prompt: Any, layer: int, method: str) -> Any:
+    """(d, n, d) the stored operators a method steers with (see :func:`concept_operator`), float64."""
+    import numpy as np
+
+    from detjac.errors import StoreError
+
+    stored = prompt.layerwise_targets
+    if method == "paper" and f"layer_normed.{layer}" in stored:
+        return np.asarray(prompt.layerwise(f"layer_normed.{layer}", lazy=False), dtype=np.float64)
+    gain = None
+    if method == "paper":
+        try:
+            gain = store.model_array("final_norm").astype(np.float64)
+        except StoreError:
+            gain = None
+    if f"layer.{layer}" not in stored or (method == "paper" and gain is None):
+        wanted = "layer_normed" if method == "paper" else "layer"
+        raise InvalidArgumentError(
+            f"Expected the layerwise Jacobian {wanted}.{layer} with prompt {prompt.id} for --method {method}. Got "
+            f"{', '.join(stored) or 'no layerwise Jacobians'}: run `detjac run MODEL CONCEPT.txt --out STORE "
+            f"--layers {layer} --components {wanted}`.")
+    J = np.asarray(prompt.layerwise(f"layer.{layer}", lazy=False), dtype=np.float64)
+    return J if gain is None else gain[:, None, None] * J
 
 
 def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int, *, dtype: str = "float32",
-                 device: str = "cpu") -> ConceptSession:
-    """Load ``model`` (a checkpoint folder or ``default``) and the operator of ``prompt_id`` in the store.
+                 device: str = "cpu", method: str = "detjac") -> ConceptSession:
+    """Load ``model`` (a checkpoint folder or ``default``) and the ``method``'s operator of ``prompt_id`` in the store.
 
     Raises
     ------
@@ -116,13 +143,15 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
 
     from detjac.engine import get_tokenizer, load_model
     from detjac.engine.default import resolve_model
+    from detjac.engine.steer import check_method
     from detjac.store import open_store
 
+    check_method(method)  # before the model loads
     lm = load_model(resolve_model(model), dtype=getattr(torch, dtype), device=device)
     tok = get_tokenizer(lm)
     if tok is None:
         raise InvalidArgumentError(f"Expected a tokenizer with {model} to encode prompts. Got none.")
-    return ConceptSession(lm, tok, concept_operator(open_store(store_path), prompt_id, layer, lm))
+    return ConceptSession(lm, tok, concept_operator(open_store(store_path), prompt_id, layer, lm, method))
 
 
 def steer_prompt(session: ConceptSession, prompt: str, strength: float, max_new_tokens: int = 24) -> SteeredText:

@@ -32,11 +32,11 @@ STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODE
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
-                "layerwise", "quantize", "weights_sha256")
+                "layerwise", "quantize", "weights_sha256", "convention")
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
-OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256")
-LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs}
+OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention")
+LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs|input}
 
 DIMENSIONS = {
     "jacobian": ("row", "token", "col"),
@@ -45,6 +45,7 @@ DIMENSIONS = {
     "bias": ("row",),
     "token_ids": ("token",),
     "inputs": ("token", "col"),
+    "input": ("token", "col"),
     "embedding": ("vocab", "col"),
     "unembedding": ("vocab", "row"),
     "final_norm": ("row",),

@@ -122,8 +122,9 @@ class StoredPrompt(ABC):
             One of :attr:`layerwise_targets`.
         array : str
             ``jacobian`` (row, token, col); ``output`` (row,), the value the Jacobian
-            reconstructs; or, for ``*_local`` targets, ``inputs`` (token, col), the layer's
-            input hidden states (what the Jacobian multiplies).
+            reconstructs; for ``*_local`` targets, ``inputs`` (token, col), the layer's
+            input hidden states, and for ``to_output`` targets ``input`` (token, col), the
+            layer's output hidden states (what the Jacobian multiplies).
         lazy : bool
             For ``jacobian``: a dask array (True) or numpy (False). The others are numpy.
 
@@ -188,7 +189,7 @@ class LayerwiseSpec:
     """A layerwise Jacobian stored with a prompt: which target, and how the engine produces its blocks."""
 
     layer: int
-    component: str  # layer, attn or mlp
+    component: str  # a component of detjac.targets (layer, attn, mlp, resid_mid, layer_normed, ..., to_output)
     local: bool  # w.r.t. the layer's own input (True) or the input embeddings (False)
     mode: str = "reverse"  # reverse: row blocks; forward: token blocks
     token_block: int = 1

@@ -233,8 +233,8 @@ def _reconstruct(arr: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def _layerwise_error(prompt: ZarrPrompt, target: str, embeddings: np.ndarray) -> float:
     """``|| sum_k J_k x_k - output || / || output ||`` of one layerwise target, chunk by chunk."""
     group = prompt._group[f"{fmt.LAYERWISE}/{target}"]
-    local = "inputs" in group.array_keys()
-    x = prompt.layerwise(target, "inputs").astype(np.float64) if local else embeddings
+    source = Target.parse(target).source_array  # inputs (*_local), input (to_output) or None: the embeddings
+    x = prompt.layerwise(target, source).astype(np.float64) if source is not None else embeddings
     y = prompt.layerwise(target, "output").astype(np.float64)
     return relative_error(_reconstruct(group["jacobian"], x, y.shape), y)
 

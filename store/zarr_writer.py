@@ -144,8 +144,9 @@ class ZarrPromptWriter(PromptWriter):
         chunks = (d, min(spec.token_block, n), n_cols) if spec.mode == "forward" else (min(row_block, d), n, n_cols)
         itemsize = np.dtype(self.dtype).itemsize
         arrays = {"jacobian": ((d, n, n_cols), chunks), "output": ((d,), (d,))}
-        if spec.local:
-            arrays["inputs"] = ((n, n_cols), (n, n_cols))
+        source = _source_array(spec)
+        if source is not None:  # what the Jacobian multiplies, when not the input embeddings
+            arrays[source] = ((n, n_cols), (n, n_cols))
         for array, (shape, chunk) in arrays.items():
             sub.create_array(array, shape=shape, dtype=self.dtype, dimension_names=fmt.DIMENSIONS[array],
                              chunks=chunk, compressors=fmt.compressors(itemsize), fill_value=0,
@@ -182,10 +183,11 @@ class ZarrPromptWriter(PromptWriter):
             self._written.add(target)
 
     def write_layerwise(self, target: str, array: str, values: np.ndarray) -> None:
-        """A layerwise target's ``output`` (row,) -- the value its Jacobian reconstructs -- or, for a
-        per-layer (``*_local``) target, its ``inputs`` (token, col): the layer's input hidden states."""
+        """A layerwise target's ``output`` (row,) -- the value its Jacobian reconstructs -- or what it multiplies:
+        ``inputs`` (token, col) of a per-layer (``*_local``) target, ``input`` (token, col) of ``to_output``."""
         spec = self.layerwise.get(target)
-        allowed = ("output", "inputs") if spec is not None and spec.local else ("output",)
+        source = _source_array(spec) if spec is not None else None
+        allowed = ("output", source) if source is not None else ("output",)
         if spec is None or array not in allowed:
             raise StoreError(f"Expected one of {', '.join(allowed)} for a layerwise target of prompt {self.id} "
                              f"({', '.join(self.layerwise) or 'none'}). Got {target!r} / {array!r}.")
@@ -218,7 +220,8 @@ class ZarrPromptWriter(PromptWriter):
     def commit(self, attrs: dict[str, Any]) -> None:
         missing = {"jacobian" if self.rank is None else "triplets", *fmt.SMALL_ARRAYS} - self._written
         for name, spec in self.layerwise.items():
-            missing |= {name, f"{name}/output", *([f"{name}/inputs"] if spec.local else [])} - self._written
+            source = _source_array(spec)
+            missing |= {name, f"{name}/output", *([f"{name}/{source}"] if source else [])} - self._written
         if missing:
             self.abort()
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
@@ -271,6 +274,11 @@ class ZarrPromptWriter(PromptWriter):
         return {"keep": f"rank:{self.rank}", "rank": int(combined.S.shape[0]),
                 "combined_frobenius_sq": combined.frobenius_sq, "combined_residual_sq": combined.residual_sq,
                 "combined_captured": combined.captured}
+
+
+def _source_array(spec: LayerwiseSpec) -> str | None:
+    """The array a layerwise target's Jacobian multiplies (``inputs``, ``input``), None: the input embeddings."""
+    return Target(spec.layer, spec.component, spec.local).source_array
 
 
 def _check_layerwise(prompt_id: str, name: str, spec: LayerwiseSpec) -> None:

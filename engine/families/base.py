@@ -127,6 +127,12 @@ class Family:
     streamable
         The layer-streamed engine supports the family (it does not support affine or
         mixture-of-experts families, and refuses them).
+    conventions
+        The detach conventions of its gated MLPs, the default first. The detached Jacobian is
+        not unique: ``up`` freezes ``act(gate(x))`` and keeps the linear path through ``up``;
+        ``gate`` (Phi3, the paper's reference implementation) freezes ``up(x)`` and the ratio
+        ``act(g) / g`` (``sigmoid(g)`` for SiLU) and keeps the linear path through ``gate``.
+        Both reconstruct exactly; their Jacobians differ.
     """
 
     name: str
@@ -149,6 +155,27 @@ class Family:
     config_problem: Callable[[Any], str | None] = field(default=lambda config: None)
     streamable: bool = True
     notes: str = ""
+    conventions: tuple[str, ...] = ("up",)
+
+    def check_convention(self, convention: str | None) -> str:
+        """The detach convention to use: ``convention`` (None: the family's default, the first of
+        :attr:`conventions`), refused with the valid choices when the family does not have it.
+
+        Raises
+        ------
+        InvalidArgumentError
+            A convention this family does not declare.
+        """
+        from detjac.errors import InvalidArgumentError
+
+        if convention is None:
+            return self.conventions[0]
+        if convention not in self.conventions:
+            raise InvalidArgumentError(
+                f"Expected a detach convention of the {self.name} family among {', '.join(self.conventions)}. "
+                f"Got {convention!r}."
+            )
+        return convention
 
     @property
     def default_position(self) -> int:
@@ -167,18 +194,17 @@ class Family:
         """The rule for ``module`` if it is one of this family's mixture-of-experts blocks."""
         return next((r for r in self.moes if type(module) is r.cls), None)
 
-    def describe(self) -> list[str]:
-        """One line per detach rule, for metadata and ``--help`` style listings."""
+    def describe(self, convention: str | None = None) -> list[str]:
+        """One line per detach rule under ``convention`` (default: the family's), for metadata and listings."""
         lines = [
             f"{r.cls.__name__}: " + ("mean subtracted (linear), " if r.center else "")
             + f"variance scale frozen, output norm(x) * ({r.weight_offset:g} + w)" + (" + b" if r.center else "")
             for r in self.norms
         ]
-        lines += [
-            f"{r.cls.__name__}: act(gate(x)) frozen"
-            + (f" ({r.gate_up} chunked into gate, up)" if r.fused else "")
-            for r in self.mlps
-        ]
+        frozen = ("act(gate(x)) frozen" if self.check_convention(convention) == "up"
+                  else "up(x) and act(g)/g of g = gate(x) frozen, linear path through gate (convention gate)")
+        lines += [f"{r.cls.__name__}: {frozen}" + (f" ({r.gate_up} chunked into gate, up)" if r.fused else "")
+                  for r in self.mlps]
         lines += [f"{r.cls.__name__}: router choice and weights frozen, each chosen expert's act(gate(x)) frozen"
                   for r in self.moes]
         lines += [f"{c.__name__}: softmax(QK^T/sqrt(d) + mask) frozen" for c in self.attentions]
