@@ -192,6 +192,10 @@ class JacobianStore(ABC):
     def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         """``(arrays, attrs)`` of a result kept by :meth:`write_analysis`, or None when there is none."""
 
+    @abstractmethod
+    def analysis_names(self, prompt_id: str) -> list[str]:
+        """Names of the results kept for ``prompt_id`` by :meth:`write_analysis`, sorted; empty when there are none."""
+
     # -- the run writing the store ------------------------------------------------------------
 
     @property

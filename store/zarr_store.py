@@ -28,6 +28,7 @@ from .base import JacobianStore, LayerwiseSpec, PromptWriter, VerifyResult
 from .disk import discard_folder, disk_error
 from .integrity import (
     INTEGRITY,
+    NAME,
     PROMPT_ID,
     CorruptError,
     check_name,
@@ -206,6 +207,13 @@ class ZarrStore(JacobianStore):
         group = open_group(path, what, None if self.context.sealed else sparse_any)
         attrs.pop(INTEGRITY, None)
         return {key: group[key][...] for key in group.array_keys()}, attrs
+
+    def analysis_names(self, prompt_id: str) -> list[str]:
+        """Names of the results kept under ``analysis/<prompt_id>/`` (temporary folders of a write excluded)."""
+        folder = refuse_links(self.path, fmt.ANALYSIS, check_prompt_id(prompt_id))
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if NAME.fullmatch(p.name) and (p / "zarr.json").is_file())
 
     def staging_leftovers(self) -> list[str]:
         folder = refuse_links(self.path, fmt.STAGING)

@@ -1,0 +1,56 @@
+"""The corpus page: the run, one row per complete prompt, and the failed prompts with their reasons.
+
+A row needs only a prompt's attributes (no array is read), and a committed prompt never
+changes, so each is read once and kept: reopening the page after a writer has added prompts
+reads the new ones only.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .jsonable import jsonable
+
+RUN_KEYS = ("model_id", "model_type", "family", "revision", "dtype", "keep", "detach", "engine", "layerwise",
+            "quantize", "mode", "detjac_version")
+
+
+def prompt_row(prompt: Any) -> dict[str, Any]:
+    """What the corpus lists of one prompt: id, line, text, length, reconstruction error, next token, kind."""
+    a = prompt.attrs
+    next_id = a.get("next_token_id")
+    return jsonable({"id": prompt.id, "line": a.get("line"), "text": a.get("prompt", ""),
+                     "n_tokens": a.get("n_tokens"), "error": a.get("reconstruction_error"),
+                     "detached": a.get("detached", True), "next_token": a.get("next_token") or str(next_id),
+                     "next_token_id": next_id, "low_rank": "rank" in a, "layerwise": len(a.get("layerwise") or {})})
+
+
+def failure_row(prompt_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A failed prompt: its text, line, stage, error class and reason."""
+    return jsonable({"id": prompt_id, "text": record.get("prompt", ""), "line": record.get("line"),
+                     "stage": record.get("stage"), "error": record.get("error"), "reason": record.get("reason"),
+                     "failed_at": record.get("failed_at")})
+
+
+class Corpus:
+    """The corpus page of one store, its rows kept once read (see the module docstring)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def payload(self) -> dict[str, Any]:
+        """``store`` (name, run settings, creation time), ``prompts`` (rows in id order), ``failures``."""
+        with self._lock:
+            ids = self.store.prompt_ids()
+            for pid in ids:
+                if pid not in self._rows:
+                    self._rows[pid] = prompt_row(self.store.get(pid))
+            rows = [self._rows[pid] for pid in ids]
+        failures = [failure_row(pid, record) for pid, record in self.store.failures().items()]
+        run = {key: self.store.run[key] for key in RUN_KEYS if key in self.store.run}
+        return {"store": jsonable({"name": self.store.path.name, "created": self.store.created,
+                                   "format_version": self.store.format_version, "run": run}),
+                "prompts": rows, "failures": failures}
