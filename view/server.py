@@ -103,7 +103,8 @@ class ViewHandler(BaseHTTPRequestHandler):
             status, data = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"}
         self._send(status, json.dumps(data, allow_nan=False).encode(), "application/json", body)
 
-    def _send(self, status: HTTPStatus, data: bytes, kind: str, body: bool, extra: dict[str, str] | None = None) -> None:
+    def _send(self, status: HTTPStatus, data: bytes, kind: str, body: bool,
+              extra: dict[str, str] | None = None) -> None:
         self.send_response(status)
         headers = {"Content-Type": kind, "Content-Length": str(len(data)), "Cache-Control": "no-store",
                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",

@@ -61,7 +61,12 @@
   }
   const note = (text) => h("p", {class: "note"}, text);
   const sci = (x) => (x == null ? "–" : Number(x).toExponential(2));
-  const num = (x, digits = 4) => (x == null ? "–" : Charts.short(Number(Number(x).toPrecision(digits))));
+  function num(x, digits = 4) {  // `digits` significant digits; exponent notation for very large or small values
+    if (x == null) return "–";
+    const v = Number(x), a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(digits - 1);
+    return String(Number(v.toPrecision(digits)));
+  }
   const pct = (x) => (x == null ? "–" : `${(100 * x).toFixed(x < 0.1 ? 1 : 0)}%`);
   const promptHref = (id, ...rest) => "#/" + ["prompt", id, ...rest].map(encodeURIComponent).join("/");
   const chips = (texts, cls) => h("span", {class: cls || "chips"}, texts.map((t) => h("span", {class: "chip"}, t)));
@@ -181,7 +186,7 @@
         onclick: () => go(null)}, "all tokens [J₁ … Jₙ]"),
       p.tokens.map((t, k) => h("button", {class: "token" + (picked === k ? " picked" : ""), "data-index": k,
         type: "button", title: `token ${k}, id ${p.token_ids[k]}`, onclick: () => go(k)},
-        h("span", {class: "idx"}, k), t)));
+        h("span", {class: "idx"}, k), h("span", {class: "piece"}, t))));
   }
 
   function predictionPanel(p) {
