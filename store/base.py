@@ -136,6 +136,17 @@ class JacobianStore(ABC):
             A damaged part is reported, never raised.
         """
 
+    def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
+        """A complete prompt's attributes (:attr:`StoredPrompt.attrs`), which a backend may read faster than
+        :meth:`get` opens the prompt (a corpus of thousands is listed from them).
+
+        Raises
+        ------
+        StoreError
+            As :meth:`get`.
+        """
+        return dict(self.get(prompt_id).attrs)
+
     # -- model matrices, kept for decoding without the model -----------------------------------
 
     @abstractmethod

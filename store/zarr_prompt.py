@@ -39,6 +39,22 @@ class StoreContext:
         return self.format_version >= fmt.SEALED_SINCE
 
 
+def checked_attrs(path: Path, store: StoreContext) -> dict[str, Any]:
+    """The attributes of the prompt group at ``path``: their types checked, and in format 2 their SHA-256 and the
+    names and sizes of the prompt's files (raises CorruptError naming the prompt)."""
+    try:
+        attrs = read_attrs(path)
+        problem = attrs_problem(attrs)
+        if problem is not None:
+            raise CorruptError(problem)
+        if store.sealed:
+            check_seal(path, attrs, hashes=False)
+    except CorruptError as exc:
+        raise CorruptError(f"Expected an intact prompt {path.name} in {store.path}. Got a damaged one: {exc}. "
+                           "`detjac store verify` checks every prompt.") from exc
+    return attrs
+
+
 class ZarrPrompt(StoredPrompt):
     """A complete prompt group, opened read-only.
 
@@ -53,16 +69,7 @@ class ZarrPrompt(StoredPrompt):
         from .strict import open_group, sparse_layerwise
 
         self.path, self.id, self.store = path, path.name, store
-        try:
-            self.attrs = read_attrs(path)
-            problem = attrs_problem(self.attrs)
-            if problem is not None:
-                raise CorruptError(problem)
-            if store.sealed:
-                check_seal(path, self.attrs, hashes=False)
-        except CorruptError as exc:
-            raise CorruptError(f"Expected an intact prompt {self.id} in {store.path}. Got a damaged one: {exc}. "
-                               "`detjac store verify` checks every prompt.") from exc
+        self.attrs = checked_attrs(path, store)
         what = f"prompt {self.id} in {store.path}"
         self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
 

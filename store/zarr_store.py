@@ -39,7 +39,7 @@ from .integrity import (
     seal,
 )
 from .location import store_path
-from .zarr_prompt import StoreContext, ZarrPrompt, verify_prompt
+from .zarr_prompt import StoreContext, ZarrPrompt, checked_attrs, verify_prompt
 from .zarr_writer import ZarrPromptWriter
 
 
@@ -112,6 +112,13 @@ class ZarrStore(JacobianStore):
             raise StoreError(f"Expected a complete prompt {prompt_id!r} in {self.path}. Got none "
                              f"({len(self.prompt_ids())} complete prompts; list them with `detjac store ls`).")
         return ZarrPrompt(path, self.context)
+
+    def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
+        """A prompt's attributes, checked as opening it checks them, without opening its zarr group."""
+        path = refuse_links(self.path, fmt.PROMPTS, check_prompt_id(prompt_id))
+        if not (path / "zarr.json").is_file():
+            return dict(self.get(prompt_id).attrs)  # raises the StoreError that names the prompt
+        return checked_attrs(path, self.context)
 
     def model_array(self, name: str) -> np.ndarray:
         """``embedding`` (vocab, col), ``unembedding`` (vocab, row) or ``final_norm`` (row,), as stored at creation;

@@ -1,7 +1,8 @@
 """The corpus page: the run, one row per complete prompt, and the failed prompts with their reasons.
 
-A row needs only a prompt's attributes (no array is read), and a committed prompt never
-changes, so each is read once and kept: reopening the page after a writer has added prompts
+A row needs only a prompt's attributes (no array is read, nor the prompt opened:
+:meth:`~detjac.store.base.JacobianStore.prompt_attrs`), and a committed prompt never changes,
+so each is read once and kept: reopening the page after a writer has added prompts
 reads the new ones only.
 """
 
@@ -16,11 +17,11 @@ RUN_KEYS = ("model_id", "model_type", "family", "revision", "dtype", "keep", "de
             "quantize", "mode", "detjac_version")
 
 
-def prompt_row(prompt: Any) -> dict[str, Any]:
-    """What the corpus lists of one prompt: id, line, text, length, reconstruction error, next token, kind."""
-    a = prompt.attrs
+def prompt_row(prompt_id: str, a: dict[str, Any]) -> dict[str, Any]:
+    """What the corpus lists of one prompt (from its attributes ``a``): id, line, text, length, reconstruction
+    error, next token, kind."""
     next_id = a.get("next_token_id")
-    return jsonable({"id": prompt.id, "line": a.get("line"), "text": a.get("prompt", ""),
+    return jsonable({"id": prompt_id, "line": a.get("line"), "text": a.get("prompt", ""),
                      "n_tokens": a.get("n_tokens"), "error": a.get("reconstruction_error"),
                      "detached": a.get("detached", True), "next_token": a.get("next_token") or str(next_id),
                      "next_token_id": next_id, "low_rank": "rank" in a, "layerwise": len(a.get("layerwise") or {})})
@@ -47,7 +48,7 @@ class Corpus:
             ids = self.store.prompt_ids()
             for pid in ids:
                 if pid not in self._rows:
-                    self._rows[pid] = prompt_row(self.store.get(pid))
+                    self._rows[pid] = prompt_row(pid, self.store.prompt_attrs(pid))
             rows = [self._rows[pid] for pid in ids]
         failures = [failure_row(pid, record) for pid, record in self.store.failures().items()]
         run = {key: self.store.run[key] for key in RUN_KEYS if key in self.store.run}

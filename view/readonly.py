@@ -42,6 +42,9 @@ class ReadOnlyStore(JacobianStore):
     def get(self, prompt_id: str) -> StoredPrompt:
         return self.inner.get(prompt_id)
 
+    def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
+        return self.inner.prompt_attrs(prompt_id)
+
     def model_array(self, name: str) -> np.ndarray:
         with self._lock:
             if name not in self._model:
