@@ -138,12 +138,12 @@
     });
     draw();
     const r = c.store.run;
-    const facts = h("dl", {class: "facts"},
+    const facts = h("div", {class: "facts-inline"},
       [["model", r.model_id], ["family", r.family || r.model_type], ["dtype", r.dtype], ["kept", r.keep],
         ["Jacobian", r.detach === false ? "ordinary (not detached)" : "detached"], ["engine", r.engine || "in-memory"],
         ["layerwise targets", (r.layerwise || []).length || null], ["created", c.store.created],
         ["detjac", r.detjac_version]]
-        .filter(([, v]) => v != null).map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
+        .filter(([, v]) => v != null).map(([k, v]) => h("span", {}, h("span", {class: "note"}, k), " ", String(v))));
     const failed = c.failures.length ? panel(`Failed prompts (${c.failures.length})`,
       h("table", {id: "failures"}, h("thead", {}, h("tr", {}, ["line", "prompt", "stage", "error", "reason"]
         .map((t) => h("th", {}, t)))),
@@ -225,7 +225,7 @@
       series.push({name: `J_${picked} ${p.tokens[picked]}`, y: s.tokens[picked].S, color: "#e08a00", width: 2.5});
     }
     if (s.combined.S) series.push({name: "[J_1 … J_n]", y: s.combined.S, color: "#16324f", width: 2.5});
-    const chart = Charts.line(series, {logY: true, xLabel: "index i", yLabel: "σᵢ", id: "spectra-chart", width: 620,
+    const chart = Charts.line(series, {logY: true, xLabel: "index i", yLabel: "σᵢ", id: "spectra-chart", width: 560,
       label: "singular value spectra"});
     const legend = h("div", {class: "legend"},
       h("span", {}, h("i", {class: "sw-combined"}), "[J₁ … Jₙ]"),
@@ -243,13 +243,14 @@
 
   function normStrip(p, picked) {
     const sig = p.spectra.tokens.map((t) => t.sigma_1 ?? null);
-    const finite = sig.filter((v) => v != null);
-    const hi = Math.max(...finite, 1e-300);
+    const positive = sig.filter((v) => v > 0);
+    const lo = Math.min(...positive, 1), hi = Math.max(...positive, 1);
+    const shade = (v) => (hi > lo ? Math.log(v / lo) / Math.log(hi / lo) : 1);  // log scale: norms span decades
     const svg = Charts.heatmap([sig], {
-      colLabels: p.tokens.map((t, k) => `${k} ${t}`), rowLabels: ["‖Jₖ‖₂"], shade: (v) => v / hi,
+      colLabels: p.tokens.map((t, k) => `${k} ${t}`), rowLabels: ["‖Jₖ‖₂"], shade, maxWidth: 1300,
       text: (v) => Charts.short(v), picked, id: "norm-strip", label: "operator norm per token",
       tip: (r, k, v) => `token ${k} ${p.tokens[k]}: ‖J_k‖₂ = σ₁ = ${num(v)}, ‖J_k‖_F = ${num(p.spectra.tokens[k].frobenius)}`,
-      onClick: (r, k) => { location.hash = promptHref(p.id, "operator", k); }, cell: 46});
+      onClick: (r, k) => { location.hash = promptHref(p.id, "operator", k); }});
     return panel("Operator norm of each token's Jₖ (σ₁; click a cell)", svg);
   }
 
@@ -296,9 +297,8 @@
   async function showOperators(gen, p, arg, body) {
     const picked = arg === null || arg === "combined" ? null : Number(arg);
     const opPanel = panel(null, note("Computing the singular triplets…"));
-    body.replaceChildren(tokenButtons(p, picked),
-      h("div", {class: "row"}, predictionPanel(p), errorsPanel(p)),
-      h("div", {class: "row"}, spectraPanel(p, picked), normStrip(p, picked)),
+    body.replaceChildren(tokenButtons(p, picked), normStrip(p, picked),
+      h("div", {class: "row"}, predictionPanel(p), spectraPanel(p, picked), errorsPanel(p)),
       opPanel, analysesPanel(p) || "");
     const op = await load(`prompt/${p.id}/operator/${picked === null ? "combined" : picked}`);
     if (gen !== generation) return;
@@ -315,7 +315,7 @@
     const rankShade = (v) => 1 - Math.log(v) / Math.log(Math.max(2, ...L.heatmap.u1_rank.flat(), ...L.heatmap.contribution_rank.flat()));
     const heat = (matrix, id, what) => Charts.heatmap(matrix, {
       rowLabels: L.rows.map((r) => r.target), colLabels: L.tokens.map((t, k) => `${k} ${t}`), shade: rankShade,
-      text: (v) => String(v), id, label: what,
+      text: (v) => String(v), id, label: what, maxWidth: 1300,
       tip: (r, k, v) => `${L.rows[r].target}, token ${k} ${L.tokens[k]}: ${what} rank ${v}`});
     const dims = Charts.line([
       {name: "stable rank", y: L.rows.map((r) => r.stable_rank), x, color: "#2a62b8", marker: true},
@@ -342,10 +342,10 @@
     body.replaceChildren(
       h("p", {}, "Tracking the predicted next token ", h("span", {class: "chip", id: "tracked"}, L.token.text),
         h("span", {class: "note"}, ` over the ${L.rows.length} stored ${kind}.L targets (as detjac analyze layers).`)),
-      h("div", {class: "row"},
-        panel(`Rank of ${L.token.text} in each Jₖ's decoded u₁ (layer × token)`, heat(L.heatmap.u1_rank, "layers-heatmap", "u₁")),
-        panel(`Rank of ${L.token.text} in each token's decoded contribution Jₖ xₖ`,
-          heat(L.heatmap.contribution_rank, "contribution-heatmap", "contribution"))),
+      panel(`Rank of ${L.token.text} in each Jₖ's decoded u₁ (layer × token; 1 = top)`,
+        heat(L.heatmap.u1_rank, "layers-heatmap", "u₁")),
+      panel(`Rank of ${L.token.text} in each token's decoded contribution Jₖ xₖ (layer × token)`,
+        heat(L.heatmap.contribution_rank, "contribution-heatmap", "contribution")),
       h("div", {class: "row"},
         panel("Dimensionality of [J₁ … Jₙ] across layers", dims,
           legend([["#2a62b8", "stable rank ‖J‖²_F/σ₁²"], ["#1b7a3a", "n90"], ["#b3261e", "participation ratio"]])),

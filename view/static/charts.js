@@ -38,12 +38,19 @@ const Charts = (() => {
     return ticks;
   }
 
-  function decades(lo, hi) {  // whole powers of ten in [lo, hi] (log10 units), at most about six of them
-    const first = Math.ceil(lo), last = Math.floor(hi);
-    const step = Math.max(1, Math.ceil((last - first + 1) / 6));
-    const out = [];
-    for (let e = first; e <= last; e += step) out.push(e);
-    return out;
+  function logTicks(lo, hi) {  // 1, 2, 5 x powers of ten in [10^lo, 10^hi]; whole powers only when there are many
+    const all = [], whole = [];
+    for (let e = Math.floor(lo); e <= Math.ceil(hi); e++) {
+      for (const m of [1, 2, 5]) {
+        const v = m * Math.pow(10, e), l = Math.log10(v);
+        if (l < lo - 1e-9 || l > hi + 1e-9) continue;
+        all.push(v);
+        if (m === 1) whole.push(v);
+      }
+    }
+    if (all.length <= 7) return all;
+    const step = Math.max(1, Math.ceil(whole.length / 6));
+    return whole.filter((_, i) => i % step === 0);
   }
 
   function short(v) {
@@ -79,7 +86,7 @@ const Charts = (() => {
     const pad = (y1 - y0) * 0.05; y1 += pad; if (opts.logY) y0 -= pad;
     const sx = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
     const sy = (y) => T + (1 - (fy(y) - y0) / (y1 - y0)) * (H - T - B);
-    const yt = opts.logY ? decades(y0, y1).map((e) => Math.pow(10, e)) : niceTicks(y0, y1, 5);
+    const yt = opts.logY ? logTicks(y0, y1) : niceTicks(y0, y1, 5);
     for (const v of yt) {
       const y = sy(v);
       if (y < T - 1 || y > H - B + 1) continue;
@@ -124,10 +131,12 @@ const Charts = (() => {
   // onClick(r, c), picked: [r, c] or column index, cell, id}
   function heatmap(matrix, opts = {}) {
     const rows = matrix.length, cols = rows ? matrix[0].length : 0;
-    const cw = opts.cell || Math.max(22, Math.min(46, Math.floor(700 / Math.max(1, cols))));
+    const rowLabelWidth = 8 + 7 * Math.max(0, ...(opts.rowLabels || []).map((s) => String(s).length));
+    const cw = opts.cell || Math.max(14, Math.min(46, Math.floor(((opts.maxWidth || 700) - rowLabelWidth - 10)
+      / Math.max(1, cols))));
     const ch = opts.rowHeight || 22;
     const rowLabels = opts.rowLabels || [], colLabels = opts.colLabels || [];
-    const L = opts.left != null ? opts.left : 8 + 7 * Math.max(0, ...rowLabels.map((s) => String(s).length));
+    const L = opts.left != null ? opts.left : rowLabelWidth;
     const B = opts.bottom != null ? opts.bottom : 10 + 6 * Math.min(18, Math.max(0, ...colLabels.map((s) => String(s).length)));
     const W = L + cols * cw + 10, H = 6 + rows * ch + B;
     const svg = el("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "heatmap", id: opts.id,
@@ -154,7 +163,7 @@ const Charts = (() => {
           rect.addEventListener("click", () => opts.onClick(r, c));
         }
         svg.appendChild(titled(rect, opts.tip ? opts.tip(r, c, v) : String(v)));
-        if (opts.text && v != null) {
+        if (opts.text && v != null && 6.5 * String(opts.text(v)).length + 4 <= cw) {  // when it fits
           const label = el("text", {x: x + cw / 2, y: y + ch / 2 + 4, "text-anchor": "middle", fill: textOn(t),
             "pointer-events": "none"}, opts.text(v));
           label.style.fill = textOn(t);
