@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import urllib.request
 from http.client import HTTPConnection
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store
+from store_factory import make_store, run_description, synthetic_model, synthetic_prompt, write_prompt
 from view_helpers import SCRIPT_WORD, TEXTS, Served, copy_store, script_prompt
 
 from detjac.analysis import layers as layer_analysis
@@ -254,3 +255,25 @@ def test_view_help_has_examples():
     result = CliRunner().invoke(main, ["view", "--help"])
     assert result.exit_code == 0 and "detjac view run.zarr --export run-pages/" in result.output
     assert TEXTS  # the session's prompts are the ones the browser tests use too
+
+
+def test_a_store_without_the_models_matrices_shows_what_it_can(tmp_path):
+    """No unembedding: no prediction and no decoded tokens (the page says why), the rest is shown."""
+    model = synthetic_model()
+    run = run_description(model, n_layers=2)
+    with create_store(tmp_path / "bare.zarr", run) as store:  # created without model_data
+        truth = synthetic_prompt(model, run, "the oak tree grows", n_layers=2)
+        write_prompt(store, model, run, truth)
+    server = make_server(open_store(tmp_path / "bare.zarr"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, _, body = get(server.url + f"api/prompt/{truth.id}")
+        page = json.loads(body)
+        assert status == 200 and "Expected a model array 'unembedding'" in page["prediction"]["error"]
+        np.testing.assert_allclose(page["spectra"]["combined"]["S"],
+                                   np.linalg.svd(truth.jacobian.reshape(8, -1), compute_uv=False), rtol=1e-10)
+        status, _, body = get(server.url + f"api/prompt/{truth.id}/operator/1")
+        assert status == 422 and "cannot decode" in json.loads(body)["error"]
+    finally:
+        server.shutdown()
+        server.server_close()

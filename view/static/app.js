@@ -300,7 +300,13 @@
     body.replaceChildren(tokenButtons(p, picked), normStrip(p, picked),
       h("div", {class: "row"}, predictionPanel(p), spectraPanel(p, picked), errorsPanel(p)),
       opPanel, analysesPanel(p) || "");
-    const op = await load(`prompt/${p.id}/operator/${picked === null ? "combined" : picked}`);
+    let op;
+    try {
+      op = await load(`prompt/${p.id}/operator/${picked === null ? "combined" : picked}`);
+    } catch (err) {  // e.g. a store kept without the model's matrices cannot decode: the rest of the page stands
+      if (gen === generation) opPanel.replaceWith(panel("Top singular triplets", h("p", {class: "error"}, err.message)));
+      return;
+    }
     if (gen !== generation) return;
     opPanel.replaceWith(decodedPanel(p, op, picked));
   }
