@@ -138,7 +138,8 @@ class JacobianStore(ABC):
 
     def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
         """A complete prompt's attributes (:attr:`StoredPrompt.attrs`), which a backend may read faster than
-        :meth:`get` opens the prompt (a corpus of thousands is listed from them).
+        :meth:`get` opens the prompt (a corpus of thousands is listed from them). The attributes are checked
+        as :meth:`get` checks them; the prompt's arrays need not be.
 
         Raises
         ------

@@ -10,7 +10,6 @@ keeps the results the analyses would write in memory instead, and refuses every 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ class ReadOnlyStore(JacobianStore):
     """``store`` as the analyses see it, with their results kept in memory (see the module docstring).
 
     :meth:`stored_analysis` tells a result kept in the store (by ``detjac analyze``) from one
-    computed here; model matrices are read once and kept.
+    computed here; model matrices and files are read (and checked) once and kept.
     """
 
     def __init__(self, store: JacobianStore) -> None:
@@ -34,6 +33,7 @@ class ReadOnlyStore(JacobianStore):
         self.created = store.created
         self._memory: dict[tuple[str, str], tuple[dict[str, np.ndarray], dict[str, Any]]] = {}
         self._model: dict[str, np.ndarray] = {}
+        self._files: dict[str, bytes | None] = {}
         self._lock = threading.Lock()
 
     def prompt_ids(self) -> list[str]:
@@ -51,8 +51,11 @@ class ReadOnlyStore(JacobianStore):
                 self._model[name] = self.inner.model_array(name)
             return self._model[name]
 
-    def model_file(self, name: str) -> Path | None:
-        return self.inner.model_file(name)
+    def model_bytes(self, name: str) -> bytes | None:
+        with self._lock:
+            if name not in self._files:
+                self._files[name] = self.inner.model_bytes(name)
+            return self._files[name]
 
     def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         kept = self._memory.get((prompt_id, name))
@@ -95,3 +98,6 @@ class ReadOnlyStore(JacobianStore):
 
     def clear_staging(self) -> None:
         raise self._refuse("clear its staging folder")
+
+    def discard(self) -> None:
+        """Nothing to do: a store opened for viewing was not created by this handle."""

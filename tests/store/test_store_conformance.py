@@ -92,16 +92,18 @@ def test_committed_prompt_reads_back_exactly(backend):
     assert np.array_equal(prompt.array("embeddings"), x) and np.array_equal(prompt.array("output"), y)
     assert np.array_equal(prompt.operator(1), J[:, 1, :]) and np.array_equal(prompt.operator(-1), J[:, 2, :])
     assert prompt.attrs["tag"] == 1 and prompt.attrs["complete"] is True and prompt.n_tokens == 3
-    assert reader().prompt_attrs("a") == prompt.attrs
+    assert reader().prompt_attrs(ID["a"]) == prompt.attrs
 
 
 def test_prompt_attrs_of_a_missing_prompt_is_refused_like_get(backend):
     store, reader = backend
-    put(store, "a")
-    put(store, "b", commit=False)
-    for missing in ("b", "zz"):
+    put(store, ID["a"])
+    put(store, ID["b"], commit=False)
+    for missing in (ID["b"], ID["zz"]):
         with pytest.raises(StoreError, match=f"Expected a complete prompt '{missing}'"):
             reader().prompt_attrs(missing)
+    with pytest.raises(InvalidArgumentError, match="Expected a prompt id of 16 hex digits"):
+        reader().prompt_attrs("../model")
 
 
 def test_prompt_is_invisible_until_commit(backend):

@@ -21,7 +21,7 @@ from view_helpers import SCRIPT_WORD, TEXTS, Served, copy_store, script_prompt
 from detjac.analysis import layers as layer_analysis
 from detjac.analysis.decoded import decode_report
 from detjac.cli.main import main
-from detjac.errors import InvalidArgumentError
+from detjac.errors import InvalidArgumentError, StoreError
 from detjac.store import create_store, open_store
 from detjac.view.export import data_file, export
 from detjac.view.pages import NotFound, Pages
@@ -35,7 +35,8 @@ def store_files(path):
 def test_the_corpus_lists_every_prompt_and_every_failure(layered_store, tmp_path):
     path = copy_store(layered_store, tmp_path)
     with create_store(path, layered_store.run) as writer:
-        writer.record_failure("f00d", {"prompt": "far too long", "line": 9, "reason": "Expected at most 256 tokens.",
+        writer.record_failure("f00d" * 4, {"prompt": "far too long", "line": 9,
+                                           "reason": "Expected at most 256 tokens.",
                                        "error": "PromptError", "stage": "tokenize"})
     data = Pages(open_store(path)).data("corpus")
     assert [row["id"] for row in data["prompts"]] == layered_store.ids
@@ -45,7 +46,7 @@ def test_the_corpus_lists_every_prompt_and_every_failure(layered_store, tmp_path
         assert row["text"] == truth.text and row["n_tokens"] == truth.n_tokens
         assert row["error"] == attrs["reconstruction_error"] and row["next_token_id"] == truth.next_token_id
         assert row["layerwise"] == 12 and not row["low_rank"]
-    assert data["failures"] == [{"id": "f00d", "text": "far too long", "line": 9, "stage": "tokenize",
+    assert data["failures"] == [{"id": "f00d" * 4, "text": "far too long", "line": 9, "stage": "tokenize",
                                  "error": "PromptError", "reason": "Expected at most 256 tokens.",
                                  "failed_at": data["failures"][0]["failed_at"]}]
     assert data["store"]["run"]["layerwise"] == layered_store.run["layerwise"]
@@ -277,3 +278,17 @@ def test_a_store_without_the_models_matrices_shows_what_it_can(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_damaged_prompt_is_listed_with_why_and_its_page_says_so(layered_store, tmp_path):
+    path = copy_store(layered_store, tmp_path)
+    pid = layered_store.ids[1]
+    meta = json.loads((path / "prompts" / pid / "zarr.json").read_text())
+    meta["attributes"]["prompt"] = "an edited text"
+    (path / "prompts" / pid / "zarr.json").write_text(json.dumps(meta))
+    pages = Pages(open_store(path))
+    rows = {row["id"]: row for row in pages.data("corpus")["prompts"]}
+    assert len(rows) == len(layered_store.ids) and "attributes changed since commit" in rows[pid]["damage"]
+    assert all("damage" not in row for other, row in rows.items() if other != pid)
+    with pytest.raises(StoreError, match=f"Expected an intact prompt {pid}"):
+        pages.data(f"prompt/{pid}")

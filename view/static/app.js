@@ -91,7 +91,7 @@
   const SORTS = {
     line: {label: "file order", key: (r) => r.line ?? 0},
     error: {label: "reconstruction error", key: (r) => r.error ?? Infinity},
-    n_tokens: {label: "length (tokens)", key: (r) => r.n_tokens},
+    n_tokens: {label: "length (tokens)", key: (r) => r.n_tokens ?? -1},
     next_token: {label: "next token", key: (r) => r.next_token || ""},
     id: {label: "prompt id", key: (r) => r.id},
   };
@@ -120,8 +120,9 @@
       tbody.replaceChildren(...rows.map((r) => h("tr", {class: "clickable", "data-id": r.id,
         onclick: (e) => { if (e.target.tagName !== "A") location.hash = promptHref(r.id); }},
         h("td", {class: "num"}, r.line ?? ""),
-        h("td", {class: "text"}, h("a", {href: promptHref(r.id), class: "prompt-link"}, r.text)),
-        h("td", {class: "num"}, r.n_tokens),
+        h("td", {class: "text"}, r.damage ? h("span", {class: "bad damage"}, `DAMAGED: ${r.damage}`)
+          : h("a", {href: promptHref(r.id), class: "prompt-link"}, r.text)),
+        h("td", {class: "num"}, r.n_tokens ?? ""),
         h("td", {class: "num" + (r.detached === false ? " bad" : "")}, sci(r.error)),
         h("td", {}, h("span", {class: "chip"}, r.next_token)),
         h("td", {class: "note"}, [r.low_rank ? "low-rank" : null, r.layerwise ? `${r.layerwise} layerwise` : null]
