@@ -44,7 +44,8 @@ def shoot(driver, url: str, ready: str, path: Path, width: int = 1400) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(width, min(height + 20, 2600))
     time.sleep(0.3)
-    driver.save_screenshot(str(path))
+    if not driver.save_screenshot(str(path)):
+        raise SystemExit(f"Could not write {path}.")
     print(f"wrote {path}")
 
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--store", type=Path, default=None, help="Write the store here (kept), or reuse it.")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="detjac-view-shots-"))
     (folder / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     store = args.store or folder / "dictionary.zarr"
