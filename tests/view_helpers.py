@@ -36,6 +36,12 @@ def script_prompt(synthetic) -> str:
     return next(pid for pid, truth in synthetic.prompts.items() if SCRIPT_WORD in truth.text)
 
 
+def exported_prompts(synthetic) -> list[str]:
+    """The two prompts the tests export: the one holding :data:`SCRIPT_WORD` and the first other one."""
+    script = script_prompt(synthetic)
+    return [script, next(pid for pid in synthetic.ids if pid != script)]
+
+
 def copy_store(synthetic, folder: Path) -> Path:
     """A copy of a synthetic store's folder (for a command that writes analyses into it)."""
     return Path(shutil.copytree(synthetic.path, folder / synthetic.path.name))

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from store_factory import layer_targets, make_store
-from view_helpers import TEXTS, Served, detjac, new_driver, script_prompt, viewer_model
+from view_helpers import TEXTS, Served, detjac, exported_prompts, new_driver, viewer_model
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def served(layered_store):
 def exported(layered_store, tmp_path_factory):
     """``detjac view --export`` of two prompts of the layered store (the one with markup among them): the folder."""
     out = tmp_path_factory.mktemp("export") / "pages"
-    chosen = [layered_store.ids[0], script_prompt(layered_store)]
+    chosen = exported_prompts(layered_store)
     done = subprocess.run(detjac("view", str(layered_store.path), "--export", str(out), "--prompt", chosen[0],
                                  "--prompt", chosen[1]), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

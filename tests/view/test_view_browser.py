@@ -10,7 +10,15 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from view_helpers import INSTALL, MARKUP_WORD, SCRIPT_WORD, browser_missing, copy_store, script_prompt
+from view_helpers import (
+    INSTALL,
+    MARKUP_WORD,
+    SCRIPT_WORD,
+    browser_missing,
+    copy_store,
+    exported_prompts,
+    script_prompt,
+)
 
 from detjac.cli.main import main
 
@@ -154,7 +162,7 @@ def test_the_export_opens_from_disk_and_shows_the_same(browser, served, exported
     live = shown_decoded(browser)
     browser.get((exported / "index.html").as_uri())
     rows = wait_for(browser, "#corpus tbody tr", 2)
-    assert sorted(r.get_attribute("data-id") for r in rows) == sorted([layered_store.ids[0], pid])
+    assert sorted(r.get_attribute("data-id") for r in rows) == sorted(exported_prompts(layered_store))
     next(r for r in rows if r.get_attribute("data-id") == pid).find_element("css selector", ".prompt-link").click()
     wait_for(browser, '#decoded[data-token="combined"] tbody tr', 5)
     assert css(browser, "#prompt-text")[0].text == layered_store.prompts[pid].text

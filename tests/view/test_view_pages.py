@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from store_factory import make_store, run_description, synthetic_model, synthetic_prompt, write_prompt
-from view_helpers import SCRIPT_WORD, TEXTS, Served, copy_store, script_prompt
+from view_helpers import SCRIPT_WORD, TEXTS, Served, copy_store, exported_prompts, script_prompt
 
 from detjac.analysis import layers as layer_analysis
 from detjac.analysis.decoded import decode_report
@@ -224,7 +224,7 @@ def served_line(layered_store):
 def test_the_export_holds_the_pages_with_the_servers_data(layered_store, exported, served):
     before = store_files(layered_store.path)
     assert (exported / "index.html").read_bytes().count(b'content="static"') == 1
-    chosen = [layered_store.ids[0], script_prompt(layered_store)]
+    chosen = exported_prompts(layered_store)
     keys = list(Pages(layered_store.open()).keys(chosen))
     assert len(keys) == 1 + sum(2 + layered_store.prompts[pid].n_tokens + 4 for pid in chosen)
     assert sorted(p.name for p in (exported / "data").iterdir()) == sorted(data_file(k)[5:] for k in keys)
