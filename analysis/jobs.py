@@ -18,7 +18,8 @@ from ..errors import InvalidArgumentError
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
 
 
-def _name(kind: str, token: int | None, target: str | None = None) -> str:
+def result_name(kind: str, token: int | None, target: str | None = None) -> str:
+    """Where a result is kept in the store: ``svd_combined``, ``svd_token3``, ``spectrum_layer.2_token-1``, ..."""
     return f"{kind}{'' if target is None else f'_{target}'}_{'combined' if token is None else f'token{token}'}"
 
 
@@ -31,7 +32,7 @@ def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = N
               "seed": seed}
     results = []
     for pid in prompt_ids:
-        name = _name("svd", token, target)
+        name = result_name("svd", token, target)
         cached = store.read_analysis(pid, name)
         if cached is not None and cached[1].get("params") == wanted:
             arrays, attrs = cached
@@ -117,10 +118,10 @@ def dims(store: Any, prompt_ids: Iterable[str], progress: Any = None) -> list[di
     for pid in prompt_ids:
         prompt = store.get(pid)
         for token in [None, *range(prompt.n_tokens)]:
-            cached = store.read_analysis(pid, _name("spectrum", token))
+            cached = store.read_analysis(pid, result_name("spectrum", token))
             s = cached[0]["S"] if cached is not None else singular_values(prompt, token)
             if cached is None:
-                store.write_analysis(pid, _name("spectrum", token), {"S": s}, {"token": token})
+                store.write_analysis(pid, result_name("spectrum", token), {"S": s}, {"token": token})
             d = dimensionality(s)
             rows.append({"prompt_id": pid, "token": "combined" if token is None else token,
                          "stable_rank": d.stable_rank, "participation_ratio": d.participation_ratio,

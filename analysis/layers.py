@@ -199,23 +199,34 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
     target ``component.L``; ``contribution_rank[L, k]``: its rank in the decoded contribution
     ``J_k x_k`` of token k (what token k alone puts into that output). Rank 1 is the top token.
     """
-    import dask.array as da
-
     if component not in COMPONENTS:
         raise InvalidArgumentError(f"Expected a component among {', '.join(COMPONENTS)}. Got {component!r}.")
     prompt = store.get(prompt_id)
     picked = [t for t in map(Target.parse, _targets(prompt, None)) if t.component == component and t.local == local]
     kind = Target(0, component, local).kind  # mlp, mlp_local, ...
-    layers = sorted(t.layer for t in picked)
-    if not layers:
+    if not picked:
         raise InvalidArgumentError(f"Expected stored {kind}.L targets with prompt {prompt_id}. "
                                    f"Got {', '.join(prompt.layerwise_targets)}.")
+    return {**targets_heatmap(store, prompt_id, [t.name for t in sorted(picked)], token=token), "component": kind}
+
+
+def targets_heatmap(store: Any, prompt_id: str, targets: Sequence[str], *, token: int | None = None) -> dict[str, Any]:
+    """:func:`token_heatmap` over the stored layerwise ``targets`` given by name, one row each, in that order.
+
+    Returns ``layers`` (each target's layer), ``token``, ``u1_rank`` and ``contribution_rank``
+    (len(targets), n_tokens) and ``tokens`` (the prompt's token texts).
+    """
+    import dask.array as da
+
+    prompt = store.get(prompt_id)
+    targets = _targets(prompt, targets)
     tracked = int(prompt.attrs["next_token_id"]) if token is None else int(token)
-    W, _ = lens(store, Target(layers[0], component, local).name)
-    u1_rank = np.zeros((len(layers), prompt.n_tokens), dtype=np.int64)
+    lenses = {after: lens(store, target)[0] for after, target in  # one decoding matrix per kind of target
+              {Target.parse(t).after_final_norm: t for t in targets}.items()}
+    u1_rank = np.zeros((len(targets), prompt.n_tokens), dtype=np.int64)
     contribution_rank = np.zeros_like(u1_rank)
-    for i, layer in enumerate(layers):
-        target = Target(layer, component, local).name
+    for i, target in enumerate(targets):
+        W = lenses[Target.parse(target).after_final_norm]
         dense = _in_memory(prompt, target)
         J = dense if dense is not None else prompt.layerwise(target).astype(np.float64)  # (rows, n, cols)
         x = operator_inputs(prompt, target).astype(np.float64)  # (n, cols)
@@ -224,9 +235,9 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
         U1 = _per_token_u1(store, prompt, target, J, contributions)  # (n, rows)
         u1_rank[i] = [token_rank(col, tracked) for col in (W @ U1.T).T]
         contribution_rank[i] = [token_rank(col, tracked) for col in (W @ contributions.T).T]
-    return {"layers": layers, "token": tracked, "u1_rank": u1_rank, "contribution_rank": contribution_rank,
-            "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")])),
-            "component": kind}
+    return {"layers": [Target.parse(t).layer for t in targets], "token": tracked, "u1_rank": u1_rank,
+            "contribution_rank": contribution_rank,
+            "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")]))}
 
 
 def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
 from .svd_cmd import svd
+from .view_cmd import view
 from .views_cmds import VIEW_COMMANDS
 
 # Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
@@ -51,6 +52,7 @@ def main() -> None:
       detjac run default prompts.txt --out run.zarr
       detjac store verify run.zarr
       detjac analyze svd run.zarr --k 3
+      detjac view run.zarr
       detjac steer default --concept-from c.zarr:PROMPT_ID --layer 1 --prompt "Ream, n. A"
       detjac families --check
     """
@@ -270,6 +272,7 @@ for _view in VIEW_COMMANDS:  # analyze columns | image | path
     analyze.add_command(_view)
 main.add_command(steer)
 main.add_command(svd)
+main.add_command(view)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -136,6 +136,18 @@ class JacobianStore(ABC):
             A damaged part is reported, never raised.
         """
 
+    def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
+        """A complete prompt's attributes (:attr:`StoredPrompt.attrs`), which a backend may read faster than
+        :meth:`get` opens the prompt (a corpus of thousands is listed from them). The attributes are checked
+        as :meth:`get` checks them; the prompt's arrays need not be.
+
+        Raises
+        ------
+        StoreError
+            As :meth:`get`.
+        """
+        return dict(self.get(prompt_id).attrs)
+
     # -- model matrices, kept for decoding without the model -----------------------------------
 
     @abstractmethod
@@ -191,6 +203,10 @@ class JacobianStore(ABC):
     @abstractmethod
     def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         """``(arrays, attrs)`` of a result kept by :meth:`write_analysis`, or None when there is none."""
+
+    @abstractmethod
+    def analysis_names(self, prompt_id: str) -> list[str]:
+        """Names of the results kept for ``prompt_id`` by :meth:`write_analysis`, sorted; empty when there are none."""
 
     # -- the run writing the store ------------------------------------------------------------
 

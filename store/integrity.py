@@ -114,11 +114,7 @@ def check_seal(folder: Path, attrs: dict[str, Any], *, hashes: bool) -> None:
         Also hash every file (what ``verify`` does); without, only names and sizes are compared
         (what opening a prompt costs: a ``stat`` per file).
     """
-    record = attrs.get(INTEGRITY)
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
-        raise CorruptError(f"Expected an integrity record in the attributes of {folder}. Got {record!r}.")
-    if record.get("attrs_sha256") != attrs_digest(attrs):
-        raise CorruptError("attributes changed since commit (their SHA-256 differs from the one written then)")
+    record = check_attrs_seal(folder, attrs)
     files, links = tree(folder)
     if links:
         raise CorruptError(f"symlinks inside the store are refused: {', '.join(links)}")
@@ -137,6 +133,17 @@ def check_seal(folder: Path, attrs: dict[str, Any], *, hashes: bool) -> None:
             raise CorruptError(f"file {rel} has {path.stat().st_size} bytes, {size} when written")
         if hashes and file_digest(path) != sha:
             raise CorruptError(f"file {rel} changed since commit (its SHA-256 differs)")
+
+
+def check_attrs_seal(folder: Path, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The group's integrity record, once its attributes are checked against the SHA-256 it holds (raises
+    CorruptError); the files are :func:`check_seal`'s part."""
+    record = attrs.get(INTEGRITY)
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        raise CorruptError(f"Expected an integrity record in the attributes of {folder}. Got {record!r}.")
+    if record.get("attrs_sha256") != attrs_digest(attrs):
+        raise CorruptError("attributes changed since commit (their SHA-256 differs from the one written then)")
+    return record
 
 
 def _entry(entry: Any, rel: str) -> tuple[int, str]:

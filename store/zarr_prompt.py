@@ -22,7 +22,7 @@ from ..exactness import DTYPE_BOUND, relative_error
 from ..targets import Target
 from . import format as fmt
 from .base import StoredPrompt, VerifyResult
-from .integrity import CorruptError, check_name, check_seal, read_attrs
+from .integrity import CorruptError, check_attrs_seal, check_name, check_seal, read_attrs
 from .schema import attrs_problem
 
 
@@ -39,6 +39,24 @@ class StoreContext:
         return self.format_version >= fmt.SEALED_SINCE
 
 
+def checked_attrs(path: Path, store: StoreContext, files: bool = True) -> dict[str, Any]:
+    """The attributes of the prompt group at ``path``: their types checked, and in format 2 their SHA-256 and (with
+    ``files``) the names and sizes of the prompt's files (raises CorruptError naming the prompt)."""
+    try:
+        attrs = read_attrs(path)
+        problem = attrs_problem(attrs)
+        if problem is not None:
+            raise CorruptError(problem)
+        if store.sealed and files:
+            check_seal(path, attrs, hashes=False)
+        elif store.sealed:
+            check_attrs_seal(path, attrs)
+    except CorruptError as exc:
+        raise CorruptError(f"Expected an intact prompt {path.name} in {store.path}. Got a damaged one: {exc}. "
+                           "`detjac store verify` checks every prompt.") from exc
+    return attrs
+
+
 class ZarrPrompt(StoredPrompt):
     """A complete prompt group, opened read-only.
 
@@ -53,16 +71,7 @@ class ZarrPrompt(StoredPrompt):
         from .strict import open_group, sparse_layerwise
 
         self.path, self.id, self.store = path, path.name, store
-        try:
-            self.attrs = read_attrs(path)
-            problem = attrs_problem(self.attrs)
-            if problem is not None:
-                raise CorruptError(problem)
-            if store.sealed:
-                check_seal(path, self.attrs, hashes=False)
-        except CorruptError as exc:
-            raise CorruptError(f"Expected an intact prompt {self.id} in {store.path}. Got a damaged one: {exc}. "
-                               "`detjac store verify` checks every prompt.") from exc
+        self.attrs = checked_attrs(path, store)
         what = f"prompt {self.id} in {store.path}"
         self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
 

@@ -1,6 +1,6 @@
 """The layers of detjac import each other one way only (README, "Architecture"); read from the source.
 
-Every ``.py`` file under core/, engine/, store/, analysis/, runs/ and cli/ is parsed with
+Every ``.py`` file under core/, engine/, store/, analysis/, runs/, view/ and cli/ is parsed with
 ``ast`` (nothing is imported, so this runs without torch in a fraction of a second), and every
 import is collected: module-level ones, those inside functions and classes, relative ones
 (resolved with the folder -> package mapping of pyproject.toml), ``importlib.import_module``
@@ -23,11 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"core": "detjac", "engine": "detjac.engine", "store": "detjac.store", "analysis": "detjac.analysis",
-           "runs": "detjac.runs", "cli": "detjac.cli"}
+           "runs": "detjac.runs", "view": "detjac.view", "cli": "detjac.cli"}
 
 TORCH = ("torch", "transformers", "accelerate", "bitsandbytes")  # torch, or packages that import it
 ZARR_DASK = ("zarr", "numcodecs", "dask", "distributed")
-LAYERS = ("detjac.engine", "detjac.store", "detjac.analysis", "detjac.runs", "detjac.cli")
+LAYERS = ("detjac.engine", "detjac.store", "detjac.analysis", "detjac.runs", "detjac.view", "detjac.cli")
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ RULES = {
                      or top_level(t) in TORCH, "store/ never imports torch, engine, analysis, runs or cli"),
     "detjac.analysis": (lambda t: within(t, "detjac.engine", "detjac.runs", "detjac.cli") or top_level(t) in TORCH,
                         "analysis/ reads the store only: no torch, engine, runs or cli"),
+    "detjac.view": (lambda t: within(t, "detjac.engine", "detjac.runs", "detjac.cli") or top_level(t) in TORCH,
+                    "view/ shows the store and the analyses: no torch, engine, runs or cli"),
 }
 
 
@@ -188,7 +190,7 @@ def test_the_source_is_found():
     """The checks below would pass vacuously on an empty tree: make sure they see every layer."""
     modules = all_modules()
     assert {"detjac", "detjac.errors", "detjac.engine", "detjac.store.base", "detjac.analysis.spectra",
-            "detjac.runs.batch", "detjac.cli.main"} <= modules
+            "detjac.runs.batch", "detjac.view.server", "detjac.cli.main"} <= modules
     found = all_imports()
     assert any(i.module == "detjac.store.zarr_store" and i.target == "detjac.store.format" for i in found)
     assert any(i.module == "detjac.store.zarr_store" and i.target == "zarr" for i in found)  # inside a function
@@ -215,11 +217,13 @@ def test_the_checks_catch_what_they_claim():
             Import("engine/z.py", 5, "detjac.engine.z", "dask.array"),
             Import("runs/w.py", 7, "detjac.runs.w", "detjac.cli.main"),
             Import("core/v.py", 2, "detjac.v", "detjac.store"),
+            Import("view/u.py", 4, "detjac.view.u", "detjac.engine"),
             Import("store/ok.py", 1, "detjac.store.ok", "numpy"),
             Import("cli/ok.py", 1, "detjac.cli.ok", "detjac.cli.render")]
     assert [f.split("  (")[0] for f in violations(fake)] == [
         "store/x.py:3 imports torch.nn", "analysis/y.py:9 imports detjac.engine.streamed",
-        "engine/z.py:5 imports dask.array", "runs/w.py:7 imports detjac.cli.main", "core/v.py:2 imports detjac.store"]
+        "engine/z.py:5 imports dask.array", "runs/w.py:7 imports detjac.cli.main", "core/v.py:2 imports detjac.store",
+        "view/u.py:4 imports detjac.engine"]
     loop = [Import("store/a.py", 1, "detjac.store.base", "detjac.store.format"),
             Import("store/b.py", 2, "detjac.store.format", "detjac.store.base"),
             Import("store/c.py", 4, "detjac.store.lock", "detjac.store.format")]

@@ -92,6 +92,18 @@ def test_committed_prompt_reads_back_exactly(backend):
     assert np.array_equal(prompt.array("embeddings"), x) and np.array_equal(prompt.array("output"), y)
     assert np.array_equal(prompt.operator(1), J[:, 1, :]) and np.array_equal(prompt.operator(-1), J[:, 2, :])
     assert prompt.attrs["tag"] == 1 and prompt.attrs["complete"] is True and prompt.n_tokens == 3
+    assert reader().prompt_attrs(ID["a"]) == prompt.attrs
+
+
+def test_prompt_attrs_of_a_missing_prompt_is_refused_like_get(backend):
+    store, reader = backend
+    put(store, ID["a"])
+    put(store, ID["b"], commit=False)
+    for missing in (ID["b"], ID["zz"]):
+        with pytest.raises(StoreError, match=f"Expected a complete prompt '{missing}'"):
+            reader().prompt_attrs(missing)
+    with pytest.raises(InvalidArgumentError, match="Expected a prompt id of 16 hex digits"):
+        reader().prompt_attrs("../model")
 
 
 def test_prompt_is_invisible_until_commit(backend):
@@ -240,7 +252,7 @@ def test_a_store_without_model_data_says_so(impl, tmp_path):
 def test_analysis_results_round_trip_and_are_replaced(backend):
     store, reader = backend
     put(store, ID["a"], seed=1)
-    assert reader().read_analysis(ID["a"], "svd_combined") is None
+    assert reader().read_analysis(ID["a"], "svd_combined") is None and reader().analysis_names(ID["a"]) == []
     arrays = {"U": np.arange(6.0).reshape(3, 2), "S": np.array([2.0, 1.0])}
     store.write_analysis(ID["a"], "svd_combined", arrays, {"params": {"k": 2}, "token": None})
     got, attrs = reader().read_analysis(ID["a"], "svd_combined")
@@ -250,6 +262,8 @@ def test_analysis_results_round_trip_and_are_replaced(backend):
     got, attrs = reader().read_analysis(ID["a"], "svd_combined")
     assert list(got) == ["S"] and got["S"].tolist() == [3.0] and attrs["params"] == {"k": 1}
     assert reader().read_analysis(ID["a"], "spectrum_combined") is None
+    store.write_analysis(ID["a"], "layers_layer.1", {"S": np.array([1.0])}, {})
+    assert reader().analysis_names(ID["a"]) == ["layers_layer.1", "svd_combined"]
     with pytest.raises(StoreError, match="Expected a complete prompt 'f{16}'"):
         store.write_analysis(ID["zz"], "svd_combined", arrays, {})
 

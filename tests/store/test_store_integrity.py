@@ -379,3 +379,19 @@ def test_format_1_stores_stay_readable_and_verified_as_far_as_they_can_be(tmp_pa
     with pytest.raises(StoreError, match=r"format_version: 1 \(store\) != 2: stores of an older format are read, "
                                          "not extended"):
         create_store(copy, store.run)
+
+
+def test_a_prompts_attributes_are_checked_as_opening_it_checks_them(full):
+    """``prompt_attrs`` (the corpus of ``detjac view``) reads only the attributes: a change to them is refused as
+    ``get`` refuses it; a missing file is left to opening the prompt."""
+    pid, other = full.ids[0], full.ids[1]
+    assert open_store(full.path).prompt_attrs(pid) == open_store(full.path).get(pid).attrs
+    text = open_store(full.path).get(other).prompt
+    _edit_attrs(full.path / "prompts" / pid, prompt="another text")
+    with pytest.raises(CorruptError, match=rf"Expected an intact prompt {pid} in .*Got a damaged one: attributes "
+                                           "changed since commit"):
+        open_store(full.path).prompt_attrs(pid)
+    (full.path / "prompts" / other / "output" / "c" / "0").unlink()
+    assert open_store(full.path).prompt_attrs(other)["prompt"] == text
+    with pytest.raises(CorruptError, match=r"missing file output/c/0"):
+        open_store(full.path).get(other)

@@ -1,0 +1,73 @@
+"""``detjac view STORE``: browse a store in a local web page (read-only), or export the pages for sharing."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.argument("path", type=click.Path())
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
+              help="Port to listen on (0: a free one).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but a loopback address lets other machines read the store.")
+@click.option("--export", "export_dir", type=click.Path(file_okay=False), default=None,
+              help="Write the pages as a static snapshot into this new folder instead of serving them.")
+@click.option("--prompt", "prompt_ids", multiple=True,
+              help="With --export: only this prompt (repeatable; default: all).")
+def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...]) -> None:
+    """Browse the store PATH in a web browser: read-only, offline, on this machine by default.
+
+    Serves a local page and prints its URL. The corpus page lists every prompt (search by
+    text, sort by reconstruction error, length or next token) and the failed ones with their
+    reasons. A prompt's page shows its tokens, the predicted next token, the reconstruction
+    errors, the singular value spectra of [J_1 ... J_n] and of every J_k, and the top singular
+    triplets decoded to tokens as `detjac analyze svd` decodes them (click a token for its J_k);
+    with layerwise Jacobians, a layers tab per target kind. Results `detjac analyze` kept in the
+    store are shown; others are computed in memory, never written to the store.
+
+    With --export DIR, the same pages are written into DIR (open DIR/index.html from disk).
+
+    \b
+    Examples:
+      detjac view run.zarr
+      detjac view run.zarr --port 8765
+      detjac view run.zarr --host 0.0.0.0          # reachable from other machines: no password
+      detjac view run.zarr --export run-pages/ && chromium run-pages/index.html
+    """
+    from detjac.store import open_store
+
+    store = open_store(path)
+    if export_dir is not None:
+        _export(store, export_dir, list(prompt_ids) or None)
+        return
+    if prompt_ids:
+        raise click.UsageError("--prompt applies to --export only (the server shows every prompt).")
+    _serve(store, host, port)
+
+
+def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
+    from tqdm.auto import tqdm
+
+    from detjac.view.export import export
+
+    with tqdm(desc="export", unit="page") as bar:
+        written = export(store, out, prompt_ids, progress=bar)
+    click.echo(f"wrote {len(written)} files to {out}; open {out.rstrip('/')}/index.html in a browser")
+
+
+def _serve(store: object, host: str, port: int) -> None:
+    from detjac.view.server import is_loopback, make_server
+
+    server = make_server(store, host, port)
+    if not is_loopback(host):
+        click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
+                    f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)
+    click.echo(f"detjac view: serving {len(store)} prompts of {store.path} at {server.url} "  # type: ignore[attr-defined]
+               "(read-only; Ctrl-C to stop)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        click.echo("stopped")
+    finally:
+        server.server_close()

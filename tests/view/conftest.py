@@ -1,0 +1,49 @@
+"""Fixtures of the viewer's tests: a synthetic store (``tests/store_factory.py``: no torch, no model), a live
+``detjac view`` on it, its static export, and a headless Chromium (``tests/view_helpers.py``).
+
+Without chromium, chromedriver or selenium the browser tests (``test_view_browser.py``) are skipped,
+with one line in the summary saying what is missing and how to install it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from store_factory import layer_targets, make_store
+from view_helpers import TEXTS, Served, detjac, exported_prompts, new_driver, viewer_model
+
+
+@pytest.fixture(scope="session")
+def layered_store(tmp_path_factory):
+    """Four prompts, three layers, every layer's layer, attn, mlp and mlp_local targets. Never written to by a
+    test (the viewer must show it as it is): tests that run analyses work on a copy."""
+    path = tmp_path_factory.mktemp("view") / "layered.zarr"
+    return make_store(path, prompts=TEXTS, n_layers=3, targets=layer_targets(3, "layer,attn,mlp,mlp_local"),
+                      model=viewer_model())
+
+
+@pytest.fixture(scope="session")
+def served(layered_store):
+    server = Served(layered_store.path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def exported(layered_store, tmp_path_factory):
+    """``detjac view --export`` of two prompts of the layered store (the one with markup among them): the folder."""
+    out = tmp_path_factory.mktemp("export") / "pages"
+    chosen = exported_prompts(layered_store)
+    done = subprocess.run(detjac("view", str(layered_store.path), "--export", str(out), "--prompt", chosen[0],
+                                 "--prompt", chosen[1]), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium (the browser tests skip their module when there is none: test_view_browser.py)."""
+    driver = new_driver()
+    yield driver
+    driver.quit()

@@ -1,0 +1,106 @@
+"""Helpers of the viewer's tests: a synthetic model with markup in its vocabulary, a live ``detjac view``
+process, and a headless Chromium driven by selenium (never allowed to download anything).
+
+The browser tests need the ``selenium`` package and Debian's ``chromium`` with its driver
+(``apt-get install chromium chromium-driver``; ``make test`` installs them when it runs as root with
+apt-get); :func:`browser_missing` says what is lacking.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from store_factory import SyntheticModel, synthetic_model
+
+SCRIPT_WORD = "<script>alert(1)</script>"  # a token and a prompt that must be shown as text, never run
+MARKUP_WORD = "<b>bold</b>"
+TEXTS = ["the oak tree grows", "a young cat plays in the sea", f"the {SCRIPT_WORD} harp {MARKUP_WORD} plays",
+         "copper is a metal"]
+INSTALL = "apt-get install chromium chromium-driver (Debian/Ubuntu) and pip install selenium (the test extra)"
+
+
+def viewer_model() -> SyntheticModel:
+    """The synthetic model with two words of markup in its vocabulary (so tokens and decoded tokens can hold them)."""
+    base = synthetic_model(d_model=8, vocab=40)
+    words = (*base.words[:-2], SCRIPT_WORD, MARKUP_WORD)
+    return SyntheticModel(base.embedding, base.unembedding, base.final_norm, words)
+
+
+def script_prompt(synthetic) -> str:
+    """The id of the prompt holding :data:`SCRIPT_WORD`."""
+    return next(pid for pid, truth in synthetic.prompts.items() if SCRIPT_WORD in truth.text)
+
+
+def exported_prompts(synthetic) -> list[str]:
+    """The two prompts the tests export: the one holding :data:`SCRIPT_WORD` and the first other one."""
+    script = script_prompt(synthetic)
+    return [script, next(pid for pid in synthetic.ids if pid != script)]
+
+
+def copy_store(synthetic, folder: Path) -> Path:
+    """A copy of a synthetic store's folder (for a command that writes analyses into it)."""
+    return Path(shutil.copytree(synthetic.path, folder / synthetic.path.name))
+
+
+def detjac(*args: str) -> list[str]:
+    """The command line of ``detjac ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "detjac.cli.main", *args]
+
+
+class Served:
+    """A ``detjac view`` process and the URL it printed."""
+
+    def __init__(self, store: Path, *options: str) -> None:
+        self.process = subprocess.Popen(detjac("view", str(store), *options), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        self.first_line = self.process.stdout.readline()  # printed once the server listens
+        found = re.search(r"(http://\S+/)", self.first_line)
+        if found is None:
+            self.process.kill()
+            raise AssertionError(f"Expected detjac view to print its URL. Got {self.first_line!r}, "
+                                 f"{self.process.stderr.read()!r}")
+        self.url = found.group(1)
+
+    def stop(self) -> str:
+        """Stop the server; its standard error."""
+        self.process.terminate()
+        _, err = self.process.communicate(timeout=10)
+        return err
+
+
+def chromium_binary() -> str | None:
+    return next((found for name in ("chromium", "chromium-browser", "google-chrome")
+                 if (found := shutil.which(name)) is not None), None)
+
+
+def browser_missing() -> str | None:
+    """What the browser tests lack, as text (None: nothing)."""
+    missing = []
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package")
+    if chromium_binary() is None:
+        missing.append("chromium")
+    if shutil.which("chromedriver") is None:
+        missing.append("chromedriver")
+    return ", ".join(missing) or None
+
+
+def new_driver():
+    """A headless Chromium with the local chromedriver (selenium-manager kept offline)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000",
+                "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    options.binary_location = chromium_binary()
+    os.environ.setdefault("SE_OFFLINE", "true")
+    return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))

@@ -1,0 +1,79 @@
+"""``detjac view --export DIR``: the viewer's pages as a static snapshot that opens from disk.
+
+The snapshot is the same page (``index.html``, its script and style) with every page's data
+computed ahead and written as ``data/<key>.js``, a script that hands the data to the page:
+a browser loads scripts from ``file://`` where it refuses ``fetch``. Nothing in it reaches the
+network, and the folder can be shared as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from .assets import ASSETS, asset, index_html
+from .pages import Pages
+
+
+def data_file(key: str) -> str:
+    """Where the data of page ``key`` goes in a snapshot: ``data/prompt.<id>.operator.3.js`` (the page's
+    script computes the same name)."""
+    return f"data/{key.replace('/', '.')}.js"
+
+
+def export(store: Any, out: str | Path, prompt_ids: Sequence[str] | None = None, progress: Any = None) -> list[Path]:
+    """Write the snapshot of ``store`` (of ``prompt_ids`` only, when given) into the folder ``out``.
+
+    Parameters
+    ----------
+    store : JacobianStore
+    out : str or Path
+        A folder that does not exist yet or is empty.
+    prompt_ids : sequence of str, optional
+        Complete prompts of the store; the corpus page then lists these only.
+    progress : tqdm-like, optional
+        Updated once per page written; its ``total`` is set.
+
+    Returns
+    -------
+    list of Path
+        The files written, ``index.html`` first.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``out`` is a file or a folder with something in it, or a prompt id is not a complete prompt.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidArgumentError(f"Expected a new or empty folder to export to. Got {out}, which "
+                                   f"{'is a file' if not out.is_dir() else 'is not empty'}.")
+    pages = Pages(store)
+    known = set(store.prompt_ids())
+    chosen = None if prompt_ids is None else list(dict.fromkeys(prompt_ids))
+    missing = [pid for pid in chosen or [] if pid not in known]
+    if missing:
+        raise InvalidArgumentError(f"Expected complete prompts of {store.path}. Got {', '.join(missing)} (list them "
+                                   "with `detjac store ls`).")
+    keys = list(pages.keys(chosen))
+    if progress is not None:
+        progress.total = len(keys)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    written = [out / "index.html"]
+    written[0].write_bytes(index_html("static"))
+    for name in ASSETS:
+        (out / name).write_bytes(asset(name))
+        written.append(out / name)
+    for key in keys:
+        data = pages.data(key)
+        if key == "corpus" and chosen is not None:
+            data = {**data, "prompts": [row for row in data["prompts"] if row["id"] in set(chosen)]}
+        path = out / data_file(key)
+        path.write_text(f"detjacData({json.dumps(key)}, {json.dumps(data, allow_nan=False)});\n", encoding="ascii")
+        written.append(path)
+        if progress is not None:
+            progress.update()
+    return written

@@ -1,0 +1,40 @@
+"""The layers tab: how one kind of layerwise target (``layer``, ``attn``, ``mlp_local``, ...) behaves across layers.
+
+The kinds are read from the target names a prompt holds (``<kind>.<layer>``), so any kind a
+store keeps is shown. The numbers are those of ``detjac analyze layers`` with its defaults
+(:func:`detjac.analysis.layers.layer_table`: dimensionality of each target's ``[J_1 ... J_n]``,
+the rank of the predicted token in its decoded ``u_1`` and in the logit lens of its output;
+:func:`detjac.analysis.layers.targets_heatmap`: the layer x input-token ranks), computed
+through the read-only store (results ``detjac analyze layers`` kept are reused).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..analysis import jobs
+from ..analysis.layers import layer_table, targets_heatmap
+from .jsonable import jsonable
+from .prompt import kind_of, layer_kinds, token_pieces
+
+LAYERS_K, LAYERS_TOP = 4, 10  # `detjac analyze layers`' defaults: --k, --top
+
+
+def layers_payload(view: Any, prompt_id: str, kind: str) -> dict[str, Any]:
+    """The ``kind`` targets of one prompt, one row per layer, and the layer x token heatmap."""
+    prompt = view.get(prompt_id)
+    targets = [t for t in prompt.layerwise_targets if kind_of(t) == kind]
+    rows = layer_table(view, [prompt_id], k=LAYERS_K, top=LAYERS_TOP, targets=targets)
+    heat = targets_heatmap(view, prompt_id, targets)
+    text = jobs.token_texts(view)
+    errors = prompt.attrs.get("layerwise") or {}
+    return jsonable({
+        "id": prompt_id, "kind": kind, "kinds": layer_kinds(prompt), "top": LAYERS_TOP, "k": LAYERS_K,
+        "token": {"id": heat["token"], "text": text(heat["token"])}, "tokens": token_pieces(view, prompt),
+        "rows": [{"target": r["target"], "layer": r["layer"], "sigma_1": r["sigma_1"],
+                  "stable_rank": r["stable_rank"], "participation_ratio": r["participation_ratio"],
+                  "n90": r["n90"], "n99": r["n99"], "u1_rank": r["u1_rank"], "first_sv": r["first_sv"],
+                  "lens_rank": r["lens_rank"], "u1_tokens": [text(t) for t in r["u1_tokens"]],
+                  "error": errors.get(r["target"], {}).get("reconstruction_error")} for r in rows],
+        "heatmap": {"layers": heat["layers"], "u1_rank": heat["u1_rank"],
+                    "contribution_rank": heat["contribution_rank"]}})

@@ -1,0 +1,91 @@
+"""Every page's data by key, for the server and the static export alike.
+
+A key names what one page (or part of one) shows: ``corpus``, ``prompt/<id>``,
+``prompt/<id>/operator/<k>`` (token ``k``'s ``J_k``, or ``combined`` for ``[J_1 ... J_n]``) and
+``prompt/<id>/layers/<kind>``. A key is only ever looked up, never used as a path: the prompt
+id must be one of the store's complete prompts, the token an index of that prompt, the kind
+one of its layerwise kinds; anything else is :class:`NotFound`. Results are kept in memory
+(prompts do not change once committed), and one page is computed at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .corpus import Corpus
+from .layers import layers_payload
+from .prompt import layer_kinds, operator_payload, prompt_payload
+from .readonly import ReadOnlyStore
+
+KEPT_PAGES = 256  # pages kept in memory, least recently used dropped first
+
+
+class NotFound(LookupError):
+    """No page has this key."""
+
+
+class Pages:
+    """The pages of one store (opened for reading), by key (see the module docstring)."""
+
+    def __init__(self, store: Any) -> None:
+        self.view = ReadOnlyStore(store)
+        self.corpus = Corpus(self.view)
+        self._kept: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._compute = threading.Lock()
+
+    def data(self, key: str) -> dict[str, Any]:
+        """The data of page ``key``.
+
+        Raises
+        ------
+        NotFound
+            ``key`` names no page of this store.
+        """
+        if key == "corpus":
+            return self.corpus.payload()
+        return self._kept_or(key, self._page(key.split("/")))
+
+    def _page(self, parts: list[str]) -> Callable[[], dict[str, Any]]:
+        if len(parts) < 2 or parts[0] != "prompt" or parts[1] not in set(self.view.prompt_ids()):
+            raise NotFound("/".join(parts))
+        pid = parts[1]
+        if len(parts) == 2:
+            return lambda: prompt_payload(self.view, pid)
+        if len(parts) == 4 and parts[2] == "operator":
+            token = self._token(pid, parts[3])
+            return lambda: operator_payload(self.view, pid, token)
+        if len(parts) == 4 and parts[2] == "layers" and parts[3] in layer_kinds(self.view.get(pid)):
+            return lambda: layers_payload(self.view, pid, parts[3])
+        raise NotFound("/".join(parts))
+
+    def _token(self, pid: str, text: str) -> int | None:
+        if text == "combined":
+            return None
+        n = self.view.get(pid).n_tokens
+        if not (text.isdigit() and int(text) < n and str(int(text)) == text):
+            raise NotFound(f"prompt/{pid}/operator/{text}")
+        return int(text)
+
+    def _kept_or(self, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        with self._compute:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+            page = compute()
+            self._kept[key] = page
+            while len(self._kept) > KEPT_PAGES:
+                self._kept.popitem(last=False)
+            return page
+
+    def keys(self, prompt_ids: list[str] | None = None) -> Iterator[str]:
+        """Every page's key (of ``prompt_ids`` only, when given): what a static export holds."""
+        yield "corpus"
+        for pid in self.view.prompt_ids() if prompt_ids is None else prompt_ids:
+            prompt = self.view.get(pid)
+            yield f"prompt/{pid}"
+            yield f"prompt/{pid}/operator/combined"
+            yield from (f"prompt/{pid}/operator/{k}" for k in range(prompt.n_tokens))
+            yield from (f"prompt/{pid}/layers/{kind}" for kind in layer_kinds(prompt))

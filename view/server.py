@@ -1,0 +1,131 @@
+"""``detjac view``'s local HTTP server: the standard library's ``http.server``, GET and HEAD only.
+
+It serves the page's own files (a fixed list, never a path from the request), and the pages'
+data as JSON under ``/api/<key>`` (:class:`~detjac.view.pages.Pages`, which looks keys up and
+never opens a path built from them). Every other method is refused, nothing is written. Bound
+to a loopback address, it also refuses requests whose ``Host`` is not that address (a page on
+another site cannot reach it by DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+import traceback
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import DetjacError, InvalidArgumentError
+from .assets import ASSETS, asset, index_html
+from .pages import NotFound, Pages
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) only reaches this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ViewServer(ThreadingHTTPServer):
+    """Serves one store's pages; ``url`` is where a browser finds them."""
+
+    daemon_threads = True
+
+    def __init__(self, pages: Pages, host: str, port: int) -> None:
+        self.pages = pages
+        self.loopback = is_loopback(host)
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), ViewHandler)
+        self.port = self.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.port}/"
+        names = {shown, "localhost", "127.0.0.1", "[::1]"}
+        self.allowed_hosts = {f"{name}:{self.port}" for name in names}
+
+
+class ViewHandler(BaseHTTPRequestHandler):
+    server: ViewServer
+    def version_string(self) -> str:
+        return "detjac-view"
+
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(body=False)
+
+    def _refuse_method(self) -> None:
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "read-only: only GET and HEAD"}',
+                   "application/json", body=True, extra={"Allow": "GET, HEAD"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        """Quiet: the terminal shows the URL and errors, not every request."""
+
+    def _answer(self, body: bool) -> None:
+        if self.server.loopback and self.headers.get("Host") not in self.server.allowed_hosts:
+            self._send(HTTPStatus.FORBIDDEN, b'{"error": "unexpected Host header"}', "application/json", body)
+            return
+        path = urlsplit(self.path).path
+        if path in ("/", "/index.html"):
+            self._send(HTTPStatus.OK, index_html("server"), "text/html; charset=utf-8", body)
+        elif path.lstrip("/") in ASSETS:
+            name = path.lstrip("/")
+            self._send(HTTPStatus.OK, asset(name), f"{ASSETS[name]}; charset=utf-8", body)
+        elif path.startswith("/api/"):
+            self._api(path.removeprefix("/api/"), body)
+        else:
+            self._send(HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json", body)
+
+    def _api(self, key: str, body: bool) -> None:
+        try:
+            status, data = HTTPStatus.OK, self.server.pages.data(key)
+        except NotFound:
+            status, data = HTTPStatus.NOT_FOUND, {"error": f"no page {key!r} in this store"}
+        except DetjacError as exc:
+            status, data = HTTPStatus.UNPROCESSABLE_ENTITY, {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the page shows the message; the terminal the traceback
+            traceback.print_exc(file=sys.stderr)
+            status, data = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"}
+        self._send(status, json.dumps(data, allow_nan=False).encode(), "application/json", body)
+
+    def _send(self, status: HTTPStatus, data: bytes, kind: str, body: bool,
+              extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        headers = {"Content-Type": kind, "Content-Length": str(len(data)), "Cache-Control": "no-store",
+                   "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                   "Content-Security-Policy": CSP, **(extra or {})}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+def make_server(store: Any, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
+    """A server of ``store``'s pages on ``host``:``port`` (0: a free port), not yet serving.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``host``:``port`` cannot be listened on (taken, not an address of this machine, ...).
+    """
+    try:
+        return ViewServer(Pages(store), host, port)
+    except OSError as exc:
+        raise InvalidArgumentError(f"Expected a host and port this machine can listen on. Got {host}:{port} "
+                                   f"({exc.strerror or exc}).") from exc
