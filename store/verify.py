@@ -24,6 +24,7 @@ def verify_store(store: Any) -> list[VerifyResult]:
     results = [*_stray(path), *_links(path)]
     results += _model(store)
     results += _analyses(store)
+    results += _lenses(store)
     results += _failures(store)
     return results
 
@@ -110,6 +111,23 @@ def _analyses(store: Any) -> list[VerifyResult]:
                 results.append(_bad(where, "analysis", "not an analysis result"))
                 continue
             results.append(_checked(where, "analysis", lambda p=entry.name, n=result.name: _read(store, p, n)))
+    return results
+
+
+def _lenses(store: Any) -> list[VerifyResult]:
+    """Each group under lens/ (the fitted lens, partial sums of a fit), its seal checked and its arrays decoded."""
+    folder = store.path / fmt.LENS
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    results = []
+    for entry in sorted(folder.iterdir()):
+        where = f"{fmt.LENS}/{entry.name}"
+        if entry.name == "zarr.json" or entry.name.startswith(".") or entry.is_symlink():
+            continue  # a group being replaced; symlinks are reported by _links
+        if not NAME.fullmatch(entry.name) or not (entry / "zarr.json").is_file():
+            results.append(_bad(where, "lens", "not a lens group"))
+            continue
+        results.append(_checked(where, "lens", lambda n=entry.name: store.read_lens(n)))
     return results
 
 
