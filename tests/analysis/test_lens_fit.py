@@ -110,7 +110,7 @@ def test_a_fit_killed_mid_way_resumes_to_the_same_lens(synthetic, tmp_path):
     child.wait()
     assert all(line.startswith("partial-") for line in committed)
     store = open_store(synthetic.path)
-    assert store.read_lens(lens_fit.FITTED) is None
+    assert store.read_lens(lenses.FITTED) is None
     resumed = lens_fit.fit(store, chunk=1)
     assert resumed["reused"] >= 3 and resumed["tasks"] == 14 - resumed["reused"]
     lens_fit.fit(open_store(copy), chunk=1)
