@@ -19,28 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from detjac.analysis.lens_eval import wilson
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
 from detjac.engine.decode import decode_top, dense_svd
 from detjac.engine.default import default_model_dir
 
 HERE = Path(__file__).resolve().parent
-
-
-def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial fraction."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (centre - half, centre + half)
 
 
 def leading_vector_hit(model, tokenizer, prompt: str, top: int) -> tuple[bool, int, int]:

@@ -12,6 +12,7 @@ from detjac import __version__
 from detjac.errors import DetjacError
 
 from .analyze_cmds import analyze
+from .lens_cmd import lens
 from .options import DTYPES
 from .run_cmd import run
 from .steer_cmd import steer
@@ -273,6 +274,7 @@ for _view in VIEW_COMMANDS:  # analyze columns | image | path
 main.add_command(steer)
 main.add_command(svd)
 main.add_command(view)
+main.add_command(lens)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -27,8 +27,9 @@ LOCK = ".writer.lock"  # format 1's writer lock; format 2 keeps it in WRITER/zar
 WRITER = "_writer"
 ANALYSIS = "analysis"  # results of detjac.analysis, per prompt: analysis/<prompt_id>/<name>
 MODEL = "model"  # the model's embedding and unembedding matrices and tokenizer, for decoding
+LENS = "lens"  # corpus-level lens groups (detjac.analysis.lens): lens/fitted, lens/partial-<layer>-<digest>
 # Everything a store's root may hold (format 1's lock file included).
-STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODEL, WRITER, LOCK})
+STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODEL, LENS, WRITER, LOCK})
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",

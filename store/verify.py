@@ -24,6 +24,7 @@ def verify_store(store: Any) -> list[VerifyResult]:
     results = [*_stray(path), *_links(path)]
     results += _model(store)
     results += _analyses(store)
+    results += _lenses(store)
     results += _failures(store)
     return results
 
@@ -102,15 +103,30 @@ def _analyses(store: Any) -> list[VerifyResult]:
         if not PROMPT_ID.fullmatch(entry.name) or not entry.is_dir():
             results.append(_bad(f"{fmt.ANALYSIS}/{entry.name}", "analysis", "not a prompt id"))
             continue
-        for result in sorted(entry.iterdir()):
-            where = f"{fmt.ANALYSIS}/{entry.name}/{result.name}"
-            if result.name == "zarr.json" or result.name.startswith(".") or result.is_symlink():
-                continue  # a result being replaced; symlinks are reported by _links
-            if not NAME.fullmatch(result.name) or not (result / "zarr.json").is_file():
-                results.append(_bad(where, "analysis", "not an analysis result"))
-                continue
-            results.append(_checked(where, "analysis", lambda p=entry.name, n=result.name: _read(store, p, n)))
+        results += _sealed_groups(entry, f"{fmt.ANALYSIS}/{entry.name}", "analysis", "an analysis result",
+                                  lambda n, p=entry.name: _read(store, p, n))
     return results
+
+
+def _sealed_groups(folder: Path, where: str, kind: str, what: str, read: Any) -> list[VerifyResult]:
+    """Each sealed group in ``folder`` checked by ``read(name)``; entries that are not groups reported."""
+    results = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == "zarr.json" or entry.name.startswith(".") or entry.is_symlink():
+            continue  # a group being replaced; symlinks are reported by _links
+        if not NAME.fullmatch(entry.name) or not (entry / "zarr.json").is_file():
+            results.append(_bad(f"{where}/{entry.name}", kind, f"not {what}"))
+            continue
+        results.append(_checked(f"{where}/{entry.name}", kind, lambda n=entry.name: read(n)))
+    return results
+
+
+def _lenses(store: Any) -> list[VerifyResult]:
+    """Each group under lens/ (the fitted lens, partial sums of a fit), its seal checked and its arrays decoded."""
+    folder = store.path / fmt.LENS
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return _sealed_groups(folder, fmt.LENS, "lens", "a lens group", store.read_lens)
 
 
 def _read(store: Any, prompt_id: str, name: str) -> None:

@@ -27,18 +27,15 @@ from . import format as fmt
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, VerifyResult
 from .disk import discard_folder, disk_error
 from .integrity import (
-    INTEGRITY,
     NAME,
     PROMPT_ID,
     CorruptError,
     check_name,
     check_prompt_id,
-    check_seal,
-    read_attrs,
     refuse_links,
-    seal,
 )
 from .location import store_path
+from .sealed import read_sealed, remove_sealed, write_sealed
 from .zarr_prompt import StoreContext, ZarrPrompt, checked_attrs, verify_prompt
 from .zarr_writer import ZarrPromptWriter
 
@@ -168,53 +165,50 @@ class ZarrStore(JacobianStore):
 
     def write_analysis(self, prompt_id: str, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
         """Store an analysis result of a prompt under ``analysis/<prompt_id>/<name>`` (replaced atomically)."""
-        import zarr
-
         check_name(name, "an analysis result name")
         self.get(prompt_id)  # the prompt must exist
+        what = f"write analysis {name} of prompt {prompt_id}"
         try:
             folder = refuse_links(self.path, fmt.ANALYSIS)
             fmt.ensure_group(folder)
             folder = refuse_links(self.path, fmt.ANALYSIS, prompt_id)
             fmt.ensure_group(folder)
         except OSError as exc:
-            raise disk_error(exc, f"write analysis {name} of prompt {prompt_id}") from exc
-        final = refuse_links(self.path, fmt.ANALYSIS, prompt_id, name)
-        tmp = folder / f".{name}.tmp-{os.getpid()}"
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
-            for key, values in arrays.items():
-                fmt.put_array(group, check_name(key, "an analysis array name"), values)
-            group.attrs.update({**attrs, "written_at": fmt.now()})
-            group.attrs.update({INTEGRITY: seal(tmp, read_attrs(tmp))})
-            old = folder / f".{name}.old-{os.getpid()}"
-            if final.exists():
-                os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise disk_error(exc, f"write analysis {name} of prompt {prompt_id}") from exc
+            raise disk_error(exc, what) from exc
+        write_sealed(folder, name, arrays, attrs, what)
 
     def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         """(arrays, attrs) of a stored analysis result, or None; CorruptError if it changed since it was written."""
-        from .strict import open_group, sparse_any
-
         path = refuse_links(self.path, fmt.ANALYSIS, check_prompt_id(prompt_id), check_name(name, "an analysis name"))
-        if not (path / "zarr.json").is_file():
-            return None
-        what = f"analysis {name} of prompt {prompt_id} in {self.path}"
+        return read_sealed(path, f"analysis {name} of prompt {prompt_id} in {self.path}", sealed=self.context.sealed)
+
+    def lens_names(self) -> list[str]:
+        """Names of the groups under ``lens/`` (the fitted lens, a fit's partial sums): ``detjac.analysis.lens``."""
+        folder = refuse_links(self.path, fmt.LENS)
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if NAME.fullmatch(p.name) and (p / "zarr.json").is_file())
+
+    def write_lens(self, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any],
+                   dims: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Store a group under ``lens/<name>``, sealed like an analysis result and replaced atomically."""
+        what = f"write lens/{check_name(name, 'a lens group name')} of {self.path}"
         try:
-            attrs = read_attrs(path)
-            if self.context.sealed:
-                check_seal(path, attrs, hashes=True)
-        except CorruptError as exc:
-            raise CorruptError(f"Expected an intact {what}. Got a damaged one: {exc}. Re-run the analysis to "
-                               "replace it.") from exc
-        group = open_group(path, what, None if self.context.sealed else sparse_any)
-        attrs.pop(INTEGRITY, None)
-        return {key: group[key][...] for key in group.array_keys()}, attrs
+            folder = refuse_links(self.path, fmt.LENS)
+            fmt.ensure_group(folder)
+        except OSError as exc:
+            raise disk_error(exc, what) from exc
+        write_sealed(folder, name, arrays, attrs, what, dims)
+
+    def read_lens(self, name: str, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """(arrays, attrs) of ``lens/<name>``, or None; CorruptError if it changed since it was written."""
+        path = refuse_links(self.path, fmt.LENS, check_name(name, "a lens group name"))
+        return read_sealed(path, f"lens/{name} of {self.path}", arrays=arrays,
+                           hint="Fit the lens again (`detjac lens fit`) to replace it.")
+
+    def remove_lens(self, name: str) -> None:
+        """Remove ``lens/<name>`` (crash-safely; nothing if absent)."""
+        remove_sealed(refuse_links(self.path, fmt.LENS), name)
 
     def analysis_names(self, prompt_id: str) -> list[str]:
         """Names of the results kept under ``analysis/<prompt_id>/`` (temporary folders of a write excluded)."""

@@ -21,6 +21,8 @@ everything a store promises holds to rounding:
 - a ``*_local.L`` target multiplies the hidden states entering layer ``L`` (``inputs``,
   the last of which is ``layer.(L-1)``'s output) and reconstructs the same output as its
   cumulative twin; ``layer_local.L = identity + attn_local.L + mlp_local.L``;
+- a ``to_output.L`` target maps random layer states ``h_L`` (``input``, the last one ``layer.L``'s
+  output) to the output ``y`` exactly: a random Jacobian corrected on the last token;
 - an ordinary (``detach=False``) run's Jacobian is perturbed, so it does not reconstruct,
   and stores the error it has.
 
@@ -239,6 +241,12 @@ def synthetic_prompt(model: SyntheticModel, run: dict[str, Any], text: str, *, n
     if not run["detach"]:  # the ordinary Jacobian: same output, a map that does not reconstruct it
         J = J + 0.3 * _random_jacobian(rng, model.d_model, len(ids))
     next_id = int(np.argmax(model.unembedding @ y))
+    for name in targets:  # to_output.L: dy/dh_L at every position, exact on random states h_L (last: layer.L's)
+        t = Target.parse(name)
+        if t.is_to_output:
+            states = rng.standard_normal((len(ids), model.d_model))
+            states[-1] = layers[f"layer.{t.layer}"].output
+            layers[name] = LayerwiseTruth(_local(rng, y, states), y, states)
     kept = {t: layers[t] for t in targets}
     return PromptTruth(prompt_id(run, text), text, ids, J, x, y, bias, next_id, kept)
 
@@ -314,7 +322,7 @@ def _write_layerwise(writer: Any, truth: PromptTruth, specs: dict[str, Layerwise
         inputs = x
         if t.inputs is not None:
             inputs = t.inputs.astype(storage)
-            writer.write_layerwise(name, "inputs", inputs)
+            writer.write_layerwise(name, Target.parse(name).source_array or "inputs", inputs)
         layerwise[name] = {"reconstruction_error": _error(J, inputs, y), "mode": spec.mode}
     return {"layerwise": layerwise}
 

@@ -1,0 +1,185 @@
+"""The detached Jacobian lens: a fitted corpus-level operator per layer, decoded beside the logit lens.
+
+**The lens.** For layer ``L``, ``T̄_L`` (d x d) is the mean over a corpus of stored prompts of the
+same-position block ``T_p = dy_p / dh_{L,p}`` of the exact detached map from layer ``L``'s output to the
+model's final normed hidden state ``y`` (``to_output.L``; how it is fitted: :mod:`detjac.analysis.lens_fit`).
+``y`` is after the final norm, so a lens reading ``ŷ = T̄_L h_{L,t}`` is decoded through the unembedding
+alone: logits ``W_U ŷ`` (the final norm's gain and its frozen scales are inside ``T̄_L``, averaged).
+Fitted on an ordinary store (``detjac run --ordinary``) the same mean is the ordinary-Jacobian lens.
+
+**What it is compared with**, for one prompt's layer state ``h_L`` (n x d) and target position ``p``:
+
+``lens``        ``ŷ = T̄_L h_{L,p}``: the corpus operator, this prompt's state at the same position;
+``logit``       ``ŷ = norm(h_{L,p})``: the logit lens, the model's final norm (its scale computed from
+                ``h_{L,p}`` itself) then the unembedding;
+``self``        ``ŷ = T_p h_{L,p}``: this prompt's own same-position block (what the lens averages), so
+                ``lens`` vs ``self`` is what averaging loses and ``self`` vs ``exact`` what the other
+                positions carry;
+``exact``       ``ŷ = Σ_k T_k h_{L,k}``: this prompt's exact detached map, which reproduces ``y`` (relative
+                error ~1e-15 in float64, agreement 100 %): a check, not a result.
+
+Per layer and method: the rank of the model's own prediction ``argmax W_U y`` among the decoded logits
+(1 = top-1 agreement; ``<= 10``: top-10 agreement) and the relative error ``‖ŷ − y‖ / ‖y‖``.
+
+A lens is saved by itself as a small zarr folder (:func:`save_lens`; the arrays of ``lens/fitted`` and
+its attributes, sealed) and loaded from either (:func:`load_lens`). Torch-free: the model's side (layer
+states, its own Jacobians) is computed in :mod:`detjac.runs.lens`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, StoreFormatError
+from ..exactness import relative_error
+
+LENS_KEY = "detjac_lens"  # the attribute describing a lens (in lens/fitted and in a saved lens)
+LENS_VERSION = 1
+FITTED = "fitted"  # lens/fitted: the lens of a store
+DIMS = {"mean": ("layer", "row", "col"), "second_moment": ("layer", "row", "col"), "count": ("layer",),
+        "layer": ("layer",)}
+IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "weights_sha256", "dtype", "detach",
+            "convention", "quantize", "position")
+
+
+@dataclass(frozen=True)
+class Lens:
+    """A fitted lens: ``mean[i]`` is ``T̄`` of layer ``layers[i]`` (d, d), ``second_moment[i]`` the element-wise
+    ``E[T_p ⊙ T_p]``, ``count[i]`` the prompts averaged; ``info`` its description (model, kind, prompts)."""
+
+    layers: np.ndarray  # (layer,) int64
+    mean: np.ndarray  # (layer, row, col) float64
+    second_moment: np.ndarray  # (layer, row, col)
+    count: np.ndarray  # (layer,)
+    info: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        """``detached`` or ``ordinary``: which Jacobians were averaged."""
+        return str(self.info.get("kind"))
+
+    def operator(self, layer: int) -> np.ndarray:
+        """``T̄`` of ``layer`` (d, d); InvalidArgumentError for a layer the lens was not fitted at."""
+        where = np.flatnonzero(self.layers == layer)
+        if not len(where):
+            raise InvalidArgumentError(f"Expected a layer the lens was fitted at ({', '.join(map(str, self.layers))})."
+                                       f" Got {layer}.")
+        return self.mean[int(where[0])]
+
+    def apply(self, layer: int, states: np.ndarray) -> np.ndarray:
+        """``T̄_L h`` for states (..., d): the lens's reading of the output, (..., d)."""
+        return states @ self.operator(layer).T
+
+
+def relative_spread(lens: Lens) -> np.ndarray:
+    """Per layer, ``Σ Var(T_p) / ‖T̄‖_F²`` with ``Var = E[T⊙T] − T̄²`` element-wise: 0 when every prompt's
+    same-position operator equals the lens (population variance; clipped at 0 against rounding)."""
+    var = np.clip(lens.second_moment - lens.mean**2, 0.0, None)
+    return var.sum(axis=(1, 2)) / (lens.mean**2).sum(axis=(1, 2))
+
+
+def lens_attrs(store: Any, ids: list[str]) -> dict[str, Any]:
+    """The description kept with a lens fitted from ``store`` on the prompts ``ids``."""
+    from detjac import __version__
+
+    run = store.run
+    return {LENS_KEY: {
+        "version": LENS_VERSION, "kind": "detached" if run.get("detach", True) else "ordinary",
+        "target": "to_output", "operator": "mean over prompts of dy_p/dh_{L,p}, p the target position",
+        "model": {key: run.get(key) for key in IDENTITY}, "source": str(store.path), "n_prompts": len(ids),
+        "prompts_sha256": hashlib.sha256(json.dumps(sorted(ids)).encode()).hexdigest(),
+        "detjac_version": __version__}}
+
+
+def _arrays(layers: np.ndarray, mean: np.ndarray, second: np.ndarray, count: np.ndarray) -> dict[str, np.ndarray]:
+    return {"layer": layers.astype(np.int64), "mean": mean, "second_moment": second, "count": count.astype(np.int64)}
+
+
+def write_fitted(store: Any, layers: np.ndarray, mean: np.ndarray, second: np.ndarray, count: np.ndarray,
+                 attrs: dict[str, Any]) -> None:
+    """Write ``lens/fitted`` (sealed, named dimensions)."""
+    store.write_lens(FITTED, _arrays(layers, mean, second, count), attrs, DIMS)
+
+
+def _as_lens(arrays: dict[str, np.ndarray], attrs: dict[str, Any], where: str) -> Lens:
+    info = attrs.get(LENS_KEY)
+    if not isinstance(info, dict) or set(DIMS) - set(arrays):
+        raise StoreFormatError(f"Expected a detjac lens (attribute {LENS_KEY!r}, arrays {', '.join(DIMS)}) at "
+                               f"{where}. Got attributes {sorted(attrs)} and arrays {sorted(arrays)}.")
+    if info.get("version") != LENS_VERSION:
+        raise StoreFormatError(f"Expected lens version {LENS_VERSION} at {where}. Got {info.get('version')!r}.")
+    return Lens(arrays["layer"], arrays["mean"], arrays["second_moment"], arrays["count"], info)
+
+
+def load_lens(path: str | Path) -> Lens:
+    """A lens from a store fitted with ``detjac lens fit`` (its ``lens/fitted``) or from a saved lens folder.
+
+    Raises StoreFormatError for anything else, CorruptError for a lens changed since it was written.
+    """
+    from detjac.store.sealed import read_sealed
+
+    path = Path(path)
+    if (path / "zarr.json").is_file() and "detjac_store" in json.loads((path / "zarr.json").read_text()).get(
+            "attributes", {}):
+        from detjac.store import open_store
+
+        found = open_store(path).read_lens(FITTED)
+        if found is None:
+            raise InvalidArgumentError(f"Expected a fitted lens in the store {path}. Got none: run "
+                                       f"`detjac lens fit {path}` first.")
+        return _as_lens(*found, f"{path}/lens/{FITTED}")
+    found = read_sealed(path, f"the lens {path}", hint="Save it again (`detjac lens save`).")
+    if found is None:
+        raise StoreFormatError(f"Expected a detjac lens (a zarr folder written by `detjac lens save`) or a store "
+                               f"with a fitted lens at {path}. Got no zarr.json there.")
+    return _as_lens(*found, str(path))
+
+
+def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
+    """Write ``lens`` by itself to the folder ``out`` (a sealed zarr group; replaced only with ``force``)."""
+    from detjac.store.sealed import write_sealed
+
+    out = Path(out)
+    if out.exists() and not force:
+        raise InvalidArgumentError(f"Expected a new folder for the lens. Got {out}, which exists (--force replaces "
+                                   "it).")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return write_sealed(out.parent, out.name, _arrays(lens.layers, lens.mean, lens.second_moment, lens.count),
+                        {LENS_KEY: lens.info}, f"save the lens to {out}", DIMS)
+
+
+def token_rank(logits: np.ndarray, token: int) -> int:
+    """1-based rank of ``token`` among ``logits`` (vocab,), highest first; ties count in its favour."""
+    return int((logits > logits[token]).sum()) + 1
+
+
+def readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, normed: np.ndarray, position: int,
+             exact: np.ndarray | None) -> dict[str, np.ndarray]:
+    """What each method reads as the output at ``position`` from layer ``layer``'s states (n, d): every lens of
+    ``lenses`` by its name, ``logit``, and (with ``exact``, the prompt's own (d, n, d) ``to_output`` Jacobian)
+    ``self`` and ``exact``; see the module docstring. ``normed`` (d,) is the final norm of ``states[position]``."""
+    h = states[position]
+    out = {name: lens.apply(layer, h) for name, lens in lenses.items()}
+    out["logit"] = normed
+    if exact is not None:
+        out["self"] = exact[:, position, :] @ h
+        out["exact"] = np.einsum("rtc,tc->r", exact, states)
+    return out
+
+
+def score(readings_: dict[str, np.ndarray], unembedding: np.ndarray, output: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per method: ``rank`` of the model's prediction ``argmax W_U y`` in ``W_U ŷ``, ``error`` ``‖ŷ−y‖/‖y‖``,
+    ``top`` the 5 top decoded token ids."""
+    predicted = int(np.argmax(unembedding @ output))
+    out = {}
+    for method, y_hat in readings_.items():
+        logits = unembedding @ y_hat
+        out[method] = {"rank": token_rank(logits, predicted), "error": relative_error(y_hat, output),
+                       "top": np.argsort(-logits, kind="stable")[:5].tolist(), "predicted": predicted}
+    return out

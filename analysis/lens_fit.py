@@ -1,0 +1,237 @@
+"""Fitting the detached Jacobian lens from a store: a resumable, out-of-core Dask reduction.
+
+**What is averaged.** A ``to_output.L`` target stores, per prompt, ``T[r, k, c] = dy_r / dh_{L,k,c}``: the
+output ``y`` *at the prompt's target position p* (the last token) with respect to layer ``L``'s output
+``h_L`` at every position ``k``, so that ``y = sum_k T_k h_{L,k}`` exactly. The store holds ``y`` at ``p``
+only (not ``y_t`` for every ``t``), so a prompt contributes exactly one same-position operator per layer:
+the block ``T_p = T[:, p, :]`` (d x d), ``dy_p / dh_{L,p}``. The lens of layer ``L`` is the mean of ``T_p``
+over the stored prompts, ``T̄_L = (1/N) sum_i T_p^(i)``. The corpus-level lens of the Jacobian-lens
+literature averages ``dy_t / dh_{L,t}`` over every position t of every text; storing the prefixes of a text
+as prompts gives exactly that average (each prefix's last position is one ``t``).
+
+**Spread.** Beside the mean, the element-wise second moment ``E[T_p ⊙ T_p]`` (the diagonal of the second
+moment of ``vec(T_p)``) and the count, so the element-wise variance is ``second_moment - mean²``: how much
+the per-prompt operators differ from the lens, entry by entry (a lens that summarises its corpus well has
+``sum(var) / ||mean||_F²`` small; :func:`detjac.analysis.lens.relative_spread`).
+
+**Out of core, resumable, distributed.** The work is one Dask task per (layer, chunk of ``chunk`` prompts):
+it reads the chunk's ``T_p`` one prompt at a time (holding the running sum, the running sum of squares
+and one operator), and commits the sums as a sealed group ``lens/partial-<layer>-<digest>`` whose
+attributes list the prompt ids it covers. The final step adds the partials one at a time and writes
+``lens/fitted``. A fit killed at any moment (``kill -9``) leaves complete partials or none of a chunk;
+the next fit skips the prompts that partials already cover and computes only the rest, so it neither
+loses nor double-counts a prompt. Partials stay, merged into one per layer, so a fit after more prompts
+were added computes only the new ones. Tasks run on the active ``distributed.Client`` when there is one
+(a LocalCluster or a scheduler: the store must be on a file system every worker mounts), else in this
+process. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, StoreError
+from ..targets import TO_OUTPUT, Target
+from .lens import lens_attrs, write_fitted
+
+PARTIAL = "partial"  # lens/partial-<layer>-<digest>: sums over a set of prompts
+DEFAULT_CHUNK = 32
+
+
+def lens_layers(store: Any, layers: Sequence[int] | None = None) -> list[int]:
+    """The layers whose ``to_output`` Jacobians the store holds (all, or the requested ``layers``; negative ones
+    count from the end); InvalidArgumentError naming the ``detjac run`` options that store them."""
+    stored = sorted(Target.parse(t).layer for t in store.run.get("layerwise") or []
+                    if Target.parse(t).component == TO_OUTPUT)
+    if not stored:
+        raise InvalidArgumentError(
+            f"Expected to_output.L layerwise Jacobians in {store.path} (the lens averages dy/dh_L). Got "
+            f"{', '.join(store.run.get('layerwise') or []) or 'no layerwise targets'}. Store them with "
+            "`detjac run MODEL PROMPTS --out STORE --layers all --components to_output` (--ordinary for the "
+            "ordinary-Jacobian lens).")
+    if layers is None:
+        return stored
+    n_layers = max(stored) + 1 if store.run.get("n_layers") is None else int(store.run["n_layers"])
+    wanted = sorted({Target(layer if layer >= 0 else n_layers + layer, TO_OUTPUT).layer for layer in layers})
+    missing = [layer for layer in wanted if layer not in stored]
+    if missing:
+        raise InvalidArgumentError(f"Expected layers with stored to_output targets ({', '.join(map(str, stored))}). "
+                                   f"Got {', '.join(map(str, missing))}.")
+    return wanted
+
+
+def same_position_operator(prompt: Any, layer: int) -> np.ndarray:
+    """``T_p = dy_p / dh_{L,p}`` (d, d) in float64: the target position's block of the prompt's ``to_output.L``."""
+    J = prompt.layerwise(f"{TO_OUTPUT}.{layer}")  # lazy (row, token, col): only the chunks holding token p are read
+    p = int(prompt.attrs.get("position", -1)) % prompt.n_tokens
+    return np.asarray(J[:, p, :], dtype=np.float64)
+
+
+def _digest(ids: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(ids)).encode()).hexdigest()[:16]
+
+
+def partial_name(layer: int, ids: Sequence[str]) -> str:
+    return f"{PARTIAL}-{layer}-{_digest(ids)}"
+
+
+def fit_partial(location: str, layer: int, ids: Sequence[str]) -> str:
+    """One task: the sums of ``T_p`` and ``T_p ⊙ T_p`` over ``ids`` at ``layer``, committed as a sealed partial."""
+    from detjac.store import open_store
+
+    store = open_store(location)
+    total = square = None
+    for pid in ids:
+        T = same_position_operator(store.get(pid), layer)
+        total = T.copy() if total is None else total + T
+        square = T * T if square is None else square + T * T
+    name = partial_name(layer, ids)
+    store.write_lens(name, {"sum": total, "sum_sq": square},
+                     {"layer": layer, "count": len(ids), "prompt_ids": sorted(ids)},
+                     {"sum": ("row", "col"), "sum_sq": ("row", "col")})
+    return name
+
+
+def partials(store: Any, layer: int, valid: set[str]) -> list[tuple[str, list[str]]]:
+    """Partials of ``layer`` to use: (name, prompt ids), disjoint, every id among ``valid`` (the store's prompts);
+    the widest first, so a merged partial wins over the ones it replaced if a kill left both."""
+    found = []
+    prefix = f"{PARTIAL}-{layer}-"
+    for name in store.lens_names():
+        if name.startswith(prefix):
+            ids = store.read_lens(name, arrays=False)[1].get("prompt_ids") or []
+            if set(ids) <= valid and name == partial_name(layer, ids):
+                found.append((name, list(ids)))
+    found.sort(key=lambda item: (-len(item[1]), item[0]))
+    used: set[str] = set()
+    chosen = []
+    for name, ids in found:
+        if used.isdisjoint(ids):
+            chosen.append((name, ids))
+            used.update(ids)
+    return chosen
+
+
+def pending_tasks(store: Any, layers: Sequence[int], ids: Sequence[str], chunk: int) -> list[tuple[int, list[str]]]:
+    """(layer, prompt ids) chunks that no partial covers yet."""
+    valid = set(ids)
+    tasks = []
+    for layer in layers:
+        covered = {pid for _, got in partials(store, layer, valid) for pid in got}
+        todo = [pid for pid in ids if pid not in covered]
+        tasks += [(layer, todo[i:i + chunk]) for i in range(0, len(todo), chunk)]
+    return tasks
+
+
+def run_tasks(location: str, tasks: Sequence[tuple[int, list[str]]], progress: Any = None) -> None:
+    """Every task through dask: on the active distributed client if there is one (results as they complete),
+    else one at a time in this process. ``progress`` (tqdm-like) is updated per task."""
+    import dask
+
+    delayed = [dask.delayed(fit_partial, pure=False)(location, layer, ids) for layer, ids in tasks]
+    client = _client()
+    if client is None:
+        for task in delayed:
+            task.compute(scheduler="sync")
+            _tick(progress)
+        return
+    from distributed import as_completed
+
+    for future in as_completed(client.compute(delayed)):
+        future.result()  # re-raises a task's error here
+        _tick(progress)
+
+
+def _client() -> Any:
+    try:
+        from distributed import get_client
+    except ImportError:
+        return None
+    try:
+        return get_client()
+    except ValueError:  # no client active
+        return None
+
+
+def _tick(progress: Any) -> None:
+    if progress is not None:
+        progress.update()
+
+
+def merge(store: Any, layer: int, valid: set[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Sum of the chosen partials of ``layer`` (one read at a time), the sum of squares and the ids covered;
+    the partials are then replaced by one merged partial."""
+    chosen = partials(store, layer, valid)
+    if not chosen:
+        raise StoreError(f"Expected partial sums of layer {layer} in {store.path}/lens. Got none.")
+    total = square = None
+    ids: list[str] = []
+    for name, got in chosen:
+        arrays = store.read_lens(name)[0]
+        total = arrays["sum"] if total is None else total + arrays["sum"]
+        square = arrays["sum_sq"] if square is None else square + arrays["sum_sq"]
+        ids += got
+    merged = partial_name(layer, ids)
+    if len(chosen) > 1:
+        store.write_lens(merged, {"sum": total, "sum_sq": square},
+                         {"layer": layer, "count": len(ids), "prompt_ids": sorted(ids)},
+                         {"sum": ("row", "col"), "sum_sq": ("row", "col")})
+    for name in store.lens_names():  # partials of this layer that the merged one covers (or that went stale)
+        if name.startswith(f"{PARTIAL}-{layer}-") and name != merged:
+            store.remove_lens(name)
+    return total, square, sorted(ids)
+
+
+def fit(store: Any, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT_CHUNK,
+        progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Fit the lens of ``store`` (see the module docstring) and write it to ``lens/fitted``.
+
+    Parameters
+    ----------
+    store : ZarrStore
+        A store with ``to_output`` layerwise targets (opened with :func:`detjac.store.open_store`).
+    layers : sequence of int or None
+        Layers to fit (default: every stored one).
+    chunk : int
+        Prompts per task (and per committed partial).
+    progress : callable or None
+        ``progress(total_tasks)`` returns a tqdm-like bar updated once per task.
+
+    Returns
+    -------
+    dict
+        ``{"layers", "count", "tasks", "reused"}``: the layers fitted, prompts per layer, tasks computed now,
+        and prompts whose partial sums a previous (interrupted) fit had committed.
+    """
+    if chunk < 1:
+        raise InvalidArgumentError(f"Expected a chunk of at least one prompt. Got {chunk}.")
+    picked = lens_layers(store, layers)
+    ids = store.prompt_ids()
+    if not ids:
+        raise InvalidArgumentError(f"Expected prompts in {store.path} to fit a lens on. Got none.")
+    tasks = pending_tasks(store, picked, ids, chunk)
+    bar = progress(len(tasks)) if progress is not None else None
+    try:
+        run_tasks(str(store.path), tasks, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    valid = set(ids)
+    means, seconds, counts = [], [], []
+    covered = None
+    for layer in picked:
+        total, square, got = merge(store, layer, valid)
+        means.append(total / len(got))
+        seconds.append(square / len(got))
+        counts.append(len(got))
+        covered = got if covered is None else covered
+    write_fitted(store, np.array(picked), np.stack(means), np.stack(seconds), np.array(counts),
+                 lens_attrs(store, covered or []))
+    done = sum(len(t[1]) for t in tasks)
+    return {"layers": picked, "count": counts, "tasks": len(tasks),
+            "reused": len(ids) * len(picked) - done}

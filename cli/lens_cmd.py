@@ -1,0 +1,201 @@
+"""``detjac lens fit|save|apply|evaluate``: the detached Jacobian lens, fitted from a store's to_output targets.
+
+Each command parses, calls one function of :mod:`detjac.analysis.lens_fit`, :mod:`detjac.analysis.lens` or
+:mod:`detjac.runs.lens`, and prints what it returns.
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import render
+from .options import scheduler_options
+
+
+@click.group()
+def lens() -> None:
+    """The detached Jacobian lens: per layer L, the mean over a store's prompts of dy_p/dh_{L,p} (the same-position
+    block of the stored to_output.L Jacobian), decoded beside the logit lens.
+
+    \b
+    Examples:
+      detjac run default prompts.txt --out fit.zarr --layers all --components to_output
+      detjac lens fit fit.zarr --workers 2
+      detjac lens save fit.zarr gcide.lens
+      detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus" --plot oak.png
+      detjac lens evaluate gcide.lens --ordinary ordinary.zarr --limit 300 --out eval/
+    """
+
+
+def _layers(value: str | None) -> list[int] | None:
+    if value in (None, "all"):
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"Expected all or layer indices like 0,2,-1. Got {value!r}.") from exc
+
+
+@lens.command("fit")
+@click.argument("path", type=click.Path())
+@click.option("--layers", default="all", show_default=True, help="all, or stored layers like 0,2,-1.")
+@click.option("--chunk", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Prompts per task; each task commits its partial sums, so a killed fit resumes from them.")
+@scheduler_options
+def fit_cmd(path: str, layers: str, chunk: int, workers: int, memory_limit: str, scheduler: str | None) -> None:
+    """Fit the lens of a store with to_output targets and keep it in the store (lens/fitted).
+
+    Per layer: the mean of the prompts' same-position operators, their element-wise second moment and
+    the count. A Dask reduction, one task per layer and chunk of prompts; run it again after a kill to
+    resume (prompts already summed are not read again).
+
+    \b
+    Examples:
+      detjac lens fit fit.zarr
+      detjac lens fit fit.zarr --layers 0,-1 --workers 2
+      detjac lens fit /shared/fit.zarr --scheduler tcp://10.0.0.5:8786
+    """
+    from detjac.analysis.lens import load_lens, relative_spread
+    from detjac.analysis.lens_fit import fit
+    from detjac.progress import tqdm
+    from detjac.runs.scheduler import dask_scheduler
+    from detjac.store import open_store
+
+    store = open_store(path)
+    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo):
+        report = fit(store, _layers(layers), chunk=chunk,
+                     progress=lambda total: tqdm(total=total, desc="lens fit", unit="task"))
+    fitted = load_lens(path)
+    click.echo(f"{fitted.kind} lens of {fitted.info['n_prompts']} prompts, layers "
+               f"{', '.join(map(str, report['layers']))}: {report['tasks']} tasks now, "
+               f"{report['reused']} prompt-layers from earlier partial sums; written to {path}/lens/fitted")
+    for layer, spread in zip(fitted.layers, relative_spread(fitted), strict=True):
+        click.echo(f"  layer {layer}: relative spread sum(Var T_p) / ||mean||_F^2 = {spread:.3g}")
+
+
+@lens.command("save")
+@click.argument("path", type=click.Path())
+@click.argument("out", type=click.Path())
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def save_cmd(path: str, out: str, force: bool) -> None:
+    """Save the fitted lens of a store by itself (a small zarr folder) to share it.
+
+    \b
+    Example:
+      detjac lens save fit.zarr gcide.lens
+    """
+    from detjac.analysis.lens import load_lens, save_lens
+
+    written = save_lens(load_lens(path), out, force=force)
+    click.echo(f"wrote {written}")
+
+
+@lens.command("apply")
+@click.argument("lens_path", type=click.Path())
+@click.option("--prompt", required=True, help="The text to read through the lens.")
+@click.option("--model", default="default", show_default=True, help="The model the lens was fitted on.")
+@click.option("--ordinary", "ordinary", type=click.Path(), default=None,
+              help="Also an ordinary-Jacobian lens (a store fitted from `detjac run --ordinary`, or a saved lens).")
+@click.option("--exact/--no-exact", default=True, show_default=True,
+              help="Also the prompt's own exact map (its to_output Jacobians: d pullbacks).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Layer x position heatmaps of the rank of the model's prediction (PNG).")
+def apply_cmd(lens_path: str, prompt: str, model: str, ordinary: str | None, exact: bool, plot: str | None) -> None:
+    """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
+
+    The table gives, per layer and method, the rank of the model's own next-token prediction at the
+    last position among the decoded logits, the relative error of the output read and its top tokens.
+
+    \b
+    Examples:
+      detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus"
+      detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
+    """
+    from detjac.analysis.lens import load_lens
+    from detjac.analysis.lens_eval import plot_positions
+    from detjac.runs.lens import load_lens_engine, position_ranks, score_prompt, unembedding
+
+    lenses = {"detached lens": load_lens(lens_path)}
+    if ordinary:
+        lenses["ordinary lens"] = load_lens(ordinary)
+    engine = load_lens_engine(model, list(lenses.values()))
+    layers = [int(x) for x in lenses["detached lens"].layers]
+    W_U = unembedding(engine)
+    st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)
+    def decode(token: int) -> str:
+        return render.piece(engine.tokenizer, token)
+
+    click.echo(f"model prediction: {decode(rows[0]['predicted'])}")
+    click.echo(f"{'layer':>5}  {'method':<14} {'rank':>6} {'rel. error':>10}  top tokens")
+    for r in rows:
+        click.echo(f"{r['layer']:>5}  {r['method']:<14} {r['rank']:>6} {r['error']:>10.3g}  "
+                   f"{' '.join(decode(t) for t in r['top'])}")
+    if plot:
+        tokens = [decode(t) for t in st.token_ids]
+        click.echo(f"wrote {plot_positions(position_ranks(lenses, st, W_U, layers), layers, tokens, plot, prompt)}")
+
+
+HELDOUT = "benchmarks/data/heldout_prompts.txt"
+
+
+@lens.command("evaluate")
+@click.argument("lens_path", type=click.Path())
+@click.option("--ordinary", "ordinary", type=click.Path(), default=None,
+              help="The ordinary-Jacobian lens fitted on the same prompts (a store or a saved lens).")
+@click.option("--model", default="default", show_default=True, help="The model the lens was fitted on.")
+@click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help=f"Held-out prompts, one per line [default for the default model: {HELDOUT}, prefixes of "
+                   "held-out dictionary entries].")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Evaluate the first N prompts only.")
+@click.option("--exact", "exact", type=click.IntRange(min=0), default=None,
+              help="Compute the exact per-prompt map (d pullbacks each) for the first N prompts only [default: all].")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder for lens_rows.csv, lens_summary.csv, lens_summary.md and lens_agreement.png.")
+def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, prompts_path: str | None, limit: int | None,
+                 exact: int | None, out: str | None) -> None:
+    """Per layer, top-1 / top-10 agreement with the model's own prediction and the relative error of the output
+    read, over held-out prompts, for the detached lens, the ordinary lens, the logit lens and the exact map.
+
+    The exact per-prompt map reads y exactly (100 % agreement, error ~1e-15): a check. `self` is the prompt's
+    own same-position block T_p h_{L,p}, what the lens averages. Intervals: Wilson 95 % for the rates, normal
+    95 % for the mean error.
+
+    \b
+    Examples:
+      detjac lens evaluate fit.zarr --ordinary ordinary.zarr --out eval/
+      detjac lens evaluate gcide.lens --limit 50 --exact 10
+    """
+    from pathlib import Path
+
+    from detjac.analysis.jobs import write_table
+    from detjac.analysis.lens import load_lens
+    from detjac.analysis.lens_eval import markdown, plot_agreement, summarize
+    from detjac.errors import InvalidArgumentError
+    from detjac.progress import tqdm
+    from detjac.runs.lens import evaluate, load_lens_engine
+
+    if prompts_path is None:
+        found = Path(__file__).resolve().parents[1] / HELDOUT
+        if model != "default" or not found.is_file():
+            raise InvalidArgumentError(f"Expected --prompts (held-out prompts, one per line). Got none, and "
+                                       f"{HELDOUT} is only the default model's.")
+        prompts_path = str(found)
+    prompts = [line for line in Path(prompts_path).read_text().splitlines() if line.strip()][:limit]
+    lenses = {"detached lens": load_lens(lens_path)}
+    if ordinary:
+        lenses["ordinary lens"] = load_lens(ordinary)
+    engine = load_lens_engine(model, list(lenses.values()))
+    layers = [int(x) for x in lenses["detached lens"].layers]
+    with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
+        rows = evaluate(engine, lenses, prompts, layers, exact=exact, progress=bar)
+    summary = summarize(rows)
+    table = markdown(summary)
+    click.echo(table)
+    if out:
+        folder = Path(out)
+        write_table([{**r, "top": " ".join(map(str, r["top"]))} for r in rows], folder / "lens_rows.csv")
+        write_table(summary, folder / "lens_summary.csv")
+        (folder / "lens_summary.md").write_text(table + "\n")
+        title = f"{len(prompts)} prompts of {Path(prompts_path).name}"
+        click.echo(f"wrote {folder}/lens_rows.csv, lens_summary.csv, lens_summary.md and "
+                   f"{plot_agreement(summary, folder / 'lens_agreement.png', title)}")

@@ -1,0 +1,133 @@
+"""The lens on a model: a new prompt's layer states decoded through fitted lenses, and their evaluation.
+
+The torch side of :mod:`detjac.analysis.lens`: the layer-streamed engine runs the prompt's forward pass
+(every layer's output ``h_L`` at every position, the final norm of each, the output ``y`` at the target
+position) and, for the exact per-prompt map, the prompt's own ``to_output.L`` Jacobians (``d`` pullbacks
+per prompt: the expensive part, skipped with ``exact=False``). The readings and their scores are numpy,
+in :mod:`detjac.analysis.lens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from detjac.errors import InvalidArgumentError
+
+
+@dataclass
+class PromptStates:
+    """One prompt through the model: ``states[L]`` (n, d) layer L's output, ``normed[L]`` (n, d) its final norm
+    (each position's scale from its own vector), ``output`` (d,) ``y`` at ``position``, ``exact[L]`` (d, n, d) the
+    prompt's ``to_output.L`` Jacobian (empty without ``exact``), ``final`` (n, d) the final normed states."""
+
+    token_ids: list[int]
+    position: int
+    states: dict[int, np.ndarray]
+    normed: dict[int, np.ndarray]
+    output: np.ndarray
+    final: np.ndarray
+    exact: dict[int, np.ndarray]
+
+
+def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> Any:
+    """The float64 layer-streamed engine of ``model`` (``default``: the shipped model), checked against the
+    lenses: same hidden size, fitted layers within the model, and the lens's config SHA-256 (when the checkpoint
+    folder has a ``config.json``)."""
+    import hashlib
+    from pathlib import Path
+
+    import torch
+
+    from detjac.engine import load_engine
+    from detjac.engine.default import resolve_model
+
+    source = resolve_model(model)
+    engine = load_engine(source, streamed=True, dtype=torch.float64, device=device)
+    config = Path(source) / "config.json"
+    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+    for lens in lenses:
+        d, layers = lens.mean.shape[-1], [int(x) for x in lens.layers]
+        fitted = lens.info.get("model", {}).get("config_sha256")
+        if d != engine.d_model or max(layers) >= engine.n_layers or (digest and fitted and fitted != digest):
+            raise InvalidArgumentError(
+                f"Expected a lens fitted on {model} (d_model {engine.d_model}, {engine.n_layers} layers, config "
+                f"SHA-256 {digest}). Got one of d_model {d}, layers {layers}, config SHA-256 {fitted} (fitted on "
+                f"{lens.info.get('model', {}).get('model_id')}).")
+    return engine
+
+
+def prompt_states(engine: Any, prompt: Any, layers: Iterable[int], exact: bool = True) -> PromptStates:
+    """Run ``prompt`` through ``engine`` (a :class:`~detjac.engine.StreamedModel`) at ``layers``."""
+    import torch
+
+    from detjac.targets import Target
+
+    trace = engine.trace(prompt)
+    layers = sorted(set(layers))
+    as_np = lambda t: t.detach().to("cpu", torch.float64).numpy()  # noqa: E731
+    states = {layer: trace.inputs[layer + 1] for layer in layers}
+    out = PromptStates(list(trace.token_ids), trace.position, {k: as_np(v) for k, v in states.items()},
+                       {k: as_np(trace.norm(v)) for k, v in states.items()}, as_np(trace.output),
+                       as_np(trace.norm(trace.inputs[engine.n_layers])), {})
+    if exact:
+        targets = [Target(layer, "to_output") for layer in layers]
+        jacobians = engine.assemble(trace, targets, engine.plan(trace, targets))
+        out.exact = {t.layer: as_np(J) for t, J in jacobians.items()}
+    return out
+
+
+def unembedding(engine: Any) -> np.ndarray:
+    """(vocab, d) the matrix that turns a final normed state into logits, float64 numpy."""
+    import torch
+
+    return engine.decoding_matrices(torch.float64)["unembedding"].numpy()
+
+
+def score_prompt(engine: Any, lenses: dict[str, Any], prompt: Any, W_U: np.ndarray, layers: Sequence[int],
+                 exact: bool = True) -> tuple[PromptStates, list[dict[str, Any]]]:
+    """One prompt's rows: per layer and method, the rank of the model's prediction at the target position and the
+    relative error of the output read (:func:`detjac.analysis.lens.score`)."""
+    from detjac.analysis.lens import readings, score
+
+    st = prompt_states(engine, prompt, layers, exact)
+    rows = []
+    for layer in layers:
+        read = readings(lenses, layer, st.states[layer], st.normed[layer][st.position], st.position,
+                        st.exact.get(layer))
+        for method, result in score(read, W_U, st.output).items():
+            rows.append({"layer": layer, "method": method, **result})
+    return st, rows
+
+
+def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, layers: Sequence[int]
+                   ) -> dict[str, np.ndarray]:
+    """Per method (each lens, ``logit``), (layers, n) ranks of the model's own prediction at every position."""
+    from detjac.analysis.lens import token_rank
+
+    predicted = np.argmax(st.final @ W_U.T, axis=1)  # (n,)
+    reads = {name: lambda layer, lens=lens: lens.apply(layer, st.states[layer]) for name, lens in lenses.items()}
+    reads["logit"] = lambda layer: st.normed[layer]
+    out = {}
+    for method, read in reads.items():
+        logits = [read(layer) @ W_U.T for layer in layers]  # (n, vocab) each
+        out[method] = np.array([[token_rank(lg[t], int(predicted[t])) for t in range(len(predicted))]
+                                for lg in logits])
+    return out
+
+
+def evaluate(engine: Any, lenses: dict[str, Any], prompts: Sequence[str], layers: Sequence[int], *,
+             exact: int | None = None, progress: Any = None) -> list[dict[str, Any]]:
+    """Rows of :func:`score_prompt` over ``prompts`` (each with its ``prompt`` index); the exact per-prompt map
+    (``self``, ``exact``) for the first ``exact`` prompts only (None: all; 0: none)."""
+    W_U = unembedding(engine)
+    rows = []
+    for i, text in enumerate(prompts):
+        _, got = score_prompt(engine, lenses, text, W_U, layers, exact is None or i < exact)
+        rows += [{"prompt": i, **r} for r in got]
+        if progress is not None:
+            progress.update()
+    return rows

@@ -1,0 +1,107 @@
+"""Sealed groups written whole and replaced atomically: analysis results and lens groups.
+
+A sealed group is built under a temporary name (``.<name>.tmp-<pid>``) beside its final place,
+every array written, its attributes set, then its seal (``integrity``: the SHA-256 of its
+attributes and of every file, see ``integrity.py``) added, the files flushed, and the folder
+renamed into place, replacing an older group of the same name. A reader therefore sees the
+old group, the new one, or none, and a group that changed after it was written is refused
+(:func:`read_sealed` checks every file's hash). Pure zarr and numpy: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .disk import disk_error, fsync_tree
+from .integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
+
+
+def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any], what: str,
+                 dims: dict[str, tuple[str, ...]] | None = None) -> Path:
+    """Write the group ``folder/name`` (``folder`` an existing zarr group) with ``arrays`` and ``attrs``, sealed.
+
+    Parameters
+    ----------
+    folder : Path
+        The parent group's folder (inside a store: reached through :func:`refuse_links`).
+    name : str
+        The group's name (checked: letters, digits, ``_ . -``).
+    arrays : dict
+        Arrays by name (each name checked), written as one chunk each with the store's codecs.
+    attrs : dict
+        The group's attributes (JSON); ``written_at`` is added.
+    what : str
+        What is written, for error messages ("write analysis svd of prompt 3f2a...").
+    dims : dict or None
+        Dimension names of some arrays (zarr v3 ``dimension_names``).
+
+    Returns
+    -------
+    Path
+        The group's folder. Raises StoreError (disk full, read-only, ...) with nothing half-written visible.
+    """
+    import zarr
+
+    check_name(name, "a group name")
+    final = refuse_links(folder, name)
+    tmp = folder / f".{name}.tmp-{os.getpid()}"
+    old = folder / f".{name}.old-{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        for key, values in arrays.items():
+            fmt.put_array(group, check_name(key, "an array name"), values, (dims or {}).get(key))
+        group.attrs.update({**attrs, "written_at": fmt.now()})
+        group.attrs.update({INTEGRITY: seal(tmp, read_attrs(tmp))})
+        fsync_tree(tmp)
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise disk_error(exc, what) from exc
+    return final
+
+
+def read_sealed(path: Path, what: str, *, sealed: bool = True, arrays: bool = True,
+                hint: str = "Re-run the analysis to replace it."
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """(arrays, attrs) of the sealed group at ``path`` (its seal left out of ``attrs``), or None when absent.
+
+    With ``sealed`` the seal is checked, every file's SHA-256 included (CorruptError otherwise); without
+    (format-1 stores) absent chunks read as zeros. ``arrays=False`` reads the attributes only (the seal still
+    checked).
+    """
+    from .strict import open_group, sparse_any
+
+    if not (path / "zarr.json").is_file():
+        return None
+    try:
+        attrs = read_attrs(path)
+        if sealed:
+            check_seal(path, attrs, hashes=True)
+    except CorruptError as exc:
+        raise CorruptError(f"Expected an intact {what}. Got a damaged one: {exc}. {hint}") from exc
+    attrs.pop(INTEGRITY, None)
+    if not arrays:
+        return {}, attrs
+    group = open_group(path, what, None if sealed else sparse_any)
+    return {key: group[key][...] for key in group.array_keys()}, attrs
+
+
+def remove_sealed(folder: Path, name: str) -> None:
+    """Remove the group ``folder/name`` crash-safely (renamed aside, then deleted); nothing if absent."""
+    final = refuse_links(folder, check_name(name, "a group name"))
+    if not final.exists():
+        return
+    aside = folder / f".{name}.old-{os.getpid()}"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(final, aside)
+    shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,30 @@
+"""A lens fitted on a 2-worker dask.distributed LocalCluster equals the one fitted in one process."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from detjac.analysis import lens as lenses
+from detjac.analysis import lens_fit
+from detjac.store import open_store
+from tests.store_factory import make_store
+
+
+@pytest.mark.slow
+def test_a_two_worker_fit_equals_the_one_process_fit(tmp_path):
+    synthetic = make_store(tmp_path / "s.zarr", prompts=7, d_model=6, n_tokens=4, n_layers=2,
+                           targets=("to_output.0", "to_output.1"))
+    from detjac.runs.scheduler import dask_client
+
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(synthetic.path, copy)
+    lens_fit.fit(open_store(copy), chunk=2)
+    with dask_client(2, None, "1GiB") as client:
+        assert len(client.nthreads()) == 2
+        lens_fit.fit(open_store(synthetic.path), chunk=2)
+    a, b = lenses.load_lens(synthetic.path), lenses.load_lens(copy)
+    assert np.abs(a.mean - b.mean).max() < 1e-13 and np.abs(a.second_moment - b.second_moment).max() < 1e-13
+    assert np.array_equal(a.count, b.count)
