@@ -32,7 +32,7 @@ import torch
 
 from detjac.errors import InvalidArgumentError
 
-from .pieces import LayerPieces, check_layer, frozen_norm, layer_pieces
+from .pieces import LayerPieces, check_layer, frozen_norm, layer_pieces, plus
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
 
@@ -160,8 +160,10 @@ class ExplicitAdjoint(AutogradAdjoint):
             self.sk.stats.pulled_suffix_layers += 1
         with torch.no_grad():
             top = g_out[:, s:]
-            gm, sm = _add(top + g_mid[:, s:] if g_mid is not None else top, s, *pieces.second.pull(top, s))
-            gi, si = _add(gm, sm, *pieces.first.pull(gm, sm))
+            gm, sm = plus(top, s, pieces.second.pull(top, s))  # the residual passes the output's on
+            if g_mid is not None:
+                gm[:, s - sm:] += g_mid[:, s:]
+            gi, si = plus(gm, sm, pieces.first.pull(gm, sm), own=True)
             if si == 0:
                 return gi, 0
             full = gi.new_zeros(gi.shape[0], n, gi.shape[2])
@@ -179,19 +181,9 @@ class ExplicitAdjoint(AutogradAdjoint):
         if s > 0:
             self.sk.stats.suffix_layers += 1
         with torch.no_grad():
-            t_mid = tangent + pieces.first.push(tangent, s)[0]
-            t_out = t_mid + pieces.second.push(t_mid, s)[0]
+            t_mid = plus(tangent, s, pieces.first.push(tangent, s))[0]
+            t_out = plus(t_mid, s, pieces.second.push(t_mid, s))[0]
         return tangent, t_out, t_mid, s
-
-
-def _add(a: torch.Tensor, sa: int, b: torch.Tensor, sb: int) -> tuple[torch.Tensor, int]:
-    """``a`` (B, n - sa, d) rows sa: plus ``b`` (B, n - sb, d) rows sb:, as rows min(sa, sb):."""
-    if sa == sb:
-        return a + b, sa
-    lo, hi = (a, b) if sa < sb else (b, a)
-    out = lo.clone()
-    out[:, out.shape[1] - hi.shape[1]:] += hi
-    return out, min(sa, sb)
 
 
 def make_adjoint(sk: Skeleton, steps: LayerSteps, sweeps: str | None = None) -> AutogradAdjoint:

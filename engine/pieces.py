@@ -36,6 +36,8 @@ from torch import nn
 from .detach import AttentionReplay, DetachedGatedMLP, DetachedNorm
 from .tape import FactorTape
 
+Product = tuple[torch.Tensor, torch.Tensor, int]  # (lhs, rhs, s): a core's result lhs @ rhs, positions s: on
+
 
 @dataclass
 class Mlp:
@@ -55,15 +57,15 @@ class Mlp:
             else:
                 self.down = gain[:, None] * self.down
 
-    def push(self, x: torch.Tensor, s: int) -> tuple[torch.Tensor, int]:  # (c, n - s, d) -> same
+    def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d)
         c, m, d = x.shape
         u = (x.reshape(c * m, d) @ self.up.T).view(c, m, -1).mul_(self.gate[s:])
-        return (u.view(c * m, -1) @ self.down.T).view(c, m, d), s
+        return u.view(c * m, -1), self.down.T, s
 
-    def pull(self, g: torch.Tensor, s: int) -> tuple[torch.Tensor, int]:  # (B, n - s, d) -> same
+    def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s, d)
         b, m, d = g.shape
         z = (g.reshape(b * m, d) @ self.down).view(b, m, -1).mul_(self.gate[s:])
-        return (z.view(b * m, -1) @ self.up).view(b, m, d), s
+        return z.view(b * m, -1), self.up, s
 
 
 @dataclass
@@ -93,16 +95,16 @@ class Attention:
         """Whether no position before ``s`` reads a position from ``s`` on (then vectors zero before ``s`` stay so)."""
         return s == 0 or not self.probs[:, :s, s:].any()
 
-    def push(self, x: torch.Tensor, s: int) -> tuple[torch.Tensor, int]:  # (c, n - s, d) -> same; causal_from(s)
+    def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d); causal_from(s)
         c, m, d = x.shape
         kvh, hd = self.kv_heads, self.head_dim
         r = self.probs.shape[0] // kvh
         v = (x.reshape(c * m, d) @ self.value.T).view(c, m, kvh, hd).permute(2, 1, 0, 3).reshape(kvh, m, c * hd)
         p = self.probs[:, s:, s:].reshape(kvh, r * m, m)
         o = torch.matmul(p, v).view(kvh, r, m, c, hd).permute(3, 2, 0, 1, 4).reshape(c * m, kvh * r * hd)
-        return (o @ self.out.T).view(c, m, d), s
+        return o, self.out.T, s
 
-    def pull(self, g: torch.Tensor, s: int) -> tuple[torch.Tensor, int]:  # (B, n - s, d) -> (B, n - s_in, d)
+    def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s_in, d)
         b, m, d = g.shape
         kvh, hd = self.kv_heads, self.head_dim
         heads, n = self.probs.shape[0], self.probs.shape[-1]
@@ -114,10 +116,30 @@ class Attention:
         go = (g.reshape(b * m, d) @ self.out).view(b, m, kvh, r, hd).permute(2, 3, 1, 0, 4).reshape(kvh, r * m, b * hd)
         gv = torch.matmul(rows.mT, go)  # (kv_heads, n - s_in, B * hd): P^T summed over each group inside the GEMM
         gv = gv.view(kvh, n - s_in, b, hd).permute(2, 1, 0, 3).reshape(b * (n - s_in), kvh * hd)
-        return (gv @ self.value).view(b, n - s_in, d), s_in
+        return gv, self.value, s_in
 
 
 Core = Mlp | Attention
+
+
+def plus(acc: torch.Tensor, sa: int, product: Product, own: bool = False) -> tuple[torch.Tensor, int]:
+    """``acc`` (B, n - sa, d), positions sa:, plus a core's result ``lhs @ rhs`` (B · (n - s), d), positions s:,
+    as positions min(sa, s):, the sum done by the GEMM itself (``addmm``); ``own``: ``acc`` may be added into."""
+    lhs, rhs, s = product
+    b, m, d = acc.shape
+    if s == sa:
+        if own and acc.is_contiguous():
+            acc.view(b * m, d).addmm_(lhs, rhs)
+            return acc, sa
+        return torch.addmm(acc.reshape(b * m, d), lhs, rhs).view(b, m, d), sa
+    if s < sa:  # the core reaches earlier positions (attention): the sum covers them
+        out = acc.new_zeros(b, m + sa - s, d)
+        out[:, sa - s:] = acc
+        out.view(-1, d).addmm_(lhs, rhs)
+        return out, s
+    out = acc if own else acc.clone()
+    out[:, s - sa:] += (lhs @ rhs).view(b, -1, d)
+    return out, sa
 
 
 @dataclass
@@ -277,8 +299,8 @@ def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: to
     """
     bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(h.dtype, 5e-2)
     with torch.no_grad():
-        mid_hat = h + pieces.first.push(h[None], 0)[0][0]
-        out_hat = mid_hat + pieces.second.push(mid_hat[None], 0)[0][0]
+        mid_hat = plus(h[None], 0, pieces.first.push(h[None], 0))[0][0]
+        out_hat = plus(mid_hat[None], 0, pieces.second.push(mid_hat[None], 0))[0][0]
     for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):
         err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
         if not err <= bound:
