@@ -17,12 +17,13 @@ explicit
 
 Time (32 and 128 tokens by default): the three run interleaved in one process, ``--repeats`` times,
 each time from the trace (the reference from its forward pass) to the last row; reported are the
-medians, the median of the per-repeat ratios to the reference, and the fraction of
-``torch.matmul``'s rate (a 2048² product measured before each repeat) that the sweeps reach on the
-FLOP model of ``streamed.sweep_flops``. Memory (1,024 tokens by default): one fresh process per
-method, its peak RSS reset after the model is built and a short prompt warmed up, then the trace
-and one row block of 64; reported: peak RSS above that base, and the block's time. Never a timed
-assertion: a report (``benchmarks/results/adjoint_sweeps.json``).
+medians, the median of the per-repeat ratios to the reference, and the median fraction of
+``torch.matmul``'s rate (a 2048² product measured just before each run: on a shared machine the
+rate itself moves by 2x) that the sweeps reach on the FLOP model of ``streamed.sweep_flops``.
+Memory (1,024 tokens by default): one fresh process per method, its peak RSS reset after the
+model is built and a short prompt warmed up, then the trace and one row block of 64; reported:
+peak RSS above that base, and the block's time. Never a timed assertion: a report
+(``benchmarks/results/adjoint_sweeps.json``).
 
     .venv/bin/python benchmarks/adjoint_sweeps.py
     .venv/bin/python benchmarks/adjoint_sweeps.py --quick   # a smaller model and prompts, to check the script
@@ -40,13 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from matrix_free import MODEL, QUICK  # the same random Llama as the matrix-free benchmark
 from streamed import matmul_flops, peak_mib, reset_peak, sweep_flops
 
 RESULTS = Path(__file__).parent / "results" / "adjoint_sweeps.json"
-MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=4, head_dim=64, vocab_size=1000)
-QUICK = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, vocab_size=1000)
 ROW_BLOCK = 64
 METHODS = ("reference", "autograd", "explicit")
 
@@ -111,20 +109,22 @@ def child_time(cfg: dict[str, Any], n: int, repeats: int, threads: int) -> dict[
     for e in engines.values():
         _streamed(e, ids[:4])
     times: dict[str, list[float]] = {m: [] for m in METHODS}
-    rates, jacs = [], {}
+    rates: dict[str, list[float]] = {m: [] for m in METHODS}  # torch.matmul's rate just before each run
+    jacs = {}
     for _ in range(repeats):
-        rates.append(matmul_flops(torch.float32))
         for m in METHODS:
+            rates[m].append(matmul_flops(torch.float32))
             t0 = time.perf_counter()
             jacs[m] = run[m]()
             times[m].append(time.perf_counter() - t0)
     flops = _flops(cfg, n)
     out: dict[str, Any] = {"tokens": n, "threads": threads, "repeats": repeats, "seconds": times,
-                           "matmul_gflops": [r / 1e9 for r in rates], "sweep_gflop": flops / 1e9}
+                           "matmul_gflops": {m: [r / 1e9 for r in v] for m, v in rates.items()},
+                           "sweep_gflop": flops / 1e9}
     for m in ("autograd", "explicit"):
         out[f"{m}_time_ratio"] = statistics.median(t / r for t, r in zip(times[m], times["reference"], strict=True))
         out[f"{m}_matmul_fraction"] = statistics.median(
-            flops / t / rate for t, rate in zip(times[m], rates, strict=True))
+            flops / t / rate for t, rate in zip(times[m], rates[m], strict=True))
         out[f"{m}_max_abs_diff"] = float((jacs[m] - jacs["reference"]).abs().max())
     out["explicit_vs_autograd"] = statistics.median(
         e / a for e, a in zip(times["explicit"], times["autograd"], strict=True))
