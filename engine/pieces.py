@@ -6,7 +6,8 @@ residual branch is a chain of a few kinds of pieces, read from the family declar
 - a norm (:class:`~detjac.engine.detach.DetachedNorm`, RMS, not centred): a diagonal, its frozen
   per-position scale ``s`` (n,) times its gain ``g = offset + w`` (d,);
 - a gated MLP (:class:`~detjac.engine.detach.DetachedGatedMLP`, plain or fused): ``W_down (a ⊙ W_up x)``
-  with the frozen gate ``a = act(gate(x))`` (n, ffn);
+  with the frozen gate ``a = act(gate(x))`` (n, ffn), or, in the ``gate`` convention,
+  ``W_down (a ⊙ W_gate x)`` with ``a = up(x) act(g) / g`` frozen;
 - an attention block of the family's declared classes: ``W_o [P_h V_kv(h)]_h`` with ``V = x W_v^T``
   and the frozen probabilities ``P`` (heads, n, n), grouped over shared key-value heads;
 - a dropout in eval mode: the identity.
@@ -257,15 +258,19 @@ def _weight(module: Any) -> torch.Tensor | str:
     return module.weight
 
 
-def _mlp(module: DetachedGatedMLP, gate: torch.Tensor) -> Mlp | str:
+def _mlp(module: DetachedGatedMLP, factor: torch.Tensor) -> Mlp | str:
+    """The MLP's linear path: through ``up`` with ``act(gate(x))`` frozen (convention ``up``), or through ``gate``
+    with ``up(x) * act(g) / g`` frozen (convention ``gate``); either way one projection, the frozen factor, ``down``."""
     rule, inner = module.rule, module.inner
+    through_gate = getattr(module, "convention", "up") == "gate"
     down = _weight(getattr(inner, rule.down))
-    up = _weight(getattr(inner, rule.gate_up if rule.fused else rule.up))
-    if isinstance(up, str) or isinstance(down, str):
-        return up if isinstance(up, str) else down  # type: ignore[return-value]
-    if rule.fused:  # chunked into (gate, up): up is the second half of the rows
-        up = up[up.shape[0] // 2:]
-    return Mlp(up, down, gate.reshape(-1, gate.shape[-1]))
+    linear = _weight(getattr(inner, rule.gate_up if rule.fused else rule.gate if through_gate else rule.up))
+    if isinstance(linear, str) or isinstance(down, str):
+        return linear if isinstance(linear, str) else down  # type: ignore[return-value]
+    if rule.fused:  # chunked into (gate, up): gate is the first half of the rows, up the second
+        half = linear.shape[0] // 2
+        linear = linear[:half] if through_gate else linear[half:]
+    return Mlp(linear, down, factor.reshape(-1, factor.shape[-1]))
 
 
 def _attention(module: nn.Module, probs: torch.Tensor | None) -> Attention | str:

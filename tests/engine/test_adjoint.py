@@ -18,8 +18,9 @@ from detjac.engine.pieces import check_layer, layer_pieces
 from detjac.engine.streamed import StreamedModel, layer_targets
 from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
 from detjac.errors import InvalidArgumentError
+from detjac.targets import COMPONENTS, LOCAL_SUFFIX, TO_OUTPUT
 
-ALL_COMPONENTS = "layer,attn,mlp,layer_local,attn_local,mlp_local"
+ALL_COMPONENTS = ",".join([*COMPONENTS, *(f"{c}{LOCAL_SUFFIX}" for c in COMPONENTS if c != TO_OUTPUT)])
 EXACT = 1e-12
 
 
@@ -36,12 +37,12 @@ def _no_fallback() -> Iterator[None]:
         yield
 
 
-def test_explicit_sweeps_equal_autograd_for_every_family_target_and_mode(streamable_model: torch.nn.Module,
-                                                                          prompt_ids: list[int]) -> None:
-    ref = StreamedModel(streamable_model, sweeps="autograd")
-    ours = StreamedModel(streamable_model, sweeps="explicit")
+def _agree(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> StreamedModel:
+    """Every target, both modes, two positions: the explicit sweeps equal the autograd sweeps (no fallback)."""
+    ref = StreamedModel(model, sweeps="autograd", **options)
+    ours = StreamedModel(model, sweeps="explicit", **options)
     targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, ref.n_layers))]
-    cumulative = [t for t in targets if "local" not in t]
+    cumulative = [t for t in targets if LOCAL_SUFFIX not in t and TO_OUTPUT not in t]
     with _no_fallback():
         for position in (-1, 5):  # the last token, and one before the sliding windows' reach
             a = ref.jacobians(prompt_ids, targets, mode="reverse", row_block=9, position=position)
@@ -56,6 +57,17 @@ def test_explicit_sweeps_equal_autograd_for_every_family_target_and_mode(streama
     # the same truncations as the autograd sweeps: suffix pullbacks at the top, suffix pushes up the token blocks
     assert ours.stats.pulled_suffix_layers == ref.stats.pulled_suffix_layers > 0
     assert ours.stats.suffix_layers == ref.stats.suffix_layers > 0
+    return ours
+
+
+def test_explicit_sweeps_equal_autograd_for_every_family_target_and_mode(streamable_model: torch.nn.Module,
+                                                                          prompt_ids: list[int]) -> None:
+    _agree(streamable_model, prompt_ids)
+
+
+def test_explicit_sweeps_equal_autograd_in_the_gate_convention(prompt_ids: list[int]) -> None:
+    ours = _agree(tiny_model("phi3", seed=7), prompt_ids, convention="gate")
+    assert ours.convention == "gate"
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "phi3"])
