@@ -118,6 +118,7 @@ class EngineStats:
     bytes_read: int = 0
     suffix_layers: int = 0  # forward-mode layer sweeps run on a suffix of the positions (causal truncation)
     pulled_suffix_layers: int = 0  # reverse-mode layer pullbacks from the outputs of a suffix of the positions
+    explicit_layers: int = 0  # layer sweeps by explicit matmuls (detjac.engine.adjoint), not torch.func
 
 
 class Engine(ABC):

@@ -13,7 +13,8 @@ parts live along their seams:
 - :mod:`detjac.engine.tracing`: the forward pass layer by layer (:class:`StreamedTrace`), and
   each layer as a function of its input, whole or on a suffix of the positions;
 - :mod:`detjac.engine.sweeps`: reverse mode (row blocks, top-down) and forward mode (column
-  blocks, bottom-up), by ``torch.func.vjp`` / ``jvp`` of one detached layer at a time;
+  blocks, bottom-up), one layer at a time, by explicit matmuls of the layer's frozen pieces
+  (:mod:`detjac.engine.adjoint`, :mod:`detjac.engine.pieces`) or ``torch.func.vjp`` / ``jvp``;
 - :mod:`detjac.engine.cost`: the cost model that splits targets between the two modes and
   sizes the blocks to a memory budget (:mod:`detjac.engine.budget`).
 
@@ -49,6 +50,7 @@ from detjac.exactness import relative_error
 from detjac.targets import OUTPUTS, Target, layer_targets
 
 from . import sweeps
+from .adjoint import make_adjoint
 from .backend import Engine, JacobianBlock, Plan, Prompt, Trace
 from .budget import budgets_of, device_key, parse_memory, return_freed_memory
 from .cost import DEFAULT_ROW_BLOCK, CostModel
@@ -90,6 +92,10 @@ class StreamedModel(Engine):
         quantize-dequantize round trip as its layer is streamed in).
     convention
         The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
+    sweeps
+        How blocks cross a layer: ``"explicit"`` (the layer's frozen pieces as plain matmuls) or
+        ``"autograd"`` (``torch.func``, the reference); default: the ``DETJAC_SWEEPS`` environment
+        variable, else ``"explicit"`` (see :mod:`detjac.engine.adjoint`).
 
     Raises
     ------
@@ -97,14 +103,14 @@ class StreamedModel(Engine):
         A family the streamed engine does not support (affine, mixture of experts, encoder), or a
         module without a detach rule.
     InvalidArgumentError
-        Budgets without the compute device, a bad ``quantize``, or a convention the family lacks.
+        Budgets without the compute device, a bad ``quantize`` or ``sweeps``, or a convention the family lacks.
     """
 
     def __init__(self, source: str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu", detach: bool = True,
                  max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
                  revision: str | None = None, trust_remote_code: bool = False,
-                 tokenizer: Any | None = None, convention: str | None = None) -> None:
+                 tokenizer: Any | None = None, convention: str | None = None, sweeps: str | None = None) -> None:
         self.dtype, self.device, self.detach = dtype, torch.device(device), detach
         self.budgets = budgets_of(max_memory)
         if self.budgets and device_key(self.device) not in self.budgets:
@@ -130,6 +136,7 @@ class StreamedModel(Engine):
         self.source, self.model, self.decoder, self.layers = weights, sk.model, sk.decoder, sk.layers
         self.n_layers, self.d_model, self.ffn, self.stats = sk.n_layers, sk.d_model, sk.ffn, sk.stats
         self.steps = LayerSteps(sk, self.family, detach)
+        self.adjoint = make_adjoint(sk, self.steps, sweeps)
         self._linear_depth = 0
         with self._linear():  # the guard: a module without a detach rule is refused here, not mid-run
             pass
@@ -202,12 +209,12 @@ class StreamedModel(Engine):
             with self._linear():
                 for start in range(0, d, plan.row_block) if plan.reverse else ():
                     yield from sweeps.reverse(self.skeleton, self.steps, st, plan.reverse, start,
-                                              min(start + plan.row_block, d), progress)
+                                              min(start + plan.row_block, d), progress, adjoint=self.adjoint)
                     if bar is not None:
                         bar.update()
                 for k0 in range(0, n, plan.token_block) if plan.forward else ():
                     yield from sweeps.forward(self.skeleton, self.steps, st, plan.forward, k0,
-                                              min(k0 + plan.token_block, n), progress)
+                                              min(k0 + plan.token_block, n), progress, adjoint=self.adjoint)
                     if bar is not None:
                         bar.update()
         finally:
@@ -218,7 +225,7 @@ class StreamedModel(Engine):
         """``J v`` by one forward-mode sweep: (c, n, d) -> (c, d)."""
         with self._linear():
             (block,) = sweeps.forward(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0, tangents.shape[0],
-                                      tangent=tangents)
+                                      tangent=tangents, adjoint=self.adjoint)
         return block.values.T
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
@@ -227,7 +234,7 @@ class StreamedModel(Engine):
         seed[:, trace.position] = cotangents
         with self._linear():
             (block,) = sweeps.reverse(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0,
-                                      cotangents.shape[0], seed=seed)
+                                      cotangents.shape[0], seed=seed, adjoint=self.adjoint)
         return block.values
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

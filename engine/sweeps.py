@@ -20,18 +20,19 @@ Normed targets (``*_normed``) are the final norm frozen at the target's own vect
 targets are the output's cotangents as the reverse sweep passes layer ``L``'s output.
 
 Both also take arbitrary vectors instead of basis ones (``seed``, ``tangent``): that is how the
-matrix-free operator's products ``J^T u`` and ``J v`` are computed.
+matrix-free operator's products ``J^T u`` and ``J v`` are computed. How a block crosses one layer is
+the ``adjoint``'s business (:mod:`detjac.engine.adjoint`: ``torch.func`` or explicit matmuls).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
 from detjac.targets import OUTPUTS, RESID_MID, Target
 
+from .adjoint import AutogradAdjoint
 from .backend import JacobianBlock
 from .progress import progress_bar
 from .skeleton import Skeleton
@@ -39,14 +40,17 @@ from .tracing import LayerSteps, StreamedTrace
 
 
 def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], r0: int, r1: int,
-            progress: bool = False, seed: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
+            progress: bool = False, seed: torch.Tensor | None = None, adjoint: AutogradAdjoint | None = None
+            ) -> Iterator[JacobianBlock]:
     """Rows ``r0:r1`` of every target; with ``seed`` (r1 - r0, n, d), its rows at the target position are
     pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free).
 
     The output's cotangents at layer ``L``'s output *are* rows of ``to_output.L``: those targets are read off
-    the output's sweep on the way down (computed whenever one is requested, even without the output)."""
+    the output's sweep on the way down (computed whenever one is requested, even without the output).
+    ``adjoint`` moves the block through each layer (default: ``torch.func``)."""
     n, d, p, L = len(trace.token_ids), sk.d_model, trace.position, sk.n_layers
     dev, dt, rows = sk.device, sk.dtype, r1 - r0
+    adjoint = adjoint if adjoint is not None else AutogradAdjoint(sk, steps)
     if seed is None:
         seed = torch.zeros(rows, n, d, dtype=dt, device=dev)
         seed[torch.arange(rows), p, torch.arange(r0, r1)] = 1.0
@@ -55,9 +59,7 @@ def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
     swept = [t for t in targets if not t.is_output and not t.is_to_output]
     active: list[tuple[Target, torch.Tensor]] = []  # cotangents at the current layer's output
     if want_output or to_output:
-        _, pull = torch.func.vjp(steps.final(p), trace.inputs[L].to(dev))
-        with torch.no_grad():
-            active.append((OUTPUTS, torch.func.vmap(pull)(seed[:, p])[0]))
+        active.append((OUTPUTS, adjoint.pull_final(trace, seed[:, p])))
     top = L - 1 if active else max(t.layer for t in swept)
     dense = False  # once the cotangents reach position 0 they stay there (the residual path passes them on)
     for i in progress_bar(range(top, -1, -1), progress, "reverse sweep", "layer", leave=False):
@@ -80,18 +82,8 @@ def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
         with sk.layer(i):
             h = trace.inputs[i].to(dev)
             s = 0 if dense else _first_nonzero_position(*(g for g in (g_out, g_mid) if g is not None))
-            step = steps.pulled_suffix_step(i, trace.calls, h, s) if 0 < s < n else None
-            if step is None:
-                step, s = steps.step(i, trace.calls), 0
+            g_in, s = adjoint.pull_layer(i, trace, h, g_out, g_mid, s)
             dense = s == 0
-            if g_mid is None:  # only the output's cotangents: the mid residual is not pulled back
-                _, pull = torch.func.vjp(lambda x, step=step: step(x)[0], h)
-                cotangents: Any = g_out[:, s:]
-            else:
-                _, pull = torch.func.vjp(step, h)
-                cotangents = (g_out[:, s:], g_mid[:, s:])
-            with torch.no_grad():
-                g_in = torch.func.vmap(pull)(cotangents)[0]
         del g_out, g_mid
         order = [t for t, _ in active] + joining
         active = []
@@ -128,10 +120,13 @@ def _normed_seed(steps: LayerSteps, trace: StreamedTrace, t: Target, seed: torch
 
 
 def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], k0: int, k1: int,
-            progress: bool = False, tangent: torch.Tensor | None = None) -> Iterator[JacobianBlock]:
+            progress: bool = False, tangent: torch.Tensor | None = None, adjoint: AutogradAdjoint | None = None
+            ) -> Iterator[JacobianBlock]:
     """Columns of tokens ``k0:k1`` of every target; with ``tangent`` (c, n, d), those directions are pushed
-    instead of the basis columns, and each block's values are the products ``J @ tangent`` (d, c)."""
+    instead of the basis columns, and each block's values are the products ``J @ tangent`` (d, c).
+    ``adjoint`` moves the block through each layer (default: ``torch.func``)."""
     n, d, p, L = len(trace.token_ids), sk.d_model, trace.position, sk.n_layers
+    adjoint = adjoint if adjoint is not None else AutogradAdjoint(sk, steps)
     basis = tangent is None
     if tangent is None:
         c = (k1 - k0) * d
@@ -152,15 +147,7 @@ def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
     for i in progress_bar(range(top + 1), progress, "forward sweep", "layer", leave=False):
         with sk.layer(i), torch.no_grad():
             h = trace.inputs[i].to(sk.device)
-            step = steps.suffix_step(i, trace.calls, h, s) if s > 0 else None
-            if step is None:
-                if s > 0:  # not truncatable exactly: carry the zeros again
-                    tangent = torch.cat([tangent.new_zeros(c, s, d), tangent], dim=1)
-                    s = 0
-                step = steps.step(i, trace.calls)
-            hs = h[s:]
-            t_out, t_mid = torch.func.vmap(lambda v, step=step, hs=hs: torch.func.jvp(step, (hs,), (v,))[1])(
-                tangent)
+            tangent, t_out, t_mid, s = adjoint.push_layer(i, trace, h, tangent, s)  # s = 0: not truncatable
         for t in (t for t in targets if t.layer == i and not t.is_output):
             v = _layer_tangent(t.base, at(t_out), at(t_mid), at(tangent))
             if t.normed:  # M v for each column v: the final norm frozen at the target's own vector
@@ -169,11 +156,7 @@ def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
         tangent = t_out
         del t_mid
     if any(t.component == "output" for t in targets):
-        h = trace.inputs[L][s:].to(sk.device)
-        with torch.no_grad():
-            y = torch.func.vmap(lambda v: torch.func.jvp(steps.final(p - s), (h,), (v,))[1])(tangent) \
-                if p >= s else tangent.new_zeros(c, d)
-        yield columns(OUTPUTS, y)
+        yield columns(OUTPUTS, adjoint.push_final(trace, tangent, s))
 
 
 def _layer_tangent(base: str, out: torch.Tensor, mid: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,142 @@
+"""The explicit sweeps (a layer's frozen pieces as plain matmuls) equal the autograd sweeps (torch.func)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from detjac.engine import load_model
+from detjac.engine.adjoint import SWEEPS_ENV, ExplicitAdjoint
+from detjac.engine.linearize import linearized
+from detjac.engine.pieces import check_layer, layer_pieces
+from detjac.engine.streamed import StreamedModel, layer_targets
+from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
+from detjac.errors import InvalidArgumentError
+from detjac.targets import COMPONENTS, LOCAL_SUFFIX, TO_OUTPUT
+
+ALL_COMPONENTS = ",".join([*COMPONENTS, *(f"{c}{LOCAL_SUFFIX}" for c in COMPONENTS if c != TO_OUTPUT)])
+EXACT = 1e-12
+
+
+def _worst(a: dict, b: dict) -> float:
+    """Largest |difference| of two results' Jacobians, relative to each one's largest entry (at least 1)."""
+    return max((a[t] - b[t]).abs().max().item() / max(1.0, a[t].abs().max().item()) for t in a.jacobians)
+
+
+@contextmanager
+def _no_fallback() -> Iterator[None]:
+    """A fallback to torch.func (a RuntimeWarning) fails the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        yield
+
+
+def _agree(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> StreamedModel:
+    """Every target, both modes, two positions: the explicit sweeps equal the autograd sweeps (no fallback)."""
+    ref = StreamedModel(model, sweeps="autograd", **options)
+    ours = StreamedModel(model, sweeps="explicit", **options)
+    targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, ref.n_layers))]
+    cumulative = [t for t in targets if LOCAL_SUFFIX not in t and TO_OUTPUT not in t]
+    with _no_fallback():
+        for position in (-1, 5):  # the last token, and one before the sliding windows' reach
+            a = ref.jacobians(prompt_ids, targets, mode="reverse", row_block=9, position=position)
+            b = ours.jacobians(prompt_ids, targets, mode="reverse", row_block=9, position=position)
+            assert _worst(a, b) <= EXACT, position
+        a = ref.jacobians(prompt_ids, cumulative, mode="forward", token_block=3, position=7)
+        b = ours.jacobians(prompt_ids, cumulative, mode="forward", token_block=3, position=7)
+        assert _worst(a, b) <= EXACT
+        for t in b.jacobians:
+            assert b.reconstruction_error(t) < EXACT, t.name
+    assert ours.stats.explicit_layers > 0 and ref.stats.explicit_layers == 0
+    # the same truncations as the autograd sweeps: suffix pullbacks at the top, suffix pushes up the token blocks
+    assert ours.stats.pulled_suffix_layers == ref.stats.pulled_suffix_layers > 0
+    assert ours.stats.suffix_layers == ref.stats.suffix_layers > 0
+    return ours
+
+
+def test_explicit_sweeps_equal_autograd_for_every_family_target_and_mode(streamable_model: torch.nn.Module,
+                                                                          prompt_ids: list[int]) -> None:
+    _agree(streamable_model, prompt_ids)
+
+
+def test_explicit_sweeps_equal_autograd_in_the_gate_convention(prompt_ids: list[int]) -> None:
+    ours = _agree(tiny_model("phi3", seed=7), prompt_ids, convention="gate")
+    assert ours.convention == "gate"
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "phi3"])
+def test_explicit_products_equal_autograd_from_memory_and_from_safetensors(
+        tmp_path: Path, model_type: str, prompt_ids: list[int]) -> None:
+    folder = save_tiny_checkpoint(tmp_path / model_type, model_type, seed=3, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    u = torch.randn(6, 32, generator=gen, dtype=torch.float64)
+    v = torch.randn(6, len(prompt_ids), 32, generator=gen, dtype=torch.float64)
+    for source in (load_model(folder, dtype=torch.float64), folder):  # weights in memory, or streamed from shards
+        ref = StreamedModel(source, sweeps="autograd")
+        tr = ref.trace(prompt_ids)
+        want_pull, want_push = ref.pull(tr, u), ref.push(tr, v)
+        sm = StreamedModel(source, sweeps="explicit")
+        t = sm.trace(prompt_ids)
+        got_pull, got_push = sm.pull(t, u), sm.push(t, v)
+        assert (got_pull - want_pull).abs().max().item() <= EXACT * max(1.0, want_pull.abs().max().item())
+        assert (got_push - want_push).abs().max().item() <= EXACT * max(1.0, want_push.abs().max().item())
+        assert sm.stats.explicit_layers == 2 * sm.n_layers
+        # J^T and J are each other's transposes: <u, J v> = <J^T u, v>
+        assert torch.allclose((u * got_push).sum(), (got_pull * v).sum(), rtol=1e-12, atol=0)
+
+
+def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids: list[int]) -> None:
+    model = tiny_model("llama", seed=4)
+    ref = StreamedModel(model, sweeps="autograd").jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
+    sm = StreamedModel(model, sweeps="explicit")
+    sm.steps.family = dataclasses.replace(sm.family, attentions=())  # as if the attention class were unknown
+    with pytest.warns(RuntimeWarning, match="LlamaAttention is not a known piece") as record:
+        got = sm.jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
+    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1  # said once
+    assert _worst(ref, got) <= EXACT
+    assert sm.stats.explicit_layers == 0
+
+
+def test_the_ordinary_jacobian_goes_through_autograd_silently(prompt_ids: list[int]) -> None:
+    model = tiny_model("mistral", seed=2)
+    ref = StreamedModel(model, detach=False, sweeps="autograd").jacobians(prompt_ids, ["layer.1"], mode="forward")
+    sm = StreamedModel(model, detach=False, sweeps="explicit")
+    with _no_fallback():
+        got = sm.jacobians(prompt_ids, ["layer.1"], mode="forward")
+    assert sm.stats.explicit_layers == 0 and _worst(ref, got) == 0.0
+
+
+def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int]) -> None:
+    model = tiny_model("gemma3_text", seed=1)
+    sm = StreamedModel(model)
+    trace = sm.trace(prompt_ids)
+    with linearized(sm.model), sm.skeleton.layer(1):
+        h = trace.inputs[1]
+        step = sm.steps.step(1, trace.calls)
+        pieces, out, mid = layer_pieces(sm.layers[1], sm.family, step, h)
+        assert check_layer(pieces, h, out, mid) is None
+        pieces.second.down = pieces.second.down * 1.01  # a post-norm gain folded twice would look like this
+        assert "output with relative error" in check_layer(pieces, h, out, mid)
+        pieces.first.probs = pieces.first.probs.transpose(1, 2)  # P where P^T belongs
+        assert "mid residual" in check_layer(pieces, h, out, mid)
+        wrong = dataclasses.replace(sm.family, mid_residual="no_such_child")
+        assert "was not called" in layer_pieces(sm.layers[1], wrong, step, h)[0]
+
+
+def test_sweeps_are_chosen_by_option_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("llama", seed=0)
+    assert isinstance(StreamedModel(model).adjoint, ExplicitAdjoint)  # the default
+    monkeypatch.setenv(SWEEPS_ENV, "autograd")
+    assert type(StreamedModel(model).adjoint).__name__ == "AutogradAdjoint"
+    assert isinstance(StreamedModel(model, sweeps="explicit").adjoint, ExplicitAdjoint)  # the option wins
+    monkeypatch.setenv(SWEEPS_ENV, "fast")
+    with pytest.raises(InvalidArgumentError, match=f"Expected {SWEEPS_ENV} one of explicit, autograd. Got 'fast'"):
+        StreamedModel(model)
+    with pytest.raises(InvalidArgumentError, match="Expected sweeps one of explicit, autograd. Got 'vmap'"):
+        StreamedModel(model, sweeps="vmap")
