@@ -144,7 +144,6 @@ def test_a_prompt_that_fails_on_its_worker_is_recorded(tmp_path, cluster):
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path, reference, cluster):
-    import _thread
     import threading
 
     address, _ = cluster
@@ -153,12 +152,12 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path, reference, cluster):
     args = ["run", "default", str(prompts), "--out", str(out), "--scheduler", address]
     pressed = threading.Event()
 
-    def press_ctrl_c_mid_prompt():  # SIGINT to this process, as a terminal's Ctrl-C delivers it, mid-prompt
-        deadline = time.monotonic() + 120
+    def press_ctrl_c_mid_prompt():  # a real SIGINT to this process, as a terminal's Ctrl-C, mid-prompt: it wakes
+        deadline = time.monotonic() + 120  # the main thread even while it waits for the workers' results
         while not _attempts(out) and time.monotonic() < deadline:
             time.sleep(0.005)
         pressed.set()
-        _thread.interrupt_main(signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=press_ctrl_c_mid_prompt, daemon=True).start()
     result = CliRunner().invoke(main, args)
