@@ -159,8 +159,12 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path, reference, cluster):
         pressed.set()
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=press_ctrl_c_mid_prompt, daemon=True).start()
-    result = CliRunner().invoke(main, args)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran before
+    try:
+        threading.Thread(target=press_ctrl_c_mid_prompt, daemon=True).start()
+        result = CliRunner().invoke(main, args)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert pressed.is_set() and result.exit_code == 130, result.output
     assert "interrupted: the prompts committed so far are in" in result.output
     done = len(open_store(out))
