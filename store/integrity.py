@@ -38,6 +38,13 @@ class CorruptError(StoreError):
     """Stored data that no longer is what was written: a missing or changed file, attribute or chunk."""
 
 
+def damage_reason(exc: BaseException) -> str:
+    """What is wrong, in short: for a reader's "Expected an intact ... Got a damaged one" CorruptError, the damage
+    it was raised from; for any other error, its own message."""
+    cause = exc.__cause__
+    return str(cause) if isinstance(exc, CorruptError) and isinstance(cause, CorruptError) else str(exc)
+
+
 def check_prompt_id(prompt_id: object) -> str:
     """``prompt_id`` if it is 16 lower-case hex digits (a prompt id of a detjac store); else InvalidArgumentError."""
     if not isinstance(prompt_id, str) or not PROMPT_ID.fullmatch(prompt_id):

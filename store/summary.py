@@ -101,13 +101,14 @@ def listing(store: JacobianStore, contains: str | None = None) -> list[Listed]:
     """Every complete prompt whose text contains ``contains``, or that is damaged (its reason instead of its
     attributes: a damaged prompt is listed whatever ``contains`` says)."""
     from ..errors import StoreError
+    from .integrity import damage_reason
 
     rows = []
     for pid in store.prompt_ids():
         try:
             attrs = store.get(pid).attrs
         except StoreError as exc:
-            rows.append(Listed(pid, None, str(exc.__cause__ or exc)))
+            rows.append(Listed(pid, None, damage_reason(exc)))
             continue
         if contains is None or contains in str(attrs.get("prompt", "")):
             rows.append(Listed(pid, attrs))

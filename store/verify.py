@@ -15,7 +15,7 @@ from ..errors import DetjacError
 from . import failed
 from . import format as fmt
 from .base import VerifyResult
-from .integrity import NAME, PROMPT_ID
+from .integrity import NAME, PROMPT_ID, damage_reason
 
 
 def verify_store(store: Any) -> list[VerifyResult]:
@@ -38,8 +38,7 @@ def _checked(where: str, kind: str, check: Any) -> VerifyResult:
     try:
         check()
     except DetjacError as exc:
-        cause = exc.__cause__ if exc.__cause__ is not None and "Got a damaged one" in str(exc) else exc
-        return _bad(where, kind, str(cause))
+        return _bad(where, kind, damage_reason(exc))
     except Exception as exc:  # noqa: BLE001 - any failure to read a part means it is damaged
         return _bad(where, kind, f"unreadable: {type(exc).__name__}: {exc}")
     return VerifyResult(where, True, None, "", kind)

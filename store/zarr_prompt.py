@@ -22,7 +22,7 @@ from ..exactness import DTYPE_BOUND, relative_error
 from ..targets import Target
 from . import format as fmt
 from .base import StoredPrompt, VerifyResult
-from .integrity import CorruptError, check_attrs_seal, check_name, check_seal, read_attrs
+from .integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
 from .schema import attrs_problem
 
 
@@ -178,8 +178,7 @@ def verify_prompt(path: Path, store: StoreContext | None = None) -> VerifyResult
             check_seal(path, prompt.attrs, hashes=True)
         return _check_numbers(prompt, store)
     except Exception as exc:  # noqa: BLE001 - any failure to read or check it means the prompt is corrupt
-        reason = str(exc.__cause__) if isinstance(exc, CorruptError) and exc.__cause__ else str(exc)
-        return VerifyResult(pid, False, None, reason if isinstance(exc, CorruptError) else
+        return VerifyResult(pid, False, None, damage_reason(exc) if isinstance(exc, CorruptError) else
                             f"unreadable: {type(exc).__name__}: {exc}")
 
 

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from ..errors import StoreError
+from ..store.integrity import damage_reason
 from .jsonable import jsonable
 
 RUN_KEYS = ("model_id", "model_type", "family", "revision", "dtype", "keep", "detach", "engine", "layerwise",
@@ -61,7 +62,7 @@ class Corpus:
                     try:
                         self._rows[pid] = prompt_row(pid, self.store.prompt_attrs(pid))
                     except StoreError as exc:  # listed with its reason, read again next time
-                        rows.append(damaged_row(pid, str(exc.__cause__ or exc)))
+                        rows.append(damaged_row(pid, damage_reason(exc)))
                         continue
                 rows.append(self._rows[pid])
         failures = [failure_row(pid, record) for pid, record in self.store.failures().items()]
