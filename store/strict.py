@@ -3,12 +3,16 @@
 zarr reads an absent chunk as the array's fill value: right for sparse arrays, wrong for a
 store whose every chunk was written (format 2 writes them all, ``write_empty_chunks``). Readers
 open prompts and analysis results through :class:`StrictLocalStore`, so a deleted chunk raises
-:class:`~detjac.store.integrity.CorruptError` on read instead of reading back as zeros. A
-module of its own (importing zarr) so that the class pickles for dask workers.
+:class:`~detjac.store.integrity.CorruptError` on read instead of reading back as zeros, and so
+does a chunk whose crc32c checksum (the last codec of every detjac array) does not match its
+bytes: zarr's own codec would raise a bare ``ValueError`` deep inside a dask computation, naming
+neither the chunk nor the prompt. A module of its own (importing zarr) so that the class pickles
+for dask workers.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +52,82 @@ class StrictLocalStore(LocalStore):
         if value is None and chunk and not (self.allow_missing is not None and self.allow_missing(key)):
             raise CorruptError(f"Expected chunk {key} of {self.what}. Got none: the file is missing, so the data "
                                "is damaged (`detjac store verify` lists everything that is).")
+        if value is not None and chunk:
+            layout = self._layout(key)
+            if layout is not None and not _intact(value.as_numpy_array(), layout, whole=byte_range is None):
+                raise CorruptError(f"Expected chunk {key} of {self.what} to match its crc32c checksum. Got bytes that "
+                                   "do not, so the data is damaged (`detjac store verify` lists everything that is)."
+                                   ) from CorruptError(f"chunk {key} fails its crc32c checksum")
         return value
+
+    def _layout(self, key: str) -> dict[str, Any] | None:
+        """How the array holding chunk ``key`` checksums its bytes (read once per array): None where it does not."""
+        array = key.rsplit("/c/", 1)[0] if "/c/" in key else key[: -len("c")].rstrip("/")
+        known = self.__dict__.setdefault("_layouts", {})
+        if array not in known:
+            try:
+                meta = json.loads((Path(self.root) / array / "zarr.json").read_text())
+            except (OSError, ValueError) as exc:
+                raise CorruptError(f"Expected the metadata of array {array or '.'} of {self.what}. Got an unreadable "
+                                   f"one: {exc}") from exc
+            known[array] = _checksum_layout(meta if isinstance(meta, dict) else {})
+        return known[array]
+
+
+def _ends_in_crc(codecs: Any) -> bool:
+    last = codecs[-1] if isinstance(codecs, list) and codecs else None
+    return isinstance(last, dict) and last.get("name") == "crc32c"
+
+
+def _checksum_layout(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"shard": False}`` for chunks ending in a crc32c; for shards whose index and inner chunks both do,
+    ``{"shard": True, "index_bytes": ..., "index_at_end": ...}``; None for anything else (not checked here)."""
+    codecs = meta.get("codecs")
+    if _ends_in_crc(codecs):
+        return {"shard": False}
+    first = codecs[0] if isinstance(codecs, list) and codecs else None
+    if not (isinstance(first, dict) and first.get("name") == "sharding_indexed"):
+        return None
+    config = first.get("configuration") or {}
+    outer = ((meta.get("chunk_grid") or {}).get("configuration") or {}).get("chunk_shape")
+    inner = config.get("chunk_shape")
+    if not (_ends_in_crc(config.get("codecs")) and _ends_in_crc(config.get("index_codecs"))
+            and isinstance(outer, list) and isinstance(inner, list) and len(outer) == len(inner)):
+        return None
+    count = 1
+    for o, i in zip(outer, inner, strict=True):
+        count *= -(-int(o) // max(int(i), 1))
+    return {"shard": True, "index_bytes": 16 * count + 4, "index_at_end": config.get("index_location", "end") == "end"}
+
+
+def _crc_ok(blob: Any) -> bool:
+    import google_crc32c
+    import numpy as np
+
+    return len(blob) >= 4 and np.uint32(google_crc32c.value(blob[:-4])).tobytes() == blob[-4:].tobytes()
+
+
+def _intact(data: Any, layout: dict[str, Any], whole: bool) -> bool:
+    """Whether bytes read from a chunk file match their checksums: the whole chunk; for a shard, a part read by
+    byte range (its index or one inner chunk, each ending in its own crc32c) or the whole shard (index, then every
+    inner chunk the index points at)."""
+    import numpy as np
+
+    if not layout["shard"] or not whole:
+        return _crc_ok(data)
+    size = layout["index_bytes"]
+    if len(data) < size:
+        return False
+    index = data[len(data) - size:] if layout["index_at_end"] else data[:size]
+    if not _crc_ok(index):
+        return False
+    empty = 2**64 - 1
+    for offset, nbytes in np.frombuffer(index[:-4].tobytes(), dtype="<u8").reshape(-1, 2).tolist():
+        if offset == empty and nbytes == empty:
+            continue  # an inner chunk never written
+        if offset + nbytes > len(data) or not _crc_ok(data[offset:offset + nbytes]):
+            return False
+    return True
 
 
 def open_group(root: Path, what: str, allow_missing: Callable[[str], bool] | None = None) -> Any:

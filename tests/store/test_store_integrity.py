@@ -104,6 +104,36 @@ def test_a_chunk_deleted_after_the_prompt_was_opened_raises_instead_of_reading_z
         prompt.array("output")
 
 
+def _flip(path: Path, where: float = 0.5) -> None:
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * where)] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_a_chunk_is_an_error_on_read_never_numbers_or_a_bare_codec_error(full):
+    """Opening checks sizes, not contents: a same-size change is caught by the chunk's crc32c as it is read,
+    through whole reads (unsharded arrays, a whole shard) and byte-range reads (one inner chunk of a shard)."""
+    pid = full.ids[2]
+    folder = full.path / "prompts" / pid
+    prompt = open_store(full.path).get(pid)
+    _flip(folder / "token_ids" / "c" / "0")
+    with pytest.raises(CorruptError, match=rf"Expected chunk token_ids/c/0 of prompt {pid} in .*to match its crc32c "
+                                           "checksum. Got bytes that do not"):
+        prompt.array("token_ids")
+    shard = next(p for p in (folder / "jacobian" / "c").rglob("*") if p.is_file())
+    key = shard.relative_to(folder).as_posix()
+    _flip(shard, 0.1)  # inside the first inner chunk: both a whole read and a read of that chunk must fail
+    with pytest.raises(CorruptError, match=rf"Expected chunk {key} of prompt {pid} .*crc32c"):
+        np.asarray(prompt.jacobian(lazy=False))
+    with pytest.raises(CorruptError, match=rf"Expected chunk {key} of prompt {pid} .*crc32c"):
+        np.asarray(prompt.jacobian(lazy=True)[:1, :1].compute())
+    svd = invoke("analyze", "svd", full.path, "--prompt", pid)
+    assert svd.exit_code == 1 and "crc32c" in svd.output and "sigma" not in svd.output
+    assert "Traceback" not in svd.output and "ValueError" not in svd.output
+    verify = invoke("store", "verify", full.path)
+    assert verify.exit_code == 1 and len(corrupt_lines(verify)) == 1
+
+
 @pytest.mark.parametrize("array", ["token_ids", "token_S", "token_U", "combined_U", "combined_S"])
 def test_deleted_small_and_low_rank_arrays_are_reported(low, array):
     pid = low.ids[0]
