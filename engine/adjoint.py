@@ -13,7 +13,8 @@ a block of them through one decoder layer (or the final norm), down in reverse m
 ``explicit`` (:class:`ExplicitAdjoint`, the default)
     The layer's transpose applied directly, piece by piece (:mod:`detjac.engine.pieces`): the
     block is one matrix (block · positions × d), every projection one GEMM, the attention one
-    batched product with ``Pᵀ`` (``P`` going up) per key-value group, ``P`` held once; norm
+    product with ``P_hᵀ`` (``P_h`` going up) per query head on the block laid out transposed (no
+    layout copies), ``P`` held once, the MLP's intermediate made a few rows at a time; norm
     scales and gains are folded into the neighbouring weights, gates and ``P``. A layer with a
     piece it does not know (or the ordinary, not detached, Jacobian) goes through
     :class:`AutogradAdjoint` instead; the first such layer says so once (a ``RuntimeWarning``).
