@@ -49,6 +49,10 @@ class AutogradAdjoint:
     def __init__(self, sk: Skeleton, steps: LayerSteps) -> None:
         self.sk, self.steps = sk, steps
 
+    def sizing(self) -> str:
+        """The sweeps the cost model sizes blocks for (:class:`~detjac.engine.cost.CostModel`)."""
+        return self.name
+
     def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
         """(B, d) cotangents of the final normed state at the position -> (B, n, d) at the last layer's output."""
         _, pull = torch.func.vjp(self.steps.final(trace.position), trace.inputs[-1].to(self.sk.device))
@@ -108,6 +112,9 @@ class ExplicitAdjoint(AutogradAdjoint):
         self._checked: set[int] = set()  # layers whose pieces rebuilt the layer's own output once
         self._unknown: dict[int, str] = {}  # layers with an unknown piece, and why
         self._warned = False
+
+    def sizing(self) -> str:
+        return "autograd" if self._unknown else self.name  # once a layer has fallen back, size for torch.func
 
     def _fallback(self, where: str, why: str) -> None:
         if not self._warned:

@@ -47,9 +47,10 @@ from torch import nn
 from .detach import AttentionReplay, DetachedGatedMLP, DetachedNorm
 from .tape import FactorTape
 
-# a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: 256 MiB), but at least
-# MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
+# a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
+# least MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
 CHUNK_BYTES = {"cpu": 8 * 2**20}
+OTHER_CHUNK_BYTES = 256 * 2**20
 MIN_CHUNK_ROWS = 256
 
 
@@ -60,7 +61,7 @@ class GatedRows:
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor) -> None:
         self.x, self.weight, self.gate = x, weight, gate  # (B, m, d), (d, ffn), (m, ffn)
         ffn = weight.shape[1]
-        self.rows = max(MIN_CHUNK_ROWS, CHUNK_BYTES.get(x.device.type, 256 * 2**20) // (ffn * x.element_size()))
+        self.rows = max(MIN_CHUNK_ROWS, CHUNK_BYTES.get(x.device.type, OTHER_CHUNK_BYTES) // (ffn * x.element_size()))
 
     def chunks(self) -> Iterator[tuple[int, int, int, int, torch.Tensor]]:
         """(b0, b1, p0, p1, rows (b1 - b0) · (p1 - p0) × ffn): whole vectors b0:b1, or positions p0:p1 of one."""
