@@ -27,9 +27,11 @@ depend on how a block crosses a layer (``sweeps``, :mod:`detjac.engine.adjoint`)
     of the MLP's intermediate (at most ``max(8 MiB, 256 ffn)`` numbers' bytes).
 ``autograd``
     Per vector: ``vmap`` expands ``P`` over the block, so ``heads n²`` numbers, plus the vjp's or jvp's
-    intermediates, ``n (8 d + 4 ffn)``. Per layer: the layer's forward at n positions.
+    intermediates, ``n (4 d + 2 ffn)``. Per layer: the layer's forward at n positions.
 
-Measured against the peak resident memory of one row block in ``benchmarks/adjoint_sweeps.py --memory-model``.
+Both are upper bounds, checked against the peak resident memory of the trace and one row block in
+``benchmarks/adjoint_sweeps.py --memory-model`` (docs/benchmarks.md). The explicit sweeps' figures add the
+forward's transients to the block's peak, which in fact come at different times.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class CostModel:
         d, q, kv = self.d_model, self.q or self.d_model, self.kv or self.d_model
         if self.explicit:
             return self.itemsize * n * (4 * d + q + kv)
-        return self.itemsize * (n * (8 * d + 4 * self.ffn) + self.heads * n * n)
+        return self.itemsize * (n * (4 * d + 2 * self.ffn) + self.heads * n * n)
 
     def layer_bytes_held(self, n: int, vectors: int | None = None) -> int:
         """Bytes a layer's crossing holds beside the block's vectors at ``n`` tokens (its weights aside); the MLP's
