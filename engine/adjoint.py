@@ -13,7 +13,8 @@ a block of them through one decoder layer (or the final norm), down in reverse m
 ``explicit`` (:class:`ExplicitAdjoint`, the default)
     The layer's transpose applied directly, piece by piece (:mod:`detjac.engine.pieces`): the
     block is one matrix (block · positions × d), every projection one GEMM, the attention one
-    batched product with ``Pᵀ`` (``P`` going up) per key-value group, ``P`` held once; norm
+    product with ``P_hᵀ`` (``P_h`` going up) per query head on the block laid out transposed (no
+    layout copies), ``P`` held once, the MLP's intermediate made a few rows at a time; norm
     scales and gains are folded into the neighbouring weights, gates and ``P``. A layer with a
     piece it does not know (or the ordinary, not detached, Jacobian) goes through
     :class:`AutogradAdjoint` instead; the first such layer says so once (a ``RuntimeWarning``).
@@ -47,6 +48,10 @@ class AutogradAdjoint:
 
     def __init__(self, sk: Skeleton, steps: LayerSteps) -> None:
         self.sk, self.steps = sk, steps
+
+    def sizing(self) -> str:
+        """The sweeps the cost model sizes blocks for (:class:`~detjac.engine.cost.CostModel`)."""
+        return self.name
 
     def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
         """(B, d) cotangents of the final normed state at the position -> (B, n, d) at the last layer's output."""
@@ -107,6 +112,9 @@ class ExplicitAdjoint(AutogradAdjoint):
         self._checked: set[int] = set()  # layers whose pieces rebuilt the layer's own output once
         self._unknown: dict[int, str] = {}  # layers with an unknown piece, and why
         self._warned = False
+
+    def sizing(self) -> str:
+        return "autograd" if self._unknown else self.name  # once a layer has fallen back, size for torch.func
 
     def _fallback(self, where: str, why: str) -> None:
         if not self._warned:

@@ -14,9 +14,24 @@ so are ``to_output.L`` targets with the output: the output's cotangents at layer
 read off its reverse sweep at no extra cost.
 
 Memory: with a budget for the compute device, the block is sized so that one layer (twice,
-while the next is read), the trace and the block's vectors fit (:meth:`CostModel.plan`). One
-vector costs :meth:`CostModel.vector_bytes` inside a layer's vjp or jvp (measured: see
-``benchmarks/streamed.py``).
+while the next is read), the trace, what a layer holds whatever the block (:meth:`CostModel.layer_bytes_held`)
+and the block's vectors fit (:meth:`CostModel.plan`); one vector costs :meth:`CostModel.vector_bytes`. Both
+depend on how a block crosses a layer (``sweeps``, :mod:`detjac.engine.adjoint`):
+
+``explicit``
+    Per vector of n positions: its cotangents (or tangents) at the layer's output, mid residual and
+    input, the seed, and attention's two transposed intermediates (widths q and kv): ``n (4 d + q + kv)``
+    numbers. Per layer, whatever the block: the frozen probabilities ``P`` (heads × n × n), held once and
+    three times while the layer's forward records and folds them, the gates (n × ffn, twice), the
+    layer's forward at n positions, a copy of its weights with the norm gains folded in, and one chunk
+    of the MLP's intermediate (at most ``max(8 MiB, 256 ffn)`` numbers' bytes).
+``autograd``
+    Per vector: ``vmap`` expands ``P`` over the block, so ``heads n²`` numbers, plus the vjp's or jvp's
+    intermediates, ``n (4 d + 2 ffn)``. Per layer: the layer's forward at n positions.
+
+Both are upper bounds, checked against the peak resident memory of the trace and one row block in
+``benchmarks/adjoint_sweeps.py --memory-model`` (docs/benchmarks.md). The explicit sweeps' figures add the
+forward's transients to the block's peak, which in fact come at different times.
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ from typing import Any
 from detjac.errors import InvalidArgumentError
 from detjac.targets import Target
 
+from . import pieces
 from .backend import Plan
 
 DEFAULT_ROW_BLOCK = 64
@@ -66,17 +82,50 @@ class CostModel:
     detach: bool = True
     budget: int | None = None
     device: str = "cpu"
+    heads: int = 1  # query heads; q, kv: the widths of all query and key-value heads (None: d_model)
+    q: int | None = None
+    kv: int | None = None
+    sweeps: str = "explicit"  # how a block crosses a layer: explicit or autograd (the ordinary Jacobian: autograd)
+
+    @property
+    def explicit(self) -> bool:
+        return self.sweeps == "explicit" and self.detach
 
     def vector_bytes(self, n: int) -> int:
-        """Bytes one vector of the block costs inside one layer's vjp/jvp at ``n`` tokens."""
-        return self.itemsize * n * (8 * self.d_model + 4 * self.ffn)
+        """Bytes one vector of the block costs while it crosses one layer at ``n`` tokens."""
+        d, q, kv = self.d_model, self.q or self.d_model, self.kv or self.d_model
+        if self.explicit:
+            return self.itemsize * n * (4 * d + q + kv)
+        return self.itemsize * (n * (4 * d + 2 * self.ffn) + self.heads * n * n)
+
+    def layer_bytes_held(self, n: int, vectors: int | None = None) -> int:
+        """Bytes a layer's crossing holds beside the block's vectors at ``n`` tokens (its weights aside); the MLP's
+        chunk is at most the whole intermediate of ``vectors`` vectors (None: any number)."""
+        d, f, q, kv = self.d_model, self.ffn, self.q or self.d_model, self.kv or self.d_model
+        forward = n * (4 * f + 3 * d + q + 2 * kv) + 2 * self.heads * n * n  # the layer run once on n positions
+        if not self.explicit:
+            return self.itemsize * forward
+        chunk = max(pieces.CHUNK_BYTES.get(self.device.split(":")[0], pieces.OTHER_CHUNK_BYTES),
+                    pieces.MIN_CHUNK_ROWS * f * self.itemsize)  # the MLP's intermediate, a chunk at a time
+        if vectors is not None:
+            chunk = min(chunk, vectors * n * f * self.itemsize)
+        return self.itemsize * (forward + self.heads * n * n + 2 * n * f) + self.layer_bytes + chunk
+
+    def trace_bytes(self, n: int) -> int:
+        """The trace: every layer's input and mid residual, and the final states (n × d each)."""
+        return (2 * self.n_layers + 2) * n * self.d_model * self.itemsize
+
+    def block_bytes(self, n: int, vectors: int) -> int:
+        """What a block of ``vectors`` adds at ``n`` tokens, on top of the layer being read: the trace, what a layer
+        holds, the block's vectors."""
+        return self.trace_bytes(n) + self.layer_bytes_held(n, vectors or None) + vectors * self.vector_bytes(n)
 
     def vector_budget(self, n: int) -> int | None:
-        """Bytes left for the block: the budget less one layer (twice while it is read) and the trace."""
+        """Bytes left for the block: the budget less one layer (twice while it is read), the trace and what a
+        layer's crossing holds whatever the block."""
         if self.budget is None:
             return None
-        trace_bytes = (2 * self.n_layers + 2) * n * self.d_model * self.itemsize
-        return max(0, self.budget - 2 * self.layer_bytes - trace_bytes)
+        return max(0, self.budget - 2 * self.layer_bytes - self.block_bytes(n, 0))
 
     def forward_vectors(self, n: int, token_block: int) -> float:
         """Forward mode's vectors per layer, in units of n positions: a block of tokens ``k0:k1`` carries

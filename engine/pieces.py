@@ -15,10 +15,19 @@ residual branch is a chain of a few kinds of pieces, read from the family declar
 Each branch must be ``norms* core norms*`` with one MLP or attention core; the norms' diagonals are
 folded into the core once per layer (gains into the projection weights' columns or rows, the
 per-position scales into the gate or into ``P``'s columns or rows), so applying the branch or its
-transpose to a block of vectors laid out as one matrix (block · positions × d) is two or three
-GEMMs, plus, for attention, one batched product with ``P`` (or ``Pᵀ``) per key-value group, never
-expanded over the block. Anything else is an unknown piece: :func:`layer_pieces` returns why, and
-the caller falls back to ``torch.func``.
+transpose to a block of vectors laid out as one matrix (block · positions × d) is two GEMMs, each
+core's result added to the residual inside the last one (:func:`plus`, ``addmm``):
+
+- the MLP's intermediate (width ffn) is made a few rows at a time (:class:`GatedRows`, 8 MiB on a
+  CPU), the gate multiplied in place while the chunk is in cache, so it is never held for the block;
+- attention computes the values (or the output projection's cotangents) transposed,
+  ``(heads · hd, block · positions)``: per head that is a plain ``(hd · block, positions)`` matrix, so
+  the product with ``P_hᵀ`` (``P_h`` going down) is one GEMM per query head, summed into its
+  key-value head's buffer in place, and the result feeds the next projection as a transposed view:
+  no layout copies, and ``P`` is never expanded over the block.
+
+Anything else is an unknown piece: :func:`layer_pieces` returns why, and the caller falls back to
+``torch.func``.
 
 Scope of exactness: the pieces are the same frozen factors the autograd sweeps use (recorded from
 the same forward pass through :func:`~detjac.engine.tape.freeze` and the attention replay), so the
@@ -28,6 +37,7 @@ output from its input before a layer's pieces are trusted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +47,41 @@ from torch import nn
 from .detach import AttentionReplay, DetachedGatedMLP, DetachedNorm
 from .tape import FactorTape
 
-Product = tuple[torch.Tensor, torch.Tensor, int]  # (lhs, rhs, s): a core's result lhs @ rhs, positions s: on
+# a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
+# least MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
+CHUNK_BYTES = {"cpu": 8 * 2**20}
+OTHER_CHUNK_BYTES = 256 * 2**20
+MIN_CHUNK_ROWS = 256
+
+
+class GatedRows:
+    """The rows ``(x W) ⊙ gate`` (B · m, ffn) of a gated MLP, made a few rows at a time into one reused buffer, so
+    that the intermediate of width ffn is never held for the whole block (:func:`plus` adds each chunk's product)."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor) -> None:
+        self.x, self.weight, self.gate = x, weight, gate  # (B, m, d), (d, ffn), (m, ffn)
+        ffn = weight.shape[1]
+        self.rows = max(MIN_CHUNK_ROWS, CHUNK_BYTES.get(x.device.type, OTHER_CHUNK_BYTES) // (ffn * x.element_size()))
+
+    def chunks(self) -> Iterator[tuple[int, int, int, int, torch.Tensor]]:
+        """(b0, b1, p0, p1, rows (b1 - b0) · (p1 - p0) × ffn): whole vectors b0:b1, or positions p0:p1 of one."""
+        b, m, d = self.x.shape
+        k = self.rows // m  # whole vectors per chunk (0: positions of one vector at a time)
+        buf = self.x.new_empty(min(b * m, k * m if k else self.rows), self.weight.shape[1])
+        spans = ([(b0, min(b, b0 + k), 0, m) for b0 in range(0, b, k)] if k
+                 else [(b0, b0 + 1, p0, min(m, p0 + self.rows)) for b0 in range(b) for p0 in range(0, m, self.rows)])
+        for b0, b1, p0, p1 in spans:
+            z = torch.mm(self.x[b0:b1, p0:p1].reshape(-1, d), self.weight, out=buf[:(b1 - b0) * (p1 - p0)])
+            z.view(b1 - b0, p1 - p0, -1).mul_(self.gate[p0:p1])
+            yield b0, b1, p0, p1, z
+
+    def full(self) -> torch.Tensor:
+        """All rows at once (B · m, ffn)."""
+        b, m, d = self.x.shape
+        return (self.x.reshape(b * m, d) @ self.weight).view(b, m, -1).mul_(self.gate).view(b * m, -1)
+
+
+Product = tuple[torch.Tensor | GatedRows, torch.Tensor, int]  # (lhs, rhs, s): a core's result lhs @ rhs, positions s:
 
 
 @dataclass
@@ -59,14 +103,10 @@ class Mlp:
                 self.down = gain[:, None] * self.down
 
     def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d)
-        c, m, d = x.shape
-        u = (x.reshape(c * m, d) @ self.up.T).view(c, m, -1).mul_(self.gate[s:])
-        return u.view(c * m, -1), self.down.T, s
+        return GatedRows(x, self.up.T, self.gate[s:]), self.down.T, s
 
     def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s, d)
-        b, m, d = g.shape
-        z = (g.reshape(b * m, d) @ self.down).view(b, m, -1).mul_(self.gate[s:])
-        return z.view(b * m, -1), self.up, s
+        return GatedRows(g, self.down, self.gate[s:]), self.up, s
 
 
 @dataclass
@@ -98,26 +138,31 @@ class Attention:
 
     def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d); causal_from(s)
         c, m, d = x.shape
-        kvh, hd = self.kv_heads, self.head_dim
-        r = self.probs.shape[0] // kvh
-        v = (x.reshape(c * m, d) @ self.value.T).view(c, m, kvh, hd).permute(2, 1, 0, 3).reshape(kvh, m, c * hd)
-        p = self.probs[:, s:, s:].reshape(kvh, r * m, m)
-        o = torch.matmul(p, v).view(kvh, r, m, c, hd).permute(3, 2, 0, 1, 4).reshape(c * m, kvh * r * hd)
-        return o, self.out.T, s
+        heads, hd = self.probs.shape[0], self.head_dim
+        r = heads // self.kv_heads
+        # values transposed, (kv_heads · hd, c · m): each head's block is a plain (hd · c, m) matrix, rows (dim, vector)
+        vt = (self.value @ x.reshape(c * m, d).T).view(self.kv_heads, hd * c, m)
+        ot = vt.new_empty(heads, hd * c, m)  # each head's output transposed: (V P_h^T) in rows (dim, vector)
+        for h in range(heads):
+            torch.mm(vt[h // r], self.probs[h, s:, s:].T, out=ot[h])
+        return ot.view(heads * hd, c * m).T, self.out.T, s  # (c · m, heads · hd) as a transposed view: no copy
 
     def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s_in, d)
         b, m, d = g.shape
-        kvh, hd = self.kv_heads, self.head_dim
-        heads, n = self.probs.shape[0], self.probs.shape[-1]
-        r = heads // kvh
+        heads, n, hd = self.probs.shape[0], self.probs.shape[-1], self.head_dim
+        r = heads // self.kv_heads
         rows = self.probs[:, s:]  # (heads, m, n): the queries that carry cotangents
         used = rows.ne(0).any(dim=1).any(dim=0).nonzero()  # keys any of them reads (below a window: a band)
         s_in = int(used[0]) if used.numel() else n
-        rows = rows[:, :, s_in:].reshape(kvh, r * m, n - s_in)
-        go = (g.reshape(b * m, d) @ self.out).view(b, m, kvh, r, hd).permute(2, 3, 1, 0, 4).reshape(kvh, r * m, b * hd)
-        gv = torch.matmul(rows.mT, go)  # (kv_heads, n - s_in, B * hd): P^T summed over each group inside the GEMM
-        gv = gv.view(kvh, n - s_in, b, hd).permute(2, 1, 0, 3).reshape(b * (n - s_in), kvh * hd)
-        return gv, self.value, s_in
+        # the output projection's cotangents transposed, (heads · hd, B · m): per head a (hd · B, m) matrix
+        got = (self.out.T @ g.reshape(b * m, d).T).view(heads, hd * b, m)
+        gvt = got.new_empty(self.kv_heads, hd * b, n - s_in)  # per key-value head, summed over its query heads
+        for h in range(heads):
+            if h % r == 0:
+                torch.mm(got[h], rows[h, :, s_in:], out=gvt[h // r])
+            else:
+                gvt[h // r].addmm_(got[h], rows[h, :, s_in:])
+        return gvt.view(self.kv_heads * hd, b * (n - s_in)).T, self.value, s_in  # (B · (n - s_in), kv · hd), no copy
 
 
 Core = Mlp | Attention
@@ -125,22 +170,40 @@ Core = Mlp | Attention
 
 def plus(acc: torch.Tensor, sa: int, product: Product, own: bool = False) -> tuple[torch.Tensor, int]:
     """``acc`` (B, n - sa, d), positions sa:, plus a core's result ``lhs @ rhs`` (B · (n - s), d), positions s:,
-    as positions min(sa, s):, the sum done by the GEMM itself (``addmm``); ``own``: ``acc`` may be added into."""
+    as positions min(sa, s):, the sum done by the GEMM itself (``addmm``); ``own``: ``acc`` may be added into.
+    ``lhs`` may be :class:`GatedRows` (made and added a chunk at a time)."""
     lhs, rhs, s = product
     b, m, d = acc.shape
+    if isinstance(lhs, GatedRows):
+        if s == sa:
+            return _plus_chunks(acc, lhs, rhs, own), sa
+        lhs = lhs.full()
     if s == sa:
         if own and acc.is_contiguous():
             acc.view(b * m, d).addmm_(lhs, rhs)
             return acc, sa
         return torch.addmm(acc.reshape(b * m, d), lhs, rhs).view(b, m, d), sa
     if s < sa:  # the core reaches earlier positions (attention): the sum covers them
-        out = acc.new_zeros(b, m + sa - s, d)
-        out[:, sa - s:] = acc
-        out.view(-1, d).addmm_(lhs, rhs)
+        out = torch.mm(lhs, rhs).view(b, m + sa - s, d)
+        out[:, sa - s:] += acc
         return out, s
     out = acc if own else acc.clone()
     out[:, s - sa:] += (lhs @ rhs).view(b, -1, d)
     return out, sa
+
+
+def _plus_chunks(acc: torch.Tensor, lhs: GatedRows, rhs: torch.Tensor, own: bool) -> torch.Tensor:
+    """``acc`` (B, m, d) plus ``lhs @ rhs``, one chunk of rows at a time, each sum inside its GEMM."""
+    into = own and acc.is_contiguous()
+    out = acc if into else torch.empty(acc.shape, dtype=acc.dtype, device=acc.device)
+    d = acc.shape[-1]
+    for b0, b1, p0, p1, z in lhs.chunks():
+        dst = out[b0:b1, p0:p1].view(-1, d)  # a view: whole vectors, or positions of one vector
+        if into:
+            dst.addmm_(z, rhs)
+        else:
+            torch.addmm(acc[b0:b1, p0:p1].reshape(-1, d), z, rhs, out=dst)
+    return out
 
 
 @dataclass

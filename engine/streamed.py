@@ -172,8 +172,13 @@ class StreamedModel(Engine):
     @property
     def cost(self) -> CostModel:
         """The cost model at this engine's shapes and compute-device budget."""
+        text = self.config.get_text_config()
+        heads = int(text.num_attention_heads)
+        hd = int(getattr(text, "head_dim", None) or self.d_model // heads)
+        kv = int(getattr(text, "num_key_value_heads", None) or heads) * hd
         return CostModel(self.d_model, self.ffn, self.n_layers, self.dtype.itemsize, self.layer_bytes(),
-                         self.detach, self.memory_budget(device_key(self.device)), device_key(self.device))
+                         self.detach, self.memory_budget(device_key(self.device)), device_key(self.device),
+                         heads, heads * hd, kv, self.adjoint.sizing())
 
     def memory_budget(self, device: str) -> int | None:
         return self.budgets.get(device_key(device))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detjac.engine import load_model
+from detjac.engine import load_model, pieces
 from detjac.engine.adjoint import SWEEPS_ENV, ExplicitAdjoint
 from detjac.engine.linearize import linearized
 from detjac.engine.pieces import check_layer, layer_pieces
@@ -68,6 +68,17 @@ def test_explicit_sweeps_equal_autograd_for_every_family_target_and_mode(streama
 def test_explicit_sweeps_equal_autograd_in_the_gate_convention(prompt_ids: list[int]) -> None:
     ours = _agree(tiny_model("phi3", seed=7), prompt_ids, convention="gate")
     assert ours.convention == "gate"
+
+
+@pytest.mark.parametrize("rows", [5, 26])
+def test_a_gated_mlp_made_a_few_rows_at_a_time_stays_exact(monkeypatch: pytest.MonkeyPatch, prompt_ids: list[int],
+                                                           rows: int) -> None:
+    # 5 rows: a few positions of one vector at a time (a long prompt); 26: two whole vectors at a time (plus the top
+    # layer's one position per vector, many vectors per chunk)
+    monkeypatch.setattr(pieces, "CHUNK_BYTES", {"cpu": 1})
+    monkeypatch.setattr(pieces, "MIN_CHUNK_ROWS", rows)
+    assert rows < len(prompt_ids) or rows // len(prompt_ids) == 2
+    _agree(tiny_model("qwen3", seed=6), prompt_ids)
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "phi3"])
