@@ -35,6 +35,9 @@ import torch
 from torch import nn
 
 from .detach import AttentionReplay, DetachedGatedMLP, DetachedNorm
+from .moe import DetachedMoE
+from .pieces_affine import attention_weights, centre, layer_offsets, projection, ungated_mlp
+from .pieces_moe import moe_piece
 from .tape import FactorTape
 
 Product = tuple[torch.Tensor, torch.Tensor, int]  # (lhs, rhs, s): a core's result lhs @ rhs, positions s: on
@@ -143,6 +146,17 @@ def plus(acc: torch.Tensor, sa: int, product: Product, own: bool = False) -> tup
     return out, sa
 
 
+def cross(acc: torch.Tensor, sa: int, core: Any, x: torch.Tensor, s: int, up: bool, own: bool = False
+          ) -> tuple[torch.Tensor, int]:
+    """``acc`` (B, n - sa, d), positions sa:, plus ``core`` applied to ``x`` (positions s:), going up (``push``) or
+    down (``pull``, its transpose). A core that adds its result itself (``push_into`` / ``pull_into``: a mixture of
+    experts, whose experts read different positions) does; the others' one GEMM goes through :func:`plus`."""
+    direct = getattr(core, "push_into" if up else "pull_into", None)
+    if direct is not None:
+        return direct(acc, sa, x, s, own)
+    return plus(acc, sa, (core.push if up else core.pull)(x, s), own)
+
+
 @dataclass
 class LayerPieces:
     """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``."""
@@ -151,45 +165,97 @@ class LayerPieces:
     second: Core
 
 
+def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int
+               ) -> tuple[torch.Tensor, int]:
+    """Cotangents (B, n, d) at a layer's output and mid residual (None: zero), zero before position ``s`` (< n),
+    -> (B, n, d) at its input, and the first position from which they may be nonzero."""
+    n = g_out.shape[1]
+    top = g_out[:, s:]
+    gm, sm = cross(top, s, pieces.second, top, s, up=False)  # the residual passes the output's on
+    if g_mid is not None:
+        gm[:, s - sm:] += g_mid[:, s:]
+    gi, si = cross(gm, sm, pieces.first, gm, sm, up=False, own=True)
+    if si == 0:
+        return gi, 0
+    full = gi.new_zeros(gi.shape[0], n, gi.shape[2])
+    full[:, si:] = gi
+    return full, si
+
+
+def push_layer(pieces: LayerPieces, tangent: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tangents (c, n - s, d) at a layer's input (positions s:) -> (at its output, at its mid residual)."""
+    t_mid = cross(tangent, s, pieces.first, tangent, s, up=True)[0]
+    return cross(t_mid, s, pieces.second, t_mid, s, up=True)[0], t_mid
+
+
 @dataclass
 class NormPiece:
-    """A frozen norm: per-position scale (n,) and gain (d,) or None (no weight)."""
+    """A frozen norm: per-position scale (n,), gain (d,) or None (no weight), and for a LayerNorm the centring
+    ``x - mean(x)`` first (its bias is an offset, outside ``J``)."""
 
     scale: torch.Tensor
     gain: torch.Tensor | None
+    center: bool = False
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:  # (..., n, d) -> same
-        y = x * self.scale[:, None]
+    def apply(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
+        if self.center:
+            x = x - x.mean(-1, keepdim=True)
+        y = x * self.scale[s:, None]
         return y * self.gain if self.gain is not None else y
+
+    def transpose(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
+        y = (x * self.gain if self.gain is not None else x) * self.scale[s:, None]
+        return y - y.mean(-1, keepdim=True) if self.center else y
 
 
 def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece | str:
-    """A detached RMS norm with its frozen scale (n,) as a :class:`NormPiece`, or why it is not a known piece."""
-    if not isinstance(norm, DetachedNorm) or norm.center or not norm.detach:
-        return f"{type(norm).__name__} is not a detached RMS norm"
+    """A detached norm (RMS, or a centred LayerNorm) with its frozen scale (n,) as a :class:`NormPiece`, or why it
+    is not a known piece."""
+    if not isinstance(norm, DetachedNorm) or not norm.detach:
+        return f"{type(norm).__name__} is not a detached norm"
     weight = getattr(norm.inner, "weight", None)
     if weight is None:  # output norm(x) * offset, or norm(x)
-        return NormPiece(scale * norm.offset if norm.offset else scale, None)
+        return NormPiece(scale * norm.offset if norm.offset else scale, None, norm.center)
     weight = weight.to(scale.dtype)
-    return NormPiece(scale, weight + norm.offset if norm.offset else weight)
+    return NormPiece(scale, weight + norm.offset if norm.offset else weight, norm.center)
 
 
 def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece | str:
     """The norm ``norm`` at ``x`` (n, d) as a :class:`NormPiece`, or why it is not a known piece."""
     if not isinstance(norm, DetachedNorm):
-        return f"{type(norm).__name__} is not a detached RMS norm"
+        return f"{type(norm).__name__} is not a detached norm"
     tape = FactorTape()
     with tape.recording(), torch.no_grad():
         norm(x)
     return norm_piece(norm, tape.factors[0].reshape(-1))
 
 
-def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
-                 ) -> tuple[LayerPieces | str, torch.Tensor, torch.Tensor]:
+@dataclass
+class LayerRecord:
+    """What one run of a detached layer froze: its children's calls ([name, module, first factor, end]) on either
+    side of the mid residual, indexing ``factors`` (the tape's), and each attention call's probabilities."""
+
+    family: Any
+    branches: tuple[list[list[Any]], list[list[Any]]]
+    factors: list[Any]
+    probs: list[torch.Tensor]  # (heads, n, n) per attention call, in call order
+
+    def pieces(self) -> LayerPieces | str:
+        """The layer's pieces, norms folded in (new tensors each time: nothing is kept between sweeps)."""
+        probs = list(self.probs)
+        cores = [_branch(part, self.family, self.factors, probs) for part in self.branches]
+        problem = next((c for c in cores if isinstance(c, str)), None)
+        return problem if problem is not None else LayerPieces(*cores)
+
+
+def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape: FactorTape | None = None
+                 ) -> tuple[LayerRecord | str, torch.Tensor, torch.Tensor]:
     """Run ``step`` (the detached layer, (n, d) -> (out, mid)) on ``h`` once, recording every child's frozen
-    factors; return the layer's pieces (or why it has an unknown piece) and the layer's (out, mid)."""
+    factors (into ``tape``, default a new one); return the record (or why the layer is not made of a known
+    structure) and the linear part of the layer's (out, mid): less the offsets of an affine family's layer."""
     calls: list[list[Any]] = []  # [name, module, factor count before, after]
-    tape, replay = FactorTape(), AttentionReplay()
+    tape, replay = tape if tape is not None else FactorTape(), AttentionReplay()
+    start = len(tape.factors)
     handles = []
     for name, child in layer.named_children():
         handles.append(child.register_forward_pre_hook(
@@ -201,18 +267,22 @@ def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
     finally:
         for handle in handles:
             handle.remove()
+    if family.affine:  # out = L h + c: the pieces are L
+        c_out, c_mid = layer_offsets(step, tape.factors[start:], h)
+        out, mid = out - c_out, mid - c_mid
     names = [c[0] for c in calls]
     if family.mid_residual not in names:
         return f"the mid residual child {family.mid_residual!r} was not called", out, mid
     split = names.index(family.mid_residual)
-    probs = [p[0] for _, p in replay.records]  # (heads, n, n) per attention call, in call order
-    branches = []
-    for part in (calls[:split], calls[split:]):
-        core = _branch(part, family, tape.factors, probs)
-        if isinstance(core, str):
-            return core, out, mid
-        branches.append(core)
-    return LayerPieces(*branches), out, mid
+    probs = [p[0] for _, p in replay.records]
+    return LayerRecord(family, (calls[:split], calls[split:]), tape.factors, probs), out, mid
+
+
+def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
+                 ) -> tuple[LayerPieces | str, torch.Tensor, torch.Tensor]:
+    """:func:`record_layer`, then the record's pieces (or why the layer has an unknown piece)."""
+    record, out, mid = record_layer(layer, family, step, h)
+    return (record if isinstance(record, str) else record.pieces()), out, mid
 
 
 def _close(calls: list[list[Any]], module: nn.Module, count: int) -> None:
@@ -222,9 +292,9 @@ def _close(calls: list[list[Any]], module: nn.Module, count: int) -> None:
             return
 
 
-def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Core | str:
+def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Any:
     """One residual branch's calls (norms* core norms*) as one core with its norms folded in."""
-    core: Core | None = None
+    core: Any = None
     norms: list[tuple[NormPiece, bool]] = []  # (norm, before the core)
     for name, module, f0, f1 in calls:
         if isinstance(module, nn.Dropout | nn.Identity) and not module.training:
@@ -237,34 +307,43 @@ def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list
             continue
         if core is not None:
             return f"{name}: a second core ({type(module).__name__}) in one residual branch"
-        if isinstance(module, DetachedGatedMLP) and module.detach and f1 == f0 + 1:
-            core = _mlp(module, factors[f0])
-        elif type(module) in family.attentions:
-            core = _attention(module, probs.pop(0) if probs else None)
-        else:
-            return f"{name}: {type(module).__name__} is not a known piece"
+        core = _core(module, family, factors[f0:f1], probs)
         if isinstance(core, str):
             return f"{name}: {core}"
     if core is None:
         return "a residual branch without an attention or MLP"
-    for norm, before in norms:
-        core.fold(norm.scale, norm.gain, before)
+    for norm, _ in reversed([nb for nb in norms if nb[1]]):  # the one nearest the core first: W g C
+        core.fold(norm.scale, norm.gain, True)
+        if norm.center:
+            centre(core, True)
+    for norm, _ in (nb for nb in norms if not nb[1]):  # likewise after it: g C W
+        if norm.center:
+            centre(core, False)
+        core.fold(norm.scale, norm.gain, False)
     return core
 
 
-def _weight(module: Any) -> torch.Tensor | str:
-    if not isinstance(module, nn.Linear) or module.bias is not None:
-        return f"{type(module).__name__} is not a bias-free nn.Linear"
-    return module.weight
+def _core(module: nn.Module, family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Any:
+    """A branch's core from the module called and the factors it froze: a gated MLP, a mixture of experts, an
+    attention block or an ungated MLP container; or why it is not a known piece."""
+    if isinstance(module, DetachedGatedMLP) and module.detach and len(factors) == 1:
+        return _mlp(module, factors[0], family.affine)
+    if isinstance(module, DetachedMoE):
+        return moe_piece(module, factors)
+    if type(module) in family.attentions:
+        return _attention(module, probs.pop(0) if probs else None, family.affine)
+    if type(module) in family.containers and len(factors) == 1:
+        return ungated_mlp(module, factors[0], family.affine, Mlp)
+    return f"{type(module).__name__} is not a known piece"
 
 
-def _mlp(module: DetachedGatedMLP, factor: torch.Tensor) -> Mlp | str:
+def _mlp(module: DetachedGatedMLP, factor: torch.Tensor, affine: bool) -> Mlp | str:
     """The MLP's linear path: through ``up`` with ``act(gate(x))`` frozen (convention ``up``), or through ``gate``
     with ``up(x) * act(g) / g`` frozen (convention ``gate``); either way one projection, the frozen factor, ``down``."""
     rule, inner = module.rule, module.inner
     through_gate = getattr(module, "convention", "up") == "gate"
-    down = _weight(getattr(inner, rule.down))
-    linear = _weight(getattr(inner, rule.gate_up if rule.fused else rule.gate if through_gate else rule.up))
+    down = projection(getattr(inner, rule.down), affine)
+    linear = projection(getattr(inner, rule.gate_up if rule.fused else rule.gate if through_gate else rule.up), affine)
     if isinstance(linear, str) or isinstance(down, str):
         return linear if isinstance(linear, str) else down  # type: ignore[return-value]
     if rule.fused:  # chunked into (gate, up): gate is the first half of the rows, up the second
@@ -273,22 +352,14 @@ def _mlp(module: DetachedGatedMLP, factor: torch.Tensor) -> Mlp | str:
     return Mlp(linear, down, factor.reshape(-1, factor.shape[-1]))
 
 
-def _attention(module: nn.Module, probs: torch.Tensor | None) -> Attention | str:
+def _attention(module: nn.Module, probs: torch.Tensor | None, affine: bool) -> Attention | str:
     if probs is None:
         return "no frozen attention probabilities were recorded"
     cfg = module.config
     heads = int(cfg.num_attention_heads)
     kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
     hd = int(module.head_dim)
-    out = _weight(getattr(module, "o_proj", None))
-    if hasattr(module, "v_proj"):
-        value = _weight(module.v_proj)
-    elif hasattr(module, "qkv_proj"):  # fused [q | k | v] (Phi3)
-        value = _weight(module.qkv_proj)
-        if not isinstance(value, str):
-            value = value[(heads + kvh) * hd:]
-    else:
-        return f"{type(module).__name__} has neither v_proj nor qkv_proj"
+    value, out = attention_weights(module, heads, kvh, hd, affine)
     if isinstance(value, str) or isinstance(out, str):
         return value if isinstance(value, str) else out  # type: ignore[return-value]
     if value.shape[0] != kvh * hd or out.shape[1] != heads * hd or probs.shape[0] != heads:
@@ -304,8 +375,7 @@ def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: to
     """
     bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(h.dtype, 5e-2)
     with torch.no_grad():
-        mid_hat = plus(h[None], 0, pieces.first.push(h[None], 0))[0][0]
-        out_hat = plus(mid_hat[None], 0, pieces.second.push(mid_hat[None], 0))[0][0]
+        out_hat, mid_hat = (t[0] for t in push_layer(pieces, h[None], 0))
     for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):
         err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
         if not err <= bound:
