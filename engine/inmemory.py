@@ -4,13 +4,20 @@ The forward pass of a prompt runs once, linearized, with its pullback kept
 (:func:`~detjac.engine.jacobian.stream_jacobian`); rows of the output's Jacobian are vmapped
 pullbacks of basis cotangents, products ``J^T u`` pullbacks of given ones. ``J v`` is the
 pullback of the pullback (a linear map's transpose, built once per trace) or, with
-``forward="jvp"``, forward mode through the linearized model. Affine families (biases,
-learned position embeddings) carry their offset ``b`` in the trace. Only the ``output`` target
-is computed here; layerwise targets need the layer-streamed engine.
+``forward="jvp"``, forward mode through the linearized model. That is the ``autograd`` path.
+
+The ``explicit`` path (the default; ``sweeps``, or the ``DETJAC_SWEEPS`` environment variable) records
+every layer's frozen pieces in the one forward pass instead (:mod:`detjac.engine.frozen`) and computes rows,
+``J^T u`` and ``J v`` by applying them to blocks of vectors as plain matmuls, the same pieces as the
+layer-streamed engine's explicit sweeps. A model with a piece of an unknown kind goes through the
+``autograd`` path, with a ``RuntimeWarning`` the first time; so does the ordinary Jacobian, silently.
+Affine families (biases, learned position embeddings) carry their offset ``b`` in the trace, either way.
+Only the ``output`` target is computed here; layerwise targets need the layer-streamed engine.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,14 +27,17 @@ import torch
 from detjac.errors import InvalidArgumentError
 from detjac.targets import OUTPUTS, Target
 
+from .adjoint import chosen_sweeps
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .cost import DEFAULT_ROW_BLOCK, MODES, check_request
 from .decode import model_decoding_matrices
 from .families import family_for
-from .jacobian import JacobianStream, stream_jacobian
+from .frozen import FrozenModel, freeze_model
+from .jacobian import JacobianStream, prompt_position, stream_jacobian
 from .linearize import linearized
 from .loading import get_tokenizer
 from .logits import output_logits
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -39,7 +49,8 @@ FORWARD_MODES = ("transpose", "jvp")
 class InMemoryTrace(Trace):
     """A :class:`~detjac.engine.backend.Trace` holding the linearized forward pass's pullback."""
 
-    stream: JacobianStream | None = field(default=None, repr=False)
+    stream: JacobianStream | None = field(default=None, repr=False)  # the autograd path's pullback
+    frozen: FrozenModel | None = field(default=None, repr=False)  # the explicit path's pieces
     transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
 
 
@@ -62,16 +73,27 @@ class InMemoryEngine(Engine):
         tokens, with identical products).
     convention
         The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
+    sweeps
+        ``"explicit"`` (the model's frozen pieces as plain matmuls) or ``"autograd"`` (``torch.func``, the
+        reference; ``forward`` applies to it only); default: the ``DETJAC_SWEEPS`` environment variable, else
+        ``"explicit"`` (see the module docstring).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A bad ``forward`` or ``sweeps``, or a convention the family lacks.
     """
 
     def __init__(self, model: PreTrainedModel, *, detach: bool = True, tokenizer: Any | None = None,
-                 forward: str = "transpose", convention: str | None = None) -> None:
+                 forward: str = "transpose", convention: str | None = None, sweeps: str | None = None) -> None:
         if forward not in FORWARD_MODES:
             raise InvalidArgumentError(f"Expected forward one of {', '.join(FORWARD_MODES)}. Got {forward!r}.")
         self.model, self.detach, self.forward = model, detach, forward
         self.config = model.config
         self.family = family_for(model.config)
         self.convention = self.family.check_convention(convention)
+        self.sweeps = chosen_sweeps(sweeps)
+        self._warned = False
         first = next(model.parameters())
         self.dtype, self.device = first.dtype, first.device
         text = model.config.get_text_config()
@@ -87,10 +109,31 @@ class InMemoryEngine(Engine):
         return self.model
 
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
-        """The linearized forward pass, its pullback kept (and, for an affine family, the offset ``b``)."""
+        """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
+        family, the offset ``b``)."""
+        if self.detach and self.sweeps == "explicit":
+            frozen = self._frozen_trace(prompt, position)
+            if frozen is not None:
+                return frozen
         s = stream_jacobian(self.model, prompt, detach=self.detach, position=position, tokenizer=self._tokenizer,
                             convention=self.convention)
         return InMemoryTrace(s.token_ids, s.position % len(s.token_ids), s.embeddings, s.output, s.bias, s)
+
+    def _frozen_trace(self, prompt: Prompt, position: int | None) -> InMemoryTrace | None:
+        """The explicit path's trace, or None (after one warning) where the model has an unknown piece."""
+        ids, position = prompt_position(self.model, prompt, position, self._tokenizer)
+        p = position % len(ids)
+        with linearized(self.model, detach=True, convention=self.convention) as lin:
+            x = lin.decoder.get_input_embeddings()(torch.tensor([ids], device=self.device))[0].detach()  # (n, d)
+            frozen, output, bias = freeze_model(lin, x, p)
+        if isinstance(frozen, str):
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"{self.family.name} {frozen}; its in-memory sweeps go through torch.func (the autograd "
+                              "sweeps) instead of explicit matmuls.", RuntimeWarning, stacklevel=3)
+            return None
+        frozen.stats = self.stats
+        return InMemoryTrace(ids, p, x, output, bias, frozen=frozen)
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:
@@ -112,17 +155,27 @@ class InMemoryEngine(Engine):
                progress: bool = False) -> Iterator[JacobianBlock]:
         """Rows of the output's Jacobian, ``plan.row_block`` at a time, from vmapped basis pullbacks."""
         plan = plan if plan is not None else self.plan(trace, targets)
-        if plan.reverse:
+        frozen = _in_memory(trace).frozen
+        if plan.reverse and frozen is not None:
+            eye = torch.eye(self.d_model, dtype=trace.output.dtype, device=trace.output.device)
+            starts = range(0, self.d_model, plan.row_block)
+            for r0 in progress_bar(starts, progress, "row blocks", "block", total=len(starts)):
+                r1 = min(r0 + plan.row_block, self.d_model)
+                yield JacobianBlock(OUTPUTS, r0, r1, 0, trace.n_tokens, frozen.pull(eye[r0:r1]))
+        elif plan.reverse:
             for r in _stream(trace).rows(plan.row_block, progress):
                 yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
-        """``J^T u``: (c, d) -> (c, n, d), one vmapped pullback."""
-        return _stream(trace).pull(cotangents)
+        """``J^T u``: (c, d) -> (c, n, d), one explicit sweep down or one vmapped pullback."""
+        frozen = _in_memory(trace).frozen
+        return frozen.pull(cotangents) if frozen is not None else _stream(trace).pull(cotangents)
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
         t = _in_memory(trace)
+        if t.frozen is not None:
+            return t.frozen.push(tangents)
         if self.forward == "jvp":
             return self._jvp(t, tangents)
         if t.transpose is None:  # any point will do: the pullback is linear in its cotangent
@@ -150,7 +203,7 @@ class InMemoryEngine(Engine):
 
 
 def _in_memory(trace: Trace) -> InMemoryTrace:
-    if not isinstance(trace, InMemoryTrace) or trace.stream is None:
+    if not isinstance(trace, InMemoryTrace) or (trace.stream is None and trace.frozen is None):
         raise InvalidArgumentError(
             f"Expected a trace from the in-memory engine's own trace(). Got a {type(trace).__name__}."
         )

@@ -113,6 +113,25 @@ class JacobianStream:
             return torch.func.vmap(self.pullback)(cotangents)[0]
 
 
+def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, position: int | None,
+                    tokenizer: Any | None) -> tuple[list[int], int]:
+    """The prompt's token ids and the target position (None: the family's default), checked.
+
+    Raises
+    ------
+    PromptError
+        Empty prompt, unknown token ids, or more tokens than the model's context.
+    InvalidArgumentError
+        ``position`` outside the prompt.
+    """
+    ids = parse_prompt(prompt, model, tokenizer)
+    if position is None:
+        position = family_for(model.config).default_position
+    if not -len(ids) <= position < len(ids):
+        raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
+    return ids, position
+
+
 def stream_jacobian(
     model: PreTrainedModel,
     prompt: str | Sequence[int] | torch.Tensor,
@@ -153,11 +172,7 @@ def stream_jacobian(
     """
     if not isinstance(row_block, int) or row_block < 1:
         raise InvalidArgumentError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
-    ids = parse_prompt(prompt, model, tokenizer)
-    if position is None:
-        position = family_for(model.config).default_position
-    if not -len(ids) <= position < len(ids):
-        raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
+    ids, position = prompt_position(model, prompt, position, tokenizer)
     with linearized(model, detach=detach, convention=convention) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)

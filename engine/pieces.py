@@ -159,10 +159,13 @@ def cross(acc: torch.Tensor, sa: int, core: Any, x: torch.Tensor, s: int, up: bo
 
 @dataclass
 class LayerPieces:
-    """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``."""
+    """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``; in a post-norm layer (BERT) the
+    residual sums go through norms: ``mid = N1(h + first(h))``, ``out = N2(mid + second(mid))``."""
 
     first: Core
     second: Core
+    first_norm: NormPiece | None = None
+    second_norm: NormPiece | None = None
 
 
 def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int
@@ -171,9 +174,13 @@ def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | N
     -> (B, n, d) at its input, and the first position from which they may be nonzero."""
     n = g_out.shape[1]
     top = g_out[:, s:]
+    if pieces.second_norm is not None:
+        top = pieces.second_norm.transpose(top, s)
     gm, sm = cross(top, s, pieces.second, top, s, up=False)  # the residual passes the output's on
     if g_mid is not None:
         gm[:, s - sm:] += g_mid[:, s:]
+    if pieces.first_norm is not None:
+        gm = pieces.first_norm.transpose(gm, sm)
     gi, si = cross(gm, sm, pieces.first, gm, sm, up=False, own=True)
     if si == 0:
         return gi, 0
@@ -185,7 +192,10 @@ def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | N
 def push_layer(pieces: LayerPieces, tangent: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tangents (c, n - s, d) at a layer's input (positions s:) -> (at its output, at its mid residual)."""
     t_mid = cross(tangent, s, pieces.first, tangent, s, up=True)[0]
-    return cross(t_mid, s, pieces.second, t_mid, s, up=True)[0], t_mid
+    if pieces.first_norm is not None:
+        t_mid = pieces.first_norm.apply(t_mid, s)
+    t_out = cross(t_mid, s, pieces.second, t_mid, s, up=True)[0]
+    return (pieces.second_norm.apply(t_out, s) if pieces.second_norm is not None else t_out), t_mid
 
 
 @dataclass
@@ -232,16 +242,20 @@ def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece | str:
 
 @dataclass
 class LayerRecord:
-    """What one run of a detached layer froze: its children's calls ([name, module, first factor, end]) on either
+    """What one run of a detached layer froze: its children's calls ([name, module, first factor, end, the module's
+    children as they were, wrapped]) on either
     side of the mid residual, indexing ``factors`` (the tape's), and each attention call's probabilities."""
 
     family: Any
     branches: tuple[list[list[Any]], list[list[Any]]]
     factors: list[Any]
     probs: list[torch.Tensor]  # (heads, n, n) per attention call, in call order
+    fixed: LayerPieces | None = None  # pieces that fold nothing (post-norm layers), built once while recording
 
     def pieces(self) -> LayerPieces | str:
         """The layer's pieces, norms folded in (new tensors each time: nothing is kept between sweeps)."""
+        if self.fixed is not None:
+            return self.fixed
         probs = list(self.probs)
         cores = [_branch(part, self.family, self.factors, probs) for part in self.branches]
         problem = next((c for c in cores if isinstance(c, str)), None)
@@ -253,13 +267,13 @@ def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape
     """Run ``step`` (the detached layer, (n, d) -> (out, mid)) on ``h`` once, recording every child's frozen
     factors (into ``tape``, default a new one); return the record (or why the layer is not made of a known
     structure) and the linear part of the layer's (out, mid): less the offsets of an affine family's layer."""
-    calls: list[list[Any]] = []  # [name, module, factor count before, after]
+    calls: list[list[Any]] = []  # [name, module, factor count before, after, its children then (linearized)]
     tape, replay = tape if tape is not None else FactorTape(), AttentionReplay()
     start = len(tape.factors)
     handles = []
     for name, child in layer.named_children():
         handles.append(child.register_forward_pre_hook(
-            lambda m, a, name=name: calls.append([name, m, len(tape.factors), None])))
+            lambda m, a, name=name: calls.append([name, m, len(tape.factors), None, list(m.children())])))
         handles.append(child.register_forward_hook(lambda m, a, o: _close(calls, m, len(tape.factors))))
     try:
         with tape.recording(), replay.record(), torch.no_grad():
@@ -274,8 +288,15 @@ def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape
     if family.mid_residual not in names:
         return f"the mid residual child {family.mid_residual!r} was not called", out, mid
     split = names.index(family.mid_residual)
-    probs = [p[0] for _, p in replay.records]
-    return LayerRecord(family, (calls[:split], calls[split:]), tape.factors, probs), out, mid
+    record = LayerRecord(family, (calls[:split], calls[split:]), tape.factors, [p[0] for _, p in replay.records])
+    if family.post_norm:  # read from the layer's module tree, which is only linearized now
+        from .pieces_post import post_norm_pieces  # it builds on this module's pieces
+
+        fixed = post_norm_pieces(record)
+        if isinstance(fixed, str):
+            return fixed, out, mid
+        record.fixed = fixed
+    return record, out, mid
 
 
 def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
@@ -296,7 +317,7 @@ def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list
     """One residual branch's calls (norms* core norms*) as one core with its norms folded in."""
     core: Any = None
     norms: list[tuple[NormPiece, bool]] = []  # (norm, before the core)
-    for name, module, f0, f1 in calls:
+    for name, module, f0, f1, children in calls:
         if isinstance(module, nn.Dropout | nn.Identity) and not module.training:
             continue
         if isinstance(module, DetachedNorm) and f1 == f0 + 1:
@@ -307,7 +328,7 @@ def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list
             continue
         if core is not None:
             return f"{name}: a second core ({type(module).__name__}) in one residual branch"
-        core = _core(module, family, factors[f0:f1], probs)
+        core = _core(module, children, family, factors[f0:f1], probs)
         if isinstance(core, str):
             return f"{name}: {core}"
     if core is None:
@@ -323,7 +344,8 @@ def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list
     return core
 
 
-def _core(module: nn.Module, family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Any:
+def _core(module: nn.Module, children: list[nn.Module], family: Any, factors: list[Any], probs: list[torch.Tensor]
+          ) -> Any:
     """A branch's core from the module called and the factors it froze: a gated MLP, a mixture of experts, an
     attention block or an ungated MLP container; or why it is not a known piece."""
     if isinstance(module, DetachedGatedMLP) and module.detach and len(factors) == 1:
@@ -333,7 +355,7 @@ def _core(module: nn.Module, family: Any, factors: list[Any], probs: list[torch.
     if type(module) in family.attentions:
         return _attention(module, probs.pop(0) if probs else None, family.affine)
     if type(module) in family.containers and len(factors) == 1:
-        return ungated_mlp(module, factors[0], family.affine, Mlp)
+        return ungated_mlp(module, children, factors[0], family.affine, Mlp)
     return f"{type(module).__name__} is not a known piece"
 
 
@@ -357,7 +379,7 @@ def _attention(module: nn.Module, probs: torch.Tensor | None, affine: bool) -> A
         return "no frozen attention probabilities were recorded"
     cfg = module.config
     heads = int(cfg.num_attention_heads)
-    kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    kvh = heads // int(getattr(module, "num_key_value_groups", 1))  # as the detached attention reads it
     hd = int(module.head_dim)
     value, out = attention_weights(module, heads, kvh, hd, affine)
     if isinstance(value, str) or isinstance(out, str):

@@ -72,17 +72,23 @@ def attention_weights(module: nn.Module, heads: int, kvh: int, hd: int, affine: 
     return value, out
 
 
-def ungated_mlp(module: nn.Module, factor: torch.Tensor, affine: bool, make: Callable[..., Any]) -> Any:
-    """An MLP container ``proj_out(act(proj_in(x)))`` (dropouts aside) with the activation's ratio frozen, as the
-    gated-MLP piece ``make(up, down, gate)``, or why it is not one."""
-    parts = [c for c in module.children() if not isinstance(c, nn.Dropout | nn.Identity) or c.training]
-    kinds = [isinstance(c, DetachedActivation) for c in parts]
-    if kinds != [False, True, False] or not parts[1].detach:
+def ungated_mlp(module: nn.Module, children: list[nn.Module], factor: torch.Tensor, affine: bool,
+                make: Callable[..., Any]) -> Any:
+    """An MLP container ``proj_out(act(proj_in(x)))`` (dropouts aside; ``children``: its children while it ran) with
+    the activation's ratio frozen, as the gated-MLP piece ``make(up, down, gate)``, or why it is not one."""
+    parts = [c for c in children if not isinstance(c, nn.Dropout | nn.Identity) or c.training]
+    acts = [c for c in parts if isinstance(c, DetachedActivation) and c.detach]
+    projections = [projection(c, affine) for c in parts if c not in acts]
+    if len(acts) != 1 or len(projections) != 2:
         return f"{type(module).__name__} is not a projection, a detached activation and a projection"
-    up, down = projection(parts[0], affine), projection(parts[2], affine)
-    if isinstance(up, str) or isinstance(down, str):
-        return up if isinstance(up, str) else down
-    return make(up, down, factor.reshape(-1, factor.shape[-1]))
+    problem = next((p for p in projections if isinstance(p, str)), None)
+    if problem is not None:
+        return problem
+    gate = factor.reshape(-1, factor.shape[-1])  # (n, ffn)
+    up, down = projections  # in registration order, unless the shapes say otherwise (GPT-2 registers c_proj first)
+    if up.shape[0] != gate.shape[1] or down.shape[1] != gate.shape[1]:
+        down, up = projections
+    return make(up, down, gate)
 
 
 def layer_offsets(step: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], factors: list[Any],
