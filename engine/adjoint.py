@@ -32,7 +32,8 @@ import torch
 
 from detjac.errors import InvalidArgumentError
 
-from .pieces import LayerPieces, check_layer, frozen_norm, layer_pieces, pull_layer, push_layer
+from .pieces import LayerPieces, check_layer, frozen_norm, pull_layer, push_layer
+from .recognition import layer_pieces
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
 

@@ -34,7 +34,8 @@ from torch import nn
 
 from .backend import EngineStats
 from .detach import DetachedNorm
-from .pieces import LayerRecord, NormPiece, check_layer, norm_piece, pull_layer, push_layer, record_layer
+from .pieces import NormPiece, check_layer, norm_piece, pull_layer, push_layer
+from .recognition import LayerRecord, record_layer
 from .tape import FactorTape
 
 

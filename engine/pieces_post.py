@@ -27,12 +27,13 @@ import torch
 from torch import nn
 
 from .detach import DetachedActivation, DetachedNorm
-from .pieces import Attention, LayerPieces, LayerRecord, Mlp, NormPiece, norm_piece
+from .pieces import Attention, LayerPieces, Mlp, NormPiece, norm_piece
 from .pieces_affine import projection
 
 
-def post_norm_pieces(record: LayerRecord) -> LayerPieces | str:
-    """A post-norm layer's record as pieces (see the module docstring), or why it is not one."""
+def post_norm_pieces(record: Any) -> LayerPieces | str:
+    """A post-norm layer's :class:`~detjac.engine.recognition.LayerRecord` as pieces (see the module docstring),
+    or why it is not one."""
     family, factors = record.family, record.factors
     first, second = ([c for c in part if not _identity(c[1])] for part in record.branches)
     shape = "an attention block, then an MLP input and an MLP output module"

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import FAMILIES
 from torch import nn
 
 from detjac.engine import frozen as frozen_module
@@ -22,10 +23,8 @@ from detjac.engine.jacobian import reconstruct
 from detjac.engine.linearize import linearized
 from detjac.engine.pieces import check_layer
 from detjac.engine.tiny import tiny_config, tiny_model
-from detjac.exactness import relative_error
 from detjac.errors import InvalidArgumentError
-
-from tiny_models import FAMILIES
+from detjac.exactness import relative_error
 
 EXACT = 1e-12
 CASES = [(t, c) for t in FAMILIES for c in family_for(tiny_config(t)).conventions]
