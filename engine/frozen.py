@@ -1,4 +1,6 @@
-"""A whole loaded model's frozen pieces, recorded in one forward pass: the in-memory engine's explicit sweeps.
+"""A whole loaded model's frozen pieces, recorded in one forward pass: the in-memory explicit sweeps
+(:func:`~detjac.engine.jacobian.stream_jacobian`, so :class:`~detjac.engine.inmemory.InMemoryEngine` and
+:func:`~detjac.engine.jacobian.detached_jacobian`).
 
 :func:`freeze_model` runs the linearized decoder once on the input embeddings with every decoder layer's
 forward wrapped (on the instances, for the duration of the pass) so that each layer's frozen factors are

@@ -17,7 +17,6 @@ Only the ``output`` target is computed here; layerwise targets need the layer-st
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,12 +31,11 @@ from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .cost import DEFAULT_ROW_BLOCK, MODES, check_request
 from .decode import model_decoding_matrices
 from .families import family_for
-from .frozen import FrozenModel, freeze_model
-from .jacobian import JacobianStream, prompt_position, stream_jacobian
+from .frozen import FrozenModel
+from .jacobian import JacobianStream, stream_jacobian
 from .linearize import linearized
 from .loading import get_tokenizer
 from .logits import output_logits
-from .progress import progress_bar
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -49,8 +47,11 @@ FORWARD_MODES = ("transpose", "jvp")
 class InMemoryTrace(Trace):
     """A :class:`~detjac.engine.backend.Trace` holding the linearized forward pass's pullback."""
 
-    stream: JacobianStream | None = field(default=None, repr=False)  # the autograd path's pullback
-    frozen: FrozenModel | None = field(default=None, repr=False)  # the explicit path's pieces
+    stream: JacobianStream | None = field(default=None, repr=False)
+    @property
+    def frozen(self) -> FrozenModel | None:
+        """The explicit sweeps' pieces; None on the autograd path (the stream keeps a pullback)."""
+        return self.stream.frozen if self.stream is not None else None
     transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
 
 
@@ -110,30 +111,13 @@ class InMemoryEngine(Engine):
 
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
         """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
-        family, the offset ``b``)."""
-        if self.detach and self.sweeps == "explicit":
-            frozen = self._frozen_trace(prompt, position)
-            if frozen is not None:
-                return frozen
+        family, the offset ``b``); the first fallback from explicit to autograd warns."""
         s = stream_jacobian(self.model, prompt, detach=self.detach, position=position, tokenizer=self._tokenizer,
-                            convention=self.convention)
+                            convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
+        self._warned = self._warned or s.fallback is not None  # said once per engine
+        if s.frozen is not None:
+            s.frozen.stats = self.stats
         return InMemoryTrace(s.token_ids, s.position % len(s.token_ids), s.embeddings, s.output, s.bias, s)
-
-    def _frozen_trace(self, prompt: Prompt, position: int | None) -> InMemoryTrace | None:
-        """The explicit path's trace, or None (after one warning) where the model has an unknown piece."""
-        ids, position = prompt_position(self.model, prompt, position, self._tokenizer)
-        p = position % len(ids)
-        with linearized(self.model, detach=True, convention=self.convention) as lin:
-            x = lin.decoder.get_input_embeddings()(torch.tensor([ids], device=self.device))[0].detach()  # (n, d)
-            frozen, output, bias = freeze_model(lin, x, p)
-        if isinstance(frozen, str):
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"{self.family.name} {frozen}; its in-memory sweeps go through torch.func (the autograd "
-                              "sweeps) instead of explicit matmuls.", RuntimeWarning, stacklevel=3)
-            return None
-        frozen.stats = self.stats
-        return InMemoryTrace(ids, p, x, output, bias, frozen=frozen)
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:
@@ -155,21 +139,13 @@ class InMemoryEngine(Engine):
                progress: bool = False) -> Iterator[JacobianBlock]:
         """Rows of the output's Jacobian, ``plan.row_block`` at a time, from vmapped basis pullbacks."""
         plan = plan if plan is not None else self.plan(trace, targets)
-        frozen = _in_memory(trace).frozen
-        if plan.reverse and frozen is not None:
-            eye = torch.eye(self.d_model, dtype=trace.output.dtype, device=trace.output.device)
-            starts = range(0, self.d_model, plan.row_block)
-            for r0 in progress_bar(starts, progress, "row blocks", "block", total=len(starts)):
-                r1 = min(r0 + plan.row_block, self.d_model)
-                yield JacobianBlock(OUTPUTS, r0, r1, 0, trace.n_tokens, frozen.pull(eye[r0:r1]))
-        elif plan.reverse:
+        if plan.reverse:
             for r in _stream(trace).rows(plan.row_block, progress):
                 yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
         """``J^T u``: (c, d) -> (c, n, d), one explicit sweep down or one vmapped pullback."""
-        frozen = _in_memory(trace).frozen
-        return frozen.pull(cotangents) if frozen is not None else _stream(trace).pull(cotangents)
+        return _stream(trace).pull(cotangents)
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
@@ -203,7 +179,7 @@ class InMemoryEngine(Engine):
 
 
 def _in_memory(trace: Trace) -> InMemoryTrace:
-    if not isinstance(trace, InMemoryTrace) or (trace.stream is None and trace.frozen is None):
+    if not isinstance(trace, InMemoryTrace) or trace.stream is None:
         raise InvalidArgumentError(
             f"Expected a trace from the in-memory engine's own trace(). Got a {type(trace).__name__}."
         )
