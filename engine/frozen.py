@@ -99,6 +99,7 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int
     inside = {id(m) for layer in layers for m in layer.modules()}
     handles = [m.register_forward_pre_hook(lambda m, a: events.append(("norm", m, len(tape.factors))))
                for m in decoder.modules() if isinstance(m, DetachedNorm) and id(m) not in inside]
+    own = [layer.__dict__.get("forward") for layer in layers]  # a forward already set on an instance stays
     for layer in layers:
         layer.forward = _recorder(layer, family, tape, events)
     try:
@@ -107,8 +108,11 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int
     finally:
         for handle in handles:
             handle.remove()
-        for layer in layers:
-            del layer.forward
+        for layer, forward in zip(layers, own, strict=True):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
     bias = None
     if family.affine:  # the factors of x on zero inputs: only the offsets remain
         with tape.replaying_factors(), torch.no_grad():
