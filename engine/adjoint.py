@@ -33,7 +33,8 @@ import torch
 
 from detjac.errors import InvalidArgumentError
 
-from .pieces import LayerPieces, check_layer, frozen_norm, layer_pieces, plus
+from .pieces import LayerPieces, check_layer, frozen_norm, pull_layer, push_layer
+from .recognition import layer_pieces
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
 
@@ -147,7 +148,7 @@ class ExplicitAdjoint(AutogradAdjoint):
                 self._fallback("final norm", norm)
             return super().pull_final(trace, seed)
         g = seed.new_zeros(seed.shape[0], h.shape[0], h.shape[1])
-        g[:, p] = norm.apply(seed[:, None])[:, 0]
+        g[:, p] = norm.transpose(seed[:, None])[:, 0]
         return g
 
     def push_final(self, trace: StreamedTrace, tangent: torch.Tensor, s: int) -> torch.Tensor:
@@ -162,21 +163,11 @@ class ExplicitAdjoint(AutogradAdjoint):
         pieces = self._pieces(i, trace, h)
         if pieces is None:
             return super().pull_layer(i, trace, h, g_out, g_mid, s)
-        n = h.shape[0]
-        s = 0 if s >= n else s
+        s = 0 if s >= h.shape[0] else s
         if s > 0:
             self.sk.stats.pulled_suffix_layers += 1
         with torch.no_grad():
-            top = g_out[:, s:]
-            gm, sm = plus(top, s, pieces.second.pull(top, s))  # the residual passes the output's on
-            if g_mid is not None:
-                gm[:, s - sm:] += g_mid[:, s:]
-            gi, si = plus(gm, sm, pieces.first.pull(gm, sm), own=True)
-            if si == 0:
-                return gi, 0
-            full = gi.new_zeros(gi.shape[0], n, gi.shape[2])
-            full[:, si:] = gi
-            return full, si
+            return pull_layer(pieces, g_out, g_mid, s)
 
     def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -189,14 +180,13 @@ class ExplicitAdjoint(AutogradAdjoint):
         if s > 0:
             self.sk.stats.suffix_layers += 1
         with torch.no_grad():
-            t_mid = plus(tangent, s, pieces.first.push(tangent, s))[0]
-            t_out = plus(t_mid, s, pieces.second.push(t_mid, s))[0]
+            t_out, t_mid = push_layer(pieces, tangent, s)
         return tangent, t_out, t_mid, s
 
 
-def make_adjoint(sk: Skeleton, steps: LayerSteps, sweeps: str | None = None) -> AutogradAdjoint:
-    """The sweeps' way through a layer: ``sweeps`` (``explicit`` or ``autograd``), by default the
-    ``DETJAC_SWEEPS`` environment variable's, else ``explicit``.
+def chosen_sweeps(sweeps: str | None = None) -> str:
+    """``sweeps`` (``explicit`` or ``autograd``), by default the ``DETJAC_SWEEPS`` environment variable's, else
+    ``explicit``: how every engine moves blocks of vectors through a detached layer.
 
     Raises
     ------
@@ -207,4 +197,15 @@ def make_adjoint(sk: Skeleton, steps: LayerSteps, sweeps: str | None = None) -> 
     if chosen not in SWEEPS:
         origin = "sweeps" if sweeps is not None else SWEEPS_ENV
         raise InvalidArgumentError(f"Expected {origin} one of {', '.join(SWEEPS)}. Got {chosen!r}.")
-    return (ExplicitAdjoint if chosen == "explicit" else AutogradAdjoint)(sk, steps)
+    return chosen
+
+
+def make_adjoint(sk: Skeleton, steps: LayerSteps, sweeps: str | None = None) -> AutogradAdjoint:
+    """The sweeps' way through a layer (:func:`chosen_sweeps`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Another name.
+    """
+    return (ExplicitAdjoint if chosen_sweeps(sweeps) == "explicit" else AutogradAdjoint)(sk, steps)

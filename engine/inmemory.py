@@ -4,9 +4,15 @@ The forward pass of a prompt runs once, linearized, with its pullback kept
 (:func:`~detjac.engine.jacobian.stream_jacobian`); rows of the output's Jacobian are vmapped
 pullbacks of basis cotangents, products ``J^T u`` pullbacks of given ones. ``J v`` is the
 pullback of the pullback (a linear map's transpose, built once per trace) or, with
-``forward="jvp"``, forward mode through the linearized model. Affine families (biases,
-learned position embeddings) carry their offset ``b`` in the trace. Only the ``output`` target
-is computed here; layerwise targets need the layer-streamed engine.
+``forward="jvp"``, forward mode through the linearized model. That is the ``autograd`` path.
+
+The ``explicit`` path (the default; ``sweeps``, or the ``DETJAC_SWEEPS`` environment variable) records
+every layer's frozen pieces in the one forward pass instead (:mod:`detjac.engine.frozen`) and computes rows,
+``J^T u`` and ``J v`` by applying them to blocks of vectors as plain matmuls, the same pieces as the
+layer-streamed engine's explicit sweeps. A model with a piece of an unknown kind goes through the
+``autograd`` path, with a ``RuntimeWarning`` the first time; so does the ordinary Jacobian, silently.
+Affine families (biases, learned position embeddings) carry their offset ``b`` in the trace, either way.
+Only the ``output`` target is computed here; layerwise targets need the layer-streamed engine.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import torch
 from detjac.errors import InvalidArgumentError
 from detjac.targets import OUTPUTS, Target
 
+from .adjoint import chosen_sweeps
 from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from .cost import DEFAULT_ROW_BLOCK, MODES, check_request
 from .decode import model_decoding_matrices
 from .families import family_for
+from .frozen import FrozenModel
 from .jacobian import JacobianStream, stream_jacobian
 from .linearize import linearized
 from .loading import get_tokenizer
@@ -40,6 +48,10 @@ class InMemoryTrace(Trace):
     """A :class:`~detjac.engine.backend.Trace` holding the linearized forward pass's pullback."""
 
     stream: JacobianStream | None = field(default=None, repr=False)
+    @property
+    def frozen(self) -> FrozenModel | None:
+        """The explicit sweeps' pieces; None on the autograd path (the stream keeps a pullback)."""
+        return self.stream.frozen if self.stream is not None else None
     transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
 
 
@@ -62,16 +74,27 @@ class InMemoryEngine(Engine):
         tokens, with identical products).
     convention
         The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
+    sweeps
+        ``"explicit"`` (the model's frozen pieces as plain matmuls) or ``"autograd"`` (``torch.func``, the
+        reference; ``forward`` applies to it only); default: the ``DETJAC_SWEEPS`` environment variable, else
+        ``"explicit"`` (see the module docstring).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A bad ``forward`` or ``sweeps``, or a convention the family lacks.
     """
 
     def __init__(self, model: PreTrainedModel, *, detach: bool = True, tokenizer: Any | None = None,
-                 forward: str = "transpose", convention: str | None = None) -> None:
+                 forward: str = "transpose", convention: str | None = None, sweeps: str | None = None) -> None:
         if forward not in FORWARD_MODES:
             raise InvalidArgumentError(f"Expected forward one of {', '.join(FORWARD_MODES)}. Got {forward!r}.")
         self.model, self.detach, self.forward = model, detach, forward
         self.config = model.config
         self.family = family_for(model.config)
         self.convention = self.family.check_convention(convention)
+        self.sweeps = chosen_sweeps(sweeps)
+        self._warned = False
         first = next(model.parameters())
         self.dtype, self.device = first.dtype, first.device
         text = model.config.get_text_config()
@@ -87,9 +110,13 @@ class InMemoryEngine(Engine):
         return self.model
 
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
-        """The linearized forward pass, its pullback kept (and, for an affine family, the offset ``b``)."""
+        """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
+        family, the offset ``b``); the first fallback from explicit to autograd warns."""
         s = stream_jacobian(self.model, prompt, detach=self.detach, position=position, tokenizer=self._tokenizer,
-                            convention=self.convention)
+                            convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
+        self._warned = self._warned or s.fallback is not None  # said once per engine
+        if s.frozen is not None:
+            s.frozen.stats = self.stats
         return InMemoryTrace(s.token_ids, s.position % len(s.token_ids), s.embeddings, s.output, s.bias, s)
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
@@ -117,12 +144,14 @@ class InMemoryEngine(Engine):
                 yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
-        """``J^T u``: (c, d) -> (c, n, d), one vmapped pullback."""
+        """``J^T u``: (c, d) -> (c, n, d), one explicit sweep down or one vmapped pullback."""
         return _stream(trace).pull(cotangents)
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
         t = _in_memory(trace)
+        if t.frozen is not None:
+            return t.frozen.push(tangents)
         if self.forward == "jvp":
             return self._jvp(t, tangents)
         if t.transpose is None:  # any point will do: the pullback is linear in its cotangent

@@ -7,6 +7,11 @@ time, giving rows ``J[r0:r1] = d y[r0:r1] / d X`` of shape (rows, n_tokens, d_mo
 The blocks are yielded one by one (:class:`JacobianStream`) so a store can write them
 as they come; :func:`detached_jacobian` assembles them.
 
+With the explicit sweeps (``sweeps="explicit"``, the default; :mod:`detjac.engine.frozen`) the forward pass
+records every layer's frozen pieces instead of keeping a pullback, and the rows are the same cotangents
+applied to those pieces as plain matmuls; a model with an unknown piece takes the ``torch.func`` path, with
+a ``RuntimeWarning``.
+
 For an affine family (biases, learned position embeddings) the detached map is
 ``y = sum_k J_k x_k + b``. The offset ``b`` is computed in the same transformed function
 by a second pass on zero inputs that replays the frozen factors recorded in the first
@@ -16,6 +21,7 @@ keeps its power to reveal a nonlinearity that escaped the rules.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,7 +34,9 @@ if TYPE_CHECKING:
 from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 
+from .adjoint import chosen_sweeps
 from .families import family_for
+from .frozen import FrozenModel, freeze_model
 from .linearize import linearized
 from .loading import get_tokenizer, parse_prompt
 from .logits import logit_jacobian, output_logits
@@ -61,6 +69,10 @@ class JacobianStream:
     bias : torch.Tensor or None
         (d_model,) offset ``b`` of an affine model's detached map (None for linear families
         and for the ordinary Jacobian).
+    frozen : FrozenModel or None
+        The explicit sweeps' pieces (then ``pullback`` is None).
+    fallback : str or None
+        Why the explicit sweeps were asked for and not taken (an unknown piece), else None.
     """
 
     token_ids: list[int]
@@ -74,6 +86,8 @@ class JacobianStream:
     pullback: Any = field(repr=False)
     progress: bool = False
     bias: torch.Tensor | None = None
+    frozen: FrozenModel | None = field(default=None, repr=False)
+    fallback: str | None = None
 
     def reconstruct(self, jacobian: torch.Tensor) -> torch.Tensor:
         """``sum_k J_k x_k (+ b)`` for rows of the Jacobian (rows, n_tokens, d_model) -> (rows,)."""
@@ -109,8 +123,29 @@ class JacobianStream:
         # torch.func pullbacks build a graph of the backward itself (for higher-order
         # transforms) unless grad mode is off; that graph would keep every intermediate
         # cotangent of the block alive (3x the peak memory at d_model=512).
+        if self.frozen is not None:
+            return self.frozen.pull(cotangents)
         with torch.no_grad():
             return torch.func.vmap(self.pullback)(cotangents)[0]
+
+
+def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, position: int | None,
+                    tokenizer: Any | None) -> tuple[list[int], int]:
+    """The prompt's token ids and the target position (None: the family's default), checked.
+
+    Raises
+    ------
+    PromptError
+        Empty prompt, unknown token ids, or more tokens than the model's context.
+    InvalidArgumentError
+        ``position`` outside the prompt.
+    """
+    ids = parse_prompt(prompt, model, tokenizer)
+    if position is None:
+        position = family_for(model.config).default_position
+    if not -len(ids) <= position < len(ids):
+        raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
+    return ids, position
 
 
 def stream_jacobian(
@@ -123,6 +158,8 @@ def stream_jacobian(
     tokenizer: Any | None = None,
     progress: bool = False,
     convention: str | None = None,
+    sweeps: str | None = None,
+    warn: bool = True,
 ) -> JacobianStream:
     """Run the forward pass and return a stream of Jacobian row blocks.
 
@@ -141,27 +178,41 @@ def stream_jacobian(
         (the [CLS] token) for encoders.
     convention
         The family's detach convention (None: its default; see :func:`linearized`).
+    sweeps
+        ``"explicit"`` (the model's frozen pieces) or ``"autograd"`` (``torch.func.vjp``); default: the
+        ``DETJAC_SWEEPS`` environment variable, else ``"explicit"``. The ordinary Jacobian is always autograd.
+    warn
+        Warn (``RuntimeWarning``) when the explicit sweeps fall back to ``torch.func``; the reason is kept in
+        ``fallback`` either way.
 
     Raises
     ------
     PromptError
         Empty prompt, unknown token ids, or more tokens than the model's context.
     InvalidArgumentError
-        ``row_block`` < 1, ``position`` outside the prompt, or a convention the family lacks.
+        ``row_block`` < 1, ``position`` outside the prompt, a convention the family lacks, or a bad ``sweeps``.
     UnsupportedModelError
         Unknown family or a module without a detach rule.
     """
     if not isinstance(row_block, int) or row_block < 1:
         raise InvalidArgumentError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
-    ids = parse_prompt(prompt, model, tokenizer)
-    if position is None:
-        position = family_for(model.config).default_position
-    if not -len(ids) <= position < len(ids):
-        raise InvalidArgumentError(f"Expected a position in [-{len(ids)}, {len(ids)}). Got {position} instead.")
+    ids, position = prompt_position(model, prompt, position, tokenizer)
+    explicit = detach and chosen_sweeps(sweeps) == "explicit"
+    fallback = None
     with linearized(model, detach=detach, convention=convention) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)
         embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
+        rules = lin.family.describe(lin.convention) if detach else []
+        if explicit:
+            frozen, output, bias = freeze_model(lin, embeddings, position % len(ids))
+            if not isinstance(frozen, str):
+                return JacobianStream(ids, embeddings, output, position, row_block, detach, lin.family.name, rules,
+                                      None, progress, bias, frozen)
+            fallback = frozen
+            if warn:
+                warnings.warn(f"{lin.family.name} {fallback}; its sweeps go through torch.func (the autograd sweeps) "
+                              "instead of explicit matmuls.", RuntimeWarning, stacklevel=2)
 
         affine = detach and lin.family.affine
 
@@ -182,9 +233,8 @@ def stream_jacobian(
         bias = aux[0] if aux else None
     return JacobianStream(
         token_ids=ids, embeddings=embeddings, output=output.detach(), position=position,
-        row_block=row_block, detached=detach, family=lin.family.name,
-        detach_rules=lin.family.describe(lin.convention) if detach else [], pullback=pullback, progress=progress,
-        bias=bias,
+        row_block=row_block, detached=detach, family=lin.family.name, detach_rules=rules, pullback=pullback,
+        progress=progress, bias=bias, fallback=fallback,
     )
 
 

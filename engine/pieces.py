@@ -1,22 +1,28 @@
-"""A detached decoder layer as explicit linear pieces, for the explicit sweeps (:mod:`detjac.engine.adjoint`).
+"""A detached decoder layer as explicit linear pieces, for the explicit sweeps (:mod:`detjac.engine.adjoint`,
+:mod:`detjac.engine.frozen`).
 
-Once its factors are frozen, a decoder layer is ``mid = h + A(h)``, ``out = mid + M(mid)``, and each
-residual branch is a chain of a few kinds of pieces, read from the family declaration's wrappers:
+Once its factors are frozen, a decoder layer is ``mid = h + A(h)``, ``out = mid + M(mid)`` (a post-norm layer:
+``mid = N1(h + A(h))``, ``out = N2(mid + M(mid))``), and each residual branch is a chain of a few kinds of
+pieces, read from the family declaration's wrappers (:mod:`detjac.engine.recognition`):
 
-- a norm (:class:`~detjac.engine.detach.DetachedNorm`, RMS, not centred): a diagonal, its frozen
-  per-position scale ``s`` (n,) times its gain ``g = offset + w`` (d,);
+- a norm (:class:`~detjac.engine.detach.DetachedNorm`, RMS or a centred LayerNorm): a diagonal, its frozen
+  per-position scale ``s`` (n,) times its gain ``g = offset + w`` (d,), after the centring ``x - mean(x)``
+  for a LayerNorm (its bias is an offset, outside ``J``);
 - a gated MLP (:class:`~detjac.engine.detach.DetachedGatedMLP`, plain or fused): ``W_down (a ⊙ W_up x)``
   with the frozen gate ``a = act(gate(x))`` (n, ffn), or, in the ``gate`` convention,
-  ``W_down (a ⊙ W_gate x)`` with ``a = up(x) act(g) / g`` frozen;
+  ``W_down (a ⊙ W_gate x)`` with ``a = up(x) act(g) / g`` frozen; an ungated MLP is the same with the
+  activation's frozen ratio as ``a`` (:mod:`detjac.engine.pieces_affine`);
+- a mixture of experts: a gated MLP per expert over the positions routed to it (:mod:`detjac.engine.pieces_moe`);
 - an attention block of the family's declared classes: ``W_o [P_h V_kv(h)]_h`` with ``V = x W_v^T``
   and the frozen probabilities ``P`` (heads, n, n), grouped over shared key-value heads;
 - a dropout in eval mode: the identity.
 
-Each branch must be ``norms* core norms*`` with one MLP or attention core; the norms' diagonals are
+Each branch must be ``norms* core norms*`` with one core; the norms' diagonals are
 folded into the core once per layer (gains into the projection weights' columns or rows, the
-per-position scales into the gate or into ``P``'s columns or rows), so applying the branch or its
-transpose to a block of vectors laid out as one matrix (block · positions × d) is two GEMMs, each
-core's result added to the residual inside the last one (:func:`plus`, ``addmm``):
+per-position scales into the gate or into ``P``'s columns or rows, a centring into the projection next
+to it), so applying the branch or its transpose to a block of vectors laid out as one matrix
+(block · positions × d) is two GEMMs, each core's result added to the residual inside the last one
+(:func:`plus`, ``addmm``):
 
 - the MLP's intermediate (width ffn) is made a few rows at a time (:class:`GatedRows`, 8 MiB on a
   CPU), the gate multiplied in place while the chunk is in cache, so it is never held for the block;
@@ -24,10 +30,11 @@ core's result added to the residual inside the last one (:func:`plus`, ``addmm``
   ``(heads · hd, block · positions)``: per head that is a plain ``(hd · block, positions)`` matrix, so
   the product with ``P_hᵀ`` (``P_h`` going down) is one GEMM per query head, summed into its
   key-value head's buffer in place, and the result feeds the next projection as a transposed view:
-  no layout copies, and ``P`` is never expanded over the block.
+  no layout copies, and ``P`` is never expanded over the block;
+- a mixture of experts gathers each expert's positions, two GEMMs, and adds them back (:func:`cross`).
 
-Anything else is an unknown piece: :func:`layer_pieces` returns why, and the caller falls back to
-``torch.func``.
+Anything else is an unknown piece: :func:`~detjac.engine.recognition.layer_pieces` returns why, and the
+caller falls back to ``torch.func``.
 
 Scope of exactness: the pieces are the same frozen factors the autograd sweeps use (recorded from
 the same forward pass through :func:`~detjac.engine.tape.freeze` and the attention replay), so the
@@ -44,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detach import AttentionReplay, DetachedGatedMLP, DetachedNorm
+from .detach import DetachedNorm
 from .tape import FactorTape
 
 # a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
@@ -206,157 +213,98 @@ def _plus_chunks(acc: torch.Tensor, lhs: GatedRows, rhs: torch.Tensor, own: bool
     return out
 
 
+def cross(acc: torch.Tensor, sa: int, core: Any, x: torch.Tensor, s: int, up: bool, own: bool = False
+          ) -> tuple[torch.Tensor, int]:
+    """``acc`` (B, n - sa, d), positions sa:, plus ``core`` applied to ``x`` (positions s:), going up (``push``) or
+    down (``pull``, its transpose). A core that adds its result itself (``push_into`` / ``pull_into``: a mixture of
+    experts, whose experts read different positions) does; the others' one GEMM goes through :func:`plus`."""
+    direct = getattr(core, "push_into" if up else "pull_into", None)
+    if direct is not None:
+        return direct(acc, sa, x, s, own)
+    return plus(acc, sa, (core.push if up else core.pull)(x, s), own)
+
+
 @dataclass
 class LayerPieces:
-    """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``."""
+    """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``; in a post-norm layer (BERT) the
+    residual sums go through norms: ``mid = N1(h + first(h))``, ``out = N2(mid + second(mid))``."""
 
     first: Core
     second: Core
+    first_norm: NormPiece | None = None
+    second_norm: NormPiece | None = None
+
+
+def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int
+               ) -> tuple[torch.Tensor, int]:
+    """Cotangents (B, n, d) at a layer's output and mid residual (None: zero), zero before position ``s`` (< n),
+    -> (B, n, d) at its input, and the first position from which they may be nonzero."""
+    n = g_out.shape[1]
+    top = g_out[:, s:]
+    if pieces.second_norm is not None:
+        top = pieces.second_norm.transpose(top, s)
+    gm, sm = cross(top, s, pieces.second, top, s, up=False)  # the residual passes the output's on
+    if g_mid is not None:
+        gm[:, s - sm:] += g_mid[:, s:]
+    if pieces.first_norm is not None:
+        gm = pieces.first_norm.transpose(gm, sm)
+    gi, si = cross(gm, sm, pieces.first, gm, sm, up=False, own=True)
+    if si == 0:
+        return gi, 0
+    full = gi.new_zeros(gi.shape[0], n, gi.shape[2])
+    full[:, si:] = gi
+    return full, si
+
+
+def push_layer(pieces: LayerPieces, tangent: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tangents (c, n - s, d) at a layer's input (positions s:) -> (at its output, at its mid residual)."""
+    t_mid = cross(tangent, s, pieces.first, tangent, s, up=True)[0]
+    if pieces.first_norm is not None:
+        t_mid = pieces.first_norm.apply(t_mid, s)
+    t_out = cross(t_mid, s, pieces.second, t_mid, s, up=True)[0]
+    return (pieces.second_norm.apply(t_out, s) if pieces.second_norm is not None else t_out), t_mid
 
 
 @dataclass
 class NormPiece:
-    """A frozen norm: per-position scale (n,) and gain (d,) or None (no weight)."""
+    """A frozen norm: per-position scale (n,), gain (d,) or None (no weight), and for a LayerNorm the centring
+    ``x - mean(x)`` first (its bias is an offset, outside ``J``)."""
 
     scale: torch.Tensor
     gain: torch.Tensor | None
+    center: bool = False
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:  # (..., n, d) -> same
-        y = x * self.scale[:, None]
+    def apply(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
+        if self.center:
+            x = x - x.mean(-1, keepdim=True)
+        y = x * self.scale[s:, None]
         return y * self.gain if self.gain is not None else y
+
+    def transpose(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
+        y = (x * self.gain if self.gain is not None else x) * self.scale[s:, None]
+        return y - y.mean(-1, keepdim=True) if self.center else y
 
 
 def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece | str:
-    """A detached RMS norm with its frozen scale (n,) as a :class:`NormPiece`, or why it is not a known piece."""
-    if not isinstance(norm, DetachedNorm) or norm.center or not norm.detach:
-        return f"{type(norm).__name__} is not a detached RMS norm"
+    """A detached norm (RMS, or a centred LayerNorm) with its frozen scale (n,) as a :class:`NormPiece`, or why it
+    is not a known piece."""
+    if not isinstance(norm, DetachedNorm) or not norm.detach:
+        return f"{type(norm).__name__} is not a detached norm"
     weight = getattr(norm.inner, "weight", None)
     if weight is None:  # output norm(x) * offset, or norm(x)
-        return NormPiece(scale * norm.offset if norm.offset else scale, None)
+        return NormPiece(scale * norm.offset if norm.offset else scale, None, norm.center)
     weight = weight.to(scale.dtype)
-    return NormPiece(scale, weight + norm.offset if norm.offset else weight)
+    return NormPiece(scale, weight + norm.offset if norm.offset else weight, norm.center)
 
 
 def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece | str:
     """The norm ``norm`` at ``x`` (n, d) as a :class:`NormPiece`, or why it is not a known piece."""
     if not isinstance(norm, DetachedNorm):
-        return f"{type(norm).__name__} is not a detached RMS norm"
+        return f"{type(norm).__name__} is not a detached norm"
     tape = FactorTape()
     with tape.recording(), torch.no_grad():
         norm(x)
     return norm_piece(norm, tape.factors[0].reshape(-1))
-
-
-def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
-                 ) -> tuple[LayerPieces | str, torch.Tensor, torch.Tensor]:
-    """Run ``step`` (the detached layer, (n, d) -> (out, mid)) on ``h`` once, recording every child's frozen
-    factors; return the layer's pieces (or why it has an unknown piece) and the layer's (out, mid)."""
-    calls: list[list[Any]] = []  # [name, module, factor count before, after]
-    tape, replay = FactorTape(), AttentionReplay()
-    handles = []
-    for name, child in layer.named_children():
-        handles.append(child.register_forward_pre_hook(
-            lambda m, a, name=name: calls.append([name, m, len(tape.factors), None])))
-        handles.append(child.register_forward_hook(lambda m, a, o: _close(calls, m, len(tape.factors))))
-    try:
-        with tape.recording(), replay.record(), torch.no_grad():
-            out, mid = step(h)
-    finally:
-        for handle in handles:
-            handle.remove()
-    names = [c[0] for c in calls]
-    if family.mid_residual not in names:
-        return f"the mid residual child {family.mid_residual!r} was not called", out, mid
-    split = names.index(family.mid_residual)
-    probs = [p[0] for _, p in replay.records]  # (heads, n, n) per attention call, in call order
-    branches = []
-    for part in (calls[:split], calls[split:]):
-        core = _branch(part, family, tape.factors, probs)
-        if isinstance(core, str):
-            return core, out, mid
-        branches.append(core)
-    return LayerPieces(*branches), out, mid
-
-
-def _close(calls: list[list[Any]], module: nn.Module, count: int) -> None:
-    for c in reversed(calls):
-        if c[1] is module and c[3] is None:
-            c[3] = count
-            return
-
-
-def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Core | str:
-    """One residual branch's calls (norms* core norms*) as one core with its norms folded in."""
-    core: Core | None = None
-    norms: list[tuple[NormPiece, bool]] = []  # (norm, before the core)
-    for name, module, f0, f1 in calls:
-        if isinstance(module, nn.Dropout | nn.Identity) and not module.training:
-            continue
-        if isinstance(module, DetachedNorm) and f1 == f0 + 1:
-            norm = norm_piece(module, factors[f0].reshape(-1))
-            if isinstance(norm, str):
-                return f"{name}: {norm}"
-            norms.append((norm, core is None))
-            continue
-        if core is not None:
-            return f"{name}: a second core ({type(module).__name__}) in one residual branch"
-        if isinstance(module, DetachedGatedMLP) and module.detach and f1 == f0 + 1:
-            core = _mlp(module, factors[f0])
-        elif type(module) in family.attentions:
-            core = _attention(module, probs.pop(0) if probs else None)
-        else:
-            return f"{name}: {type(module).__name__} is not a known piece"
-        if isinstance(core, str):
-            return f"{name}: {core}"
-    if core is None:
-        return "a residual branch without an attention or MLP"
-    for norm, before in norms:
-        core.fold(norm.scale, norm.gain, before)
-    return core
-
-
-def _weight(module: Any) -> torch.Tensor | str:
-    if not isinstance(module, nn.Linear) or module.bias is not None:
-        return f"{type(module).__name__} is not a bias-free nn.Linear"
-    return module.weight
-
-
-def _mlp(module: DetachedGatedMLP, factor: torch.Tensor) -> Mlp | str:
-    """The MLP's linear path: through ``up`` with ``act(gate(x))`` frozen (convention ``up``), or through ``gate``
-    with ``up(x) * act(g) / g`` frozen (convention ``gate``); either way one projection, the frozen factor, ``down``."""
-    rule, inner = module.rule, module.inner
-    through_gate = getattr(module, "convention", "up") == "gate"
-    down = _weight(getattr(inner, rule.down))
-    linear = _weight(getattr(inner, rule.gate_up if rule.fused else rule.gate if through_gate else rule.up))
-    if isinstance(linear, str) or isinstance(down, str):
-        return linear if isinstance(linear, str) else down  # type: ignore[return-value]
-    if rule.fused:  # chunked into (gate, up): gate is the first half of the rows, up the second
-        half = linear.shape[0] // 2
-        linear = linear[:half] if through_gate else linear[half:]
-    return Mlp(linear, down, factor.reshape(-1, factor.shape[-1]))
-
-
-def _attention(module: nn.Module, probs: torch.Tensor | None) -> Attention | str:
-    if probs is None:
-        return "no frozen attention probabilities were recorded"
-    cfg = module.config
-    heads = int(cfg.num_attention_heads)
-    kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    hd = int(module.head_dim)
-    out = _weight(getattr(module, "o_proj", None))
-    if hasattr(module, "v_proj"):
-        value = _weight(module.v_proj)
-    elif hasattr(module, "qkv_proj"):  # fused [q | k | v] (Phi3)
-        value = _weight(module.qkv_proj)
-        if not isinstance(value, str):
-            value = value[(heads + kvh) * hd:]
-    else:
-        return f"{type(module).__name__} has neither v_proj nor qkv_proj"
-    if isinstance(value, str) or isinstance(out, str):
-        return value if isinstance(value, str) else out  # type: ignore[return-value]
-    if value.shape[0] != kvh * hd or out.shape[1] != heads * hd or probs.shape[0] != heads:
-        return f"{type(module).__name__}: head shapes that do not match the config"
-    return Attention(value, out, probs, kvh, hd)
 
 
 def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: torch.Tensor) -> str | None:
@@ -367,8 +315,7 @@ def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: to
     """
     bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(h.dtype, 5e-2)
     with torch.no_grad():
-        mid_hat = plus(h[None], 0, pieces.first.push(h[None], 0))[0][0]
-        out_hat = plus(mid_hat[None], 0, pieces.second.push(mid_hat[None], 0))[0][0]
+        out_hat, mid_hat = (t[0] for t in push_layer(pieces, h[None], 0))
     for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):
         err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
         if not err <= bound:

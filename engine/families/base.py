@@ -101,6 +101,11 @@ class Family:
     decoder
         Returns the base decoder (the module that takes ``inputs_embeds`` and returns
         the final normed hidden states) of a loaded model.
+    post_norm
+        Post-norm layers (BERT): each sublayer's residual sum goes through a norm,
+        ``mid = N1(h + A(h))``, ``out = N2(mid + M(mid))``, inside the sublayers' output modules.
+    layers
+        Returns the decoder's layers (a ``ModuleList``) from the decoder: ``decoder.layers`` unless declared.
     mid_residual
         Child of a decoder layer whose first input is the residual stream after the
         attention block and before the MLP block (the layer-streamed engine reads it to
@@ -147,6 +152,8 @@ class Family:
     )
     decoder: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.model)
     mid_residual: str = "post_attention_layernorm"
+    layers: Callable[[nn.Module], nn.Module] = field(default=lambda decoder: decoder.layers)
+    post_norm: bool = False
     moes: tuple[MoeRule, ...] = ()
     affine: bool = False
     offset_children: frozenset[str] = frozenset()

@@ -24,6 +24,7 @@ FAMILY = Family(
     position_modules=(),
     attention_frozen_children=frozenset(),
     decoder=lambda model: model.transformer,
+    layers=lambda decoder: decoder.h,
     mid_residual="ln_2",
     affine=True,
     offset_children=frozenset({"wpe"}),

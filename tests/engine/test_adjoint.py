@@ -14,7 +14,8 @@ import torch
 from detjac.engine import load_model, pieces
 from detjac.engine.adjoint import SWEEPS_ENV, ExplicitAdjoint
 from detjac.engine.linearize import linearized
-from detjac.engine.pieces import check_layer, layer_pieces
+from detjac.engine.pieces import check_layer
+from detjac.engine.recognition import layer_pieces
 from detjac.engine.streamed import StreamedModel, layer_targets
 from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
 from detjac.errors import InvalidArgumentError
