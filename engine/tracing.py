@@ -193,14 +193,18 @@ def record_calls(sk: Skeleton, x: torch.Tensor) -> Calls:
         return hidden
 
     patched = [*sk.layers, sk.decoder.norm]
+    own = [module.__dict__.get("forward") for module in patched]  # a forward already set on an instance stays
     for module in patched:
         module.forward = record if module is not sk.decoder.norm else (lambda h: h)
     try:
         with torch.no_grad():
             sk.decoder(inputs_embeds=x[None], use_cache=False)
     finally:
-        for module in patched:
-            del module.forward
+        for module, forward in zip(patched, own, strict=True):
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
     return calls
 
 
