@@ -124,7 +124,7 @@ def kill_after(command: list[str], out, prompts: int, timeout: float = 120.0) ->
     proc.wait()
 
 
-@pytest.mark.parametrize("committed", [3, pytest.param(1, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("committed", [3, *(pytest.param(n, marks=pytest.mark.slow) for n in (1, 5))])
 def test_a_run_killed_mid_way_resumes_to_the_same_lens(routes, llama_checkpoint, tmp_path, committed):
     folder, prompts, _ = routes
     out = tmp_path / "killed.zarr"
