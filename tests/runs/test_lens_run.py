@@ -69,6 +69,9 @@ def test_the_run_lens_equals_the_stored_route_lens(routes):
     np.testing.assert_array_equal(prompt.array("output"), by_text[prompt.prompt].array("output"))
     np.testing.assert_array_equal(prompt.array("token_ids"), by_text[prompt.prompt].array("token_ids"))
     assert all(r.ok for r in store.verify())
+    from detjac.view.pages import Pages
+
+    assert "operator" not in " ".join(Pages(store).keys())  # the viewer shows no operator page it cannot fill
     assert [n for n in store.lens_names() if n.startswith("partial")] == sorted(
         lens_fit.partial_name(layer, store.prompt_ids()) for layer in (0, 1, 2))  # one per layer after the merge
     again = lens_fit.fit(store)  # `detjac lens fit` on a --lens store merges, computes nothing
