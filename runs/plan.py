@@ -168,6 +168,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
                           None if loaded.engine.convention == loaded.engine.family.conventions[0]
                           else loaded.engine.convention)
     run.update(weights_identity(model_dir))  # the weight files' SHA-256s: part of the run's identity
+    run["lens"] = None  # identity: set by a --lens run only
     if lens:  # the lens layers' to_output rows are summed, never stored
         from .lens_run import lens_description
 

@@ -100,9 +100,10 @@ class ZarrPromptWriter(PromptWriter):
             raise disk_error(exc, f"start prompt {prompt_id} in {store.path}") from exc
 
     def write_rows(self, start: int, stop: int, values: np.ndarray) -> None:
+        if self.rank is not None:
+            raise StoreError(f"Expected triplets for prompt {self.id} (low-rank mode). Got jacobian rows.")
         if not self.jacobian:
-            kept = "triplets (low-rank mode)" if self.rank is not None else "no Jacobian (--keep none)"
-            raise StoreError(f"Expected {kept} for prompt {self.id}. Got jacobian rows.")
+            raise StoreError(f"Expected no Jacobian for prompt {self.id} (--keep none). Got jacobian rows.")
         values = np.asarray(values)
         if start != self._next_row or stop <= start or stop > self.n_rows or values.shape[0] != stop - start:
             raise StoreError(f"Expected jacobian rows starting at {self._next_row} for prompt {self.id}. "
