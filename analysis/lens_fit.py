@@ -23,7 +23,13 @@ the next fit skips the prompts that partials already cover and computes only the
 loses nor double-counts a prompt. Partials stay, merged into one per layer, so a fit after more prompts
 were added computes only the new ones. Tasks run on the active ``distributed.Client`` when there is one
 (a LocalCluster or a scheduler: the store must be on a file system every worker mounts), else in this
-process. Torch-free.
+process.
+
+**A store of ``detjac run --lens``** holds no per-prompt operator: the run added each prompt's ``T_p`` into
+partials as it computed them (:mod:`detjac.analysis.lens_sums`), so fitting it computes nothing and only
+merges the partials into ``lens/fitted``; it refuses a store with committed prompts that no partial counts
+(a run killed before its last flush: resuming the run recomputes them). Partials that overlap without one
+containing the other (the same prompt counted twice) are refused by name. Torch-free.
 """
 
 from __future__ import annotations
@@ -43,17 +49,24 @@ PARTIAL = "partial"  # lens/partial-<layer>-<digest>: sums over a set of prompts
 DEFAULT_CHUNK = 32
 
 
+def run_lens_layers(run: dict[str, Any]) -> list[int]:
+    """The layers a ``detjac run --lens`` store's run accumulated the lens at ([] for any other store)."""
+    return [int(layer) for layer in (run.get("lens") or {}).get("layers", [])]
+
+
 def lens_layers(store: Any, layers: Sequence[int] | None = None) -> list[int]:
-    """The layers whose ``to_output`` Jacobians the store holds (all, or the requested ``layers``; negative ones
-    count from the end); InvalidArgumentError naming the ``detjac run`` options that store them."""
-    stored = sorted(Target.parse(t).layer for t in store.run.get("layerwise") or []
-                    if Target.parse(t).component == TO_OUTPUT)
+    """The layers whose ``to_output`` Jacobians the store holds, or whose lens sums a ``--lens`` run accumulated
+    (all, or the requested ``layers``; negative ones count from the end); InvalidArgumentError naming the
+    ``detjac run`` options that store them."""
+    stored = run_lens_layers(store.run) or sorted(Target.parse(t).layer for t in store.run.get("layerwise") or []
+                                                  if Target.parse(t).component == TO_OUTPUT)
     if not stored:
         raise InvalidArgumentError(
             f"Expected to_output.L layerwise Jacobians in {store.path} (the lens averages dy/dh_L). Got "
             f"{', '.join(store.run.get('layerwise') or []) or 'no layerwise targets'}. Store them with "
-            "`detjac run MODEL PROMPTS --out STORE --layers all --components to_output` (--ordinary for the "
-            "ordinary-Jacobian lens).")
+            "`detjac run MODEL PROMPTS --out STORE --layers all --components to_output`, or accumulate the lens "
+            "while running with `detjac run MODEL PROMPTS --out STORE --lens` (--ordinary for the ordinary-Jacobian "
+            "lens).")
     if layers is None:
         return stored
     n_layers = max(stored) + 1 if store.run.get("n_layers") is None else int(store.run["n_layers"])
@@ -90,6 +103,12 @@ def fit_partial(location: str, layer: int, ids: Sequence[str]) -> str:
         T = same_position_operator(store.get(pid), layer)
         total = T.copy() if total is None else total + T
         square = T * T if square is None else square + T * T
+    return write_partial(store, layer, ids, total, square)
+
+
+def write_partial(store: Any, layer: int, ids: Sequence[str], total: np.ndarray, square: np.ndarray) -> str:
+    """Commit the sums ``total`` (Σ T_p) and ``square`` (Σ T_p ⊙ T_p) over ``ids`` at ``layer`` as a sealed partial;
+    returns its name (the ids' digest: the same prompts give the same name, so a rewrite replaces, never adds)."""
     name = partial_name(layer, ids)
     store.write_lens(name, {"sum": total, "sum_sq": square},
                      {"layer": layer, "count": len(ids), "prompt_ids": sorted(ids)},
@@ -109,12 +128,29 @@ def partials(store: Any, layer: int, valid: set[str]) -> list[tuple[str, list[st
                 found.append((name, list(ids)))
     found.sort(key=lambda item: (-len(item[1]), item[0]))
     used: set[str] = set()
-    chosen = []
+    chosen: list[tuple[str, list[str]]] = []
     for name, ids in found:
         if used.isdisjoint(ids):
             chosen.append((name, ids))
             used.update(ids)
+        elif not any(set(ids) <= set(wider) for _, wider in chosen):  # not a merged partial's leftover source
+            other, wider = next((n, w) for n, w in chosen if not set(w).isdisjoint(ids))
+            twice = sorted(set(ids) & set(wider))
+            raise StoreError(
+                f"Expected disjoint lens partial sums of layer {layer} in {store.path}/lens. Got {name} and {other}, "
+                f"which both count {len(twice)} prompt(s) ({', '.join(twice[:3])}{', ...' if len(twice) > 3 else ''})"
+                ": they would be counted twice. Remove one of them (rm -r STORE/lens/NAME); then fit again, or for "
+                "a --lens store run the same `detjac run ... --lens` command again, which recomputes the prompts "
+                "that no partial counts.")
     return chosen
+
+
+def counted(store: Any, layers: Sequence[int], valid: set[str]) -> set[str]:
+    """The prompts among ``valid`` that partials count at every one of ``layers``."""
+    out = set(valid)
+    for layer in layers:
+        out &= {pid for _, got in partials(store, layer, valid) for pid in got}
+    return out
 
 
 def pending_tasks(store: Any, layers: Sequence[int], ids: Sequence[str], chunk: int) -> list[tuple[int, list[str]]]:
@@ -178,13 +214,22 @@ def merge(store: Any, layer: int, valid: set[str]) -> tuple[np.ndarray, np.ndarr
         ids += got
     merged = partial_name(layer, ids)
     if len(chosen) > 1:
-        store.write_lens(merged, {"sum": total, "sum_sq": square},
-                         {"layer": layer, "count": len(ids), "prompt_ids": sorted(ids)},
-                         {"sum": ("row", "col"), "sum_sq": ("row", "col")})
+        write_partial(store, layer, ids, total, square)
     for name in store.lens_names():  # partials of this layer that the merged one covers (or that went stale)
         if name.startswith(f"{PARTIAL}-{layer}-") and name != merged:
             store.remove_lens(name)
     return total, square, sorted(ids)
+
+
+def check_counted(store: Any, layers: Sequence[int], ids: Sequence[str]) -> None:
+    """InvalidArgumentError unless partials count every prompt of a ``--lens`` store at every one of ``layers``."""
+    missing = sorted(set(ids) - counted(store, layers, set(ids)))
+    if missing:
+        raise InvalidArgumentError(
+            f"Expected every prompt of the --lens store {store.path} counted in its lens sums. Got {len(missing)} of "
+            f"{len(ids)} not counted ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): the run was "
+            "stopped before it wrote their sums. Run the same `detjac run ... --lens` command again: it recomputes "
+            "them.")
 
 
 def fit(store: Any, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT_CHUNK,
@@ -214,7 +259,11 @@ def fit(store: Any, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT
     ids = store.prompt_ids()
     if not ids:
         raise InvalidArgumentError(f"Expected prompts in {store.path} to fit a lens on. Got none.")
-    tasks = pending_tasks(store, picked, ids, chunk)
+    if run_lens_layers(store.run):  # the run accumulated the sums: nothing to compute, only partials to merge
+        check_counted(store, picked, ids)
+        tasks = []
+    else:
+        tasks = pending_tasks(store, picked, ids, chunk)
     bar = progress(len(tasks)) if progress is not None else None
     try:
         run_tasks(str(store.path), tasks, bar)

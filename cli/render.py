@@ -81,6 +81,13 @@ def echo_run_outcome(outcome: Any) -> None:
             click.echo(f"  ... and {len(summary.failed) - SHOWN_FAILURES} more: detjac store info {out}")
     if outcome.interrupted:
         click.echo(f"interrupted: the prompts committed so far are in {out}; run the same command again to resume.")
+    lens = outcome.lens
+    if lens is not None and lens.get("uncounted"):
+        click.echo(f"lens: {lens['uncounted']} committed prompts are not counted in the lens's sums (a worker died "
+                   "before it wrote them); run the same command again: it recomputes them, then writes lens/fitted.")
+    elif lens is not None:
+        click.echo(f"lens: layers {', '.join(map(str, lens['layers']))}, {lens['count'][0]} prompts each; written to "
+                   f"{out}/lens/fitted (detjac lens save / apply / evaluate read it)")
 
 
 def echo_decoded(spectra: list[Any]) -> None:
@@ -192,5 +199,7 @@ def echo_prompt_layout(layout: Any) -> None:
         U, S, V = layout.triplet_shapes
         click.echo(f"low rank: combined U {U}, S {S}, V {V}; per-token triplets of rank "
                    f"{layout.rank} for {layout.n_tokens} tokens")
+    elif layout.shape is None:
+        click.echo("no Jacobian (--keep none: a `detjac run --lens` prompt; its Jacobians are in the lens sums)")
     else:
         click.echo(f"jacobian {layout.shape} {layout.dtype}, chunks {layout.chunks}")

@@ -27,9 +27,10 @@ from .options import DTYPES
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Refuse prompts longer than this many tokens (default: the model's context); with --workers or "
                    "--scheduler they are recorded as failed instead and the others run.")
-@click.option("--keep", default="full", show_default=True,
+@click.option("--keep", default=None,
               help="full: the whole Jacobian; rank:K: only the top-K singular triplets of each token's J_k and of "
-                   "[J_1 ... J_n], sketched in one pass over the streamed rows (for long prompts or big models).")
+                   "[J_1 ... J_n], sketched in one pass over the streamed rows (for long prompts or big models); "
+                   "none: no Jacobian (with --lens only). [default: full; none with --lens]")
 @click.option("--ordinary", is_flag=True,
               help="Store the ordinary Jacobian (nothing detached; it does not reconstruct the output), "
                    "for comparison with the detached one.")
@@ -46,6 +47,14 @@ from .options import DTYPES
                    "through the final norm frozen at the vector's own value), w.r.t. the input embeddings; add "
                    "_local (layer_local, mlp_normed_local, ...) for the same w.r.t. the layer's own input; "
                    "to_output: dy/dh_L, the output w.r.t. the layer's output at every position.")
+@click.option("--lens", is_flag=True,
+              help="Accumulate the detached Jacobian lens while running: per prompt and layer of --layers (default "
+                   "all), the target position's block of dy/dh_L goes into running sums (flushed crash-safely with "
+                   "the prompts they count) and no per-prompt operator is stored; lens/fitted is written at the "
+                   "end (docs/lens.md). Implies --streamed.")
+@click.option("--lens-flush", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --lens: write the sums every this many prompts (a kill costs at most that many prompts' "
+                   "recomputation; each flush writes 2 x layers x d_model^2 float64 numbers).")
 @click.option("--streamed", is_flag=True,
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")
@@ -87,8 +96,16 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
     a failed exactness check) is recorded as failed in the store with its reason, and the
     others go on; a killed worker's prompt is redone by another worker; Ctrl-C stops cleanly
     and the same command resumes. Exit status: 0 every prompt stored, 3 some prompts failed
-    (listed, and kept in the store), 130 interrupted, 1 an error. A second run on a store
-    that a run is writing is refused, naming its process and host.
+    (listed, and kept in the store) or a --lens run left prompts uncounted, 130 interrupted,
+    1 an error. A second run on a store that a run is writing is refused, naming its process
+    and host.
+
+    With --lens the run accumulates the detached Jacobian lens (the mean over prompts of
+    dy_p/dh_{L,p}, p the last position) instead of storing operators: each prompt keeps its
+    record, token ids, embeddings and output (and its Jacobian with --keep full), and the
+    lens sums are written as sealed partials listing the prompts they count; a killed run
+    resumes without losing or double-counting a prompt, --workers runs merge their sums, and
+    the run ends by writing lens/fitted, which `detjac lens save/apply/evaluate` read.
 
     \b
     Examples:
@@ -97,6 +114,9 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
       detjac run default long_prompts.txt --out lowrank.zarr --keep rank:16
       detjac run default prompts.txt --out ordinary.zarr --ordinary
       detjac run default prompts.txt --out layers.zarr --layers all --components layer,attn,mlp
+      detjac run default prompts.txt --out lens.zarr --lens            # then: detjac lens save lens.zarr my.lens
+      detjac run meta-llama/Llama-3.1-70B prompts.txt --out l70.zarr --lens --layers 20,40,60 --lens-flush 32 \\
+          --dtype bfloat16 --device cuda:0 --quantize nf4
       detjac run Qwen/Qwen3-14B prompts.txt --out q.zarr --dtype bfloat16 --device cuda:0 --max-memory cuda:0=8GiB
       detjac run meta-llama/Llama-3.1-70B prompts.txt --out l.zarr --dtype bfloat16 --device cuda:0 --quantize nf4
       detjac run default prompts.txt --out run.zarr --workers 2

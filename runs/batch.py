@@ -15,6 +15,7 @@ import numpy as np
 
 from detjac import __version__
 from detjac.errors import LinearizationError
+from detjac.store import NO_JACOBIAN
 
 from .prompts import PromptLine
 
@@ -22,15 +23,17 @@ LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 p
 
 
 def parse_keep(keep: str) -> int | None:
-    """``full`` -> None; ``rank:K`` -> K (a positive integer); anything else is an error."""
+    """``full`` and ``none`` (no Jacobian: a ``--lens`` run) -> None; ``rank:K`` -> K (a positive integer); anything
+    else is an error."""
     from detjac.errors import InvalidArgumentError
 
-    if keep == "full":
+    if keep in ("full", NO_JACOBIAN):
         return None
     kind, _, value = keep.partition(":")
     if kind == "rank" and value.isdigit() and int(value) > 0:
         return int(value)
-    raise InvalidArgumentError(f"Expected --keep full or --keep rank:K with K a positive integer. Got {keep!r}.")
+    raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none (with "
+                               f"--lens). Got {keep!r}.")
 
 
 def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
@@ -57,41 +60,60 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
 
 
 def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
-                 targets: list[Any], bar: Any, progress: bool = True) -> float:
+                 targets: list[Any], bar: Any, progress: bool = True, sums: Any = None) -> float:
     """One prompt through ``engine`` into ``store``: the output's Jacobian and every layerwise ``targets``
     Jacobian, block by block (or, in low-rank mode, the output's top triplets); returns the output's
-    reconstruction error. ``progress`` shows the engine's own bars (forward pass, sweeps)."""
+    reconstruction error. ``progress`` shows the engine's own bars (forward pass, sweeps).
+
+    A ``--lens`` run (``run["lens"]``): the ``to_output`` rows of the lens layers are not stored but their
+    target-position blocks collected (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the
+    output from its layer's states, and once the prompt is committed added to ``sums`` (a
+    :class:`detjac.analysis.lens_sums.RunningSums`); with ``keep`` none the output's Jacobian is not computed
+    and the worst of those reconstruction errors is returned."""
     from detjac.store import LayerwiseSpec
     from detjac.targets import OUTPUTS
 
+    from .lens_run import SamePosition, lens_targets
+
     storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
+    lens = lens_targets(run)
+    output = [OUTPUTS] if run["keep"] != NO_JACOBIAN else []
     trace = engine.trace(ids, position=run["position"], progress=progress)
     auto_rows = run.get("row_block") in (None, "auto")
-    plan = engine.plan(trace, [OUTPUTS, *targets], mode="reverse" if rank is not None else run.get("mode", "auto"),
+    plan = engine.plan(trace, [*output, *targets, *lens],
+                       mode="reverse" if rank is not None else run.get("mode", "auto"),
                        row_block=None if auto_rows else run["row_block"])
     next_id = int(engine.logits(trace.output).argmax())
     n, d = len(ids), engine.d_model
+    collected = SamePosition(lens, run["position"], n, d) if lens else None
     specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block) for t in targets}
     with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block, rank=rank,
-                     layerwise=specs or None, shard_bytes=_shard_bytes(engine)) as writer:
+                     layerwise=specs or None, shard_bytes=_shard_bytes(engine), jacobian=bool(output)) as writer:
         if rank is None:
-            errors = _stream_full(engine, trace, plan, writer, storage, bar, progress)
+            errors = _stream_full(engine, trace, plan, writer, storage, bar, progress, collected)
             extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
         else:
             errors, extra = _stream_low_rank(engine, trace, plan, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
         for t, e in errors.items():
             if run["detach"]:
                 _check_exact(e, run["dtype"], item, "" if t.is_output else t.name)
-            if not t.is_output:
+            if not t.is_output and t not in lens:
                 writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
                 if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
                     writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), storage))
+        error = errors[OUTPUTS] if output else max(errors[t] for t in lens)
+        if lens:
+            extra["lens"] = {t.name: errors[t] for t in lens}
+        if not output:
+            extra["keep"] = NO_JACOBIAN
         _write_small(writer, trace.embeddings, trace.output, ids, storage, trace.bias)
         affine = {"affine": True} if trace.bias is not None else {}
-        writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, errors[OUTPUTS], run, storage), **extra,
+        writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, error, run, storage), **extra,
                        **affine})
-    return errors[OUTPUTS]
+    if collected is not None and sums is not None:  # counted only once committed: see detjac.analysis.lens_sums
+        sums.add(store, pid, collected.blocks)
+    return error
 
 
 def _layerwise_attrs(errors: dict[Any, float], specs: dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +142,10 @@ def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], stor
 
 
 def _stream_full(engine: Any, trace: Any, plan: Any, writer: Any, storage: str, bar: Any,
-                 progress: bool) -> dict[Any, float]:
-    """Every target's blocks to the writer as they come; the reconstructions are accumulated on the way. Returns
-    each target's reconstruction error (the output's with an affine model's offset added)."""
+                 progress: bool, collected: Any = None) -> dict[Any, float]:
+    """Every target's blocks to the writer as they come (a lens target's to ``collected`` instead); the
+    reconstructions are accumulated on the way. Returns each target's reconstruction error (the output's with an
+    affine model's offset added)."""
     import torch
 
     from detjac.exactness import relative_error
@@ -133,8 +156,11 @@ def _stream_full(engine: Any, trace: Any, plan: Any, writer: Any, storage: str, 
     for b in engine.blocks(trace, targets, plan, progress=progress):
         x = trace.source(b.target)[b.token_start:b.token_stop]
         recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
-        name = "jacobian" if b.target.is_output else b.target.name
-        writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, storage))
+        if collected is not None and b.target in collected.index:
+            collected.take(b)
+        else:
+            name = "jacobian" if b.target.is_output else b.target.name
+            writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, storage))
         bar.update()
     return {t: relative_error(_plus_bias(recon[t], trace) if t.is_output else recon[t], trace.value(t))
             for t in targets}

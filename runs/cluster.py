@@ -48,6 +48,7 @@ class ModelPlugin(WorkerPlugin):
         self.spec, self.name, self.torch_threads, self.local = spec, name, torch_threads, local
         self.loads, self.load_seconds = 0, 0.0
         self._loaded: LoadedModel | None = None
+        self._sums: Any = None  # a --lens run's RunningSums on this worker
         self._guard: Any = None
 
     def setup(self, worker: Any) -> None:
@@ -58,6 +59,20 @@ class ModelPlugin(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         self._loaded = None
+
+    def sums(self, run: dict[str, Any], flush_every: int) -> Any:
+        """This worker's running lens sums (made at its first prompt; None when the run is not a --lens run)."""
+        from .lens_run import running_sums
+
+        with self._guard:
+            if self._sums is None:
+                self._sums = running_sums(run, flush_every)
+            return self._sums
+
+    def flush(self) -> None:
+        """Write this worker's lens sums that are not on disk yet."""
+        if self._sums is not None:
+            self._sums.flush()
 
     def get(self) -> LoadedModel:
         """The loaded model; the first call on this worker loads it (tasks on other threads wait for it)."""
@@ -91,6 +106,7 @@ class PromptJob:
     run: dict[str, Any]
     targets: list[Any]
     plugin: str
+    lens_flush: int = 1  # a --lens run: prompts between two flushes of a worker's sums
 
 
 @dataclass(frozen=True)
@@ -121,14 +137,16 @@ def compute_prompt(task: PromptTask, job: PromptJob) -> PromptOutcome:
                           f"see it at the same path): {exc}") from exc
     found = (task.pid, worker.address, plugin.loads, plugin.load_seconds)
     try:
-        error = write_one(loaded, store, task, job.run, job.targets, tqdm(disable=True), progress=False)
+        error = write_one(loaded, store, task, job.run, job.targets, tqdm(disable=True), progress=False,
+                          sums=plugin.sums(job.run, job.lens_flush))
     except DETERMINISTIC as exc:
         return PromptOutcome(*found, failure=str(exc), error=type(exc).__name__)
     return PromptOutcome(*found, reconstruction_error=error)
 
 
 def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTask], summary: RunSummary, *,
-                   torch_threads: int | None = None, local: bool = False, progress: bool = True) -> RunSummary:
+                   torch_threads: int | None = None, local: bool = False, progress: bool = True,
+                   lens_flush: int = 1) -> RunSummary:
     """Compute ``tasks`` on the workers of ``client`` into ``store`` (opened for writing by this process).
 
     Tasks whose ``error`` is set are recorded as failed without computing. Counts, failures and
@@ -136,7 +154,9 @@ def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTas
     ``local`` says the workers are this machine's LocalCluster (they then leave Ctrl-C to the
     client). Raises WorkerError when a worker cannot load the model or reach the store (every
     prompt would fail the same way); KeyboardInterrupt cancels the prompts not yet committed
-    and propagates.
+    and propagates. A ``--lens`` run: each worker keeps its own running sums (flushed every ``lens_flush``
+    prompts) and every worker flushes when the run ends, interrupted or not; a worker that died took its
+    unflushed sums along, and those committed prompts are recomputed by the next run.
     """
     from distributed import as_completed
 
@@ -150,7 +170,7 @@ def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTas
         return summary
     lease = store.lease
     plugin = ModelPlugin(plan.spec, f"detjac-model-{lease}", torch_threads, local)
-    job = PromptJob(str(store.path.resolve()), lease, plan.run, plan.targets, plugin.name)
+    job = PromptJob(str(store.path.resolve()), lease, plan.run, plan.targets, plugin.name, lens_flush)
     window = max(8, 2 * sum(client.nthreads().values()))  # prompts queued at once: workers never wait
     queue = iter(runnable)
     running: dict[str, tuple[PromptTask, Any]] = {}
@@ -180,6 +200,7 @@ def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTas
         client.cancel([future for _, future in running.values()])
         raise
     finally:
+        _flush_workers(client, plugin.name)
         _unregister(client, plugin.name)
     store.clear_staging()  # attempts of killed workers: no attempt of this run is running now
     return summary
@@ -218,6 +239,20 @@ def _record(store: Any, summary: RunSummary, task: PromptTask, failure: Failure)
                                     "reason": failure.reason, "error": failure.error, "stage": failure.stage,
                                     "detjac_version": __version__})
     summary.failed[task.pid] = failure
+
+
+def _flush_lens(name: str, dask_worker: Any = None) -> None:
+    plugin = dask_worker.plugins.get(name) if dask_worker is not None else None
+    if plugin is not None:
+        plugin.flush()
+
+
+def _flush_workers(client: Any, name: str) -> None:
+    """Every worker writes its --lens sums (nothing for another run); a dead cluster leaves them to a re-run."""
+    try:
+        client.run(_flush_lens, name)
+    except Exception:  # noqa: BLE001 - the prompts whose sums are lost are recomputed by the next run
+        pass
 
 
 def _unregister(client: Any, name: str) -> None:

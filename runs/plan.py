@@ -118,26 +118,34 @@ class RunPlan:
         return RunSummary(duplicates=self.duplicates, blank_lines=self.prompts.blank)
 
     def pending(self, store: Any, summary: RunSummary) -> list[PromptTask]:
-        """The tasks whose prompt is not complete in ``store``; counts the others in ``summary``."""
+        """The tasks whose prompt is not complete in ``store`` (in a ``--lens`` run: not committed, or not counted
+        in the lens's sums at every layer); counts the others in ``summary``."""
+        from .lens_run import uncounted
+
         done = set(store.prompt_ids())
+        done -= uncounted(store, self.run, done)
         summary.skipped_complete = sum(t.pid in done for t in self.tasks)
         return [t for t in self.tasks if t.pid not in done]
 
 
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
-                mode: str = "auto", lenient: bool = False, load_device: str | None = None) -> RunPlan:
+                mode: str = "auto", lenient: bool = False, load_device: str | None = None,
+                lens: bool = False) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
     With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
     the model's context), raises PromptError and nothing runs; with ``lenient=True`` such a
     prompt becomes a task with its ``error`` set, to be recorded as failed while the others run.
     ``load_device`` loads the model somewhere else than ``spec.device`` (a distributed run's
-    client plans on the CPU; its workers compute on their devices).
+    client plans on the CPU; its workers compute on their devices). ``lens``: a ``--lens`` run, whose ``layers``
+    (default all) are the lens's and whose prompts store no layerwise Jacobian.
     """
     from detjac.store import prompt_id
 
     prompts = prompts_path if isinstance(prompts_path, PromptsFile) else read_prompts(prompts_path)
+    if lens:
+        layers, components = layers or "all", "to_output"
     if layers is not None:
         from detjac.engine import check_layerwise_request
         from detjac.engine.default import resolve_model
@@ -160,6 +168,11 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
                           None if loaded.engine.convention == loaded.engine.family.conventions[0]
                           else loaded.engine.convention)
     run.update(weights_identity(model_dir))  # the weight files' SHA-256s: part of the run's identity
+    run["lens"] = None  # identity: set by a --lens run only
+    if lens:  # the lens layers' to_output rows are summed, never stored
+        from .lens_run import lens_description
+
+        run["lens"], targets = lens_description(targets), []
     if spec.streamed:
         run.update({"engine": "streamed", "layerwise": [t.name for t in targets], "quantize": spec.quantize,
                     "mode": mode, "max_memory": spec.max_memory})
@@ -183,6 +196,9 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
         return create_store(out, plan.run, force_new=force_new,
                             model_data=lambda: model_for_decoding(plan.loaded, plan.spec.dtype))
     except StoreMismatchError as exc:
+        from .lens_run import check_lens_store
+
+        check_lens_store(open_store(out).run, plan.run, out)
         files = weights_difference(open_store(out).run, plan.run)
         if files is None:
             raise
@@ -190,9 +206,10 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
 
 
 def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, Any], targets: list[Any], bar: Any,
-              progress: bool = True) -> float:
-    """Compute one prompt and commit it to ``store``; returns its reconstruction error."""
-    return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress)
+              progress: bool = True, sums: Any = None) -> float:
+    """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
+    its reconstruction error."""
+    return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums)
 
 
 def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -28,13 +28,15 @@ class RunOptions:
     ``detach=False`` stores the ordinary Jacobian (``--ordinary``); ``convention`` picks the family's detach
     convention (None: its default; recorded in the store's run attributes when another). ``workers`` (a LocalCluster
     of that many processes) and ``scheduler`` (an existing cluster's address) exclude each
-    other; with neither, this process computes every prompt.
+    other; with neither, this process computes every prompt. ``lens`` accumulates the lens at ``layers`` (default
+    all) while computing, storing no layerwise Jacobian and, unless ``keep`` is ``full``, no Jacobian at all
+    (``keep`` None: ``full``, or ``none`` with ``lens``); its sums are flushed every ``lens_flush`` prompts.
     """
 
     dtype: str = "float64"
     row_block: int | None = None
     max_tokens: int | None = None
-    keep: str = "full"
+    keep: str | None = None
     detach: bool = True
     layers: str | None = None
     components: str = "layer"
@@ -50,6 +52,8 @@ class RunOptions:
     scheduler: str | None = None
     memory_limit: str = "auto"
     convention: str | None = None
+    lens: bool = False
+    lens_flush: int = 1
 
     @property
     def distributed(self) -> bool:
@@ -65,11 +69,13 @@ class RunOutcome:
     total: int  # complete prompts in the store after the run
     distributed: bool
     interrupted: bool = False
+    lens: dict[str, Any] | None = None  # a --lens run: the fit's report, or {"uncounted": n}
 
     @property
     def exit_code(self) -> int:
-        """0 every prompt stored, 3 some prompts failed, 130 interrupted (Ctrl-C)."""
-        return 130 if self.interrupted else 3 if self.summary.failed else 0
+        """0 every prompt stored, 3 some prompts failed (or a --lens run left prompts uncounted), 130 interrupted."""
+        uncounted = bool(self.lens and self.lens.get("uncounted"))
+        return 130 if self.interrupted else 3 if self.summary.failed or uncounted else 0
 
 
 def check_options(options: RunOptions) -> RunOptions:
@@ -80,20 +86,27 @@ def check_options(options: RunOptions) -> RunOptions:
     ------
     InvalidArgumentError
         For an unparsable ``keep``, ``components`` without ``layers``, ``layers`` with a low-rank
-        ``keep``, a ``mode`` without the streamed engine, or both ``workers`` and ``scheduler``.
+        ``keep``, a ``mode`` without the streamed engine, or both ``workers`` and ``scheduler``; with ``lens``,
+        ``components``, a low-rank ``keep`` or a ``lens_flush`` below 1; ``keep`` none without ``lens``.
     """
+    from detjac.store import NO_JACOBIAN
     from detjac.targets import parse_components
 
     from .batch import parse_keep
 
-    o = options
+    o = replace(options, keep=options.keep or (NO_JACOBIAN if options.lens else "full"))
     parse_keep(o.keep)
-    streamed = o.streamed or bool(o.layers or o.max_memory or o.quantize)
+    if o.lens:
+        _check_lens_options(o)
+    elif o.keep == NO_JACOBIAN:
+        raise InvalidArgumentError("Expected --keep none with --lens only (the prompts' Jacobians then go into the "
+                                   "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
+    streamed = o.streamed or o.lens or bool(o.layers or o.max_memory or o.quantize)
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
     if o.layers is not None:
         parse_components(o.components)  # an unknown component is refused before any model loads
-    if o.layers is not None and o.keep != "full":
+    if o.layers is not None and o.keep != "full" and not o.lens:
         raise InvalidArgumentError(f"Expected --keep full with --layers (layerwise Jacobians are stored whole). "
                                    f"Got --keep {o.keep}.")
     if not streamed and o.mode != "auto":
@@ -102,6 +115,19 @@ def check_options(options: RunOptions) -> RunOptions:
         raise InvalidArgumentError(f"Expected either --scheduler (an existing cluster) or --workers (a LocalCluster). "
                                    f"Got both: --scheduler {o.scheduler} --workers {o.workers}.")
     return replace(o, streamed=streamed)
+
+
+def _check_lens_options(o: RunOptions) -> None:
+    from .lens_run import check_flush
+
+    if o.components != "layer":
+        raise InvalidArgumentError(f"Expected --lens without --components (it sums dy/dh_L, the to_output target, at "
+                                   f"the --layers given, all by default, and stores no layerwise Jacobian). Got "
+                                   f"--components {o.components}.")
+    if o.keep.startswith("rank"):
+        raise InvalidArgumentError(f"Expected --keep none (the default with --lens) or full with --lens. Got --keep "
+                                   f"{o.keep}: the low-rank sketch sweeps the output alone, without the layers' rows.")
+    check_flush(o.lens_flush)
 
 
 def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOptions,
@@ -140,7 +166,7 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
-                       load_device="cpu" if o.distributed else None)
+                       load_device="cpu" if o.distributed else None, lens=o.lens)
     summary = plan.summary()
     interrupted = False
     with open_run_store(plan, out, o.force_new) as store:
@@ -153,12 +179,15 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
             else:
                 from .local import run_local
 
-                run_local(plan, store, tasks, summary)
+                run_local(plan, store, tasks, summary, o.lens_flush)
         except BaseException:
             store.discard()  # a store this run created and that holds nothing goes with the refusal
             raise
         total = len(store.prompt_ids())
-    return RunOutcome(summary, out, total, o.distributed, interrupted)
+        from .lens_run import finish
+
+        lens = None if interrupted else finish(store, plan.run)
+    return RunOutcome(summary, out, total, o.distributed, interrupted, lens)
 
 
 def run_one(model: str, prompt: str, out: str, options: RunOptions) -> str:
@@ -205,7 +234,8 @@ def _run_distributed(plan: Any, store: Any, tasks: list[Any], summary: Any, o: R
     threads = max(1, len(os.sched_getaffinity(0)) // o.workers) if o.workers else None
     try:
         with dask_client(o.workers, o.scheduler, o.memory_limit, trim_memory=False, log=log) as client:
-            run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=o.scheduler is None)
+            run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=o.scheduler is None,
+                           lens_flush=o.lens_flush)
     except KeyboardInterrupt:
         return True
     return False

@@ -9,13 +9,14 @@ The format is specified in ``docs/store-format.md``.
 """
 
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
-from .format import FORMAT_VERSION, prompt_id
+from .format import FORMAT_VERSION, NO_JACOBIAN, prompt_id
 from .zarr_create import create_store
 from .zarr_prompt import ZarrPrompt, verify_prompt
 from .zarr_store import ZarrStore, attach_store, open_store
 from .zarr_writer import ZarrPromptWriter
 
 __all__ = [
+    "NO_JACOBIAN",
     "FORMAT_VERSION",
     "JacobianStore",
     "LayerwiseSpec",

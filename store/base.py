@@ -84,7 +84,8 @@ class JacobianStore(ABC):
     @abstractmethod
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
               row_block: int, rank: int | None = None,
-              layerwise: dict[str, LayerwiseSpec] | None = None, shard_bytes: int | None = None) -> PromptWriter:
+              layerwise: dict[str, LayerwiseSpec] | None = None, shard_bytes: int | None = None,
+              jacobian: bool = True) -> PromptWriter:
         """Start writing a prompt.
 
         Parameters
@@ -104,6 +105,9 @@ class JacobianStore(ABC):
         shard_bytes : int or None
             Caps what the writer holds before it writes (a backend's default when None); ``1``
             writes every row block as it comes.
+        jacobian : bool
+            False: the prompt keeps no Jacobian, only its small arrays and attributes (``--keep none``, a
+            ``detjac run --lens`` run, whose Jacobians go into the store's lens sums instead).
 
         Raises
         ------

@@ -33,10 +33,10 @@ STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODE
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
-                "layerwise", "quantize", "weights_sha256", "convention")
+                "layerwise", "quantize", "weights_sha256", "convention", "lens")
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
-OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention")
+OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention", "lens")
 LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs|input}
 
 DIMENSIONS = {
@@ -57,6 +57,7 @@ DIMENSIONS = {
 MODEL_FILES = {"tokenizer.json": "tokenizer"}  # files kept under model/, as uint8 arrays from format 2 on
 
 COORDINATES = ("token", "token_text")  # xarray coordinates of a prompt's token dimension, written at commit
+NO_JACOBIAN = "none"  # the keep of a prompt that stores no Jacobian (`detjac run --lens`, --keep none)
 SMALL_ARRAYS = ("embeddings", "output", "token_ids")  # every prompt has these besides its Jacobian or triplets
 OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = sum_k J_k x_k + b
 

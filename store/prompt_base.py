@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .format import NO_JACOBIAN
 from .subspace import Triplets
 
 
@@ -165,6 +166,12 @@ class StoredPrompt(ABC):
         return "rank" in self.attrs
 
     @property
+    def without_jacobian(self) -> bool:
+        """Whether the prompt keeps no Jacobian at all (``--keep none``: a ``detjac run --lens`` prompt, whose
+        Jacobians went into the store's lens sums): its small arrays and attributes only."""
+        return self.attrs.get("keep") == NO_JACOBIAN
+
+    @property
     def prompt(self) -> str:
         """The prompt's text."""
         return self.attrs["prompt"]
@@ -175,7 +182,8 @@ class StoredPrompt(ABC):
 
     def __repr__(self) -> str:
         a = self.attrs
-        kind = f"low-rank {a.get('keep', 'rank')}" if self.low_rank else "full"
+        kind = (f"low-rank {a.get('keep', 'rank')}" if self.low_rank else "no Jacobian (lens run)"
+                if self.without_jacobian else "full")
         layers = f", {len(self.layerwise_targets)} layerwise" if self.layerwise_targets else ""
         text = self.prompt if len(self.prompt) <= 40 else self.prompt[:37] + "..."
         error = a.get("reconstruction_error")

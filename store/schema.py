@@ -68,6 +68,8 @@ CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "combined_residual_sq": ("a finite number >= 0", _number),
     "combined_captured": ("a finite number >= 0", _number),
     "layerwise": ("a mapping of target names to {reconstruction_error, mode}", _layerwise),
+    "lens": ("a mapping of to_output targets to reconstruction errors", lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and _number(e) for k, e in v.items())),
     "complete": ("true", lambda v: v is True),
 }
 

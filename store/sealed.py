@@ -76,8 +76,8 @@ def read_sealed(path: Path, what: str, *, sealed: bool = True, arrays: bool = Tr
     """(arrays, attrs) of the sealed group at ``path`` (its seal left out of ``attrs``), or None when absent.
 
     With ``sealed`` the seal is checked, every file's SHA-256 included (CorruptError otherwise); without
-    (format-1 stores) absent chunks read as zeros. ``arrays=False`` reads the attributes only (the seal still
-    checked).
+    (format-1 stores) absent chunks read as zeros. ``arrays=False`` reads the attributes only: their own SHA-256
+    and the files' names and sizes are checked, the files' contents when the arrays are read.
     """
     from .strict import open_group, sparse_any
 
@@ -86,7 +86,7 @@ def read_sealed(path: Path, what: str, *, sealed: bool = True, arrays: bool = Tr
     try:
         attrs = read_attrs(path)
         if sealed:
-            check_seal(path, attrs, hashes=True)
+            check_seal(path, attrs, hashes=arrays)
     except CorruptError as exc:
         raise CorruptError(f"Expected an intact {what}. Got a damaged one: {exc}. {hint}") from exc
     attrs.pop(INTEGRITY, None)

@@ -121,6 +121,8 @@ def prompt_layout(prompt: Any) -> PromptLayout:
         U, S, V = prompt.triplets()
         return PromptLayout(prompt.attrs, True, prompt.n_tokens, triplet_shapes=(U.shape, S.shape, V.shape),
                             rank=S.shape[0])
+    if prompt.without_jacobian:
+        return PromptLayout(prompt.attrs, False, prompt.n_tokens)
     arr = prompt.jacobian()
     return PromptLayout(prompt.attrs, False, prompt.n_tokens, shape=tuple(arr.shape), dtype=str(arr.dtype),
                         chunks=arr.chunksize)
@@ -150,7 +152,7 @@ def export_npz(store: JacobianStore, prompt_id: str, out: str | Path) -> Path:
     if prompt.low_rank:
         arrays.update({f"combined_{x}": a for x, a in zip("USV", prompt.triplets(), strict=True)})
         arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})
-    else:
+    elif not prompt.without_jacobian:
         arrays["jacobian"] = prompt.jacobian(lazy=False)
     np.savez(out, attrs=np.array(json.dumps(prompt.attrs)), **arrays)
     return Path(out)

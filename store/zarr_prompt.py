@@ -76,6 +76,10 @@ class ZarrPrompt(StoredPrompt):
         self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
 
     def _full(self) -> Any:
+        if self.without_jacobian:
+            raise StoreError(f"Prompt {self.id} keeps no Jacobian (--keep none: a `detjac run --lens` prompt, whose "
+                             "Jacobians went into the store's lens sums). Its token ids, embeddings and output are "
+                             "stored; re-run it with `detjac run` (another --out) for its Jacobian.")
         if self.low_rank:
             raise StoreError(f"Prompt {self.id} was stored in low-rank mode ({self.attrs.get('keep')}): it has no "
                              "full Jacobian. Use prompt.triplets(k) for token k or prompt.triplets() for all tokens.")
@@ -89,6 +93,7 @@ class ZarrPrompt(StoredPrompt):
 
     def triplets(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not self.low_rank:
+            self._full()  # a prompt without any Jacobian says so
             raise StoreError(f"Prompt {self.id} holds the full Jacobian, not triplets; use jacobian() or operator().")
         if k is None:
             return tuple(self._group[f"combined_{x}"][...] for x in "USV")  # type: ignore[return-value]
@@ -187,6 +192,10 @@ def _check_numbers(prompt: ZarrPrompt, store: StoreContext) -> VerifyResult:
     _check_tokens(prompt)
     if prompt.low_rank:
         return _verify_low_rank(prompt)
+    if prompt.without_jacobian:  # nothing to reconstruct: the arrays decode (checksums) and have their shapes
+        if "jacobian" in prompt._group.array_keys() or prompt.array("output").ndim != 1:
+            raise CorruptError("a --keep none prompt holds a jacobian array, or an output that is not a vector")
+        return VerifyResult(prompt.id, True, None)
     bound = DTYPE_BOUND.get(store.run.get("dtype"), DTYPE_BOUND["float64"])
     detached = store.run.get("detach", True) is not False
     x = prompt.array("embeddings").astype(np.float64)

@@ -47,7 +47,7 @@ class ZarrPromptWriter(PromptWriter):
 
     def __init__(self, store: Publisher, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
                  row_block: int, rank: int | None = None, layerwise: dict[str, LayerwiseSpec] | None = None,
-                 shard_bytes: int | None = None) -> None:
+                 shard_bytes: int | None = None, jacobian: bool = True) -> None:
         import zarr
 
         if shard_bytes is not None and (isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int)
@@ -56,6 +56,7 @@ class ZarrPromptWriter(PromptWriter):
 
         check_prompt_id(prompt_id)
         self.id, self.n_rows, self.n_tokens, self.dtype, self.rank = prompt_id, n_rows, n_tokens, dtype, rank
+        self.jacobian = jacobian and rank is None  # False: small arrays only (--keep none)
         self.n_cols = n_cols
         self.layerwise = dict(layerwise or {})
         if self.layerwise and rank is not None:
@@ -81,7 +82,7 @@ class ZarrPromptWriter(PromptWriter):
             group = zarr.open_group(str(self.staging), mode="w", zarr_format=3)
             shapes = {"jacobian": ((n_rows, n_tokens, n_cols), dtype), "embeddings": ((n_tokens, n_cols), dtype),
                       "output": ((n_rows,), dtype), "token_ids": ((n_tokens,), "int64")}
-            if rank is not None:
+            if not self.jacobian:
                 del shapes["jacobian"]
             self._arrays = {}
             for name, (shape, dt) in shapes.items():
@@ -99,12 +100,14 @@ class ZarrPromptWriter(PromptWriter):
             raise disk_error(exc, f"start prompt {prompt_id} in {store.path}") from exc
 
     def write_rows(self, start: int, stop: int, values: np.ndarray) -> None:
+        if self.rank is not None:
+            raise StoreError(f"Expected triplets for prompt {self.id} (low-rank mode). Got jacobian rows.")
+        if not self.jacobian:
+            raise StoreError(f"Expected no Jacobian for prompt {self.id} (--keep none). Got jacobian rows.")
         values = np.asarray(values)
         if start != self._next_row or stop <= start or stop > self.n_rows or values.shape[0] != stop - start:
             raise StoreError(f"Expected jacobian rows starting at {self._next_row} for prompt {self.id}. "
                              f"Got rows {start}:{stop} with {values.shape[0]} values.")
-        if self.rank is not None:
-            raise StoreError(f"Expected triplets for prompt {self.id} (low-rank mode). Got jacobian rows.")
         if values.shape[1:] != (self.n_tokens, self.n_cols):
             raise StoreError(f"Expected jacobian rows of shape (rows, {self.n_tokens}, {self.n_cols}) for prompt "
                              f"{self.id}. Got values of shape {values.shape}.")
@@ -160,7 +163,7 @@ class ZarrPromptWriter(PromptWriter):
         given to ``begin``. Blocks may come in any order and must not overlap; a Jacobian counts
         as written when its blocks cover it.
         """
-        if target == "jacobian" and (token_start, token_stop) == (0, self.n_tokens):
+        if target == "jacobian" and ((token_start, token_stop) == (0, self.n_tokens) or not self.jacobian):
             self.write_rows(start, stop, values)
             return
         if target != "jacobian" and target not in self.layerwise:
@@ -218,7 +221,8 @@ class ZarrPromptWriter(PromptWriter):
         self._written.add(name)
 
     def commit(self, attrs: dict[str, Any]) -> None:
-        missing = {"jacobian" if self.rank is None else "triplets", *fmt.SMALL_ARRAYS} - self._written
+        kept = ["jacobian"] if self.jacobian else ["triplets"] if self.rank is not None else []
+        missing = {*kept, *fmt.SMALL_ARRAYS} - self._written
         for name, spec in self.layerwise.items():
             source = _source_array(spec)
             missing |= {name, f"{name}/output", *([f"{name}/{source}"] if source else [])} - self._written

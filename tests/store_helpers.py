@@ -46,7 +46,8 @@ def store_snapshot(path: Path) -> dict:
     snap = {"run": st.run}
     for prompt in st:
         arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
-        arrays["jacobian"] = prompt.jacobian(lazy=False)
+        if not prompt.without_jacobian:  # a --lens prompt keeps none
+            arrays["jacobian"] = prompt.jacobian(lazy=False)
         attrs = {k: v for k, v in prompt.attrs.items() if k not in TIMESTAMPS}
         snap[prompt.id] = (attrs, {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in arrays.items()})
     return snap

@@ -86,6 +86,7 @@ class Pages:
         for pid in self.view.prompt_ids() if prompt_ids is None else prompt_ids:
             prompt = self.view.get(pid)
             yield f"prompt/{pid}"
-            yield f"prompt/{pid}/operator/combined"
-            yield from (f"prompt/{pid}/operator/{k}" for k in range(prompt.n_tokens))
+            if not prompt.without_jacobian:  # a --lens prompt has no operator to show
+                yield f"prompt/{pid}/operator/combined"
+                yield from (f"prompt/{pid}/operator/{k}" for k in range(prompt.n_tokens))
             yield from (f"prompt/{pid}/layers/{kind}" for kind in layer_kinds(prompt))

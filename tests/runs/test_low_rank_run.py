@@ -49,5 +49,5 @@ def test_keep_is_validated(tmp_path):
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:1])
     args = ["run", "default", str(prompts), "--out", str(tmp_path / "s"), "--keep", "rank:0"]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 1 and "Expected --keep full or --keep rank:K" in result.output
+    assert result.exit_code == 1 and "Expected --keep full, --keep rank:K" in result.output
     assert not (tmp_path / "s").exists()

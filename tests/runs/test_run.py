@@ -20,7 +20,8 @@ from detjac.store import open_store
     ({"mode": "forward"}, "Expected --mode with the streamed engine (--streamed). Got --mode forward alone."),
     ({"workers": 2, "scheduler": "tcp://h:1"}, "Expected either --scheduler (an existing cluster) or --workers "
                                                 "(a LocalCluster). Got both: --scheduler tcp://h:1 --workers 2."),
-    ({"keep": "rank:0"}, "Expected --keep full or --keep rank:K with K a positive integer. Got 'rank:0'."),
+    ({"keep": "rank:0"}, "Expected --keep full, --keep rank:K with K a positive integer, or --keep none (with "
+                          "--lens). Got 'rank:0'."),
 ])
 def test_options_that_cannot_run_are_refused_before_anything_loads(changes, message, tmp_path):
     with pytest.raises(InvalidArgumentError) as info:
