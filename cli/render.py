@@ -165,7 +165,9 @@ def echo_verify(result: Any) -> None:
         where = r.id if r.kind == "prompt" else f"{r.kind} {r.id}"
         click.echo(f"CORRUPT {where}: {r.reason}")
     bad_parts = sum(r.kind != "prompt" for r in result.corrupt)
-    click.echo(f"{result.ok} of {result.prompts} prompts ok (worst reconstruction error {result.worst_error:.2e}); "
+    worst = ("no Jacobian stored to reconstruct" if result.worst_error is None else
+             f"worst reconstruction error {result.worst_error:.2e}")
+    click.echo(f"{result.ok} of {result.prompts} prompts ok ({worst}); "
                f"{result.prompts - result.ok} corrupt; {result.parts - bad_parts} of {result.parts} other parts ok "
                "(model arrays, analyses, failure records)")
     if result.format_version < 2:

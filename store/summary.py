@@ -65,7 +65,7 @@ class VerifySummary:
 
     results: list[VerifyResult]
     corrupt: list[VerifyResult]
-    worst_error: float
+    worst_error: float | None  # None: no ok prompt holds a Jacobian to reconstruct (--keep none, low rank)
     format_version: int = 2
 
     @property
@@ -133,7 +133,7 @@ def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummar
     results = store.verify(progress=progress)
     corrupt = [r for r in results if not r.ok]
     worst = max((r.reconstruction_error for r in results if r.ok and r.reconstruction_error is not None),
-                default=0.0)
+                default=None)
     return VerifySummary(results, corrupt, worst, store.format_version)
 
 

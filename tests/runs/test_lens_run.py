@@ -69,6 +69,8 @@ def test_the_run_lens_equals_the_stored_route_lens(routes):
     np.testing.assert_array_equal(prompt.array("output"), by_text[prompt.prompt].array("output"))
     np.testing.assert_array_equal(prompt.array("token_ids"), by_text[prompt.prompt].array("token_ids"))
     assert all(r.ok for r in store.verify())
+    verify = CliRunner().invoke(main, ["store", "verify", str(folder / "lens.zarr")])
+    assert verify.exit_code == 0 and "prompts ok (no Jacobian stored to reconstruct)" in verify.output
     from detjac.view.pages import Pages
 
     assert "operator" not in " ".join(Pages(store).keys())  # the viewer shows no operator page it cannot fill
