@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -175,9 +176,13 @@ def test_affine_run_stores_the_offset_and_verify_checks_it(tmp_path, keep):
     jac, x = prompt.jacobian(lazy=False), prompt.array("embeddings")
     assert np.allclose(np.einsum("rtc,tc->r", jac, x) + bias, prompt.array("output"), rtol=0, atol=1e-12)
     assert invoke("store", "verify", str(tmp_path / "s.zarr")).exit_code == 0
-    zarr.open_array(str(tmp_path / "s.zarr" / "prompts" / prompt.id / "bias"), mode="r+")[...] = 0.0
+    folder = tmp_path / "s.zarr" / "prompts" / prompt.id
+    zarr.open_array(str(folder / "bias"), mode="r+")[...] = bias + 1.0  # a wrong offset, every chunk written
     verify = invoke("store", "verify", str(tmp_path / "s.zarr"))
-    assert verify.exit_code != 0 and "reconstruction error" in verify.output
+    assert verify.exit_code == 1 and f"CORRUPT {prompt.id}: file bias/c/0 changed since commit" in verify.output
+    reseal(folder)  # behind the seal, the reconstruction y = J x + b catches the wrong offset
+    verify = invoke("store", "verify", str(tmp_path / "s.zarr"))
+    assert verify.exit_code == 1 and re.search(rf"CORRUPT {prompt.id}: reconstruction error \S+ above", verify.output)
 
 
 def test_linear_family_stores_no_offset(tmp_path):
