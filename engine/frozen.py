@@ -39,6 +39,7 @@ from .detach import DetachedNorm
 from .pieces import NormPiece, check_layer, norm_piece, pull_layer, push_layer
 from .recognition import LayerRecord, record_layer
 from .tape import FactorTape
+from .tracing import run_layer
 
 
 @dataclass
@@ -136,16 +137,9 @@ def _recorder(layer: nn.Module, family: Any, tape: FactorTape, events: list[tupl
         raw: list[Any] = []
 
         def step(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (n, d) -> (out, mid)
-            seen: list[torch.Tensor] = []
-            handle = mid_module.register_forward_pre_hook(lambda _m, a: seen.append(a[0])) if mid_module else None
-            try:
-                out = original(h[None], *args, **kwargs)
-            finally:
-                if handle is not None:
-                    handle.remove()
-            raw.append(out)
-            out = out[0] if isinstance(out, tuple) else out
-            return out.squeeze(0), (seen[0].squeeze(0) if seen else out.squeeze(0))
+            result, out, seen = run_layer(lambda x: original(x, *args, **kwargs), mid_module, h)
+            raw.append(result)
+            return out, (seen[0].squeeze(0) if seen else out)
 
         first = len(tape.factors)
         record, out, mid = record_layer(layer, family, step, hidden[0], tape)

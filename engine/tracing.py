@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from detjac.errors import InvalidArgumentError
 from detjac.targets import RESID_MID, Target
@@ -109,15 +110,8 @@ class LayerSteps:
         mid_module = getattr(layer, self.family.mid_residual)
 
         def step(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            seen: list[torch.Tensor] = []
-            handle = mid_module.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
-            try:
-                out = layer(h[None], *args, **kwargs)
-            finally:
-                handle.remove()
-            out = out[0] if isinstance(out, tuple) else out
-            # squeeze, not [0]: its pullback is a view, where indexing's writes into a zeroed buffer per vector
-            return out.squeeze(0), seen[0].squeeze(0)
+            _, out, seen = run_layer(lambda x: layer(x, *args, **kwargs), mid_module, h)
+            return out, seen[0].squeeze(0)
 
         return step
 
@@ -182,6 +176,22 @@ class LayerSteps:
                 return step(x[start:])
 
         return pulled
+
+
+def run_layer(call: Callable[[torch.Tensor], Any], mid_module: nn.Module | None, h: torch.Tensor
+              ) -> tuple[Any, torch.Tensor, list[torch.Tensor]]:
+    """Run one decoder layer (``call`` on a batch of one) on ``h`` (n, d), seeing its mid residual as the input of
+    ``mid_module``: (the layer's raw result, its output (n, d), the mid residuals seen, each (1, n, d))."""
+    seen: list[torch.Tensor] = []
+    handle = mid_module.register_forward_pre_hook(lambda _m, a: seen.append(a[0])) if mid_module is not None else None
+    try:
+        raw = call(h[None])
+    finally:
+        if handle is not None:
+            handle.remove()
+    out = raw[0] if isinstance(raw, tuple) else raw
+    # squeeze, not [0]: its pullback is a view, where indexing's writes into a zeroed buffer per vector
+    return raw, out.squeeze(0), seen
 
 
 def record_calls(sk: Skeleton, x: torch.Tensor) -> Calls:
