@@ -198,8 +198,9 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
     except StoreMismatchError as exc:
         from .lens_run import check_lens_store
 
-        check_lens_store(open_store(out).run, plan.run, out)
-        files = weights_difference(open_store(out).run, plan.run)
+        stored = open_store(out).run
+        check_lens_store(stored, plan.run, out)
+        files = weights_difference(stored, plan.run)
         if files is None:
             raise
         raise StoreMismatchError(f"{exc} Weight files that differ: {files}.") from None
