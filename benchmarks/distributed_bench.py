@@ -109,11 +109,16 @@ def measure(config: str, prompts: Path, folder: Path) -> dict[str, Any]:
 
 
 def same_store(a: str, b: str) -> bool:
-    """Every array byte and every attribute but timestamps agree (as the tests compare stores)."""
+    """The stores hold the same prompts, ids and attributes, and numbers equal within float64 rounding (as the
+    tests compare stores computed with other thread or worker counts: BLAS need not round alike there)."""
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from store_helpers import store_snapshot
+    from store_helpers import assert_equivalent_store
 
-    return store_snapshot(Path(a)) == store_snapshot(Path(b))
+    try:
+        assert_equivalent_store(Path(a), Path(b))
+    except AssertionError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -140,10 +145,10 @@ def main() -> None:
                 run_folder = folder / f"round{r}"
                 run_folder.mkdir(exist_ok=True)
                 result = measure(config, prompts, run_folder)
-                result["identical_to_single"] = same_store(str(run_folder / "single.zarr"), result["store"])
+                result["equal_to_single"] = same_store(str(run_folder / "single.zarr"), result["store"])
                 runs[config].append(result)
                 print(f"round {r + 1} {config:<10} prompts {result['prompts_s']:6.1f} s, wall {result['wall_s']:6.1f} s"
-                      f", identical {result['identical_to_single']}", flush=True)
+                      f", equal {result['equal_to_single']}", flush=True)
     n = len(lines)
     table = {}
     for config, results in runs.items():
@@ -156,7 +161,7 @@ def main() -> None:
                          "first_prompt_s": statistics.median(r["first_prompt_s"] for r in results),
                          "prompts_s": prompts_s, "wall_s": wall_s,
                          "loads_per_worker": sorted(set(loads)), "model_load_s_per_worker": load_s,
-                         "identical_to_single": all(r["identical_to_single"] for r in results)}
+                         "equal_to_single": all(r["equal_to_single"] for r in results)}
     base = table["single"]["prompts_per_min"]
     for row in table.values():
         row["speedup_vs_single"] = row["prompts_per_min"] / base
@@ -167,13 +172,13 @@ def main() -> None:
     print(f"\n{n} prompts, default model, float64; median of {args.rounds} rounds; {_cores()} cores, load average at "
           f"start {load_at_start[0]:.2f}")
     print(f"{'config':<10} {'prompts/min':>12} {'steady':>7} {'end to end':>11} {'speedup':>8} {'1st prompt':>11} "
-          f"{'loads/worker':>13} {'load s':>7} {'identical':>9}")
+          f"{'loads/worker':>13} {'load s':>7} {'equal':>9}")
     for config, row in table.items():
         load_s = f"{statistics.median(row['model_load_s_per_worker']):.2f}" if row["model_load_s_per_worker"] else "-"
         loads = ",".join(map(str, row["loads_per_worker"])) or "-"
         print(f"{config:<10} {row['prompts_per_min']:>12.1f} {row['steady_prompts_per_min']:>7.1f} "
               f"{row['prompts_per_min_end_to_end']:>11.1f} {row['speedup_vs_single']:>7.2f}x "
-              f"{row['first_prompt_s']:>10.1f}s {loads:>13} {load_s:>7} {str(row['identical_to_single']):>9}")
+              f"{row['first_prompt_s']:>10.1f}s {loads:>13} {load_s:>7} {str(row['equal_to_single']):>9}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -36,6 +36,7 @@ def test_token_id_prompts_in_jsonl_store_the_same_jacobian_as_their_text(tmp_pat
     text, given = sorted(store, key=lambda p: p.attrs["line"])
     assert given.prompt == json.dumps(ids) and given.attrs["meta"] == {"source": "ids"}
     assert given.attrs["token_ids"] == text.attrs["token_ids"] == ids
+    # the same ids through the same process and engine: the same bits
     np.testing.assert_array_equal(given.jacobian(lazy=False), text.jacobian(lazy=False))
 
 
@@ -75,7 +76,7 @@ def test_jacobian_out_writes_an_npz_or_a_store(tmp_path: Path, llama_checkpoint:
     assert result.exit_code == 0, result.output
     (prompt,) = list(open_store(zarr_out))
     assert f"stored as prompt {prompt.id} in {zarr_out}" in result.output
-    np.testing.assert_array_equal(prompt.jacobian(lazy=False), J)  # the same numbers as the .npz
+    np.testing.assert_array_equal(prompt.jacobian(lazy=False), J)  # the same command in this process: same bits
     bad = runner.invoke(main, [*args[:-1], "--out", str(tmp_path / "missing" / "x.npz")])
     assert bad.exit_code == 1 and "Expected an existing folder" in bad.output
 

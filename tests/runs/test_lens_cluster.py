@@ -26,5 +26,7 @@ def test_a_two_worker_fit_equals_the_one_process_fit(tmp_path):
         assert len(client.nthreads()) == 2
         lens_fit.fit(open_store(synthetic.path), chunk=2)
     a, b = lenses.load_lens(synthetic.path), lenses.load_lens(copy)
-    assert np.abs(a.mean - b.mean).max() < 1e-13 and np.abs(a.second_moment - b.second_moment).max() < 1e-13
-    assert np.array_equal(a.count, b.count)
+    # two worker processes sum the partials in another order than one process: equal within float64 rounding
+    assert np.abs(a.mean - b.mean).max() <= 1e-12 * np.abs(a.mean).max()
+    assert np.abs(a.second_moment - b.second_moment).max() <= 1e-12 * np.abs(a.second_moment).max()
+    assert np.array_equal(a.count, b.count) and np.array_equal(a.layers, b.layers)

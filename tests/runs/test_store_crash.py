@@ -62,7 +62,7 @@ def test_kill_minus_nine_then_resume_gives_the_same_store(reference, tmp_path, s
         visible = open_store(out)
         assert all(r.ok for r in visible.verify()) and len(visible) < len(PROMPTS)
     subprocess.run(command(prompts, out), check=True, capture_output=True)
-    assert_same_store(ref, out)
+    assert_same_store(ref, out)  # the same command with the same settings on this machine: the same bits
     assert open_store(out).staging_leftovers() == []
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zarr.tmp")] == []
     assert len(open_store(out)) == len(PROMPTS)
