@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from . import render
-from .options import scheduler_options
+from .options import gguf_file_option, model_source, scheduler_options
 
 
 @click.group()
@@ -93,14 +93,17 @@ def save_cmd(path: str, out: str, force: bool) -> None:
 @lens.command("apply")
 @click.argument("lens_path", type=click.Path())
 @click.option("--prompt", required=True, help="The text to read through the lens.")
-@click.option("--model", default="default", show_default=True, help="The model the lens was fitted on.")
+@click.option("--model", default="default", show_default=True,
+              help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
+@gguf_file_option
 @click.option("--ordinary", "ordinary", type=click.Path(), default=None,
               help="Also an ordinary-Jacobian lens (a store fitted from `detjac run --ordinary`, or a saved lens).")
 @click.option("--exact/--no-exact", default=True, show_default=True,
               help="Also the prompt's own exact map (its to_output Jacobians: d pullbacks).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Layer x position heatmaps of the rank of the model's prediction (PNG).")
-def apply_cmd(lens_path: str, prompt: str, model: str, ordinary: str | None, exact: bool, plot: str | None) -> None:
+def apply_cmd(lens_path: str, prompt: str, model: str, gguf_file: str | None, ordinary: str | None, exact: bool,
+              plot: str | None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
 
     The table gives, per layer and method, the rank of the model's own next-token prediction at the
@@ -118,7 +121,7 @@ def apply_cmd(lens_path: str, prompt: str, model: str, ordinary: str | None, exa
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
         lenses["ordinary lens"] = load_lens(ordinary)
-    engine = load_lens_engine(model, list(lenses.values()))
+    engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
     layers = [int(x) for x in lenses["detached lens"].layers]
     W_U = unembedding(engine)
     st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)
@@ -142,7 +145,9 @@ HELDOUT = "benchmarks/data/heldout_prompts.txt"
 @click.argument("lens_path", type=click.Path())
 @click.option("--ordinary", "ordinary", type=click.Path(), default=None,
               help="The ordinary-Jacobian lens fitted on the same prompts (a store or a saved lens).")
-@click.option("--model", default="default", show_default=True, help="The model the lens was fitted on.")
+@click.option("--model", default="default", show_default=True,
+              help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
+@gguf_file_option
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help=f"Held-out prompts, one per line [default for the default model: {HELDOUT}, prefixes of "
                    "held-out dictionary entries].")
@@ -151,8 +156,8 @@ HELDOUT = "benchmarks/data/heldout_prompts.txt"
               help="Compute the exact per-prompt map (d pullbacks each) for the first N prompts only [default: all].")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Folder for lens_rows.csv, lens_summary.csv, lens_summary.md and lens_agreement.png.")
-def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, prompts_path: str | None, limit: int | None,
-                 exact: int | None, out: str | None) -> None:
+def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: str | None, prompts_path: str | None,
+                 limit: int | None, exact: int | None, out: str | None) -> None:
     """Per layer, top-1 / top-10 agreement with the model's own prediction and the relative error of the output
     read, over held-out prompts, for the detached lens, the ordinary lens, the logit lens and the exact map.
 
@@ -184,7 +189,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, prompts_path:
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
         lenses["ordinary lens"] = load_lens(ordinary)
-    engine = load_lens_engine(model, list(lenses.values()))
+    engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
     layers = [int(x) for x in lenses["detached lens"].layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate(engine, lenses, prompts, layers, exact=exact, progress=bar)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -13,7 +14,7 @@ from detjac.errors import DetjacError
 
 from .analyze_cmds import analyze
 from .lens_cmd import lens
-from .options import DTYPES
+from .options import DTYPES, gguf_file_option, model_source
 from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
@@ -79,16 +80,20 @@ def _torch_dtype(name: str) -> Any:
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
 @click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
+@gguf_file_option
 @click.option("--out", "-o", default=None,
               help="Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a "
                    "store folder (created or resumed, as `detjac run` writes it).")
 def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
-             device: str, revision: str | None, trust_remote_code: bool, out: str | None) -> None:
+             device: str, revision: str | None, trust_remote_code: bool, gguf_file: str | None,
+             out: str | None) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
     MODEL is a local Hugging Face checkpoint folder, a hub id (org/name, read from the Hugging
     Face cache, or downloaded into it when online; `hf download org/name` fetches it ahead),
-    or `default` (also when omitted) for the shipped default model.
+    a GGUF file (its weights dequantized to --dtype: the Jacobian is exact for the
+    dequantized model, not for the bf16 model it was quantized from), or `default` (also
+    when omitted) for the shipped default model.
 
     Prints the prompt tokens, the predicted next token, the reconstruction error of the
     detached and of the ordinary Jacobian, and the top singular values of the summed
@@ -100,6 +105,8 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
       detjac jacobian meta-llama/Llama-3.2-1B --prompt "The bridge out of Marin is the" --row-block 128
       detjac jacobian ./my-checkpoint --prompt "..."           # a folder saved by save_pretrained
+      detjac jacobian SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
+      detjac jacobian org/name-GGUF --gguf-file model.Q4_K_M.gguf -p "..."   # one GGUF of a hub repository
       detjac jacobian -p "Kitten, n. A young" --out kitten.npz  # numpy.load("kitten.npz")["jacobian"]
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
     """
@@ -114,6 +121,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         from detjac.runs.export import check_npz_path
 
         check_npz_path(out)  # before any work
+    model = model_source(model, gguf_file, revision)
     lm = load_model(resolve_model(model), dtype=_torch_dtype(dtype), device=device, revision=revision,
                     trust_remote_code=trust_remote_code)
     tok = get_tokenizer(lm)
@@ -219,8 +227,12 @@ def _family_check(tokens: int) -> None:
               help="Singular triplets of the combined operator to decode.")
 @click.option("--top", type=click.IntRange(min=1, max=50), default=8, show_default=True,
               help="Decoded tokens per singular vector.")
-def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
-    """The main job on the shipped default model, offline: a small Llama trained on a dictionary.
+@click.option("--model", default="default", show_default=True,
+              help="Another model to run the same job on: a checkpoint folder, a hub id or a GGUF file.")
+@gguf_file_option
+def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int, model: str, gguf_file: str | None) -> None:
+    """The main job on the shipped default model, offline: a small Llama trained on a dictionary
+    (or on --model).
 
     For each prompt: the tokens, the predicted next token, the float64 reconstruction error
     of the detached Jacobian (and of the ordinary one, for contrast), the top singular values
@@ -232,29 +244,37 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
     Examples:
       detjac demo
       detjac demo -p "Harp, n. (Mus.) A stringed instrument" --plot harp.png --top 10
+      detjac demo --model SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
     """
     from detjac.analysis.plots import SpectrumPanel, plot_spectra
-    from detjac.engine import get_tokenizer
-    from detjac.engine.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model
+    from detjac.engine import family_for, get_tokenizer, load_model
+    from detjac.engine.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model, resolve_model
     from detjac.engine.explain import explain
     from detjac.engine.report import exactness_report
 
     from .render import echo_explanation, echo_prediction, piece
 
-    model = load_default_model()
-    tok = get_tokenizer(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    click.echo(f"default model: {DEFAULT_MODEL_DIR.name} (Llama, {n_params:,} parameters, trained on the GCIDE "
-               f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), float64, CPU")
+    source = model_source(model, gguf_file)
+    if source != "default" and not prompts:
+        raise click.UsageError("Expected --prompt with --model: the built-in prompts are dictionary entries for the "
+                               "default model.")
+    lm = load_default_model() if source == "default" else load_model(resolve_model(source))
+    tok = get_tokenizer(lm)
+    n_params = sum(p.numel() for p in lm.parameters())
+    if source == "default":
+        click.echo(f"default model: {DEFAULT_MODEL_DIR.name} (Llama, {n_params:,} parameters, trained on the GCIDE "
+                   f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), float64, CPU")
+    else:
+        click.echo(f"model: {source} ({family_for(lm.config).name}, {n_params:,} parameters), float64, CPU")
     panels = []
     for i, prompt in enumerate(prompts or DEMO_PROMPTS, start=1):
         click.echo(f"\n[{i}] {prompt!r}")
-        rep = exactness_report(model, prompt)
+        rep = exactness_report(lm, prompt)
         res = rep.detached
         echo_prediction(res, tok, rep.stock_logit_diff)
         ordinary = rep.ordinary.reconstruction_error  # type: ignore[union-attr]
         click.echo(f"  (the ordinary, non-detached Jacobian reconstructs with error {ordinary:.2e})")
-        expl = explain(res, model, k=n_values, top=top)
+        expl = explain(res, lm, k=n_values, top=top)
         echo_explanation(expl, tok)
         labels = [piece(tok, t) for t in res.token_ids]
         short = prompt if len(prompt) <= 48 else prompt[:45] + "..."
@@ -262,7 +282,8 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int) -> None:
         panels.append(SpectrumPanel(title, expl.combined.spectrum.tolist(),
                                     {f"{k}:{lab}": op.spectrum.tolist()
                                      for k, (lab, op) in enumerate(zip(labels, expl.per_token, strict=True))}))
-    path = plot_spectra(panels, plot, suptitle="Singular values of the detached Jacobian (default model)")
+    name = "default" if source == "default" else Path(source).name
+    path = plot_spectra(panels, plot, suptitle=f"Singular values of the detached Jacobian ({name} model)")
     click.echo(f"\nwrote singular value spectra to {path.resolve()}")
 
 

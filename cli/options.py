@@ -13,6 +13,21 @@ DTYPES = ("float64", "float32", "bfloat16")
 
 TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else CSV."
 
+def gguf_file_option(func: Any) -> Any:
+    """``--gguf-file NAME``: a GGUF file inside the folder or hub id MODEL."""
+    return click.option("--gguf-file", default=None, metavar="NAME",
+                        help="Load the GGUF file NAME inside the folder or hub id MODEL (e.g. a hub repository of "
+                             "quantized files); MODEL may also be a .gguf file itself.")(func)
+
+
+def model_source(model: str, gguf_file: str | None, revision: str | None = None) -> str:
+    """MODEL as the loaders take it: with ``--gguf-file``, the path of that GGUF file (a hub id's, in the cache)."""
+    if gguf_file is None:
+        return model
+    from detjac.engine.default import resolve_model
+
+    return str(resolve_model(model, gguf_file, revision))
+
 _SCHEDULER_OPTIONS = [
     click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
                  help="LocalCluster worker processes (0: dask's threaded scheduler in this process)."),

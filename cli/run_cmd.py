@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from . import render
-from .options import DTYPES
+from .options import DTYPES, gguf_file_option, model_source
 
 
 @click.command()
@@ -72,6 +72,7 @@ from .options import DTYPES
               help="Torch device, e.g. cuda:0 (with --scheduler: each worker's own; dask-cuda gives each one GPU).")
 @click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
+@gguf_file_option
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Spread the prompts over a LocalCluster of this many worker processes on this machine "
                    "(0: this process computes them all).")
@@ -85,20 +86,22 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or
     {"text": ...} per line, other fields kept as metadata); blank lines are skipped. MODEL is a
-    checkpoint folder, a hub id (org/name, from the Hugging Face cache) or `default`. Each
+    checkpoint folder, a hub id (org/name, from the Hugging Face cache), a GGUF file (exact for
+    its weights as dequantized; the store records the file's SHA-256 and quantization types)
+    or `default`. Each
     prompt's row blocks go to disk as they are computed and the prompt becomes visible only
     when complete. Re-running the same command after a crash or kill resumes: complete
     prompts are skipped, partial ones redone. Duplicate prompts are stored once.
 
     With --workers N or --scheduler ADDRESS the prompts go to dask.distributed workers: each
-    loads the model once and commits its prompts into the same store, which ends identical
-    to a run in one process. A prompt that cannot be run (too long, refused by the tokenizer,
-    a failed exactness check) is recorded as failed in the store with its reason, and the
-    others go on; a killed worker's prompt is redone by another worker; Ctrl-C stops cleanly
-    and the same command resumes. Exit status: 0 every prompt stored, 3 some prompts failed
-    (listed, and kept in the store) or a --lens run left prompts uncounted, 130 interrupted,
-    1 an error. A second run on a store that a run is writing is refused, naming its process
-    and host.
+    loads the model once and commits its prompts into the same store, which ends equal to a
+    run in one process (within float64 rounding: workers run their own thread counts). A
+    prompt that cannot be run (too long, refused by the tokenizer, a failed exactness check)
+    is recorded as failed in the store with its reason, and the others go on; a killed
+    worker's prompt is redone by another worker; Ctrl-C stops cleanly and the same command
+    resumes. Exit status: 0 every prompt stored, 3 some prompts failed (listed, and kept in
+    the store) or a --lens run left prompts uncounted, 130 interrupted, 1 an error. A second
+    run on a store that a run is writing is refused, naming its process and host.
 
     With --lens the run accumulates the detached Jacobian lens (the mean over prompts of
     dy_p/dh_{L,p}, p the last position) instead of storing operators: each prompt keeps its
@@ -120,12 +123,14 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
       detjac run Qwen/Qwen3-14B prompts.txt --out q.zarr --dtype bfloat16 --device cuda:0 --max-memory cuda:0=8GiB
       detjac run meta-llama/Llama-3.1-70B prompts.txt --out l.zarr --dtype bfloat16 --device cuda:0 --quantize nf4
       detjac run default prompts.txt --out run.zarr --workers 2
+      detjac run SmolLM2-135M-Instruct.Q4_1.gguf prompts.txt --out smol.zarr --streamed --max-memory cpu=1GiB
       detjac run /shared/Qwen3-8B corpus.jsonl --out file:///shared/q8.zarr --scheduler tcp://10.0.0.5:8786 \\
           --dtype bfloat16 --device cuda:0
     """
     from detjac.runs.run import RunOptions, run_corpus
 
     settings["detach"] = not settings.pop("ordinary")
+    model = model_source(model, settings.pop("gguf_file"), settings["revision"])
     outcome = run_corpus(model, prompts, out, RunOptions(**settings), log=click.echo)
     render.echo_run_outcome(outcome)
     if outcome.exit_code:

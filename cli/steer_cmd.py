@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from . import render
-from .options import DTYPES, TABLE_HELP, parse_concept_source, parse_strengths
+from .options import DTYPES, TABLE_HELP, gguf_file_option, model_source, parse_concept_source, parse_strengths
 
 
 @click.command("steer")
@@ -34,9 +34,10 @@ from .options import DTYPES, TABLE_HELP, parse_concept_source, parse_strengths
                    "paper: the reference's procedure (layer_normed.L operators aligned from the start, summed "
                    "cumulatively, half the strength, added to layer L's input at every position).")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
+@gguf_file_option
 def steer(model: str, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
           strengths: str, concept_tokens: str | None, max_new_tokens: int, dtype: str, device: str, method: str,
-          table_path: str | None) -> None:
+          table_path: str | None, gguf_file: str | None) -> None:
     """Steer MODEL's generation with a concept prompt's layer-L detached Jacobians.
 
     The concept prompt's operators J_1 ... J_n of layer L (stored by `detjac run --layers`)
@@ -67,7 +68,8 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
         raise click.UsageError("Expected --prompt TEXT or --prompts FILE. Got neither.")
     store_path, pid = parse_concept_source(concept)
     values = parse_strengths(strengths) if prompts_file is not None else []
-    session = load_concept(model, store_path, pid, layer, dtype=dtype, device=device, method=method)
+    session = load_concept(model_source(model, gguf_file), store_path, pid, layer, dtype=dtype, device=device,
+                           method=method)
     op = session.operator
     click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer} "
                f"(method {op.method})")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .options import DTYPES
+from .options import DTYPES, gguf_file_option, model_source
 
 
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
@@ -62,10 +62,11 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
 @click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
+@gguf_file_option
 def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
         streamed: bool, max_memory: str | None, position: int | None, compare: bool, out: str | None,
-        dtype: str, device: str, revision: str | None, trust_remote_code: bool) -> None:
+        dtype: str, device: str, revision: str | None, trust_remote_code: bool, gguf_file: str | None) -> None:
     """Top singular triplets of MODEL's detached Jacobian on one prompt, without forming it.
 
     The combined operator J = [J_1 ... J_n] (d_model x n_tokens * d_model) is applied by
@@ -85,6 +86,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
       detjac svd meta-llama/Llama-3.2-1B --prompt-file long.txt --k 16 --top 8
       detjac svd Qwen/Qwen3-14B --prompt-file long.txt --max-memory cpu=16GiB --dtype float32
       detjac svd -p "Oak, n. (Bot.) Any tree" --compare --out oak.npz
+      detjac svd gemma-3-270m-q4_k_m.gguf -p "The bridge out of Marin is the" --streamed   # a GGUF file
     """
     import torch
 
@@ -94,6 +96,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     text = _prompt_text(prompt, prompt_file)
     streamed = streamed or max_memory is not None
     t0 = time.perf_counter()
+    model = model_source(model, gguf_file, revision)
     engine = load_engine(resolve_model(model), streamed=streamed, dtype=getattr(torch, dtype), device=device,
                          max_memory=max_memory, revision=revision, trust_remote_code=trust_remote_code)
     honour_cpu_budget(engine)

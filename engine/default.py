@@ -32,8 +32,14 @@ def default_model_dir() -> Path:
     return DEFAULT_MODEL_DIR
 
 
-def resolve_model(source: str | Path) -> str | Path:
-    """``"default"`` names the shipped model (unless a folder of that name exists); else unchanged."""
+def resolve_model(source: str | Path, gguf_file: str | None = None, revision: str | None = None) -> str | Path:
+    """``"default"`` names the shipped model (unless a folder of that name exists); with ``gguf_file``, the GGUF
+    file of that name inside the folder or hub id ``source`` (see :func:`detjac.engine.gguf.select_gguf`); else
+    unchanged."""
+    if gguf_file is not None:
+        from .gguf import select_gguf
+
+        return select_gguf(source, gguf_file, revision)
     if str(source) == DEFAULT_MODEL_NAME and not Path(source).exists():
         return default_model_dir()
     return source

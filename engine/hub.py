@@ -97,6 +97,34 @@ def resolve_hub_id(repo_id: str, revision: str | None = None) -> Path:
         raise _not_found(repo_id, rev, cache, f"the download failed: {_reason(exc)}") from None
 
 
+def resolve_hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
+    """One file of ``repo_id`` at ``revision`` (a GGUF named by ``--gguf-file``): from the cache, else downloaded.
+
+    Raises
+    ------
+    CheckpointError
+        As :func:`resolve_hub_id`, naming the file too.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    cache, rev = hub_cache_dir(), revision or "main"
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=rev, cache_dir=cache, local_files_only=True))
+    except HFValidationError as exc:
+        raise CheckpointError(f"Expected a checkpoint folder or a Hugging Face model id (org/name). Got "
+                              f"{repo_id!r}: {exc}") from None
+    except (LocalEntryNotFoundError, OSError) as exc:
+        cached_error: Exception = exc
+    if hub_offline():
+        raise _not_found(repo_id, rev, cache, "HF_HUB_OFFLINE is set, so nothing is downloaded",
+                         filename) from cached_error
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=rev, cache_dir=cache))
+    except Exception as exc:  # the hub's many errors (HTTP, gated, not found, offline) all end here
+        raise _not_found(repo_id, rev, cache, f"the download failed: {_reason(exc)}", filename) from None
+
+
 def _reason(exc: Exception) -> str:
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -110,12 +138,15 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
 
 
-def _not_found(repo_id: str, revision: str, cache: Path, why: str) -> CheckpointError:
+def _not_found(repo_id: str, revision: str, cache: Path, why: str, filename: str | None = None) -> CheckpointError:
     folder = repo_folder(repo_id, cache)
     where = f"{folder}" if folder.is_dir() else f"{cache} (it has no {folder.name})"
     local = f" There is no local folder {repo_id!r} either." if "/" in repo_id else ""
+    what = f"its file {filename}" if filename else "complete snapshot"
+    fetch = fetch_command(repo_id, revision).replace(f" {repo_id} ", f" {repo_id} {filename} ") if filename \
+        else fetch_command(repo_id, revision)
     return CheckpointError(
         f"Expected the Hugging Face model {repo_id!r} at revision {revision!r} in the cache {where}. Got no "
-        f"complete snapshot there, and {why}.{local} Fetch it with:\n  {fetch_command(repo_id, revision)}\n"
+        f"{what} there, and {why}.{local} Fetch it with:\n  {fetch}\n"
         "(the cache is HF_HUB_CACHE, else $HF_HOME/hub; a gated model needs HF_TOKEN)."
     )

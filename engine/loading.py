@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 from detjac.errors import CheckpointError, PromptError
 
 from .families import family_for
+from .gguf import is_gguf
 from .hub import is_hub_id, resolve_hub_id
 from .weights import tensors_error
 
@@ -47,7 +48,13 @@ def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
 
 
 def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
-    """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`)."""
+    """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`); for a GGUF
+    file, the file and the config transformers reads from it (see :mod:`detjac.engine.gguf`)."""
+    if is_gguf(path):
+        from .gguf import gguf_config, gguf_path
+
+        file = gguf_path(path)
+        return file, gguf_config(file).to_dict()
     if is_hub_id(path):
         path = resolve_hub_id(str(path), revision)
     p = Path(path).expanduser()
@@ -58,7 +65,8 @@ def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path
         )
     if not p.is_dir():
         raise CheckpointError(
-            f"Expected a Hugging Face checkpoint directory. Got {str(path)!r}, which is a file."
+            f"Expected a Hugging Face checkpoint directory or a GGUF file (*.gguf). Got {str(path)!r}, which is a "
+            "file but not a GGUF."
         )
     if not (p / "config.json").is_file():
         raise CheckpointError(
@@ -96,11 +104,12 @@ def load_model(
     Parameters
     ----------
     source
-        A local checkpoint directory, a Hugging Face hub id (``org/name``: the cache's snapshot, see
+        A local checkpoint directory, a GGUF file (its weights dequantized into a plain model, see
+        :mod:`detjac.engine.gguf`), a Hugging Face hub id (``org/name``: the cache's snapshot, see
         :mod:`detjac.engine.hub`), or an already-loaded ``PreTrainedModel``.
     dtype
         Parameter dtype. float64 (the default) is the exactness mode; ``None`` keeps the
-        checkpoint's (or the given model's) dtype.
+        checkpoint's (or the given model's) dtype (float32 for a GGUF).
     device
         Device to place the model on.
     revision, trust_remote_code
@@ -125,6 +134,12 @@ def load_model(
         if dtype is not None:
             model.to(dtype=dtype)
         model.to(device)
+    elif is_gguf(source):
+        from .gguf import gguf_tokenizer, load_gguf_model
+
+        model = load_gguf_model(source, dtype=dtype or torch.float32, device=device)
+        if tokenizer is None:
+            tokenizer = gguf_tokenizer(Path(source))
     else:
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 

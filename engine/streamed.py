@@ -55,13 +55,15 @@ from .backend import Engine, JacobianBlock, Plan, Prompt, Trace
 from .budget import budgets_of, device_key, parse_memory, return_freed_memory
 from .cost import DEFAULT_ROW_BLOCK, CostModel
 from .families import family_for
+from .gguf import is_gguf
 from .jacobian import reconstruct
 from .linearize import linearized
 from .loading import read_checkpoint
 from .progress import progress_bar
 from .skeleton import Skeleton
+from .sources import open_source
 from .tracing import LayerSteps, StreamedTrace
-from .weights import check_complete, open_source
+from .weights import check_complete
 
 __all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
            "layer_targets", "parse_memory", "return_freed_memory"]
@@ -74,7 +76,8 @@ class StreamedModel(Engine):
     ----------
     source
         A checkpoint folder with safetensors shards (weights are read layer by layer and
-        never all held), a Hugging Face hub id (its snapshot in the cache, see
+        never all held), a GGUF file (each layer's tensors read and dequantized as it is
+        streamed in, see :mod:`detjac.engine.gguf`), a Hugging Face hub id (its snapshot in the cache, see
         :mod:`detjac.engine.hub`), or a loaded model (its tensors are used in place; with another
         ``device`` or ``dtype`` one layer at a time is copied).
     dtype
@@ -123,8 +126,8 @@ class StreamedModel(Engine):
         self.family = _streamable_family(config)
         self.convention = self.family.check_convention(convention)
         self.config = config
-        weights = open_source(source, raw)
-        _check_quantize(quantize, weights.quantized)
+        weights = open_source(source, raw, config)
+        _check_quantize(quantize, weights.quantized or weights.packed)
         self.quantize = quantize
         self._tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(source, revision,
                                                                                 trust_remote_code)
@@ -320,7 +323,12 @@ def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path, raw = read_checkpoint(source, revision)
-    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    if is_gguf(path):
+        from .gguf import gguf_config
+
+        config = gguf_config(path)
+    else:
+        config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return config, AutoModelForCausalLM._model_mapping[type(config)], raw, path
 
 
@@ -356,6 +364,10 @@ def _load_tokenizer(source: Any, revision: str | None, trust_remote_code: bool) 
 
         return get_tokenizer(source)
     path = Path(source).expanduser()
+    if is_gguf(path):
+        from .gguf import gguf_tokenizer
+
+        return gguf_tokenizer(path)
     if not any(path.glob("tokenizer*")):
         return None
     from transformers import AutoTokenizer

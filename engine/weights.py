@@ -1,4 +1,5 @@
-"""Where the layer-streamed engine gets its weights: a loaded model, or safetensors on disk.
+"""Where the layer-streamed engine gets its weights: a loaded model, or safetensors on disk (GGUF files:
+:mod:`detjac.engine.gguf`; which source a model gets: :mod:`detjac.engine.sources`).
 
 Both sources hand out the tensors of one module subtree (one decoder layer, the final
 norm) by their names in the model, in the compute dtype, on the compute device.
@@ -66,7 +67,8 @@ def _read_header(path: Path) -> dict[str, _Entry]:
 class WeightSource:
     """Tensors of a model by name; subclasses say where they come from."""
 
-    quantized: str | None = None
+    quantized: str | None = None  # a bitsandbytes checkpoint's method: its layers are dequantized as they are read
+    packed: str | None = None  # a checkpoint of another quantized format, read as floats already (e.g. gguf)
 
     def names(self) -> Iterable[str]:
         raise NotImplementedError
@@ -254,11 +256,3 @@ def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
 def is_resident(source: WeightSource) -> bool:
     """Whether the source's tensors already live in memory (a loaded model)."""
     return isinstance(source, ModuleWeights)
-
-
-def open_source(source: Any, config: dict[str, Any] | None = None) -> WeightSource:
-    """A :class:`WeightSource` for a loaded model or a checkpoint folder."""
-    if isinstance(source, nn.Module):
-        return ModuleWeights(source)
-    return SafetensorsWeights(source, config)
-

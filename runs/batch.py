@@ -44,7 +44,7 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
     from detjac.engine import family_for
     from detjac.engine.hub import is_hub_id
 
-    config_file = model_dir / "config.json" if model_dir is not None else None
+    config_file = model_dir / "config.json" if model_dir is not None and model_dir.is_dir() else None
     config_sha = (hashlib.sha256(config_file.read_bytes()).hexdigest()
                   if config_file is not None and config_file.is_file()
                   else hashlib.sha256(model.config.to_json_string().encode()).hexdigest())

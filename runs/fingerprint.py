@@ -40,7 +40,10 @@ def cache_dir() -> Path:
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The weight files of a checkpoint folder, sorted: its safetensors (and index), else its .bin files."""
+    """The weight files of a checkpoint folder, sorted: its safetensors (and index), else its .bin files; a GGUF
+    file is its own one weight file."""
+    if folder.is_file():
+        return [folder]
     for patterns in (SAFETENSORS, PICKLES):
         files = sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
         if files:
@@ -106,12 +109,18 @@ def combined_digest(files: dict[str, str]) -> str:
 
 
 def weights_identity(folder: str | Path | None) -> dict[str, object]:
-    """The run description's ``weights`` (per file) and ``weights_sha256`` (identity) of a checkpoint folder;
-    nothing for a model that is not a folder."""
+    """The run description's ``weights`` (per file) and ``weights_sha256`` (identity) of a checkpoint folder or a
+    GGUF file (and, for a GGUF, ``gguf_types``: its tensors' quantization types); nothing for a model that is
+    neither."""
     if folder is None:
         return {}
     files = weights_fingerprint(folder)
-    return {"weights": files, "weights_sha256": combined_digest(files)} if files else {}
+    identity: dict[str, object] = {"weights": files, "weights_sha256": combined_digest(files)} if files else {}
+    if Path(folder).is_file():
+        from detjac.engine.gguf import read_header
+
+        identity["gguf_types"] = read_header(Path(folder)).quantization_types()
+    return identity
 
 
 def weights_difference(stored: dict[str, object], wanted: dict[str, object]) -> str | None:

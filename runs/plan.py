@@ -162,7 +162,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     if not lenient:
         check_tokenized(prompts, tokenized, limit)
     source = loaded.source
-    model_dir = Path(source) if Path(source).is_dir() else None
+    model_dir = Path(source) if Path(source).is_dir() or Path(source).is_file() else None  # a folder or a GGUF file
     run = run_description(loaded.engine, model_arg, model_dir, spec.revision, spec.dtype,
                           row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach,
                           None if loaded.engine.convention == loaded.engine.family.conventions[0]
@@ -222,5 +222,7 @@ def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any],
     arrays = {k: v.numpy() for k, v in loaded.engine.decoding_matrices(storage).items()}
     source = loaded.source
     tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
-    files = {"tokenizer.json": tok_file.read_bytes()} if tok_file is not None and tok_file.is_file() else {}
-    return arrays, files
+    if tok_file is not None and tok_file.is_file():
+        return arrays, {"tokenizer.json": tok_file.read_bytes()}
+    backend = getattr(loaded.tokenizer, "backend_tokenizer", None)  # a GGUF's, built from its metadata
+    return arrays, {"tokenizer.json": backend.to_str().encode()} if backend is not None else {}

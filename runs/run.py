@@ -222,7 +222,7 @@ def model_ref(model: str, revision: str | None = None) -> str:
 
         return str(check_checkpoint_dir(model, revision))
     path = Path(model)
-    return str(path.resolve()) if path.is_dir() else model
+    return str(path.resolve()) if path.is_dir() or path.is_file() else model  # a folder or a GGUF file
 
 
 def _run_distributed(plan: Any, store: Any, tasks: list[Any], summary: Any, o: RunOptions, log: Log | None) -> bool:
