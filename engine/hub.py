@@ -142,7 +142,7 @@ def _not_found(repo_id: str, revision: str, cache: Path, why: str, filename: str
     folder = repo_folder(repo_id, cache)
     where = f"{folder}" if folder.is_dir() else f"{cache} (it has no {folder.name})"
     local = f" There is no local folder {repo_id!r} either." if "/" in repo_id else ""
-    what = f"its file {filename}" if filename else "complete snapshot"
+    what = f"file {filename}" if filename else "complete snapshot"
     fetch = fetch_command(repo_id, revision).replace(f" {repo_id} ", f" {repo_id} {filename} ") if filename \
         else fetch_command(repo_id, revision)
     return CheckpointError(
