@@ -502,8 +502,3 @@ def gguf_tokenizer(path: Path) -> Any:
 
     read_header(path)
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-
-
-def gguf_fingerprint(path: Path) -> dict[str, Any]:
-    """What a run records of a GGUF: its tensors' quantization types (the SHA-256 is the weights' own)."""
-    return {"gguf_types": read_header(path).quantization_types()}
