@@ -39,7 +39,7 @@ from torch import nn
 
 from detjac.errors import CheckpointError, UnsupportedModelError
 
-from .weights import WeightSource
+from .weights import WeightSource, read_exact
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
@@ -120,9 +120,7 @@ def gguf_path(source: str | Path, gguf_file: str | None = None) -> Path:
     """
     base = Path(source).expanduser()
     if gguf_file is not None:
-        if Path(gguf_file).name != gguf_file or gguf_file in ("", ".", ".."):
-            raise CheckpointError(f"Expected --gguf-file to name a file inside the model folder (a plain file name "
-                                  f"such as model.Q4_K_M.gguf). Got {gguf_file!r}.")
+        _check_file_name(gguf_file)
         if not base.is_dir():
             raise CheckpointError(f"Expected a folder (or hub id) holding {gguf_file} with --gguf-file. Got "
                                   f"{str(source)!r}, which is not a folder.")
@@ -146,10 +144,16 @@ def select_gguf(source: str | Path, gguf_file: str, revision: str | None = None)
     from .hub import is_hub_id, resolve_hub_file
 
     if is_hub_id(source):
-        if Path(gguf_file).name != gguf_file:
-            gguf_path(".", gguf_file)  # the same refusal of a path for a file name
+        _check_file_name(gguf_file)
         return resolve_hub_file(str(source), gguf_file, revision)
     return gguf_path(source, gguf_file)
+
+
+def _check_file_name(gguf_file: str) -> None:
+    """Refuse a ``--gguf-file`` that is a path rather than a file name (it could reach outside the folder)."""
+    if Path(gguf_file).name != gguf_file or gguf_file in ("", ".", ".."):
+        raise CheckpointError(f"Expected --gguf-file to name a file inside the model folder (a plain file name "
+                              f"such as model.Q4_K_M.gguf). Got {gguf_file!r}.")
 
 
 def read_header(path: str | Path) -> GGUFHeader:
@@ -381,13 +385,7 @@ class GGUFWeights(WeightSource):
             begin, n = tensor.begin + start * row, (stop - start) * row
         else:
             begin, n, start, stop = tensor.begin, tensor.nbytes, 0, 1
-        buf = bytearray(n)
-        with open(self.path, "rb", buffering=0) as f:
-            f.seek(begin)
-            got = f.readinto(buf)
-        if got != n:
-            raise CheckpointError(f"Expected {n} bytes of {tensor.name} from {self.path}. Got {got} (truncated file?).")
-        raw = np.frombuffer(buf, dtype=np.uint8)
+        raw = np.frombuffer(read_exact(self.path, begin, n), dtype=np.uint8)
         shape = (stop - start, *tensor.shape[1:]) if len(tensor.shape) > 1 else tensor.shape
         values = dequantize(_as_blocks(raw, tensor), GGMLQuantizationType(tensor.ggml_type))
         values = np.asarray(values, dtype=np.float32).reshape(shape)

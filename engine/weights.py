@@ -159,12 +159,7 @@ class SafetensorsWeights(WeightSource):
 
     @staticmethod
     def _read_bytes(e: _Entry, begin: int, end: int) -> torch.Tensor:
-        buf = bytearray(end - begin)
-        with open(e.file, "rb", buffering=0) as f:
-            f.seek(begin)
-            got = f.readinto(buf)
-        if got != len(buf):
-            raise CheckpointError(f"Expected {len(buf)} bytes from {e.file}. Got {got} (truncated file?).")
+        buf = read_exact(e.file, begin, end - begin)
         if not buf:
             return torch.empty(0, dtype=e.dtype)
         return torch.frombuffer(buf, dtype=e.dtype)
@@ -177,6 +172,24 @@ class SafetensorsWeights(WeightSource):
         if name not in self._resolved:
             self._resolved[name] = resolve_key(name, self._table)
         return self._resolved[name]
+
+
+def read_exact(file: Path, begin: int, n: int) -> bytearray:
+    """``n`` bytes of ``file`` from byte ``begin``, by a positioned read (no memory map, so the file's pages are not
+    left counted in the process's resident memory).
+
+    Raises
+    ------
+    CheckpointError
+        The file ends before them (a truncated file).
+    """
+    buf = bytearray(n)
+    with open(file, "rb", buffering=0) as f:
+        f.seek(begin)
+        got = f.readinto(buf)
+    if got != n:
+        raise CheckpointError(f"Expected {n} bytes from {file}. Got {got} (truncated file?).")
+    return buf
 
 
 def resolve_key(name: str, keys: Iterable[str]) -> str:
