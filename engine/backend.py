@@ -214,6 +214,11 @@ class Engine(ABC):
         """``embedding`` (vocab, d_model), ``unembedding`` (vocab, d_model) and, where the final norm has one,
         ``final_norm`` (d_model,) its gain; on the CPU, in ``dtype`` (default: the compute dtype)."""
 
+    def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """The matrices of :meth:`decoding_matrices` for copying out in row blocks: numpy arrays, or
+        :class:`~detjac.engine.decode.RowBlocks` read on demand where an engine has a memory budget to keep."""
+        return {k: v.numpy() for k, v in self.decoding_matrices(dtype).items()}
+
     @abstractmethod
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits (..., vocab) from final normed hidden states (..., d_model), as the model computes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,31 @@ import torch
 
 from detjac import singular
 from detjac.singular import orient as orient_pairs
+
+
+class RowBlocks:
+    """A (rows, ...) matrix handed out in row blocks: ``m.shape``, ``m.dtype`` (numpy) and ``m[start:stop]`` (a numpy
+    array), read on demand by ``read(start, stop)``, so that a vocabulary-sized matrix can be copied into a store
+    without being held whole. A numpy array answers the same three."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, read: Callable[[int, int], torch.Tensor]) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self._torch_dtype = dtype
+        self.dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self._read = read
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError(f"Expected a slice of rows start:stop. Got {index!r}.")
+        start, stop, _ = index.indices(self.shape[0])
+        rows = self._read(start, max(start, stop)).to(device="cpu", dtype=self._torch_dtype)
+        expected = (max(0, stop - start), *self.shape[1:])
+        if tuple(rows.shape) != expected:
+            raise ValueError(f"Expected rows of shape {expected} from the weights. Got {tuple(rows.shape)}.")
+        return rows.numpy()
+
+    def __repr__(self) -> str:
+        return f"RowBlocks(shape={self.shape}, dtype={self.dtype})"
 
 
 @dataclass(frozen=True)

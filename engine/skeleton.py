@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .backend import EngineStats
-from .decode import final_norm_gain
+from .decode import RowBlocks, final_norm_gain
 from .weights import ModuleWeights, WeightSource
 
 Slots = dict[str, tuple[nn.Module, str]]
@@ -188,6 +188,24 @@ class Skeleton:
         if gain is not None:
             arrays["final_norm"] = gain.to(device="cpu", dtype=dtype or self.dtype)
         return arrays
+
+    def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """``embedding`` and ``unembedding`` as :class:`RowBlocks` over the source (each block read when asked for),
+        ``final_norm`` (d,) as a numpy array."""
+        dtype = dtype or self.dtype
+        out: dict[str, Any] = {}
+        for which in ("embedding", "unembedding"):
+            key = self._matrix_key(which)
+            shape = self._matrix_shape(which)
+            out[which] = RowBlocks(shape, dtype, lambda a, b, key=key: self.source.read_range(key, a, b))
+        gain = final_norm_gain(self.model)
+        if gain is not None:
+            out["final_norm"] = gain.to(device="cpu", dtype=dtype).numpy()
+        return out
+
+    def _matrix_shape(self, which: str) -> tuple[int, int]:
+        module = self.decoder.get_input_embeddings() if which == "embedding" else self.model.get_output_embeddings()
+        return tuple(module.weight.shape)  # type: ignore[return-value]
 
     def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
         """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""

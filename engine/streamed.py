@@ -249,6 +249,10 @@ class StreamedModel(Engine):
         """Read whole from the source (see :func:`~detjac.engine.decode.final_norm_gain`)."""
         return self.skeleton.decoding_matrices(dtype)
 
+    def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """The embedding and unembedding read from the source one row block at a time, never whole."""
+        return self.skeleton.decoding_rows(dtype)
+
     def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
         """Reading the unembedding in row chunks of ``chunk``."""
         return self.skeleton.logits(hidden, chunk=chunk)

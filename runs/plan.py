@@ -214,12 +214,12 @@ def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, 
 
 
 def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The embedding and unembedding matrices, the final norm's gain and the tokenizer file, kept in the store
-    for decoding."""
+    """The embedding and unembedding matrices (row readers where the engine streams), the final norm's gain and the
+    tokenizer file, kept in the store for decoding."""
     import torch
 
     storage = getattr(torch, storage_dtype(dtype))
-    arrays = {k: v.numpy() for k, v in loaded.engine.decoding_matrices(storage).items()}
+    arrays = loaded.engine.decoding_rows(storage)
     source = loaded.source
     tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
     if tok_file is not None and tok_file.is_file():

@@ -84,13 +84,19 @@ def compressors(itemsize: int) -> list[Any]:
     return [BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", typesize=itemsize), Crc32cCodec()]
 
 
+def new_array(group: Any, name: str, shape: tuple[int, ...], dtype: Any, dims: tuple[str, ...] | None = None,
+              chunks: tuple[int, ...] | None = None) -> Any:
+    """Create ``name`` in a zarr ``group`` with the store's codecs, unwritten (one chunk by default)."""
+    dtype = np.dtype(dtype)
+    return group.create_array(name, shape=shape, dtype=dtype, dimension_names=dims, chunks=chunks or shape or None,
+                              compressors=compressors(dtype.itemsize), fill_value=0, config=EVERY_CHUNK)
+
+
 def put_array(group: Any, name: str, values: Any, dims: tuple[str, ...] | None = None,
               chunks: tuple[int, ...] | None = None) -> Any:
     """Create ``name`` in a zarr ``group`` with the store's codecs and write ``values`` (one chunk by default)."""
     values = np.asarray(values)
-    arr = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=dims,
-                             chunks=chunks or values.shape or None, compressors=compressors(values.itemsize),
-                             fill_value=0, config=EVERY_CHUNK)
+    arr = new_array(group, name, values.shape, values.dtype, dims, chunks)
     arr[...] = values
     return arr
 

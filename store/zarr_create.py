@@ -27,14 +27,36 @@ from .disk import clear_aside, discard_folder, disk_error, fsync_tree
 from .location import store_path
 from .zarr_store import ZarrStore
 
+MODEL_ROWS = 8192  # rows of a model matrix per chunk, and per block read from the model while copying it in
 
-def _write_model(root: Any, arrays: dict[str, np.ndarray], files: dict[str, bytes]) -> dict[str, str]:
+
+def _write_rows(group: Any, name: str, values: Any) -> str:
+    """Copy a matrix into ``group`` one row block at a time (``values``: a numpy array, or anything with ``shape``,
+    ``dtype`` and row slices, such as an engine's row reader), so a vocabulary-sized matrix is never held whole;
+    returns the SHA-256 of its row-major bytes."""
+    shape = tuple(values.shape)
+    if not shape:
+        raise StoreError(f"Expected a model matrix with rows for {name!r}. Got a scalar.")
+    block = max(1, min(MODEL_ROWS, shape[0]))
+    arr = fmt.new_array(group, name, shape, values.dtype, fmt.DIMENSIONS[name], chunks=(block, *shape[1:]))
+    digest = hashlib.sha256()
+    for start in range(0, shape[0], block):
+        stop = min(start + block, shape[0])
+        part = np.ascontiguousarray(values[start:stop], dtype=arr.dtype)
+        if part.shape != (stop - start, *shape[1:]):
+            raise StoreError(f"Expected rows {start}:{stop} of {name!r} with shape {(stop - start, *shape[1:])}. "
+                             f"Got {part.shape}.")
+        arr[start:stop] = part
+        digest.update(part.tobytes())
+    return digest.hexdigest()
+
+
+def _write_model(root: Any, arrays: dict[str, Any], files: dict[str, bytes]) -> dict[str, str]:
     """Model matrices (for decoding without the model) and small files, as arrays; returns their SHA-256s."""
     group = root.create_group(fmt.MODEL)
     digests = {}
     for name, values in arrays.items():
-        fmt.put_array(group, name, values, fmt.DIMENSIONS[name], chunks=(min(8192, values.shape[0]), *values.shape[1:]))
-        digests[name] = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
+        digests[name] = _write_rows(group, name, values)
     for name, data in files.items():
         array = fmt.MODEL_FILES.get(name)
         if array is None:
@@ -45,7 +67,7 @@ def _write_model(root: Any, arrays: dict[str, np.ndarray], files: dict[str, byte
     return digests
 
 
-def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
+def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, Any] | None = None,
                files: dict[str, bytes] | None = None) -> None:
     """Create the store under a temporary name and rename it into place."""
     import zarr
@@ -72,13 +94,14 @@ def _half_deleted(path: Path) -> bool:
 
 
 def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new: bool = False,
-                 model_data: Callable[[], tuple[dict[str, np.ndarray], dict[str, bytes]]] | None = None) -> ZarrStore:
+                 model_data: Callable[[], tuple[dict[str, Any], dict[str, bytes]]] | None = None) -> ZarrStore:
     """Open ``path`` for writing: create it, or resume it if it holds the same run.
 
     When a new store is created, ``model_data()`` is called for the arrays (``embedding``
-    (vocab, col), ``unembedding`` (vocab, row)) and files (e.g. ``tokenizer.json``) kept
-    under ``model/``, so that analyses can decode singular vectors without the model; a
-    resumed store already has them, and the call (a copy of the matrices) is skipped.
+    (vocab, col), ``unembedding`` (vocab, row): numpy arrays or row readers, copied in row
+    blocks) and files (e.g. ``tokenizer.json``) kept under ``model/``, so that analyses can
+    decode singular vectors without the model; a resumed store already has them, and the call
+    is skipped.
 
     Raises StoreMismatchError if the store was written for another model or settings, or in
     an older format (unless ``force_new``, which replaces it: renamed aside, then deleted),

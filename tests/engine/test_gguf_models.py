@@ -161,6 +161,33 @@ def test_the_streamed_engine_under_a_budget_below_the_weights_equals_the_in_memo
     assert engine.stats.max_resident_layers == 1
 
 
+def test_a_streamed_run_of_gemma3_stays_below_its_float64_weights_embedding_included(gguf_files, tmp_path):
+    """The 262,144 x 640 embedding (1.34 GB in float64) is gathered by the prompt's rows and copied into the store in
+    row blocks: the whole `detjac run` process peaks below the float64 weights (2.14 GB)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = gguf_files["gemma3"]()
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The bridge out of Marin is the\n")
+    out = tmp_path / "s.zarr"
+    detjac = Path(sys.executable).with_name("detjac")  # the console script next to this interpreter
+    command = [str(detjac), "run", str(path), str(prompts), "--out", str(out), "--streamed", "--max-memory",
+               "cpu=300MiB", "--dtype", "float64"]
+    measure = ("import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+               "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
+    done = subprocess.run([sys.executable, "-c", measure, *command], capture_output=True, text=True, timeout=600)
+    code, peak_kib = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0, done.stderr[-2000:]
+    from detjac.store import open_store
+
+    store = open_store(out)
+    assert store.model_array("embedding").shape == (262144, 640)
+    assert peak_kib * 1024 < 1.6e9, f"peak RSS {peak_kib / 2**20:.2f} GiB"  # float64 weights: 2.14 GB
+
+
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_layerwise_targets_of_real_models_reconstruct(name, models, gguf_files):
     path = gguf_files[name]()

@@ -243,6 +243,43 @@ def test_model_arrays_and_files_are_kept_for_decoding(backend):
         r.model_bytes("vocab.txt")
 
 
+class _Rows:
+    """A matrix handed out in row slices only, like an engine reading a vocabulary-sized matrix from its weights."""
+
+    def __init__(self, values):
+        self.values, self.shape, self.dtype, self.blocks = values, values.shape, values.dtype, []
+
+    def __getitem__(self, index):
+        assert isinstance(index, slice)
+        self.blocks.append(len(range(*index.indices(self.shape[0]))))
+        return self.values[index]
+
+
+def test_model_matrices_given_as_row_readers_are_copied_in_blocks_never_whole(impl, tmp_path):
+    rng = np.random.default_rng(5)
+    embedding, unembedding = rng.standard_normal((20000, 3)), rng.standard_normal((20000, 3)).astype(np.float32)
+    readers = {"embedding": _Rows(embedding), "unembedding": _Rows(unembedding)}
+    impl.create(tmp_path / "rows", RUN, lambda: (dict(readers), {})).close()
+    impl.create(tmp_path / "whole", RUN, lambda: ({"embedding": embedding, "unembedding": unembedding}, {})).close()
+    rows, whole = impl.open(tmp_path / "rows"), impl.open(tmp_path / "whole")
+    for name, values in (("embedding", embedding), ("unembedding", unembedding)):
+        got = rows.model_array(name)
+        assert got.dtype == values.dtype and np.array_equal(got, values)
+        assert np.array_equal(whole.model_array(name), got)
+        assert sum(readers[name].blocks) == 20000 and max(readers[name].blocks) < 20000, readers[name].blocks
+    assert rows.run == whole.run  # model_array checked each against its sealed SHA-256 of the whole matrix
+
+
+def test_a_model_matrix_whose_rows_come_back_in_the_wrong_shape_is_refused(impl, tmp_path):
+    class Short(_Rows):
+        def __getitem__(self, index):
+            return super().__getitem__(index)[:-1]
+
+    with pytest.raises(StoreError, match=r"Expected rows 0:\d+ of 'embedding' with shape \(\d+, 3\). Got \(\d+, 3\)"):
+        impl.create(tmp_path / "s", RUN, lambda: ({"embedding": Short(np.zeros((20, 3)))}, {}))
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_store_without_model_data_says_so(impl, tmp_path):
     impl.create(tmp_path / "s", RUN).close()
     with pytest.raises(StoreError, match="Got none .stores written without the model's matrices cannot decode"):
