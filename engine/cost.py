@@ -13,7 +13,9 @@ reverse mode otherwise; per-layer (``*_local``) targets are always reverse mode 
 so are ``to_output.L`` targets with the output: the output's cotangents at layer ``L`` are their rows,
 read off its reverse sweep at no extra cost.
 
-Memory: with a budget for the compute device, the block is sized so that one layer (twice,
+Memory: without a budget, a row block holds as many vectors as fit in ``UNBUDGETED_BLOCK_BYTES`` (512 MiB,
+at least 64 rows), since every block is one more pass over the weights. With a budget for the compute device,
+the block is sized so that one layer (twice,
 while the next is read), the trace, what a layer holds whatever the block (:meth:`CostModel.layer_bytes_held`)
 and the block's vectors fit (:meth:`CostModel.plan`); one vector costs :meth:`CostModel.vector_bytes`. Both
 depend on how a block crosses a layer (``sweeps``, :mod:`detjac.engine.adjoint`):
@@ -47,6 +49,9 @@ from . import pieces
 from .backend import Plan
 
 DEFAULT_ROW_BLOCK = 64
+# Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
+# block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
+UNBUDGETED_BLOCK_BYTES = 512 * 2**20
 MODES = ("auto", "reverse", "forward")
 
 
@@ -159,7 +164,10 @@ class CostModel:
         rev = sorted(t for t in targets if t not in fwd)
         n_rev = max(1, len(rev))
         if row_block is None:
-            row_block = DEFAULT_ROW_BLOCK if rows_fit is None else min(d, rows_fit // n_rev)
+            if rows_fit is None:
+                row_block = min(d, max(DEFAULT_ROW_BLOCK, UNBUDGETED_BLOCK_BYTES // self.vector_bytes(n) // n_rev))
+            else:
+                row_block = min(d, rows_fit // n_rev)
             if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
                 row_block = -(-d // -(-d // row_block))
         if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):

@@ -1,0 +1,356 @@
+"""The paper's findings measured on two real trained models: SmolLM2-135M-Instruct and Gemma 3 270M (GGUF).
+
+Prompts: ``benchmarks/data/factbook_prompts.jsonl`` (sentences of the CIA World Factbook, public domain, each
+without its last word; the rule is in ``scripts/factbook_prompts.py``); a model keeps the ``eval`` prompts of 8 to
+64 tokens in its own tokenizer. Parts (``--part``), each resumable: what is already in the results is kept and
+skipped, every prompt's record is written as soon as it is computed (``--limit`` stops after that many new ones).
+
+records (float64, in memory)
+    Per prompt: the detached J (``detached_jacobian``, exactly what ``detjac jacobian`` computes), its
+    reconstruction error; the ordinary Jacobian's reconstruction error ``||J_ord x - y|| / ||y||`` from one JVP of
+    the model in the direction of its own embeddings x (``J_ord`` is never formed); the predicted next token;
+    the 10 tokens decoded from ``u_1`` of ``[J_1 ... J_n]`` (signs fixed by ``u . y >= 0``), of the ordinary
+    Jacobian's ``u_1`` (block Lanczos on products with ``J_ord`` and ``J_ord^T``, ``operator_svd``), and of a
+    random unit vector (seeded by the prompt's index); stable rank and energy ranks (90 / 99 %) of J.
+layerwise (float32, layer-streamed, the first ``--layer-prompts`` records)
+    Every layer's ``layer_normed`` target (the paper's convention: the final norm applied to that layer's output)
+    and the output: stable rank, energy ranks, the 10 tokens decoded from ``u_1``; a concept "emerges" at the
+    first layer whose ``u_1`` holds the model's prediction among its 10 tokens.
+example (float64)
+    The paper's prompt "The bridge out of Marin is the" decoded in full: the top 3 triplets of the combined
+    operator and of every ``J_k``, 10 tokens each.
+
+Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``summary``,
+``timing``); ``--summary`` recomputes the summary and prints it. Progress goes to stdout, one line per prompt.
+
+    .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~20 s a prompt
+    .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
+    .venv/bin/python benchmarks/real_findings.py --summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from real_paths import NAMES, gguf_path
+
+HERE = Path(__file__).parent
+PROMPTS = HERE / "data" / "factbook_prompts.jsonl"
+RESULTS = HERE / "results" / "real_models.json"
+MIN_TOKENS, MAX_TOKENS, TOP = 8, 64, 10
+EXAMPLE = "The bridge out of Marin is the"
+
+
+# -- results file -----------------------------------------------------------------------------
+
+
+def load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+
+
+def save_results(results: dict[str, Any]) -> None:
+    """Written under a temporary name and renamed: a kill leaves the previous complete file."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULTS.with_name(RESULTS.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    os.replace(tmp, RESULTS)
+
+
+def model_results(results: dict[str, Any], name: str) -> dict[str, Any]:
+    entry = results.setdefault(name, {})
+    for key, empty in (("prompts", []), ("skipped", []), ("layerwise", []), ("timing", {})):
+        entry.setdefault(key, empty)
+    return entry
+
+
+def add_time(entry: dict[str, Any], part: str, seconds: float, count: int) -> None:
+    t = entry["timing"].setdefault(part, {"seconds": 0.0, "count": 0})
+    t["seconds"] += seconds
+    t["count"] += count
+    t["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def eval_prompts() -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["split"] == "eval"]
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+
+def spectrum_figures(S: Any) -> dict[str, Any]:
+    from detjac.analysis.spectra import dimensionality
+
+    dim = dimensionality(S.double().cpu().numpy())
+    return {"sigma1": float(S[0]), "stable_rank": dim.stable_rank, "n90": dim.n90, "n99": dim.n99}
+
+
+def top_tokens(u: Any, W_U: Any) -> list[int]:
+    from detjac.engine import decode_top
+
+    return decode_top(u.reshape(-1, 1).to(W_U.dtype), W_U, TOP)[0][0].tolist()
+
+
+def ordinary_figures(model: Any, ids: list[int], x: Any, y: Any, W_U: Any) -> dict[str, Any]:
+    """The ordinary Jacobian, matrix-free: its reconstruction (one JVP along x) and its decoded u_1."""
+    import torch
+
+    from detjac.engine import jacobian_operator, operator_svd
+    from detjac.exactness import relative_error
+
+    op = jacobian_operator(model, ids, detach=False)
+    recon = relative_error(op.matvec(x.reshape(-1).to(op.dtype)), y)
+    svd = operator_svd(op, 1, orient=y.to(op.dtype), tol=1e-6)  # residual 1e-6 of sigma_1: ample to rank tokens
+    with torch.no_grad():
+        return {"recon_ordinary": recon, "ordinary_u1_top10": top_tokens(svd.U[:, 0], W_U),
+                "ordinary_sigma1": float(svd.S[0]), "ordinary_products": svd.matvecs + svd.rmatvecs}
+
+
+def record(model: Any, W_U: Any, index: int, item: dict[str, Any]) -> dict[str, Any] | str:
+    """One prompt's record, or the reason it is skipped (its length in tokens)."""
+    import torch
+
+    from detjac.engine import dense_svd, detached_jacobian
+
+    t0 = time.perf_counter()
+    res = detached_jacobian(model, item["text"], check=False)
+    n = len(res.token_ids)
+    if not MIN_TOKENS <= n <= MAX_TOKENS:
+        return f"{n} tokens"
+    seconds_detached = time.perf_counter() - t0
+    op = res.combined()
+    S = torch.linalg.svdvals(op)
+    u1 = dense_svd(op, 1, orient=res.produced).U[:, 0]
+    next_id = int(res.logits.reshape(-1, res.logits.shape[-1])[-1].argmax())
+    u1_top = top_tokens(u1, W_U)
+    gen = torch.Generator().manual_seed(index)
+    r = torch.randn(op.shape[0], generator=gen, dtype=op.dtype)
+    random_top = top_tokens(r / r.norm(), W_U)
+    t1 = time.perf_counter()
+    ordinary = ordinary_figures(model, list(res.token_ids), res.embeddings, res.output, W_U)
+    return {"index": index, "text": item["text"], "file": item["file"], "token_ids": list(res.token_ids),
+            "next_token_id": next_id, "recon_detached": float(res.reconstruction_error), **ordinary,
+            "u1_top10": u1_top, "u1_hit": next_id in u1_top,
+            "ordinary_u1_hit": next_id in ordinary["ordinary_u1_top10"],
+            "random_top10": random_top, "random_hit": next_id in random_top, **spectrum_figures(S),
+            "seconds_detached": seconds_detached, "seconds_ordinary": time.perf_counter() - t1}
+
+
+def run_records(name: str, limit: int | None) -> None:
+    import torch
+
+    from detjac.engine import load_model
+    from detjac.engine.decode import model_decoding_matrices
+
+    results = load_results()
+    entry = model_results(results, name)
+    done = {r["index"] for r in entry["prompts"]} | {s["index"] for s in entry["skipped"]}
+    todo = [(i, p) for i, p in enumerate(eval_prompts()) if i not in done]
+    if not todo:
+        print(f"{name} records: all {len(done)} prompts done")
+        return
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model = load_model(gguf_path(name), dtype=torch.float64)
+    W_U = model_decoding_matrices(model)["unembedding"]
+    for count, (index, item) in enumerate(todo[:limit] if limit else todo):
+        t0 = time.perf_counter()
+        got = record(model, W_U, index, item)
+        seconds = time.perf_counter() - t0
+        if isinstance(got, str):
+            entry["skipped"].append({"index": index, "why": got})
+        else:
+            entry["prompts"].append(got)
+            add_time(entry, "records", seconds, 1)
+        save_results(results)
+        rows = entry["prompts"]
+        hits = sum(r["u1_hit"] for r in rows)
+        print(f"{name} records {len(rows) + len(entry['skipped'])}/{len(done) + len(todo)} "
+              f"[{count + 1} this run] {seconds:6.1f} s "
+              + (f"recon {got['recon_detached']:.1e} / ordinary {got['recon_ordinary']:.1e}, u1 hit {got['u1_hit']}"
+                 if not isinstance(got, str) else f"skipped ({got})")
+              + f"; u1 hit rate so far {hits}/{len(rows)}", flush=True)
+
+
+def run_layerwise(name: str, count: int, limit: int | None) -> None:
+    import torch
+
+    from detjac.engine import dense_svd, load_engine
+    from detjac.targets import OUTPUTS, Target
+
+    results = load_results()
+    entry = model_results(results, name)
+    done = {r["index"] for r in entry["layerwise"]}
+    chosen = sorted(entry["prompts"], key=lambda r: r["index"])[:count]
+    todo = [r for r in chosen if r["index"] not in done]
+    if len(chosen) < count:
+        print(f"{name} layerwise: only {len(chosen)} records so far (wanted the first {count}); run --part records")
+    if not todo:
+        print(f"{name} layerwise: the first {len(chosen)} records done")
+        return
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    engine = load_engine(gguf_path(name), streamed=True, dtype=torch.float32)
+    W_U = engine.decoding_matrices(torch.float32)["unembedding"]
+    targets = [Target(layer, "layer_normed") for layer in range(engine.n_layers)] + [OUTPUTS]
+    for k, rec in enumerate(todo[:limit] if limit else todo):
+        t0 = time.perf_counter()
+        res = engine.jacobians(rec["token_ids"], targets)
+        layers = []
+        for t in targets:
+            op = res[t].reshape(res[t].shape[0], -1)
+            S = torch.linalg.svdvals(op.double())
+            u1 = dense_svd(op, 1, orient=res.trace.value(t)).U[:, 0]
+            top = top_tokens(u1, W_U)
+            layers.append({"layer": t.layer if not t.is_output else "output", **spectrum_figures(S),
+                           "recon": res.reconstruction_error(t), "u1_top10": top,
+                           "hit": rec["next_token_id"] in top})
+        emergence = next((row["layer"] for row in layers if row["hit"]), None)
+        seconds = time.perf_counter() - t0
+        entry["layerwise"].append({"index": rec["index"], "n_tokens": len(rec["token_ids"]), "layers": layers,
+                                   "emergence": emergence, "seconds": seconds})
+        add_time(entry, "layerwise", seconds, 1)
+        save_results(results)
+        print(f"{name} layerwise {len(entry['layerwise'])}/{len(chosen)} [{k + 1} this run] {seconds:6.1f} s, "
+              f"{len(rec['token_ids'])} tokens, emergence at layer {emergence}", flush=True)
+
+
+def run_example(name: str) -> None:
+    import torch
+
+    from detjac.engine import detached_jacobian, load_model
+    from detjac.engine.explain import explain
+
+    results = load_results()
+    entry = model_results(results, name)
+    model = load_model(gguf_path(name), dtype=torch.float64)
+    t0 = time.perf_counter()
+    res = detached_jacobian(model, EXAMPLE)
+    expl = explain(res, model, k=3, top=TOP)
+
+    def decoded(op: Any) -> dict[str, Any]:
+        return {"label": op.label, "sigma": op.singular_values.tolist(), "left_ids": op.left_ids.tolist(),
+                "right_ids": op.right_ids.tolist(), "right_positions": op.right_positions}
+
+    entry["example"] = {"text": EXAMPLE, "token_ids": list(res.token_ids),
+                        "next_token_id": int(res.logits.reshape(-1, res.logits.shape[-1])[-1].argmax()),
+                        "recon_detached": float(res.reconstruction_error), "combined": decoded(expl.combined),
+                        "per_token": [decoded(op) for op in expl.per_token]}
+    add_time(entry, "example", time.perf_counter() - t0, 1)
+    save_results(results)
+    print(f"{name} example: {len(res.token_ids)} tokens, reconstruction {res.reconstruction_error:.1e}")
+
+
+# -- summary ----------------------------------------------------------------------------------
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> list[float]:
+    """95 % Wilson score interval of a rate."""
+    if n == 0:
+        return [math.nan, math.nan]
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [centre - half, centre + half]
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {}
+    return {"median": float(np.median(v)), "p90": float(np.quantile(v, 0.9)), "max": float(v.max()),
+            "min": float(v.min())}
+
+
+def summary(entry: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    rows = entry["prompts"]
+    out: dict[str, Any] = {"prompts": len(rows), "skipped": len(entry["skipped"])}
+    if rows:
+        out["recon_detached"] = quantiles([r["recon_detached"] for r in rows])
+        out["recon_ordinary"] = quantiles([r["recon_ordinary"] for r in rows])
+        for key in ("u1_hit", "ordinary_u1_hit", "random_hit"):
+            hits = sum(bool(r[key]) for r in rows)
+            out[key.replace("_hit", "_top10_rate")] = {"hits": hits, "n": len(rows), "rate": hits / len(rows),
+                                                       "ci95": wilson(hits, len(rows))}
+        out["stable_rank"] = quantiles([r["stable_rank"] for r in rows])
+        out["n90"] = quantiles([r["n90"] for r in rows])
+        out["n99"] = quantiles([r["n99"] for r in rows])
+    lw = entry["layerwise"]
+    if lw:
+        n_layers = len(lw[0]["layers"]) - 1
+        by_layer = []
+        for layer in range(n_layers + 1):
+            vals = [p["layers"][layer] for p in lw]
+            by_layer.append({"layer": vals[0]["layer"],
+                             **{k: float(np.median([v[k] for v in vals])) for k in ("stable_rank", "n90", "n99")},
+                             "hit_rate": sum(v["hit"] for v in vals) / len(vals),
+                             "worst_recon": max(v["recon"] for v in vals)})
+        emergence = [p["emergence"] for p in lw]
+        out["layerwise"] = {"prompts": len(lw), "by_layer": by_layer,
+                            "emergence_histogram": {str(k): emergence.count(k) for k in
+                                                    [*range(n_layers), "output", None] if emergence.count(k)}}
+    return out
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    for name in NAMES:
+        entry = results.get(name)
+        if not entry:
+            continue
+        s = entry["summary"] = summary(entry)
+        print(f"{name}: {s['prompts']} prompts ({s['skipped']} skipped for length)")
+        if s["prompts"]:
+            for key in ("recon_detached", "recon_ordinary"):
+                q = s[key]
+                print(f"  {key:<16} median {q['median']:.1e}  p90 {q['p90']:.1e}  max {q['max']:.1e}")
+            for key in ("u1_top10_rate", "ordinary_u1_top10_rate", "random_top10_rate"):
+                r = s[key]
+                print(f"  {key:<24} {r['hits']}/{r['n']} = {r['rate']:.3f}  95% CI [{r['ci95'][0]:.3f}, "
+                      f"{r['ci95'][1]:.3f}]")
+            print(f"  stable rank median {s['stable_rank']['median']:.2f}, n90 median {s['n90']['median']:.0f}, "
+                  f"n99 median {s['n99']['median']:.0f}")
+        if "layerwise" in s:
+            print(f"  layerwise over {s['layerwise']['prompts']} prompts; emergence "
+                  f"{s['layerwise']['emergence_histogram']}")
+        for part, t in entry["timing"].items():
+            print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s per prompt over {t['count']} "
+                  f"({t['machine']})")
+    save_results(results)
+
+
+def main() -> None:
+    global RESULTS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=NAMES, action="append", help="default: both")
+    p.add_argument("--part", choices=("records", "layerwise", "example"), action="append")
+    p.add_argument("--limit", type=int, help="stop after this many new prompts per model and part")
+    p.add_argument("--layer-prompts", type=int, default=40, help="layerwise: the first this many records")
+    p.add_argument("--summary", action="store_true", help="recompute and print the summary, then stop")
+    p.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
+    args = p.parse_args()
+    RESULTS = args.results
+    if args.summary:
+        print_summary(load_results())
+        return
+    for name in args.model or NAMES:
+        for part in args.part or ("example", "records", "layerwise"):
+            if part == "records":
+                run_records(name, args.limit)
+            elif part == "layerwise":
+                run_layerwise(name, args.layer_prompts, args.limit)
+            else:
+                run_example(name)
+    print_summary(load_results())
+
+
+if __name__ == "__main__":
+    main()

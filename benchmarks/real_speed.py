@@ -1,0 +1,239 @@
+"""Speed and memory on the two real trained models, against the reference approach, in one run.
+
+For SmolLM2-135M-Instruct (Llama: d 576, 30 layers, 9 query / 3 key-value heads, ffn 1536) and Gemma 3 270M
+(d 640, 18 layers, 4 / 1 heads of 256, ffn 2048, vocabulary 262,144), dequantized from their GGUF files, at 8, 32
+and 128 tokens of a fixed English text, in float32 and float64, three ways to the whole Jacobian of the output
+(final normed state at the last position) w.r.t. the input embeddings:
+
+reference
+    ``torch.autograd.functional.jacobian(vectorize=True)`` of the detached (linearized) model, in memory.
+memory
+    detjac's in-memory engine (what ``detjac run`` uses by default): trace, then every row block.
+streamed
+    detjac's layer-streamed engine (``--streamed``), one decoder layer resident at a time, explicit sweeps.
+
+Each (model, tokens, dtype, method) runs in a fresh process: the model is loaded, a 2-token prompt is run
+first (kernels, allocator), the peak RSS is reset, then the timed run from the forward pass to the last row;
+reported are seconds, peak RSS above the loaded model, and the largest difference from the reference's J
+(relative to its largest entry). ``--rates`` adds, for detjac's methods, the share of torch.matmul's rate the
+run reached on its own GEMMs: every matrix product of one more (untimed) run is recorded and replayed alone on
+random operands of the same layouts (``gemm_share``); ``matmul share = replay seconds / run seconds`` (1.0: the
+run is nothing but its GEMMs at torch.matmul's speed), and against one 2048^2 product the FLOP-model rate.
+
+Results go to ``benchmarks/results/real_speed.json``, one record per case as it finishes; a rerun skips the
+cases already there (``--redo`` recomputes them). Never a timed assertion: a report.
+
+    .venv/bin/python benchmarks/real_speed.py                          # every case: about an hour on 2 cores
+    .venv/bin/python benchmarks/real_speed.py --models smollm2 --tokens 8 --dtypes float64 --rates
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from real_paths import NAMES, gguf_path
+from streamed import matmul_flops, peak_mib, reset_peak
+
+RESULTS = Path(__file__).parent / "results" / "real_speed.json"
+METHODS = ("reference", "memory", "streamed")
+# Written for this benchmark: an ordinary English paragraph, long enough for 128 tokens in both tokenizers.
+TEXT = ("The old harbour town sits where the river meets the sea, and for three hundred years its people have "
+        "lived from fishing, trade and the slow work of building ships. In the morning the market fills with "
+        "crates of herring and cod, baskets of apples from the valley farms, and bread still warm from the ovens "
+        "behind the church. Children walk to the school on the hill while their parents open the shops along "
+        "the quay. In winter the storms close the harbour for weeks, and the town waits, mends its nets and "
+        "tells the stories of the great flood that once carried the bridge away. When spring returns, the "
+        "first boats leave before dawn, and the whole town comes down to the water to watch them go.")
+
+
+def _ids(engine: Any, n: int) -> list[int]:
+    ids = engine.tokenizer(TEXT, add_special_tokens=True)["input_ids"]
+    if len(ids) < n:
+        raise SystemExit(f"Expected at least {n} tokens of the benchmark text. Got {len(ids)}.")
+    return list(ids[:n])
+
+
+def _flops(cfg: Any, n: int) -> float:
+    """FLOP model of pulling all d rows back through every layer (``streamed.sweep_flops``, GQA widths)."""
+    from streamed import sweep_flops
+
+    c = cfg.get_text_config()
+    shape = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads}
+    d, layers = c.hidden_size, c.num_hidden_layers
+    whole = sweep_flops(shape, n, d, 1)
+    return whole * layers - (whole - sweep_flops(shape, n, d, 1, queries=1))
+
+
+def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates: bool, out: str) -> dict[str, Any]:
+    import torch
+
+    from detjac.engine import linearized, load_engine
+    from detjac.targets import OUTPUTS
+
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    path = gguf_path(model)
+    t0 = time.perf_counter()
+    engine = load_engine(path, streamed=method == "streamed", dtype=dtype)
+    load_s = time.perf_counter() - t0
+    ids = _ids(engine, n)
+
+    if method == "reference":
+        def run(prompt: list[int]) -> Any:
+            with linearized(engine.model) as lin:
+                x = lin.decoder.get_input_embeddings()(torch.tensor([prompt]))[0].detach()
+                return torch.autograd.functional.jacobian(
+                    lambda e: lin.decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, -1], x,
+                    vectorize=True)
+    else:
+        def run(prompt: list[int]) -> Any:
+            trace = engine.trace(prompt)
+            return engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
+
+    run(ids[:2])
+    stats = getattr(engine, "stats", None)
+    read_before = getattr(stats, "bytes_read", 0)
+    base = reset_peak()
+    t0 = time.perf_counter()
+    jac = run(ids)
+    seconds = time.perf_counter() - t0
+    peak = peak_mib() - base
+    torch.save(jac, out)
+    record: dict[str, Any] = {"seconds": seconds, "peak_mib": peak, "load_seconds": load_s,
+                              "jacobian_mib": jac.numel() * jac.element_size() / 2**20,
+                              "n_tokens": len(ids), "token_ids": ids}
+    if method != "reference":
+        record["bytes_read"] = getattr(stats, "bytes_read", 0) - read_before  # the timed run's weight reads
+        record["row_block"] = engine.plan(engine.trace(ids), [OUTPUTS]).row_block
+    if rates and method != "reference":
+        from gemm_share import gemm_flops, record_gemms, replay_seconds
+
+        calls = record_gemms(lambda: run(ids))
+        replay = replay_seconds(calls)
+        flops = _flops(engine.config, n)
+        square = matmul_flops(dtype)
+        record.update({"gemm_calls": len(calls), "gemm_flops": gemm_flops(calls), "replay_seconds": replay,
+                       "matmul_share": replay / seconds, "model_flops": flops,
+                       "square_matmul_gflops": square / 1e9, "square_share": flops / seconds / square})
+    return record
+
+
+def _compare(ref: str, got: str) -> float:
+    import torch
+
+    a, b = torch.load(ref), torch.load(got)
+    return float((a.double() - b.double()).abs().max() / a.double().abs().max())
+
+
+def _key(model: str, n: int, dtype: str, method: str) -> str:
+    return f"{model}/{n}/{dtype}/{method}"
+
+
+def _load() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"cases": {}}
+
+
+def _save(results: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    os.replace(tmp, RESULTS)
+
+
+def _table(results: dict[str, Any]) -> str:
+    cases = results["cases"]
+    lines = [f"{'model':<8} {'tokens':>6} {'dtype':<8} {'reference':>10} {'memory':>16} {'streamed':>16} "
+             f"{'peak MiB ref/mem/str':>22} {'matmul share mem/str':>21}"]
+    for model in NAMES:
+        for n in sorted({c["n"] for c in cases.values() if c["model"] == model}):
+            for dtype in ("float32", "float64"):
+                got = {m: cases.get(_key(model, n, dtype, m)) for m in METHODS}
+                ref = got["reference"]
+                if ref is None:
+                    continue
+                cells, peaks, shares = [], [], []
+                for m in METHODS:
+                    c = got[m]
+                    peaks.append(f"{c['peak_mib']:.0f}" if c else "-")
+                    if m == "reference":
+                        continue
+                    cells.append(f"{c['seconds']:7.2f} ({c['seconds'] / ref['seconds']:.2f}x)" if c else "-")
+                    shares.append(f"{c['matmul_share']:.2f}" if c and "matmul_share" in c else "-")
+                lines.append(f"{model:<8} {n:>6} {dtype:<8} {ref['seconds']:10.2f} {cells[0]:>16} {cells[1]:>16} "
+                             f"{'/'.join(peaks):>22} {'/'.join(shares):>21}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(NAMES))
+    p.add_argument("--tokens", default="8,32,128")
+    p.add_argument("--dtypes", default="float32,float64")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rates", action="store_true", help="also replay each detjac run's GEMMs (one more run each)")
+    p.add_argument("--redo", action="store_true", help="recompute cases already in the results")
+    p.add_argument("--table", action="store_true", help="print the results table and stop")
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "detjac-real-speed",
+                   help="folder for the Jacobians compared (the references are kept for reruns)")
+    p.add_argument("--child", nargs=5, metavar=("MODEL", "N", "DTYPE", "METHOD", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        model, n, dtype, method, out = args.child
+        print(json.dumps(child(model, int(n), dtype, method, args.threads, args.rates, out)))
+        return
+    results = _load()
+    if args.table:
+        print(_table(results))
+        return
+    results["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "threads": args.threads, "python": platform.python_version()}
+    methods = [m for m in METHODS if m in args.methods.split(",")]
+    args.work.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        for n in (int(t) for t in args.tokens.split(",")):
+            for dtype in args.dtypes.split(","):
+                pending = [m for m in methods if args.redo or _key(model, n, dtype, m) not in results["cases"]]
+                if not pending:
+                    print(f"{model}/{n}/{dtype}: already measured", flush=True)
+                    continue
+                ref_file = args.work / f"{model}-{n}-{dtype}-reference.pt"  # kept: the baseline of later reruns
+                runs = [m for m in METHODS if m in pending]
+                if "reference" not in runs and not ref_file.is_file():
+                    runs.insert(0, "reference")
+                for method in runs:
+                    key = _key(model, n, dtype, method)
+                    out = ref_file if method == "reference" else args.work / f"{method}.pt"
+                    cmd = [sys.executable, __file__, "--threads", str(args.threads),
+                           *(["--rates"] if args.rates else []), "--child", model, str(n), dtype, method, str(out)]
+                    print(f"{key} ...", flush=True)
+                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"{key} failed:\n{proc.stderr[-3000:]}")
+                    record = json.loads(proc.stdout.strip().splitlines()[-1])
+                    record.update({"model": model, "n": n, "dtype": dtype, "method": method})
+                    if method != "reference":
+                        record["max_rel_diff_from_reference"] = _compare(str(ref_file), str(out))
+                        out.unlink()
+                    print(f"  {record['seconds']:.2f} s, peak +{record['peak_mib']:.0f} MiB"
+                          + (f", max diff {record['max_rel_diff_from_reference']:.1e}"
+                             if "max_rel_diff_from_reference" in record else ""), flush=True)
+                    if method in pending:  # a reference run only as the comparison's baseline is not kept
+                        results["cases"][key] = record
+                        _save(results)
+    print(_table(results))
+
+
+if __name__ == "__main__":
+    main()
