@@ -246,6 +246,123 @@ def run_example(name: str) -> None:
     print(f"{name} example: {len(res.token_ids)} tokens, reconstruction {res.reconstruction_error:.1e}")
 
 
+CONCEPT = "The ocean is deep and cold, and whales, sharks and fish swim in its dark water"
+CONCEPT_WORDS = " ocean, sea, whale, whales, shark, fish, water, waves, marine"
+STRENGTHS = [0.0, 0.5, 1.0, 2.0, 4.0]
+
+
+def steering_prompts(tokenizer: Any, count: int) -> list[str]:
+    """The first ``count`` evaluation prompts with no concept word (by first token) in them: unrelated prompts."""
+    from detjac.runs.steering import concept_ids
+
+    words = concept_ids(tokenizer, CONCEPT, CONCEPT_WORDS)
+    chosen = []
+    for item in eval_prompts():
+        if not words & set(tokenizer(item["text"])["input_ids"]):
+            chosen.append(item["text"])
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def run_steering(name: str, layers: list[float], count: int, work: Path) -> None:
+    """A grid of methods x layers x strengths over ``count`` unrelated prompts: the share of continuations holding
+    a concept word, against the unsteered baseline (strength 0)."""
+    import subprocess
+    import sys
+
+    from detjac.runs.steering import concept_ids, evaluate_steering, load_concept, prepare_evaluation
+    from detjac.store import open_store
+
+    results = load_results()
+    entry = model_results(results, name)
+    steering = entry.setdefault("steering", {"concept": CONCEPT, "words": CONCEPT_WORDS, "strengths": STRENGTHS,
+                                             "grid": []})
+    path = gguf_path(name)
+    if "layers" not in steering:
+        from detjac.engine.gguf import gguf_config
+
+        n_layers = gguf_config(path).get_text_config().num_hidden_layers
+        steering["layers"] = sorted({min(n_layers - 1, int(f * n_layers)) for f in layers})
+    chosen = steering["layers"]
+    store = work / f"{name}-concept.zarr"
+    concept_file = work / "concept.txt"
+    work.mkdir(parents=True, exist_ok=True)
+    concept_file.write_text(CONCEPT + "\n")
+    if not store.exists() or not len(open_store(store)):
+        t0 = time.perf_counter()
+        cmd = [str(Path(sys.executable).with_name("detjac")), "run", str(path), str(concept_file), "--out", str(store),
+               "--layers", ",".join(map(str, chosen)), "--components", "layer,layer_normed", "--dtype", "float32"]
+        subprocess.run(cmd, check=True)
+        add_time(entry, "steering concept run", time.perf_counter() - t0, 1)
+    pid = open_store(store).prompt_ids()[0]
+    done = {(g["method"], g["layer"]) for g in steering["grid"]}
+    prompts_file = work / f"{name}-steering-prompts.txt"
+    for method in ("paper", "detjac"):
+        for layer in chosen:
+            if (method, layer) in done:
+                continue
+            t0 = time.perf_counter()
+            session = load_concept(str(path), store, pid, layer, method=method)
+            if "prompts" not in steering:
+                steering["prompts"] = steering_prompts(session.tokenizer, count)
+                steering["concept_tokens"] = sorted(concept_ids(session.tokenizer, CONCEPT, CONCEPT_WORDS))
+            prompts_file.write_text("".join(p + "\n" for p in steering["prompts"]))
+            evaluation = prepare_evaluation(session, prompts_file, CONCEPT_WORDS)
+            table = evaluate_steering(session, evaluation, STRENGTHS, progress=False)
+            steering["grid"].append({"method": method, "layer": layer, "rows": table.rows})
+            add_time(entry, "steering", time.perf_counter() - t0, 1)
+            save_results(results)
+            shares = ", ".join(f"{r['strength']:g}: {r['share_with_concept']:.2f}" for r in table.rows)
+            print(f"{name} steering {method} layer {layer}: share with a concept word by strength {shares}",
+                  flush=True)
+
+
+def _detjac() -> str:
+    import sys
+
+    return str(Path(sys.executable).with_name("detjac"))
+
+
+def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
+    """The detached and ordinary lenses fitted by ``detjac run --lens`` (float32) on the first ``fit_count``
+    ``lens`` prompts, evaluated against the logit lens on the first ``eval_count`` records' prompts (disjoint:
+    other sentences) by ``detjac lens evaluate``."""
+    import csv
+    import subprocess
+
+    results = load_results()
+    entry = model_results(results, name)
+    if "lens" in entry:
+        print(f"{name} lens: done")
+        return
+    path = gguf_path(name)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    fit_file, eval_file = work / "lens_fit.txt", work / f"{name}-lens-eval.txt"
+    fit_file.write_text("".join(r["text"] + "\n" for r in [r for r in rows if r["split"] == "lens"][:fit_count]))
+    records = sorted(entry["prompts"], key=lambda r: r["index"])[:eval_count]
+    eval_file.write_text("".join(r["text"] + "\n" for r in records))
+    stores = {}
+    for kind in ("detached", "ordinary"):
+        stores[kind] = work / f"{name}-lens-{kind}.zarr"
+        t0 = time.perf_counter()
+        subprocess.run([_detjac(), "run", str(path), str(fit_file), "--out", str(stores[kind]), "--lens", "--dtype",
+                        "float32", *(["--ordinary"] if kind == "ordinary" else [])], check=True)
+        add_time(entry, f"lens fit ({kind})", time.perf_counter() - t0, fit_count)
+    out = work / f"{name}-lens-eval"
+    t0 = time.perf_counter()
+    subprocess.run([_detjac(), "lens", "evaluate", str(stores["detached"]), "--ordinary", str(stores["ordinary"]),
+                    "--model", str(path), "--prompts", str(eval_file), "--exact", "0", "--out", str(out)], check=True)
+    add_time(entry, "lens evaluate", time.perf_counter() - t0, len(records))
+    with open(out / "lens_summary.csv", encoding="utf-8") as handle:
+        summary_rows = list(csv.DictReader(handle))
+    entry["lens"] = {"fit_prompts": fit_count, "eval_prompts": len(records), "dtype": "float32",
+                     "summary": summary_rows}
+    save_results(results)
+    print(f"{name} lens: {len(summary_rows)} rows of lens_summary.csv kept")
+
+
 # -- summary ----------------------------------------------------------------------------------
 
 
@@ -331,9 +448,14 @@ def main() -> None:
     global RESULTS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=NAMES, action="append", help="default: both")
-    p.add_argument("--part", choices=("records", "layerwise", "example"), action="append")
+    p.add_argument("--part", choices=("records", "layerwise", "example", "steering", "lens"), action="append")
     p.add_argument("--limit", type=int, help="stop after this many new prompts per model and part")
     p.add_argument("--layer-prompts", type=int, default=40, help="layerwise: the first this many records")
+    p.add_argument("--steering-layers", default="0.25,0.5,0.75", help="steering: layers as fractions of the depth")
+    p.add_argument("--steering-prompts", type=int, default=24, help="steering: unrelated prompts")
+    p.add_argument("--lens-fit", type=int, default=100, help="lens: fit on the first this many 'lens' prompts")
+    p.add_argument("--lens-eval", type=int, default=100, help="lens: evaluate on the first this many records")
+    p.add_argument("--work", type=Path, default=Path("/tmp/detjac-real-findings"), help="steering's concept store")
     p.add_argument("--summary", action="store_true", help="recompute and print the summary, then stop")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     args = p.parse_args()
@@ -342,11 +464,16 @@ def main() -> None:
         print_summary(load_results())
         return
     for name in args.model or NAMES:
-        for part in args.part or ("example", "records", "layerwise"):
+        for part in args.part or ("example", "records", "layerwise", "steering", "lens"):
             if part == "records":
                 run_records(name, args.limit)
             elif part == "layerwise":
                 run_layerwise(name, args.layer_prompts, args.limit)
+            elif part == "lens":
+                run_lens(name, args.lens_fit, args.lens_eval, args.work)
+            elif part == "steering":
+                run_steering(name, [float(f) for f in args.steering_layers.split(",")], args.steering_prompts,
+                             args.work)
             else:
                 run_example(name)
     print_summary(load_results())

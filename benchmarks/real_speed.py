@@ -15,10 +15,11 @@ streamed
 Each (model, tokens, dtype, method) runs in a fresh process: the model is loaded, a 2-token prompt is run
 first (kernels, allocator), the peak RSS is reset, then the timed run from the forward pass to the last row;
 reported are seconds, peak RSS above the loaded model, and the largest difference from the reference's J
-(relative to its largest entry). ``--rates`` adds, for detjac's methods, the share of torch.matmul's rate the
-run reached on its own GEMMs: every matrix product of one more (untimed) run is recorded and replayed alone on
-random operands of the same layouts (``gemm_share``); ``matmul share = replay seconds / run seconds`` (1.0: the
-run is nothing but its GEMMs at torch.matmul's speed), and against one 2048^2 product the FLOP-model rate.
+(relative to its largest entry). ``--rates`` adds, for every method, the FLOPs of its matrix products and the
+share of torch.matmul's rate the run reached on them: every matrix product of one more (untimed) run is
+recorded and replayed alone on random operands of the same layouts (``gemm_share``); ``matmul share = replay
+seconds / run seconds`` (1.0: the run is nothing but its GEMMs at torch.matmul's speed); and the FLOP-model
+rate against one 2048^2 product.
 
 Results go to ``benchmarks/results/real_speed.json``, one record per case as it finishes; a rerun skips the
 cases already there (``--redo`` recomputes them). Never a timed assertion: a report.
@@ -116,12 +117,12 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
     if method != "reference":
         record["bytes_read"] = getattr(stats, "bytes_read", 0) - read_before  # the timed run's weight reads
         record["row_block"] = engine.plan(engine.trace(ids), [OUTPUTS]).row_block
-    if rates and method != "reference":
+    if rates:
         from gemm_share import gemm_flops, record_gemms, replay_seconds
 
         calls = record_gemms(lambda: run(ids))
         replay = replay_seconds(calls)
-        flops = _flops(engine.config, n)
+        flops = _flops(engine.config, n)  # the reference pulls every row through the top layer at every position
         square = matmul_flops(dtype)
         record.update({"gemm_calls": len(calls), "gemm_flops": gemm_flops(calls), "replay_seconds": replay,
                        "matmul_share": replay / seconds, "model_flops": flops,
@@ -154,7 +155,7 @@ def _save(results: dict[str, Any]) -> None:
 def _table(results: dict[str, Any]) -> str:
     cases = results["cases"]
     lines = [f"{'model':<8} {'tokens':>6} {'dtype':<8} {'reference':>10} {'memory':>16} {'streamed':>16} "
-             f"{'peak MiB ref/mem/str':>22} {'matmul share mem/str':>21}"]
+             f"{'peak MiB ref/mem/str':>22} {'GEMM GFLOP ref/mem/str':>24} {'matmul share':>17}"]
     for model in NAMES:
         for n in sorted({c["n"] for c in cases.values() if c["model"] == model}):
             for dtype in ("float32", "float64"):
@@ -162,16 +163,15 @@ def _table(results: dict[str, Any]) -> str:
                 ref = got["reference"]
                 if ref is None:
                     continue
-                cells, peaks, shares = [], [], []
-                for m in METHODS:
-                    c = got[m]
-                    peaks.append(f"{c['peak_mib']:.0f}" if c else "-")
-                    if m == "reference":
-                        continue
-                    cells.append(f"{c['seconds']:7.2f} ({c['seconds'] / ref['seconds']:.2f}x)" if c else "-")
-                    shares.append(f"{c['matmul_share']:.2f}" if c and "matmul_share" in c else "-")
+                cells = [f"{c['seconds']:7.2f} ({c['seconds'] / ref['seconds']:.2f}x)" if c else "-"
+                         for c in (got["memory"], got["streamed"])]
+                peaks = "/".join(f"{c['peak_mib']:.0f}" if c else "-" for c in got.values())
+                flops = "/".join(f"{c['gemm_flops'] / 1e9:.0f}" if c and "gemm_flops" in c else "-"
+                                 for c in got.values())
+                shares = "/".join(f"{c['matmul_share']:.2f}" if c and "matmul_share" in c else "-"
+                                  for c in got.values())
                 lines.append(f"{model:<8} {n:>6} {dtype:<8} {ref['seconds']:10.2f} {cells[0]:>16} {cells[1]:>16} "
-                             f"{'/'.join(peaks):>22} {'/'.join(shares):>21}")
+                             f"{peaks:>22} {flops:>24} {shares:>17}")
     return "\n".join(lines)
 
 
@@ -182,7 +182,7 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,float64")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rates", action="store_true", help="also replay each detjac run's GEMMs (one more run each)")
+    p.add_argument("--rates", action="store_true", help="also record and replay each run's GEMMs (two more runs)")
     p.add_argument("--redo", action="store_true", help="recompute cases already in the results")
     p.add_argument("--table", action="store_true", help="print the results table and stop")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "detjac-real-speed",
