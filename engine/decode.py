@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from detjac import singular
+from detjac.errors import CheckpointError
 from detjac.singular import orient as orient_pairs
 
 
@@ -30,7 +31,7 @@ class RowBlocks:
         rows = self._read(start, max(start, stop)).to(device="cpu", dtype=self._torch_dtype)
         expected = (max(0, stop - start), *self.shape[1:])
         if tuple(rows.shape) != expected:
-            raise ValueError(f"Expected rows of shape {expected} from the weights. Got {tuple(rows.shape)}.")
+            raise CheckpointError(f"Expected rows of shape {expected} from the weights. Got {tuple(rows.shape)}.")
         return rows.numpy()
 
     def __repr__(self) -> str:

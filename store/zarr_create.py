@@ -85,6 +85,9 @@ def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, Any] | None = 
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise disk_error(exc, f"create the store {path}") from exc
+    except BaseException:  # the model's matrices are read while they are copied in: a failed read leaves nothing
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _half_deleted(path: Path) -> bool:
