@@ -60,6 +60,13 @@ class AutogradAdjoint:
         with torch.no_grad():
             return torch.func.vmap(pull)(seed)[0]
 
+    def pull_final_every(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) cotangents of the final normed state at every position -> (B, n, d) at the last layer's output
+        (each position through its own norm)."""
+        _, pull = torch.func.vjp(self.steps.norm, trace.inputs[-1].to(self.sk.device))
+        with torch.no_grad():
+            return torch.func.vmap(pull)(seed)[0]
+
     def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
                    g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
         """Cotangents (B, n, d) at layer ``i``'s output and mid residual (None: zero), zero before position ``s``,
@@ -150,6 +157,13 @@ class ExplicitAdjoint(AutogradAdjoint):
         g = seed.new_zeros(seed.shape[0], h.shape[0], h.shape[1])
         g[:, p] = norm.transpose(seed[:, None])[:, 0]
         return g
+
+    def pull_final_every(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
+        h = trace.inputs[-1].to(self.sk.device)
+        norm = frozen_norm(self.sk.decoder.norm, h) if self.steps.detach else "not detached"
+        if isinstance(norm, str):
+            return super().pull_final_every(trace, seed)
+        return norm.transpose(seed)
 
     def push_final(self, trace: StreamedTrace, tangent: torch.Tensor, s: int) -> torch.Tensor:
         p, h = trace.position, trace.inputs[-1].to(self.sk.device)

@@ -47,7 +47,7 @@ from torch import nn
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import relative_error
-from detjac.targets import OUTPUTS, Target, layer_targets
+from detjac.targets import OUTPUTS, Target, layer_index, layer_targets
 
 from . import sweeps
 from .adjoint import make_adjoint
@@ -244,6 +244,22 @@ class StreamedModel(Engine):
             (block,) = sweeps.reverse(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0,
                                       cotangents.shape[0], seed=seed, adjoint=self.adjoint)
         return block.values
+
+    def pull_every_position(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int]
+                            ) -> dict[int, torch.Tensor]:
+        """``u`` (c, d) set at the final normed state of every position at once, pulled back to the output of each
+        layer in ``layers``: ``{L: (c, n, d)}`` with ``[:, k] = sum_{p' >= k} u @ dy_p' / dh_{L,k}`` (causal: the
+        later positions only). The per-text quantity of the Jacobian lens of Gurnee et al. (``jlens``), exact for
+        the detached model (and for the ordinary one with ``detach=False``)."""
+        st = _streamed(trace)
+        n, d = st.n_tokens, self.d_model
+        wanted = sorted({Target(layer_index(layer, self.n_layers), "to_output") for layer in layers})
+        seed = cotangents.to(device=self.device, dtype=self.dtype)[:, None, :].expand(-1, n, d).contiguous()
+        with self._linear():
+            blocks = sweeps.reverse(self.skeleton, self.steps, st, wanted, 0, cotangents.shape[0], seed=seed,
+                                    adjoint=self.adjoint, every_position=True)
+            out = {b.target.layer: b.values for b in blocks}
+        return {layer: out[layer_index(layer, self.n_layers)] for layer in layers}
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Read whole from the source (see :func:`~detjac.engine.decode.final_norm_gain`)."""

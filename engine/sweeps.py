@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
+from detjac.errors import InvalidArgumentError
 from detjac.targets import OUTPUTS, RESID_MID, Target
 
 from .adjoint import AutogradAdjoint
@@ -40,10 +41,13 @@ from .tracing import LayerSteps, StreamedTrace
 
 
 def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], r0: int, r1: int,
-            progress: bool = False, seed: torch.Tensor | None = None, adjoint: AutogradAdjoint | None = None
-            ) -> Iterator[JacobianBlock]:
+            progress: bool = False, seed: torch.Tensor | None = None, adjoint: AutogradAdjoint | None = None,
+            every_position: bool = False) -> Iterator[JacobianBlock]:
     """Rows ``r0:r1`` of every target; with ``seed`` (r1 - r0, n, d), its rows at the target position are
     pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free).
+    With ``every_position`` the seed's rows at *every* position are pulled back through the final normed state
+    there, so the output's cotangents at layer ``L`` are ``sum_p' seed[:, p'] @ dy_p' / dh_L`` (the Jacobian lens
+    of the literature sums these over ``p'``); only the output and ``to_output`` targets are then defined.
 
     The output's cotangents at layer ``L``'s output *are* rows of ``to_output.L``: those targets are read off
     the output's sweep on the way down (computed whenever one is requested, even without the output).
@@ -58,8 +62,13 @@ def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
     want_output = any(t.is_output for t in targets)
     swept = [t for t in targets if not t.is_output and not t.is_to_output]
     active: list[tuple[Target, torch.Tensor]] = []  # cotangents at the current layer's output
+    if every_position and (swept or seed.shape[:2] != (rows, n)):
+        raise InvalidArgumentError("Expected only output and to_output targets and a seed (rows, n_tokens, d) for a "
+                                   f"sweep from every position. Got {', '.join(t.name for t in swept) or 'no'} other "
+                                   f"targets and a seed of shape {tuple(seed.shape)}.")
     if want_output or to_output:
-        active.append((OUTPUTS, adjoint.pull_final(trace, seed[:, p])))
+        active.append((OUTPUTS, adjoint.pull_final_every(trace, seed) if every_position
+                       else adjoint.pull_final(trace, seed[:, p])))
     top = L - 1 if active else max(t.layer for t in swept)
     dense = False  # once the cotangents reach position 0 they stay there (the residual path passes them on)
     for i in progress_bar(range(top, -1, -1), progress, "reverse sweep", "layer", leave=False):
