@@ -41,20 +41,49 @@ def _layers(value: str | None) -> list[int] | None:
 @click.option("--layers", default="all", show_default=True, help="all, or stored layers like 0,2,-1.")
 @click.option("--chunk", type=click.IntRange(min=1), default=32, show_default=True,
               help="Prompts per task; each task commits its partial sums, so a killed fit resumes from them.")
+@click.option("--estimator", type=click.Choice(["same-position", "jlens"]), default="same-position",
+              show_default=True,
+              help="same-position: the mean of a store's dy_p/dh_{L,p}. jlens: Gurnee et al.'s estimator, computed "
+                   "from --model on --prompts and saved as the lens folder PATH.")
+@click.option("--model", default=None, help="With --estimator jlens: the model (a folder, hub id, GGUF file or "
+                                            "default).")
+@gguf_file_option
+@click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --estimator jlens: the texts, one per line.")
+@click.option("--ordinary", is_flag=True, help="With --estimator jlens: ordinary Jacobians (nothing detached).")
+@click.option("--force", is_flag=True, help="With --estimator jlens: replace the lens folder PATH if it exists.")
 @scheduler_options
-def fit_cmd(path: str, layers: str, chunk: int, workers: int, memory_limit: str, scheduler: str | None) -> None:
+def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | None, gguf_file: str | None,
+            prompts_path: str | None, ordinary: bool, force: bool, workers: int, memory_limit: str,
+            scheduler: str | None) -> None:
     """Fit the lens of a store with to_output targets and keep it in the store (lens/fitted).
 
     Per layer: the mean of the prompts' same-position operators, their element-wise second moment and
     the count. A Dask reduction, one task per layer and chunk of prompts; run it again after a kill to
     resume (prompts already summed are not read again).
 
+    With --estimator jlens, the estimator of Gurnee et al. instead, computed from MODEL on the texts of
+    --prompts (float64, layer-streamed) and saved as a lens folder PATH: per text, the mean over source
+    positions k of sum_{p' >= k} dy_p'/dh_{L,k} (every later position's final state; the first 16 positions
+    and the last left out, texts cut at 128 tokens), then the mean over texts. `lens apply` and `lens
+    evaluate` read it like any saved lens.
+
     \b
     Examples:
       detjac lens fit fit.zarr
       detjac lens fit fit.zarr --layers 0,-1 --workers 2
       detjac lens fit /shared/fit.zarr --scheduler tcp://10.0.0.5:8786
+      detjac lens fit texts.jlens --estimator jlens --model default --prompts texts.txt
+      detjac lens fit texts-ordinary.jlens --estimator jlens --ordinary --model default --prompts texts.txt
     """
+    if estimator == "jlens":
+        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force)
+        return
+    given = [name for name, value in (("--model", model), ("--gguf-file", gguf_file), ("--prompts", prompts_path),
+                                      ("--ordinary", ordinary), ("--force", force)) if value]
+    if given:
+        raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
+                               "fitted from the store PATH).")
     from detjac.analysis.lens import load_lens, relative_spread
     from detjac.analysis.lens_fit import fit
     from detjac.progress import tqdm
@@ -71,6 +100,44 @@ def fit_cmd(path: str, layers: str, chunk: int, workers: int, memory_limit: str,
                f"{report['reused']} prompt-layers from earlier partial sums; written to {path}/lens/fitted")
     for layer, spread in zip(fitted.layers, relative_spread(fitted), strict=True):
         click.echo(f"  layer {layer}: relative spread sum(Var T_p) / ||mean||_F^2 = {spread:.3g}")
+
+
+def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
+               ordinary: bool, force: bool) -> None:
+    """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
+    from pathlib import Path
+
+    import torch
+
+    from detjac.analysis.lens import relative_spread, save_lens
+    from detjac.engine import load_engine
+    from detjac.engine.default import resolve_model
+    from detjac.errors import InvalidArgumentError
+    from detjac.progress import tqdm
+    from detjac.runs.lens import fit_jlens
+    from detjac.targets import layer_index
+
+    if model is None or prompts_path is None:
+        raise click.UsageError("Expected --model and --prompts with --estimator jlens (it runs the model on the "
+                               "texts).")
+    if Path(path).exists() and not force:
+        raise InvalidArgumentError(f"Expected a new folder for the lens. Got {path}, which exists (--force replaces "
+                                   "it).")
+    texts = [line.strip() for line in Path(prompts_path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise InvalidArgumentError(f"Expected texts in {prompts_path}. Got only blank lines.")
+    source = model_source(model, gguf_file)
+    engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)
+    wanted = _layers(layers)
+    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers))
+    info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary}
+    with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
+        fitted = fit_jlens(engine, texts, chosen, info, progress=bar)
+    written = save_lens(fitted, path, force=force)
+    click.echo(f"{fitted.kind} jlens lens of {fitted.info['n_prompts']} texts ({fitted.info['skipped_prompts']} "
+               f"too short), layers {', '.join(map(str, chosen))}: written to {written}")
+    for layer, spread in zip(fitted.layers, relative_spread(fitted), strict=True):
+        click.echo(f"  layer {layer}: relative spread sum(Var) / ||mean||_F^2 = {spread:.3g}")
 
 
 @lens.command("save")

@@ -131,3 +131,67 @@ def evaluate(engine: Any, lenses: dict[str, Any], prompts: Sequence[str], layers
         if progress is not None:
             progress.update()
     return rows
+
+
+JLENS_SKIP, JLENS_MAX_TOKENS = 16, 128  # the jlens estimator's source positions: the first 16 and the last left out
+
+
+def jlens_prompt(engine: Any, prompt: Any, layers: Sequence[int], *, skip: int = JLENS_SKIP,
+                 max_tokens: int = JLENS_MAX_TOKENS) -> dict[int, np.ndarray] | None:
+    """One text's ``jlens`` estimate per layer (Gurnee et al.): the mean over source positions ``k`` of
+    ``sum_{p' >= k} dy_p' / dh_{L,k}`` (d, d), float64, from the layer-streamed engine's every-position pullback
+    (exact for its model, detached or ordinary). The text is cut at ``max_tokens``; the first ``skip`` positions and
+    the last are left out. None when no source position is left."""
+    import torch
+
+    ids = engine.token_ids(prompt)[:max_tokens]
+    n, d = len(ids), engine.d_model
+    if n - 1 <= skip:
+        return None
+    trace = engine.trace(ids)
+    rows = max(1, min(d, (256 * 2**20) // (n * d * 8 * max(1, len(layers)))))  # ~256 MiB of cotangents at once
+    eye = torch.eye(d, dtype=engine.dtype)
+    out = {layer: np.empty((d, d)) for layer in layers}
+    for r0 in range(0, d, rows):
+        for layer, block in engine.pull_every_position(trace, eye[r0:r0 + rows], layers).items():
+            out[layer][r0:r0 + rows] = block[:, skip:n - 1].mean(1).to("cpu", torch.float64).numpy()
+    return out
+
+
+def fit_jlens(engine: Any, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,
+              skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, progress: Any = None) -> Any:
+    """The ``jlens`` lens of ``prompts``: per layer, the mean over texts of :func:`jlens_prompt` (texts with no
+    source position left are not counted), with its element-wise second moment, as a
+    :class:`~detjac.analysis.lens.Lens` (``info["estimator"] == "jlens"``).
+
+    Raises InvalidArgumentError when no text has a source position."""
+    import hashlib
+    import json
+
+    from detjac import __version__
+    from detjac.analysis.lens import LENS_VERSION, Lens
+
+    d = engine.d_model
+    mean, second = np.zeros((len(layers), d, d)), np.zeros((len(layers), d, d))
+    counted = 0
+    for text in prompts:
+        est = jlens_prompt(engine, text, layers, skip=skip, max_tokens=max_tokens)
+        if est is not None:
+            counted += 1
+            for i, layer in enumerate(layers):
+                mean[i] += est[layer]
+                second[i] += est[layer] ** 2
+        if progress is not None:
+            progress.update()
+    if not counted:
+        raise InvalidArgumentError(f"Expected texts longer than {skip + 1} tokens for the jlens estimator (it leaves "
+                                   f"out the first {skip} positions and the last). Got {len(prompts)} shorter ones.")
+    info = {"version": LENS_VERSION, "kind": "detached" if engine.detach else "ordinary", "estimator": "jlens",
+            "target": "every position", "operator": "mean over texts and source positions k of "
+            f"sum_{{p' >= k}} dy_p'/dh_{{L,k}} (first {skip} positions and the last left out, texts cut at "
+            f"{max_tokens} tokens)", "model": model_info, "n_prompts": counted,
+            "skipped_prompts": len(prompts) - counted,
+            "prompts_sha256": hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest(),
+            "detjac_version": __version__}
+    count = np.full(len(layers), counted, dtype=np.int64)
+    return Lens(np.asarray(layers, dtype=np.int64), mean / counted, second / counted, count, info)

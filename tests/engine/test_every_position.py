@@ -53,3 +53,39 @@ def test_a_sweep_from_every_position_refuses_other_targets() -> None:
                             every_position=True))
     with pytest.raises(InvalidArgumentError, match="Expected a layer index in"):
         sm.pull_every_position(trace, seed[:, 0], [sm.n_layers])
+
+
+def test_lens_fit_jlens_saves_the_mean_over_source_positions_of_the_sum_over_prefixes(tmp_path) -> None:
+    """`detjac lens fit --estimator jlens` on the default model: the saved lens is, per layer, the mean over source
+    positions 16..n-2 of the prefix sum (an independent path), and `lens evaluate` reads it."""
+    from click.testing import CliRunner
+
+    from detjac.analysis.lens import load_lens
+    from detjac.cli.main import main
+    from detjac.engine import load_engine
+    from detjac.engine.default import resolve_model
+
+    text = "Harbor, n. A port or place of refuge for ships, sheltered from storms, where they may lie at anchor"
+    prompts = tmp_path / "texts.txt"
+    prompts.write_text(text + "\n\nHi\n")  # the second text is too short: not counted
+    out = tmp_path / "texts.jlens"
+    result = CliRunner().invoke(main, ["lens", "fit", str(out), "--estimator", "jlens", "--model", "default",
+                                       "--prompts", str(prompts), "--layers", "0,-1"])
+    assert result.exit_code == 0, result.output
+    assert "1 texts (1 too short)" in result.output
+    lens = load_lens(out)
+    assert lens.info["estimator"] == "jlens" and lens.kind == "detached" and list(lens.count) == [1, 1]
+    sm = load_engine(resolve_model("default"), streamed=True, dtype=torch.float64)
+    ids = sm.token_ids(text)
+    assert 20 < len(ids) < 128
+    for i, layer in enumerate([0, sm.n_layers - 1]):
+        assert list(lens.layers)[i] == layer
+        ref = _over_prefixes(sm, ids, layer)[:, 16:len(ids) - 1].mean(1).numpy()
+        assert abs(lens.mean[i] - ref).max() <= 1e-12 * abs(ref).max()
+    again = CliRunner().invoke(main, ["lens", "fit", str(out), "--estimator", "jlens", "--model", "default",
+                                      "--prompts", str(prompts)])
+    assert again.exit_code == 1 and "--force replaces it" in again.output
+    wrong = CliRunner().invoke(main, ["lens", "fit", str(tmp_path / "s.zarr"), "--prompts", str(prompts)])
+    assert wrong.exit_code == 2 and "only with --estimator jlens" in wrong.output
+    evaluated = CliRunner().invoke(main, ["lens", "evaluate", str(out), "--prompts", str(prompts), "--exact", "0"])
+    assert evaluated.exit_code == 0, evaluated.output
