@@ -22,6 +22,7 @@ example (float64)
 
 Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``summary``,
 ``timing``); ``--summary`` recomputes the summary and prints it. Progress goes to stdout, one line per prompt.
+Run one process at a time: each rewrites the whole results file.
 
     .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~20 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
@@ -324,18 +325,26 @@ def _detjac() -> str:
     return str(Path(sys.executable).with_name("detjac"))
 
 
-def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
-    """The detached and ordinary lenses fitted by ``detjac run --lens`` (float32) on the first ``fit_count``
-    ``lens`` prompts, evaluated against the logit lens on the first ``eval_count`` records' prompts (disjoint:
-    other sentences) by ``detjac lens evaluate``."""
+def _evaluate_lens(path: Path, lens: Path, ordinary: Path, eval_file: Path, out: Path) -> list[dict[str, str]]:
     import csv
+    import subprocess
+
+    subprocess.run([_detjac(), "lens", "evaluate", str(lens), "--ordinary", str(ordinary), "--model", str(path),
+                    "--prompts", str(eval_file), "--exact", "0", "--out", str(out)], check=True)
+    with open(out / "lens_summary.csv", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
+    """Two estimators, each detached and ordinary, fitted on the first ``fit_count`` ``lens`` prompts and evaluated
+    against the logit lens on the first ``eval_count`` records' prompts (disjoint: other sentences) by ``detjac lens
+    evaluate``: detjac's same-position lens (``detjac run --lens``, float32) and the ``jlens`` estimator
+    (``detjac lens fit --estimator jlens``, float64, texts of 18 tokens or more)."""
     import subprocess
 
     results = load_results()
     entry = model_results(results, name)
-    if "lens" in entry:
-        print(f"{name} lens: done")
-        return
+    done = entry.setdefault("lens", {"fit_prompts": fit_count})
     path = gguf_path(name)
     work.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
@@ -343,24 +352,31 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     fit_file.write_text("".join(r["text"] + "\n" for r in [r for r in rows if r["split"] == "lens"][:fit_count]))
     records = sorted(entry["prompts"], key=lambda r: r["index"])[:eval_count]
     eval_file.write_text("".join(r["text"] + "\n" for r in records))
-    stores = {}
-    for kind in ("detached", "ordinary"):
-        stores[kind] = work / f"{name}-lens-{kind}.zarr"
+    done["eval_prompts"] = len(records)
+    for estimator in ("same-position", "jlens"):
+        if estimator in done:
+            print(f"{name} lens {estimator}: done")
+            continue
+        lenses = {}
+        for kind in ("detached", "ordinary"):
+            t0 = time.perf_counter()
+            if estimator == "same-position":
+                lenses[kind] = work / f"{name}-lens-{kind}.zarr"
+                subprocess.run([_detjac(), "run", str(path), str(fit_file), "--out", str(lenses[kind]), "--lens",
+                                "--dtype", "float32", *(["--ordinary"] if kind == "ordinary" else [])], check=True)
+            else:
+                lenses[kind] = work / f"{name}-{kind}.jlens"
+                subprocess.run([_detjac(), "lens", "fit", str(lenses[kind]), "--estimator", "jlens", "--model",
+                                str(path), "--prompts", str(fit_file), "--force",
+                                *(["--ordinary"] if kind == "ordinary" else [])], check=True)
+            add_time(entry, f"lens fit {estimator} ({kind})", time.perf_counter() - t0, fit_count)
         t0 = time.perf_counter()
-        subprocess.run([_detjac(), "run", str(path), str(fit_file), "--out", str(stores[kind]), "--lens", "--dtype",
-                        "float32", *(["--ordinary"] if kind == "ordinary" else [])], check=True)
-        add_time(entry, f"lens fit ({kind})", time.perf_counter() - t0, fit_count)
-    out = work / f"{name}-lens-eval"
-    t0 = time.perf_counter()
-    subprocess.run([_detjac(), "lens", "evaluate", str(stores["detached"]), "--ordinary", str(stores["ordinary"]),
-                    "--model", str(path), "--prompts", str(eval_file), "--exact", "0", "--out", str(out)], check=True)
-    add_time(entry, "lens evaluate", time.perf_counter() - t0, len(records))
-    with open(out / "lens_summary.csv", encoding="utf-8") as handle:
-        summary_rows = list(csv.DictReader(handle))
-    entry["lens"] = {"fit_prompts": fit_count, "eval_prompts": len(records), "dtype": "float32",
-                     "summary": summary_rows}
-    save_results(results)
-    print(f"{name} lens: {len(summary_rows)} rows of lens_summary.csv kept")
+        summary = _evaluate_lens(path, lenses["detached"], lenses["ordinary"], eval_file,
+                                 work / f"{name}-{estimator}-eval")
+        add_time(entry, f"lens evaluate {estimator}", time.perf_counter() - t0, len(records))
+        done[estimator] = {"dtype": "float32" if estimator == "same-position" else "float64", "summary": summary}
+        save_results(results)
+        print(f"{name} lens {estimator}: {len(summary)} rows of lens_summary.csv kept", flush=True)
 
 
 # -- summary ----------------------------------------------------------------------------------
@@ -418,6 +434,42 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def plot_layers(results: dict[str, Any], out: Path) -> Path | None:
+    """Stable rank, energy rank n90 and the top-10 hit rate of ``u_1`` against relative depth, and where the
+    prediction emerges, for every model with layerwise records; None when there are none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [(name, results[name]["summary"]["layerwise"]) for name in NAMES
+              if "layerwise" in results.get(name, {}).get("summary", {})]
+    if not models:
+        return None
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for name, lw in models:
+        rows = [r for r in lw["by_layer"] if r["layer"] != "output"]
+        depth = [(r["layer"] + 1) / len(rows) for r in rows]
+        label = f"{name} ({lw['prompts']} prompts)"
+        axes[0].plot(depth, [r["stable_rank"] for r in rows], marker=".", label=label)
+        axes[1].plot(depth, [r["n90"] for r in rows], marker=".", label=label)
+        axes[2].plot(depth, [r["hit_rate"] for r in rows], marker=".", label=label)
+        hist = lw["emergence_histogram"]
+        layers = [k for k in hist if k not in ("output", "None")]
+        axes[3].bar([(int(k) + 1) / len(rows) for k in layers], [hist[k] / lw["prompts"] for k in layers],
+                    width=0.8 / len(rows), alpha=0.6, label=label)
+    titles = ["stable rank of layer_normed J (median)", "energy rank n90 (median)",
+              "prediction in u_1's top 10 (share)", "emergence: first such layer (share)"]
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("relative depth (layer + 1) / layers")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def print_summary(results: dict[str, Any]) -> None:
     for name in NAMES:
         entry = results.get(name)
@@ -457,11 +509,15 @@ def main() -> None:
     p.add_argument("--lens-eval", type=int, default=100, help="lens: evaluate on the first this many records")
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-real-findings"), help="steering's concept store")
     p.add_argument("--summary", action="store_true", help="recompute and print the summary, then stop")
+    p.add_argument("--plot", type=Path, help="with --summary: draw the layerwise figures into this PNG")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     args = p.parse_args()
     RESULTS = args.results
     if args.summary:
-        print_summary(load_results())
+        results = load_results()
+        print_summary(results)
+        if args.plot and plot_layers(results, args.plot):
+            print(f"wrote {args.plot}")
         return
     for name in args.model or NAMES:
         for part in args.part or ("example", "records", "layerwise", "steering", "lens"):
