@@ -146,12 +146,38 @@ def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
     from detjac.store.sealed import write_sealed
 
     out = Path(out)
-    if out.exists() and not force:
-        raise InvalidArgumentError(f"Expected a new folder for the lens. Got {out}, which exists (--force replaces "
-                                   "it).")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise InvalidArgumentError(f"Expected a new folder for the lens. Got {out}, which exists (--force "
+                                       "replaces a saved lens).")
+        found = _saved_lens_at(out)
+        if found is not None:
+            raise InvalidArgumentError(f"Expected a saved lens at {out} to replace (--force replaces only a lens "
+                                       f"written by `detjac lens save`). Got {found}; nothing was written.")
     out.parent.mkdir(parents=True, exist_ok=True)
     return write_sealed(out.parent, out.name, _arrays(lens.layers, lens.mean, lens.second_moment, lens.count),
                         {LENS_KEY: lens.info}, f"save the lens to {out}", DIMS)
+
+
+def _saved_lens_at(path: Path) -> str | None:
+    """None when ``path`` is a folder holding a saved lens and nothing else, else what it is (so that it is not
+    deleted): a link, a file, a detjac store, a folder of other files."""
+    if path.is_symlink():
+        return "a symbolic link"
+    if not path.is_dir():
+        return "a file"
+    try:
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError, AttributeError):
+        attrs = None
+    if isinstance(attrs, dict) and "detjac_store" in attrs:
+        return "a detjac store"
+    if not isinstance(attrs, dict) or LENS_KEY not in attrs:
+        return f"a folder that is not a saved lens ({sum(1 for _ in path.iterdir())} entries)"
+    names = {p.name for p in path.iterdir()}
+    if not names <= {"zarr.json", *DIMS}:
+        return f"a saved lens with other files beside it ({', '.join(sorted(names - {'zarr.json', *DIMS}))})"
+    return None
 
 
 def token_rank(logits: np.ndarray, token: int) -> int:

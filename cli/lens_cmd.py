@@ -143,7 +143,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
 @lens.command("save")
 @click.argument("path", type=click.Path())
 @click.argument("out", type=click.Path())
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--force", is_flag=True, help="Replace OUT if it is a saved lens (never a store or another folder).")
 def save_cmd(path: str, out: str, force: bool) -> None:
     """Save the fitted lens of a store by itself (a small zarr folder) to share it.
 

@@ -84,6 +84,28 @@ def test_save_load_and_a_damaged_lens_is_refused(synthetic, tmp_path):
     assert any(not r.ok and r.kind == "lens" for r in synthetic.open().verify())
 
 
+def test_save_force_replaces_a_saved_lens_and_nothing_else(synthetic, tmp_path):
+    lens_fit.fit(synthetic.open())
+    lens = lenses.load_lens(synthetic.path)
+    saved = lenses.save_lens(lens, tmp_path / "a.lens")
+    assert lenses.save_lens(lens, saved, force=True) == saved and lenses.load_lens(saved).info == lens.info
+    other = tmp_path / "papers"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    link = tmp_path / "link.lens"
+    link.symlink_to(saved)
+    extra = tmp_path / "b.lens"
+    lenses.save_lens(lens, extra)
+    (extra / "notes.txt").write_text("mine")
+    for target, what in ((synthetic.path, "a detjac store"), (other, "not a saved lens"), (link, "symbolic link"),
+                         (extra, "other files beside it"), (tmp_path / "papers" / "notes.txt", "a file")):
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        with pytest.raises(InvalidArgumentError, match=f"replaces only a lens.*{what}"):
+            lenses.save_lens(lens, target, force=True)
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing deleted or added
+    assert len(synthetic.open()) > 0 and (other / "notes.txt").read_text() == "mine"
+
+
 SLOW_FIT = """
 import sys, time
 from detjac.analysis import lens_fit
