@@ -84,9 +84,10 @@ def _torch_dtype(name: str) -> Any:
 @click.option("--out", "-o", default=None,
               help="Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a "
                    "store folder (created or resumed, as `detjac run` writes it).")
+@click.option("--force", is_flag=True, help="With --out FILE.npz: replace the file if it exists.")
 def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
              device: str, revision: str | None, trust_remote_code: bool, gguf_file: str | None,
-             out: str | None) -> None:
+             out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
     MODEL is a local Hugging Face checkpoint folder, a hub id (org/name, read from the Hugging
@@ -120,7 +121,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     if out is not None and out.lower().endswith(".npz"):
         from detjac.runs.export import check_npz_path
 
-        check_npz_path(out)  # before any work
+        check_npz_path(out, force)  # before any work
     model = model_source(model, gguf_file, revision)
     lm = load_model(resolve_model(model), dtype=_torch_dtype(dtype), device=device, revision=revision,
                     trust_remote_code=trust_remote_code)
@@ -147,16 +148,16 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
         pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
-        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, device, revision, trust_remote_code)
+        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, device, revision, trust_remote_code, force)
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, dtype: str, row_block: int,
-                   device: str, revision: str | None, trust_remote_code: bool) -> None:
+                   device: str, revision: str | None, trust_remote_code: bool, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store (computed again by the run's own path)."""
     if out.lower().endswith(".npz"):
         from detjac.runs.export import save_result
 
-        click.echo(f"wrote {save_result(res, out, model=model, tokens=pieces)}")
+        click.echo(f"wrote {save_result(res, out, model=model, tokens=pieces, force=force)}")
         return
     from detjac.runs.run import RunOptions, run_one
 

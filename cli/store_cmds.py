@@ -93,15 +93,20 @@ def verify(path: str) -> None:
 @click.argument("path", type=click.Path())
 @click.argument("prompt_id")
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Output .npz file.")
-def export(path: str, prompt_id: str, out: str) -> None:
+@click.option("--force", is_flag=True, help="Replace the output file if it exists.")
+def export(path: str, prompt_id: str, out: str, force: bool) -> None:
     """Write one prompt's arrays and metadata to a numpy .npz file (no pickles).
+
+    The file is written aside and renamed into place (a kill leaves the previous file or none); an
+    existing one is replaced only with --force.
 
     \b
     Example:
       detjac store export run.zarr 3f2a9c0d1e2b4a5f --out prompt.npz
     """
     from detjac.store import open_store
+    from detjac.store.disk import npz_target
     from detjac.store.summary import export_npz
 
-    export_npz(open_store(path), prompt_id, out)
-    click.echo(f"wrote {out}")
+    npz_target(out, force)  # before the store is opened
+    click.echo(f"wrote {export_npz(open_store(path), prompt_id, out, force)}")

@@ -57,6 +57,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
               help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Write U, S, V, the residuals and the token ids to this .npz file.")
+@click.option("--force", is_flag=True, help="With --out: replace the file if it exists.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
               help="Compute dtype; float64 is the exactness mode.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
@@ -65,7 +66,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 @gguf_file_option
 def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
-        streamed: bool, max_memory: str | None, position: int | None, compare: bool, out: str | None,
+        streamed: bool, max_memory: str | None, position: int | None, compare: bool, out: str | None, force: bool,
         dtype: str, device: str, revision: str | None, trust_remote_code: bool, gguf_file: str | None) -> None:
     """Top singular triplets of MODEL's detached Jacobian on one prompt, without forming it.
 
@@ -94,6 +95,10 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     from detjac.engine.default import resolve_model
 
     text = _prompt_text(prompt, prompt_file)
+    if out is not None:
+        from detjac.store.disk import npz_target
+
+        out = str(npz_target(out, force))  # before any work
     streamed = streamed or max_memory is not None
     t0 = time.perf_counter()
     model = model_source(model, gguf_file, revision)
@@ -151,11 +156,17 @@ def _compare(op: Any, result: Any) -> None:
 
 
 def _save(path: str, op: Any, result: Any, model: str, text: str) -> None:
+    from pathlib import Path
+
     import numpy as np
+
+    from detjac.store.disk import write_npz
 
     arrays = {"U": result.U, "S": result.S, "V": result.right_blocks(op.n_tokens).permute(1, 2, 0),
               "residuals": result.residuals}
-    np.savez(path, **{k: v.detach().cpu().numpy() for k, v in arrays.items()},
-             token_ids=np.asarray(op.token_ids, dtype=np.int64), position=op.position, model=model, prompt=text,
-             method=result.method, matvecs=result.matvecs, rmatvecs=result.rmatvecs, converged=result.converged)
+    write_npz(Path(path), {**{k: v.detach().cpu().numpy() for k, v in arrays.items()},
+                           "token_ids": np.asarray(op.token_ids, dtype=np.int64), "position": np.int64(op.position),
+                           "model": np.str_(model), "prompt": np.str_(text), "method": np.str_(result.method),
+                           "matvecs": np.int64(result.matvecs), "rmatvecs": np.int64(result.rmatvecs),
+                           "converged": np.bool_(result.converged)})
     click.echo(f"wrote U (d, k), S (k,), V (token, d, k) and residuals to {path}")

@@ -17,20 +17,24 @@ import numpy as np
 from detjac.errors import InvalidArgumentError
 
 
-def check_npz_path(path: str | Path) -> Path:
-    """``path`` if an .npz file can be written there (checked before any work), else InvalidArgumentError."""
-    path = Path(path)
-    if path.suffix.lower() != ".npz":
+def check_npz_path(path: str | Path, force: bool = False) -> Path:
+    """``path`` if an .npz file can be written there (checked before any work: a new file, or an existing one
+    replaced only with ``force``), else InvalidArgumentError."""
+    from detjac.store.disk import npz_target
+
+    if Path(path).suffix.lower() != ".npz":
         raise InvalidArgumentError(f"Expected a file name ending in .npz. Got {str(path)!r}.")
-    if not path.parent.is_dir():
-        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {path.parent}.")
-    return path
+    return npz_target(path, force)
 
 
-def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[str] | None = None) -> Path:
-    """Write a :class:`~detjac.engine.JacobianResult` to ``path`` (``.npz``, compressed); returns the path.
-    ``tokens``: the decoded pieces to save (default: the result's own)."""
-    path = check_npz_path(path)
+def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[str] | None = None,
+                force: bool = False) -> Path:
+    """Write a :class:`~detjac.engine.JacobianResult` to ``path`` (``.npz``, compressed, written aside and renamed
+    into place); returns the path. ``tokens``: the decoded pieces to save (default: the result's own); an existing
+    file is replaced only with ``force``."""
+    from detjac.store.disk import write_npz
+
+    path = check_npz_path(path, force)
 
     def numpy(t: Any) -> np.ndarray:
         return t.detach().to("cpu").numpy()
@@ -43,5 +47,4 @@ def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[
               "detached": np.bool_(result.detached), "model": np.str_(model), "prompt": np.str_(result.prompt or "")}
     if getattr(result, "bias", None) is not None:
         arrays["bias"] = numpy(result.bias)
-    np.savez_compressed(path, **arrays)
-    return path
+    return write_npz(path, arrays, compressed=True)

@@ -11,6 +11,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ..errors import StoreError
 
@@ -87,3 +88,42 @@ def clear_aside(path: Path) -> None:
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not alive(int(pid)) and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def npz_target(out: str | Path, force: bool) -> Path:
+    """The ``.npz`` file ``out`` names (numpy adds ``.npz`` to a name without it), checked before any work: its
+    folder exists, and it is new, or an existing regular file replaced only with ``force`` (never a folder or a
+    link). InvalidArgumentError otherwise."""
+    from ..errors import InvalidArgumentError
+
+    path = Path(out)
+    path = path if path.suffix.lower() == ".npz" else path.with_name(path.name + ".npz")
+    if not path.parent.is_dir():
+        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {path.parent}.")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InvalidArgumentError(f"Expected a new .npz file or an existing one to replace. Got {path}, which is "
+                                   f"{'a link' if path.is_symlink() else 'not a file'}; nothing was written.")
+    if path.exists() and not force:
+        raise InvalidArgumentError(f"Expected a new file. Got {path}, which exists (--force replaces it).")
+    return path
+
+
+def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -> Path:
+    """Write ``arrays`` to the ``.npz`` file ``path`` beside it first, then rename it into place: a kill or a full
+    disk leaves the previous file (or none), never a truncated one."""
+    import numpy as np
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            (np.savez_compressed if compressed else np.savez)(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise disk_error(exc, f"write {path}") from exc
+        raise
+    return path

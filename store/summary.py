@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .base import JacobianStore, VerifyResult
+from .disk import npz_target, write_npz
 
 
 @dataclass(frozen=True)
@@ -137,14 +138,16 @@ def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummar
     return VerifySummary(results, corrupt, worst, store.format_version)
 
 
-def export_npz(store: JacobianStore, prompt_id: str, out: str | Path) -> Path:
+def export_npz(store: JacobianStore, prompt_id: str, out: str | Path, force: bool = False) -> Path:
     """Write one prompt's arrays and its attrs (as JSON text, no pickles) to the numpy ``.npz`` file ``out``.
 
     The arrays: ``embeddings``, ``output``, ``token_ids``, ``bias`` when stored, and ``jacobian``
     (row, token, col), or for a low-rank prompt ``combined_U``/``combined_S``/``combined_V`` and the
-    per-token ``token_U``, ``token_S``, ``token_V``, ``token_frobenius_sq``. Returns ``out`` (numpy
-    adds ``.npz`` to a name without it).
+    per-token ``token_U``, ``token_S``, ``token_V``, ``token_frobenius_sq``. Returns the file written
+    (``.npz`` added to a name without it). The file is written aside and renamed into place; an existing
+    one is replaced only with ``force`` (InvalidArgumentError before anything is read otherwise).
     """
+    target = npz_target(out, force)
     prompt: Any = store.get(prompt_id)
     arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
     if prompt.bias() is not None:
@@ -154,5 +157,4 @@ def export_npz(store: JacobianStore, prompt_id: str, out: str | Path) -> Path:
         arrays.update({name: prompt.array(name) for name in ("token_U", "token_S", "token_V", "token_frobenius_sq")})
     elif not prompt.without_jacobian:
         arrays["jacobian"] = prompt.jacobian(lazy=False)
-    np.savez(out, attrs=np.array(json.dumps(prompt.attrs)), **arrays)
-    return Path(out)
+    return write_npz(target, {"attrs": np.array(json.dumps(prompt.attrs)), **arrays})

@@ -34,6 +34,8 @@ def test_svd_command_prints_triplets_that_match_the_formed_jacobian(llama_checkp
     assert [r[0] for r in rows] == ["1", "2", "3", "4"]
     assert all(float(r[2]) <= 1e-8 and len(re.findall(r"'[^']*'", r[3])) == 3 for r in rows)
     assert float(re.search(r"top 4 singular values (\S+)", text).group(1)) <= 1e-8
+    again = CliRunner().invoke(main, ["svd", str(llama_checkpoint), "-p", PROMPT, "--out", str(out)])
+    assert again.exit_code == 1 and "exists (--force replaces it)" in again.output  # refused before any work
     saved = np.load(out)
     n = int(saved["token_ids"].shape[0])
     assert saved["U"].shape == (32, 4) and saved["V"].shape == (n, 32, 4) and saved["S"].shape == (4,)

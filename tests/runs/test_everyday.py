@@ -79,6 +79,10 @@ def test_jacobian_out_writes_an_npz_or_a_store(tmp_path: Path, llama_checkpoint:
     np.testing.assert_array_equal(prompt.jacobian(lazy=False), J)  # the same command in this process: same bits
     bad = runner.invoke(main, [*args[:-1], "--out", str(tmp_path / "missing" / "x.npz")])
     assert bad.exit_code == 1 and "Expected an existing folder" in bad.output
+    kept = npz.read_bytes()
+    again = runner.invoke(main, [*args, str(npz)])
+    assert again.exit_code == 1 and "exists (--force replaces it)" in again.output and npz.read_bytes() == kept
+    assert runner.invoke(main, [*args, str(npz), "--force"]).exit_code == 0
 
 
 def test_bars_off_a_terminal_are_plain_lines(tmp_path: Path, llama_checkpoint: Path) -> None:

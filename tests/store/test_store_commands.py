@@ -42,6 +42,40 @@ def test_ls_and_info(full):
     assert "jacobian (8, 3, 8) float64, chunks (3, 3, 8)" in one.output
 
 
+def test_export_never_overwrites_without_force_and_a_failed_write_keeps_the_previous_file(full, tmp_path, monkeypatch):
+    from detjac.store.summary import export_npz
+
+    first, second = full.ids[0], full.ids[1]
+    out = tmp_path / "one.npz"
+    assert invoke("store", "export", full.path, first, "--out", out).exit_code == 0
+    kept = out.read_bytes()
+    again = invoke("store", "export", full.path, second, "--out", out)
+    assert again.exit_code == 1 and "exists (--force replaces it)" in again.output and out.read_bytes() == kept
+    (tmp_path / "folder.npz").mkdir()
+    (tmp_path / "link.npz").symlink_to(out)
+    for target in ("folder.npz", "link.npz"):
+        refused = invoke("store", "export", full.path, second, "--out", tmp_path / target, "--force")
+        assert refused.exit_code in (1, 2) and ("nothing was written" in refused.output
+                                                or "is a directory" in refused.output), refused.output
+    assert out.read_bytes() == kept
+
+    def killed(handle, **arrays):  # the process dies half-way through writing the archive
+        handle.write(b"PK\x03\x04 half an archive")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_npz(full.open(), second, out, force=True)
+    assert out.read_bytes() == kept and sorted(p.name for p in tmp_path.iterdir()) == ["folder.npz", "link.npz",
+                                                                                       "one.npz"]
+    monkeypatch.undo()
+    assert invoke("store", "export", full.path, second, "--out", out, "--force").exit_code == 0
+    data = np.load(out, allow_pickle=False)
+    assert np.array_equal(data["token_ids"], full.prompts[second].token_ids)
+    assert invoke("store", "export", full.path, second, "--out", tmp_path / "bare").output.strip().endswith(
+        "bare.npz")
+
+
 def test_export_writes_every_array(full, tmp_path):
     pid = full.ids[0]
     assert invoke("store", "export", full.path, pid, "--out", tmp_path / "one.npz").exit_code == 0
