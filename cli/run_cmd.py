@@ -67,7 +67,8 @@ from .options import DTYPES, gguf_file_option, model_source
 @click.option("--mode", type=click.Choice(("auto", "reverse", "forward")), default="auto", show_default=True,
               help="Streamed engine: reverse (row blocks, vjp) or forward (token blocks, jvp) sweeps; auto picks "
                    "the cheaper by the cost model (see docs/engine.md, section Cost model).")
-@click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings.")
+@click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings (kept aside "
+                                                "until the new run stores a prompt; put back if it stores none).")
 @click.option("--device", default="cpu", show_default=True,
               help="Torch device, e.g. cuda:0 (with --scheduler: each worker's own; dask-cuda gives each one GPU).")
 @click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")

@@ -172,6 +172,9 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     with open_run_store(plan, out, o.force_new) as store:
         try:
             tasks = plan.pending(store, summary)
+            if log is not None and store.restored_earlier is not None:
+                log(f"A run with --force-new was killed before it stored a prompt: the store it replaced is back at "
+                    f"{out} (it was kept aside as {store.restored_earlier.name}).")
             if log is not None:
                 log(plan_line(plan, summary, tasks, prompts, out))
             if o.distributed:
@@ -182,11 +185,16 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
                 run_local(plan, store, tasks, summary, o.lens_flush)
         except BaseException:
             store.discard()  # a store this run created and that holds nothing goes with the refusal
+            if log is not None and store.restored is not None:
+                log(f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged.")
             raise
         total = len(store.prompt_ids())
         from .lens_run import finish
 
         lens = None if interrupted else finish(store, plan.run)
+    if log is not None and store.restored is not None:
+        log(f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged.")
+        total = len(store.prompt_ids())
     return RunOutcome(summary, out, total, o.distributed, interrupted, lens)
 
 

@@ -57,12 +57,18 @@ class JacobianStore(ABC):
         The store format's version.
     created : str or None
         UTC ISO-8601 time of creation.
+    restored, restored_earlier : Path or None
+        Set on a handle opened for writing with ``force_new``: the store it replaced was put back (no prompt
+        was stored) when the handle closed; a killed ``force_new`` run's replaced store was put back when
+        this handle opened (where it had been kept aside).
     """
 
     path: Path
     run: dict[str, Any]
     format_version: int
     created: str | None
+    restored: Path | None = None
+    restored_earlier: Path | None = None
 
     # -- prompts ------------------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 A new store is written as ``.NAME.tmp-<pid>`` (root group with its sealed description, the
 model's decoding arrays, the writer group) and renamed to ``NAME``; replacing one
-(``--force-new``) renames the old store aside as ``.NAME.old-<pid>`` before anything is
-deleted, so a kill at any point leaves either the old store, no store, or the new one, and
-what is left aside is removed by the next writer. A handle that created its store can
+(``--force-new``) renames the old store aside as ``.NAME.replaced-<pid>``, kept until the new
+run holds a prompt (``store/replace.py``: put back otherwise, also by the next writer after a
+kill). Deletions rename aside first (``.NAME.old-<pid>``), so a kill never leaves a half-deleted
+store, and the next writer removes such leftovers. A handle that created its store can
 :meth:`~detjac.store.zarr_store.ZarrStore.discard` it while it is still empty (a run refused
 before its first prompt leaves nothing behind).
 """
@@ -23,8 +24,9 @@ import numpy as np
 from ..errors import StoreError, StoreMismatchError
 from . import format as fmt
 from . import lock
-from .disk import clear_aside, discard_folder, disk_error, fsync_tree
+from .disk import clear_aside, discard_folder, disk_error, fsync_dir, fsync_tree
 from .location import store_path
+from .replace import replaced_name, restore_or_drop, settle_replaced
 from .zarr_store import ZarrStore
 
 MODEL_ROWS = 8192  # rows of a model matrix per chunk, and per block read from the model while copying it in
@@ -114,15 +116,31 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
     path = store_path(path)
     if path.is_symlink():
         path = path.resolve()  # a link to the store folder names the store; links inside it are refused
+    restored: list[Path] = []
     if path.parent.is_dir():
         clear_aside(path)
+        restored = settle_replaced(path)  # a killed --force-new run's old store is back unless the new one has prompts
+    replaced = None
     if path.exists() and not (path.is_dir() and not any(path.iterdir())):
         if force_new and path.is_dir() and _half_deleted(path):
             discard_folder(path)
         else:
-            _replace_or_resume(path, run, force_new)
+            replaced = _replace_or_resume(path, run, force_new)
     elif path.exists():
         path.rmdir()  # an empty folder: replace it with the new store
+    try:
+        store = _open_for_writing(path, run, model_data, replaced)
+    except BaseException:
+        if replaced is not None:  # the new store could not be made: the old one goes back
+            restore_or_drop(path, replaced)
+        raise
+    store.restored_earlier = restored[0] if restored else None
+    return store
+
+
+def _open_for_writing(path: Path, run: dict[str, Any], model_data: Callable[[], tuple[dict[str, Any],
+                      dict[str, bytes]]] | None, replaced: Path | None) -> ZarrStore:
+    """Create the store ``path`` if it is not there, then take its writer lock."""
     fresh = not path.exists()
     if fresh:
         if not path.parent.is_dir():
@@ -134,7 +152,7 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
         raise StoreError(f"Could not write to the store {path}: it is read-only.")
     handle = lock.acquire(path)
     try:
-        store = ZarrStore(path, fmt.read_root(path), handle, fresh=fresh)
+        store = ZarrStore(path, fmt.read_root(path), handle, fresh=fresh, replaced=replaced)
         shutil.rmtree(path / fmt.STAGING, ignore_errors=True)  # leftovers of crashed runs: partial prompts are redone
     except BaseException:
         lock.release(handle)
@@ -142,8 +160,9 @@ def create_store(path: str | os.PathLike[str], run: dict[str, Any], *, force_new
     return store
 
 
-def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> None:
-    """Leave a store of the same run in place (it is resumed); replace another one if ``force_new``, else refuse."""
+def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> Path | None:
+    """Leave a store of the same run in place (it is resumed); replace another one if ``force_new`` (renamed aside:
+    returns where), else refuse."""
     root = fmt.read_root(path)
     differences = fmt.mismatches(root.get("run", {}), run)
     if root["format_version"] < fmt.FORMAT_VERSION:
@@ -153,8 +172,13 @@ def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> None
         raise StoreMismatchError(f"Expected the store {path} to hold the same run. Got differences: "
                                  + "; ".join(differences) + ". Use --force-new to replace it, or another --out.")
     if differences:
-        held = lock.acquire(path)  # refuse to delete a store that another writer is using
+        held = lock.acquire(path)  # refuse to replace a store that another writer is using
         try:
-            discard_folder(path)
+            aside = replaced_name(path)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(path, aside)  # kept until the new run holds a prompt (store/replace.py)
+            fsync_dir(path.parent)
         finally:
             lock.release(held)
+        return aside
+    return None

@@ -35,6 +35,7 @@ from .integrity import (
     refuse_links,
 )
 from .location import store_path
+from .replace import restore_or_drop
 from .sealed import read_sealed, remove_sealed, write_sealed
 from .zarr_prompt import StoreContext, ZarrPrompt, checked_attrs, verify_prompt
 from .zarr_writer import ZarrPromptWriter
@@ -44,7 +45,7 @@ class ZarrStore(JacobianStore):
     """A store folder. Use :func:`open_store` (read) or :func:`create_store` (write)."""
 
     def __init__(self, path: Path, root: dict[str, Any], lock: Any | None = None, lease: str | None = None,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, replaced: Path | None = None) -> None:
         self.path = path
         self.run = root.get("run", {})
         self.format_version = root["format_version"]
@@ -52,6 +53,9 @@ class ZarrStore(JacobianStore):
         self.model_sha256 = root.get("model_sha256") or {}
         self.context = StoreContext(path, self.format_version, self.run)
         self.fresh = fresh  # created by this handle (see discard)
+        self.replaced = replaced  # the store --force-new replaced, kept aside until this one holds a prompt
+        self.restored: Path | None = None  # set by close(): the replaced store was put back (no prompt was stored)
+        self.restored_earlier: Path | None = None  # a killed --force-new run's old store, put back when opened
         self._lock = lock
         self._lease = lease  # set for a worker writing on behalf of the lock holder (attach_store)
 
@@ -242,17 +246,24 @@ class ZarrStore(JacobianStore):
         return prompts + verify_store(self)
 
     def discard(self) -> None:
-        """Delete this store if this handle created it and it holds no prompt and no failure record."""
-        if not self.fresh or self.prompt_ids() or self.failures():
+        """Delete this store if this handle created it and it holds no prompt and no failure record (a store it
+        replaced, kept aside, goes back whenever this one holds no prompt: see :meth:`close`)."""
+        if self.replaced is not None or not self.fresh or self.prompt_ids() or self.failures():
+            self.close()
             return
         self.close()
         discard_folder(self.path)
 
     def close(self) -> None:
-        """Release the writer lock (if this store was opened for writing)."""
+        """Release the writer lock (if this store was opened for writing); then settle the store ``--force-new``
+        replaced: deleted if this one holds a committed prompt, else put back in its place (``restored``)."""
         if self._lock is not None:
             lock.release(self._lock)  # clears the holder record; closing the file releases its flock
             self._lock = None
+        if self.replaced is not None:
+            replaced, self.replaced = self.replaced, None
+            if restore_or_drop(self.path, replaced):
+                self.restored = self.path
 
 
 def open_store(path: str | os.PathLike[str]) -> ZarrStore:

@@ -133,6 +133,33 @@ def test_float32_run_and_dtype_mismatch_on_resume(tmp_path):
     assert open_store(out).run["dtype"] == "float64" and len(open_store(out)) == 2
 
 
+def test_force_new_keeps_the_old_store_when_the_new_run_stores_no_prompt(tmp_path):
+    """A --force-new run whose every prompt fails (a NaN weight: reconstruction error nan) gives the old store back
+    unchanged; the next --force-new run that stores a prompt replaces it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from detjac.engine.default import resolve_model
+
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
+    out = tmp_path / "s.zarr"
+    assert invoke("run", "default", str(prompts), "--out", str(out)).exit_code == 0
+    before = store_snapshot(out)
+    broken = shutil.copytree(resolve_model("default"), tmp_path / "nan-model")
+    (weights,) = broken.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    failed = invoke("run", str(broken), str(prompts), "--out", str(out), "--force-new")
+    assert failed.exit_code == 1 and "reconstruction error nan" in failed.output, failed.output
+    assert "the store --force-new replaced is back" in failed.output and store_snapshot(out) == before
+    assert not list(tmp_path.glob(".s.zarr.*"))
+    forced = invoke("run", "default", str(prompts), "--out", str(out), "--force-new", "--dtype", "float32")
+    assert forced.exit_code == 0 and open_store(out).run["dtype"] == "float32" and not list(tmp_path.glob(".s.zarr.*"))
+
+
 def test_bfloat16_results_are_stored_as_float32(tmp_path):
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:1])
     result = invoke("run", "default", str(prompts), "--out", str(tmp_path / "s.zarr"), "--dtype", "bfloat16")

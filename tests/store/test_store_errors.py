@@ -84,10 +84,51 @@ def test_a_store_of_another_run_is_refused_unless_forced(tmp_path):
     assert snapshot(made.path) == before
     with create_store(made.path, dict(made.run, row_block=64)) as resumed:  # not identity: resumed as it is
         assert resumed.prompt_ids() == made.ids and resumed.run == made.run
+    resumed_once = snapshot(made.path)  # the resume cleared the staging leftovers
     with create_store(made.path, other, force_new=True) as replaced:
         assert replaced.prompt_ids() == [] and replaced.run == other
-    with pytest.raises(StoreError, match="Expected a model array 'embedding'"):  # the old model data went with it
-        open_store(made.path).model_array("embedding")
+    assert replaced.restored == made.path and snapshot(made.path) == resumed_once  # no prompt stored: it is back
+
+
+def test_force_new_keeps_the_old_store_until_the_new_run_holds_a_prompt(tmp_path):
+    import os
+
+    from store_factory import run_description, synthetic_model, synthetic_prompt, write_prompt
+
+    made = make_store(tmp_path / "s.zarr", prompts=2)
+    before = snapshot(made.path)
+    model = synthetic_model(seed=4)
+    other = run_description(model, n_layers=2, model_id="other")
+    aside = tmp_path / f".s.zarr.replaced-{os.getpid()}"
+    with pytest.raises(RuntimeError, match="the run failed"):  # a run that fails before its first prompt
+        with create_store(made.path, other, force_new=True, model_data=lambda: model.model_data("float64")) as new:
+            assert aside.is_dir() and new.run == other
+            new.record_failure("f" * 16, {"prompt": "x", "line": 1, "reason": "nan", "error": "nan", "stage": "x"})
+            raise RuntimeError("the run failed")
+    assert snapshot(made.path) == before and not aside.exists()
+    with create_store(made.path, other, force_new=True, model_data=lambda: model.model_data("float64")) as new:
+        write_prompt(new, model, other, synthetic_prompt(model, other, "a new prompt", n_layers=2))
+    assert new.restored is None and not aside.exists() and open_store(made.path).run == other
+    assert len(open_store(made.path)) == 1
+    assert np.array_equal(open_store(made.path).model_array("embedding"), model.embedding)  # the new model's
+
+
+def test_a_killed_force_new_run_gives_the_old_store_back_to_the_next_writer(tmp_path):
+    made = make_store(tmp_path / "s.zarr", prompts=2)
+    create_store(made.path, made.run).close()  # a writer clears the factory's staging leftovers
+    before = snapshot(made.path)
+    other = dict(made.run, model_id="other")
+    dead = 2**22 + 12345  # no such process
+    with create_store(made.path, other, force_new=True):
+        pass
+    assert snapshot(made.path) == before
+    (tmp_path / "s.zarr").rename(tmp_path / f".s.zarr.replaced-{dead}")  # as a kill -9 leaves it: the old store
+    create_store(tmp_path / "new.zarr", other).close()  # aside, and a new prompt-less one in its place
+    (tmp_path / "new.zarr").rename(tmp_path / "s.zarr")
+    with create_store(made.path, made.run) as resumed:
+        assert resumed.restored_earlier == tmp_path / f".s.zarr.replaced-{dead}"
+        assert resumed.prompt_ids() == made.ids
+    assert snapshot(made.path) == before and not (tmp_path / f".s.zarr.replaced-{dead}").exists()
 
 
 def test_read_only_target(tmp_path, monkeypatch):

@@ -321,22 +321,23 @@ def test_a_symlinked_chunk_is_refused(full, tmp_path):
 
 KILL_AFTER_ASIDE = """
 import os
-from detjac.store import disk, zarr_create
-disk.fsync_dir = lambda *a: os.kill(os.getpid(), 9)  # right after the old store is renamed aside
+from detjac.store import zarr_create
+zarr_create.fsync_dir = lambda *a: os.kill(os.getpid(), 9)  # right after the old store is renamed aside
 zarr_create.create_store({path!r}, {{"model_id": "other", "dtype": "float64", "keep": "full"}}, force_new=True)
 """
 
 
-def test_a_kill_during_force_new_leaves_no_half_store_and_force_new_recovers(full, tmp_path):
+def test_a_kill_during_force_new_leaves_the_old_store_whole_and_the_next_writer_puts_it_back(full, tmp_path):
     script = KILL_AFTER_ASIDE.format(path=str(full.path))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == -9
     assert not full.path.exists()  # renamed aside whole, never half-deleted in place
-    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zarr.old-")]
-    assert len(aside) == 1
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(".s.zarr.replaced-")]
+    assert len(aside) == 1 and sorted(p.name for p in (aside[0] / "prompts").iterdir() if p.is_dir()) == full.ids
     with create_store(full.path, {"model_id": "other", "dtype": "float64", "keep": "full"}, force_new=True) as store:
-        assert store.prompt_ids() == [] and store.fresh
-    assert not any(p.name.startswith(".s.zarr.old-") for p in tmp_path.iterdir())  # the leftover is cleared
+        assert store.prompt_ids() == [] and store.fresh and store.restored_earlier == aside[0]
+    assert open_store(full.path).prompt_ids() == full.ids  # the new run stored nothing: the old store is back
+    assert not any(p.name.startswith(".s.zarr.") for p in tmp_path.iterdir())  # nothing left aside
 
 
 def test_force_new_replaces_a_store_an_older_version_left_half_deleted(full):
