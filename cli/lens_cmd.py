@@ -115,6 +115,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
     from detjac.runs.lens import fit_jlens
+    from detjac.runs.prompts import read_prompts
     from detjac.targets import layer_index
 
     if model is None or prompts_path is None:
@@ -123,9 +124,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     if Path(path).exists() and not force:
         raise InvalidArgumentError(f"Expected a new folder for the lens. Got {path}, which exists (--force replaces "
                                    "it).")
-    texts = [line.strip() for line in Path(prompts_path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not texts:
-        raise InvalidArgumentError(f"Expected texts in {prompts_path}. Got only blank lines.")
+    texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
     source = model_source(model, gguf_file)
     engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)
     wanted = _layers(layers)
@@ -245,6 +244,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
     from detjac.runs.lens import evaluate, load_lens_engine
+    from detjac.runs.prompts import read_prompts
 
     if prompts_path is None:
         found = Path(__file__).resolve().parents[1] / HELDOUT
@@ -252,7 +252,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
             raise InvalidArgumentError(f"Expected --prompts (held-out prompts, one per line). Got none, and "
                                        f"{HELDOUT} is only the default model's.")
         prompts_path = str(found)
-    prompts = [line for line in Path(prompts_path).read_text().splitlines() if line.strip()][:limit]
+    prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
         lenses["ordinary lens"] = load_lens(ordinary)

@@ -20,6 +20,9 @@ from .options import DTYPES, gguf_file_option, model_source
 @click.option("--out", "-o", required=True,
               help="Store folder (created, or resumed): a path or a file:// URL; with --scheduler, on a file system "
                    "every worker mounts at the same path.")
+@click.option("--prompts-format", type=click.Choice(["txt", "jsonl"]), default=None,
+              help="How to read PROMPTS when its name does not say (.txt: one prompt per line; .jsonl, .ndjson: one "
+                   "JSON object per line).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
               help="Compute dtype; bfloat16 results are stored as float32.")
 @click.option("--row-block", type=click.IntRange(min=1), default=None,
@@ -85,8 +88,9 @@ from .options import DTYPES, gguf_file_option, model_source
 def run(model: str, prompts: str, out: str, **settings: Any) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
-    PROMPTS is a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or
-    {"text": ...} per line, other fields kept as metadata); blank lines are skipped. MODEL is a
+    PROMPTS is a .txt file (one prompt per line) or a .jsonl / .ndjson file ({"prompt": ...} or
+    {"text": ...} per line, other fields kept as metadata); another name needs --prompts-format.
+    Lines end at \n (or \r\n) only; blank lines are skipped, a byte-order mark dropped. MODEL is a
     checkpoint folder, a hub id (org/name, from the Hugging Face cache), a GGUF file (exact for
     its weights as dequantized; the store records the file's SHA-256 and quantization types)
     or `default`. Each
@@ -128,11 +132,14 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
       detjac run /shared/Qwen3-8B corpus.jsonl --out file:///shared/q8.zarr --scheduler tcp://10.0.0.5:8786 \\
           --dtype bfloat16 --device cuda:0
     """
+    from detjac.runs.prompts import read_prompts
     from detjac.runs.run import RunOptions, run_corpus
 
     settings["detach"] = not settings.pop("ordinary")
+    prompts_format = settings.pop("prompts_format")
     model = model_source(model, settings.pop("gguf_file"), settings["revision"])
-    outcome = run_corpus(model, prompts, out, RunOptions(**settings), log=click.echo)
+    source = read_prompts(prompts, prompts_format) if prompts_format else prompts
+    outcome = run_corpus(model, source, out, RunOptions(**settings), log=click.echo)
     render.echo_run_outcome(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)

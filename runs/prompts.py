@@ -36,27 +36,43 @@ class PromptsFile:
     prompts: list[PromptLine]
     blank: int
 
+    def __str__(self) -> str:
+        return str(self.path)
 
-def read_prompts(path: str | Path) -> PromptsFile:
-    """Prompts of a ``.txt`` (one per line) or ``.jsonl`` (``{"prompt": ..., ...}`` per line) file.
 
-    Blank lines are skipped and counted. Raises PromptsFileError for a missing, unreadable,
-    empty or malformed file, naming the line.
+FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl"}  # by suffix; any other needs the format named
+
+
+def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
+    """Prompts of a ``.txt`` (one per line) or ``.jsonl`` / ``.ndjson`` (``{"prompt": ..., ...}`` per line) file;
+    ``fmt`` (``"txt"`` or ``"jsonl"``) reads a file of another name.
+
+    Lines end at ``\n`` (or ``\r\n``) only: a form feed, U+0085 or U+2028 inside a prompt stays in it. A UTF-8
+    byte-order mark is dropped. Blank lines are skipped and counted. Raises PromptsFileError for a missing,
+    unreadable, empty or malformed file (naming the line), or a name whose format is not known.
     """
     path = Path(path)
     if not path.exists():
         raise PromptsFileError(f"Expected a prompts file at {path}. Got no such file.")
     if not path.is_file():
         raise PromptsFileError(f"Expected a prompts file at {path}. Got a folder.")
+    kind = fmt or FORMATS.get(path.suffix.lower())
+    if kind not in ("txt", "jsonl"):
+        raise PromptsFileError(f"Expected a prompts file named .txt (one prompt per line) or .jsonl / .ndjson (one "
+                               f"JSON object per line), or its format given (--prompts-format txt|jsonl). Got "
+                               f"{path.name!r}" + (f" with format {fmt!r}." if fmt else "."))
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise PromptsFileError(f"Expected UTF-8 text in {path}. Got undecodable bytes at offset {exc.start}.") from exc
     except OSError as exc:
         raise PromptsFileError(f"Expected a readable prompts file at {path}. Got: {exc.strerror}.") from exc
-    jsonl = path.suffix.lower() == ".jsonl"
+    jsonl = kind == "jsonl"
+    lines = text.removeprefix("\ufeff").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
     prompts, blank = [], 0
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate((line.removesuffix("\r") for line in lines), start=1):
         if not raw.strip():
             blank += 1
             continue

@@ -49,6 +49,25 @@ def test_malformed_token_id_prompts_are_refused_naming_the_line(tmp_path: Path, 
         read_prompts(path)
 
 
+def test_prompt_lines_end_at_newlines_only_and_the_format_comes_from_the_name(tmp_path: Path) -> None:
+    odd = "one\x0cform feed\x85next line\u2028line separator\u2029paragraph"  # none of these ends a line
+    txt = tmp_path / "p.txt"
+    txt.write_bytes(("\ufeff" + odd + "\r\nsecond\n\nthird").encode())
+    got = read_prompts(txt)
+    assert [(p.line, p.text) for p in got.prompts] == [(1, odd), (2, "second"), (4, "third")] and got.blank == 1
+    for name in ("p.jsonl", "p.ndjson"):
+        path = tmp_path / name
+        path.write_text(json.dumps({"prompt": "a\u2028b", "id": 1}, ensure_ascii=False) + "\n{\"text\": \"c\"}\n")
+        lines = read_prompts(path).prompts
+        assert [(p.text, p.meta) for p in lines] == [("a\u2028b", {"id": 1}), ("c", {})]
+    as_json = tmp_path / "p.json"
+    as_json.write_text('{"prompt": "a"}\n')
+    with pytest.raises(PromptsFileError, match=r"or its format given \(--prompts-format txt\|jsonl\). Got 'p.json'"):
+        read_prompts(as_json)
+    assert read_prompts(as_json, "jsonl").prompts[0].text == "a"
+    assert read_prompts(as_json, "txt").prompts[0].text == '{"prompt": "a"}'
+
+
 def test_the_sample_prompts_files_read_and_tokenize() -> None:
     tok = get_tokenizer(load_default_model())
     for name in ("prompts.txt", "prompts.jsonl"):
