@@ -114,6 +114,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     from detjac.engine.default import resolve_model
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
+    from detjac.runs.fingerprint import weights_identity
     from detjac.runs.lens import fit_jlens
     from detjac.runs.prompts import read_prompts
     from detjac.targets import layer_index
@@ -129,7 +130,8 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)
     wanted = _layers(layers)
     chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers))
-    info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary}
+    info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary,
+            "weights_sha256": weights_identity(resolve_model(source)).get("weights_sha256")}
     with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
         fitted = fit_jlens(engine, texts, chosen, info, progress=bar)
     written = save_lens(fitted, path, force=force)
@@ -182,11 +184,12 @@ def apply_cmd(lens_path: str, prompt: str, model: str, gguf_file: str | None, or
     """
     from detjac.analysis.lens import load_lens
     from detjac.analysis.lens_eval import plot_positions
-    from detjac.runs.lens import load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.runs.lens import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
 
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
         lenses["ordinary lens"] = load_lens(ordinary)
+    check_lens_kinds(lenses)  # before the model loads
     engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
     layers = [int(x) for x in lenses["detached lens"].layers]
     W_U = unembedding(engine)
@@ -243,7 +246,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     from detjac.analysis.lens_eval import markdown, plot_agreement, summarize
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs.lens import evaluate, load_lens_engine
+    from detjac.runs.lens import check_lens_kinds, evaluate, load_lens_engine
     from detjac.runs.prompts import read_prompts
 
     if prompts_path is None:
@@ -256,6 +259,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
         lenses["ordinary lens"] = load_lens(ordinary)
+    check_lens_kinds(lenses)  # before the model loads
     engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
     layers = [int(x) for x in lenses["detached lens"].layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:

@@ -33,10 +33,21 @@ class PromptStates:
     exact: dict[int, np.ndarray]
 
 
+def check_lens_kinds(lenses: dict[str, Any]) -> None:
+    """Each lens is of the kind its role names: ``detached lens`` of detached Jacobians, ``ordinary lens`` of
+    ordinary ones (InvalidArgumentError naming both otherwise: they would be labelled swapped)."""
+    for role, lens in lenses.items():
+        wanted = role.split()[0]
+        if wanted in ("detached", "ordinary") and lens.kind != wanted:
+            raise InvalidArgumentError(f"Expected the {role} to be fitted on {wanted} Jacobians. Got a lens of "
+                                       f"{lens.kind} Jacobians ({lens.info.get('source') or 'a saved lens'}).")
+
+
 def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> Any:
     """The float64 layer-streamed engine of ``model`` (``default``: the shipped model), checked against the
-    lenses: same hidden size, fitted layers within the model, and the lens's config SHA-256 (when the checkpoint
-    folder has a ``config.json``)."""
+    lenses: same hidden size, fitted layers within the model, the lens's config SHA-256 (when the checkpoint
+    folder has a ``config.json``) and its weights SHA-256 (when both the lens and the model have one: the same
+    config with other weights is another model)."""
     import hashlib
     from pathlib import Path
 
@@ -45,10 +56,21 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> 
     from detjac.engine import load_engine
     from detjac.engine.default import resolve_model
 
+    from .fingerprint import weights_identity
+
     source = resolve_model(model)
-    engine = load_engine(source, streamed=True, dtype=torch.float64, device=device)
     config = Path(source) / "config.json"
     digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+    local = Path(source).is_dir() or Path(source).is_file()
+    weights = weights_identity(source).get("weights_sha256") if local else None
+    for lens in lenses:
+        fitted = lens.info.get("model", {}).get("weights_sha256")
+        if weights and fitted and fitted != weights:
+            raise InvalidArgumentError(
+                f"Expected a lens fitted on the weights of {model} (SHA-256 {weights[:12]}…). Got one fitted on "
+                f"weights {fitted[:12]}… ({lens.info.get('model', {}).get('model_id')}): another model, even if "
+                "its config is the same.")
+    engine = load_engine(source, streamed=True, dtype=torch.float64, device=device)
     for lens in lenses:
         d, layers = lens.mean.shape[-1], [int(x) for x in lens.layers]
         fitted = lens.info.get("model", {}).get("config_sha256")

@@ -61,3 +61,26 @@ def test_apply_and_evaluate_from_the_command_line(fitted, tmp_path):
     assert out.exit_code == 0, out.output
     assert "| 3 | exact | 1 | 100.0 %" in out.output and "| 0 | detached lens | 3 |" in out.output
     assert (tmp_path / "eval" / "lens_agreement.png").is_file()
+
+
+def test_a_lens_is_refused_on_other_weights_and_in_the_wrong_role(fitted, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from detjac.engine.default import resolve_model
+
+    _, store = fitted
+    saved = tmp_path / "gcide.lens"
+    assert CliRunner().invoke(main, ["lens", "save", str(store.path), str(saved)]).exit_code == 0
+    swapped = CliRunner().invoke(main, ["lens", "apply", str(saved), "--ordinary", str(saved), "--prompt", PROMPTS[3]])
+    assert swapped.exit_code == 1 and "Expected the ordinary lens to be fitted on ordinary Jacobians. Got a lens " \
+                                      "of detached Jacobians" in swapped.output
+    other = shutil.copytree(resolve_model("default"), tmp_path / "perturbed")  # the same config, other weights
+    (weights,) = other.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("mlp.up_proj.weight"))
+    tensors[name][0, 0] += 0.25
+    save_file(tensors, weights, metadata={"format": "pt"})
+    refused = CliRunner().invoke(main, ["lens", "apply", str(saved), "--model", str(other), "--prompt", PROMPTS[3]])
+    assert refused.exit_code == 1 and "another model, even if its config is the same" in refused.output
