@@ -389,7 +389,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> list[float]:
     p = hits / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [centre - half, centre + half]
+    return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -491,7 +491,7 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  layerwise over {s['layerwise']['prompts']} prompts; emergence "
                   f"{s['layerwise']['emergence_histogram']}")
         for part, t in entry["timing"].items():
-            print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s per prompt over {t['count']} "
+            print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s each over {t['count']} "
                   f"({t['machine']})")
     save_results(results)
 
