@@ -36,7 +36,7 @@ before importing torch. Under a CPU budget, call :func:`~detjac.engine.budget.re
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,12 +245,13 @@ class StreamedModel(Engine):
                                       cotangents.shape[0], seed=seed, adjoint=self.adjoint)
         return block.values
 
-    def pull_every_position(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int]
-                            ) -> dict[int, torch.Tensor]:
+    def pull_every_position(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int],
+                            reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
         """``u`` (c, d) set at the final normed state of every position at once, pulled back to the output of each
         layer in ``layers``: ``{L: (c, n, d)}`` with ``[:, k] = sum_{p' >= k} u @ dy_p' / dh_{L,k}`` (causal: the
         later positions only). The per-text quantity of the Jacobian lens of Gurnee et al. (``jlens``), exact for
-        the detached model (and for the ordinary one with ``detach=False``)."""
+        the detached model (and for the ordinary one with ``detach=False``). ``reduce`` is applied to each layer's
+        block as the sweep reaches it (e.g. a mean over positions), so that only its result is kept."""
         st = _streamed(trace)
         n, d = st.n_tokens, self.d_model
         wanted = sorted({Target(layer_index(layer, self.n_layers), "to_output") for layer in layers})
@@ -258,7 +259,7 @@ class StreamedModel(Engine):
         with self._linear():
             blocks = sweeps.reverse(self.skeleton, self.steps, st, wanted, 0, cotangents.shape[0], seed=seed,
                                     adjoint=self.adjoint, every_position=True)
-            out = {b.target.layer: b.values for b in blocks}
+            out = {b.target.layer: reduce(b.values) if reduce is not None else b.values for b in blocks}
         return {layer: out[layer_index(layer, self.n_layers)] for layer in layers}
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -171,12 +171,13 @@ def jlens_prompt(engine: Any, prompt: Any, layers: Sequence[int], *, skip: int =
     if n - 1 <= skip:
         return None
     trace = engine.trace(ids)
-    rows = max(1, min(d, (256 * 2**20) // (n * d * 8 * max(1, len(layers)))))  # ~256 MiB of cotangents at once
+    rows = max(1, min(d, (128 * 2**20) // (n * d * 8)))  # a block of cotangents ~128 MiB at one layer
     eye = torch.eye(d, dtype=engine.dtype)
     out = {layer: np.empty((d, d)) for layer in layers}
     for r0 in range(0, d, rows):
-        for layer, block in engine.pull_every_position(trace, eye[r0:r0 + rows], layers).items():
-            out[layer][r0:r0 + rows] = block[:, skip:n - 1].mean(1).to("cpu", torch.float64).numpy()
+        means = engine.pull_every_position(trace, eye[r0:r0 + rows], layers, reduce=lambda b: b[:, skip:n - 1].mean(1))
+        for layer, mean in means.items():
+            out[layer][r0:r0 + rows] = mean.to("cpu", torch.float64).numpy()
     return out
 
 
