@@ -145,18 +145,25 @@ def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
     """Write ``lens`` by itself to the folder ``out`` (a sealed zarr group; replaced only with ``force``)."""
     from detjac.store.sealed import write_sealed
 
+    out = check_lens_target(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return write_sealed(out.parent, out.name, _arrays(lens.layers, lens.mean, lens.second_moment, lens.count),
+                        {LENS_KEY: lens.info}, f"save the lens to {out}", DIMS)
+
+
+def check_lens_target(out: str | Path, force: bool = False) -> Path:
+    """``out`` if a lens may be saved there: a new folder, or with ``force`` a saved lens (never a store, a link, a
+    file or a folder of other files); InvalidArgumentError otherwise. Call it before the work a lens costs."""
     out = Path(out)
     if out.exists() or out.is_symlink():
         if not force:
             raise InvalidArgumentError(f"Expected a new folder for the lens. Got {out}, which exists (--force "
-                                       "replaces a saved lens).")
+                                       "replaces it if it is a saved lens).")
         found = _saved_lens_at(out)
         if found is not None:
             raise InvalidArgumentError(f"Expected a saved lens at {out} to replace (--force replaces only a lens "
                                        f"written by `detjac lens save`). Got {found}; nothing was written.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return write_sealed(out.parent, out.name, _arrays(lens.layers, lens.mean, lens.second_moment, lens.count),
-                        {LENS_KEY: lens.info}, f"save the lens to {out}", DIMS)
+    return out
 
 
 def _saved_lens_at(path: Path) -> str | None:

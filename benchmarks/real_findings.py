@@ -270,7 +270,6 @@ def run_steering(name: str, layers: list[float], count: int, work: Path) -> None
     """A grid of methods x layers x strengths over ``count`` unrelated prompts: the share of continuations holding
     a concept word, against the unsteered baseline (strength 0)."""
     import subprocess
-    import sys
 
     from detjac.runs.steering import concept_ids, evaluate_steering, load_concept, prepare_evaluation
     from detjac.store import open_store
@@ -292,7 +291,7 @@ def run_steering(name: str, layers: list[float], count: int, work: Path) -> None
     concept_file.write_text(CONCEPT + "\n")
     if not store.exists() or not len(open_store(store)):
         t0 = time.perf_counter()
-        cmd = [str(Path(sys.executable).with_name("detjac")), "run", str(path), str(concept_file), "--out", str(store),
+        cmd = [_detjac(), "run", str(path), str(concept_file), "--out", str(store),
                "--layers", ",".join(map(str, chosen)), "--components", "layer,layer_normed", "--dtype", "float32"]
         subprocess.run(cmd, check=True)
         add_time(entry, "steering concept run", time.perf_counter() - t0, 1)

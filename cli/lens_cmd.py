@@ -105,14 +105,12 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
 def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
                ordinary: bool, force: bool) -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
-    from pathlib import Path
 
     import torch
 
-    from detjac.analysis.lens import relative_spread, save_lens
+    from detjac.analysis.lens import check_lens_target, relative_spread, save_lens
     from detjac.engine import load_engine
     from detjac.engine.default import resolve_model
-    from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
     from detjac.runs.fingerprint import weights_identity
     from detjac.runs.lens import fit_jlens
@@ -122,9 +120,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     if model is None or prompts_path is None:
         raise click.UsageError("Expected --model and --prompts with --estimator jlens (it runs the model on the "
                                "texts).")
-    if Path(path).exists() and not force:
-        raise InvalidArgumentError(f"Expected a new folder for the lens. Got {path}, which exists (--force replaces "
-                                   "it).")
+    check_lens_target(path, force)  # before the model loads and the texts run
     texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
     source = model_source(model, gguf_file)
     engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)

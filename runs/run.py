@@ -169,6 +169,7 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
                        load_device="cpu" if o.distributed else None, lens=o.lens)
     summary = plan.summary()
     interrupted = False
+    restored_line = f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged."
     with open_run_store(plan, out, o.force_new) as store:
         try:
             tasks = plan.pending(store, summary)
@@ -186,14 +187,14 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
         except BaseException:
             store.discard()  # a store this run created and that holds nothing goes with the refusal
             if log is not None and store.restored is not None:
-                log(f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged.")
+                log(restored_line)
             raise
         total = len(store.prompt_ids())
         from .lens_run import finish
 
         lens = None if interrupted else finish(store, plan.run)
     if log is not None and store.restored is not None:
-        log(f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged.")
+        log(restored_line)
         total = len(store.prompt_ids())
     return RunOutcome(summary, out, total, o.distributed, interrupted, lens)
 

@@ -68,13 +68,14 @@ def alive(pid: int) -> bool:
     return True
 
 
-def discard_folder(path: Path) -> None:
-    """Delete the folder ``path`` crash-safely: rename it aside (``.NAME.old-<pid>``), then delete that.
+def discard_folder(path: Path, store: Path | None = None) -> None:
+    """Delete the folder ``path`` crash-safely: rename it aside (``.NAME.old-<pid>``, NAME the name of ``store``,
+    by default ``path`` itself), then delete that.
 
-    A kill between the two leaves the aside folder, which :func:`clear_aside` removes later; never a
+    A kill between the two leaves the aside folder, which :func:`clear_aside` of that store removes later; never a
     half-deleted folder under the original name.
     """
-    aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+    aside = path.with_name(f".{(store or path).name}.old-{os.getpid()}")
     shutil.rmtree(aside, ignore_errors=True)
     os.rename(path, aside)
     fsync_dir(path.parent)

@@ -9,42 +9,33 @@ same rule (:func:`settle_replaced`), so a failed replacement never loses the old
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from . import format as fmt
-from .disk import alive, fsync_dir
+from .disk import alive, discard_folder, fsync_dir
+from .integrity import PROMPT_ID
 
 
-def replaced_name(path: Path, pid: int | None = None) -> Path:
-    """Where ``--force-new`` keeps the store it replaces, for process ``pid`` (default: this one)."""
-    return path.with_name(f".{path.name}.replaced-{pid if pid is not None else os.getpid()}")
+def replaced_name(path: Path) -> Path:
+    """Where this process's ``--force-new`` keeps the store it replaces."""
+    return path.with_name(f".{path.name}.replaced-{os.getpid()}")
 
 
 def has_prompts(path: Path) -> bool:
-    """Whether the store folder ``path`` holds a committed prompt."""
+    """Whether the store folder ``path`` holds a committed prompt (what ``prompt_ids`` lists)."""
     folder = path / fmt.PROMPTS
-    return folder.is_dir() and not folder.is_symlink() and any((p / "zarr.json").is_file() for p in folder.iterdir())
-
-
-def _drop(path: Path, folder: Path) -> None:
-    """Delete ``folder`` (beside the store ``path``) crash-safely: renamed ``.NAME.old-<pid>`` first, which a later
-    writer clears if a kill comes before the deletion ends."""
-    old = path.with_name(f".{path.name}.old-{os.getpid()}")
-    shutil.rmtree(old, ignore_errors=True)
-    os.rename(folder, old)
-    fsync_dir(path.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    return folder.is_dir() and not folder.is_symlink() and any(
+        PROMPT_ID.fullmatch(p.name) and (p / "zarr.json").is_file() for p in folder.iterdir())
 
 
 def restore_or_drop(path: Path, aside: Path) -> bool:
     """Delete the replaced store ``aside`` if the store ``path`` holds a committed prompt; else put ``aside`` back
     under ``path`` (deleting the prompt-less new one). Returns True when the old store was put back."""
     if has_prompts(path):
-        _drop(path, aside)
+        discard_folder(aside, path)
         return False
     if path.exists():
-        _drop(path, path)
+        discard_folder(path)
     os.rename(aside, path)
     fsync_dir(path.parent)
     return True
