@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..store import model_differences
 from .jobs import write_table
 from .spectra import decode, dimensionality, singular_values, stored_svd
 
@@ -23,6 +24,11 @@ def _summary(store: Any, prompt: Any, top: int, unembed: np.ndarray) -> dict[str
             "u1_hit": int(prompt.attrs["next_token_id"]) in ids[0].tolist(), "spectrum": s}
 
 
+def _name(store: Any, fallback: str) -> str:
+    path = getattr(store, "path", None)
+    return Path(path).name if path is not None else fallback
+
+
 def compare(detached: Any, ordinary: Any, top: int = 10) -> list[dict[str, Any]]:
     """One row per prompt present in both stores (matched by text): errors, sigma_1, stable rank, n90,
     and whether the prediction is among the top decoded tokens of the combined operator's ``u_1``."""
@@ -30,6 +36,10 @@ def compare(detached: Any, ordinary: Any, top: int = 10) -> list[dict[str, Any]]
         raise InvalidArgumentError("Expected a detached store first and an ordinary one (detjac run --ordinary) "
                                    f"second. Got detach={detached.run.get('detach')} and "
                                    f"{ordinary.run.get('detach')}.")
+    differences = model_differences(detached.run, ordinary.run, (_name(detached, "first"), _name(ordinary, "second")))
+    if differences:
+        raise InvalidArgumentError(f"Expected two stores of the same model. Got {detached.run.get('model_id')} and "
+                                   f"{ordinary.run.get('model_id')}, which differ in " + "; ".join(differences) + ".")
     by_text = {p.prompt: p for p in ordinary}
     unembed = detached.model_array("unembedding")
     rows = []

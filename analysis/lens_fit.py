@@ -28,14 +28,20 @@ process.
 **A store of ``detjac run --lens``** holds no per-prompt operator: the run added each prompt's ``T_p`` into
 partials as it computed them (:mod:`detjac.analysis.lens_sums`), so fitting it computes nothing and only
 merges the partials into ``lens/fitted``; it refuses a store with committed prompts that no partial counts
-(a run killed before its last flush: resuming the run recomputes them). Partials that overlap without one
-containing the other (the same prompt counted twice) are refused by name. Torch-free.
+(a run killed before its last flush: resuming the run recomputes them).
+
+**One writer.** A fit holds the store's writer lock (:meth:`~detjac.store.ZarrStore.writing`) from its first
+read of the partials to ``lens/fitted``, so it never runs beside a ``detjac run`` of the store or another fit
+(refused naming the holder). Partials that overlap without one containing the other (the same prompt counted
+twice: left by writers that ran at once) are refused by name to a reader; a fit, holding the store, repairs
+them: it removes the narrower one and computes again the prompts only it counted. Torch-free.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +51,7 @@ from ..errors import InvalidArgumentError, StoreError
 from ..targets import TO_OUTPUT, Target
 from .lens import lens_attrs, write_fitted
 
+_log = logging.getLogger(__name__)
 PARTIAL = "partial"  # lens/partial-<layer>-<digest>: sums over a set of prompts
 DEFAULT_CHUNK = 32
 
@@ -136,12 +143,18 @@ def partials(store: Any, layer: int, valid: set[str]) -> list[tuple[str, list[st
         elif not any(set(ids) <= set(wider) for _, wider in chosen):  # not a merged partial's leftover source
             other, wider = next((n, w) for n, w in chosen if not set(w).isdisjoint(ids))
             twice = sorted(set(ids) & set(wider))
+            if store.writable:  # this process holds the store: drop the narrower one; its other prompts are redone
+                _log.warning("lens partial %s overlaps %s (%d prompt(s) counted in both, from writers that ran at "
+                             "once before fits took the writer lock): removed; the prompts only it counted are "
+                             "computed again", name, other, len(twice))
+                store.remove_lens(name)
+                continue
             raise StoreError(
                 f"Expected disjoint lens partial sums of layer {layer} in {store.path}/lens. Got {name} and {other}, "
                 f"which both count {len(twice)} prompt(s) ({', '.join(twice[:3])}{', ...' if len(twice) > 3 else ''})"
-                ": they would be counted twice. Remove one of them (rm -r STORE/lens/NAME); then fit again, or for "
-                "a --lens store run the same `detjac run ... --lens` command again, which recomputes the prompts "
-                "that no partial counts.")
+                ": they would be counted twice. `detjac lens fit STORE` repairs this (it removes the narrower one "
+                "and computes the prompts only it counted; for a --lens store it then asks for the same `detjac "
+                "run ... --lens` command again, which recomputes them).")
     return chosen
 
 
@@ -256,6 +269,11 @@ def fit(store: Any, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT
     if chunk < 1:
         raise InvalidArgumentError(f"Expected a chunk of at least one prompt. Got {chunk}.")
     picked = lens_layers(store, layers)
+    with store.writing():  # no run or other fit writes partials meanwhile (StoreError naming it if one does)
+        return _fit(store, picked, chunk, progress)
+
+
+def _fit(store: Any, picked: list[int], chunk: int, progress: Callable[[int], Any] | None) -> dict[str, Any]:
     ids = store.prompt_ids()
     if not ids:
         raise InvalidArgumentError(f"Expected prompts in {store.path} to fit a lens on. Got none.")

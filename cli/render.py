@@ -170,6 +170,10 @@ def echo_verify(result: Any) -> None:
     click.echo(f"{result.ok} of {result.prompts} prompts ok ({worst}); "
                f"{result.prompts - result.ok} corrupt; {result.parts - bad_parts} of {result.parts} other parts ok "
                "(model arrays, analyses, failure records)")
+    if result.interrupted:
+        shown = ", ".join(result.interrupted[:3]) + (" ..." if len(result.interrupted) > 3 else "")
+        click.echo(f"note: {len(result.interrupted)} leftovers of writes killed midway ({shown}): never read as "
+                   "results; the next write into the same folder removes them (or delete them).")
     if result.format_version < 2:
         click.echo(f"note: a format-{result.format_version} store has no checksums of its attributes and files: "
                    "verify proved chunk checksums, attribute types, token ids, reconstructions and the model "

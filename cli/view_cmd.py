@@ -57,10 +57,10 @@ def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
 
 
 def _serve(store: object, host: str, port: int) -> None:
-    from detjac.view.server import is_loopback, make_server
+    from detjac.view.server import make_server
 
     server = make_server(store, host, port)
-    if not is_loopback(host):
+    if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)
     click.echo(f"detjac view: serving {len(store)} prompts of {store.path} at {server.url} "  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from detjac.errors import CheckpointError, PromptError
 from .families import family_for
 from .gguf import is_gguf
 from .hub import is_hub_id, resolve_hub_id
-from .weights import tensors_error
+from .weights import SafetensorsWeights, check_shapes, safetensors_shapes, tensors_error
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -86,7 +86,43 @@ def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path
             f"Expected weights ({' or '.join(_WEIGHT_FILES[::2])}) in {str(path)!r}. Got a "
             "config.json without weights."
         )
+    check_config_sizes(p, config, safetensors_shapes(p))
     return p, config
+
+
+# Sizes a config gives the model: each must be a positive integer, a layer count at most the number of tensors in
+# the checkpoint (every layer has weights) and any other size at most the largest dimension of its tensors; where
+# the weights are not safetensors (their headers unreadable without unpickling), at most these bounds.
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_SIZE_KEYS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size", "n_embd", "n_head", "n_inner", "num_experts",
+              "num_local_experts", "num_experts_per_tok")
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "sliding_window")
+_BOUNDS = {"layers": 2**12, "size": 2**22, "positions": 2**24}
+
+
+def check_config_sizes(path: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse a config.json (its text part included) whose sizes are not positive integers or ask for more than the
+    checkpoint's tensors hold, before transformers parses it or anything is allocated (see ``_BOUNDS``)."""
+    largest = max((n for shape in shapes.values() for n in shape), default=_BOUNDS["size"])
+    limits = [(_LAYER_KEYS, len(shapes) or _BOUNDS["layers"],
+               f"the number of tensors in its weights, {len(shapes)}" if shapes else str(_BOUNDS["layers"])),
+              (_SIZE_KEYS, largest, f"the largest dimension of its tensors, {largest}" if shapes else str(largest)),
+              (_POSITION_KEYS, _BOUNDS["positions"], str(_BOUNDS["positions"]))]
+    for part, where in ((config, ""), (config.get("text_config"), " (text_config)")):
+        if not isinstance(part, dict):
+            continue
+        for keys, bound, said in limits:
+            for key in keys:
+                value = part.get(key)
+                if value is None:
+                    continue
+                if type(value) is not int or value < 1:
+                    raise CheckpointError(f"Expected {key} in {path / 'config.json'}{where} to be a positive integer. "
+                                          f"Got {value!r} ({type(value).__name__}).")
+                if value > bound:
+                    raise CheckpointError(f"Expected {key} in {path / 'config.json'}{where} to be at most {said}. "
+                                          f"Got {value}: a damaged or mistaken config.")
 
 
 def load_model(
@@ -141,17 +177,23 @@ def load_model(
         if tokenizer is None:
             tokenizer = gguf_tokenizer(Path(source))
     else:
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModel, AutoModelForCausalLM
 
         path, raw_config = read_checkpoint(source, revision)
         # Refuse an unsupported family from config.json alone, before transformers parses it
         # (a model_type transformers does not know would otherwise fail with its own message).
         family_for(SimpleNamespace(model_type=raw_config.get("model_type")))
-        config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        config = parse_config(path, revision, trust_remote_code)
         family = family_for(config)  # remote code may declare its own model_type: check the parsed config too
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
         # MoE experts: the stock default (grouped_mm) rejects float64; eager is the loop detjac mirrors
         extra = {"experts_implementation": "eager"} if family.moes else {}
+        if tokenizer is None:  # before the weights: a broken tokenizer costs no load
+            tokenizer = load_tokenizer(path, revision, trust_remote_code)
+        if _has_safetensors(path) and not trust_remote_code:  # shapes against the config, nothing allocated
+            with torch.device("meta"):
+                skeleton = auto.from_config(config, **extra)
+            check_shapes(skeleton, SafetensorsWeights(path, raw_config), f"a checkpoint in {path}")
         with _quiet_transformers():  # its "Loading weights" bar, on every load, says nothing a user can act on
             model, info = auto.from_pretrained(
                 path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
@@ -159,12 +201,35 @@ def load_model(
             )
         _check_loading_info(path, info)
         model.to(device)
-        if tokenizer is None and any(path.glob("tokenizer*")):
-            tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     model.eval()
     if tokenizer is not None:
         _TOKENIZERS[model] = tokenizer
     return model
+
+
+def parse_config(path: Path, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """transformers' config of a checkpoint folder; CheckpointError (one line) for one it refuses."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # huggingface_hub's validation errors are ValueErrors
+        raise CheckpointError(f"Expected a config.json transformers accepts in {path}. Got: "
+                              f"{' '.join(str(exc).split())}") from None
+
+
+def load_tokenizer(path: Path, revision: str | None = None, trust_remote_code: bool = False) -> Any | None:
+    """The tokenizer of a checkpoint folder (None when it has no tokenizer files); CheckpointError naming the folder
+    for one that cannot be read (damaged JSON, a file of another tokenizer)."""
+    if not any(path.glob("tokenizer*")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raise their own types (Exception, ValueError, ...)
+        raise CheckpointError(f"Expected a readable tokenizer in {path} (tokenizer.json, tokenizer_config.json, "
+                              f"...). Got {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
 
 
 @contextmanager

@@ -63,7 +63,7 @@ from .progress import progress_bar
 from .skeleton import Skeleton
 from .sources import open_source
 from .tracing import LayerSteps, StreamedTrace
-from .weights import check_complete
+from .weights import check_complete, check_shapes
 
 __all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
            "layer_targets", "parse_memory", "return_freed_memory"]
@@ -136,6 +136,7 @@ class StreamedModel(Engine):
         sk = self.skeleton
         check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={sk.head_name()} if sk.tied else (),
                        required=(sk.decoder_path + ".", sk.head_name()))  # what this engine reads
+        check_shapes(sk.model, weights, f"a checkpoint in {self.path}")
         self.source, self.model, self.decoder, self.layers = weights, sk.model, sk.decoder, sk.layers
         self.n_layers, self.d_model, self.ffn, self.stats = sk.n_layers, sk.d_model, sk.ffn, sk.stats
         self.steps = LayerSteps(sk, self.family, detach)
@@ -341,7 +342,7 @@ def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> 
     """(config, model class, raw config.json or None, checkpoint folder or None) of a checkpoint or loaded model."""
     if isinstance(source, nn.Module):
         return source.config, type(source), None, None
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path, raw = read_checkpoint(source, revision)
     if is_gguf(path):
@@ -349,7 +350,9 @@ def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> 
 
         config = gguf_config(path)
     else:
-        config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        from .loading import parse_config
+
+        config = parse_config(path, revision, trust_remote_code)
     return config, AutoModelForCausalLM._model_mapping[type(config)], raw, path
 
 
@@ -389,8 +392,6 @@ def _load_tokenizer(source: Any, revision: str | None, trust_remote_code: bool) 
         from .gguf import gguf_tokenizer
 
         return gguf_tokenizer(path)
-    if not any(path.glob("tokenizer*")):
-        return None
-    from transformers import AutoTokenizer
+    from .loading import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    return load_tokenizer(path, revision, trust_remote_code)

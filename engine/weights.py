@@ -44,24 +44,68 @@ class _Entry:
     end: int
 
 
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
+
+
 def _read_header(path: Path) -> dict[str, _Entry]:
-    """Tensor table of one safetensors file (8-byte little-endian header size, JSON header, data)."""
+    """Tensor table of one safetensors file (8-byte little-endian header size, JSON header, data), checked against
+    the file before any tensor is read: a well-formed entry per tensor (dtype, shape, offsets whose span is the
+    shape's bytes) and data that ends where the file ends (a truncated or padded file is refused)."""
     try:
+        size_on_disk = path.stat().st_size
         with open(path, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
+            if size > min(MAX_HEADER_BYTES, size_on_disk - 8):
+                raise ValueError(f"a header of {size} bytes in a file of {size_on_disk}")
             header = json.loads(f.read(size))
     except (OSError, ValueError, struct.error) as exc:
         raise CheckpointError(f"Expected a readable safetensors file at {path}. Got: {exc}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"Expected a safetensors header (a JSON object) in {path}. Got {type(header).__name__}.")
     table: dict[str, _Entry] = {}
+    data_end = 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(f"Expected tensors of a supported dtype in {path}. Got {name} as {info['dtype']}.")
-        begin, end = info["data_offsets"]
-        table[name] = _Entry(path, _SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]),
-                             8 + size + begin, 8 + size + end)
+        entry = _header_entry(path, name, info, 8 + size)
+        table[name] = entry
+        data_end = max(data_end, entry.end)
+    if data_end and data_end != size_on_disk:
+        raise CheckpointError(
+            f"Expected {path} to hold {data_end} bytes (its header's tensors end there). Got {size_on_disk}: the file "
+            f"is {'truncated' if size_on_disk < data_end else 'longer than its tensors'} (an interrupted download or "
+            "copy?). Fetch it again.")
     return table
+
+
+def _header_entry(path: Path, name: str, info: Any, base: int) -> _Entry:
+    """One tensor's entry of a safetensors header, checked: dtype known, shape of non-negative ints, offsets that
+    span exactly the shape's bytes."""
+    try:
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        valid = (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+                 and type(begin) is int and type(end) is int and 0 <= begin <= end)
+    except (TypeError, KeyError, ValueError):
+        valid = False
+    if not valid:
+        raise CheckpointError(f"Expected a tensor entry (dtype, shape, data_offsets) for {name} in {path}. Got "
+                              f"{str(info)[:120]}.")
+    if dtype not in _SAFETENSORS_DTYPES:
+        raise CheckpointError(f"Expected tensors of a supported dtype in {path}. Got {name} as {dtype}.")
+    torch_dtype = _SAFETENSORS_DTYPES[dtype]
+    numel = 1
+    for n in shape:
+        numel *= n
+    if end - begin != numel * torch_dtype.itemsize:
+        raise CheckpointError(f"Expected {name} in {path} to span {numel * torch_dtype.itemsize} bytes (shape "
+                              f"{tuple(shape)}, {dtype}). Got offsets {begin}..{end}: a damaged header.")
+    return _Entry(path, torch_dtype, tuple(shape), base + begin, base + end)
+
+
+def safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a folder's safetensors shards, from their (checked) headers; nothing is read beyond
+    the headers."""
+    return {name: e.shape for f in sorted(folder.glob("*.safetensors")) for name, e in _read_header(f).items()}
 
 
 class WeightSource:
@@ -91,6 +135,11 @@ class WeightSource:
     def resolve(self, name: str) -> str:
         """The source's key for the model's parameter ``name`` (see :func:`resolve_key`)."""
         return name
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The stored shape of the tensor ``name`` (a key of :meth:`names`), None where the source cannot say
+        without reading it or stores it packed (quantized)."""
+        return None
 
 
 class ModuleWeights(WeightSource):
@@ -167,6 +216,9 @@ class SafetensorsWeights(WeightSource):
     def nbytes(self, name: str) -> int:
         e = self._entry(name)
         return e.end - e.begin
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return None if self.quantized else self._entry(name).shape
 
     def resolve(self, name: str) -> str:
         if name not in self._resolved:
@@ -251,6 +303,34 @@ def check_complete(model: nn.Module, source: WeightSource, where: str = "a check
                   and not any(k.startswith(m + ".") for m in modules)]
     if missing or unexpected:
         raise tensors_error(where, {"missing": missing, "unexpected": unexpected})
+
+
+def check_shapes(model: nn.Module, source: WeightSource, where: str = "a checkpoint") -> None:
+    """Refuse a checkpoint whose tensors do not have the shapes the config gives the model's parameters (``model``
+    may be on the meta device: nothing is allocated or read beyond the headers). Parameters the source does not
+    hold, or holds packed, are left to :func:`check_complete` and the loader.
+
+    Raises
+    ------
+    CheckpointError
+        Naming each mismatched tensor with both shapes (the first five).
+    """
+    if is_resident(source):
+        return
+    keys = dict.fromkeys(source.names())
+    wrong = []
+    for name, param in model.named_parameters():
+        if name not in keys and any(t in name for t in _OTHER_TOWERS):
+            continue  # another modality's tower: its tail names are the text decoder's (resolve_key skips them)
+        try:
+            key = resolve_key(name, keys)
+        except CheckpointError:
+            continue
+        stored = source.shape(key)
+        if stored is not None and tuple(stored) != tuple(param.shape):
+            wrong.append(f"{key} {tuple(stored)} (checkpoint) != {tuple(param.shape)} (config)")
+    if wrong:
+        raise tensors_error(where, {"of another shape": wrong})
 
 
 def tensors_error(where: str, found: dict[str, list[str]]) -> CheckpointError:

@@ -167,7 +167,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
                           row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach,
                           None if loaded.engine.convention == loaded.engine.family.conventions[0]
                           else loaded.engine.convention)
-    run.update(weights_identity(model_dir))  # the weight files' SHA-256s: part of the run's identity
+    run.update(weights_identity(model_dir))  # the weight and tokenizer files' SHA-256s: part of the run's identity
     run["lens"] = None  # identity: set by a --lens run only
     if lens:  # the lens layers' to_output rows are summed, never stored
         from .lens_run import lens_description
@@ -200,10 +200,12 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
 
         stored = open_store(out).run
         check_lens_store(stored, plan.run, out)
-        files = weights_difference(stored, plan.run)
-        if files is None:
+        named = [f"{what} files that differ: {files}." for what, key in (("Weight", "weights"),
+                                                                             ("Tokenizer", "tokenizer"))
+                 if (files := weights_difference(stored, plan.run, key)) is not None]
+        if not named:
             raise
-        raise StoreMismatchError(f"{exc} Weight files that differ: {files}.") from None
+        raise StoreMismatchError(" ".join([str(exc), *named])) from None
 
 
 def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, Any], targets: list[Any], bar: Any,

@@ -47,8 +47,8 @@ def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
     """Prompts of a ``.txt`` (one per line) or ``.jsonl`` / ``.ndjson`` (``{"prompt": ..., ...}`` per line) file;
     ``fmt`` (``"txt"`` or ``"jsonl"``) reads a file of another name.
 
-    Lines end at ``\n`` (or ``\r\n``) only: a form feed, U+0085 or U+2028 inside a prompt stays in it. A UTF-8
-    byte-order mark is dropped. Blank lines are skipped and counted. Raises PromptsFileError for a missing,
+    Lines end at ``\n`` (or ``\r\n``) only: a lone ``\r``, a form feed, U+0085 or U+2028 inside a prompt stays in
+    it. A UTF-8 byte-order mark is dropped. Blank lines are skipped and counted. Raises PromptsFileError for a missing,
     unreadable, empty or malformed file (naming the line), or a name whose format is not known.
     """
     path = Path(path)
@@ -62,7 +62,7 @@ def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
                                f"JSON object per line), or its format given (--prompts-format txt|jsonl). Got "
                                f"{path.name!r}" + (f" with format {fmt!r}." if fmt else "."))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # not read_text: its universal newlines would split at a lone \r
     except UnicodeDecodeError as exc:
         raise PromptsFileError(f"Expected UTF-8 text in {path}. Got undecodable bytes at offset {exc.start}.") from exc
     except OSError as exc:
@@ -83,9 +83,13 @@ def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
     return PromptsFile(path, prompts, blank)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name}, which standard JSON does not have (other zarr readers would fail on the store)")
+
+
 def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
     try:
-        record = json.loads(raw)
+        record = json.loads(raw, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
     key = "prompt" if isinstance(record, dict) and "prompt" in record else "text"

@@ -147,11 +147,29 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
     from detjac.store import open_store
 
     check_method(method)  # before the model loads
-    lm = load_model(resolve_model(model), dtype=getattr(torch, dtype), device=device)
+    source, store = resolve_model(model), open_store(store_path)
+    check_same_model(store, source, model)
+    lm = load_model(source, dtype=getattr(torch, dtype), device=device)
     tok = get_tokenizer(lm)
     if tok is None:
         raise InvalidArgumentError(f"Expected a tokenizer with {model} to encode prompts. Got none.")
-    return ConceptSession(lm, tok, concept_operator(open_store(store_path), prompt_id, layer, lm, method))
+    return ConceptSession(lm, tok, concept_operator(store, prompt_id, layer, lm, method))
+
+
+def check_same_model(store: Any, source: Any, model: str) -> None:
+    """Refuse a store whose run recorded another model than ``source`` (config, weights or tokenizer digests that
+    differ), naming both; a store or model without a digest is checked by what both have."""
+    from pathlib import Path
+
+    from detjac.store import model_differences
+
+    from .fingerprint import model_identity
+
+    differences = model_differences(store.run, model_identity(source), (Path(store.path).name, model))
+    if differences:
+        raise InvalidArgumentError(
+            f"Expected a store of the model {model}. Got {Path(store.path).name}, written with "
+            f"{store.run.get('model_id')}: " + "; ".join(differences) + ".")
 
 
 def steer_prompt(session: ConceptSession, prompt: str, strength: float, max_new_tokens: int = 24) -> SteeredText:
@@ -182,13 +200,13 @@ def prepare_evaluation(session: ConceptSession, prompts_path: str | Path,
 
     Raises
     ------
-    InvalidArgumentError
-        When the file holds only blank lines.
+    PromptsFileError
+        When the file holds only blank lines (or is missing, or not UTF-8). Lines end at ``\n`` only, as in every
+        prompts file (:func:`detjac.runs.prompts.read_prompts`).
     """
-    with open(prompts_path, encoding="utf-8") as handle:
-        prompts = [line.strip() for line in handle if line.strip()]
-    if not prompts:
-        raise InvalidArgumentError(f"Expected prompts in {prompts_path}. Got only blank lines.")
+    from .prompts import read_prompts
+
+    prompts = [p.text.strip() for p in read_prompts(prompts_path, "txt").prompts]  # split as every prompts file
     ids = concept_ids(session.tokenizer, session.operator.concept, words)
     return SteeringEvaluation(prompts, ids, [session.tokenizer.decode([t]) for t in sorted(ids)])
 

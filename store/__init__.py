@@ -9,7 +9,7 @@ The format is specified in ``docs/store-format.md``.
 """
 
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
-from .format import FORMAT_VERSION, NO_JACOBIAN, prompt_id
+from .format import FORMAT_VERSION, NO_JACOBIAN, model_differences, prompt_id
 from .zarr_create import create_store
 from .zarr_prompt import ZarrPrompt, verify_prompt
 from .zarr_store import ZarrStore, attach_store, open_store
@@ -28,6 +28,7 @@ __all__ = [
     "ZarrStore",
     "attach_store",
     "create_store",
+    "model_differences",
     "open_store",
     "prompt_id",
     "verify_prompt",

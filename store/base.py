@@ -247,6 +247,11 @@ class JacobianStore(ABC):
         """Failure records by prompt id (sorted): ``prompt``, ``line``, ``reason``, ``error``, ``stage``,
         ``failed_at``. A committed prompt has none."""
 
+    def interrupted_writes(self) -> list[str]:
+        """What writes killed midway left in the store (paths relative to it), never read as results; none for a
+        store that writes nothing aside."""
+        return []
+
     @abstractmethod
     def staging_leftovers(self) -> list[str]:
         """Names of the attempts that began a prompt and have not committed or aborted it (sorted): running

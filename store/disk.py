@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,24 @@ def discard_folder(path: Path, store: Path | None = None) -> None:
     os.rename(path, aside)
     fsync_dir(path.parent)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+_ASIDE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)")
+
+
+def aside_entries(folder: Path, dead_only: bool = True) -> list[Path]:
+    """What interrupted writes left in ``folder``: ``.NAME.tmp-<pid>`` and ``.NAME.old-<pid>`` entries (a group
+    being written, one being replaced), of processes that are gone (``dead_only``) or any; never a symlink."""
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return sorted(p for p in folder.iterdir() if (m := _ASIDE.fullmatch(p.name)) and not p.is_symlink()
+                  and not (dead_only and alive(int(m["pid"]))))
+
+
+def clear_aside_in(folder: Path) -> None:
+    """Remove what writers killed while writing in ``folder`` left there (see :func:`aside_entries`)."""
+    for stale in aside_entries(folder):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def clear_aside(path: Path) -> None:

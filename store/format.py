@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,10 @@ STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODE
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
-                "layerwise", "quantize", "weights_sha256", "convention", "lens")
+                "layerwise", "quantize", "weights_sha256", "convention", "lens", "tokenizer_sha256")
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
-OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention", "lens")
+OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention", "lens", "tokenizer_sha256")
 LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs|input}
 
 DIMENSIONS = {
@@ -141,6 +142,20 @@ def mismatches(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
             if get(stored, key) != get(wanted, key)]
 
 
+# The keys of a run that say which model it ran (weights and tokenizer digests only where they were recorded).
+MODEL_IDENTITY = ("model_type", "config_sha256", "weights_sha256", "tokenizer_sha256")
+
+
+def model_differences(first: dict[str, Any], second: dict[str, Any], names: tuple[str, str]) -> list[str]:
+    """Where two runs' models differ (``MODEL_IDENTITY`` keys both recorded), e.g.
+    ``weights_sha256: 3f2a9c0d1e2b… (a.zarr) != 77aa01b2c3d4… (b.zarr)``; empty for the same model."""
+    def short(value: Any) -> str:
+        return f"{value[:12]}…" if isinstance(value, str) and len(value) == 64 else repr(value)
+
+    return [f"{key}: {short(first[key])} ({names[0]}) != {short(second[key])} ({names[1]})" for key in MODEL_IDENTITY
+            if first.get(key) is not None and second.get(key) is not None and first[key] != second[key]]
+
+
 def read_root(path: Path) -> dict[str, Any]:
     """The store's root description; raises StoreFormatError for anything else."""
     meta_file = path / "zarr.json"
@@ -178,6 +193,25 @@ def sealed_root(run: dict[str, Any], model_sha256: dict[str, str]) -> dict[str, 
     """The root description of a new store, with the SHA-256 of its own contents."""
     root = {"format_version": FORMAT_VERSION, "created": now(), "run": run, "model_sha256": model_sha256}
     return {**root, INTEGRITY: {"attrs_sha256": attrs_digest(root)}}
+
+
+def non_standard_json(value: Any, where: str = "") -> str | None:
+    """Where ``value`` holds what standard JSON cannot (NaN or an infinity, which Python's json writes as bare
+    ``NaN`` / ``Infinity``), e.g. ``meta.score = nan``; None when it is all standard."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'a value'} = {value}"
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        name = f"{where}{key}" if str(key).startswith("[") else f"{where}.{key}" if where else str(key)
+        found = non_standard_json(item, name)
+        if found:
+            return found
+    return None
 
 
 def group_meta(attrs: dict[str, Any] | None = None) -> str:

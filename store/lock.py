@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,15 @@ def acquire(path: Path) -> Held:
     if file.parent.is_symlink() or file.is_symlink():
         raise StoreError(f"Expected no symlinks inside the store {path}. Got {file} reached through one.")
     file.parent.mkdir(exist_ok=True)
-    handle = open(file, "a+")  # noqa: SIM115 - kept open while the store is written
+    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # written in place: never through a hard link
+        os.close(fd)
+        raise StoreError(f"Expected the store's own lock file at {file}. Got "
+                         + ("something that is not a regular file" if not stat.S_ISREG(info.st_mode) else
+                            f"a file with {info.st_nlink} hard links (the same file as one elsewhere)")
+                         + ": detjac writes only inside the store. Remove it and run again.")
+    handle = os.fdopen(fd, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
-from .disk import disk_error, fsync_tree
+from .disk import clear_aside_in, disk_error, fsync_tree
 from .integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
 
 
@@ -50,6 +50,7 @@ def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: 
 
     check_name(name, "a group name")
     final = refuse_links(folder, name)
+    clear_aside_in(folder)  # what killed writes left here (their processes are gone)
     tmp = folder / f".{name}.tmp-{os.getpid()}"
     old = folder / f".{name}.old-{os.getpid()}"
     try:

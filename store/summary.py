@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ class VerifySummary:
     corrupt: list[VerifyResult]
     worst_error: float | None  # None: no ok prompt holds a Jacobian to reconstruct (--keep none, low rank)
     format_version: int = 2
+    interrupted: list[str] = field(default_factory=list)  # what killed writes left (never read as results)
 
     @property
     def prompts(self) -> int:
@@ -135,7 +136,7 @@ def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummar
     corrupt = [r for r in results if not r.ok]
     worst = max((r.reconstruction_error for r in results if r.ok and r.reconstruction_error is not None),
                 default=None)
-    return VerifySummary(results, corrupt, worst, store.format_version)
+    return VerifySummary(results, corrupt, worst, store.format_version, store.interrupted_writes())
 
 
 def export_npz(store: JacobianStore, prompt_id: str, out: str | Path, force: bool = False) -> Path:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from ..errors import InvalidArgumentError, StoreError
 from . import failed, lock
 from . import format as fmt
 from .base import JacobianStore, LayerwiseSpec, PromptWriter, VerifyResult
-from .disk import discard_folder, disk_error
+from .disk import aside_entries, discard_folder, disk_error
 from .integrity import (
     NAME,
     PROMPT_ID,
@@ -70,6 +72,22 @@ class ZarrStore(JacobianStore):
             return self._lease
         record = lock.holder(self.path) if self._lock is not None else None
         return record.get("lease") if record else None
+
+    @contextmanager
+    def writing(self) -> Iterator[ZarrStore]:
+        """Hold the store's writer lock for the block (a handle opened with :func:`open_store` takes it, one that
+        already holds it keeps it): ``detjac lens fit`` and a run never write the same store at once. Raises
+        StoreError naming the holder when another process writes the store."""
+        if self.writable:
+            yield self
+            return
+        held = lock.acquire(self.path)
+        self._lock = held
+        try:
+            yield self
+        finally:
+            self._lock = None
+            lock.release(held)
 
     def check_writer(self) -> None:
         """Raise StoreError unless this handle may still publish prompts (its run holds the store)."""
@@ -220,6 +238,16 @@ class ZarrStore(JacobianStore):
         if not folder.is_dir():
             return []
         return sorted(p.name for p in folder.iterdir() if NAME.fullmatch(p.name) and (p / "zarr.json").is_file())
+
+    def interrupted_writes(self) -> list[str]:
+        """Paths (relative to the store) of what writes killed midway left: ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>``
+        folders of gone processes in ``analysis/``, its prompt folders, ``lens/``, ``failed/`` and ``prompts/``.
+        Never read as results; the next write into the same folder removes them."""
+        folders = [refuse_links(self.path, name) for name in (fmt.ANALYSIS, fmt.LENS, fmt.FAILED, fmt.PROMPTS)]
+        analysis = folders[0]
+        if analysis.is_dir():
+            folders += [p for p in sorted(analysis.iterdir()) if p.is_dir() and not p.is_symlink()]
+        return [str(p.relative_to(self.path)) for folder in folders for p in aside_entries(folder)]
 
     def staging_leftovers(self) -> list[str]:
         folder = refuse_links(self.path, fmt.STAGING)

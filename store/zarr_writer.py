@@ -230,6 +230,11 @@ class ZarrPromptWriter(PromptWriter):
             self.abort()
             raise StoreError(f"Expected every array of prompt {self.id} before commit. Got none for "
                              f"{', '.join(sorted(missing))} (rows written: {self._next_row} of {self.n_rows}).")
+        bad = fmt.non_standard_json(attrs)
+        if bad:
+            self.abort()
+            raise StoreError(f"Expected attributes of prompt {self.id} in standard JSON (readable by every zarr "
+                             f"reader). Got {bad}: nothing was committed.")
         try:
             coordinates = fmt.put_token_coordinates(self._group, self.n_tokens, attrs.get("tokens"))
             self._group.attrs.update({**attrs, **coordinates, "complete": True})

@@ -172,8 +172,11 @@ def run_description(model: SyntheticModel, *, n_layers: int, dtype: str = "float
            if detach else [], "convention": None, "lens": None, "row_block": row_block, "max_tokens": 256,
            "detjac_version": __version__}
     weights = {"model.safetensors": hashlib.sha256(model.embedding.tobytes() + model.unembedding.tobytes()).hexdigest()}
+    tokenizer = {"tokenizer.json": hashlib.sha256(" ".join(model.words).encode()).hexdigest()}
     run.update({"weights": weights,  # as runs/fingerprint.py:weights_identity describes a checkpoint's files
-                "weights_sha256": hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest()})
+                "weights_sha256": hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest(),
+                "tokenizer": tokenizer,
+                "tokenizer_sha256": hashlib.sha256(json.dumps(tokenizer, sort_keys=True).encode()).hexdigest()})
     if targets:  # the layer-streamed engine wrote it
         run.update({"engine": "streamed", "layerwise": list(targets), "quantize": None, "mode": mode,
                     "max_memory": None})

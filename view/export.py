@@ -45,9 +45,14 @@ def export(store: Any, out: str | Path, prompt_ids: Sequence[str] | None = None,
     Raises
     ------
     InvalidArgumentError
-        ``out`` is a file or a folder with something in it, or a prompt id is not a complete prompt.
+        ``out`` is a file, a folder with something in it or a folder inside the store, or a prompt id is not a
+        complete prompt.
     """
     out = Path(out)
+    store_root = Path(store.path).resolve()
+    if out.resolve() == store_root or store_root in out.resolve().parents:
+        raise InvalidArgumentError(f"Expected a folder outside the store to export to. Got {out}, inside "
+                                   f"{store.path}: the export would be written into the store it shows.")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidArgumentError(f"Expected a new or empty folder to export to. Got {out}, which "
                                    f"{'is a file' if not out.is_dir() else 'is not empty'}.")

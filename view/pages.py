@@ -23,6 +23,18 @@ from .readonly import ReadOnlyStore
 KEPT_PAGES = 256  # pages kept in memory, least recently used dropped first
 
 
+def _root_seal(path: Any) -> str:
+    """The root's seal: the SHA-256 of its description (run, creation time, model digests), changed by nothing
+    but a new store in the folder."""
+    from pathlib import Path
+
+    from detjac.store.format import read_root
+    from detjac.store.integrity import INTEGRITY
+
+    root = read_root(Path(path))
+    return str(root.get(INTEGRITY, {}).get("attrs_sha256") or root.get("created"))
+
+
 class NotFound(LookupError):
     """No page has this key."""
 
@@ -31,10 +43,36 @@ class Pages:
     """The pages of one store (opened for reading), by key (see the module docstring)."""
 
     def __init__(self, store: Any) -> None:
+        self._compute = threading.Lock()
+        self._open(store)
+
+    def _open(self, store: Any) -> None:
         self.view = ReadOnlyStore(store)
         self.corpus = Corpus(self.view)
         self._kept: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._compute = threading.Lock()
+        self.path = getattr(store, "path", None)
+        self.seal = _root_seal(self.path) if self.path is not None else None
+
+    def refresh(self) -> bool:
+        """Re-check that the folder still holds the store these pages were read from (its root seal: one small
+        file read), and reopen it if another store took its place (``detjac run --force-new``): pages are never
+        computed from one store's prompts with another's model. Returns whether it was reopened.
+
+        Raises
+        ------
+        StoreError
+            The folder no longer holds a readable store (removed, or damaged).
+        """
+        if self.path is None:
+            return False
+        with self._compute:
+            seal = _root_seal(self.path)
+            if seal == self.seal:
+                return False
+            from detjac.store import open_store
+
+            self._open(open_store(self.path))
+            return True
 
     def data(self, key: str) -> dict[str, Any]:
         """The data of page ``key``.

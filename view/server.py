@@ -13,6 +13,7 @@ import ipaddress
 import json
 import socket
 import sys
+import threading
 import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,13 +29,24 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an address) only reaches this machine."""
-    if host == "localhost":
-        return True
+    """Whether ``host`` (a name or an address in any form the system resolves, ``127.1`` included) only reaches
+    this machine: every address it resolves to is a loopback one."""
+    host = host.strip("[]")
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
     except ValueError:
         return False
+
+
+# Connections: a request's line and headers must arrive within this many seconds, and at most this many are
+# served at once (more are closed at once): half-open connections cannot hold threads for ever.
+REQUEST_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
+QUIET_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
 
 class ViewServer(ThreadingHTTPServer):
@@ -44,19 +56,45 @@ class ViewServer(ThreadingHTTPServer):
 
     def __init__(self, pages: Pages, host: str, port: int) -> None:
         self.pages = pages
-        self.loopback = is_loopback(host)
         if ":" in host:
             self.address_family = socket.AF_INET6
-        super().__init__((host, port), ViewHandler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__((host.strip("[]"), port), ViewHandler)
         self.port = self.server_address[1]
-        shown = f"[{host}]" if ":" in host else host
+        bound = str(self.server_address[0])
+        self.loopback = is_loopback(bound)  # what was bound, however the host was written
+        shown = f"[{host.strip('[]')}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}/"
-        names = {shown, "localhost", "127.0.0.1", "[::1]"}
+        names = {shown, f"[{bound}]" if ":" in bound else bound, "localhost", "127.0.0.1", "[::1]"}
         self.allowed_hosts = {f"{name}:{self.port}" for name in names}
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection while fewer than ``MAX_CONNECTIONS`` are open; a connection beyond is closed."""
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (broken pipe, reset, timeout) is not an error of the server: nothing printed."""
+        if isinstance(sys.exc_info()[1], QUIET_ERRORS):
+            return
+        super().handle_error(request, client_address)
 
 
 class ViewHandler(BaseHTTPRequestHandler):
     server: ViewServer
+    timeout = REQUEST_TIMEOUT_S  # the socket's: a silent client is dropped, its thread freed
     def version_string(self) -> str:
         return "detjac-view"
 
@@ -93,6 +131,7 @@ class ViewHandler(BaseHTTPRequestHandler):
 
     def _api(self, key: str, body: bool) -> None:
         try:
+            self.server.pages.refresh()  # the folder may hold another store by now (run --force-new)
             status, data = HTTPStatus.OK, self.server.pages.data(key)
         except NotFound:
             status, data = HTTPStatus.NOT_FOUND, {"error": f"no page {key!r} in this store"}

@@ -160,6 +160,15 @@ def test_detached_against_ordinary(real_store, tmp_path):
         assert r["detached_stable_rank"] == pytest.approx((s**2).sum() / s[0] ** 2)
 
 
+def test_compare_refuses_stores_of_two_models_naming_both(real_store, tmp_path):
+    other = make_store(tmp_path / "other.zarr", prompts=TEXTS, d_model=MODEL.d_model, seed=5, detach=False).path
+    out = CliRunner().invoke(main, ["analyze", "compare", str(real_store.path), str(other)])
+    assert out.exit_code == 1
+    assert "Expected two stores of the same model." in out.output
+    assert "(s.zarr) != " in out.output and "(other.zarr)" in out.output and "weights_sha256" in out.output
+    assert not (tmp_path / "detjac-compare.png").exists()
+
+
 def test_report_writes_tables_and_figures(real_store, tmp_path):
     import json
 

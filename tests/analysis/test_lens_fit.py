@@ -139,3 +139,36 @@ def test_a_fit_killed_mid_way_resumes_to_the_same_lens(synthetic, tmp_path):
     a, b = lenses.load_lens(synthetic.path), lenses.load_lens(copy)
     assert np.abs(a.mean - b.mean).max() < 1e-13 and np.array_equal(a.count, b.count)
     assert np.abs(a.second_moment - b.second_moment).max() < 1e-13
+
+
+def test_a_fit_is_refused_while_another_process_writes_the_store(synthetic):
+    from detjac.errors import StoreError
+    from detjac.store import lock
+
+    held = lock.acquire(synthetic.path)  # as a running `detjac run --lens` or another fit holds it
+    try:
+        with pytest.raises(StoreError, match=r"Expected no other writer on .* Got one running \(pid "):
+            lens_fit.fit(synthetic.open(), chunk=3)
+        assert [n for n in synthetic.open().lens_names()] == []  # refused before any partial was written
+    finally:
+        lock.release(held)
+    assert lens_fit.fit(synthetic.open(), chunk=3)["count"] == [7, 7]
+    assert lock.holder(synthetic.path) is None  # released by the fit
+
+
+def test_overlapping_partials_left_by_writers_at_once_are_repaired_by_the_next_fit(synthetic, tmp_path):
+    store = synthetic.open()
+    ids = store.prompt_ids()
+    for layer in (0, 1):  # two writers that ran at once: prompt ids[2] counted in both partials of each layer
+        for part in (ids[:3], ids[2:5]):
+            blocks = [lens_fit.same_position_operator(store.get(pid), layer) for pid in part]
+            lens_fit.write_partial(store, layer, part, sum(blocks), sum(b * b for b in blocks))
+    with pytest.raises(Exception, match="they would be counted twice. `detjac lens fit STORE` repairs this"):
+        lens_fit.partials(store, 0, set(ids))  # a reader only reports it
+    report = lens_fit.fit(synthetic.open(), chunk=2)
+    assert report["count"] == [7, 7]
+    lens = lenses.load_lens(synthetic.path)
+    for i, layer in enumerate((0, 1)):
+        mean, second = numpy_lens(synthetic, layer)
+        assert np.abs(lens.mean[i] - mean).max() < 1e-12 and np.abs(lens.second_moment[i] - second).max() < 1e-12
+    assert all(r.ok for r in open_store(synthetic.path).verify())

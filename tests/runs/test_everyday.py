@@ -50,7 +50,7 @@ def test_malformed_token_id_prompts_are_refused_naming_the_line(tmp_path: Path, 
 
 
 def test_prompt_lines_end_at_newlines_only_and_the_format_comes_from_the_name(tmp_path: Path) -> None:
-    odd = "one\x0cform feed\x85next line\u2028line separator\u2029paragraph"  # none of these ends a line
+    odd = "one\x0cform feed\x85next line\u2028line separator\u2029paragraph\ra lone CR"  # none of these ends a line
     txt = tmp_path / "p.txt"
     txt.write_bytes(("\ufeff" + odd + "\r\nsecond\n\nthird").encode())
     got = read_prompts(txt)

@@ -11,7 +11,7 @@ import torch
 from store_helpers import run_default, write_prompts
 
 from detjac.engine.steer import generate
-from detjac.errors import InvalidArgumentError
+from detjac.errors import InvalidArgumentError, PromptsFileError
 from detjac.runs.steering import (
     concept_ids,
     concept_operator,
@@ -61,6 +61,24 @@ def test_the_operator_is_refused_for_the_wrong_layer_or_model(concept_store, ses
         concept_operator(concept_store, pid, 1, other)
 
 
+def test_a_concept_store_of_another_model_is_refused_naming_both(concept_store, tmp_path):
+    """Same config and embeddings (so the embedding check alone would pass), one layer's weights changed."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from detjac.engine.default import DEFAULT_MODEL_DIR
+
+    folder = tmp_path / "perturbed"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.1.mlp.down_proj.weight"].mul_(1.01)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InvalidArgumentError, match=r"Expected a store of the model .*perturbed\. Got c\.zarr, "
+                                                   r"written with .*weights_sha256: \w+… \(c\.zarr\) != \w+… "):
+        load_concept(str(folder), concept_store.path, concept_store.prompt_ids()[0], 1)
+
+
 def test_one_steered_generation(session):
     ids = session.tokenizer("Ream, n. A bundle of")["input_ids"]
     plain = session.tokenizer.decode(generate(session.model, ids, 6))
@@ -97,7 +115,7 @@ def test_the_evaluation_table(session, tmp_path):
     assert [float(r["strength"]) for r in rows] == [0.0, 4.0] and rows[0]["example"] == unsteered
     assert evaluate_steering(session, evaluation, [0.0], max_new_tokens=2, progress=False).table is None
 
-    with pytest.raises(InvalidArgumentError, match=r"Expected prompts in .*blank.txt. Got only blank lines."):
+    with pytest.raises(PromptsFileError, match=r"Expected at least one prompt in .*blank.txt. Got an empty file"):
         prepare_evaluation(session, write_prompts(tmp_path / "blank.txt", ["", "  "]))
     nothing = prepare_evaluation(session, prompts, ",")
     with pytest.raises(InvalidArgumentError, match="Expected at least one concept token to count"):

@@ -5,6 +5,7 @@ a checkpoint with a tensor missing or unexpected is refused before anything is w
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from store_helpers import write_prompts
 from detjac.engine import load_engine, load_model
 from detjac.engine.default import DEFAULT_MODEL_DIR
 from detjac.errors import CheckpointError, StoreMismatchError
-from detjac.runs.fingerprint import DigestCache, combined_digest, weights_fingerprint
+from detjac.runs.fingerprint import DigestCache, combined_digest, content_sample, weights_fingerprint
 from detjac.runs.run import RunOptions, run_corpus
 from detjac.store import open_store
 
@@ -52,6 +53,66 @@ def test_hub_files_are_named_by_their_blob_and_others_hashed_once(tmp_path: Path
     os.utime(folder / WEIGHTS, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: hashed again
     touched = DigestCache(tmp_path / "digests")
     assert weights_fingerprint(folder, touched) == {WEIGHTS: truth} and touched.hashed == [folder / WEIGHTS]
+
+
+def rewrite_in_place(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes without changing the file's size, then put its access and modification times back."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_weights_rewritten_in_place_with_their_old_size_and_time_are_hashed_again(tmp_path: Path) -> None:
+    folder = copy_checkpoint(DEFAULT_MODEL_DIR, tmp_path / "plain")
+    path = folder / WEIGHTS
+    truth = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert weights_fingerprint(folder, DigestCache(tmp_path / "digests")) == {WEIGHTS: truth}
+    rewrite_in_place(path, path.stat().st_size // 3, b"\x7f" * 64)
+    cache = DigestCache(tmp_path / "digests")
+    changed = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert changed != truth and weights_fingerprint(folder, cache) == {WEIGHTS: changed} and cache.hashed == [path]
+
+
+def test_where_status_times_say_nothing_a_content_sample_still_catches_a_rewritten_tensor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system whose ctime and inode cannot be trusted (the cache sees size and mtime only): the cached digest
+    is still checked against a content sample, which covers every tensor's first and last 4 KiB."""
+    monkeypatch.setattr(DigestCache, "_stamp", staticmethod(lambda p: {"size": p.stat().st_size,
+                                                                        "mtime_ns": p.stat().st_mtime_ns}))
+    folder = copy_checkpoint(DEFAULT_MODEL_DIR, tmp_path / "plain")
+    path = folder / WEIGHTS
+    weights_fingerprint(folder, DigestCache(tmp_path / "digests"))
+    n = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8:8 + n])
+    start, end = header["model.norm.weight"]["data_offsets"]  # a small tensor between two samples
+    sample = content_sample(path)
+    rewrite_in_place(path, 8 + n + start, bytes(end - start))
+    assert content_sample(path) != sample
+    cache = DigestCache(tmp_path / "digests")
+    assert weights_fingerprint(folder, cache) == {WEIGHTS: hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert cache.hashed == [path]
+
+
+def test_resume_after_the_tokenizer_changed_is_refused_naming_the_file(tmp_path: Path) -> None:
+    folder = copy_checkpoint(DEFAULT_MODEL_DIR, tmp_path / "model")
+    prompts = write_prompts(tmp_path / "p.txt", ["Oak tree"])
+    out = str(tmp_path / "run.zarr")
+    run_corpus(str(folder), prompts, out, RunOptions())
+    run = open_store(out).run
+    old = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+    assert run["tokenizer"]["tokenizer.json"] == old and run["tokenizer_sha256"] == combined_digest(run["tokenizer"])
+    assert run_corpus(str(folder), prompts, out, RunOptions()).summary.skipped_complete == 1
+
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "Lowercase"}  # another tokenizer: "Oak" and "oak" are now one token
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(StoreMismatchError, match=f"tokenizer_sha256: .*Tokenizer files that differ: tokenizer.json: "
+                                                 f"sha256 {old[:16]}\\.\\.\\. \\(store\\) != sha256 "):
+        run_corpus(str(folder), prompts, out, RunOptions())
+    assert len(open_store(out)) == 1 and open_store(out).run["tokenizer_sha256"] == run["tokenizer_sha256"]
 
 
 def test_resume_after_the_weights_changed_is_refused_naming_the_file(tmp_path: Path, llama_checkpoint: Path) -> None:

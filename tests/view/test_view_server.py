@@ -1,0 +1,177 @@
+"""The viewer's server against clients that misbehave: loopback however it is written (``127.1``), connections that
+send nothing, more connections than it serves at once, and clients that go away mid-answer."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager, redirect_stderr
+
+import pytest
+from view_helpers import Served
+
+from detjac.view import server as view_server
+from detjac.view.server import is_loopback, make_server
+
+
+@contextmanager
+def serving(store, **limits):
+    """An in-process server of ``store`` on a free loopback port, with ``limits`` (module constants) patched."""
+    patch = pytest.MonkeyPatch()
+    for name, value in limits.items():
+        patch.setattr(view_server, name, value)
+    if "REQUEST_TIMEOUT_S" in limits:
+        patch.setattr(view_server.ViewHandler, "timeout", limits["REQUEST_TIMEOUT_S"])
+    server = make_server(store.open())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        patch.undo()
+
+
+def status(server, path: str = "/api/corpus", host: str | None = None) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", path, headers={"Host": host or f"127.0.0.1:{server.port}"})
+    code = conn.getresponse().status
+    conn.close()
+    return code
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` (recv gives b"") within ``seconds``."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_loopback_written_any_way_is_loopback(layered_store):
+    assert is_loopback("127.1") and is_loopback("127.0.0.2") and is_loopback("[::1]") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
+    server = Served(layered_store.path, "--host", "127.1")
+    try:
+        port = server.url.rsplit(":", 1)[1].strip("/")
+        conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=10)
+        conn.request("GET", "/api/corpus", headers={"Host": f"evil.example:{port}"})
+        assert conn.getresponse().status == 403  # the Host check is on: 127.1 is this machine only
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=10)
+        conn.request("GET", "/api/corpus", headers={"Host": f"127.1:{port}"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        err = server.stop()
+    assert "not a loopback address" not in err
+
+
+def test_a_connection_that_sends_nothing_is_dropped(layered_store):
+    with serving(layered_store, REQUEST_TIMEOUT_S=0.5) as server:
+        idle = socket.create_connection(("127.0.0.1", server.port))
+        half = socket.create_connection(("127.0.0.1", server.port))
+        half.sendall(b"GET /api/corpus HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
+        assert closed_within(idle, 5) and closed_within(half, 5)
+        idle.close()
+        half.close()
+        assert status(server) == 200
+
+
+def test_connections_beyond_the_limit_are_closed_and_the_server_recovers(layered_store):
+    with serving(layered_store, REQUEST_TIMEOUT_S=1.0, MAX_CONNECTIONS=3) as server:
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        time.sleep(0.2)  # the three are accepted and each holds a thread
+        extra = socket.create_connection(("127.0.0.1", server.port))
+        assert closed_within(extra, 0.8)  # closed at once, before the held ones time out
+        extra.close()
+        threads = threading.active_count()
+        assert all(closed_within(s, 5) for s in held)
+        for s in held:
+            s.close()
+        time.sleep(0.2)
+        assert status(server) == 200 and threading.active_count() <= threads
+
+
+def test_a_client_that_goes_away_prints_no_traceback(layered_store):
+    with serving(layered_store) as server:
+        err = io.StringIO()
+        with redirect_stderr(err):
+            for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset"), TimeoutError()):
+                try:
+                    raise exc
+                except OSError:
+                    server.handle_error(None, ("127.0.0.1", 1))
+            for _ in range(20):  # real clients hanging up on a large answer
+                sock = socket.create_connection(("127.0.0.1", server.port))
+                sock.sendall(f"GET /app.js HTTP/1.0\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                sock.close()  # a reset, not a polite close
+            time.sleep(0.3)
+            try:
+                raise ValueError("a real error")
+            except ValueError:
+                server.handle_error(None, ("127.0.0.1", 1))
+        assert "Traceback" in err.getvalue() and "a real error" in err.getvalue()
+        assert "BrokenPipe" not in err.getvalue() and "ConnectionReset" not in err.getvalue()
+        assert status(server) == 200
+        assert sys.stderr is not err
+
+
+def test_a_store_replaced_under_a_running_viewer_is_read_anew(tmp_path):
+    """``run --force-new`` puts another store (another model) in the folder: the next request is answered from it,
+    never from the first store's model matrices or prompt list; a folder that no longer holds a store is an
+    error, not stale pages."""
+    import json
+    import shutil
+    import urllib.request
+
+    from store_factory import make_store
+    from view_helpers import TEXTS
+
+    from detjac.view.pages import Pages
+
+    first = make_store(tmp_path / "first.zarr", prompts=TEXTS[:2], d_model=8, seed=1)
+    second = make_store(tmp_path / "second.zarr", prompts=TEXTS[2:], d_model=8, seed=2)
+    folder = tmp_path / "served.zarr"
+    shutil.copytree(first.path, folder)
+
+    class Synthetic:  # serving() takes something with .open()
+        @staticmethod
+        def open():
+            from detjac.store import open_store
+
+            return open_store(folder)
+
+    def get(server, key):
+        url = f"http://127.0.0.1:{server.port}/api/{key}"
+        request = urllib.request.Request(url, headers={"Host": f"127.0.0.1:{server.port}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    with serving(Synthetic) as server:
+        code, corpus = get(server, "corpus")
+        assert code == 200 and sorted(r["id"] for r in corpus["prompts"]) == sorted(first.ids)
+        assert get(server, f"prompt/{first.ids[0]}/operator/combined")[0] == 200
+        shutil.rmtree(folder)
+        code, error = get(server, "corpus")
+        assert code == 422 and "Expected a detjac store" in error["error"]
+        shutil.copytree(second.path, folder)
+        code, corpus = get(server, "corpus")
+        assert code == 200 and sorted(r["id"] for r in corpus["prompts"]) == sorted(second.ids)
+        assert get(server, f"prompt/{first.ids[0]}")[0] == 404
+        key = f"prompt/{second.ids[0]}/operator/combined"
+        from detjac.store import open_store
+
+        assert get(server, key) == (200, json.loads(json.dumps(Pages(open_store(second.path)).data(key))))
