@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,7 +64,8 @@ def test_leftovers_of_killed_writes_are_reported_then_cleared_by_the_next_write(
     assert store.interrupted_writes() == [f"{fmt.ANALYSIS}/{pid}/{dead.name}"]  # a live writer's is not a leftover
     assert store.analysis_names(pid) == []
     result = CliRunner().invoke(main, ["store", "verify", str(synthetic.path)])
-    assert result.exit_code == 0 and f"note: 1 leftovers of writes killed midway ({fmt.ANALYSIS}/{pid}/" in result.output
+    assert result.exit_code == 0
+    assert f"note: 1 leftovers of writes killed midway ({fmt.ANALYSIS}/{pid}/" in result.output
     store.write_analysis(pid, "svd_combined", {"S": np.ones(2)}, {})
     assert not dead.exists() and live.exists() and store.interrupted_writes() == []
     assert "leftovers" not in CliRunner().invoke(main, ["store", "verify", str(synthetic.path)]).output
@@ -100,4 +100,4 @@ def test_nan_and_infinity_never_reach_a_stores_json(tmp_path, synthetic):
             writer.commit({"prompt": "x", "meta": {"score": float("nan")}})
     assert "0123456789abcdef" not in open_store(synthetic.path).prompt_ids()
     for meta in synthetic.path.rglob("zarr.json"):
-        json.loads(meta.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in {meta}"))
+        json.loads(meta.read_text(), parse_constant=lambda c, where=meta: pytest.fail(f"{c} in {where}"))
