@@ -139,10 +139,23 @@ class DimsReport:
     table: Path | None = None
 
 
+def require_full(store: Any, what: str) -> None:
+    """InvalidArgumentError before any work when ``store`` is low-rank (``--keep rank:K``) and ``what`` needs every
+    singular value: the message names the analyses that read its triplets and the run that gives the rest."""
+    keep = str(store.run.get("keep", "full"))
+    if keep.startswith("rank:"):
+        raise InvalidArgumentError(
+            f"Expected a store with full Jacobians for {what}: it needs every singular value (stable rank, energy "
+            f"ranks). Got {store.path}, a low-rank store (--keep {keep}: each prompt's top singular triplets only; "
+            "`detjac analyze svd` and `decode` read them). Run the prompts again without --keep "
+            "(`detjac run MODEL PROMPTS --out FULL.zarr`) for this.")
+
+
 def dims_report(store: Any, prompt_ids: Iterable[str], table: str | Path | None = None,
                 progress: Any = None) -> DimsReport:
     """:func:`dims` of ``prompt_ids``, written to ``table`` when given (Parquet for a ``.parquet`` suffix, else
     CSV; see :func:`write_table`). ``progress`` (tqdm-like) is updated once per prompt."""
+    require_full(store, "analyze dims")
     rows = dims(store, prompt_ids, progress=progress)
     return DimsReport(rows, write_table(rows, table) if table else None)
 

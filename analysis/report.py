@@ -84,6 +84,7 @@ def report(store: Any, out: str | Path, top: int = 10, progress: Any = None,
         raise InvalidArgumentError(f"Expected table_format 'csv' or 'parquet'. Got {table_format!r}.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    jobs.require_full(store, "analyze report")
     ids = store.prompt_ids()
     dims_rows = jobs.dims(store, ids, progress=progress)
     spectra = jobs.svd(store, ids, k=1, method="gram")

@@ -88,6 +88,8 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
 
     if k < 1:
         raise InvalidArgumentError(f"Expected k >= 1. Got {k}.")
+    if getattr(prompt, "low_rank", False) and target is None:
+        return low_rank_spectrum(prompt, k, token)
     A = operator(prompt, token, target).astype(np.float64)
     k = min(k, *A.shape)
     if method == "randomized":
@@ -108,6 +110,19 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
         V = V.reshape(prompt.n_tokens, -1, k)
     params = {"k": k, "power_iterations": power_iterations, "oversample": oversample, "seed": seed}
     return Spectrum(prompt.id, token, U, S, V, method, params if method == "randomized" else {"k": k}, target)
+
+
+def low_rank_spectrum(prompt: Any, k: int, token: int | None) -> Spectrum:
+    """The top ``k`` of a low-rank prompt's stored triplets (``detjac run --keep rank:K``: computed when the prompt
+    was run, the full Jacobian never stored); InvalidArgumentError when ``k`` exceeds the stored rank."""
+    U, S, V = prompt.triplets(token)
+    rank = int(S.shape[0])
+    if k > rank:
+        raise InvalidArgumentError(
+            f"Expected k <= {rank}: prompt {prompt.id} keeps its top {rank} singular triplets (--keep "
+            f"rank:{prompt.attrs.get('rank', rank)}). Got k={k}. Use --k {rank} or less, or run the prompt again "
+            "without --keep (the full Jacobian) for more.")
+    return Spectrum(prompt.id, token, U[:, :k], S[:k], V[..., :k], "stored triplets", {"k": k})
 
 
 def _gram_triplets(A: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,9 +161,22 @@ def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.nd
 
 
 def singular_values(prompt: Any, token: int | None = None, target: str | None = None) -> np.ndarray:
-    """All singular values (exact), via a tall-and-skinny dask SVD of the operator's transpose."""
+    """All singular values (exact), via a tall-and-skinny dask SVD of the operator's transpose.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a low-rank prompt: it keeps only the top singular values, and every one is needed (stable rank,
+        energy ranks).
+    """
     import dask.array as da
 
+    if getattr(prompt, "low_rank", False):
+        raise InvalidArgumentError(
+            f"Expected a prompt with its full Jacobian: this needs every singular value (stable rank, energy ranks, "
+            f"the spectrum). Got prompt {prompt.id}, stored in low-rank mode (--keep {prompt.attrs.get('keep')}: its "
+            "top singular triplets only; `detjac analyze svd` and `decode` read them). Run the prompts again "
+            "without --keep (`detjac run MODEL PROMPTS --out FULL.zarr`) for this.")
     A = operator(prompt, token, target).astype(np.float64)
     tall = A.T.rechunk({0: "auto", 1: -1})  # (cols, rows): one chunk across the short side
     _, s, _ = da.linalg.svd(tall)

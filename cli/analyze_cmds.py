@@ -51,7 +51,8 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int
 
     Left singular vectors are decoded through the unembedding (for a layerwise target, after
     the final norm's gain) and right ones through the input embedding, all kept in the store
-    by `detjac run`.
+    by `detjac run`. A low-rank store (`run --keep rank:K`) gives its stored triplets (--k at
+    most K).
 
     \b
     Examples:
@@ -92,7 +93,8 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
     Uses the triplets `detjac analyze svd` kept in the store for the same parameters (and
     computes and keeps them otherwise, with the randomized method). Left vectors go through
     the unembedding (for a layerwise target, after the final norm's gain), right vectors
-    through the input embedding, at the token whose block holds most of their energy.
+    through the input embedding, at the token whose block holds most of their energy. A
+    low-rank store (`run --keep rank:K`) gives its stored triplets (--k at most K).
 
     \b
     Examples:
@@ -123,18 +125,20 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
              scheduler: str | None) -> None:
     """Stable rank, participation ratio and n90/n99 of every prompt's combined and per-token operators.
 
-    (Per layer and component: `detjac analyze layers`.)
+    (Per layer and component: `detjac analyze layers`.) Needs every singular value: a
+    low-rank store (`run --keep rank:K`, top triplets only) is refused; run without --keep.
 
     \b
     Example:
       detjac analyze dims run.zarr --table dims.csv
     """
-    from detjac.analysis.jobs import dims_report
+    from detjac.analysis.jobs import dims_report, require_full
     from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)
+    require_full(store, "analyze dims")  # before the bar
     ids = list(prompt_ids) or store.prompt_ids()
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
             tqdm(total=len(ids), desc="dims", unit="prompt") as bar:
@@ -233,18 +237,21 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     Writes dims.csv, decoded.csv (or .parquet), summary.json, spectra.png,
     dims_by_position.png and decoded.png; with layerwise Jacobians in the store also
     layers.csv, emergence.csv, layer_dims.png and emergence.png. The per-prompt results are
-    kept in the store and reused next time.
+    kept in the store and reused next time. Needs every singular value: a low-rank store
+    (`run --keep rank:K`) is refused; run without --keep.
 
     \b
     Example:
       detjac analyze report run.zarr --out report/ --workers 2
     """
+    from detjac.analysis.jobs import require_full
     from detjac.analysis.report import report
     from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)
+    require_full(store, "analyze report")  # before the bar
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
             tqdm(total=len(store), desc="report", unit="prompt") as bar:
         summary = report(store, out_dir, top, progress=bar, table_format=table_format)

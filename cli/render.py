@@ -8,14 +8,7 @@ from typing import Any
 
 import click
 
-
-def piece(tokenizer: Any, token_id: int) -> str:
-    """A token as its quoted text (or its id without a tokenizer)."""
-    return repr(tokenizer.decode([token_id])) if tokenizer is not None else str(token_id)
-
-
-def pieces(tokenizer: Any, ids: list[int]) -> str:
-    return " ".join(piece(tokenizer, i) for i in ids)
+from detjac.tokens import piece, pieces
 
 
 def echo_prediction(result: Any, tokenizer: Any, stock_logit_diff: float | None = None) -> None:
@@ -31,31 +24,11 @@ def echo_prediction(result: Any, tokenizer: Any, stock_logit_diff: float | None 
     click.echo(line)
 
 
-def _echo_operator(op: Any, tokenizer: Any, labels: list[str], indent: str) -> None:
-    for i, sigma in enumerate(op.singular_values.tolist()):
-        left = pieces(tokenizer, op.left_ids[i].tolist())
-        right = pieces(tokenizer, op.right_ids[i].tolist())
-        where = ""
-        if op.position is None:
-            where = f" [at {labels[op.right_positions[i]]!s}, {op.right_shares[i]:.0%} of |v|^2]"
-        click.echo(f"{indent}#{i + 1} sigma {sigma:<9.4g} left -> {left}")
-        click.echo(f"{indent}{'':16}right{where} -> {right}")
-
-
 def echo_explanation(expl: Any, tokenizer: Any, per_token_k: int = 1) -> None:
-    """Combined operator's triplets in full, then the leading ``per_token_k`` of every token."""
-    res = expl.result
-    labels = [piece(tokenizer, t) for t in res.token_ids]
-    n, d = len(res.token_ids), res.embeddings.shape[-1]
-    values = " ".join(f"{s:.3g}" for s in expl.combined.spectrum[:8].tolist())
-    click.echo(f"  combined [J_1 ... J_n] ({res.output.shape[0]} x {n * d}); top singular values: {values}")
-    _echo_operator(expl.combined, tokenizer, labels, "    ")
-    click.echo(f"  per token J_k (top {per_token_k} triplet{'s' if per_token_k > 1 else ''} each):")
-    for op in expl.per_token:
-        top_values = " ".join(f"{s:.3g}" for s in op.spectrum[:3].tolist())
-        click.echo(f"   {labels[op.position]:>14} sigma {top_values}")
-        trimmed = replace(op, left_ids=op.left_ids[:per_token_k], right_ids=op.right_ids[:per_token_k])
-        _echo_operator(trimmed, tokenizer, labels, "      ")
+    """Combined operator's triplets in full, then the leading ``per_token_k`` of every token
+    (:meth:`detjac.engine.explain.Explanation.lines`)."""
+    for line in replace(expl, tokenizer=tokenizer).lines(per_token_k):
+        click.echo(line)
 
 
 SHOWN_FAILURES = 20  # failed prompts listed at the end of a run (all are in the store)
@@ -65,9 +38,16 @@ def echo_run_outcome(outcome: Any) -> None:
     """The counts of a ``detjac run``, its model loads per worker, its failed prompts, and an interruption."""
     summary, out = outcome.summary, outcome.out
     failed = f"{len(summary.failed)} failed, " if outcome.distributed else ""
+    if summary.worst_error is not None:
+        errors = f"worst reconstruction error this run {summary.worst_error:.2e}"
+    else:
+        stored = outcome.stored_worst_error
+        errors = "no prompt computed this run" + (
+            f" (worst reconstruction error recorded in the store {stored:.2e}; `detjac store verify` recomputes)"
+            if stored is not None else "")
     click.echo(f"done: {summary.written} written, {summary.skipped_complete} already complete, {failed}"
                f"{summary.duplicates} duplicates, {summary.blank_lines} blank lines; {outcome.total} prompts in {out}; "
-               f"worst reconstruction error this run {summary.worst_error:.2e}")
+               + errors)
     if summary.loads:
         counts = sorted({n for n, _ in summary.loads.values()})
         seconds = sum(s for _, s in summary.loads.values()) / len(summary.loads)

@@ -64,6 +64,62 @@ def device_key(device: Any) -> str:
     return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
 
 
+CUDA_BUILD = ('make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" '
+              '(or pip install torch from the CUDA index at pytorch.org)')
+
+
+def check_device(device: Any) -> str:
+    """``device`` as a key (:func:`device_key`) once it is known that this PyTorch can compute there; else one line
+    naming the devices it has and how to get the missing one (called before any model loads).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A device name torch does not know, CUDA on a CPU-only build or a machine without a visible GPU, a CUDA
+        index past the device count, MPS or another backend that is not available.
+    """
+    import torch
+
+    key = device_key(device)
+    kind, _, index = key.partition(":")
+    if kind == "cpu":
+        return key
+    if kind == "cuda":
+        if torch.version.cuda is None:
+            raise InvalidArgumentError(
+                f"Expected a device this PyTorch can compute on ({available_devices()}). Got {device!r}: this PyTorch "
+                f"{torch.__version__} is a CPU-only build. For a CUDA build: {CUDA_BUILD}.")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidArgumentError(
+                f"Expected a device this PyTorch can compute on ({available_devices()}). Got {device!r}: PyTorch "
+                f"{torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device on this machine (check "
+                "nvidia-smi and CUDA_VISIBLE_DEVICES).")
+        if int(index or 0) >= count:
+            raise InvalidArgumentError(
+                f"Expected a CUDA device index below {count} ({available_devices()}). Got {device!r}.")
+        return key
+    backend = getattr(torch.backends, kind, None) or getattr(torch, kind, None)
+    if backend is None or not getattr(backend, "is_available", lambda: False)():
+        raise InvalidArgumentError(
+            f"Expected a device this PyTorch can compute on ({available_devices()}). Got {device!r}: the {kind} "
+            f"backend is not available in PyTorch {torch.__version__} on this machine.")
+    return key
+
+
+def available_devices() -> str:
+    """The devices this PyTorch can compute on, as text: ``cpu``, ``cpu, cuda:0, cuda:1``, ``cpu, mps``."""
+    import torch
+
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    return ", ".join(found)
+
+
 def honour_cpu_budget(engine: Any) -> None:
     """:func:`return_freed_memory` when ``engine`` computes on the CPU under a CPU budget (call it from the
     application that owns the process, once the engine is loaded); nothing otherwise."""

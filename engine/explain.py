@@ -10,9 +10,12 @@ as "pushed towards", not "pushed towards or away from".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
+
+from detjac.tokens import piece, pieces
 
 from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, model_decoding_matrices
 from .jacobian import JacobianResult
@@ -57,13 +60,68 @@ class DecodedOperator:
         return self.spectrum[: self.left_ids.shape[0]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Explanation:
-    """A Jacobian result with its combined and per-token decoded operators."""
+    """A Jacobian result with its combined and per-token decoded operators; ``str()`` gives the decoded table as
+    ``detjac jacobian`` prints it, Jupyter an HTML table of the combined operator."""
 
     result: JacobianResult
     combined: DecodedOperator
     per_token: list[DecodedOperator]
+    tokenizer: Any = field(default=None, compare=False)
+
+    def lines(self, per_token_k: int = 1) -> list[str]:
+        """The combined operator's triplets in full, then the leading ``per_token_k`` of every token."""
+        res, tok = self.result, self.tokenizer
+        labels = [piece(tok, t) for t in res.token_ids]
+        n, d = len(res.token_ids), res.embeddings.shape[-1]
+        values = " ".join(f"{s:.3g}" for s in self.combined.spectrum[:8].tolist())
+        out = [f"  combined [J_1 ... J_n] ({res.output.shape[0]} x {n * d}); top singular values: {values}"]
+        out += _operator_lines(self.combined, tok, labels, "    ")
+        out.append(f"  per token J_k (top {per_token_k} triplet{'s' if per_token_k > 1 else ''} each):")
+        for op in self.per_token:
+            top_values = " ".join(f"{s:.3g}" for s in op.spectrum[:3].tolist())
+            out.append(f"   {labels[op.position]:>14} sigma {top_values}")
+            trimmed = replace(op, left_ids=op.left_ids[:per_token_k], right_ids=op.right_ids[:per_token_k])
+            out += _operator_lines(trimmed, tok, labels, "      ")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def __repr__(self) -> str:
+        s = self.result.summary()
+        sigma = ", ".join(f"{v:.3g}" for v in self.combined.singular_values.tolist()[:3])
+        return (f"<Explanation {s['model']}, {s['prompt']}: {s['tokens']} tokens, {len(self.combined.left_ids)} "
+                f"triplets per operator; combined sigma {sigma}; print() it for the decoded tokens>")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        tok, res = self.tokenizer, self.result
+        labels = [piece(tok, t) for t in res.token_ids]
+        rows = "".join(
+            f"<tr><td>{i + 1}</td><td>{sigma:.4g}</td><td>{escape(pieces(tok, self.combined.left_ids[i].tolist()))}"
+            f"</td><td>{escape(labels[self.combined.right_positions[i]])} "
+            f"({self.combined.right_shares[i]:.0%})</td><td>{escape(pieces(tok, self.combined.right_ids[i].tolist()))}"
+            "</td></tr>" for i, sigma in enumerate(self.combined.singular_values.tolist()))
+        head = "".join(f"<th>{h}</th>" for h in ("#", "σ", "left → (unembedding)", "right at token",
+                                                 "right → (embedding)"))
+        return (f"<div><b>{escape(repr(self))}</b><table style='text-align:left'><tr>{head}</tr>{rows}</table>"
+                "</div>")
+
+
+def _operator_lines(op: DecodedOperator, tokenizer: Any, labels: list[str], indent: str) -> list[str]:
+    out = []
+    for i, sigma in enumerate(op.singular_values.tolist()):
+        left = pieces(tokenizer, op.left_ids[i].tolist())
+        right = pieces(tokenizer, op.right_ids[i].tolist())
+        where = ""
+        if op.position is None:
+            where = f" [at {labels[op.right_positions[i]]!s}, {op.right_shares[i]:.0%} of |v|^2]"
+        out.append(f"{indent}#{i + 1} sigma {sigma:<9.4g} left -> {left}")
+        out.append(f"{indent}{'':16}right{where} -> {right}")
+    return out
 
 
 def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: torch.Tensor, embed: torch.Tensor,
@@ -106,7 +164,10 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
         spec, lid, lsc, rid, rsc, _, _ = _decode(op, produced, 1, unembed, embed, k, top)
         per_token.append(DecodedOperator(labels[pos], pos, spec, lid, lsc, rid, rsc, [pos] * len(spec[:k]),
                                          [1.0] * len(spec[:k])))
-    return Explanation(result, combined, per_token)
+    from .loading import get_tokenizer
+
+    return Explanation(result, combined, per_token, get_tokenizer(model) if isinstance(model, torch.nn.Module)
+                       else None)
 
 
 def explain_summed(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int = 5) -> DecodedOperator:

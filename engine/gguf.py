@@ -499,4 +499,6 @@ def gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     read_header(path)
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    from .loading import quiet_tokenizer
+
+    return quiet_tokenizer(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))

@@ -238,7 +238,7 @@ def stream_jacobian(
     )
 
 
-@dataclass
+@dataclass(repr=False)
 class JacobianResult:
     """A Jacobian of one forward pass and what it reconstructs.
 
@@ -285,6 +285,25 @@ class JacobianResult:
     def next_token_id(self) -> int:
         """The model's predicted next token (argmax of its logits)."""
         return int(self.logits.argmax())
+
+    def summary(self) -> dict[str, str]:
+        """What the result is, in a few short fields (its repr and its Jupyter table)."""
+        text = self.prompt if self.prompt is not None else f"token ids {self.token_ids[:8]}"
+        return {"model": f"{self.model_type} ({self.family})",
+                "prompt": repr(text[:60] + ("…" if len(text) > 60 else "")),
+                "tokens": str(len(self.token_ids)),
+                "jacobian": f"{tuple(self.jacobian.shape)} {str(self.dtype).removeprefix('torch.')}",
+                "kind": "detached" if self.detached else "ordinary",
+                "reconstruction error": f"{self.reconstruction_error:.2e}",
+                "next token": str(self.next_token_id)}
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<JacobianResult {s['model']}, {s['prompt']}: {s['tokens']} tokens, jacobian {s['jacobian']}, "
+                f"{s['kind']}, reconstruction error {s['reconstruction error']}, next token id {s['next token']}>")
+
+    def _repr_html_(self) -> str:
+        return html_table("JacobianResult", self.summary().items())
 
     @property
     def reconstructed_next_token_id(self) -> int:
@@ -390,3 +409,12 @@ def detached_jacobian(
         result.logit_tokens = list(logit_tokens) if logit_tokens is not None else None
         result.logit_jacobian = logit_jacobian(model, result, logit_tokens)
     return result
+
+
+def html_table(title: str, rows: Any) -> str:
+    """A small two-column HTML table (Jupyter's view of a result), every cell escaped."""
+    from html import escape
+
+    body = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td style='text-align:left'>"
+                   f"{escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table><caption style='text-align:left'><b>{escape(title)}</b></caption>{body}</table>"

@@ -49,7 +49,11 @@ def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
 
 def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`); for a GGUF
-    file, the file and the config transformers reads from it (see :mod:`detjac.engine.gguf`)."""
+    file, the file and the config transformers reads from it (see :mod:`detjac.engine.gguf`). ``"default"`` names
+    the shipped model, as on the command line (:func:`detjac.engine.default.resolve_model`)."""
+    from .default import resolve_model
+
+    path = resolve_model(path)
     if is_gguf(path):
         from .gguf import gguf_config, gguf_path
 
@@ -86,6 +90,9 @@ def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path
             f"Expected weights ({' or '.join(_WEIGHT_FILES[::2])}) in {str(path)!r}. Got a "
             "config.json without weights."
         )
+    # Refuse an unsupported family from config.json alone, before any weights header is read or transformers parses
+    # it (a model_type transformers does not know would otherwise fail with its own message).
+    family_for(SimpleNamespace(model_type=config.get("model_type")))
     check_config_sizes(p, config, safetensors_shapes(p))
     return p, config
 
@@ -164,6 +171,9 @@ def load_model(
     UnsupportedModelError
         The model's family has no detach rules.
     """
+    from .budget import check_device
+
+    device = check_device(device)  # before anything loads: one line naming the devices this PyTorch has
     if isinstance(source, nn.Module):
         model = source
         family_for(model.config)
@@ -179,10 +189,7 @@ def load_model(
     else:
         from transformers import AutoModel, AutoModelForCausalLM
 
-        path, raw_config = read_checkpoint(source, revision)
-        # Refuse an unsupported family from config.json alone, before transformers parses it
-        # (a model_type transformers does not know would otherwise fail with its own message).
-        family_for(SimpleNamespace(model_type=raw_config.get("model_type")))
+        path, raw_config = read_checkpoint(source, revision)  # refuses an unsupported family first
         config = parse_config(path, revision, trust_remote_code)
         family = family_for(config)  # remote code may declare its own model_type: check the parsed config too
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head
@@ -203,8 +210,17 @@ def load_model(
         model.to(device)
     model.eval()
     if tokenizer is not None:
-        _TOKENIZERS[model] = tokenizer
+        _TOKENIZERS[model] = quiet_tokenizer(tokenizer)
     return model
+
+
+def quiet_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer``, without transformers' "Token indices sequence length is longer than the specified maximum"
+    warning: detjac checks every prompt's length against the model's context itself and says so in one message."""
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tokenizer
 
 
 def parse_config(path: Path, revision: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -226,7 +242,8 @@ def load_tokenizer(path: Path, revision: str | None = None, trust_remote_code: b
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        return quiet_tokenizer(AutoTokenizer.from_pretrained(path, revision=revision,
+                                                             trust_remote_code=trust_remote_code))
     except Exception as exc:  # noqa: BLE001 - tokenizers raise their own types (Exception, ValueError, ...)
         raise CheckpointError(f"Expected a readable tokenizer in {path} (tokenizer.json, tokenizer_config.json, "
                               f"...). Got {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
@@ -266,7 +283,7 @@ def get_tokenizer(model: PreTrainedModel) -> Any | None:
     if name and (Path(name) / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = quiet_tokenizer(AutoTokenizer.from_pretrained(name))
         _TOKENIZERS[model] = tok
         return tok
     return None

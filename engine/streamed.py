@@ -52,7 +52,7 @@ from detjac.targets import OUTPUTS, Target, layer_index, layer_targets
 from . import sweeps
 from .adjoint import make_adjoint
 from .backend import Engine, JacobianBlock, Plan, Prompt, Trace
-from .budget import budgets_of, device_key, parse_memory, return_freed_memory
+from .budget import budgets_of, check_device, device_key, parse_memory, return_freed_memory
 from .cost import DEFAULT_ROW_BLOCK, CostModel
 from .families import family_for
 from .gguf import is_gguf
@@ -114,8 +114,10 @@ class StreamedModel(Engine):
                  max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
                  revision: str | None = None, trust_remote_code: bool = False,
                  tokenizer: Any | None = None, convention: str | None = None, sweeps: str | None = None) -> None:
-        self.dtype, self.device, self.detach = dtype, torch.device(device), detach
+        self.dtype, self.device, self.detach = dtype, torch.device(check_device(device)), detach
         self.budgets = budgets_of(max_memory)
+        for budgeted in self.budgets:  # a budget for a device this machine lacks: said before anything loads
+            check_device(budgeted)
         if self.budgets and device_key(self.device) not in self.budgets:
             raise InvalidArgumentError(
                 f"Expected a memory budget for the compute device {device_key(self.device)}. "
@@ -310,13 +312,33 @@ class StreamedModel(Engine):
         return StreamedResult(trace, self.assemble(trace, wanted, plan, progress=progress), plan)
 
 
-@dataclass
+@dataclass(repr=False)
 class StreamedResult:
     """Jacobians by target, with the forward pass they linearize."""
 
     trace: StreamedTrace
     jacobians: dict[Target, torch.Tensor]
     plan: Plan
+
+    def summary(self) -> dict[str, str]:
+        """Tokens and, per target, its Jacobian's shape, dtype and reconstruction error (repr and Jupyter table)."""
+        out = {"tokens": str(len(self.trace.token_ids))}
+        for t, J in self.jacobians.items():
+            out[t.name] = (f"{tuple(J.shape)} {str(J.dtype).removeprefix('torch.')}, reconstruction error "
+                           f"{self.reconstruction_error(t):.2e}")
+        return out
+
+    def __repr__(self) -> str:
+        names = [t.name for t in self.jacobians]
+        shown = ", ".join(names[:4]) + (f", … ({len(names)} targets)" if len(names) > 4 else "")
+        first = next(iter(self.jacobians.values()), None)
+        shape = f"; each {tuple(first.shape)} {str(first.dtype).removeprefix('torch.')}" if first is not None else ""
+        return f"<StreamedResult {len(self.trace.token_ids)} tokens: {shown}{shape}>"
+
+    def _repr_html_(self) -> str:
+        from .jacobian import html_table
+
+        return html_table("StreamedResult", self.summary().items())
 
     def __getitem__(self, name: str | Target) -> torch.Tensor:
         key = name if isinstance(name, Target) else next((t for t in self.jacobians if t.name == name), None)

@@ -194,7 +194,7 @@ def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTas
                 _collect(store, summary, task, future)
                 future.release()
                 submit_next()
-                bar.set_postfix(error=f"{summary.worst_error:.1e}", failed=len(summary.failed))
+                bar.set_postfix(error=f"{summary.worst_error or 0:.1e}", failed=len(summary.failed))
                 bar.update()
     except BaseException:
         client.cancel([future for _, future in running.values()])

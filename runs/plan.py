@@ -95,13 +95,13 @@ class RunSummary:
     skipped_complete: int = 0
     duplicates: int = 0
     blank_lines: int = 0
-    worst_error: float = 0.0
+    worst_error: float | None = None  # None: no prompt computed this run
     failed: dict[str, Failure] = field(default_factory=dict)  # by prompt id
     loads: dict[str, tuple[int, float]] = field(default_factory=dict)  # worker -> (model loads, seconds loading)
 
     def add_written(self, error: float) -> None:
         self.written += 1
-        self.worst_error = max(self.worst_error, error)
+        self.worst_error = error if self.worst_error is None else max(self.worst_error, error)
 
 
 @dataclass

@@ -70,6 +70,7 @@ class RunOutcome:
     distributed: bool
     interrupted: bool = False
     lens: dict[str, Any] | None = None  # a --lens run: the fit's report, or {"uncounted": n}
+    stored_worst_error: float | None = None  # the largest reconstruction error recorded by the store's prompts
 
     @property
     def exit_code(self) -> int:
@@ -193,10 +194,22 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
         from .lens_run import finish
 
         lens = None if interrupted else finish(store, plan.run)
+        stored_worst = None if summary.written else recorded_worst_error(store)
     if log is not None and store.restored is not None:
         log(restored_line)
         total = len(store.prompt_ids())
-    return RunOutcome(summary, out, total, o.distributed, interrupted, lens)
+    return RunOutcome(summary, out, total, o.distributed, interrupted, lens, stored_worst)
+
+
+def recorded_worst_error(store: Any) -> float | None:
+    """The largest reconstruction error the store's prompts recorded when they were computed (their attributes:
+    nothing is recomputed; ``detjac store verify`` recomputes); None when none records one."""
+    errors = []
+    for pid in store.prompt_ids():
+        value = store.prompt_attrs(pid).get("reconstruction_error")
+        if isinstance(value, (int, float)):
+            errors.append(float(value))
+    return max(errors, default=None)
 
 
 def run_one(model: str, prompt: str, out: str, options: RunOptions) -> str:

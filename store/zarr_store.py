@@ -243,9 +243,9 @@ class ZarrStore(JacobianStore):
         """Paths (relative to the store) of what writes killed midway left: ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>``
         folders of gone processes in ``analysis/``, its prompt folders, ``lens/``, ``failed/`` and ``prompts/``.
         Never read as results; the next write into the same folder removes them."""
-        folders = [refuse_links(self.path, name) for name in (fmt.ANALYSIS, fmt.LENS, fmt.FAILED, fmt.PROMPTS)]
-        analysis = folders[0]
-        if analysis.is_dir():
+        folders = [self.path / name for name in (fmt.ANALYSIS, fmt.LENS, fmt.FAILED, fmt.PROMPTS)]
+        analysis = folders[0]  # a symlinked folder is verify's to report (aside_entries never follows one)
+        if analysis.is_dir() and not analysis.is_symlink():
             folders += [p for p in sorted(analysis.iterdir()) if p.is_dir() and not p.is_symlink()]
         return [str(p.relative_to(self.path)) for folder in folders for p in aside_entries(folder)]
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import jobs
-from ..analysis.spectra import Spectrum, dimensionality, singular_values
+from ..analysis.spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values
 from ..errors import DetjacError
 from ..singular import decode_top
 from .jsonable import jsonable
@@ -137,8 +137,7 @@ def prompt_payload(view: Any, prompt_id: str) -> dict[str, Any]:
 def _triplets(view: Any, prompt: Any, token: int | None) -> tuple[Spectrum, str]:
     """The operator's top triplets: stored ones when the store keeps them, else ``detjac analyze svd``'s."""
     if prompt.low_rank:
-        U, S, V = prompt.triplets(token)
-        return (Spectrum(prompt.id, token, U, S, V, "stored triplets", {"k": int(S.shape[0])}),
+        return (low_rank_spectrum(prompt, int(prompt.triplets(token)[1].shape[0]), token),
                 f"stored triplets of the low-rank run (rank {prompt.attrs.get('rank')})")
     stored = _stored(view, prompt, "svd", token)
     if stored is not None:

@@ -1,0 +1,128 @@
+"""What a new user meets in the first hour: device errors before anything loads, results that print short and
+explain themselves, the API taking the CLI's model names, one message for a too-long prompt, a resumed run that
+says it computed nothing, and low-rank stores analyzed where their triplets suffice."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from detjac.cli.main import main
+from detjac.engine import StreamedModel, detached_jacobian, load_engine, load_model
+from detjac.engine.budget import check_device
+from detjac.engine.explain import explain
+from detjac.errors import InvalidArgumentError
+from detjac.store import open_store
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA: the CPU-only messages do not apply")
+@pytest.mark.parametrize("device", ["cuda", "cuda:3", "mps"])
+def test_a_device_this_pytorch_lacks_is_one_line_before_anything_loads(device, monkeypatch):
+    import detjac.engine.loading as loading
+
+    monkeypatch.setattr(loading, "read_checkpoint", lambda *a, **k: pytest.fail("the model started loading"))
+    result = invoke("jacobian", "default", "-p", "The cat", "--device", device)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith(f"Error: Expected a device this PyTorch can compute on (cpu). Got "
+                                                f"'{device}'")
+    if device.startswith("cuda") and torch.version.cuda is None:
+        assert "CPU-only build" in line and "TORCH_SPEC=" in line
+    with pytest.raises(InvalidArgumentError, match="Expected a device this PyTorch can compute on"):
+        load_engine("default", streamed=True, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA")
+def test_a_budget_for_a_device_this_machine_lacks_says_so(tmp_path):
+    with pytest.raises(InvalidArgumentError, match=r"Got 'cuda:0'.*(CPU-only build|sees no CUDA device)"):
+        StreamedModel("default", max_memory="cuda:0=8GiB")
+    assert check_device("CPU") == "cpu"
+    with pytest.raises(InvalidArgumentError, match="Expected a torch device such as cpu, cuda or cuda:1. Got 'tpu'"):
+        check_device("tpu")
+
+
+def test_the_api_takes_the_cli_model_names():
+    assert load_model("default").config.model_type == "llama"
+    assert load_engine("default").n_layers == load_engine("default", streamed=True).n_layers == 4
+    assert StreamedModel("default").d_model == 256
+
+
+def test_every_result_prints_short_and_says_what_it_is():
+    lm = load_model("default")
+    result = detached_jacobian(lm, "The cat sat")
+    text = repr(result)
+    assert len(text) < 300 and "\n" not in text
+    assert re.search(r"llama .*'The cat sat': 4 tokens, jacobian \(256, 4, 256\) float64, detached, reconstruction "
+                     r"error \d\.\d\de-\d\d", text)
+    assert result._repr_html_().startswith("<table>") and "reconstruction error" in result._repr_html_()
+    expl = explain(result, lm, k=2, top=3)
+    assert len(repr(expl)) < 300 and "print() it" in repr(expl)
+    printed = str(expl)
+    assert printed.startswith("  combined [J_1 ... J_n] (256 x 1024); top singular values:")
+    assert "#1 sigma" in printed and "per token J_k" in printed and len(printed.splitlines()) == 1 + 4 + 1 + 4 * 3
+    assert "<table" in expl._repr_html_() and "&lt;" not in repr(expl)
+    streamed = load_engine("default", streamed=True).jacobians("The cat", ["layer.1", "output"])
+    assert repr(streamed) == "<StreamedResult 3 tokens: layer.1, output; each (256, 3, 256) float64>"
+    assert "reconstruction error" in streamed._repr_html_()
+
+
+def test_the_cli_and_str_of_an_explanation_are_the_same_table(tmp_path):
+    result = invoke("demo", "-p", "The cat sat", "--k", "2", "--top", "3", "--plot", str(tmp_path / "d.png"))
+    assert result.exit_code == 0, result.output
+    lm = load_model("default")
+    expl = explain(detached_jacobian(lm, "The cat sat"), lm, k=2, top=3)
+    assert str(expl) in result.output
+
+
+def test_a_too_long_prompt_gives_detjacs_message_alone():
+    long = " ".join(["word"] * 700)
+    done = subprocess.run([sys.executable, "-m", "detjac.cli.main", "jacobian", "default", "-p", long],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "Token indices sequence length" not in done.stderr + done.stdout
+    assert (done.stdout + done.stderr).count("Expected a prompt of at most 256 tokens") == 1
+
+
+def test_a_resumed_run_with_nothing_to_do_says_so(tmp_path: Path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The oak tree\n")
+    out = str(tmp_path / "r.zarr")
+    first = invoke("run", "default", str(prompts), "--out", out)
+    assert first.exit_code == 0 and "worst reconstruction error this run" in first.output
+    again = invoke("run", "default", str(prompts), "--out", out)
+    assert again.exit_code == 0 and "0.00e+00" not in again.output
+    worst = open_store(out).get(open_store(out).prompt_ids()[0]).attrs["reconstruction_error"]
+    assert (f"no prompt computed this run (worst reconstruction error recorded in the store {worst:.2e}; "
+            "`detjac store verify` recomputes)") in again.output
+
+
+def test_a_low_rank_store_is_analyzed_where_its_triplets_suffice(tmp_path: Path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The oak tree\nA cat sat on\n")
+    out = str(tmp_path / "lr.zarr")
+    assert invoke("run", "default", str(prompts), "--out", out, "--keep", "rank:4").exit_code == 0
+    store = open_store(out)
+    for command in ("svd", "decode"):
+        result = invoke("analyze", command, out, "--k", "3")
+        assert result.exit_code == 0, result.output
+        assert result.output.count("#1 sigma") == 2
+    pid = store.prompt_ids()[0]
+    stored = store.get(pid).triplets()[1]
+    assert f"#1 sigma {stored[0]:<9.4g}" in invoke("analyze", "svd", out, "--k", "1", "--prompt", pid).output
+    too_many = invoke("analyze", "svd", out, "--k", "5")
+    assert too_many.exit_code == 1 and "Expected k <= 4" in too_many.output
+    for command in ("dims", "report"):
+        refused = invoke("analyze", command, out)
+        assert refused.exit_code == 1 and "a low-rank store (--keep rank:4" in refused.output
+        assert "detjac run MODEL PROMPTS --out FULL.zarr" in refused.output and "0/2" not in refused.output
+        assert "low-rank store" in invoke("analyze", command, "--help").output
