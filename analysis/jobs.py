@@ -36,13 +36,13 @@ def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = N
         cached = store.read_analysis(pid, name)
         if cached is not None and cached[1].get("params") == wanted:
             arrays, attrs = cached
-            results.append(Spectrum(pid, token, arrays["U"], arrays["S"], arrays["V"], method, attrs["params"],
-                                    target))
+            results.append(Spectrum(pid, token, arrays["U"], arrays["S"], arrays["V"], attrs.get("method", method),
+                                    attrs["params"], target))
         else:
             spec = stored_svd(store.get(pid), k, token, method=method, power_iterations=power_iterations,
                                 oversample=oversample, seed=seed, target=target)
             store.write_analysis(pid, name, {"U": spec.U, "S": spec.S, "V": spec.V},
-                                 {"params": wanted, "token": token, "target": target})
+                                 {"params": wanted, "method": spec.method, "token": token, "target": target})
             results.append(spec)
         if progress is not None:
             progress.update()

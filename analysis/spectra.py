@@ -49,6 +49,9 @@ def _output(prompt: Any, target: str | None) -> np.ndarray:
     return prompt.array("output") if target is None else prompt.layerwise(target, "output")
 
 
+IN_MEMORY = 1 << 22  # entries (32 MB in float64): an operator this small is decomposed in memory, not through dask
+
+
 def thin_svd(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``np.linalg.svd(A, full_matrices=False)``, retried on ``A.T`` when LAPACK's divide and conquer does
     not converge (it fails on rare finite matrices; the transpose takes another path)."""
@@ -83,6 +86,9 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
     matrix ``A A^T``, accumulated chunk by chunk in one pass (exact top-k for short, wide
     operators such as ``[J_1 ... J_n]``; small singular values lose relative accuracy as
     ``eps * (sigma_1 / sigma_i)^2``); ``"exact"`` a full SVD (the operator must fit in memory).
+    An operator of :data:`IN_MEMORY` entries or fewer (a ``d x d`` token operator, a short prompt's combined one)
+    is decomposed exactly whatever the method: quicker there than a dask graph, and exact; the spectrum says
+    ``"exact"``.
     """
     import dask.array as da
 
@@ -92,6 +98,10 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
         return low_rank_spectrum(prompt, k, token)
     A = operator(prompt, token, target).astype(np.float64)
     k = min(k, *A.shape)
+    if method not in ("randomized", "gram", "exact"):
+        raise InvalidArgumentError(f"Expected method 'randomized', 'gram' or 'exact'. Got {method!r}.")
+    if A.size <= IN_MEMORY:
+        method = "exact"
     if method == "randomized":
         u, s, vt = da.linalg.svd_compressed(A, k, n_power_iter=power_iterations, n_oversamples=oversample,
                                             seed=seed, compute=True)
@@ -99,11 +109,9 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
     elif method == "gram":
         U, S = _gram_triplets(A, k)
         Vt = (np.asarray((A.T @ U).compute()) / np.where(S > 0, S, 1.0)).T
-    elif method == "exact":
+    else:
         U, S, Vt = thin_svd(np.asarray(A.compute()))
         U, S, Vt = U[:, :k], S[:k], Vt[:k]
-    else:
-        raise InvalidArgumentError(f"Expected method 'randomized', 'gram' or 'exact'. Got {method!r}.")
     produced = _produced(prompt, token, target)
     U, V = orient(U, Vt.T, produced)
     if token is None:
@@ -178,6 +186,8 @@ def singular_values(prompt: Any, token: int | None = None, target: str | None = 
             "top singular triplets only; `detjac analyze svd` and `decode` read them). Run the prompts again "
             "without --keep (`detjac run MODEL PROMPTS --out FULL.zarr`) for this.")
     A = operator(prompt, token, target).astype(np.float64)
+    if A.size <= IN_MEMORY:  # LAPACK on the whole matrix: a dask graph costs more than the SVD here
+        return thin_svd(np.asarray(A.compute()))[1]
     tall = A.T.rechunk({0: "auto", 1: -1})  # (cols, rows): one chunk across the short side
     _, s, _ = da.linalg.svd(tall)
     return np.asarray(s.compute())

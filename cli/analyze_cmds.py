@@ -40,7 +40,9 @@ def analyze() -> None:
 @click.option("--k", type=click.IntRange(min=1), default=5, show_default=True, help="Singular triplets.")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Decoded tokens per vector.")
 @click.option("--method", type=click.Choice(["randomized", "gram", "exact"]), default="randomized", show_default=True,
-              help="randomized: dask svd_compressed; gram: eigh of the streamed A A^T (one pass); exact: full SVD.")
+              help="randomized: dask svd_compressed; gram: eigh of the streamed A A^T (one pass); exact: full SVD. "
+                   "An operator of 4M entries or fewer (d x d per token, a short prompt's combined one) is always "
+                   "decomposed exactly: quicker there, and exact.")
 @click.option("--power-iterations", type=click.IntRange(min=0), default=6, show_default=True)
 @click.option("--target", default="output", show_default=True,
               help="'output' (the model's), or a stored layerwise target such as layer.2, attn.0, mlp_local.3.")

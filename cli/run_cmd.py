@@ -32,7 +32,9 @@ from .options import DTYPES, gguf_file_option, model_source
                    "--scheduler they are recorded as failed instead and the others run.")
 @click.option("--keep", default=None,
               help="full: the whole Jacobian; rank:K: only the top-K singular triplets of each token's J_k and of "
-                   "[J_1 ... J_n], sketched in one pass over the streamed rows (for long prompts or big models); "
+                   "[J_1 ... J_n], from a 3-pass subspace iteration over the streamed rows (the engine runs 3 times "
+                   "per prompt; for long prompts or big models). A rank:K store gives `analyze svd` / `decode` (k at "
+                   "most K) and `view`, not `analyze dims` / `report` (every singular value) nor the Jacobian itself. "
                    "none: no Jacobian (with --lens only). [default: full; none with --lens]")
 @click.option("--ordinary", is_flag=True,
               help="Store the ordinary Jacobian (nothing detached; it does not reconstruct the output), "
@@ -90,7 +92,8 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl / .ndjson file ({"prompt": ...} or
     {"text": ...} per line, other fields kept as metadata); another name needs --prompts-format.
-    Lines end at \n (or \r\n) only; blank lines are skipped, a byte-order mark dropped. MODEL is a
+    Lines end at \n (or \r\n) only; blank lines are skipped, a byte-order mark dropped (for one
+    long prompt across lines, `detjac svd --prompt-file` reads a whole file as one). MODEL is a
     checkpoint folder, a hub id (org/name, from the Hugging Face cache), a GGUF file (exact for
     its weights as dequantized; the store records the file's SHA-256 and quantization types)
     or `default`. Each

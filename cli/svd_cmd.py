@@ -28,7 +28,8 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 @click.argument("model", type=click.Path(), default="default", required=False)
 @click.option("--prompt", "-p", default=None, help="Prompt text (tokenized with the model's tokenizer).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False), default=None,
-              help="Read the prompt from a UTF-8 text file instead (long prompts).")
+              help="Read the prompt from a UTF-8 text file instead: the whole file is one prompt, newlines "
+                   "included (long prompts; `detjac run` reads a prompts file as one prompt per line).")
 @click.option("--k", "k", type=click.IntRange(min=1), default=16, show_default=True, help="Singular triplets wanted.")
 @click.option("--top", type=click.IntRange(min=1), default=6, show_default=True,
               help="Decoded tokens per singular vector.")
@@ -118,7 +119,8 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     seconds = time.perf_counter() - t0
     status = "converged" if result.converged else f"NOT converged (tol {result.tol:.0e}: raise --max-iters)"
     click.echo(f"{method}: {result.iterations} iterations, basis {result.basis}, {result.matvecs} products with J "
-               f"and {result.rmatvecs} with J^T ({op.stats.sweeps} sweeps); {status}, max residual "
+               f"and {result.rmatvecs} with J^T in its iterations ({op.stats.products} in all with the check and the "
+               f"final vectors, as the progress bar counts; {op.stats.sweeps} sweeps); {status}, max residual "
                f"{float(result.residuals.max()):.1e} sigma_1  ({seconds:.1f} s in all)")
     _echo_triplets(engine, op, result, top)
     if compare:

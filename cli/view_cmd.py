@@ -47,8 +47,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
 
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
-    from tqdm.auto import tqdm
-
+    from detjac.progress import tqdm
     from detjac.view.export import export
 
     with tqdm(desc="export", unit="page") as bar:

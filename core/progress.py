@@ -30,7 +30,7 @@ def tqdm(iterable: Iterable[Any] | None = None, *, desc: str | None = None, unit
          total: int | None = None, leave: bool = True, disable: bool = False) -> Any:
     """A progress bar with tqdm's interface: tqdm's own on a terminal (or when disabled), else a :class:`PlainBar`."""
     if disable or on_terminal():
-        from tqdm.auto import tqdm as terminal_bar
+        from tqdm import tqdm as terminal_bar  # not tqdm.auto: in a kernel it wants ipywidgets (TqdmWarning)
 
         return terminal_bar(iterable, desc=desc, unit=unit, total=total, leave=leave, disable=disable)
     return PlainBar(iterable, desc=desc, unit=unit, total=total, leave=leave)

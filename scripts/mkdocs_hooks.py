@@ -40,3 +40,21 @@ def package_tree(root: Path = ROOT, tree: Path = TREE) -> Path:
 def on_config(config: Any) -> Any:
     package_tree()
     return config
+
+
+# Pages whose examples the build runs, putting each command's output, as produced, under it
+# (scripts/doc_examples.py; the test suite runs the same examples and builds with DETJAC_DOCS_EXECUTE=false).
+EXECUTED_PAGES = ("user-guide.md", "lens.md")
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if os.environ.get("DETJAC_DOCS_EXECUTE", "true").lower() == "false" or page.file.src_uri not in EXECUTED_PAGES:
+        return markdown
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from doc_examples import with_outputs
+
+    with tempfile.TemporaryDirectory() as folder:
+        return with_outputs(f"docs/{page.file.src_uri}", markdown, Path(folder))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,11 @@ def test_notebook_runs_without_errors(path: Path, tmp_path: Path) -> None:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
+    client.execute(env={**os.environ, "TMPDIR": str(tmp_path)})  # what the notebook leaves shows here
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plots were drawn
+    streams = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "Warning" not in streams, streams[-2000:]  # no library warning (TqdmWarning: IProgress not found, ...)
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()], "the notebook left folders in the temp folder"

@@ -3,9 +3,9 @@
 Every number comes from :mod:`detjac.analysis` (through :class:`~detjac.view.readonly.ReadOnlyStore`,
 so nothing is written to the store): singular values as ``detjac analyze dims`` computes them,
 triplets and their decoded tokens as ``detjac analyze svd`` does, with its default parameters
-(:data:`SVD_K`, :data:`SVD_TOP`, :data:`SVD_POWER`). A result ``detjac analyze`` kept in the store
-is shown instead of being computed again, and says so; a low-rank prompt shows its stored
-triplets.
+(:data:`SVD_K`, :data:`SVD_TOP`, :data:`SVD_POWER`; exact for a small operator, as there). A result
+``detjac analyze`` kept in the store is shown instead of being computed again, and says so; a low-rank prompt
+shows its stored triplets.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 
 from ..analysis import jobs
-from ..analysis.spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values
+from ..analysis.spectra import (
+    Spectrum,
+    dimensionality,
+    low_rank_spectrum,
+    singular_values,
+)
 from ..errors import DetjacError
 from ..singular import decode_top
 from .jsonable import jsonable
@@ -146,8 +151,8 @@ def _triplets(view: Any, prompt: Any, token: int | None) -> tuple[Spectrum, str]
         return (Spectrum(prompt.id, token, arrays["U"], arrays["S"], arrays["V"], params.get("method", "?"), params),
                 f"kept in the store by detjac analyze svd ({_describe(params)})")
     spec = jobs.svd(view, [prompt.id], SVD_K, token, method="randomized", power_iterations=SVD_POWER)[0]
-    return spec, (f"computed now with detjac analyze svd's defaults ({_describe(spec.params)}); "
-                  "not written to the store")
+    how = "an exact SVD (a small operator)" if spec.method == "exact" else _describe(spec.params)
+    return spec, f"computed now with detjac analyze svd's defaults ({how}); not written to the store"
 
 
 def _describe(params: dict[str, Any]) -> str:

@@ -14,6 +14,25 @@ def test_every_registered_family_has_a_tiny_model_under_test():
     assert set(FAMILIES) <= set(tiny_model_types())
 
 
+def test_the_lazy_table_names_every_family_file_and_its_model_types():
+    import importlib
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from detjac.engine import families
+
+    files = {p.stem for p in Path(families.__file__).parent.glob("*.py")} - {"__init__", "base"}
+    assert set(families._FILES) == files
+    for name, types in families._FILES.items():
+        assert importlib.import_module(f"detjac.engine.families.{name}").FAMILY.model_types == types, name
+    # asking for one family imports its file only (each imports its transformers modeling module)
+    code = ("import sys; from detjac.engine import family_for; from types import SimpleNamespace as S; "
+            "family_for(S(model_type='llama')); print(sorted(m for m in sys.modules if '.families.' in m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "families.llama" in out and "families.bert" not in out and "families.gemma3" not in out
+
+
 def test_every_family_declares_rules():
     for family in FAMILIES.values():
         # an MLP is gated (a rule), a mixture of experts (a rule), or ungated (activations, affine families only)

@@ -268,3 +268,23 @@ def test_a_store_records_the_gguf_identity_and_refuses_another_file(tmp_path):
     again = CliRunner().invoke(main, ["run", str(second), str(prompts), "--out", str(out)])
     assert again.exit_code == 1 and "a.gguf" in again.output and "b.gguf" in again.output, again.output
     assert "Traceback" not in again.output and len(open_store(out)) == 1
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_a_committed_findings_record_recomputes_from_its_text(name, models):
+    """benchmarks/results/real_models.json: a record's token ids, prediction, reconstruction error and the 10 tokens
+    of the combined u_1 come back from its text (its shortest record, to keep the test short)."""
+    import json
+    from pathlib import Path
+
+    from detjac.engine.explain import explain
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
+    rec = min(json.loads(results.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))
+    model = models(name)[1]
+    res = detached_jacobian(model, rec["text"])
+    assert list(res.token_ids) == rec["token_ids"]
+    assert res.next_token_id == rec["next_token_id"]
+    assert res.reconstruction_error < 1e-12 and rec["recon_detached"] < 1e-12
+    top10 = explain(res, model, k=1, top=10).combined.left_ids[0].tolist()
+    assert top10 == rec["u1_top10"] and (rec["next_token_id"] in top10) == rec["u1_hit"]
