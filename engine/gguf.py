@@ -39,6 +39,7 @@ from torch import nn
 
 from detjac.errors import CheckpointError, UnsupportedModelError
 
+from .quiet import quiet_tokenizer
 from .weights import WeightSource, read_exact
 
 GGUF_MAGIC = b"GGUF"
@@ -499,6 +500,4 @@ def gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     read_header(path)
-    from .loading import quiet_tokenizer
-
     return quiet_tokenizer(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))

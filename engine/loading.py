@@ -25,6 +25,8 @@ from detjac.errors import CheckpointError, PromptError
 from .families import family_for
 from .gguf import is_gguf
 from .hub import is_hub_id, resolve_hub_id
+from .model_names import resolve_model
+from .quiet import quiet_tokenizer
 from .weights import SafetensorsWeights, check_shapes, safetensors_shapes, tensors_error
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -51,8 +53,6 @@ def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`); for a GGUF
     file, the file and the config transformers reads from it (see :mod:`detjac.engine.gguf`). ``"default"`` names
     the shipped model, as on the command line (:func:`detjac.engine.default.resolve_model`)."""
-    from .default import resolve_model
-
     path = resolve_model(path)
     if is_gguf(path):
         from .gguf import gguf_config, gguf_path
@@ -212,15 +212,6 @@ def load_model(
     if tokenizer is not None:
         _TOKENIZERS[model] = quiet_tokenizer(tokenizer)
     return model
-
-
-def quiet_tokenizer(tokenizer: Any) -> Any:
-    """``tokenizer``, without transformers' "Token indices sequence length is longer than the specified maximum"
-    warning: detjac checks every prompt's length against the model's context itself and says so in one message."""
-    warned = getattr(tokenizer, "deprecation_warnings", None)
-    if isinstance(warned, dict):
-        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
-    return tokenizer
 
 
 def parse_config(path: Path, revision: str | None = None, trust_remote_code: bool = False) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -118,4 +120,5 @@ def test_steer_refuses_a_store_of_another_model(concept_store, llama_checkpoint)
     pid = concept_store.prompt_ids()[0]
     bad = CliRunner().invoke(main, ["steer", str(llama_checkpoint), "--concept-from", f"{concept_store.path}:{pid}",
                                     "--layer", "1", "--prompt", "x"])
-    assert bad.exit_code == 1 and "Expected the store's model to be this model" in bad.output
+    assert bad.exit_code == 1 and f"Expected a store of the model {llama_checkpoint}" in bad.output, bad.output
+    assert Path(concept_store.path).name in bad.output and "!=" in bad.output  # both identities, where they differ

@@ -49,6 +49,14 @@ def test_malformed_token_id_prompts_are_refused_naming_the_line(tmp_path: Path, 
         read_prompts(path)
 
 
+def test_nan_and_infinity_in_a_prompts_file_are_refused_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        path.write_text('{"prompt": "fine"}\n{"prompt": "a b", "score": ' + bad + "}\n")
+        with pytest.raises(PromptsFileError, match=f"on line 2 of .*Got invalid JSON: {bad}, which standard JSON"):
+            read_prompts(path)
+
+
 def test_prompt_lines_end_at_newlines_only_and_the_format_comes_from_the_name(tmp_path: Path) -> None:
     odd = "one\x0cform feed\x85next line\u2028line separator\u2029paragraph\ra lone CR"  # none of these ends a line
     txt = tmp_path / "p.txt"
