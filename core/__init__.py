@@ -8,6 +8,12 @@ hierarchy), :mod:`detjac.targets` (the target grammar), :mod:`detjac.exactness` 
 error and its bounds) and :mod:`detjac.singular` (how singular pairs are oriented).
 """
 
+import warnings as _warnings
+
 __version__ = "0.1.0"
+
+# huggingface_hub imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns "IProgress not found" and
+# falls back to text bars. detjac's bars never take that path (detjac.progress), so the warning tells a user nothing.
+_warnings.filterwarnings("ignore", message="IProgress not found")
 
 __all__ = ["__version__"]
