@@ -169,7 +169,8 @@ def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.nd
 
 
 def singular_values(prompt: Any, token: int | None = None, target: str | None = None) -> np.ndarray:
-    """All singular values (exact), via a tall-and-skinny dask SVD of the operator's transpose.
+    """All singular values (exact): by LAPACK for an operator of :data:`IN_MEMORY` entries or fewer, else by a
+    tall-and-skinny dask SVD of its transpose.
 
     Raises
     ------
