@@ -62,6 +62,14 @@ def thin_svd(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return Ut.T, S, V.T
 
 
+def all_singular_values(A: np.ndarray) -> np.ndarray:
+    """Every singular value of ``A`` (no vectors), with :func:`thin_svd`'s retry on ``A.T``."""
+    try:
+        return np.linalg.svd(A, compute_uv=False)
+    except np.linalg.LinAlgError:
+        return np.linalg.svd(A.T, compute_uv=False)
+
+
 def operator(prompt: Any, token: int | None, target: str | None = None) -> Any:
     """Lazy dask array of ``J_k`` (rows, cols) or, for ``token=None``, ``[J_1 ... J_n]`` (rows, n * cols).
 
@@ -188,7 +196,7 @@ def singular_values(prompt: Any, token: int | None = None, target: str | None = 
             "without --keep (`detjac run MODEL PROMPTS --out FULL.zarr`) for this.")
     A = operator(prompt, token, target).astype(np.float64)
     if A.size <= IN_MEMORY:  # LAPACK on the whole matrix: a dask graph costs more than the SVD here
-        return thin_svd(np.asarray(A.compute()))[1]
+        return all_singular_values(np.asarray(A.compute()))
     tall = A.T.rechunk({0: "auto", 1: -1})  # (cols, rows): one chunk across the short side
     _, s, _ = da.linalg.svd(tall)
     return np.asarray(s.compute())

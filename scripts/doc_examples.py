@@ -257,12 +257,8 @@ def run_command(command: str, variables: dict[str, str] | None = None) -> Outcom
     said = said_files(command)
     outputs, status = [], 0
     for part in command.split(" && "):
-        part = part.split("  #")[0].split(" # ")[0].strip()  # a trailing comment
-        words = shlex.split(part)
-        env = {}
-        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
-            key, _, value = words.pop(0).partition("=")
-            env[key] = value
+        part = split_comment(part)[0]
+        env, words = env_and_words(part)
         if words and words[0] == "detjac":
             status, output = _detjac(words[1:], env)
         else:
@@ -279,25 +275,41 @@ def run_command(command: str, variables: dict[str, str] | None = None) -> Outcom
 FILE_NAME = re.compile(r"[\w./-]+\.(?:csv|png|json|parquet|npz|html|svg|pdf)")
 
 
+COMMENT = re.compile(r" # |  #")  # a shell line's trailing comment starts here
+
+
+def split_comment(line: str) -> tuple[str, str | None]:
+    """(the command, its trailing comment or None) of one shell line."""
+    parts = COMMENT.split(line, maxsplit=1)
+    return parts[0].strip(), (parts[1] if len(parts) > 1 else None)
+
+
+def env_and_words(command: str) -> tuple[dict[str, str], list[str]]:
+    """The ``NAME=value`` settings a command line starts with, and its words after them."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote: the page's line as plain words
+        words = command.split()
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    return env, words
+
+
 def said_files(command: str) -> list[str]:
     """The files a command's trailing comment says it writes: a comment that is a list of file names
     (``# columns.csv, columns.png``)."""
-    for mark in (" # ", "  #"):
-        if mark in command:
-            items = [item.strip() for item in command.split(mark, 1)[1].split(",")]
-            return items if all(FILE_NAME.fullmatch(item) for item in items) else []
-    return []
+    comment = split_comment(command)[1]
+    if comment is None:
+        return []
+    items = [item.strip() for item in comment.split(",")]
+    return items if all(FILE_NAME.fullmatch(item) for item in items) else []
 
 
 def command_options(line: str) -> tuple[list[str], list[str]]:
     """(the detjac command words, the ``--options`` it names) of one command line; ([], []) for another program."""
-    line = line.split(" # ")[0].split("  #")[0]
-    try:
-        words = shlex.split(line)
-    except ValueError:
-        words = line.split()
-    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
-        words.pop(0)
+    words = env_and_words(split_comment(line)[0])[1]
     if not words or words[0] != "detjac":
         return [], []
     command = [w for w in words[1:4] if re.fullmatch(r"[a-z][a-z|-]*", w)]  # `svd|decode`: either
@@ -349,6 +361,33 @@ def run_page(page: str, folder: Path, log: object = None, text: str | None = Non
     return done
 
 
+SHOWN_LINES = 40  # a command's output shown on a page: at most this many lines (the rest elided)
+
+
+def with_outputs(page: str, text: str, folder: Path) -> str:
+    """``text`` (a page's markdown) with each command of its examples followed by the output it produced now, in
+    place of what the page shows, and a line saying where and how long it ran: what the docs build publishes."""
+    import platform
+
+    blocks: dict[int, tuple[Example, list[Outcome]]] = {}
+    for example, outcome in run_page(page, folder, text=text):
+        if example.kind == "shell":
+            blocks.setdefault(example.line, (example, []))[1].append(outcome)
+    lines = text.splitlines()
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    for example, outcomes in sorted(blocks.values(), key=lambda block: -block[0].line):  # bottom up: lines shift
+        end = next(j for j in range(example.line, len(lines)) if lines[j].startswith("```"))
+        body = []
+        for command, outcome in zip(example.code.splitlines(), outcomes, strict=True):
+            body.append(f"$ {command}")
+            shown = outcome.output.rstrip("\n").splitlines()
+            if len(shown) > SHOWN_LINES:
+                shown = [*shown[:SHOWN_LINES - 1], f"... ({len(shown) - SHOWN_LINES + 1} more lines)"]
+            body += [*shown, f"# ({outcome.seconds:.1f} s on {machine}, when this page was built)"]
+        lines[example.line:end] = body
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     import tempfile
 
@@ -367,30 +406,3 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
-
-SHOWN_LINES = 40  # a command's output shown on a page: at most this many lines (the rest elided)
-
-
-def with_outputs(page: str, text: str, folder: Path) -> str:
-    """``text`` (a page's markdown) with each command of its examples followed by the output it produced now, in
-    place of what the page shows, and a line saying where and how long it ran: what the docs build publishes."""
-    import platform
-
-    done = run_page(page, folder, text=text)
-    by_block: dict[int, list[Outcome]] = {}
-    for example, outcome in done:
-        if example.kind == "shell":
-            by_block.setdefault(example.line, []).append(outcome)
-    lines = text.splitlines()
-    machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    for example in sorted((e for e in examples(page, text) if e.line in by_block), key=lambda e: -e.line):
-        end = next(j for j in range(example.line, len(lines)) if lines[j].startswith("```"))
-        body = []
-        for command, outcome in zip(example.code.splitlines(), by_block[example.line], strict=True):
-            body.append(f"$ {command}")
-            shown = outcome.output.rstrip("\n").splitlines()
-            if len(shown) > SHOWN_LINES:
-                shown = [*shown[:SHOWN_LINES - 1], f"... ({len(shown) - SHOWN_LINES + 1} more lines)"]
-            body += [*shown, f"# ({outcome.seconds:.1f} s on {machine}, when this page was built)"]
-        lines[example.line:end] = body
-    return "\n".join(lines) + "\n"

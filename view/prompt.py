@@ -15,12 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import jobs
-from ..analysis.spectra import (
-    Spectrum,
-    dimensionality,
-    low_rank_spectrum,
-    singular_values,
-)
+from ..analysis.spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values
 from ..errors import DetjacError
 from ..singular import decode_top
 from .jsonable import jsonable
@@ -148,7 +143,8 @@ def _triplets(view: Any, prompt: Any, token: int | None) -> tuple[Spectrum, str]
     if stored is not None:
         arrays, attrs = stored
         params = attrs.get("params", {})
-        return (Spectrum(prompt.id, token, arrays["U"], arrays["S"], arrays["V"], params.get("method", "?"), params),
+        method = attrs.get("method", params.get("method", "?"))  # the one used, as analysis.jobs.svd reads it back
+        return (Spectrum(prompt.id, token, arrays["U"], arrays["S"], arrays["V"], method, params),
                 f"kept in the store by detjac analyze svd ({_describe(params)})")
     spec = jobs.svd(view, [prompt.id], SVD_K, token, method="randomized", power_iterations=SVD_POWER)[0]
     how = "an exact SVD (a small operator)" if spec.method == "exact" else _describe(spec.params)
