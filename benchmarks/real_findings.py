@@ -334,6 +334,22 @@ def _evaluate_lens(path: Path, lens: Path, ordinary: Path, eval_file: Path, out:
         return list(csv.DictReader(handle))
 
 
+def _fitted_on(lens: Path, texts: Path) -> bool:
+    """Whether ``lens`` is a complete saved lens fitted on exactly the lines of ``texts`` (a stopped run resumes
+    after its last finished fit; a lens is written sealed, so a partial one does not load)."""
+    import hashlib
+
+    from detjac.analysis.lens import load_lens
+    from detjac.runs.prompts import read_prompts
+
+    try:
+        info = load_lens(lens).info
+    except Exception:  # absent or unfinished: fit it again
+        return False
+    lines = [p.text for p in read_prompts(texts, "txt").prompts]  # as `lens fit` reads them
+    return info.get("prompts_sha256") == hashlib.sha256(json.dumps(lines).encode()).hexdigest()
+
+
 def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     """Two estimators, each detached and ordinary, fitted on the first ``fit_count`` ``lens`` prompts and evaluated
     against the logit lens on the first ``eval_count`` records' prompts (disjoint: other sentences) by ``detjac lens
@@ -365,6 +381,9 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
                                 "--dtype", "float32", *(["--ordinary"] if kind == "ordinary" else [])], check=True)
             else:
                 lenses[kind] = work / f"{name}-{kind}.jlens"
+                if _fitted_on(lenses[kind], fit_file):
+                    print(f"{name} lens jlens ({kind}): kept the lens fitted by an earlier run", flush=True)
+                    continue
                 subprocess.run([_detjac(), "lens", "fit", str(lenses[kind]), "--estimator", "jlens", "--model",
                                 str(path), "--prompts", str(fit_file), "--force",
                                 *(["--ordinary"] if kind == "ordinary" else [])], check=True)
