@@ -420,6 +420,26 @@ def quantiles(values: list[float]) -> dict[str, float]:
             "min": float(v.min())}
 
 
+def u1_controls(rows: list[dict[str, Any]], common: int = 5) -> dict[str, Any]:
+    """Two controls for the ``u_1`` hit rate that a random vector does not give: many prompts predict the same
+    frequent token, which a direction can hold without being about the prompt. ``other_prompts``: how often another
+    prompt's ``u_1`` top 10 holds this prompt's prediction (over ordered pairs of distinct prompts); ``uncommon``:
+    the hit rate on the prompts whose prediction is not one of the ``common`` most frequent predictions."""
+    from collections import Counter
+
+    n = len(rows)
+    pairs = sum(p["next_token_id"] in q["u1_top10"] for p in rows for q in rows if q is not p)
+    frequent = Counter(r["next_token_id"] for r in rows).most_common(common)
+    rest = [r for r in rows if r["next_token_id"] not in {t for t, _ in frequent}]
+    hits = sum(bool(r["u1_hit"]) for r in rest)
+    return {
+        "other_prompts_u1_top10_rate": {"hits": pairs, "n": n * (n - 1), "rate": pairs / max(1, n * (n - 1))},
+        "frequent_predictions": [{"token_id": t, "prompts": c} for t, c in frequent],
+        "uncommon_u1_top10_rate": {"hits": hits, "n": len(rest), "rate": hits / max(1, len(rest)),
+                                   "ci95": wilson(hits, len(rest))},
+    }
+
+
 def summary(entry: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
@@ -432,6 +452,7 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
             hits = sum(bool(r[key]) for r in rows)
             out[key.replace("_hit", "_top10_rate")] = {"hits": hits, "n": len(rows), "rate": hits / len(rows),
                                                        "ci95": wilson(hits, len(rows))}
+        out.update(u1_controls(rows))
         out["stable_rank"] = quantiles([r["stable_rank"] for r in rows])
         out["n90"] = quantiles([r["n90"] for r in rows])
         out["n99"] = quantiles([r["n99"] for r in rows])
@@ -503,6 +524,10 @@ def print_summary(results: dict[str, Any]) -> None:
                 r = s[key]
                 print(f"  {key:<24} {r['hits']}/{r['n']} = {r['rate']:.3f}  95% CI [{r['ci95'][0]:.3f}, "
                       f"{r['ci95'][1]:.3f}]")
+            other, rest = s["other_prompts_u1_top10_rate"], s["uncommon_u1_top10_rate"]
+            print(f"  control: another prompt's u_1 holds the prediction in {other['rate']:.3f} of pairs; "
+                  f"predictions other than the {len(s['frequent_predictions'])} most frequent: {rest['hits']}/"
+                  f"{rest['n']} = {rest['rate']:.3f}  95% CI [{rest['ci95'][0]:.3f}, {rest['ci95'][1]:.3f}]")
             print(f"  stable rank median {s['stable_rank']['median']:.2f}, n90 median {s['n90']['median']:.0f}, "
                   f"n99 median {s['n99']['median']:.0f}")
         if "layerwise" in s:
