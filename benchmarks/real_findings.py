@@ -179,10 +179,23 @@ def run_records(name: str, limit: int | None) -> None:
               + f"; u1 hit rate so far {hits}/{len(rows)}", flush=True)
 
 
+def left_spectrum(op: Any, orient: Any) -> tuple[Any, Any]:
+    """All singular values of a wide ``op`` (d, n d) and its ``u_1`` (signed so that ``u_1 . orient >= 0``), from
+    the eigendecomposition of the d x d Gram matrix ``op op^T`` in float64: ten times cheaper than an SVD of the
+    float32 layer Jacobians at 40 tokens, and exact to float64 rounding of ``sigma_1^2`` (the figures kept are
+    ratios of squared singular values and the top ``u``)."""
+    import torch
+
+    A = op.double()
+    evals, evecs = torch.linalg.eigh(A @ A.T)
+    S, u1 = evals.flip(0).clamp_min(0).sqrt(), evecs[:, -1]
+    return S, (-u1 if float(u1 @ orient.reshape(-1).double()) < 0 else u1)
+
+
 def run_layerwise(name: str, count: int, limit: int | None) -> None:
     import torch
 
-    from detjac.engine import dense_svd, load_engine
+    from detjac.engine import load_engine
     from detjac.targets import OUTPUTS, Target
 
     results = load_results()
@@ -204,9 +217,7 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
         res = engine.jacobians(rec["token_ids"], targets)
         layers = []
         for t in targets:
-            op = res[t].reshape(res[t].shape[0], -1)
-            S = torch.linalg.svdvals(op.double())
-            u1 = dense_svd(op, 1, orient=res.trace.value(t)).U[:, 0]
+            S, u1 = left_spectrum(res[t].reshape(res[t].shape[0], -1), res.trace.value(t))
             top = top_tokens(u1, W_U)
             layers.append({"layer": t.layer if not t.is_output else "output", **spectrum_figures(S),
                            "recon": res.reconstruction_error(t), "u1_top10": top,
