@@ -477,10 +477,16 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
                              **{k: float(np.median([v[k] for v in vals])) for k in ("stable_rank", "n90", "n99")},
                              "hit_rate": sum(v["hit"] for v in vals) / len(vals),
                              "worst_recon": max(v["recon"] for v in vals)})
-        emergence = [p["emergence"] for p in lw]
+        def histogram(emergence: list[Any]) -> dict[str, int]:
+            return {str(k): emergence.count(k) for k in [*range(n_layers), "output", None] if emergence.count(k)}
+
+        frequent = {f["token_id"] for f in out.get("frequent_predictions", [])}
+        predicted = {r["index"]: r["next_token_id"] for r in rows}
+        uncommon = [p for p in lw if predicted.get(p["index"]) not in frequent]
         out["layerwise"] = {"prompts": len(lw), "by_layer": by_layer,
-                            "emergence_histogram": {str(k): emergence.count(k) for k in
-                                                    [*range(n_layers), "output", None] if emergence.count(k)}}
+                            "emergence_histogram": histogram([p["emergence"] for p in lw]),
+                            "uncommon_prompts": len(uncommon),
+                            "uncommon_emergence_histogram": histogram([p["emergence"] for p in uncommon])}
     return out
 
 
@@ -542,8 +548,10 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  stable rank median {s['stable_rank']['median']:.2f}, n90 median {s['n90']['median']:.0f}, "
                   f"n99 median {s['n99']['median']:.0f}")
         if "layerwise" in s:
-            print(f"  layerwise over {s['layerwise']['prompts']} prompts; emergence "
-                  f"{s['layerwise']['emergence_histogram']}")
+            lw = s["layerwise"]
+            print(f"  layerwise over {lw['prompts']} prompts; emergence {lw['emergence_histogram']}; on the "
+                  f"{lw['uncommon_prompts']} whose prediction is not a frequent one "
+                  f"{lw['uncommon_emergence_histogram']}")
         for part, t in entry["timing"].items():
             print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s each over {t['count']} "
                   f"({t['machine']})")
