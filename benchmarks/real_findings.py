@@ -502,7 +502,7 @@ def plot_layers(results: dict[str, Any], out: Path) -> Path | None:
               if "layerwise" in results.get(name, {}).get("summary", {})]
     if not models:
         return None
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    fig, axes = plt.subplots(1, 5, figsize=(20, 3.6))
     for name, lw in models:
         rows = [r for r in lw["by_layer"] if r["layer"] != "output"]
         depth = [(r["layer"] + 1) / len(rows) for r in rows]
@@ -510,13 +510,16 @@ def plot_layers(results: dict[str, Any], out: Path) -> Path | None:
         axes[0].plot(depth, [r["stable_rank"] for r in rows], marker=".", label=label)
         axes[1].plot(depth, [r["n90"] for r in rows], marker=".", label=label)
         axes[2].plot(depth, [r["hit_rate"] for r in rows], marker=".", label=label)
-        hist = lw["emergence_histogram"]
-        layers = [k for k in hist if k not in ("output", "None")]
-        axes[3].bar([(int(k) + 1) / len(rows) for k in layers], [hist[k] / lw["prompts"] for k in layers],
-                    width=0.8 / len(rows), alpha=0.6, label=label)
+        for ax, hist, count in ((axes[3], lw["emergence_histogram"], lw["prompts"]),
+                                (axes[4], lw.get("uncommon_emergence_histogram", {}), lw.get("uncommon_prompts", 0))):
+            layers = [k for k in hist if k not in ("output", "None")]
+            ax.bar([(int(k) + 1) / len(rows) for k in layers], [hist[k] / max(1, count) for k in layers],
+                   width=0.8 / len(rows), alpha=0.6, label=f"{name} ({count} prompts)")
     titles = ["stable rank of layer_normed J (median)", "energy rank n90 (median)",
-              "prediction in u_1's top 10 (share)", "emergence: first such layer (share)"]
+              "prediction in u_1's top 10 (share)", "emergence: first such layer (share)",
+              "emergence, predictions other than the 5 most frequent"]
     for ax, title in zip(axes, titles, strict=True):
+        ax.set_xlim(0, 1.05)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("relative depth (layer + 1) / layers")
         ax.legend(fontsize=7)
