@@ -258,6 +258,31 @@ def run_example(name: str) -> None:
     print(f"{name} example: {len(res.token_ids)} tokens, reconstruction {res.reconstruction_error:.1e}")
 
 
+def example_markdown(example: dict[str, Any], tokenizer: Any, shown: int = 6) -> str:
+    """The example's decoded operators as a markdown table: the combined operator's three triplets, then every
+    token's top triplet (its ``J_k``), each with ``sigma`` and the first ``shown`` tokens of ``u`` and ``v``."""
+
+    def shown_as(token_id: int) -> str:  # a code span; whitespace-only tokens as their repr, which is visible
+        text = tokenizer.decode([token_id])
+        return "`" + (repr(text) if not text.strip() else text).replace("`", "'").replace("|", "/") + "`"
+
+    def words(ids: list[int]) -> str:
+        return " ".join(shown_as(i) for i in ids[:shown])
+
+    lines = ["| operator | σ | u (output side) | v (input side) |", "|---|---|---|---|"]
+    combined = example["combined"]
+    for j, sigma in enumerate(combined["sigma"]):
+        at = combined["right_positions"][j]
+        lines.append(f"| combined #{j + 1} (v at token {at}) | {sigma:.3g} | {words(combined['left_ids'][j])} | "
+                     f"{words(combined['right_ids'][j])} |")
+    for k, op in enumerate(example["per_token"]):
+        lines.append(f"| J_{k} ({shown_as(example['token_ids'][k])}) #1 | {op['sigma'][0]:.3g} | "
+                     f"{words(op['left_ids'][0])} | {words(op['right_ids'][0])} |")
+    lines += ["", f"Predicted next token: {shown_as(example['next_token_id'])}; reconstruction error "
+                  f"{example['recon_detached']:.1e}."]
+    return "\n".join(lines)
+
+
 CONCEPT = "The ocean is deep and cold, and whales, sharks and fish swim in its dark water"
 CONCEPT_WORDS = " ocean, sea, whale, whales, shark, fish, water, waves, marine"
 STRENGTHS = [0.0, 0.5, 1.0, 2.0, 4.0]
@@ -574,10 +599,19 @@ def main() -> None:
     p.add_argument("--lens-eval", type=int, default=40, help="lens: evaluate on the first this many records")
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-real-findings"), help="steering's concept store")
     p.add_argument("--summary", action="store_true", help="recompute and print the summary, then stop")
+    p.add_argument("--example-table", action="store_true", help="print the example's decoded operators as markdown")
     p.add_argument("--plot", type=Path, help="with --summary: draw the layerwise figures into this PNG")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     args = p.parse_args()
     RESULTS = args.results
+    if args.example_table:
+        from detjac.engine.gguf import gguf_tokenizer
+
+        results = load_results()
+        for name in args.model or NAMES:
+            if "example" in results.get(name, {}):
+                print(f"{name}:\n\n{example_markdown(results[name]['example'], gguf_tokenizer(gguf_path(name)))}\n")
+        return
     if args.summary:
         results = load_results()
         print_summary(results)
