@@ -489,6 +489,11 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
             out[key.replace("_hit", "_top10_rate")] = {"hits": hits, "n": len(rows), "rate": hits / len(rows),
                                                        "ci95": wilson(hits, len(rows))}
         out.update(u1_controls(rows))
+        detached = sum(r["seconds_detached"] for r in rows) / len(rows)
+        ordinary = sum(r["seconds_ordinary"] for r in rows) / len(rows)
+        total = entry["timing"].get("records", {"seconds": 0.0, "count": 0})
+        out["record_seconds"] = {"detached_jacobian": detached, "ordinary_jvp_and_lanczos": ordinary,
+                                 "rest": total["seconds"] / max(1, total["count"]) - detached - ordinary}
         out["stable_rank"] = quantiles([r["stable_rank"] for r in rows])
         out["n90"] = quantiles([r["n90"] for r in rows])
         out["n99"] = quantiles([r["n99"] for r in rows])
@@ -573,6 +578,9 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  control: another prompt's u_1 holds the prediction in {other['rate']:.3f} of pairs; "
                   f"predictions other than the {len(s['frequent_predictions'])} most frequent: {rest['hits']}/"
                   f"{rest['n']} = {rest['rate']:.3f}  95% CI [{rest['ci95'][0]:.3f}, {rest['ci95'][1]:.3f}]")
+            t = s["record_seconds"]
+            print(f"  a record takes {sum(t.values()):.1f} s: the detached J {t['detached_jacobian']:.1f} s, the "
+                  f"ordinary JVP and Lanczos {t['ordinary_jvp_and_lanczos']:.1f} s, the rest {t['rest']:.1f} s")
             print(f"  stable rank median {s['stable_rank']['median']:.2f}, n90 median {s['n90']['median']:.0f}, "
                   f"n99 median {s['n99']['median']:.0f}")
         if "layerwise" in s:
