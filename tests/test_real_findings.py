@@ -1,0 +1,99 @@
+"""The summary code of ``benchmarks/real_findings.py`` and the committed ``benchmarks/results/real_models.json``
+agree: the figures docs/real-models.md quotes are recomputed from the per-prompt records, the controls of the
+``u_1`` hit rate count what they say, and the layerwise spectra equal an SVD's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+RESULTS = BENCH / "results" / "real_models.json"
+
+
+@pytest.fixture(scope="module")
+def findings():
+    sys.path.insert(0, str(BENCH))  # real_findings imports its sibling real_paths
+    try:
+        spec = importlib.util.spec_from_file_location("real_findings", BENCH / "real_findings.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_left_spectrum_is_the_svd(findings):
+    torch.manual_seed(0)
+    op = (torch.randn(48, 1) @ torch.randn(1, 700) * 4 + torch.randn(48, 700)).double()
+    orient = torch.randn(48, dtype=torch.float64)
+    S, u1 = findings.left_spectrum(op, orient)
+    U, ref, _ = torch.linalg.svd(op, full_matrices=False)
+    assert torch.allclose(S, ref, rtol=0, atol=1e-12 * float(ref[0]))
+    assert float(u1 @ orient) >= 0
+    assert torch.allclose(u1.abs(), U[:, 0].abs(), atol=1e-10)
+    assert S.shape == (48,)
+
+
+def test_u1_controls_count_pairs_and_uncommon_predictions(findings):
+    rows = [  # predictions 7, 7, 7, 3, 5; each u_1 holds its own prediction except the last
+        {"next_token_id": 7, "u1_top10": [7, 1], "u1_hit": True},
+        {"next_token_id": 7, "u1_top10": [7, 3], "u1_hit": True},
+        {"next_token_id": 7, "u1_top10": [2, 7], "u1_hit": True},
+        {"next_token_id": 3, "u1_top10": [3, 9], "u1_hit": True},
+        {"next_token_id": 5, "u1_top10": [1, 2], "u1_hit": False},
+    ]
+    out = findings.u1_controls(rows, common=1)
+    # ordered pairs (p, q), q != p, with p's prediction in q's top 10: the three 7s find 7 in the other two 7s'
+    # lists (6 pairs), the 3 is in the second row's list (1), the 5 in none
+    assert out["other_prompts_u1_top10_rate"] == {"hits": 7, "n": 20, "rate": 7 / 20}
+    assert out["frequent_predictions"] == [{"token_id": 7, "prompts": 3}]
+    rest = out["uncommon_u1_top10_rate"]
+    assert (rest["hits"], rest["n"], rest["rate"]) == (1, 2, 0.5)
+    low, high = rest["ci95"]
+    assert 0 < low < 0.5 < high < 1
+
+
+def test_wilson_interval_known_values(findings):
+    assert findings.wilson(0, 40) == [0.0, pytest.approx(0.0876, abs=1e-4)]
+    low, high = findings.wilson(33, 40)
+    assert (round(low, 3), round(high, 3)) == (0.680, 0.913)
+
+
+def test_committed_summary_is_recomputed_from_the_records(findings):
+    results = json.loads(RESULTS.read_text(encoding="utf-8"))
+    for name in ("smollm2", "gemma3"):
+        entry = results[name]
+        rows = entry["prompts"]
+        assert rows, name
+        for r in rows:  # every record says what the issue asks, consistently
+            assert r["u1_hit"] == (r["next_token_id"] in r["u1_top10"]) and len(r["u1_top10"]) == 10
+            assert r["recon_detached"] < 1e-12, (name, r["index"], r["recon_detached"])
+            assert 8 <= len(r["token_ids"]) <= 64
+        assert len({r["index"] for r in rows}) == len(rows), f"{name}: a prompt recorded twice"
+        fresh = json.loads(json.dumps(findings.summary(entry)))  # as written: floats round-trip exactly
+        stored = entry["summary"]
+        for key in ("prompts", "u1_top10_rate", "ordinary_u1_top10_rate", "random_top10_rate", "recon_detached",
+                    "other_prompts_u1_top10_rate", "uncommon_u1_top10_rate"):
+            assert stored[key] == fresh[key], f"{name}: summary[{key!r}] is stale; run real_findings.py --summary"
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_docs_show_the_recorded_example(findings, name, tmp_path):
+    """docs/real-models.md shows the paper's example exactly as ``real_findings.py --example-table`` prints it
+    from the committed record (decoded by the model's own tokenizer)."""
+    from real_models import gemma3_path, smollm2_path
+
+    from detjac.engine.gguf import gguf_tokenizer
+
+    path = smollm2_path() if name == "smollm2" else gemma3_path(tmp_path)
+    example = json.loads(RESULTS.read_text(encoding="utf-8"))[name]["example"]
+    assert example["text"] == "The bridge out of Marin is the"
+    table = findings.example_markdown(example, gguf_tokenizer(path))
+    page = (BENCH.parent / "docs" / "real-models.md").read_text(encoding="utf-8")
+    assert table in page, f"docs/real-models.md does not show {name}'s example as recorded; paste:\n{table}"
