@@ -97,3 +97,38 @@ def test_docs_show_the_recorded_example(findings, name, tmp_path):
     table = findings.example_markdown(example, gguf_tokenizer(path))
     page = (BENCH.parent / "docs" / "real-models.md").read_text(encoding="utf-8")
     assert table in page, f"docs/real-models.md does not show {name}'s example as recorded; paste:\n{table}"
+
+
+def test_docs_u1_table_is_recomputed_from_the_records(findings):
+    """Every cell of the `u_1` table in docs/real-models.md comes back from the first N records (by prompt index;
+    N is the count its row states), so the page cannot drift from the results as they grow."""
+    import re
+
+    results = json.loads(RESULTS.read_text(encoding="utf-8"))
+    page = (BENCH.parent / "docs" / "real-models.md").read_text(encoding="utf-8")
+    rows = {"SmolLM2-135M": "smollm2", "Gemma 3 270M": "gemma3"}
+    seen = set()
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] not in rows or len(cells) != 6:
+            continue
+        name = rows[cells[0]]
+        seen.add(name)
+        parsed = [re.fullmatch(r"(\d+)/(\d+) = ([\d.]+)(?: \[([\d.]+), ([\d.]+)\])?", c) for c in cells[1:]]
+        assert all(parsed), f"unexpected cell in {line!r}"
+        n = int(parsed[0][2])
+        records = sorted(results[name]["prompts"], key=lambda r: r["index"])[:n]
+        assert len(records) == n, f"the page states {n} records of {name}; the results hold {len(records)}"
+        controls = findings.u1_controls(records)
+        expected = [
+            *(findings.summary({"prompts": records, "skipped": [], "layerwise": [], "timing": {}})[key]
+              for key in ("u1_top10_rate", "ordinary_u1_top10_rate", "random_top10_rate")),
+            controls["other_prompts_u1_top10_rate"],
+            controls["uncommon_u1_top10_rate"],
+        ]
+        for match, want in zip(parsed, expected, strict=True):
+            assert (int(match[1]), int(match[2])) == (want["hits"], want["n"]), line
+            assert float(match[3]) == round(want["rate"], 3), line
+            if match[4] is not None:
+                assert [float(match[4]), float(match[5])] == [round(x, 3) for x in want["ci95"]], line
+    assert seen == {"smollm2", "gemma3"}, "docs/real-models.md lost its u_1 table"
