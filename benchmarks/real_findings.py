@@ -215,6 +215,7 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
     for k, rec in enumerate(todo[:limit] if limit else todo):
         t0 = time.perf_counter()
         res = engine.jacobians(rec["token_ids"], targets)
+        seconds_jacobians = time.perf_counter() - t0
         layers = []
         for t in targets:
             S, u1 = left_spectrum(res[t].reshape(res[t].shape[0], -1), res.trace.value(t))
@@ -225,7 +226,8 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
         emergence = next((row["layer"] for row in layers if row["hit"]), None)
         seconds = time.perf_counter() - t0
         entry["layerwise"].append({"index": rec["index"], "n_tokens": len(rec["token_ids"]), "layers": layers,
-                                   "emergence": emergence, "seconds": seconds})
+                                   "emergence": emergence, "seconds": seconds,
+                                   "seconds_jacobians": seconds_jacobians})
         add_time(entry, "layerwise", seconds, 1)
         save_results(results)
         print(f"{name} layerwise {len(entry['layerwise'])}/{len(chosen)} [{k + 1} this run] {seconds:6.1f} s, "
@@ -517,6 +519,10 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
                             "emergence_histogram": histogram([p["emergence"] for p in lw]),
                             "uncommon_prompts": len(uncommon),
                             "uncommon_emergence_histogram": histogram([p["emergence"] for p in uncommon])}
+        timed = [p for p in lw if "seconds_jacobians" in p]  # the earliest prompts did not record it
+        if timed:
+            share = sum(p["seconds_jacobians"] for p in timed) / sum(p["seconds"] for p in timed)
+            out["layerwise"]["jacobians_share_of_time"] = {"prompts": len(timed), "share": share}
     return out
 
 
@@ -588,6 +594,10 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  layerwise over {lw['prompts']} prompts; emergence {lw['emergence_histogram']}; on the "
                   f"{lw['uncommon_prompts']} whose prediction is not a frequent one "
                   f"{lw['uncommon_emergence_histogram']}")
+            if "jacobians_share_of_time" in lw:
+                share = lw["jacobians_share_of_time"]
+                print(f"  layerwise: the Jacobians take {share['share']:.0%} of the time (over {share['prompts']} "
+                      "prompts), the spectra and decoding the rest")
         for part, t in entry["timing"].items():
             print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s each over {t['count']} "
                   f"({t['machine']})")
