@@ -285,6 +285,30 @@ def example_markdown(example: dict[str, Any], tokenizer: Any, shown: int = 6) ->
     return "\n".join(lines)
 
 
+def lens_markdown(lens: dict[str, Any]) -> str:
+    """The lens comparison as a markdown table: per layer, the share of evaluation prompts whose prediction is the
+    reading's top token and among its top 10, for the logit lens and each estimator with detached and ordinary
+    Jacobians (from the ``lens_summary.csv`` rows the lens part keeps)."""
+    done = [est for est in ("same-position", "jlens") if est in lens]
+    columns = [(done[0] if done else "same-position", "logit", "logit lens")]  # the same prompts for both
+    columns += [(est, f"{kind} lens", f"{est} {kind}") for est in ("same-position", "jlens") if est in lens
+                for kind in ("detached", "ordinary")]
+    cells: dict[tuple[str, str, str], str] = {}
+    for est in ("same-position", "jlens"):
+        for row in lens.get(est, {}).get("summary", []):
+            cells[est, row["method"], row["layer"]] = (f"{100 * float(row['top1']):.0f} / "
+                                                       f"{100 * float(row['top10']):.0f}")
+    layers = sorted({layer for _, _, layer in cells}, key=int)
+    lines = ["| layer | " + " | ".join(title for *_, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for layer in layers:
+        lines.append(f"| {layer} | " + " | ".join(cells.get((est, method, layer), "–") for est, method, _ in columns)
+                     + " |")
+    n = next((row["n"] for est in ("same-position", "jlens") for row in lens.get(est, {}).get("summary", [])), "?")
+    lines += ["", f"Top-1 / top-10 agreement with the model's prediction, % of {n} evaluation prompts; fitted on "
+                  f"{lens.get('fit_prompts', '?')} lens prompts."]
+    return "\n".join(lines)
+
+
 CONCEPT = "The ocean is deep and cold, and whales, sharks and fish swim in its dark water"
 CONCEPT_WORDS = " ocean, sea, whale, whales, shark, fish, water, waves, marine"
 STRENGTHS = [0.0, 0.5, 1.0, 2.0, 4.0]
@@ -617,11 +641,18 @@ def main() -> None:
     p.add_argument("--lens-eval", type=int, default=40, help="lens: evaluate on the first this many records")
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-real-findings"), help="steering's concept store")
     p.add_argument("--summary", action="store_true", help="recompute and print the summary, then stop")
+    p.add_argument("--lens-table", action="store_true", help="print the lens comparison as markdown")
     p.add_argument("--example-table", action="store_true", help="print the example's decoded operators as markdown")
     p.add_argument("--plot", type=Path, help="with --summary: draw the layerwise figures into this PNG")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     args = p.parse_args()
     RESULTS = args.results
+    if args.lens_table:
+        results = load_results()
+        for name in args.model or NAMES:
+            if "lens" in results.get(name, {}):
+                print(f"{name}:\n\n{lens_markdown(results[name]['lens'])}\n")
+        return
     if args.example_table:
         from detjac.engine.gguf import gguf_tokenizer
 
