@@ -132,3 +132,19 @@ def test_docs_u1_table_is_recomputed_from_the_records(findings):
             if match[4] is not None:
                 assert [float(match[4]), float(match[5])] == [round(x, 3) for x in want["ci95"]], line
     assert seen == {"smollm2", "gemma3"}, "docs/real-models.md lost its u_1 table"
+
+
+def test_layerwise_output_agrees_with_the_float64_record():
+    """Two computations of the same output J: the layerwise part's last row (float32, layer-streamed) and the
+    prompt's record (float64, in memory) decode ``u_1`` to the same 10 tokens and give the same stable rank."""
+    results = json.loads(RESULTS.read_text(encoding="utf-8"))
+    for name in ("smollm2", "gemma3"):
+        records = {r["index"]: r for r in results[name]["prompts"]}
+        layerwise = results[name]["layerwise"]
+        assert layerwise, name
+        for entry in layerwise:
+            out, rec = entry["layers"][-1], records[entry["index"]]
+            assert out["layer"] == "output"
+            assert out["u1_top10"] == rec["u1_top10"], (name, entry["index"])
+            assert out["stable_rank"] == pytest.approx(rec["stable_rank"], rel=1e-4), (name, entry["index"])
+            assert out["recon"] < 1e-5 and all(row["recon"] < 1e-5 for row in entry["layers"]), (name, entry["index"])
