@@ -26,7 +26,9 @@ Run one process at a time: each rewrites the whole results file.
 
     .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~20 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
-    .venv/bin/python benchmarks/real_findings.py --summary
+    .venv/bin/python benchmarks/real_findings.py --summary --plot docs/real-models-layers.png
+    .venv/bin/python benchmarks/real_findings.py --example-table     # the tables of docs/real-models.md
+    .venv/bin/python benchmarks/real_findings.py --lens-table
 """
 
 from __future__ import annotations
@@ -402,11 +404,14 @@ def _fitted_on(lens: Path, texts: Path) -> bool:
     import hashlib
 
     from detjac.analysis.lens import load_lens
+    from detjac.errors import DetjacError
     from detjac.runs.prompts import read_prompts
 
+    if not lens.exists():
+        return False
     try:
         info = load_lens(lens).info
-    except Exception:  # absent or unfinished: fit it again
+    except (DetjacError, OSError):  # unfinished or damaged: fit it again (`lens fit --force` replaces it)
         return False
     lines = [p.text for p in read_prompts(texts, "txt").prompts]  # as `lens fit` reads them
     return info.get("prompts_sha256") == hashlib.sha256(json.dumps(lines).encode()).hexdigest()
@@ -639,7 +644,8 @@ def main() -> None:
     p.add_argument("--steering-prompts", type=int, default=24, help="steering: unrelated prompts")
     p.add_argument("--lens-fit", type=int, default=16, help="lens: fit on the first this many 'lens' prompts")
     p.add_argument("--lens-eval", type=int, default=40, help="lens: evaluate on the first this many records")
-    p.add_argument("--work", type=Path, default=Path("/tmp/detjac-real-findings"), help="steering's concept store")
+    p.add_argument("--work", type=Path, default=Path("/tmp/detjac-real-findings"),
+                   help="work folder: steering's concept store, the lens part's stores and lenses")
     p.add_argument("--summary", action="store_true", help="recompute and print the summary, then stop")
     p.add_argument("--lens-table", action="store_true", help="print the lens comparison as markdown")
     p.add_argument("--example-table", action="store_true", help="print the example's decoded operators as markdown")
