@@ -148,3 +148,28 @@ def test_layerwise_output_agrees_with_the_float64_record():
             assert out["u1_top10"] == rec["u1_top10"], (name, entry["index"])
             assert out["stable_rank"] == pytest.approx(rec["stable_rank"], rel=1e-4), (name, entry["index"])
             assert out["recon"] < 1e-5 and all(row["recon"] < 1e-5 for row in entry["layers"]), (name, entry["index"])
+
+
+def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_path):
+    """A stopped lens part resumes after its last finished ``jlens`` fit: a saved lens of exactly the fit texts is
+    kept; one of other texts, a damaged one or none is fitted again."""
+    import hashlib
+
+    import numpy as np
+
+    from detjac.analysis.lens import LENS_VERSION, Lens, save_lens
+
+    texts = tmp_path / "fit.txt"
+    texts.write_text("The first text\n\nThe second text\n", encoding="utf-8")  # a blank line is not a text
+    digest = hashlib.sha256(json.dumps(["The first text", "The second text"]).encode()).hexdigest()
+    eye = np.eye(3)[None]
+    lens = Lens(np.array([0]), eye, eye, np.array([2]), {"version": LENS_VERSION, "kind": "detached",
+                                                          "estimator": "jlens", "prompts_sha256": digest})
+    kept = save_lens(lens, tmp_path / "kept.jlens")
+    assert findings._fitted_on(kept, texts)
+    assert not findings._fitted_on(tmp_path / "absent.jlens", texts)
+    other = tmp_path / "other.txt"
+    other.write_text("Another text\n", encoding="utf-8")
+    assert not findings._fitted_on(kept, other)
+    (kept / "mean" / "c" / "0" / "0" / "0").write_bytes(b"damaged")
+    assert not findings._fitted_on(kept, texts)
