@@ -633,6 +633,21 @@ def print_summary(results: dict[str, Any]) -> None:
     save_results(results)
 
 
+def print_tables(part: str, names: Any) -> None:
+    """The markdown tables of docs/real-models.md for ``part`` (``"lens"`` or ``"example"``), per model that has it."""
+    results = load_results()
+    for name in names:
+        if part not in results.get(name, {}):
+            continue
+        if part == "lens":
+            table = lens_markdown(results[name]["lens"])
+        else:
+            from detjac.engine.gguf import gguf_tokenizer
+
+            table = example_markdown(results[name]["example"], gguf_tokenizer(gguf_path(name)))
+        print(f"{name}:\n\n{table}\n")
+
+
 def main() -> None:
     global RESULTS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -653,19 +668,8 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     args = p.parse_args()
     RESULTS = args.results
-    if args.lens_table:
-        results = load_results()
-        for name in args.model or NAMES:
-            if "lens" in results.get(name, {}):
-                print(f"{name}:\n\n{lens_markdown(results[name]['lens'])}\n")
-        return
-    if args.example_table:
-        from detjac.engine.gguf import gguf_tokenizer
-
-        results = load_results()
-        for name in args.model or NAMES:
-            if "example" in results.get(name, {}):
-                print(f"{name}:\n\n{example_markdown(results[name]['example'], gguf_tokenizer(gguf_path(name)))}\n")
+    if args.lens_table or args.example_table:
+        print_tables("lens" if args.lens_table else "example", args.model or NAMES)
         return
     if args.summary:
         results = load_results()
