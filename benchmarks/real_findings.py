@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import time
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from real_paths import NAMES, gguf_path
+
+from detjac.analysis.lens_eval import wilson
 
 HERE = Path(__file__).parent
 PROMPTS = HERE / "data" / "factbook_prompts.jsonl"
@@ -183,15 +184,18 @@ def run_records(name: str, limit: int | None) -> None:
 
 def left_spectrum(op: Any, orient: Any) -> tuple[Any, Any]:
     """All singular values of a wide ``op`` (d, n d) and its ``u_1`` (signed so that ``u_1 . orient >= 0``), from
-    the eigendecomposition of the d x d Gram matrix ``op op^T`` in float64: ten times cheaper than an SVD of the
-    float32 layer Jacobians at 40 tokens, and exact to float64 rounding of ``sigma_1^2`` (the figures kept are
-    ratios of squared singular values and the top ``u``)."""
+    the eigendecomposition of the d x d Gram matrix ``op op^T`` in float64 (``gram_top``): ten times cheaper than
+    an SVD of the float32 layer Jacobians at 40 tokens, and exact to float64 rounding of ``sigma_1^2`` (the figures
+    kept are ratios of squared singular values and the top ``u``)."""
     import torch
 
+    from detjac.analysis.spectra import gram_top
+    from detjac.singular import orient as orient_pairs
+
     A = op.double()
-    evals, evecs = torch.linalg.eigh(A @ A.T)
-    S, u1 = evals.flip(0).clamp_min(0).sqrt(), evecs[:, -1]
-    return S, (-u1 if float(u1 @ orient.reshape(-1).double()) < 0 else u1)
+    U, S = gram_top((A @ A.T).cpu().numpy(), A.shape[0])  # the product in torch: its BLAS, its threads
+    u1 = orient_pairs(U[:, :1], U[:, :1], orient.reshape(-1).double().cpu().numpy())[0][:, 0]
+    return torch.from_numpy(S), torch.from_numpy(u1)
 
 
 def run_layerwise(name: str, count: int, limit: int | None) -> None:
@@ -401,10 +405,9 @@ def _evaluate_lens(path: Path, lens: Path, ordinary: Path, eval_file: Path, out:
 def _fitted_on(lens: Path, texts: Path) -> bool:
     """Whether ``lens`` is a complete saved lens fitted on exactly the lines of ``texts`` (a stopped run resumes
     after its last finished fit; a lens is written sealed, so a partial one does not load)."""
-    import hashlib
-
     from detjac.analysis.lens import load_lens
     from detjac.errors import DetjacError
+    from detjac.runs.lens import texts_digest
     from detjac.runs.prompts import read_prompts
 
     if not lens.exists():
@@ -413,8 +416,7 @@ def _fitted_on(lens: Path, texts: Path) -> bool:
         info = load_lens(lens).info
     except (DetjacError, OSError):  # unfinished or damaged: fit it again (`lens fit --force` replaces it)
         return False
-    lines = [p.text for p in read_prompts(texts, "txt").prompts]  # as `lens fit` reads them
-    return info.get("prompts_sha256") == hashlib.sha256(json.dumps(lines).encode()).hexdigest()
+    return info.get("prompts_sha256") == texts_digest([p.text for p in read_prompts(texts, "txt").prompts])
 
 
 def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
@@ -467,16 +469,6 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
 # -- summary ----------------------------------------------------------------------------------
 
 
-def wilson(hits: int, n: int, z: float = 1.96) -> list[float]:
-    """95 % Wilson score interval of a rate."""
-    if n == 0:
-        return [math.nan, math.nan]
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
-
-
 def quantiles(values: list[float]) -> dict[str, float]:
     import numpy as np
 
@@ -503,7 +495,7 @@ def u1_controls(rows: list[dict[str, Any]], common: int = 5) -> dict[str, Any]:
         "other_prompts_u1_top10_rate": {"hits": pairs, "n": n * (n - 1), "rate": pairs / max(1, n * (n - 1))},
         "frequent_predictions": [{"token_id": t, "prompts": c} for t, c in frequent],
         "uncommon_u1_top10_rate": {"hits": hits, "n": len(rest), "rate": hits / max(1, len(rest)),
-                                   "ci95": wilson(hits, len(rest))},
+                                   "ci95": list(wilson(hits, len(rest)))},
     }
 
 
@@ -518,7 +510,7 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
         for key in ("u1_hit", "ordinary_u1_hit", "random_hit"):
             hits = sum(bool(r[key]) for r in rows)
             out[key.replace("_hit", "_top10_rate")] = {"hits": hits, "n": len(rows), "rate": hits / len(rows),
-                                                       "ci95": wilson(hits, len(rows))}
+                                                       "ci95": list(wilson(hits, len(rows)))}
         out.update(u1_controls(rows))
         detached = sum(r["seconds_detached"] for r in rows) / len(rows)
         ordinary = sum(r["seconds_ordinary"] for r in rows) / len(rows)

@@ -181,6 +181,14 @@ def jlens_prompt(engine: Any, prompt: Any, layers: Sequence[int], *, skip: int =
     return out
 
 
+def texts_digest(texts: Sequence[str]) -> str:
+    """SHA-256 of a ``jlens`` lens's texts in order, as ``info["prompts_sha256"]`` keeps it."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
+
+
 def fit_jlens(engine: Any, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,
               skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, progress: Any = None) -> Any:
     """The ``jlens`` lens of ``prompts``: per layer, the mean over texts of :func:`jlens_prompt` (texts with no
@@ -188,9 +196,6 @@ def fit_jlens(engine: Any, prompts: Sequence[str], layers: Sequence[int], model_
     :class:`~detjac.analysis.lens.Lens` (``info["estimator"] == "jlens"``).
 
     Raises InvalidArgumentError when no text has a source position."""
-    import hashlib
-    import json
-
     from detjac import __version__
     from detjac.analysis.lens import LENS_VERSION, Lens
 
@@ -214,7 +219,7 @@ def fit_jlens(engine: Any, prompts: Sequence[str], layers: Sequence[int], model_
             f"sum_{{p' >= k}} dy_p'/dh_{{L,k}} (first {skip} positions and the last left out, texts cut at "
             f"{max_tokens} tokens)", "model": model_info, "n_prompts": counted,
             "skipped_prompts": len(prompts) - counted,
-            "prompts_sha256": hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest(),
+            "prompts_sha256": texts_digest(prompts),
             "detjac_version": __version__}
     count = np.full(len(layers), counted, dtype=np.int64)
     return Lens(np.asarray(layers, dtype=np.int64), mean / counted, second / counted, count, info)
