@@ -630,6 +630,7 @@ def print_tables(part: str, names: Any) -> None:
     results = load_results()
     for name in names:
         if part not in results.get(name, {}):
+            print(f"{name}: no {part} in {RESULTS} yet (run --model {name} --part {part})")
             continue
         if part == "lens":
             table = lens_markdown(results[name]["lens"])
