@@ -291,27 +291,49 @@ def example_markdown(example: dict[str, Any], tokenizer: Any, shown: int = 6) ->
     return "\n".join(lines)
 
 
-def lens_markdown(lens: dict[str, Any]) -> str:
-    """The lens comparison as a markdown table: per layer, the share of evaluation prompts whose prediction is the
+def lens_markdown(lens: dict[str, Any], common: int = 5) -> str:
+    """The lens comparison as markdown tables: per layer, the share of evaluation prompts whose prediction is the
     reading's top token and among its top 10, for the logit lens and each estimator with detached and ordinary
-    Jacobians (from the ``lens_summary.csv`` rows the lens part keeps)."""
+    Jacobians (from the ``lens_summary.csv`` rows the lens part keeps); then the same on the prompts whose prediction
+    is not one of the ``common`` most frequent (from the per-prompt ranks), the control of the ``u_1`` hit rate."""
+    from collections import Counter
+
     done = [est for est in ("same-position", "jlens") if est in lens]
-    columns = [(done[0] if done else "same-position", "logit", "logit lens")]  # the same prompts for both
-    columns += [(est, f"{kind} lens", f"{est} {kind}") for est in ("same-position", "jlens") if est in lens
-                for kind in ("detached", "ordinary")]
     cells: dict[tuple[str, str, str], str] = {}
-    for est in ("same-position", "jlens"):
-        for row in lens.get(est, {}).get("summary", []):
+    for est in done:
+        for row in lens[est]["summary"]:
             cells[est, row["method"], row["layer"]] = (f"{100 * float(row['top1']):.0f} / "
                                                        f"{100 * float(row['top10']):.0f}")
+    n = next((row["n"] for est in done for row in lens[est]["summary"]), "?")
+    lines = [_lens_table(done, cells), "",
+             f"Top-1 / top-10 agreement with the model's prediction, % of {n} evaluation prompts; fitted on "
+             f"{lens.get('fit_prompts', '?')} lens prompts."]
+    ranked = [est for est in done if "ranks" in lens[est]]
+    cells, kept = {}, set()
+    for est in ranked:
+        predicted = lens[est]["predicted"]
+        frequent = {t for t, _ in Counter(predicted).most_common(common)}
+        keep = [i for i, t in enumerate(predicted) if t not in frequent]
+        kept.add(len(keep))
+        for method, grid in lens[est]["ranks"].items():
+            for j, layer in enumerate(lens[est]["layers"]):
+                got = [grid[i][j] for i in keep]
+                cells[est, method, str(layer)] = (f"{100 * sum(r == 1 for r in got) / max(1, len(got)):.0f} / "
+                                                  f"{100 * sum(r <= 10 for r in got) / max(1, len(got)):.0f}")
+    if ranked and kept != {0}:
+        lines += ["", f"The same on the {' / '.join(map(str, sorted(kept)))} evaluation prompts whose prediction is "
+                      f"not one of the {common} most frequent predictions among them:", "", _lens_table(ranked, cells)]
+    return "\n".join(lines)
+
+
+def _lens_table(estimators: list[str], cells: dict[tuple[str, str, str], str]) -> str:
+    columns = [(estimators[0] if estimators else "same-position", "logit", "logit lens")]  # same prompts for both
+    columns += [(est, f"{kind} lens", f"{est} {kind}") for est in estimators for kind in ("detached", "ordinary")]
     layers = sorted({layer for _, _, layer in cells}, key=int)
     lines = ["| layer | " + " | ".join(title for *_, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for layer in layers:
         lines.append(f"| {layer} | " + " | ".join(cells.get((est, method, layer), "–") for est, method, _ in columns)
                      + " |")
-    n = next((row["n"] for est in ("same-position", "jlens") for row in lens.get(est, {}).get("summary", [])), "?")
-    lines += ["", f"Top-1 / top-10 agreement with the model's prediction, % of {n} evaluation prompts; fitted on "
-                  f"{lens.get('fit_prompts', '?')} lens prompts."]
     return "\n".join(lines)
 
 
@@ -392,14 +414,34 @@ def _detjac() -> str:
     return str(Path(sys.executable).with_name("detjac"))
 
 
-def _evaluate_lens(path: Path, lens: Path, ordinary: Path, eval_file: Path, out: Path) -> list[dict[str, str]]:
-    import csv
+def _evaluate_lens(path: Path, lens: Path, ordinary: Path, eval_file: Path, out: Path) -> dict[str, Any]:
     import subprocess
 
     subprocess.run([_detjac(), "lens", "evaluate", str(lens), "--ordinary", str(ordinary), "--model", str(path),
                     "--prompts", str(eval_file), "--exact", "0", "--out", str(out)], check=True)
+    return _lens_evaluation(out)
+
+
+def _lens_evaluation(out: Path) -> dict[str, Any]:
+    """What the results keep of a ``detjac lens evaluate`` folder: its ``lens_summary.csv`` rows, and from
+    ``lens_rows.csv`` each prompt's prediction and the rank of it in every method's reading by layer (``ranks[method]``
+    is prompts x layers, 1 = top), so that a control such as the uncommon predictions can be computed later."""
+    import csv
+
     with open(out / "lens_summary.csv", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+        summary = list(csv.DictReader(handle))
+    with open(out / "lens_rows.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    prompts = sorted({int(r["prompt"]) for r in rows})
+    layers = sorted({int(r["layer"]) for r in rows})
+    predicted = {int(r["prompt"]): int(r["predicted"]) for r in rows}
+    ranks: dict[str, list[list[int]]] = {}
+    for r in rows:
+        grid = ranks.setdefault(r["method"], [[0] * len(layers) for _ in prompts])
+        grid[prompts.index(int(r["prompt"]))][layers.index(int(r["layer"]))] = int(r["rank"])
+    if any(0 in row for grid in ranks.values() for row in grid):
+        raise ValueError(f"{out / 'lens_rows.csv'}: not every prompt has a row for every layer and method")
+    return {"summary": summary, "layers": layers, "predicted": [predicted[p] for p in prompts], "ranks": ranks}
 
 
 def _fitted_on(lens: Path, texts: Path) -> bool:
@@ -439,6 +481,13 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     done["eval_prompts"] = len(records)
     for estimator in ("same-position", "jlens"):
         if estimator in done:
+            rows_csv = work / f"{name}-{estimator}-eval" / "lens_rows.csv"
+            if "ranks" not in done[estimator] and rows_csv.exists():  # kept by an earlier version: summary only
+                got = _lens_evaluation(rows_csv.parent)
+                if got["summary"] == done[estimator]["summary"]:
+                    done[estimator].update(got)
+                    save_results(results)
+                    print(f"{name} lens {estimator}: per-prompt ranks added from {rows_csv}")
             print(f"{name} lens {estimator}: done")
             continue
         lenses = {}
@@ -458,12 +507,12 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
                                 *(["--ordinary"] if kind == "ordinary" else [])], check=True)
             add_time(entry, f"lens fit {estimator} ({kind})", time.perf_counter() - t0, fit_count)
         t0 = time.perf_counter()
-        summary = _evaluate_lens(path, lenses["detached"], lenses["ordinary"], eval_file,
-                                 work / f"{name}-{estimator}-eval")
+        got = _evaluate_lens(path, lenses["detached"], lenses["ordinary"], eval_file, work / f"{name}-{estimator}-eval")
         add_time(entry, f"lens evaluate {estimator}", time.perf_counter() - t0, len(records))
-        done[estimator] = {"dtype": "float32" if estimator == "same-position" else "float64", "summary": summary}
+        done[estimator] = {"dtype": "float32" if estimator == "same-position" else "float64", **got}
         save_results(results)
-        print(f"{name} lens {estimator}: {len(summary)} rows of lens_summary.csv kept", flush=True)
+        print(f"{name} lens {estimator}: {len(got['summary'])} rows of lens_summary.csv kept, and the ranks of "
+              f"{len(got['predicted'])} prompts", flush=True)
 
 
 # -- summary ----------------------------------------------------------------------------------

@@ -174,3 +174,30 @@ def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_pa
     assert not findings._fitted_on(kept, other)
     (kept / "mean" / "c" / "0" / "0" / "0").write_bytes(b"damaged")
     assert not findings._fitted_on(kept, texts)
+
+
+def test_lens_evaluation_keeps_ranks_and_the_uncommon_table_counts_them(findings, tmp_path):
+    """The lens part keeps every prompt's rank of its prediction per method and layer (from ``lens_rows.csv``), and
+    the second lens table recomputes top-1 / top-10 on the prompts whose prediction is not a frequent one."""
+    header = "prompt,layer,method,rank,error,top,predicted\n"
+    # 4 prompts predicting 7, 7, 3, 5; 2 layers; the logit lens finds only the 7s, the detached lens everything
+    ranks = {"logit": [[1, 1], [1, 1], [40, 9], [60, 30]], "detached lens": [[2, 1], [5, 1], [1, 1], [11, 1]]}
+    predicted = [7, 7, 3, 5]
+    lines = [f"{p},{layer},{method},{grid[p][layer]},0.5,1 2 3,{predicted[p]}\n"
+             for method, grid in ranks.items() for p in range(4) for layer in range(2)]
+    (tmp_path / "lens_rows.csv").write_text(header + "".join(reversed(lines)))  # order of rows does not matter
+    summary = [{"layer": str(layer), "method": method, "n": "4", "top1": str(sum(g[layer] == 1 for g in grid) / 4),
+                "top10": str(sum(g[layer] <= 10 for g in grid) / 4)} for method, grid in ranks.items()
+               for layer in range(2)]
+    with open(tmp_path / "lens_summary.csv", "w", encoding="utf-8") as handle:
+        handle.write("layer,method,n,top1,top10\n" + "".join(",".join(r.values()) + "\n" for r in summary))
+    got = findings._lens_evaluation(tmp_path)
+    assert got["ranks"] == ranks and got["predicted"] == predicted and got["layers"] == [0, 1]
+    table = findings.lens_markdown({"fit_prompts": 3, "same-position": got}, common=1)
+    first, second = table.split("The same on the ")
+    assert "| 0 | 50 / 50 | 25 / 75 | – |" in first and "| 1 | 50 / 75 | 100 / 100 | – |" in first
+    assert second.startswith("2 evaluation prompts whose prediction is not one of the 1 most frequent")
+    assert "| 0 | 0 / 0 | 50 / 50 | – |" in second and "| 1 | 0 / 50 | 100 / 100 | – |" in second
+    (tmp_path / "lens_rows.csv").write_text(header + "".join(lines[:-1]))  # a missing row raises, never reads as 0
+    with pytest.raises(ValueError, match="not every prompt"):
+        findings._lens_evaluation(tmp_path)
