@@ -461,6 +461,13 @@ def _fitted_on(lens: Path, texts: Path) -> bool:
     return info.get("prompts_sha256") == texts_digest([p.text for p in read_prompts(texts, "txt").prompts])
 
 
+def _stored_prompts(path: Path) -> int:
+    """How many prompts the store at ``path`` holds (0 if there is none yet)."""
+    from detjac.store import open_store
+
+    return len(open_store(path).prompt_ids()) if path.exists() else 0
+
+
 def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     """Two estimators, each detached and ordinary, fitted on the first ``fit_count`` ``lens`` prompts and evaluated
     against the logit lens on the first ``eval_count`` records' prompts (disjoint: other sentences) by ``detjac lens
@@ -493,10 +500,13 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
         lenses = {}
         for kind in ("detached", "ordinary"):
             t0 = time.perf_counter()
+            computed = fit_count
             if estimator == "same-position":
                 lenses[kind] = work / f"{name}-lens-{kind}.zarr"
+                before = _stored_prompts(lenses[kind])
                 subprocess.run([_detjac(), "run", str(path), str(fit_file), "--out", str(lenses[kind]), "--lens",
                                 "--dtype", "float32", *(["--ordinary"] if kind == "ordinary" else [])], check=True)
+                computed = _stored_prompts(lenses[kind]) - before  # a resumed run computes only the rest
             else:
                 lenses[kind] = work / f"{name}-{kind}.jlens"
                 if _fitted_on(lenses[kind], fit_file):
@@ -505,7 +515,7 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
                 subprocess.run([_detjac(), "lens", "fit", str(lenses[kind]), "--estimator", "jlens", "--model",
                                 str(path), "--prompts", str(fit_file), "--force",
                                 *(["--ordinary"] if kind == "ordinary" else [])], check=True)
-            add_time(entry, f"lens fit {estimator} ({kind})", time.perf_counter() - t0, fit_count)
+            add_time(entry, f"lens fit {estimator} ({kind})", time.perf_counter() - t0, computed)
         t0 = time.perf_counter()
         got = _evaluate_lens(path, lenses["detached"], lenses["ordinary"], eval_file, work / f"{name}-{estimator}-eval")
         add_time(entry, f"lens evaluate {estimator}", time.perf_counter() - t0, len(records))
