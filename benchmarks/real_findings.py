@@ -19,16 +19,24 @@ layerwise (float32, layer-streamed, the first ``--layer-prompts`` records)
 example (float64)
     The paper's prompt "The bridge out of Marin is the" decoded in full: the top 3 triplets of the combined
     operator and of every ``J_k``, 10 tokens each.
+steering (float32)
+    ``detjac steer`` with ``--method paper`` and detjac's own, a grid of strengths and three layers, over unrelated
+    evaluation prompts: the share of greedy continuations that contain a concept word, against the unsteered one.
+lens
+    The same-position lens (``detjac run --lens``, float32) and the ``jlens`` estimator (float64), each with
+    detached and ordinary Jacobians, fitted on ``lens`` prompts and scored by ``detjac lens evaluate`` against the
+    logit lens on the first ``--lens-eval`` records' prompts: its summary rows, and every prompt's rank of its
+    prediction per method and layer (``--lens-table`` also splits off the frequent predictions with them).
 
-Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``summary``,
-``timing``); ``--summary`` recomputes the summary and prints it. Progress goes to stdout, one line per prompt.
-Run one process at a time: each rewrites the whole results file.
+Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``steering``,
+``lens``, ``summary``, ``timing``); ``--summary`` recomputes the summary and prints it. Progress goes to stdout,
+one line per prompt. Run one process at a time: each rewrites the whole results file.
 
     .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~20 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
     .venv/bin/python benchmarks/real_findings.py --summary --plot docs/real-models-layers.png
     .venv/bin/python benchmarks/real_findings.py --example-table     # the tables of docs/real-models.md
-    .venv/bin/python benchmarks/real_findings.py --lens-table
+    .venv/bin/python benchmarks/real_findings.py --lens-table        # the tables of docs/lens.md
 """
 
 from __future__ import annotations

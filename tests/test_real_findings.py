@@ -201,3 +201,16 @@ def test_lens_evaluation_keeps_ranks_and_the_uncommon_table_counts_them(findings
     (tmp_path / "lens_rows.csv").write_text(header + "".join(lines[:-1]))  # a missing row raises, never reads as 0
     with pytest.raises(ValueError, match="not every prompt"):
         findings._lens_evaluation(tmp_path)
+
+
+def test_docs_lens_page_shows_the_measured_comparison(findings):
+    """docs/lens.md shows each model's real-model lens comparison exactly as ``real_findings.py --lens-table``
+    prints it from the committed results, for every model whose two estimators are measured (at least one)."""
+    results = json.loads(RESULTS.read_text(encoding="utf-8"))
+    page = (BENCH.parent / "docs" / "lens.md").read_text(encoding="utf-8")
+    measured = [name for name in ("smollm2", "gemma3")
+                if all(est in results[name].get("lens", {}) for est in ("same-position", "jlens"))]
+    assert measured, "no model's lens comparison in the results"
+    for name in measured:
+        table = findings.lens_markdown(results[name]["lens"])
+        assert table in page, f"docs/lens.md does not show {name}'s lens comparison as measured; paste:\n{table}"
