@@ -496,13 +496,6 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     done["eval_prompts"] = len(records)
     for estimator in ("same-position", "jlens"):
         if estimator in done:
-            rows_csv = work / f"{name}-{estimator}-eval" / "lens_rows.csv"
-            if "ranks" not in done[estimator] and rows_csv.exists():  # kept by an earlier version: summary only
-                got = _lens_evaluation(rows_csv.parent)
-                if got["summary"] == done[estimator]["summary"]:
-                    done[estimator].update(got)
-                    save_results(results)
-                    print(f"{name} lens {estimator}: per-prompt ranks added from {rows_csv}")
             print(f"{name} lens {estimator}: done")
             continue
         lenses = {}
