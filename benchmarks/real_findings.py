@@ -304,8 +304,6 @@ def lens_markdown(lens: dict[str, Any], common: int = 5) -> str:
     reading's top token and among its top 10, for the logit lens and each estimator with detached and ordinary
     Jacobians (from the ``lens_summary.csv`` rows the lens part keeps); then the same on the prompts whose prediction
     is not one of the ``common`` most frequent (from the per-prompt ranks), the control of the ``u_1`` hit rate."""
-    from collections import Counter
-
     done = [est for est in ("same-position", "jlens") if est in lens]
     cells: dict[tuple[str, str, str], str] = {}
     for est in done:
@@ -320,7 +318,7 @@ def lens_markdown(lens: dict[str, Any], common: int = 5) -> str:
     cells, kept = {}, set()
     for est in ranked:
         predicted = lens[est]["predicted"]
-        frequent = {t for t, _ in Counter(predicted).most_common(common)}
+        frequent = {t for t, _ in frequent_predictions(predicted, common)}
         keep = [i for i, t in enumerate(predicted) if t not in frequent]
         kept.add(len(keep))
         for method, grid in lens[est]["ranks"].items():
@@ -440,16 +438,16 @@ def _lens_evaluation(out: Path) -> dict[str, Any]:
         summary = list(csv.DictReader(handle))
     with open(out / "lens_rows.csv", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    prompts = sorted({int(r["prompt"]) for r in rows})
-    layers = sorted({int(r["layer"]) for r in rows})
+    prompts = {p: i for i, p in enumerate(sorted({int(r["prompt"]) for r in rows}))}
+    layers = {layer: j for j, layer in enumerate(sorted({int(r["layer"]) for r in rows}))}
     predicted = {int(r["prompt"]): int(r["predicted"]) for r in rows}
     ranks: dict[str, list[list[int]]] = {}
     for r in rows:
         grid = ranks.setdefault(r["method"], [[0] * len(layers) for _ in prompts])
-        grid[prompts.index(int(r["prompt"]))][layers.index(int(r["layer"]))] = int(r["rank"])
+        grid[prompts[int(r["prompt"])]][layers[int(r["layer"])]] = int(r["rank"])
     if any(0 in row for grid in ranks.values() for row in grid):
         raise ValueError(f"{out / 'lens_rows.csv'}: not every prompt has a row for every layer and method")
-    return {"summary": summary, "layers": layers, "predicted": [predicted[p] for p in prompts], "ranks": ranks}
+    return {"summary": summary, "layers": list(layers), "predicted": [predicted[p] for p in prompts], "ranks": ranks}
 
 
 def _fitted_on(lens: Path, texts: Path) -> bool:
@@ -539,16 +537,22 @@ def quantiles(values: list[float]) -> dict[str, float]:
             "min": float(v.min())}
 
 
+def frequent_predictions(token_ids: list[int], common: int) -> list[tuple[int, int]]:
+    """The ``common`` most frequent predicted token ids with their counts, most frequent first (ties in order of
+    first appearance): the predictions the ``u_1`` and lens controls leave out."""
+    from collections import Counter
+
+    return Counter(token_ids).most_common(common)
+
+
 def u1_controls(rows: list[dict[str, Any]], common: int = 5) -> dict[str, Any]:
     """Two controls for the ``u_1`` hit rate that a random vector does not give: many prompts predict the same
     frequent token, which a direction can hold without being about the prompt. ``other_prompts``: how often another
     prompt's ``u_1`` top 10 holds this prompt's prediction (over ordered pairs of distinct prompts); ``uncommon``:
     the hit rate on the prompts whose prediction is not one of the ``common`` most frequent predictions."""
-    from collections import Counter
-
     n = len(rows)
     pairs = sum(p["next_token_id"] in q["u1_top10"] for p in rows for q in rows if q is not p)
-    frequent = Counter(r["next_token_id"] for r in rows).most_common(common)
+    frequent = frequent_predictions([r["next_token_id"] for r in rows], common)
     rest = [r for r in rows if r["next_token_id"] not in {t for t, _ in frequent}]
     hits = sum(bool(r["u1_hit"]) for r in rest)
     return {
