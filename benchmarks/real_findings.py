@@ -86,7 +86,19 @@ def add_time(entry: dict[str, Any], part: str, seconds: float, count: int) -> No
     t = entry["timing"].setdefault(part, {"seconds": 0.0, "count": 0})
     t["seconds"] += seconds
     t["count"] += count
-    t["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    t["machine"] = host()
+
+
+def host() -> str:
+    """The CPU's model name and core count. Speed and the last bits of float64 results (BLAS kernels round
+    differently) depend on the CPU, and the measurement is resumed on whatever machine a session gets: each record
+    says where it was computed."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
 def eval_prompts() -> list[dict[str, Any]]:
@@ -152,7 +164,7 @@ def record(model: Any, W_U: Any, index: int, item: dict[str, Any]) -> dict[str, 
             "u1_top10": u1_top, "u1_hit": next_id in u1_top,
             "ordinary_u1_hit": next_id in ordinary["ordinary_u1_top10"],
             "random_top10": random_top, "random_hit": next_id in random_top, **spectrum_figures(S),
-            "seconds_detached": seconds_detached, "seconds_ordinary": time.perf_counter() - t1}
+            "seconds_detached": seconds_detached, "seconds_ordinary": time.perf_counter() - t1, "host": host()}
 
 
 def run_records(name: str, limit: int | None) -> None:
@@ -241,7 +253,7 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
         seconds = time.perf_counter() - t0
         entry["layerwise"].append({"index": rec["index"], "n_tokens": len(rec["token_ids"]), "layers": layers,
                                    "emergence": emergence, "seconds": seconds,
-                                   "seconds_jacobians": seconds_jacobians})
+                                   "seconds_jacobians": seconds_jacobians, "host": host()})
         add_time(entry, "layerwise", seconds, 1)
         save_results(results)
         print(f"{name} layerwise {len(entry['layerwise'])}/{len(chosen)} [{k + 1} this run] {seconds:6.1f} s, "
@@ -563,6 +575,19 @@ def u1_controls(rows: list[dict[str, Any]], common: int = 5) -> dict[str, Any]:
     }
 
 
+def by_host(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The records grouped by the machine that computed them (``"not recorded"``: before records named it): how
+    many, their detached reconstruction errors and their mean times. The errors' last bits and the times depend on
+    the CPU, so figures pooled over machines are read with this beside them."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r.get("host", "not recorded"), []).append(r)
+    return {name: {"prompts": len(g), "recon_detached": quantiles([r["recon_detached"] for r in g]),
+                   "seconds_detached": sum(r["seconds_detached"] for r in g) / len(g),
+                   "seconds_ordinary": sum(r["seconds_ordinary"] for r in g) / len(g)}
+            for name, g in groups.items()}
+
+
 def summary(entry: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
@@ -581,6 +606,7 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
         total = entry["timing"].get("records", {"seconds": 0.0, "count": 0})
         out["record_seconds"] = {"detached_jacobian": detached, "ordinary_jvp_and_lanczos": ordinary,
                                  "rest": total["seconds"] / max(1, total["count"]) - detached - ordinary}
+        out["by_host"] = by_host(rows)
         out["stable_rank"] = quantiles([r["stable_rank"] for r in rows])
         out["n90"] = quantiles([r["n90"] for r in rows])
         out["n99"] = quantiles([r["n99"] for r in rows])
@@ -672,6 +698,11 @@ def print_summary(results: dict[str, Any]) -> None:
             t = s["record_seconds"]
             print(f"  a record takes {sum(t.values()):.1f} s: the detached J {t['detached_jacobian']:.1f} s, the "
                   f"ordinary JVP and Lanczos {t['ordinary_jvp_and_lanczos']:.1f} s, the rest {t['rest']:.1f} s")
+            for machine, h in s["by_host"].items():
+                q = h["recon_detached"]
+                print(f"  host {machine}: {h['prompts']} records, recon_detached median {q['median']:.1e} (max "
+                      f"{q['max']:.1e}), the detached J {h['seconds_detached']:.1f} s, the "
+                      f"ordinary JVP and Lanczos {h['seconds_ordinary']:.1f} s")
             print(f"  stable rank median {s['stable_rank']['median']:.2f}, n90 median {s['n90']['median']:.0f}, "
                   f"n99 median {s['n99']['median']:.0f}")
         if "layerwise" in s:

@@ -59,6 +59,17 @@ def test_u1_controls_count_pairs_and_uncommon_predictions(findings):
     assert 0 < low < 0.5 < high < 1
 
 
+def test_records_are_grouped_by_the_machine_that_computed_them(findings):
+    rows = [{"recon_detached": e, "seconds_detached": t, "seconds_ordinary": 1.0, **({"host": h} if h else {})}
+            for e, t, h in ((1e-15, 10.0, None), (2e-15, 20.0, None), (6e-15, 30.0, "CPU A, 2 cores"))]
+    out = findings.by_host(rows)
+    assert list(out) == ["not recorded", "CPU A, 2 cores"]
+    assert out["not recorded"]["prompts"] == 2 and out["not recorded"]["seconds_detached"] == 15.0
+    assert out["not recorded"]["recon_detached"]["max"] == 2e-15
+    assert out["CPU A, 2 cores"]["recon_detached"]["median"] == 6e-15
+    assert findings.host().endswith(" cores") and findings.host() != " cores"
+
+
 def test_wilson_interval_known_values(findings):
     assert findings.wilson(0, 40) == (0.0, pytest.approx(0.0876, abs=1e-4))  # detjac.analysis.lens_eval's
     assert findings.wilson(40, 40)[1] == 1.0  # rounding kept inside [0, 1]
@@ -80,7 +91,7 @@ def test_committed_summary_is_recomputed_from_the_records(findings):
         fresh = json.loads(json.dumps(findings.summary(entry)))  # as written: floats round-trip exactly
         stored = entry["summary"]
         for key in ("prompts", "u1_top10_rate", "ordinary_u1_top10_rate", "random_top10_rate", "recon_detached",
-                    "other_prompts_u1_top10_rate", "uncommon_u1_top10_rate"):
+                    "other_prompts_u1_top10_rate", "uncommon_u1_top10_rate", "by_host"):
             assert stored[key] == fresh[key], f"{name}: summary[{key!r}] is stale; run real_findings.py --summary"
 
 
