@@ -29,10 +29,12 @@ lens
     prediction per method and layer (``--lens-table`` also splits off the frequent predictions with them).
 
 Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``steering``,
-``lens``, ``summary``, ``timing``); ``--summary`` recomputes the summary and prints it. Progress goes to stdout,
+``lens``, ``summary``, ``timing``); ``--summary`` recomputes the summary and prints it. Every record names the CPU
+that computed it (``host``; the summary's ``by_host`` groups them): times and the last bits of float64 results
+depend on it. Progress goes to stdout,
 one line per prompt. Run one process at a time: each rewrites the whole results file.
 
-    .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~20 s a prompt
+    .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~30 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
     .venv/bin/python benchmarks/real_findings.py --summary --plot docs/real-models-layers.png
     .venv/bin/python benchmarks/real_findings.py --example-table     # the tables of docs/real-models.md
