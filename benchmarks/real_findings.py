@@ -31,8 +31,8 @@ lens
 Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``steering``,
 ``lens``, ``summary``, ``timing``); ``--summary`` recomputes the summary and prints it. Every record names the CPU
 that computed it (``host``; the summary's ``by_host`` groups them): times and the last bits of float64 results
-depend on it. Progress goes to stdout,
-one line per prompt. Run one process at a time: each rewrites the whole results file.
+depend on it. Progress goes to stdout, one line per prompt. Run one process at a time: each rewrites the whole
+results file.
 
     .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~30 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
@@ -46,12 +46,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
-from real_paths import NAMES, gguf_path
+from real_paths import NAMES, cpu_name, gguf_path
 
 from detjac.analysis.lens_eval import wilson
 
@@ -95,12 +94,7 @@ def host() -> str:
     """The CPU's model name and core count. Speed and the last bits of float64 results (BLAS kernels round
     differently) depend on the CPU, and the measurement is resumed on whatever machine a session gets: each record
     says where it was computed."""
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def eval_prompts() -> list[dict[str, Any]]:

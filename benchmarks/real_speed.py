@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from real_paths import NAMES, gguf_path
+from real_paths import NAMES, cpu_name, gguf_path
 from streamed import matmul_flops, peak_mib, reset_peak
 
 RESULTS = Path(__file__).parent / "results" / "real_speed.json"
@@ -197,7 +197,7 @@ def main() -> None:
     if args.table:
         print(_table(results))
         return
-    results["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    results["machine"] = {"cpu": cpu_name(), "cores": os.cpu_count(),
                           "threads": args.threads, "python": platform.python_version()}
     methods = [m for m in METHODS if m in args.methods.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
