@@ -711,8 +711,9 @@ def print_summary(results: dict[str, Any]) -> None:
                 print(f"  layerwise: the Jacobians take {share['share']:.0%} of the time (over {share['prompts']} "
                       "prompts), the spectra and decoding the rest")
         for part, t in entry["timing"].items():
+            # The mean pools every session that added to it; `machine` is only the last one's (see by_host).
             print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s each over {t['count']} "
-                  f"({t['machine']})")
+                  f"(last added on {t['machine']})")
     save_results(results)
 
 
