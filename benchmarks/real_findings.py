@@ -34,7 +34,7 @@ that computed it (``host``; the summary's ``by_host`` groups them): times and th
 depend on it. Progress goes to stdout, one line per prompt. Run one process at a time: each rewrites the whole
 results file.
 
-    .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~30 s a prompt
+    .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~35 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
     .venv/bin/python benchmarks/real_findings.py --summary --plot docs/real-models-layers.png
     .venv/bin/python benchmarks/real_findings.py --example-table     # the tables of docs/real-models.md
