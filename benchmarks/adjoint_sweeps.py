@@ -14,7 +14,7 @@ autograd
     a time, vmapped over the block (the sweeps before the explicit ones).
 explicit
     ``StreamedModel(sweeps="explicit")``: the same row blocks through each layer's frozen pieces as
-    plain matmuls (:mod:`detjac.engine.adjoint`).
+    plain matmuls (:mod:`detjac.engine.streamed.adjoint`).
 
 Time (32 and 128 tokens by default): the three run interleaved in one process, ``--repeats`` times,
 each time from the trace (the reference from its forward pass) to the last row; reported are the
@@ -73,7 +73,7 @@ MEMORY_POINTS = {"explicit": ["128:64", "512:16", "512:64", "1024:16", "1024:64"
 def _setup(cfg: dict[str, Any], n: int, threads: int) -> tuple[Any, list[int]]:
     import torch
 
-    from detjac.engine.tiny import tiny_model
+    from detjac.engine.checkpoints.tiny import tiny_model
 
     torch.set_num_threads(threads)
     model = tiny_model("llama", dtype=torch.float32, scale=0.02, max_position_embeddings=max(n, 64), **cfg)

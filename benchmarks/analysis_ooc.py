@@ -33,7 +33,7 @@ def real_jacobians(count: int) -> list[tuple[str, np.ndarray, np.ndarray, np.nda
     import torch
 
     from detjac.engine import detached_jacobian
-    from detjac.engine.default import load_default_model
+    from detjac.engine.checkpoints.default import load_default_model
 
     model = load_default_model()
     texts = (HERE / "data" / "heldout_prompts.txt").read_text().splitlines()[:count]

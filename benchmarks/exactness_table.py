@@ -10,8 +10,8 @@ import argparse
 import torch
 
 from detjac.engine import detached_jacobian
-from detjac.engine.report import exactness_report
-from detjac.engine.tiny import tiny_model, tiny_model_types
+from detjac.engine.checkpoints.tiny import tiny_model, tiny_model_types
+from detjac.engine.tools.exactness_report import exactness_report
 
 
 def main() -> None:

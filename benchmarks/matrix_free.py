@@ -7,10 +7,10 @@ length (64, 256 and 1024 random tokens by default), two fresh processes:
 formed
     The in-memory row-block engine (``detached_jacobian``, row_block 64: the CLI's default)
     forms J (d x n d), then ``torch.linalg.svd`` gives its top 16 triplets
-    (:func:`detjac.engine.decode.dense_svd`, what ``detjac jacobian`` and the demo use).
+    (:func:`detjac.engine.products.decode.dense_svd`, what ``detjac jacobian`` and the demo use).
 matrix-free
-    :class:`detjac.engine.operator.ModelOperator` (the forward pass and its pullback once,
-    products in blocks of at most 64 columns) and :func:`detjac.engine.svds.operator_svd`
+    :class:`detjac.engine.products.linear_operator.ModelOperator` (the forward pass and its pullback once,
+    products in blocks of at most 64 columns) and :func:`detjac.engine.products.lanczos.operator_svd`
     (block Lanczos, block 8, residual tolerance 1e-8 of sigma_1, final residuals verified by
     explicit products).
 
@@ -48,7 +48,7 @@ K = 16
 def _setup(cfg: dict[str, Any], n: int) -> tuple[Any, list[int]]:
     import torch
 
-    from detjac.engine.tiny import tiny_model
+    from detjac.engine.checkpoints.tiny import tiny_model
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     model = tiny_model("llama", dtype=torch.float64, scale=0.02, max_position_embeddings=max(n, 64), **cfg)
@@ -60,7 +60,7 @@ def child_formed(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
     import torch
 
     from detjac.engine import detached_jacobian
-    from detjac.engine.decode import dense_svd
+    from detjac.engine.products.decode import dense_svd
 
     model, ids = _setup(cfg, n)
     dense_svd(detached_jacobian(model, ids[:4]).combined(), K)  # warm up kernels and allocator
@@ -80,8 +80,8 @@ def child_formed(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
 def child_matrix_free(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
     import torch
 
-    from detjac.engine.operator import ModelOperator
-    from detjac.engine.svds import operator_svd
+    from detjac.engine.products.lanczos import operator_svd
+    from detjac.engine.products.linear_operator import ModelOperator
 
     model, ids = _setup(cfg, n)
     operator_svd(ModelOperator(model, ids[:4]), 2)  # warm up kernels and allocator

@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from detjac.analysis.lens_eval import wilson
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
-from detjac.engine.decode import decode_top, dense_svd
-from detjac.engine.default import default_model_dir
+from detjac.engine.checkpoints.default import default_model_dir
+from detjac.engine.products.decode import decode_top, dense_svd
 
 HERE = Path(__file__).resolve().parent
 

@@ -167,7 +167,7 @@ def run_records(name: str, limit: int | None) -> None:
     import torch
 
     from detjac.engine import load_model
-    from detjac.engine.decode import model_decoding_matrices
+    from detjac.engine.products.decode import model_decoding_matrices
 
     results = load_results()
     entry = model_results(results, name)
@@ -260,7 +260,7 @@ def run_example(name: str) -> None:
     import torch
 
     from detjac.engine import detached_jacobian, load_model
-    from detjac.engine.explain import explain
+    from detjac.engine.tools.triplets import explain
 
     results = load_results()
     entry = model_results(results, name)
@@ -384,7 +384,7 @@ def run_steering(name: str, layers: list[float], count: int, work: Path) -> None
                                              "grid": []})
     path = gguf_path(name)
     if "layers" not in steering:
-        from detjac.engine.gguf import gguf_config
+        from detjac.engine.checkpoints.gguf import gguf_config
 
         n_layers = gguf_config(path).get_text_config().num_hidden_layers
         steering["layers"] = sorted({min(n_layers - 1, int(f * n_layers)) for f in layers})
@@ -727,7 +727,7 @@ def print_tables(part: str, names: Any) -> None:
         if part == "lens":
             table = lens_markdown(results[name]["lens"])
         else:
-            from detjac.engine.gguf import gguf_tokenizer
+            from detjac.engine.checkpoints.gguf import gguf_tokenizer
 
             table = example_markdown(results[name]["example"], gguf_tokenizer(gguf_path(name)))
         print(f"{name}:\n\n{table}\n")

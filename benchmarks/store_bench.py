@@ -77,7 +77,7 @@ def compute_samples(texts: list[str], dtype: str, row_block: int) -> tuple[list[
     import torch
 
     from detjac.engine import load_model, stream_jacobian
-    from detjac.engine.default import default_model_dir
+    from detjac.engine.checkpoints.default import default_model_dir
 
     model = load_model(default_model_dir(), dtype=getattr(torch, dtype))
     started = time.perf_counter()

@@ -105,7 +105,7 @@ def sweep_flops(cfg: dict[str, Any], n: int, rows: int, layers: int, queries: in
 
 
 def _model(cfg: dict[str, Any], n: int) -> Any:
-    from detjac.engine.tiny import tiny_model
+    from detjac.engine.checkpoints.tiny import tiny_model
 
     kw = {k: v for k, v in cfg.items() if k != "model_type"}
     return tiny_model(cfg["model_type"], dtype=_torch().float32, scale=0.02, max_position_embeddings=max(n, 64), **kw)
@@ -191,7 +191,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     the row block chosen by the plan and the store's shards sized as the CLI sizes them under a budget."""
     torch = _torch()
     from detjac.engine import StreamedModel, Target, honour_cpu_budget
-    from detjac.engine.cost import depth
+    from detjac.engine.streamed.cost import depth
     from detjac.runs.batch import _shard_bytes
     from detjac.store import create_store
 
@@ -366,7 +366,7 @@ def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from detjac.engine.tiny import tiny_config
+    from detjac.engine.checkpoints.tiny import tiny_config
 
     config = tiny_config(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
     with init_empty_weights():

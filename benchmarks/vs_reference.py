@@ -28,7 +28,7 @@ def _worker(method: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from detjac.engine import detached_jacobian, linearized
-    from detjac.engine.tiny import tiny_model
+    from detjac.engine.checkpoints.tiny import tiny_model
 
     torch.set_num_threads(args.threads)
     heads = max(1, args.d_model // 64)

@@ -110,7 +110,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
 
     from detjac.analysis.lens import check_lens_target, relative_spread, save_lens
     from detjac.engine import load_engine
-    from detjac.engine.default import resolve_model
+    from detjac.engine.checkpoints.default import resolve_model
     from detjac.progress import tqdm
     from detjac.runs.fingerprint import weights_identity
     from detjac.runs.lens import fit_jlens

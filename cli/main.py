@@ -112,9 +112,9 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
     """
     from detjac.engine import family_for, get_tokenizer, load_model
-    from detjac.engine.default import resolve_model
-    from detjac.engine.explain import explain_summed
-    from detjac.engine.report import exactness_report
+    from detjac.engine.checkpoints.default import resolve_model
+    from detjac.engine.tools.exactness_report import exactness_report
+    from detjac.engine.tools.triplets import explain_summed
 
     from .render import piece
 
@@ -201,8 +201,8 @@ def families(check: bool, tokens: int) -> None:
 def _family_check(tokens: int) -> None:
     import torch
 
-    from detjac.engine.report import exactness_report
-    from detjac.engine.tiny import tiny_model, tiny_model_types
+    from detjac.engine.checkpoints.tiny import tiny_model, tiny_model_types
+    from detjac.engine.tools.exactness_report import exactness_report
 
     prompt = torch.randint(3, 160, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     click.echo(f"\nTiny random models (d_model=32, 3 layers, window 4), prompt of {tokens} random tokens, float64.")
@@ -249,9 +249,9 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int, model: st
     """
     from detjac.analysis.plots import SpectrumPanel, plot_spectra
     from detjac.engine import family_for, get_tokenizer, load_model
-    from detjac.engine.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model, resolve_model
-    from detjac.engine.explain import explain
-    from detjac.engine.report import exactness_report
+    from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model, resolve_model
+    from detjac.engine.tools.exactness_report import exactness_report
+    from detjac.engine.tools.triplets import explain
 
     from .render import echo_explanation, echo_prediction, piece
 

@@ -26,7 +26,7 @@ def echo_prediction(result: Any, tokenizer: Any, stock_logit_diff: float | None 
 
 def echo_explanation(expl: Any, tokenizer: Any, per_token_k: int = 1) -> None:
     """Combined operator's triplets in full, then the leading ``per_token_k`` of every token
-    (:meth:`detjac.engine.explain.Explanation.lines`)."""
+    (:meth:`detjac.engine.tools.triplets.Explanation.lines`)."""
     for line in replace(expl, tokenizer=tokenizer).lines(per_token_k):
         click.echo(line)
 

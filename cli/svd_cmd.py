@@ -93,7 +93,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     import torch
 
     from detjac.engine import honour_cpu_budget, jacobian_operator, load_engine, operator_svd
-    from detjac.engine.default import resolve_model
+    from detjac.engine.checkpoints.default import resolve_model
 
     text = _prompt_text(prompt, prompt_file)
     if out is not None:

@@ -36,6 +36,12 @@ def tqdm(iterable: Iterable[Any] | None = None, *, desc: str | None = None, unit
     return PlainBar(iterable, desc=desc, unit=unit, total=total, leave=leave)
 
 
+
+def progress_bar(items: Any, progress: bool, desc: str, unit: str, leave: bool = True,
+                 total: int | None = None) -> Any:
+    """``items`` wrapped in a bar (:func:`tqdm`) when ``progress`` (a bare bar when ``items`` is None); else ``items``."""
+    return tqdm(items, desc=desc, unit=unit, leave=leave, total=total) if progress else items
+
 class PlainBar:
     """What a bar reports, as whole lines on ``file`` (stderr): no carriage returns, no cursor movement.
 

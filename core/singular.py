@@ -29,7 +29,7 @@ def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
     input embedding) with the highest scores ``matrix @ v``, highest first, ties in vocabulary order. The
     scores are computed in the wider of the two dtypes (float32 at least), so a float64 vector is decoded in
     float64 without a float64 copy of a float32 matrix being needed otherwise. Takes numpy arrays (the
-    engine passes its tensors through :func:`detjac.engine.decode.decode_top`).
+    engine passes its tensors through :func:`detjac.engine.products.decode.decode_top`).
 
     Returns
     -------

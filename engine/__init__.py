@@ -1,7 +1,7 @@
 """The engine: exact detached Jacobians of a transformer's forward pass (torch only).
 
 This module is the engine's façade: runs/, cli/ and every other caller import from here
-only. Two engines implement one interface (:class:`Engine`, see :mod:`detjac.engine.backend`):
+only. Two engines implement one interface (:class:`Engine`, see :mod:`detjac.engine.interface`):
 the in-memory one for a loaded model of any supported family, and the layer-streamed one
 (:class:`StreamedModel`) for models larger than the compute device, layerwise targets and
 memory budgets. :func:`load_engine` picks one from the user's options; :func:`as_engine` wraps
@@ -22,19 +22,19 @@ from __future__ import annotations
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS, Target, layer_targets
 
-from .backend import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
-from .budget import honour_cpu_budget, parse_memory, return_freed_memory
-from .choose import as_engine, check_layerwise_request, load_engine
-from .decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
+from .checkpoints.loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
+from .detach.model import Linearized, linearized
 from .families import FAMILIES, family_for, supported_model_types
-from .inmemory import InMemoryEngine
-from .jacobian import JacobianResult, JacobianStream, RowBlock, detached_jacobian, reconstruct, stream_jacobian
-from .linearize import Linearized, linearized
-from .loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
-from .logits import decoding_matrix, logit_jacobian, output_logits
-from .operator import JacobianOperator, jacobian_operator
-from .streamed import StreamedModel, StreamedResult
-from .svds import OperatorSVD, operator_svd
+from .inmemory.inmemory_engine import InMemoryEngine
+from .inmemory.rows import JacobianResult, JacobianStream, RowBlock, detached_jacobian, reconstruct, stream_jacobian
+from .interface import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
+from .memory import honour_cpu_budget, parse_memory, return_freed_memory
+from .products.decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
+from .products.lanczos import OperatorSVD, operator_svd
+from .products.linear_operator import JacobianOperator, jacobian_operator
+from .products.logits import decoding_matrix, logit_jacobian, output_logits
+from .selection import as_engine, check_layerwise_request, load_engine
+from .streamed.streamed_engine import StreamedModel, StreamedResult
 
 __all__ = [
     "FAMILIES",

@@ -42,7 +42,7 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
     """What identifies the run (checked when resuming) plus its other settings. ``convention`` is the family's
     detach convention when it is not its default (None: the default, which leaves prompt ids as they were)."""
     from detjac.engine import family_for
-    from detjac.engine.hub import is_hub_id
+    from detjac.engine.checkpoints.hub import is_hub_id
 
     config_file = model_dir / "config.json" if model_dir is not None and model_dir.is_dir() else None
     config_sha = (hashlib.sha256(config_file.read_bytes()).hexdigest()

@@ -184,7 +184,7 @@ def weights_identity(folder: str | Path | None) -> dict[str, object]:
     if tokenizer:
         identity.update({"tokenizer": tokenizer, "tokenizer_sha256": combined_digest(tokenizer)})
     if Path(folder).is_file():
-        from detjac.engine.gguf import read_header
+        from detjac.engine.checkpoints.gguf import read_header
 
         identity["gguf_types"] = read_header(Path(folder)).quantization_types()
     return identity

@@ -54,7 +54,7 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> 
     import torch
 
     from detjac.engine import load_engine
-    from detjac.engine.default import resolve_model
+    from detjac.engine.checkpoints.default import resolve_model
 
     from .fingerprint import weights_identity
 

@@ -40,7 +40,7 @@ class ModelSpec:
         import torch
 
         from detjac.engine import honour_cpu_budget, load_engine
-        from detjac.engine.default import resolve_model
+        from detjac.engine.checkpoints.default import resolve_model
 
         source = resolve_model(self.model)
         device = device or self.device
@@ -148,7 +148,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
         layers, components = layers or "all", "to_output"
     if layers is not None:
         from detjac.engine import check_layerwise_request
-        from detjac.engine.default import resolve_model
+        from detjac.engine.checkpoints.default import resolve_model
 
         check_layerwise_request(resolve_model(spec.model), components)
     loaded = spec.load(load_device)

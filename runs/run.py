@@ -237,7 +237,7 @@ def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, ou
 def model_ref(model: str, revision: str | None = None) -> str:
     """A checkpoint folder as an absolute path (workers resolve it on their own file system), a hub id as its
     snapshot folder in the Hugging Face cache (found, or downloaded, once, here); else unchanged."""
-    from detjac.engine.hub import is_hub_id
+    from detjac.engine.checkpoints.hub import is_hub_id
 
     if is_hub_id(model):
         from detjac.engine import check_checkpoint_dir

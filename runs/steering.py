@@ -1,11 +1,11 @@
 """Steering from a store (``detjac steer``): a concept prompt's stored layer Jacobians steer a loaded model.
 
-:func:`load_concept` loads the model and builds the :class:`~detjac.engine.steer.SteeringOperator`
+:func:`load_concept` loads the model and builds the :class:`~detjac.engine.tools.steer.SteeringOperator`
 from a prompt stored with ``detjac run --layers`` (checked against the model);
 :func:`steer_prompt` makes one unsteered and one steered continuation;
 :func:`prepare_evaluation` and :func:`evaluate_steering` measure how often the concept's
 tokens appear in continuations across strengths, as a table. The steering itself (the
-operator, the hook, greedy generation) is :mod:`detjac.engine.steer`'s.
+operator, the hook, greedy generation) is :mod:`detjac.engine.tools.steer`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ConceptSession:
 
     model: Any
     tokenizer: Any
-    operator: Any  # detjac.engine.steer.SteeringOperator
+    operator: Any  # detjac.engine.tools.steer.SteeringOperator
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class SteeringEvaluation:
 
 @dataclass(frozen=True)
 class SteeringTable:
-    """One row per strength (see :func:`detjac.engine.steer.evaluate`) and the table file, when written."""
+    """One row per strength (see :func:`detjac.engine.tools.steer.evaluate`) and the table file, when written."""
 
     rows: list[dict[str, Any]]
     table: Path | None = None
@@ -73,7 +73,7 @@ def concept_operator(store: Any, prompt_id: str, layer: int, model: Any, method:
     model : transformers model
         Its input embeddings must be the store's (to within 1 % in norm).
     method : {"detjac", "paper"}
-        See :mod:`detjac.engine.steer`.
+        See :mod:`detjac.engine.tools.steer`.
 
     Returns
     -------
@@ -88,7 +88,7 @@ def concept_operator(store: Any, prompt_id: str, layer: int, model: Any, method:
     import numpy as np
     import torch
 
-    from detjac.engine.steer import SteeringOperator, check_method
+    from detjac.engine.tools.steer import SteeringOperator, check_method
 
     check_method(method)
     prompt = store.get(prompt_id)
@@ -142,8 +142,8 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
     import torch
 
     from detjac.engine import get_tokenizer, load_model
-    from detjac.engine.default import resolve_model
-    from detjac.engine.steer import check_method
+    from detjac.engine.checkpoints.default import resolve_model
+    from detjac.engine.tools.steer import check_method
     from detjac.store import open_store
 
     check_method(method)  # before the model loads
@@ -174,7 +174,7 @@ def check_same_model(store: Any, source: Any, model: str) -> None:
 
 def steer_prompt(session: ConceptSession, prompt: str, strength: float, max_new_tokens: int = 24) -> SteeredText:
     """Greedy continuations of ``prompt``, without steering and with it at ``strength``."""
-    from detjac.engine.steer import generate
+    from detjac.engine.tools.steer import generate
 
     tok, lm = session.tokenizer, session.model
     ids = tok(prompt)["input_ids"]
@@ -216,7 +216,7 @@ def evaluate_steering(session: ConceptSession, evaluation: SteeringEvaluation, s
                       progress: bool = True) -> SteeringTable:
     """How often the concept's tokens appear in the continuations of every prompt at every strength.
 
-    One row per strength (:func:`detjac.engine.steer.evaluate`), written to ``table`` when
+    One row per strength (:func:`detjac.engine.tools.steer.evaluate`), written to ``table`` when
     given (Parquet for a ``.parquet`` suffix, else CSV).
 
     Raises
@@ -225,7 +225,7 @@ def evaluate_steering(session: ConceptSession, evaluation: SteeringEvaluation, s
         When there is no concept token to count.
     """
     from detjac.analysis.jobs import write_table
-    from detjac.engine.steer import evaluate
+    from detjac.engine.tools.steer import evaluate
 
     rows = evaluate(session.model, session.tokenizer, session.operator, evaluation.prompts, strengths,
                     evaluation.concept_ids, max_new_tokens, progress=progress)

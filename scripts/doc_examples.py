@@ -126,7 +126,7 @@ def sandbox(folder: Path) -> Iterator[Path]:
     sys.path.insert(0, str(ROOT / "tests"))
     from hub_cache import fabricate_hub_cache
 
-    from detjac.engine.default import DEFAULT_MODEL_DIR
+    from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(ROOT / "examples", folder / "examples", dirs_exist_ok=True)

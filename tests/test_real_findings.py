@@ -101,7 +101,7 @@ def test_docs_show_the_recorded_example(findings, name, tmp_path):
     from the committed record (decoded by the model's own tokenizer)."""
     from real_models import gemma3_path, smollm2_path
 
-    from detjac.engine.gguf import gguf_tokenizer
+    from detjac.engine.checkpoints.gguf import gguf_tokenizer
 
     path = smollm2_path() if name == "smollm2" else gemma3_path(tmp_path)
     example = json.loads(RESULTS.read_text(encoding="utf-8"))[name]["example"]

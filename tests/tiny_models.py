@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from detjac.engine.checkpoints.tiny import WINDOW, save_tiny_checkpoint, tiny_config, tiny_model, tiny_model_types
 from detjac.engine.families import family_for
-from detjac.engine.tiny import WINDOW, save_tiny_checkpoint, tiny_config, tiny_model, tiny_model_types
 
 FAMILIES = tiny_model_types()
 STREAMABLE = [t for t in FAMILIES if family_for(tiny_config(t)).streamable]

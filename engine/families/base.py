@@ -3,8 +3,8 @@
 A family is data, not code: which module classes are its norms (and how their weight is
 applied), its gated MLPs, its attention blocks, its position encoders and its
 structural containers, and which children of an attention block only feed the frozen
-attention probabilities. :mod:`detjac.engine.linearize` turns that declaration into
-wrapped module instances, and :mod:`detjac.engine.guard` uses it to prove that every
+attention probabilities. :mod:`detjac.engine.detach.model` turns that declaration into
+wrapped module instances, and :mod:`detjac.engine.detach.check` uses it to prove that every
 module left on the input-to-output path is linear once the factors are frozen.
 """
 
@@ -60,7 +60,7 @@ class MlpRule:
 
 @dataclass(frozen=True)
 class MoeRule:
-    """How one sparse mixture-of-experts block computes (see :mod:`detjac.engine.moe`).
+    """How one sparse mixture-of-experts block computes (see :mod:`detjac.engine.detach.moe`).
 
     ``router`` names the child that returns ``(router_logits, routing_weights,
     selected_experts)`` and ``experts`` the child that holds the experts' fused

@@ -6,7 +6,7 @@ scaled by sqrt(d) inside the embedding module, attention scale
 Attention-logit soft-capping ``c tanh(s / c)`` acts on the scores inside the softmax, so it
 is frozen with the attention probabilities; final-logit soft-capping acts after the hidden
 state and is the scalar nonlinearity ``z * (c tanh(z / c) / z)`` of
-:func:`detjac.engine.scalar.softcap_ratio` in the logit Jacobian.
+:func:`detjac.engine.detach.activations.softcap_ratio` in the logit Jacobian.
 """
 
 from transformers.models.gemma2 import modeling_gemma2 as m

@@ -1,7 +1,7 @@
 """Qwen3-MoE: Qwen3's attention (per-head QK-norm) with sparse mixture-of-experts MLPs.
 
 Each MoE block's router choice and weights are frozen and each chosen expert's gated MLP
-is detached as usual (:mod:`detjac.engine.moe`). Layers listed in ``mlp_only_layers`` (or
+is detached as usual (:mod:`detjac.engine.detach.moe`). Layers listed in ``mlp_only_layers`` (or
 off the ``decoder_sparse_step``) keep a dense gated MLP.
 """
 

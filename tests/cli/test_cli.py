@@ -10,7 +10,7 @@ import sys
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from detjac.engine.tiny import tiny_model_types
+from detjac.engine.checkpoints.tiny import tiny_model_types
 
 
 def test_jacobian_command_prints_the_figures(llama_checkpoint):

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from detjac.cli.main import main
 from detjac.engine import StreamedModel, detached_jacobian, load_engine, load_model
-from detjac.engine.budget import check_device
-from detjac.engine.explain import explain
+from detjac.engine.memory import check_device
+from detjac.engine.tools.triplets import explain
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store
 
@@ -28,7 +28,7 @@ def invoke(*args: str):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA: the CPU-only messages do not apply")
 @pytest.mark.parametrize("device", ["cuda", "cuda:3", "mps"])
 def test_a_device_this_pytorch_lacks_is_one_line_before_anything_loads(device, monkeypatch):
-    import detjac.engine.loading as loading
+    import detjac.engine.checkpoints.loading as loading
 
     monkeypatch.setattr(loading, "read_checkpoint", lambda *a, **k: pytest.fail("the model started loading"))
     result = invoke("jacobian", "default", "-p", "The cat", "--device", device)

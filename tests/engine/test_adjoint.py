@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from detjac.engine import load_model, pieces
-from detjac.engine.adjoint import SWEEPS_ENV, ExplicitAdjoint
-from detjac.engine.linearize import linearized
-from detjac.engine.pieces import check_layer
-from detjac.engine.recognition import layer_pieces
-from detjac.engine.streamed import StreamedModel, layer_targets
-from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
+from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
+from detjac.engine.detach.model import linearized
+from detjac.engine.pieces.layer import check_layer
+from detjac.engine.pieces.record import layer_pieces
+from detjac.engine.pieces.runner import SWEEPS_ENV
+from detjac.engine.streamed.adjoint import ExplicitAdjoint
+from detjac.engine.streamed.streamed_engine import StreamedModel, layer_targets
 from detjac.errors import InvalidArgumentError
 from detjac.targets import COMPONENTS, LOCAL_SUFFIX, TO_OUTPUT
 

@@ -14,15 +14,15 @@ import torch
 from tiny_models import FAMILIES
 from torch import nn
 
-from detjac.engine import frozen as frozen_module
-from detjac.engine.adjoint import SWEEPS_ENV
-from detjac.engine.cost import DEFAULT_ROW_BLOCK
+from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
+from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
-from detjac.engine.inmemory import InMemoryEngine
-from detjac.engine.jacobian import reconstruct
-from detjac.engine.linearize import linearized
-from detjac.engine.pieces import check_layer
-from detjac.engine.tiny import tiny_config, tiny_model
+from detjac.engine.inmemory import model_pieces as frozen_module
+from detjac.engine.inmemory.inmemory_engine import InMemoryEngine
+from detjac.engine.inmemory.rows import reconstruct
+from detjac.engine.pieces.layer import check_layer
+from detjac.engine.pieces.runner import SWEEPS_ENV
+from detjac.engine.streamed.cost import DEFAULT_ROW_BLOCK
 from detjac.errors import InvalidArgumentError
 from detjac.exactness import relative_error
 

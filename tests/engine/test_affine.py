@@ -7,10 +7,10 @@ import torch
 from tiny_models import AFFINE
 
 from detjac.engine import detached_jacobian, linearized, stream_jacobian
-from detjac.engine.report import stock_logits
-from detjac.engine.streamed import StreamedModel
-from detjac.engine.tape import FactorTape
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.detach.factors import FactorTape
+from detjac.engine.streamed.streamed_engine import StreamedModel
+from detjac.engine.tools.exactness_report import stock_logits
 from detjac.errors import UnsupportedModelError
 
 STOCK_LOGIT_ATOL = 1e-5

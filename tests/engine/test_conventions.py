@@ -10,9 +10,9 @@ from store_helpers import write_prompts
 
 from detjac.cli.main import main
 from detjac.engine import InMemoryEngine, StreamedModel
-from detjac.engine.detach import DetachedGatedMLP
+from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
+from detjac.engine.detach.wrappers import DetachedGatedMLP
 from detjac.engine.families import family_for
-from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store, verify_prompt
 

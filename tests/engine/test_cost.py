@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from detjac.engine.cost import CostModel
-from detjac.engine.streamed import StreamedModel
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.streamed.cost import CostModel
+from detjac.engine.streamed.streamed_engine import StreamedModel
 from detjac.targets import OUTPUTS
 
 # the benchmark's model (d 512, 4 layers, ffn 1376, 8 query / 4 key-value heads of 64), float32

@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from detjac.engine import load_engine
-from detjac.engine.default import DEFAULT_MODEL_DIR
+from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 from detjac.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from detjac.cli.main import main
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
-from detjac.engine.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, default_model_dir, resolve_model
+from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, default_model_dir, resolve_model
 
 
 @pytest.fixture(scope="module")

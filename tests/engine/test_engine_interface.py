@@ -16,7 +16,7 @@ from detjac.engine import (
     load_engine,
     load_model,
 )
-from detjac.engine.detach import DetachedNorm
+from detjac.engine.detach.wrappers import DetachedNorm
 from detjac.errors import InvalidArgumentError, PromptError
 from detjac.exactness import relative_error
 
@@ -122,7 +122,7 @@ def test_streamed_skeleton_is_linearized_only_while_it_computes(llama_checkpoint
 def test_the_cpu_budget_allocator_setting_follows_the_compute_device(monkeypatch, llama_checkpoint):
     from types import SimpleNamespace
 
-    from detjac.engine import budget
+    from detjac.engine import memory as budget
 
     calls = []
     monkeypatch.setattr(budget, "return_freed_memory", lambda: calls.append(1))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.errors import CheckpointError, InvalidArgumentError, PromptError, UnsupportedModelError
 
 

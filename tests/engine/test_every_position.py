@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_models import N_TOKENS, STREAMABLE
 
+from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.families import family_for
-from detjac.engine.streamed import StreamedModel, Target
-from detjac.engine.tiny import tiny_config, tiny_model
+from detjac.engine.streamed.streamed_engine import StreamedModel, Target
 from detjac.errors import InvalidArgumentError
 
 CAUSAL = [t for t in STREAMABLE if not family_for(tiny_config(t)).encoder]
@@ -43,7 +43,7 @@ def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, d
 
 
 def test_a_sweep_from_every_position_refuses_other_targets() -> None:
-    from detjac.engine import sweeps
+    from detjac.engine.streamed import passes as sweeps
 
     sm = StreamedModel(tiny_model("llama", seed=7), dtype=torch.float64)
     trace = sm.trace([5, 6, 7])
@@ -63,7 +63,7 @@ def test_lens_fit_jlens_saves_the_mean_over_source_positions_of_the_sum_over_pre
     from detjac.analysis.lens import load_lens
     from detjac.cli.main import main
     from detjac.engine import load_engine
-    from detjac.engine.default import resolve_model
+    from detjac.engine.checkpoints.default import resolve_model
 
     text = "Harbor, n. A port or place of refuge for ships, sheltered from storms, where they may lie at anchor"
     prompts = tmp_path / "texts.txt"

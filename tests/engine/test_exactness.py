@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, linearized, reconstruct, stream_jacobian
-from detjac.engine.report import stock_logits
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.tools.exactness_report import stock_logits
 
 # The stock models cast norms and softmax to float32, so a float64 stock model agrees
 # with the exact one only to about 1e-7 (measured <= 5e-7 on these configs).

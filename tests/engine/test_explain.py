@@ -7,8 +7,8 @@ import torch
 
 from detjac.analysis.plots import SpectrumPanel, plot_spectra
 from detjac.engine import detached_jacobian
-from detjac.engine.explain import explain
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.tools.triplets import explain
 
 
 @pytest.fixture(scope="module")

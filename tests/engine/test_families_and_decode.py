@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from detjac.engine import FAMILIES
-from detjac.engine.decode import decode_top, dense_svd
-from detjac.engine.tiny import tiny_model_types
+from detjac.engine.checkpoints.tiny import tiny_model_types
+from detjac.engine.products.decode import decode_top, dense_svd
 
 
 def test_every_registered_family_has_a_tiny_model_under_test():

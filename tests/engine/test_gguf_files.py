@@ -14,7 +14,7 @@ from real_models import smollm2_path
 
 from detjac.cli.main import main
 from detjac.engine import load_model
-from detjac.engine.gguf import is_gguf, read_header, select_gguf
+from detjac.engine.checkpoints.gguf import is_gguf, read_header, select_gguf
 from detjac.errors import CheckpointError, UnsupportedModelError
 
 

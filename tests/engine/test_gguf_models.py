@@ -247,7 +247,7 @@ def test_a_store_records_the_gguf_identity_and_refuses_another_file(tmp_path):
     from click.testing import CliRunner
 
     from detjac.cli.main import main
-    from detjac.engine.gguf import read_header
+    from detjac.engine.checkpoints.gguf import read_header
     from detjac.store import open_store
 
     first = shutil.copy(smollm2_path(), tmp_path / "a.gguf")
@@ -277,7 +277,7 @@ def test_a_committed_findings_record_recomputes_from_its_text(name, models):
     import json
     from pathlib import Path
 
-    from detjac.engine.explain import explain
+    from detjac.engine.tools.triplets import explain
 
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
     rec = min(json.loads(results.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from detjac.engine import detached_jacobian, linearized
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.errors import DetjacError, LinearizationError, UnsupportedModelError
 
 

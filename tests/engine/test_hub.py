@@ -11,8 +11,8 @@ from hub_cache import fabricate_hub_cache
 
 from detjac.cli.main import main
 from detjac.engine import check_checkpoint_dir, load_engine
-from detjac.engine.default import DEFAULT_MODEL_DIR
-from detjac.engine.hub import hub_cache_dir, is_hub_id
+from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
+from detjac.engine.checkpoints.hub import hub_cache_dir, is_hub_id
 from detjac.errors import CheckpointError
 
 REPO = "detjac-test/gcide-llama"

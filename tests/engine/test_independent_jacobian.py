@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from detjac.engine import detached_jacobian
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

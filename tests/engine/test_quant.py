@@ -1,4 +1,4 @@
-"""bitsandbytes-quantized weights as plain float tensors (detjac.engine.quant), on CPU."""
+"""bitsandbytes-quantized weights as plain float tensors (detjac.engine.checkpoints.quantized), on CPU."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from detjac.engine.quant import (  # noqa: E402
+from detjac.engine.checkpoints.quantized import (  # noqa: E402
     QUANT_METHODS,
     dequantize_layer,
     is_quantized_checkpoint,
@@ -216,7 +216,7 @@ def test_streamed_quantize_on_load_is_exact_for_the_quantized_model(
     float_checkpoint: tuple[Path, LlamaForCausalLM], method: str,
 ) -> None:
     from detjac.engine import detached_jacobian
-    from detjac.engine.streamed import StreamedModel
+    from detjac.engine.streamed.streamed_engine import StreamedModel
 
     src, float_model = float_checkpoint
     ids = [3, 17, 42, 5, 9, 30]
@@ -235,7 +235,7 @@ def test_streamed_quantize_on_load_is_exact_for_the_quantized_model(
 def test_streamed_reads_a_saved_4bit_checkpoint(float_checkpoint: tuple[Path, LlamaForCausalLM],
                                                 tmp_path: Path) -> None:
     from detjac.engine import detached_jacobian
-    from detjac.engine.streamed import StreamedModel
+    from detjac.engine.streamed.streamed_engine import StreamedModel
 
     src, float_model = float_checkpoint
     qmodel = LlamaForCausalLM.from_pretrained(src, quantization_config=BitsAndBytesConfig(**VARIANTS[0][3]),

@@ -8,8 +8,8 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from detjac.engine import detached_jacobian
-from detjac.engine.scalar import activation_ratio, softcap_ratio
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.detach.activations import activation_ratio, softcap_ratio
 
 Z = torch.cat([torch.linspace(-8, 8, 401, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 

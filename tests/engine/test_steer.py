@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from store_helpers import run_default, write_prompts
 
 from detjac.cli.main import main
-from detjac.engine.steer import SteeringOperator, generate, steering
-from detjac.engine.tiny import tiny_model
+from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.tools.steer import SteeringOperator, generate, steering
 from detjac.errors import InvalidArgumentError
 
 CONCEPT = "Whale, n. (Zool.) Any aquatic mammal"

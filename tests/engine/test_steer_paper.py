@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from store_helpers import run_default
 
 from detjac.cli.main import main
-from detjac.engine.steer import SteeringOperator, generate
+from detjac.engine.tools.steer import SteeringOperator, generate
 from detjac.errors import InvalidArgumentError
 from detjac.runs.steering import concept_operator, load_concept
 
@@ -66,7 +66,7 @@ def test_paper_method_equals_the_formula_written_out(concept_store, layer: int) 
     J = np.asarray(concept_store.get(pid).layerwise(f"layer_normed.{layer}", lazy=False), dtype=np.float64)
     expected, first_logits = reference_steering(model, J, layer, ids, 3.0, 8)
     assert generate(model, ids, 8, op, 3.0) == expected
-    from detjac.engine.steer import steering
+    from detjac.engine.tools.steer import steering
 
     with torch.no_grad(), steering(model, op, 3.0):
         logits = model(torch.tensor([ids])).logits[0, -1]

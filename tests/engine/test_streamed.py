@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from detjac.engine import detached_jacobian, load_model, output_logits
-from detjac.engine.streamed import StreamedModel, Target, layer_targets, parse_memory
-from detjac.engine.tiny import save_tiny_checkpoint, tiny_model
-from detjac.engine.tracing import suffix_kwargs
-from detjac.engine.weights import SafetensorsWeights, resolve_key
+from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
+from detjac.engine.checkpoints.weights import SafetensorsWeights, resolve_key
+from detjac.engine.streamed.streamed_engine import StreamedModel, Target, layer_targets, parse_memory
+from detjac.engine.streamed.tracing import suffix_kwargs
 from detjac.errors import CheckpointError, InvalidArgumentError
 
 ALL_COMPONENTS = "layer,attn,mlp,layer_local,attn_local,mlp_local"

@@ -14,7 +14,7 @@ from store_helpers import write_prompts
 
 from detjac.cli.main import main
 from detjac.engine import get_tokenizer, load_model
-from detjac.engine.default import load_default_model
+from detjac.engine.checkpoints.default import load_default_model
 from detjac.errors import InvalidArgumentError, PromptsFileError
 from detjac.progress import PlainBar, tqdm
 from detjac.runs.prompts import read_prompts

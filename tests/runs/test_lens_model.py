@@ -68,7 +68,7 @@ def test_a_lens_is_refused_on_other_weights_and_in_the_wrong_role(fitted, tmp_pa
 
     from safetensors.torch import load_file, save_file
 
-    from detjac.engine.default import resolve_model
+    from detjac.engine.checkpoints.default import resolve_model
 
     _, store = fitted
     saved = tmp_path / "gcide.lens"

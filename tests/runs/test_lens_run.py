@@ -192,7 +192,7 @@ def test_lens_on_a_store_without_it_and_the_other_way_round_are_refused(routes, 
 
 
 def test_an_encoder_cannot_give_a_lens(tmp_path):
-    from detjac.engine.tiny import save_tiny_checkpoint
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
     bert = save_tiny_checkpoint(tmp_path / "tiny-bert", "bert")
     result = invoke("run", bert, write_prompts(tmp_path / "p.txt", LINES[:1]), "--out", tmp_path / "b.zarr", "--lens")

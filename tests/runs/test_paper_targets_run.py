@@ -71,7 +71,7 @@ def test_verify_checks_to_output(store: Path, tmp_path: Path) -> None:
 
 
 def test_bad_components_are_refused_before_a_store_is_touched(tmp_path: Path) -> None:
-    from detjac.engine.tiny import save_tiny_checkpoint
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
     prompts = write_prompts(tmp_path / "p.txt", [PROMPTS[0][:12]])
     result = invoke("run", "default", str(prompts), "--out", str(tmp_path / "a.zarr"), "--layers", "0",

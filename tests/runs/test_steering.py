@@ -10,7 +10,7 @@ import pytest
 import torch
 from store_helpers import run_default, write_prompts
 
-from detjac.engine.steer import generate
+from detjac.engine.tools.steer import generate
 from detjac.errors import InvalidArgumentError, PromptsFileError
 from detjac.runs.steering import (
     concept_ids,
@@ -67,7 +67,7 @@ def test_a_concept_store_of_another_model_is_refused_naming_both(concept_store, 
 
     from safetensors.torch import load_file, save_file
 
-    from detjac.engine.default import DEFAULT_MODEL_DIR
+    from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 
     folder = tmp_path / "perturbed"
     shutil.copytree(DEFAULT_MODEL_DIR, folder)

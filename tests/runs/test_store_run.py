@@ -13,8 +13,8 @@ from store_helpers import PROMPTS, assert_all_equal, reseal, store_snapshot, wri
 
 from detjac.cli.main import main
 from detjac.engine import detached_jacobian
-from detjac.engine.default import load_default_model
-from detjac.engine.tiny import tiny_model_types
+from detjac.engine.checkpoints.default import load_default_model
+from detjac.engine.checkpoints.tiny import tiny_model_types
 from detjac.store import open_store
 
 
@@ -140,7 +140,7 @@ def test_force_new_keeps_the_old_store_when_the_new_run_stores_no_prompt(tmp_pat
 
     from safetensors.torch import load_file, save_file
 
-    from detjac.engine.default import resolve_model
+    from detjac.engine.checkpoints.default import resolve_model
 
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
     out = tmp_path / "s.zarr"
@@ -172,7 +172,7 @@ def test_bfloat16_results_are_stored_as_float32(tmp_path):
 
 @pytest.mark.parametrize("model_type", tiny_model_types())
 def test_run_works_for_every_family(tmp_path, model_type):
-    from detjac.engine.tiny import save_tiny_checkpoint
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
     checkpoint = save_tiny_checkpoint(tmp_path / model_type, model_type)
     prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and", "A second prompt"])
@@ -188,7 +188,7 @@ def test_run_works_for_every_family(tmp_path, model_type):
 def test_affine_run_stores_the_offset_and_verify_checks_it(tmp_path, keep):
     import zarr
 
-    from detjac.engine.tiny import save_tiny_checkpoint
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
     checkpoint = save_tiny_checkpoint(tmp_path / "gpt2", "gpt2")
     prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
@@ -213,7 +213,7 @@ def test_affine_run_stores_the_offset_and_verify_checks_it(tmp_path, keep):
 
 
 def test_linear_family_stores_no_offset(tmp_path):
-    from detjac.engine.tiny import save_tiny_checkpoint
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
     checkpoint = save_tiny_checkpoint(tmp_path / "llama", "llama")
     prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
@@ -223,7 +223,7 @@ def test_linear_family_stores_no_offset(tmp_path):
 
 
 def test_streamed_run_of_an_affine_model_is_refused_cleanly(tmp_path):
-    from detjac.engine.tiny import save_tiny_checkpoint
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
     checkpoint = save_tiny_checkpoint(tmp_path / "bert", "bert")
     prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from store_helpers import write_prompts
 
 from detjac.engine import load_engine, load_model
-from detjac.engine.default import DEFAULT_MODEL_DIR
+from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 from detjac.errors import CheckpointError, StoreMismatchError
 from detjac.runs.fingerprint import DigestCache, combined_digest, content_sample, weights_fingerprint
 from detjac.runs.run import RunOptions, run_corpus

@@ -1,0 +1,28 @@
+"""The default model shipped with detjac: a small Llama trained on the GCIDE dictionary.
+
+Trained by ``scripts/train_default_model.py``; the model card is ``assets/gcide-llama/README.md``.
+It lets ``make demo`` and the tests run on a real trained model with no download.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .loading import load_model
+from .names import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, default_model_dir, resolve_model
+
+# Dictionary-style prompts, the register the model was trained on.
+DEMO_PROMPTS = (
+    "Bread, n. An article of food made from flour or meal by",
+    "Oak, n. (Bot.) Any tree or shrub of the genus Quercus. The oaks have",
+    "Whale, n. (Zool.) Any aquatic mammal of the order",
+)
+
+
+def load_default_model(dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """Load the shipped model (and its tokenizer, see ``get_tokenizer``) with ``load_model``."""
+    return load_model(default_model_dir(), dtype=dtype, device=device)
+
+
+__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_MODEL_NAME", "DEMO_PROMPTS", "default_model_dir", "load_default_model",
+           "resolve_model"]

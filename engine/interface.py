@@ -1,0 +1,250 @@
+"""The engine interface: what every engine provides, so that no caller asks which one it holds.
+
+Two engines implement :class:`Engine`:
+
+- :class:`~detjac.engine.inmemory.inmemory_engine.InMemoryEngine`: a loaded transformers model of any supported
+  family; the forward pass runs once per prompt with its pullback kept, row blocks of the
+  output's Jacobian come from vmapped pullbacks.
+- :class:`~detjac.engine.streamed.streamed_engine.StreamedModel`: the layer-streamed engine for models larger
+  than the compute device; layerwise targets, memory budgets, forward mode.
+
+Both trace a prompt (:class:`Trace`), plan a request (:class:`Plan`), yield blocks of the
+requested targets' Jacobians (:class:`JacobianBlock`), apply ``J`` and ``J^T`` to blocks of
+vectors (:meth:`Engine.push`, :meth:`Engine.pull`), and give the decoding matrices, the
+logits and the tokenizer. :func:`detjac.engine.load_engine` picks one from the user's
+options; runs/, cli/ and the matrix-free operator only use this interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from detjac.targets import OUTPUTS, Target
+
+Prompt = str | Sequence[int] | torch.Tensor
+"""Text (tokenized with the model's tokenizer, special tokens added) or token ids."""
+
+
+@dataclass
+class Trace:
+    """The forward pass of one prompt: what the Jacobians act on and what they must reconstruct.
+
+    Attributes
+    ----------
+    token_ids : list[int]
+        The prompt's tokens (n_tokens).
+    position : int
+        The target position (non-negative).
+    embeddings : torch.Tensor
+        (n_tokens, d_model) the input embeddings ``x``.
+    output : torch.Tensor
+        (d_model,) the final normed hidden state at ``position``.
+    bias : torch.Tensor or None
+        (d_model,) the offset ``b`` of an affine family's map ``y = sum_k J_k x_k + b``; None otherwise.
+    """
+
+    token_ids: list[int]
+    position: int
+    embeddings: torch.Tensor
+    output: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def value(self, t: Target) -> torch.Tensor:
+        """(d_model,) the target's value at the position: what its Jacobian reconstructs (less ``bias``)."""
+        if t.is_output:
+            return self.output
+        raise KeyError(f"Expected the output target of a trace without layer states. Got {t.name!r}.")
+
+    def source(self, t: Target) -> torch.Tensor:
+        """(n_tokens, d_model) the vectors the target's Jacobian acts on: the input embeddings."""
+        if t.is_output or not t.local:
+            return self.embeddings
+        raise KeyError(f"Expected a target w.r.t. the input embeddings. Got {t.name!r}.")
+
+
+@dataclass(frozen=True)
+class JacobianBlock:
+    """Rows ``start:stop`` and tokens ``token_start:token_stop`` of one target's Jacobian.
+
+    ``values`` has shape (stop - start, token_stop - token_start, d_model).
+    """
+
+    target: Target
+    start: int
+    stop: int
+    token_start: int
+    token_stop: int
+    values: torch.Tensor
+
+
+@dataclass
+class Plan:
+    """How one request is computed: which targets go which way, in blocks of what size."""
+
+    reverse: list[Target]
+    forward: list[Target]
+    row_block: int
+    token_block: int
+    reverse_cost: float = 0.0
+    forward_cost: float = 0.0
+    n_row_blocks: int = 0
+    n_token_blocks: int = 0
+
+    @property
+    def n_blocks(self) -> int:
+        return self.n_row_blocks + self.n_token_blocks
+
+    def mode(self, t: Target) -> str:
+        """``"forward"`` or ``"reverse"``: how target ``t`` is computed."""
+        return "forward" if t in self.forward else "reverse"
+
+
+@dataclass
+class EngineStats:
+    """What an engine has read and run, for memory accounting (checked by the tests)."""
+
+    layers_loaded: int = 0
+    max_resident_layers: int = 0
+    resident: set[int] = field(default_factory=set)
+    bytes_read: int = 0
+    suffix_layers: int = 0  # forward-mode layer sweeps run on a suffix of the positions (causal truncation)
+    pulled_suffix_layers: int = 0  # reverse-mode layer pullbacks from the outputs of a suffix of the positions
+    explicit_layers: int = 0  # layer sweeps by explicit matmuls (detjac.engine.streamed.adjoint), not torch.func
+
+
+class Engine(ABC):
+    """A loaded model that linearizes prompts. See the module docstring.
+
+    Attributes
+    ----------
+    config
+        The model's transformers config.
+    family
+        Its :class:`~detjac.engine.families.Family` (detach rules, quirks).
+    dtype, device
+        Compute dtype (float64 is the exactness mode) and device.
+    detach : bool
+        Detached Jacobians (True) or ordinary ones.
+    convention : str
+        The family's detach convention in use (:attr:`~detjac.engine.families.Family.conventions`).
+    n_layers, d_model : int
+        Decoder layers and hidden size.
+    stats : EngineStats
+        Layers read and run so far.
+    """
+
+    config: Any
+    family: Any
+    dtype: torch.dtype
+    device: torch.device
+    detach: bool
+    convention: str
+    n_layers: int
+    d_model: int
+    stats: EngineStats
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Any | None:
+        """The model's tokenizer, or None when the checkpoint has none (prompts must then be token ids)."""
+
+    @property
+    def context(self) -> int:
+        """The model's context length in tokens (unbounded when its config does not say)."""
+        return getattr(self.config.get_text_config(), "max_position_embeddings", None) or 2**31
+
+    @abstractmethod
+    def prompt_model(self) -> Any:
+        """What :func:`detjac.engine.parse_prompt` checks token ids against (vocabulary size, config)."""
+
+    def token_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, checked against the model (:func:`detjac.engine.parse_prompt`)."""
+        from .checkpoints.loading import parse_prompt
+
+        return parse_prompt(prompt, self.prompt_model(), self.tokenizer)
+
+    @abstractmethod
+    def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> Trace:
+        """Run the forward pass of ``prompt``; ``position`` defaults to the family's (the last token, or [CLS]).
+
+        Raises
+        ------
+        PromptError
+            An empty prompt, unknown token ids, or more tokens than the model's context.
+        InvalidArgumentError
+            ``position`` outside the prompt.
+        """
+
+    @abstractmethod
+    def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
+             token_block: int | None = None) -> Plan:
+        """Split ``targets`` between reverse and forward mode and size the blocks.
+
+        Raises
+        ------
+        InvalidArgumentError
+            A target this engine cannot compute, an unknown mode, a non-positive block, or a memory budget
+            too small for one block.
+        """
+
+    @abstractmethod
+    def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
+               progress: bool = False) -> Iterator[JacobianBlock]:
+        """Every requested Jacobian, block by block (reverse mode first, then forward mode)."""
+
+    @abstractmethod
+    def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
+        """``J v`` of the output's Jacobian: (c, n_tokens, d_model) input directions -> (c, d_model)."""
+
+    @abstractmethod
+    def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
+        """``J^T u`` of the output's Jacobian: (c, d_model) output directions -> (c, n_tokens, d_model)."""
+
+    @abstractmethod
+    def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """``embedding`` (vocab, d_model), ``unembedding`` (vocab, d_model) and, where the final norm has one,
+        ``final_norm`` (d_model,) its gain; on the CPU, in ``dtype`` (default: the compute dtype)."""
+
+    def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """The matrices of :meth:`decoding_matrices` for copying out in row blocks: numpy arrays, or
+        :class:`~detjac.engine.products.decode.RowBlocks` read on demand where an engine has a memory budget to keep."""
+        return {k: v.numpy() for k, v in self.decoding_matrices(dtype).items()}
+
+    @abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (..., vocab) from final normed hidden states (..., d_model), as the model computes
+        them (soft-capping included); scores against the word embeddings for an encoder without a head."""
+
+    def memory_budget(self, device: str) -> int | None:
+        """The memory budget in bytes given for ``device`` (``"cpu"``, ``"cuda:0"``), or None."""
+        return None
+
+    def record(self, plan: Plan) -> dict[str, Any]:
+        """Engine-specific attributes to store with a prompt computed under ``plan`` (none by default)."""
+        return {}
+
+    def jacobian(self, prompt: Prompt, target: Target = OUTPUTS, *, position: int | None = None,
+                 progress: bool = False) -> tuple[Trace, torch.Tensor]:
+        """One target's whole Jacobian (d_model, n_tokens, d_model) in memory, with its trace (small inputs)."""
+        trace = self.trace(prompt, position=position, progress=progress)
+        plan = self.plan(trace, [target])
+        return trace, self.assemble(trace, [target], plan, progress=progress)[target]
+
+    def assemble(self, trace: Trace, targets: Sequence[Target], plan: Plan, *,
+                 progress: bool = False) -> dict[Target, torch.Tensor]:
+        """Every requested Jacobian whole, (d_model, n_tokens, d_model) each, from :meth:`blocks` (small inputs;
+        stores take the blocks as they come)."""
+        n = trace.n_tokens
+        out = {t: torch.empty(self.d_model, n, self.d_model, dtype=self.dtype, device=self.device) for t in targets}
+        for b in self.blocks(trace, targets, plan, progress=progress):
+            out[b.target][b.start:b.stop, b.token_start:b.token_stop] = b.values
+        return out

@@ -1,0 +1,101 @@
+"""The pieces of affine families (biases, centred LayerNorms, GPT-2's ``Conv1D``, ungated MLPs), for the explicit
+sweeps (:mod:`detjac.engine.pieces.layer`).
+
+With its factors frozen an affine layer is ``out = L h + c``: the sweeps apply ``L`` only, because the offsets
+``c`` do not enter ``J`` (the engines compute the model's offset ``b`` once, by replaying the frozen factors on
+zero inputs: :mod:`detjac.engine.detach.factors`). So:
+
+- a biased projection (``nn.Linear`` with a bias, Qwen2's ``v_proj``; GPT-2's ``Conv1D``, whose weight is stored
+  transposed, (in, out)) is its weight as an (out, in) matrix; its bias is an offset;
+- a centred LayerNorm ``g ⊙ (x - mean x) s + b`` is a diagonal (frozen scale ``s`` per position, gain ``g``)
+  after the centring projection ``C = I - 11ᵀ/d``; folded into a core, ``C`` goes into the projection next to
+  it: ``W g C`` subtracts each row's mean of ``W g`` (before the core), ``g C W`` each column's mean of ``W``
+  (after it); ``b`` is an offset;
+- an ungated MLP container (GPT-2's ``c_fc``, activation, ``c_proj``) is the gated-MLP piece with the frozen
+  ratio ``r(z)`` of its activation (``act(z) = z r(z)``) as the gate;
+- GPT-2's fused ``c_attn`` holds [q | k | v] along its output columns: the value projection is the last third.
+
+Scope of exactness: the same frozen factors as the autograd sweeps; :func:`layer_offsets` lets
+:func:`~detjac.engine.pieces.layer.check_layer` compare the pieces with the layer's output less its offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from ..detach.factors import FactorTape
+from ..detach.wrappers import DetachedActivation
+
+
+def projection(module: Any, affine: bool) -> torch.Tensor | str:
+    """The (out, in) weight of a projection on the linear path, or why it is not one (a bias only where the family
+    declares itself affine: the bias is an offset, outside ``J``)."""
+    if type(module) is nn.Linear and (module.bias is None or affine):
+        return module.weight
+    if type(module) is Conv1D and affine:  # GPT-2: y = x W + b with W (in, out)
+        return module.weight.T
+    return f"{type(module).__name__} is not a bias-free nn.Linear" + (" or a Conv1D" if affine else "")
+
+
+def centre(core: Any, before: bool) -> None:
+    """Fold a centring ``x - mean(x)`` into the core's projection next to it: before the core, each row of the
+    input projection loses its mean (``W C``); after it, each column of the output projection (``C W``)."""
+    if hasattr(core, "centre"):
+        core.centre(before)
+        return
+    name = {"Mlp": ("up", "down"), "Attention": ("value", "out")}[type(core).__name__][0 if before else 1]
+    w = getattr(core, name)
+    setattr(core, name, w - w.mean(dim=1 if before else 0, keepdim=True))
+
+
+def attention_weights(module: nn.Module, heads: int, kvh: int, hd: int, affine: bool
+                      ) -> tuple[torch.Tensor | str, torch.Tensor | str]:
+    """(value (kv_heads * hd, d), output (d, heads * hd)) projections of an attention block: ``v_proj``, a fused
+    ``qkv_proj`` [q | k | v] (Phi3) or GPT-2's fused ``c_attn``; ``o_proj`` or GPT-2's ``c_proj``."""
+    if hasattr(module, "v_proj"):
+        value = projection(module.v_proj, affine)
+    elif hasattr(module, "qkv_proj"):  # fused [q | k | v] rows (Phi3)
+        value = projection(module.qkv_proj, affine)
+        value = value if isinstance(value, str) else value[(heads + kvh) * hd:]
+    elif hasattr(module, "c_attn"):  # fused [q | k | v] output columns of a Conv1D (GPT-2)
+        value = projection(module.c_attn, affine)
+        value = value if isinstance(value, str) else value[(heads + kvh) * hd:]
+    else:
+        value = f"{type(module).__name__} has none of v_proj, qkv_proj, c_attn"
+    out_proj = getattr(module, "o_proj", None) or getattr(module, "c_proj", None)
+    out = projection(out_proj, affine) if out_proj is not None else f"{type(module).__name__} has no o_proj, c_proj"
+    return value, out
+
+
+def ungated_mlp(module: nn.Module, children: list[nn.Module], factor: torch.Tensor, affine: bool,
+                make: Callable[..., Any]) -> Any:
+    """An MLP container ``proj_out(act(proj_in(x)))`` (dropouts aside; ``children``: its children while it ran) with
+    the activation's ratio frozen, as the gated-MLP piece ``make(up, down, gate)``, or why it is not one."""
+    parts = [c for c in children if not isinstance(c, nn.Dropout | nn.Identity) or c.training]
+    acts = [c for c in parts if isinstance(c, DetachedActivation) and c.detach]
+    projections = [projection(c, affine) for c in parts if c not in acts]
+    if len(acts) != 1 or len(projections) != 2:
+        return f"{type(module).__name__} is not a projection, a detached activation and a projection"
+    problem = next((p for p in projections if isinstance(p, str)), None)
+    if problem is not None:
+        return problem
+    gate = factor.reshape(-1, factor.shape[-1])  # (n, ffn)
+    up, down = projections  # in registration order, unless the shapes say otherwise (GPT-2 registers c_proj first)
+    if up.shape[0] != gate.shape[1] or down.shape[1] != gate.shape[1]:
+        down, up = projections
+    return make(up, down, gate)
+
+
+def layer_offsets(step: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], factors: list[Any],
+                  h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's offsets ``c`` (output, mid residual), each (n, d): the layer run on zero inputs with the frozen
+    factors of its real input replayed (``factors``, in call order)."""
+    tape = FactorTape()
+    tape.factors = list(factors)
+    with tape.replaying_factors(), torch.no_grad():
+        return step(torch.zeros_like(h))

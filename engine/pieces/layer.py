@@ -1,0 +1,323 @@
+"""A detached decoder layer as explicit linear pieces, for the explicit sweeps (:mod:`detjac.engine.streamed.adjoint`,
+:mod:`detjac.engine.inmemory.model_pieces`).
+
+Once its factors are frozen, a decoder layer is ``mid = h + A(h)``, ``out = mid + M(mid)`` (a post-norm layer:
+``mid = N1(h + A(h))``, ``out = N2(mid + M(mid))``), and each residual branch is a chain of a few kinds of
+pieces, read from the family declaration's wrappers (:mod:`detjac.engine.pieces.record`):
+
+- a norm (:class:`~detjac.engine.detach.wrappers.DetachedNorm`, RMS or a centred LayerNorm): a diagonal, its frozen
+  per-position scale ``s`` (n,) times its gain ``g = offset + w`` (d,), after the centring ``x - mean(x)``
+  for a LayerNorm (its bias is an offset, outside ``J``);
+- a gated MLP (:class:`~detjac.engine.detach.wrappers.DetachedGatedMLP`, plain or fused): ``W_down (a ⊙ W_up x)``
+  with the frozen gate ``a = act(gate(x))`` (n, ffn), or, in the ``gate`` convention,
+  ``W_down (a ⊙ W_gate x)`` with ``a = up(x) act(g) / g`` frozen; an ungated MLP is the same with the
+  activation's frozen ratio as ``a`` (:mod:`detjac.engine.pieces.affine`);
+- a mixture of experts: a gated MLP per expert over the positions routed to it (:mod:`detjac.engine.pieces.experts`);
+- an attention block of the family's declared classes: ``W_o [P_h V_kv(h)]_h`` with ``V = x W_v^T``
+  and the frozen probabilities ``P`` (heads, n, n), grouped over shared key-value heads;
+- a dropout in eval mode: the identity.
+
+Each branch must be ``norms* core norms*`` with one core; the norms' diagonals are
+folded into the core once per layer (gains into the projection weights' columns or rows, the
+per-position scales into the gate or into ``P``'s columns or rows, a centring into the projection next
+to it), so applying the branch or its transpose to a block of vectors laid out as one matrix
+(block · positions × d) is two GEMMs, each core's result added to the residual inside the last one
+(:func:`plus`, ``addmm``):
+
+- the MLP's intermediate (width ffn) is made a few rows at a time (:class:`GatedRows`, 8 MiB on a
+  CPU), the gate multiplied in place while the chunk is in cache, so it is never held for the block;
+- attention computes the values (or the output projection's cotangents) transposed,
+  ``(heads · hd, block · positions)``: per head that is a plain ``(hd · block, positions)`` matrix, so
+  the product with ``P_hᵀ`` (``P_h`` going down) is one GEMM per query head, summed into its
+  key-value head's buffer in place, and the result feeds the next projection as a transposed view:
+  no layout copies, and ``P`` is never expanded over the block;
+- a mixture of experts gathers each expert's positions, two GEMMs, and adds them back (:func:`cross`).
+
+Anything else is an unknown piece: :func:`~detjac.engine.pieces.record.layer_pieces` returns why, and the
+caller falls back to ``torch.func``.
+
+Scope of exactness: the pieces are the same frozen factors the autograd sweeps use (recorded from
+the same forward pass through :func:`~detjac.engine.detach.factors.freeze` and the attention replay), so the
+two agree to rounding; :func:`check_layer` also checks that the pieces rebuild the layer's own
+output from its input before a layer's pieces are trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..detach.factors import FactorTape
+from ..detach.wrappers import DetachedNorm
+
+# a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
+# least MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
+CHUNK_BYTES = {"cpu": 8 * 2**20}
+OTHER_CHUNK_BYTES = 256 * 2**20
+MIN_CHUNK_ROWS = 256
+
+
+class GatedRows:
+    """The rows ``(x W) ⊙ gate`` (B · m, ffn) of a gated MLP, made a few rows at a time into one reused buffer, so
+    that the intermediate of width ffn is never held for the whole block (:func:`plus` adds each chunk's product)."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor) -> None:
+        self.x, self.weight, self.gate = x, weight, gate  # (B, m, d), (d, ffn), (m, ffn)
+        ffn = weight.shape[1]
+        self.rows = max(MIN_CHUNK_ROWS, CHUNK_BYTES.get(x.device.type, OTHER_CHUNK_BYTES) // (ffn * x.element_size()))
+
+    def chunks(self) -> Iterator[tuple[int, int, int, int, torch.Tensor]]:
+        """(b0, b1, p0, p1, rows (b1 - b0) · (p1 - p0) × ffn): whole vectors b0:b1, or positions p0:p1 of one."""
+        b, m, d = self.x.shape
+        k = self.rows // m  # whole vectors per chunk (0: positions of one vector at a time)
+        buf = self.x.new_empty(min(b * m, k * m if k else self.rows), self.weight.shape[1])
+        spans = ([(b0, min(b, b0 + k), 0, m) for b0 in range(0, b, k)] if k
+                 else [(b0, b0 + 1, p0, min(m, p0 + self.rows)) for b0 in range(b) for p0 in range(0, m, self.rows)])
+        for b0, b1, p0, p1 in spans:
+            z = torch.mm(self.x[b0:b1, p0:p1].reshape(-1, d), self.weight, out=buf[:(b1 - b0) * (p1 - p0)])
+            z.view(b1 - b0, p1 - p0, -1).mul_(self.gate[p0:p1])
+            yield b0, b1, p0, p1, z
+
+    def full(self) -> torch.Tensor:
+        """All rows at once (B · m, ffn)."""
+        b, m, d = self.x.shape
+        return (self.x.reshape(b * m, d) @ self.weight).view(b, m, -1).mul_(self.gate).view(b * m, -1)
+
+
+Product = tuple[torch.Tensor | GatedRows, torch.Tensor, int]  # (lhs, rhs, s): a core's result lhs @ rhs, positions s:
+
+
+@dataclass
+class Mlp:
+    """``y = W_down (gate ⊙ (x W_up^T))`` per position; norms folded in."""
+
+    up: torch.Tensor  # (ffn, d)
+    down: torch.Tensor  # (d, ffn)
+    gate: torch.Tensor  # (n, ffn)
+
+    mixes = False  # position-wise: rows s: in, rows s: out
+
+    def fold(self, scale: torch.Tensor, gain: torch.Tensor | None, before: bool) -> None:
+        self.gate = self.gate * scale[:, None]
+        if gain is not None:
+            if before:
+                self.up = self.up * gain[None, :]
+            else:
+                self.down = gain[:, None] * self.down
+
+    def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d)
+        return GatedRows(x, self.up.T, self.gate[s:]), self.down.T, s
+
+    def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s, d)
+        return GatedRows(g, self.down, self.gate[s:]), self.up, s
+
+
+@dataclass
+class Attention:
+    """``y = W_o [P_h V_{kv(h)}]_h`` with ``V = x W_v^T``; query heads ``kv * r .. kv * r + r - 1`` share
+    key-value head ``kv``. Norms folded in (scales into ``P``'s columns before, rows after)."""
+
+    value: torch.Tensor  # (kv_heads * hd, d)
+    out: torch.Tensor  # (d, heads * hd)
+    probs: torch.Tensor  # (heads, n, n)
+    kv_heads: int
+    head_dim: int
+
+    mixes = True
+
+    def fold(self, scale: torch.Tensor, gain: torch.Tensor | None, before: bool) -> None:
+        if before:
+            self.probs = self.probs * scale[None, None, :]
+            if gain is not None:
+                self.value = self.value * gain[None, :]
+        else:
+            self.probs = self.probs * scale[None, :, None]
+            if gain is not None:
+                self.out = gain[:, None] * self.out
+
+    def causal_from(self, s: int) -> bool:
+        """Whether no position before ``s`` reads a position from ``s`` on (then vectors zero before ``s`` stay so)."""
+        return s == 0 or not self.probs[:, :s, s:].any()
+
+    def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d); causal_from(s)
+        c, m, d = x.shape
+        heads, hd = self.probs.shape[0], self.head_dim
+        r = heads // self.kv_heads
+        # values transposed, (kv_heads · hd, c · m): each head's block is a plain (hd · c, m) matrix, rows (dim, vector)
+        vt = (self.value @ x.reshape(c * m, d).T).view(self.kv_heads, hd * c, m)
+        ot = vt.new_empty(heads, hd * c, m)  # each head's output transposed: (V P_h^T) in rows (dim, vector)
+        for h in range(heads):
+            torch.mm(vt[h // r], self.probs[h, s:, s:].T, out=ot[h])
+        return ot.view(heads * hd, c * m).T, self.out.T, s  # (c · m, heads · hd) as a transposed view: no copy
+
+    def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s_in, d)
+        b, m, d = g.shape
+        heads, n, hd = self.probs.shape[0], self.probs.shape[-1], self.head_dim
+        r = heads // self.kv_heads
+        rows = self.probs[:, s:]  # (heads, m, n): the queries that carry cotangents
+        used = rows.ne(0).any(dim=1).any(dim=0).nonzero()  # keys any of them reads (below a window: a band)
+        s_in = int(used[0]) if used.numel() else n
+        # the output projection's cotangents transposed, (heads · hd, B · m): per head a (hd · B, m) matrix
+        got = (self.out.T @ g.reshape(b * m, d).T).view(heads, hd * b, m)
+        gvt = got.new_empty(self.kv_heads, hd * b, n - s_in)  # per key-value head, summed over its query heads
+        for h in range(heads):
+            if h % r == 0:
+                torch.mm(got[h], rows[h, :, s_in:], out=gvt[h // r])
+            else:
+                gvt[h // r].addmm_(got[h], rows[h, :, s_in:])
+        return gvt.view(self.kv_heads * hd, b * (n - s_in)).T, self.value, s_in  # (B · (n - s_in), kv · hd), no copy
+
+
+Core = Mlp | Attention
+
+
+def plus(acc: torch.Tensor, sa: int, product: Product, own: bool = False) -> tuple[torch.Tensor, int]:
+    """``acc`` (B, n - sa, d), positions sa:, plus a core's result ``lhs @ rhs`` (B · (n - s), d), positions s:,
+    as positions min(sa, s):, the sum done by the GEMM itself (``addmm``); ``own``: ``acc`` may be added into.
+    ``lhs`` may be :class:`GatedRows` (made and added a chunk at a time)."""
+    lhs, rhs, s = product
+    b, m, d = acc.shape
+    if isinstance(lhs, GatedRows):
+        if s == sa:
+            return _plus_chunks(acc, lhs, rhs, own), sa
+        lhs = lhs.full()
+    if s == sa:
+        if own and acc.is_contiguous():
+            acc.view(b * m, d).addmm_(lhs, rhs)
+            return acc, sa
+        return torch.addmm(acc.reshape(b * m, d), lhs, rhs).view(b, m, d), sa
+    if s < sa:  # the core reaches earlier positions (attention): the sum covers them
+        out = torch.mm(lhs, rhs).view(b, m + sa - s, d)
+        out[:, sa - s:] += acc
+        return out, s
+    out = acc if own else acc.clone()
+    out[:, s - sa:] += (lhs @ rhs).view(b, -1, d)
+    return out, sa
+
+
+def _plus_chunks(acc: torch.Tensor, lhs: GatedRows, rhs: torch.Tensor, own: bool) -> torch.Tensor:
+    """``acc`` (B, m, d) plus ``lhs @ rhs``, one chunk of rows at a time, each sum inside its GEMM."""
+    into = own and acc.is_contiguous()
+    out = acc if into else torch.empty(acc.shape, dtype=acc.dtype, device=acc.device)
+    d = acc.shape[-1]
+    for b0, b1, p0, p1, z in lhs.chunks():
+        dst = out[b0:b1, p0:p1].view(-1, d)  # a view: whole vectors, or positions of one vector
+        if into:
+            dst.addmm_(z, rhs)
+        else:
+            torch.addmm(acc[b0:b1, p0:p1].reshape(-1, d), z, rhs, out=dst)
+    return out
+
+
+def cross(acc: torch.Tensor, sa: int, core: Any, x: torch.Tensor, s: int, up: bool, own: bool = False
+          ) -> tuple[torch.Tensor, int]:
+    """``acc`` (B, n - sa, d), positions sa:, plus ``core`` applied to ``x`` (positions s:), going up (``push``) or
+    down (``pull``, its transpose). A core that adds its result itself (``push_into`` / ``pull_into``: a mixture of
+    experts, whose experts read different positions) does; the others' one GEMM goes through :func:`plus`."""
+    direct = getattr(core, "push_into" if up else "pull_into", None)
+    if direct is not None:
+        return direct(acc, sa, x, s, own)
+    return plus(acc, sa, (core.push if up else core.pull)(x, s), own)
+
+
+@dataclass
+class LayerPieces:
+    """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``; in a post-norm layer (BERT) the
+    residual sums go through norms: ``mid = N1(h + first(h))``, ``out = N2(mid + second(mid))``."""
+
+    first: Core
+    second: Core
+    first_norm: NormPiece | None = None
+    second_norm: NormPiece | None = None
+
+
+def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int
+               ) -> tuple[torch.Tensor, int]:
+    """Cotangents (B, n, d) at a layer's output and mid residual (None: zero), zero before position ``s`` (< n),
+    -> (B, n, d) at its input, and the first position from which they may be nonzero."""
+    n = g_out.shape[1]
+    top = g_out[:, s:]
+    if pieces.second_norm is not None:
+        top = pieces.second_norm.transpose(top, s)
+    gm, sm = cross(top, s, pieces.second, top, s, up=False)  # the residual passes the output's on
+    if g_mid is not None:
+        gm[:, s - sm:] += g_mid[:, s:]
+    if pieces.first_norm is not None:
+        gm = pieces.first_norm.transpose(gm, sm)
+    gi, si = cross(gm, sm, pieces.first, gm, sm, up=False, own=True)
+    if si == 0:
+        return gi, 0
+    full = gi.new_zeros(gi.shape[0], n, gi.shape[2])
+    full[:, si:] = gi
+    return full, si
+
+
+def push_layer(pieces: LayerPieces, tangent: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tangents (c, n - s, d) at a layer's input (positions s:) -> (at its output, at its mid residual)."""
+    t_mid = cross(tangent, s, pieces.first, tangent, s, up=True)[0]
+    if pieces.first_norm is not None:
+        t_mid = pieces.first_norm.apply(t_mid, s)
+    t_out = cross(t_mid, s, pieces.second, t_mid, s, up=True)[0]
+    return (pieces.second_norm.apply(t_out, s) if pieces.second_norm is not None else t_out), t_mid
+
+
+@dataclass
+class NormPiece:
+    """A frozen norm: per-position scale (n,), gain (d,) or None (no weight), and for a LayerNorm the centring
+    ``x - mean(x)`` first (its bias is an offset, outside ``J``)."""
+
+    scale: torch.Tensor
+    gain: torch.Tensor | None
+    center: bool = False
+
+    def apply(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
+        if self.center:
+            x = x - x.mean(-1, keepdim=True)
+        y = x * self.scale[s:, None]
+        return y * self.gain if self.gain is not None else y
+
+    def transpose(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
+        y = (x * self.gain if self.gain is not None else x) * self.scale[s:, None]
+        return y - y.mean(-1, keepdim=True) if self.center else y
+
+
+def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece | str:
+    """A detached norm (RMS, or a centred LayerNorm) with its frozen scale (n,) as a :class:`NormPiece`, or why it
+    is not a known piece."""
+    if not isinstance(norm, DetachedNorm) or not norm.detach:
+        return f"{type(norm).__name__} is not a detached norm"
+    weight = getattr(norm.inner, "weight", None)
+    if weight is None:  # output norm(x) * offset, or norm(x)
+        return NormPiece(scale * norm.offset if norm.offset else scale, None, norm.center)
+    weight = weight.to(scale.dtype)
+    return NormPiece(scale, weight + norm.offset if norm.offset else weight, norm.center)
+
+
+def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece | str:
+    """The norm ``norm`` at ``x`` (n, d) as a :class:`NormPiece`, or why it is not a known piece."""
+    if not isinstance(norm, DetachedNorm):
+        return f"{type(norm).__name__} is not a detached norm"
+    tape = FactorTape()
+    with tape.recording(), torch.no_grad():
+        norm(x)
+    return norm_piece(norm, tape.factors[0].reshape(-1))
+
+
+def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: torch.Tensor) -> str | None:
+    """None if the pieces rebuild the layer's (out, mid) from its input ``h`` (n, d), else what differs.
+
+    The bound is loose (1e-9 in float64, 1e-3 in float32, 5e-2 below): it catches a wrong wiring or an
+    unfolded factor, whose errors are of order one; exactness itself is what the tests prove.
+    """
+    bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(h.dtype, 5e-2)
+    with torch.no_grad():
+        out_hat, mid_hat = (t[0] for t in push_layer(pieces, h[None], 0))
+    for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):
+        err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
+        if not err <= bound:
+            return f"its pieces rebuild the layer's {name} with relative error {err:.1e} (bound {bound:g})"
+    return None

@@ -1,0 +1,88 @@
+"""A post-norm layer (BERT) as explicit pieces, for the explicit sweeps (:mod:`detjac.engine.pieces.layer`).
+
+A BERT layer is ``mid = N1(h + W_o [P_h V_h(h)]_h)``, ``out = N2(mid + W_2 (r ⊙ W_1 mid))``: the norms sit on
+the residual sums, inside the sublayers' output modules (``BertSelfOutput``, ``BertOutput``: a projection, a
+dropout, then a LayerNorm of the projection plus the sublayer's input), so they cannot be folded into a core.
+The layer is read as:
+
+- the attention block's children: the attention (its value projection; the probabilities ``P`` frozen) and
+  the output module (``W_o``, then ``N1`` with its scale frozen);
+- the MLP input module (``W_1`` and the ungated activation with its ratio ``r`` frozen) and the output module
+  (``W_2``, then ``N2``);
+
+giving :class:`~detjac.engine.pieces.layer.LayerPieces` with ``first_norm`` and ``second_norm`` set, which
+:func:`~detjac.engine.pieces.layer.push_layer` / :func:`~detjac.engine.pieces.layer.pull_layer` apply after each residual
+sum (their transposes before it, going down). Biases and the norms' biases are offsets, outside ``J``.
+
+Scope of exactness: the same frozen factors as the autograd path, and the same
+:func:`~detjac.engine.pieces.layer.check_layer` before the pieces are trusted; a layer of another shape is refused
+with the reason (and the engine falls back to ``torch.func``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..detach.wrappers import DetachedActivation, DetachedNorm
+from .affine import projection
+from .layer import Attention, LayerPieces, Mlp, NormPiece, norm_piece
+
+
+def post_norm_pieces(record: Any) -> LayerPieces | str:
+    """A post-norm layer's :class:`~detjac.engine.pieces.record.LayerRecord` as pieces (see the module docstring),
+    or why it is not one."""
+    family, factors = record.family, record.factors
+    first, second = ([c for c in part if not _identity(c[1])] for part in record.branches)
+    shape = "an attention block, then an MLP input and an MLP output module"
+    if len(first) != 1 or len(second) != 2 or len(record.probs) != 1:
+        return f"a post-norm layer that is not {shape}"
+    _, block, f0, f1, _ = first[0]
+    inner = [m for m in block.children() if not _identity(m)]
+    attention = [m for m in inner if type(m) in family.attentions]
+    if len(inner) != 2 or len(attention) != 1 or f1 - f0 != 2:
+        return f"{type(block).__name__} is not an attention and a post-norm residual sum"
+    summed = _residual_sum(next(m for m in inner if m is not attention[0]), factors[f1 - 1], family.affine)
+    core = _attention(attention[0], record.probs[0], summed, family.affine)
+    if isinstance(core, str):
+        return core
+    (_, mlp_in, a0, a1, _), (_, mlp_out, b0, b1, _) = second
+    parts = [m for m in mlp_in.children() if not _identity(m)]
+    if len(parts) != 2 or not isinstance(parts[1], DetachedActivation) or a1 != a0 + 1 or b1 != b0 + 1:
+        return f"{type(mlp_in).__name__} is not a projection and a detached activation"
+    up, down_norm = projection(parts[0], family.affine), _residual_sum(mlp_out, factors[b0], family.affine)
+    if isinstance(up, str) or isinstance(down_norm, str):
+        return up if isinstance(up, str) else down_norm  # type: ignore[return-value]
+    gate = factors[a0].reshape(-1, up.shape[0])  # (n, ffn): the activation's frozen ratio
+    assert not isinstance(summed, str)  # checked by _attention
+    return LayerPieces(core, Mlp(up, down_norm[0], gate), summed[1], down_norm[1])
+
+
+def _identity(module: nn.Module) -> bool:
+    return isinstance(module, nn.Dropout | nn.Identity) and not module.training
+
+
+def _residual_sum(module: nn.Module, factor: torch.Tensor, affine: bool) -> tuple[torch.Tensor, NormPiece] | str:
+    """An output module ``N(W x + residual)`` (dropouts aside) as (W, N with its frozen scale), or why it is not."""
+    parts = [m for m in module.children() if not _identity(m)]
+    if len(parts) != 2 or not isinstance(parts[1], DetachedNorm):
+        return f"{type(module).__name__} is not a projection and a norm of the residual sum"
+    weight, norm = projection(parts[0], affine), norm_piece(parts[1], factor.reshape(-1))
+    if isinstance(weight, str) or isinstance(norm, str):
+        return weight if isinstance(weight, str) else norm  # type: ignore[return-value]
+    return weight, norm
+
+
+def _attention(module: Any, probs: torch.Tensor, summed: Any, affine: bool) -> Attention | str:
+    """A self-attention without its own output projection (BERT's ``value``; ``W_o`` is in the output module)."""
+    if isinstance(summed, str):
+        return summed
+    heads, hd = int(module.num_attention_heads), int(module.attention_head_size)
+    value = projection(getattr(module, "value", None), affine)
+    if isinstance(value, str):
+        return value
+    if value.shape[0] != heads * hd or summed[0].shape[1] != heads * hd or probs.shape[0] != heads:
+        return f"{type(module).__name__}: head shapes that do not match the config"
+    return Attention(value, summed[0], probs, heads, hd)

@@ -1,0 +1,204 @@
+"""How the layer-streamed sweeps move a block of vectors through one layer: by ``torch.func`` or explicitly.
+
+:mod:`detjac.engine.streamed.passes` decides which targets' vectors go where; a :class:`LayerAdjoint` moves
+a block of them through one decoder layer (or the final norm), down in reverse mode (``pull_*``,
+``Jᵀ``) and up in forward mode (``push_*``, ``J``). Two implementations, chosen by
+:func:`make_adjoint` (``StreamedModel(sweeps=...)``, or the ``DETJAC_SWEEPS`` environment variable):
+
+``autograd`` (:class:`AutogradAdjoint`)
+    ``torch.func.vjp`` / ``jvp`` of the detached layer, vmapped over the block: the reference.
+    It works for any layer, detached or not, but ``vmap`` expands the frozen attention
+    probabilities over the block (block × heads × n × n per layer) and runs every autograd node
+    as its own small kernel.
+``explicit`` (:class:`ExplicitAdjoint`, the default)
+    The layer's transpose applied directly, piece by piece (:mod:`detjac.engine.pieces.layer`): the
+    block is one matrix (block · positions × d), every projection one GEMM, the attention one
+    product with ``P_hᵀ`` (``P_h`` going up) per query head on the block laid out transposed (no
+    layout copies), ``P`` held once, the MLP's intermediate made a few rows at a time; norm
+    scales and gains are folded into the neighbouring weights, gates and ``P``. A layer with a
+    piece it does not know (or the ordinary, not detached, Jacobian) goes through
+    :class:`AutogradAdjoint` instead; the first such layer says so once (a ``RuntimeWarning``).
+
+Scope of exactness: both compute the same linear map from the same frozen factors; the tests hold
+them equal to 1e-12 in float64 for every streamable family and target, in both modes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from ..pieces.layer import LayerPieces, check_layer, frozen_norm, pull_layer, push_layer
+from ..pieces.record import layer_pieces
+from ..pieces.runner import chosen_sweeps
+from .skeleton import Skeleton
+from .tracing import LayerSteps, StreamedTrace
+
+
+class AutogradAdjoint:
+    """Vectors through one layer by ``torch.func.vjp`` / ``jvp`` vmapped over the block (the reference)."""
+
+    name = "autograd"
+
+    def __init__(self, sk: Skeleton, steps: LayerSteps) -> None:
+        self.sk, self.steps = sk, steps
+
+    def sizing(self) -> str:
+        """The sweeps the cost model sizes blocks for (:class:`~detjac.engine.streamed.cost.CostModel`)."""
+        return self.name
+
+    def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
+        """(B, d) cotangents of the final normed state at the position -> (B, n, d) at the last layer's output."""
+        _, pull = torch.func.vjp(self.steps.final(trace.position), trace.inputs[-1].to(self.sk.device))
+        with torch.no_grad():
+            return torch.func.vmap(pull)(seed)[0]
+
+    def pull_final_every(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) cotangents of the final normed state at every position -> (B, n, d) at the last layer's output
+        (each position through its own norm)."""
+        _, pull = torch.func.vjp(self.steps.norm, trace.inputs[-1].to(self.sk.device))
+        with torch.no_grad():
+            return torch.func.vmap(pull)(seed)[0]
+
+    def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
+                   g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
+        """Cotangents (B, n, d) at layer ``i``'s output and mid residual (None: zero), zero before position ``s``,
+        -> (B, n, d) at its input ``h``, and the start actually used (0 where a suffix could not run)."""
+        n = h.shape[0]
+        step = self.steps.pulled_suffix_step(i, trace.calls, h, s) if 0 < s < n else None
+        if step is None:
+            step, s = self.steps.step(i, trace.calls), 0
+        if g_mid is None:  # only the output's cotangents: the mid residual is not pulled back
+            _, pull = torch.func.vjp(lambda x, step=step: step(x)[0], h)
+            cotangents: Any = g_out[:, s:]
+        else:
+            _, pull = torch.func.vjp(step, h)
+            cotangents = (g_out[:, s:], g_mid[:, s:])
+        with torch.no_grad():
+            return torch.func.vmap(pull)(cotangents)[0], s
+
+    def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Tangents (c, n - s, d) at layer ``i``'s input, zero before ``s`` (not carried) -> (the tangents, zeros put
+        back in front where a suffix could not run; at the output; at the mid residual; the start used)."""
+        c, d = tangent.shape[0], tangent.shape[-1]
+        with torch.no_grad():
+            step = self.steps.suffix_step(i, trace.calls, h, s) if s > 0 else None
+            if step is None:
+                if s > 0:  # not truncatable exactly: carry the zeros again
+                    tangent = torch.cat([tangent.new_zeros(c, s, d), tangent], dim=1)
+                    s = 0
+                step = self.steps.step(i, trace.calls)
+            hs = h[s:]
+            t_out, t_mid = torch.func.vmap(lambda v: torch.func.jvp(step, (hs,), (v,))[1])(tangent)
+        return tangent, t_out, t_mid, s
+
+    def push_final(self, trace: StreamedTrace, tangent: torch.Tensor, s: int) -> torch.Tensor:
+        """Tangents (c, n - s, d) at the last layer's output -> (c, d) of the final normed state at the position."""
+        p = trace.position
+        if p < s:
+            return tangent.new_zeros(tangent.shape[0], tangent.shape[-1])
+        h = trace.inputs[-1][s:].to(self.sk.device)
+        with torch.no_grad():
+            return torch.func.vmap(lambda v: torch.func.jvp(self.steps.final(p - s), (h,), (v,))[1])(tangent)
+
+
+class ExplicitAdjoint(AutogradAdjoint):
+    """Vectors through one layer by its pieces' transposes as plain matmuls (see the module docstring)."""
+
+    name = "explicit"
+
+    def __init__(self, sk: Skeleton, steps: LayerSteps) -> None:
+        super().__init__(sk, steps)
+        self._checked: set[int] = set()  # layers whose pieces rebuilt the layer's own output once
+        self._unknown: dict[int, str] = {}  # layers with an unknown piece, and why
+        self._warned = False
+
+    def sizing(self) -> str:
+        return "autograd" if self._unknown else self.name  # once a layer has fallen back, size for torch.func
+
+    def _fallback(self, where: str, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.steps.family.name} {where}: {why}; its sweeps go through torch.func "
+                          "(the autograd sweeps) instead of explicit matmuls.", RuntimeWarning, stacklevel=4)
+
+    def _pieces(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> LayerPieces | None:
+        if not self.steps.detach or i in self._unknown:
+            return None
+        pieces, out, mid = layer_pieces(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h)
+        if isinstance(pieces, LayerPieces) and i not in self._checked:
+            problem = check_layer(pieces, h, out, mid)
+            if problem is None:
+                self._checked.add(i)
+            else:
+                pieces = problem
+        if isinstance(pieces, str):
+            self._unknown[i] = pieces
+            self._fallback(f"layer {i}", pieces)
+            return None
+        self.sk.stats.explicit_layers += 1
+        return pieces
+
+    def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
+        p, h = trace.position, trace.inputs[-1].to(self.sk.device)
+        norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1]) if self.steps.detach else "not detached"
+        if isinstance(norm, str):
+            if self.steps.detach:
+                self._fallback("final norm", norm)
+            return super().pull_final(trace, seed)
+        g = seed.new_zeros(seed.shape[0], h.shape[0], h.shape[1])
+        g[:, p] = norm.transpose(seed[:, None])[:, 0]
+        return g
+
+    def pull_final_every(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
+        h = trace.inputs[-1].to(self.sk.device)
+        norm = frozen_norm(self.sk.decoder.norm, h) if self.steps.detach else "not detached"
+        if isinstance(norm, str):
+            return super().pull_final_every(trace, seed)
+        return norm.transpose(seed)
+
+    def push_final(self, trace: StreamedTrace, tangent: torch.Tensor, s: int) -> torch.Tensor:
+        p, h = trace.position, trace.inputs[-1].to(self.sk.device)
+        norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1]) if self.steps.detach else "not detached"
+        if isinstance(norm, str) or p < s:
+            return super().push_final(trace, tangent, s)
+        return norm.apply(tangent[:, p - s][:, None])[:, 0]
+
+    def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
+                   g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
+        pieces = self._pieces(i, trace, h)
+        if pieces is None:
+            return super().pull_layer(i, trace, h, g_out, g_mid, s)
+        s = 0 if s >= h.shape[0] else s
+        if s > 0:
+            self.sk.stats.pulled_suffix_layers += 1
+        with torch.no_grad():
+            return pull_layer(pieces, g_out, g_mid, s)
+
+    def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        pieces = self._pieces(i, trace, h)
+        if pieces is None:
+            return super().push_layer(i, trace, h, tangent, s)
+        if s > 0 and not all(getattr(c, "causal_from", lambda s: True)(s) for c in (pieces.first, pieces.second)):
+            tangent = torch.cat([tangent.new_zeros(tangent.shape[0], s, tangent.shape[2]), tangent], dim=1)
+            s = 0
+        if s > 0:
+            self.sk.stats.suffix_layers += 1
+        with torch.no_grad():
+            t_out, t_mid = push_layer(pieces, tangent, s)
+        return tangent, t_out, t_mid, s
+
+
+def make_adjoint(sk: Skeleton, steps: LayerSteps, sweeps: str | None = None) -> AutogradAdjoint:
+    """The sweeps' way through a layer (:func:`chosen_sweeps`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Another name.
+    """
+    return (ExplicitAdjoint if chosen_sweeps(sweeps) == "explicit" else AutogradAdjoint)(sk, steps)

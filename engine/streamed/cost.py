@@ -1,0 +1,197 @@
+"""The cost model and block sizing of the layer-streamed engine.
+
+Units: one vector of n_tokens positions through one layer. Reverse mode costs
+``d_model * sum(depth(t))`` over the requested targets (depth: layers between the target and
+the input, :func:`depth`), less nearly one layer per target at the top of a sweep (there only
+the value projection runs over every position). Forward mode costs ``n_tokens * d_model *
+max(depth(t))`` without truncation; the layers are causal, so the tangents of tokens
+``k0:k1`` are carried over positions ``k0:`` only, which brings its cost to
+``sum over blocks (k1 - k0) * d_model * (n_tokens - k0) / n_tokens`` per layer
+(:meth:`CostModel.forward_vectors`), about half for small blocks. ``mode="auto"`` takes
+forward mode for the cumulative targets when it is cheaper (many layers, short prompt) and
+reverse mode otherwise; per-layer (``*_local``) targets are always reverse mode (one layer each), and
+so are ``to_output.L`` targets with the output: the output's cotangents at layer ``L`` are their rows,
+read off its reverse sweep at no extra cost.
+
+Memory: without a budget, a row block holds as many vectors as fit in ``UNBUDGETED_BLOCK_BYTES`` (512 MiB,
+at least 64 rows), since every block is one more pass over the weights. With a budget for the compute device,
+the block is sized so that one layer (twice,
+while the next is read), the trace, what a layer holds whatever the block (:meth:`CostModel.layer_bytes_held`)
+and the block's vectors fit (:meth:`CostModel.plan`); one vector costs :meth:`CostModel.vector_bytes`. Both
+depend on how a block crosses a layer (``sweeps``, :mod:`detjac.engine.streamed.adjoint`):
+
+``explicit``
+    Per vector of n positions: its cotangents (or tangents) at the layer's output, mid residual and
+    input, the seed, and attention's two transposed intermediates (widths q and kv): ``n (4 d + q + kv)``
+    numbers. Per layer, whatever the block: the frozen probabilities ``P`` (heads × n × n), held once and
+    three times while the layer's forward records and folds them, the gates (n × ffn, twice), the
+    layer's forward at n positions, a copy of its weights with the norm gains folded in, and one chunk
+    of the MLP's intermediate (at most ``max(8 MiB, 256 ffn)`` numbers' bytes).
+``autograd``
+    Per vector: ``vmap`` expands ``P`` over the block, so ``heads n²`` numbers, plus the vjp's or jvp's
+    intermediates, ``n (4 d + 2 ffn)``. Per layer: the layer's forward at n positions.
+
+Both are upper bounds, checked against the peak resident memory of the trace and one row block in
+``benchmarks/adjoint_sweeps.py --memory-model`` (docs/benchmarks.md). The explicit sweeps' figures add the
+forward's transients to the block's peak, which in fact come at different times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from detjac.errors import InvalidArgumentError
+from detjac.targets import Target
+
+from ..interface import Plan
+from ..pieces import layer as pieces
+
+DEFAULT_ROW_BLOCK = 64
+# Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
+# block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
+UNBUDGETED_BLOCK_BYTES = 512 * 2**20
+MODES = ("auto", "reverse", "forward")
+
+
+def depth(t: Target, n_layers: int) -> float:
+    """Layers between the target and the vectors' seed, for the cost model."""
+    if t.local:
+        return 1.0
+    if t.is_output:
+        return float(n_layers)
+    if t.is_to_output:
+        return float(n_layers - 1 - t.layer)
+    return t.layer + (0.5 if t.base in ("attn", "resid_mid") else 1.0)
+
+
+def reverse_only(t: Target, targets: Sequence[Target]) -> bool:
+    """Whether ``t`` is computed in reverse mode whatever the plan: per-layer targets (one layer each),
+    ``to_output`` targets and, when one is requested, the output (their rows are its cotangents)."""
+    return t.local or t.is_to_output or (t.is_output and any(u.is_to_output for u in targets))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The shapes that decide cost and memory: hidden and MLP sizes, layers, bytes per number and per layer.
+
+    ``budget`` is the compute device's memory budget in bytes (None: no budget).
+    """
+
+    d_model: int
+    ffn: int
+    n_layers: int
+    itemsize: int
+    layer_bytes: int
+    detach: bool = True
+    budget: int | None = None
+    device: str = "cpu"
+    heads: int = 1  # query heads; q, kv: the widths of all query and key-value heads (None: d_model)
+    q: int | None = None
+    kv: int | None = None
+    sweeps: str = "explicit"  # how a block crosses a layer: explicit or autograd (the ordinary Jacobian: autograd)
+
+    @property
+    def explicit(self) -> bool:
+        return self.sweeps == "explicit" and self.detach
+
+    def vector_bytes(self, n: int) -> int:
+        """Bytes one vector of the block costs while it crosses one layer at ``n`` tokens."""
+        d, q, kv = self.d_model, self.q or self.d_model, self.kv or self.d_model
+        if self.explicit:
+            return self.itemsize * n * (4 * d + q + kv)
+        return self.itemsize * (n * (4 * d + 2 * self.ffn) + self.heads * n * n)
+
+    def layer_bytes_held(self, n: int, vectors: int | None = None) -> int:
+        """Bytes a layer's crossing holds beside the block's vectors at ``n`` tokens (its weights aside); the MLP's
+        chunk is at most the whole intermediate of ``vectors`` vectors (None: any number)."""
+        d, f, q, kv = self.d_model, self.ffn, self.q or self.d_model, self.kv or self.d_model
+        forward = n * (4 * f + 3 * d + q + 2 * kv) + 2 * self.heads * n * n  # the layer run once on n positions
+        if not self.explicit:
+            return self.itemsize * forward
+        chunk = max(pieces.CHUNK_BYTES.get(self.device.split(":")[0], pieces.OTHER_CHUNK_BYTES),
+                    pieces.MIN_CHUNK_ROWS * f * self.itemsize)  # the MLP's intermediate, a chunk at a time
+        if vectors is not None:
+            chunk = min(chunk, vectors * n * f * self.itemsize)
+        return self.itemsize * (forward + self.heads * n * n + 2 * n * f) + self.layer_bytes + chunk
+
+    def trace_bytes(self, n: int) -> int:
+        """The trace: every layer's input and mid residual, and the final states (n × d each)."""
+        return (2 * self.n_layers + 2) * n * self.d_model * self.itemsize
+
+    def block_bytes(self, n: int, vectors: int) -> int:
+        """What a block of ``vectors`` adds at ``n`` tokens, on top of the layer being read: the trace, what a layer
+        holds, the block's vectors."""
+        return self.trace_bytes(n) + self.layer_bytes_held(n, vectors or None) + vectors * self.vector_bytes(n)
+
+    def vector_budget(self, n: int) -> int | None:
+        """Bytes left for the block: the budget less one layer (twice while it is read), the trace and what a
+        layer's crossing holds whatever the block."""
+        if self.budget is None:
+            return None
+        return max(0, self.budget - 2 * self.layer_bytes - self.block_bytes(n, 0))
+
+    def forward_vectors(self, n: int, token_block: int) -> float:
+        """Forward mode's vectors per layer, in units of n positions: a block of tokens ``k0:k1`` carries
+        ``(k1 - k0) * d`` tangents over positions ``k0:`` only (causal truncation, detached models)."""
+        if not self.detach:
+            return float(n * self.d_model)
+        return sum(min(token_block, n - k0) * self.d_model * (n - k0) / n for k0 in range(0, n, token_block))
+
+    def plan(self, n: int, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
+             token_block: int | None = None) -> Plan:
+        """Split ``targets`` between reverse and forward mode and size the blocks for a prompt of ``n`` tokens.
+
+        Raises
+        ------
+        InvalidArgumentError
+            An unknown mode, a non-positive block, or a budget too small for one layer and one block.
+        """
+        check_request(mode, row_block, token_block)
+        d, L = self.d_model, self.n_layers
+        cumulative = [t for t in targets if not reverse_only(t, targets)]
+        budget = self.vector_budget(n)
+        rows_fit = budget // self.vector_bytes(n) if budget is not None else None
+        if token_block is None:
+            token_block = max(1, n // 4) if rows_fit is None else min(n, rows_fit // d)
+        reverse_cost = d * sum(depth(t, L) for t in cumulative)
+        forward_cost = self.forward_vectors(n, max(1, token_block)) * max((depth(t, L) for t in cumulative),
+                                                                          default=0.0)
+        forward_ok = mode == "forward" or (mode == "auto" and forward_cost < reverse_cost
+                                           and (rows_fit is None or rows_fit >= d))
+        fwd = sorted(cumulative) if forward_ok and cumulative else []
+        rev = sorted(t for t in targets if t not in fwd)
+        n_rev = max(1, len(rev))
+        if row_block is None:
+            if rows_fit is None:
+                row_block = min(d, max(DEFAULT_ROW_BLOCK, UNBUDGETED_BLOCK_BYTES // self.vector_bytes(n) // n_rev))
+            else:
+                row_block = min(d, rows_fit // n_rev)
+            if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
+                row_block = -(-d // -(-d // row_block))
+        if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
+            raise InvalidArgumentError(
+                f"Expected a memory budget that holds one layer ({self.layer_bytes / 2**30:.2f} GiB) and at least "
+                f"{n_rev if rev else d} vectors of {self.vector_bytes(n) / 2**20:.1f} MiB. Got "
+                f"{self.budget / 2**30:.2f} GiB for {self.device}: raise --max-memory."
+            )
+        row_block, token_block = max(1, row_block), max(1, token_block)
+        return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,
+                    -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
+
+
+def check_request(mode: str, row_block: int | None, token_block: int | None) -> None:
+    """A known mode, and blocks that are None (sized by the plan) or positive integers."""
+    if mode not in MODES:
+        raise InvalidArgumentError(f"Expected mode auto, reverse or forward. Got {mode!r}.")
+    for name, value in (("row_block", row_block), ("token_block", token_block)):
+        if value is not None:
+            check_positive(name, value)
+
+
+def check_positive(name: str, value: Any) -> int:
+    """``value`` as a positive int (a bool is not one), or an :class:`InvalidArgumentError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r} instead.")
+    return value

@@ -1,0 +1,247 @@
+"""Weights and skeleton of the layer-streamed engine: one decoder layer in memory at a time.
+
+:class:`Skeleton` builds the model with every parameter on the ``meta`` device (buffers such
+as rotary tables are real) and materializes one decoder layer's parameters at a time from a
+:class:`~detjac.engine.checkpoints.weights.WeightSource` (a checkpoint's safetensors shards, read layer by
+layer, or a loaded model's own tensors), in the compute dtype and on the compute device,
+dequantizing 4-bit/8-bit layers or quantizing float ones on the way (:mod:`detjac.engine.checkpoints.quantized`).
+``with skeleton.layer(i):`` holds layer ``i`` for the duration of a block and puts it back on
+``meta`` afterwards, so its memory is freed. It also reads the embedding rows of a prompt, the
+decoding matrices whole and the unembedding in row chunks for the logits.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoints.weights import ModuleWeights, WeightSource
+from ..interface import EngineStats
+from ..products.decode import RowBlocks, final_norm_gain
+
+Slots = dict[str, tuple[nn.Module, str]]
+
+
+class Skeleton:
+    """A model whose parameters live on ``meta`` but for the decoder layers being computed.
+
+    Parameters
+    ----------
+    cls, config
+        The transformers model class and config to build.
+    family
+        The model's family (which module is the decoder).
+    source
+        Where the weights are read from.
+    dtype, device
+        Compute dtype and device.
+    quantize
+        ``nf4``, ``fp4`` or ``int8``: each linear weight goes through bitsandbytes' quantize-dequantize
+        round trip as its layer is read; None: the weights as stored.
+    """
+
+    def __init__(self, cls: type, config: Any, family: Any, source: WeightSource, *, dtype: torch.dtype,
+                 device: torch.device, quantize: str | None = None) -> None:
+        self.family, self.source, self.dtype, self.device, self.quantize = family, source, dtype, device, quantize
+        self.config = config
+        self.stats = EngineStats()
+        self.model = self._build(cls, config)
+        self.decoder = family.decoder(self.model)
+        self.decoder_path = next(n for n, m in self.model.named_modules() if m is self.decoder)
+        self.layers: nn.ModuleList = self.decoder.layers
+        self.n_layers = len(self.layers)
+        text = config.get_text_config()
+        self.d_model = int(text.hidden_size)
+        self.ffn = int(getattr(text, "intermediate_size", 4 * self.d_model))
+        self._materialize(self._slots["norm"], f"{self.decoder_path}.norm.")
+
+    def _build(self, cls: type, config: Any) -> nn.Module:
+        """The model with every parameter on the meta device; buffers (rotary tables) are real."""
+        from accelerate import init_empty_weights
+
+        with init_empty_weights(include_buffers=False):
+            model = cls._from_config(copy.deepcopy(config), dtype=self.dtype)
+        model.eval().requires_grad_(False)
+        # A loaded model's own buffers (rotary tables, embedding scales) may differ in the last bits
+        # from freshly built ones (built in float32, then cast): use them, so results match it exactly.
+        known = set(self.source.names()) if isinstance(self.source, ModuleWeights) else set()
+        for prefix, module in model.named_modules():
+            for name, buf in module._buffers.items():
+                full = f"{prefix}.{name}" if prefix else name
+                if full in known:
+                    buf = self.source.read(full)
+                if buf is not None:
+                    module._buffers[name] = buf.to(self.device)
+        decoder = self.family.decoder(model)
+        self._slots: dict[Any, Slots] = {i: _param_slots(layer) for i, layer in enumerate(decoder.layers)}
+        self._slots["norm"] = _param_slots(decoder.norm)
+        return model
+
+    def _read(self, prefix: str, slots: dict[str, tuple[nn.Module, str]]) -> dict[str, torch.Tensor]:
+        """The tensors of one subtree in the compute dtype and on the compute device."""
+        if self.source.quantized:
+            from ..checkpoints.quantized import dequantize_layer
+
+            first = next(iter(slots))
+            key = self.source.resolve(prefix + first)
+            stored_prefix = key[: len(key) - len(first)]
+            raw = {k[len(stored_prefix):]: self.source.read(k) for k in self.source.names()
+                   if k.startswith(stored_prefix)}
+            self.stats.bytes_read += sum(t.numel() * t.element_size() for t in raw.values())
+            plain = dequantize_layer(raw, self.dtype)
+        else:
+            plain = {}
+            for rel in slots:
+                t = self.source.read(self.source.resolve(prefix + rel))
+                self.stats.bytes_read += t.numel() * t.element_size()
+                plain[rel] = t
+        out = {}
+        for rel, (module, attr) in slots.items():
+            t = plain[rel].to(device=self.device, dtype=self.dtype)
+            if self.quantize is not None and attr == "weight" and isinstance(module, nn.Linear):
+                from ..checkpoints.quantized import quantize_roundtrip
+
+                t = quantize_roundtrip(t, self.quantize)
+            out[rel] = t
+        return out
+
+    def _materialize(self, slots: dict[str, tuple[nn.Module, str]], prefix: str) -> None:
+        for rel, t in self._read(prefix, slots).items():
+            module, attr = slots[rel]
+            module._parameters[attr] = nn.Parameter(t, requires_grad=False)
+
+    @staticmethod
+    def _release(slots: dict[str, tuple[nn.Module, str]]) -> None:
+        for module, attr in slots.values():
+            p = module._parameters[attr]
+            module._parameters[attr] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                                    requires_grad=False)
+
+    def load_layer(self, i: int) -> None:
+        """Materialize decoder layer ``i`` on the compute device."""
+        self._materialize(self._slots[i], f"{self.decoder_path}.layers.{i}.")
+        self.stats.layers_loaded += 1
+        self.stats.resident.add(i)
+        self.stats.max_resident_layers = max(self.stats.max_resident_layers, len(self.stats.resident))
+
+    def release_layer(self, i: int) -> None:
+        """Put layer ``i``'s parameters back on the meta device (their memory is freed)."""
+        self._release(self._slots[i])
+        self.stats.resident.discard(i)
+
+    def layer_bytes(self) -> int:
+        """Bytes of the largest decoder layer in the compute dtype."""
+        return max(sum(m._parameters[a].numel() for m, a in s.values()) for k, s in self._slots.items()
+                   if k != "norm") * self.dtype.itemsize
+
+    @contextmanager
+    def layer(self, i: int) -> Iterator[None]:
+        """Decoder layer ``i`` materialized for the duration of the block, released afterwards."""
+        self.load_layer(i)
+        try:
+            yield
+        finally:
+            self.release_layer(i)
+
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
+        emb = self.decoder.get_input_embeddings()
+        name = next(n for n, m in self.model.named_modules() if m is emb) + ".weight"
+        unique = sorted(set(ids))
+        rows = self.source.read_rows(self.source.resolve(name), unique).to(device=self.device, dtype=self.dtype)
+        index = {t: j for j, t in enumerate(unique)}
+        x = rows[torch.tensor([index[i] for i in ids], device=self.device)]
+        scale = getattr(emb, "embed_scale", None)  # Gemma3 scales inside its embedding module
+        return x * scale.to(self.dtype) if scale is not None else x
+
+    @property
+    def tied(self) -> bool:
+        """Whether the unembedding is the input embedding (read from the embedding's key)."""
+        return bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False) or
+                    getattr(self.config, "tie_word_embeddings", False))
+
+    def head_name(self) -> str:
+        """The model's name of the unembedding matrix (``lm_head.weight``)."""
+        head = self.model.get_output_embeddings()
+        return next(n for n, m in self.model.named_modules() if m is head) + ".weight"
+
+    def _matrix_key(self, which: str) -> str:
+        """The checkpoint key of the input embedding (``"embedding"``) or unembedding matrix."""
+        if which == "embedding" or self.tied:
+            emb = self.decoder.get_input_embeddings()
+            return self.source.resolve(next(n for n, m in self.model.named_modules() if m is emb) + ".weight")
+        return self.source.resolve(self.head_name())
+
+    def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """``embedding`` (vocab, d), ``unembedding`` (vocab, d) and ``final_norm`` (d,) on CPU, read whole from the
+        source (see :func:`final_norm_gain`)."""
+        keys = {which: self._matrix_key(which) for which in ("embedding", "unembedding")}
+        read = {key: self.source.read(key).to(dtype or self.dtype) for key in set(keys.values())}  # tied: once
+        arrays = {which: read[key] for which, key in keys.items()}
+        gain = final_norm_gain(self.model)
+        if gain is not None:
+            arrays["final_norm"] = gain.to(device="cpu", dtype=dtype or self.dtype)
+        return arrays
+
+    def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """``embedding`` and ``unembedding`` as :class:`RowBlocks` over the source (each block read when asked for),
+        ``final_norm`` (d,) as a numpy array."""
+        dtype = dtype or self.dtype
+        out: dict[str, Any] = {}
+        for which in ("embedding", "unembedding"):
+            key = self._matrix_key(which)
+            shape = self._matrix_shape(which)
+            out[which] = RowBlocks(shape, dtype, lambda a, b, key=key: self.source.read_range(key, a, b))
+        gain = final_norm_gain(self.model)
+        if gain is not None:
+            out["final_norm"] = gain.to(device="cpu", dtype=dtype).numpy()
+        return out
+
+    def _matrix_shape(self, which: str) -> tuple[int, int]:
+        module = self.decoder.get_input_embeddings() if which == "embedding" else self.model.get_output_embeddings()
+        return tuple(module.weight.shape)  # type: ignore[return-value]
+
+    def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
+        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""
+        key = self._matrix_key("unembedding")
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        parts = []
+        for start in range(0, vocab, chunk):
+            rows = self.source.read_range(key, start, min(start + chunk, vocab))
+            parts.append(hidden.to(self.dtype) @ rows.to(device=hidden.device, dtype=self.dtype).T)
+        logits = torch.cat(parts, dim=-1)
+        cap = getattr(self.config.get_text_config(), "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def prompt_model(self) -> Any:
+        """An object with what :func:`~detjac.engine.parse_prompt` reads (vocab size, context length, config)."""
+        return _PromptModel(self.config, int(self.decoder.get_input_embeddings().num_embeddings))
+
+
+@dataclass(frozen=True)
+class _PromptModel:
+    config: Any
+    vocab: int
+
+    def get_input_embeddings(self) -> Any:
+        return _Vocab(self.vocab)
+
+
+@dataclass(frozen=True)
+class _Vocab:
+    num_embeddings: int
+
+
+def _param_slots(module: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """Every parameter under ``module`` by its relative name, with the module that owns it."""
+    return {f"{mn}.{pn}" if mn else pn: (m, pn) for mn, m in module.named_modules()
+            for pn, p in m._parameters.items() if p is not None}
+

@@ -1,0 +1,419 @@
+"""The layer-streamed engine: detached Jacobians of models larger than the compute device.
+
+Once the nonlinear factors are frozen, the model is a linear map, and so is each decoder
+layer. :class:`StreamedModel` keeps the model as an empty skeleton (parameters on the
+``meta`` device) and materializes one decoder layer at a time, from a loaded model or
+straight from the checkpoint's safetensors shards, releasing it as soon as the layer is
+done. Peak memory is one layer's weights, the prompt's hidden states, and one block of
+cotangent (or tangent) vectors. It implements :class:`~detjac.engine.interface.Engine`; its
+parts live along their seams:
+
+- :mod:`detjac.engine.streamed.skeleton`: the skeleton, weights read one layer at a time, embedding
+  rows, decoding matrices and chunked logits;
+- :mod:`detjac.engine.streamed.tracing`: the forward pass layer by layer (:class:`StreamedTrace`), and
+  each layer as a function of its input, whole or on a suffix of the positions;
+- :mod:`detjac.engine.streamed.passes`: reverse mode (row blocks, top-down) and forward mode (column
+  blocks, bottom-up), one layer at a time, by explicit matmuls of the layer's frozen pieces
+  (:mod:`detjac.engine.streamed.adjoint`, :mod:`detjac.engine.pieces.layer`) or ``torch.func.vjp`` / ``jvp``;
+- :mod:`detjac.engine.streamed.cost`: the cost model that splits targets between the two modes and
+  sizes the blocks to a memory budget (:mod:`detjac.engine.memory`).
+
+Targets (:class:`~detjac.targets.Target`): ``output`` is the final normed hidden state (what
+:func:`detjac.engine.detached_jacobian` returns); ``layer.L``, ``attn.L``, ``mlp.L``, ``resid_mid.L``,
+their ``*_normed`` variants (through the final norm frozen at the vector's own value) and their
+``*_local`` variants are a decoder layer's output, its attention and MLP contributions and the
+residual between them, w.r.t. the input embeddings or the layer's own input; ``to_output.L`` is
+``dy/dh_L`` over every position. Each reconstructs its own target value exactly:
+``sum_k J[:, k, :] x_k`` with ``x`` the input embeddings (cumulative), the layer's input hidden
+states (local) or its output hidden states (``to_output``).
+
+The skeleton is linearized (:func:`~detjac.engine.detach.model.linearized`) only while the engine
+computes: each public method enters and leaves it. Page faults: the ``detjac`` command sets
+PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` before torch loads (buffers of 2 MiB and more on
+transparent huge pages: 20x fewer faults in a 128-token row block); from Python, export it
+before importing torch. Under a CPU budget, call :func:`~detjac.engine.memory.return_freed_memory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.exactness import relative_error
+from detjac.progress import progress_bar
+from detjac.targets import OUTPUTS, Target, layer_index, layer_targets
+
+from ..checkpoints.gguf import is_gguf
+from ..checkpoints.loading import read_checkpoint
+from ..checkpoints.sources import open_source
+from ..checkpoints.weights import check_complete, check_shapes
+from ..detach.model import linearized
+from ..families import family_for
+from ..inmemory.rows import reconstruct
+from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
+from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
+from . import passes as sweeps
+from .adjoint import make_adjoint
+from .cost import DEFAULT_ROW_BLOCK, CostModel
+from .skeleton import Skeleton
+from .tracing import LayerSteps, StreamedTrace
+
+__all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
+           "layer_targets", "parse_memory", "return_freed_memory"]
+
+
+class StreamedModel(Engine):
+    """A causal LM whose decoder layers are materialized one at a time.
+
+    Parameters
+    ----------
+    source
+        A checkpoint folder with safetensors shards (weights are read layer by layer and
+        never all held), a GGUF file (each layer's tensors read and dequantized as it is
+        streamed in, see :mod:`detjac.engine.checkpoints.gguf`), a Hugging Face hub id (its snapshot in the cache, see
+        :mod:`detjac.engine.checkpoints.hub`), or a loaded model (its tensors are used in place; with another
+        ``device`` or ``dtype`` one layer at a time is copied).
+    dtype
+        Compute dtype; float64 is the exactness mode.
+    device
+        Where layers are computed (``cpu``, ``cuda``, ``cuda:1``).
+    detach
+        Freeze the nonlinear factors (detached Jacobian) or not (ordinary Jacobian).
+    max_memory
+        Budgets per device, e.g. ``{"cuda:0": 8 * 2**30, "cpu": 32 * 2**30}`` or the
+        ``--max-memory`` text: the row block is then chosen to fit the compute device's.
+    quantize
+        ``nf4``, ``fp4`` or ``int8``: run the model bitsandbytes would run after
+        quantizing a float checkpoint on load (each linear weight goes through bnb's
+        quantize-dequantize round trip as its layer is streamed in).
+    convention
+        The family's detach convention (:attr:`~detjac.engine.families.Family.conventions`); None: its default.
+    sweeps
+        How blocks cross a layer: ``"explicit"`` (the layer's frozen pieces as plain matmuls) or
+        ``"autograd"`` (``torch.func``, the reference); default: the ``DETJAC_SWEEPS`` environment
+        variable, else ``"explicit"`` (see :mod:`detjac.engine.streamed.adjoint`).
+
+    Raises
+    ------
+    UnsupportedModelError
+        A family the streamed engine does not support (affine, mixture of experts, encoder), or a
+        module without a detach rule.
+    InvalidArgumentError
+        Budgets without the compute device, a bad ``quantize`` or ``sweeps``, or a convention the family lacks.
+    """
+
+    def __init__(self, source: str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
+                 device: str | torch.device = "cpu", detach: bool = True,
+                 max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
+                 revision: str | None = None, trust_remote_code: bool = False,
+                 tokenizer: Any | None = None, convention: str | None = None, sweeps: str | None = None) -> None:
+        self.dtype, self.device, self.detach = dtype, torch.device(check_device(device)), detach
+        self.budgets = budgets_of(max_memory)
+        for budgeted in self.budgets:  # a budget for a device this machine lacks: said before anything loads
+            check_device(budgeted)
+        if self.budgets and device_key(self.device) not in self.budgets:
+            raise InvalidArgumentError(
+                f"Expected a memory budget for the compute device {device_key(self.device)}. "
+                f"Got budgets for {', '.join(self.budgets)} only."
+            )
+        config, cls, raw, self.path = _model_class(source, revision, trust_remote_code)
+        source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
+        self.family = _streamable_family(config)
+        self.convention = self.family.check_convention(convention)
+        self.config = config
+        weights = open_source(source, raw, config)
+        _check_quantize(quantize, weights.quantized or weights.packed)
+        self.quantize = quantize
+        self._tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(source, revision,
+                                                                                trust_remote_code)
+        self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
+                                 quantize=quantize)
+        sk = self.skeleton
+        check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={sk.head_name()} if sk.tied else (),
+                       required=(sk.decoder_path + ".", sk.head_name()))  # what this engine reads
+        check_shapes(sk.model, weights, f"a checkpoint in {self.path}")
+        self.source, self.model, self.decoder, self.layers = weights, sk.model, sk.decoder, sk.layers
+        self.n_layers, self.d_model, self.ffn, self.stats = sk.n_layers, sk.d_model, sk.ffn, sk.stats
+        self.steps = LayerSteps(sk, self.family, detach)
+        self.adjoint = make_adjoint(sk, self.steps, sweeps)
+        self._linear_depth = 0
+        with self._linear():  # the guard: a module without a detach rule is refused here, not mid-run
+            pass
+        if self.budgets:  # a budget that cannot hold one layer and one vector of a one-token prompt: refused now
+            self.cost.plan(1, [OUTPUTS])
+
+    @contextmanager
+    def _linear(self) -> Iterator[None]:
+        """The skeleton linearized for the duration of the block (re-entrant: nested blocks share one)."""
+        if self._linear_depth:
+            self._linear_depth += 1
+            try:
+                yield
+            finally:
+                self._linear_depth -= 1
+            return
+        with linearized(self.model, detach=self.detach, convention=self.convention):
+            self._linear_depth = 1
+            try:
+                yield
+            finally:
+                self._linear_depth = 0
+
+    # -- what every engine provides -------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any | None:
+        return self._tokenizer
+
+    def prompt_model(self) -> Any:
+        return self.skeleton.prompt_model()
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model at this engine's shapes and compute-device budget."""
+        text = self.config.get_text_config()
+        heads = int(text.num_attention_heads)
+        hd = int(getattr(text, "head_dim", None) or self.d_model // heads)
+        kv = int(getattr(text, "num_key_value_heads", None) or heads) * hd
+        return CostModel(self.d_model, self.ffn, self.n_layers, self.dtype.itemsize, self.layer_bytes(),
+                         self.detach, self.memory_budget(device_key(self.device)), device_key(self.device),
+                         heads, heads * hd, kv, self.adjoint.sizing())
+
+    def memory_budget(self, device: str) -> int | None:
+        return self.budgets.get(device_key(device))
+
+    def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> StreamedTrace:
+        """Run the forward pass layer by layer; keep each layer's input and mid residual."""
+        from . import tracing
+
+        ids = self.token_ids(prompt)
+        with self._linear():
+            st = tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
+        st.norm = self._norm
+        return st
+
+    def _norm(self, v: torch.Tensor) -> torch.Tensor:
+        """The linearized final norm of vectors (..., d) (each scale frozen at its own vector)."""
+        with self._linear(), torch.no_grad():
+            return self.steps.norm(v.to(self.device))
+
+    def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
+             token_block: int | None = None) -> Plan:
+        """Split ``targets`` between reverse and forward mode and size the blocks (:mod:`detjac.engine.streamed.cost`)."""
+        return self.cost.plan(trace.n_tokens, targets, mode=mode, row_block=row_block, token_block=token_block)
+
+    def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
+               progress: bool = False) -> Iterator[JacobianBlock]:
+        """Every requested Jacobian, block by block (reverse mode first, then forward mode)."""
+        st = _streamed(trace)
+        plan = plan if plan is not None else self.plan(st, targets)
+        d, n = self.d_model, st.n_tokens
+        bar = progress_bar(None, progress, "blocks", "block", total=plan.n_blocks)
+        try:
+            with self._linear():
+                for start in range(0, d, plan.row_block) if plan.reverse else ():
+                    yield from sweeps.reverse(self.skeleton, self.steps, st, plan.reverse, start,
+                                              min(start + plan.row_block, d), progress, adjoint=self.adjoint)
+                    if bar is not None:
+                        bar.update()
+                for k0 in range(0, n, plan.token_block) if plan.forward else ():
+                    yield from sweeps.forward(self.skeleton, self.steps, st, plan.forward, k0,
+                                              min(k0 + plan.token_block, n), progress, adjoint=self.adjoint)
+                    if bar is not None:
+                        bar.update()
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
+        """``J v`` by one forward-mode sweep: (c, n, d) -> (c, d)."""
+        with self._linear():
+            (block,) = sweeps.forward(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0, tangents.shape[0],
+                                      tangent=tangents, adjoint=self.adjoint)
+        return block.values.T
+
+    def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
+        """``J^T u`` by one reverse-mode sweep: (c, d) -> (c, n, d)."""
+        seed = torch.zeros(cotangents.shape[0], trace.n_tokens, self.d_model, dtype=self.dtype, device=self.device)
+        seed[:, trace.position] = cotangents
+        with self._linear():
+            (block,) = sweeps.reverse(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0,
+                                      cotangents.shape[0], seed=seed, adjoint=self.adjoint)
+        return block.values
+
+    def pull_every_position(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int],
+                            reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+        """``u`` (c, d) set at the final normed state of every position at once, pulled back to the output of each
+        layer in ``layers``: ``{L: (c, n, d)}`` with ``[:, k] = sum_{p' >= k} u @ dy_p' / dh_{L,k}`` (causal: the
+        later positions only). The per-text quantity of the Jacobian lens of Gurnee et al. (``jlens``), exact for
+        the detached model (and for the ordinary one with ``detach=False``). ``reduce`` is applied to each layer's
+        block as the sweep reaches it (e.g. a mean over positions), so that only its result is kept."""
+        st = _streamed(trace)
+        n, d = st.n_tokens, self.d_model
+        wanted = sorted({Target(layer_index(layer, self.n_layers), "to_output") for layer in layers})
+        seed = cotangents.to(device=self.device, dtype=self.dtype)[:, None, :].expand(-1, n, d).contiguous()
+        with self._linear():
+            blocks = sweeps.reverse(self.skeleton, self.steps, st, wanted, 0, cotangents.shape[0], seed=seed,
+                                    adjoint=self.adjoint, every_position=True)
+            out = {b.target.layer: reduce(b.values) if reduce is not None else b.values for b in blocks}
+        return {layer: out[layer_index(layer, self.n_layers)] for layer in layers}
+
+    def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Read whole from the source (see :func:`~detjac.engine.products.decode.final_norm_gain`)."""
+        return self.skeleton.decoding_matrices(dtype)
+
+    def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """The embedding and unembedding read from the source one row block at a time, never whole."""
+        return self.skeleton.decoding_rows(dtype)
+
+    def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
+        """Reading the unembedding in row chunks of ``chunk``."""
+        return self.skeleton.logits(hidden, chunk=chunk)
+
+    def record(self, plan: Plan) -> dict[str, Any]:
+        """The blocks and the bytes read so far, stored with each prompt as ``stream``."""
+        return {"stream": {"row_block": plan.row_block, "token_block": plan.token_block,
+                           "bytes_read": self.stats.bytes_read}}
+
+    # -- memory -------------------------------------------------------------------------
+
+    def load_layer(self, i: int) -> None:
+        """Materialize decoder layer ``i`` on the compute device."""
+        self.skeleton.load_layer(i)
+
+    def release_layer(self, i: int) -> None:
+        """Put layer ``i``'s parameters back on the meta device (their memory is freed)."""
+        self.skeleton.release_layer(i)
+
+    def layer_bytes(self) -> int:
+        """Bytes of the largest decoder layer in the compute dtype."""
+        return self.skeleton.layer_bytes()
+
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
+        return self.skeleton.embed(ids)
+
+    # -- conveniences -------------------------------------------------------------------
+
+    def jacobians(self, prompt: Prompt, targets: Sequence[Target | str] = ("output",), *, mode: str = "auto",
+                  row_block: int | None = None, token_block: int | None = None, position: int = -1,
+                  progress: bool = False) -> StreamedResult:
+        """Assemble the requested Jacobians in memory (small models, tests); stores take :meth:`blocks`."""
+        trace = self.trace(prompt, position=position, progress=progress)
+        wanted = [t if isinstance(t, Target) else Target.parse(t, self.n_layers) for t in targets]
+        plan = self.plan(trace, wanted, mode=mode, row_block=row_block, token_block=token_block)
+        return StreamedResult(trace, self.assemble(trace, wanted, plan, progress=progress), plan)
+
+
+@dataclass(repr=False)
+class StreamedResult:
+    """Jacobians by target, with the forward pass they linearize."""
+
+    trace: StreamedTrace
+    jacobians: dict[Target, torch.Tensor]
+    plan: Plan
+
+    def summary(self) -> dict[str, str]:
+        """Tokens and, per target, its Jacobian's shape, dtype and reconstruction error (repr and Jupyter table)."""
+        out = {"tokens": str(len(self.trace.token_ids))}
+        for t, J in self.jacobians.items():
+            out[t.name] = (f"{tuple(J.shape)} {str(J.dtype).removeprefix('torch.')}, reconstruction error "
+                           f"{self.reconstruction_error(t):.2e}")
+        return out
+
+    def __repr__(self) -> str:
+        names = [t.name for t in self.jacobians]
+        shown = ", ".join(names[:4]) + (f", … ({len(names)} targets)" if len(names) > 4 else "")
+        first = next(iter(self.jacobians.values()), None)
+        shape = f"; each {tuple(first.shape)} {str(first.dtype).removeprefix('torch.')}" if first is not None else ""
+        return f"<StreamedResult {len(self.trace.token_ids)} tokens: {shown}{shape}>"
+
+    def _repr_html_(self) -> str:
+        from ..inmemory.rows import html_table
+
+        return html_table("StreamedResult", self.summary().items())
+
+    def __getitem__(self, name: str | Target) -> torch.Tensor:
+        key = name if isinstance(name, Target) else next((t for t in self.jacobians if t.name == name), None)
+        if key not in self.jacobians:
+            raise KeyError(f"Expected one of {', '.join(t.name for t in self.jacobians)}. Got {name!r}.")
+        return self.jacobians[key]
+
+    def reconstruction_error(self, name: str | Target) -> float:
+        """``||sum_k J[:, k, :] x_k - value|| / ||value||`` for one target."""
+        t = name if isinstance(name, Target) else next(t for t in self.jacobians if t.name == name)
+        return relative_error(reconstruct(self.jacobians[t], self.trace.source(t)), self.trace.value(t))
+
+
+def _streamed(trace: Trace) -> StreamedTrace:
+    if not isinstance(trace, StreamedTrace):
+        raise InvalidArgumentError(
+            f"Expected a trace from the layer-streamed engine's own trace(). Got a {type(trace).__name__}."
+        )
+    return trace
+
+
+def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> tuple[Any, type, Any, Path | None]:
+    """(config, model class, raw config.json or None, checkpoint folder or None) of a checkpoint or loaded model."""
+    if isinstance(source, nn.Module):
+        return source.config, type(source), None, None
+    from transformers import AutoModelForCausalLM
+
+    path, raw = read_checkpoint(source, revision)
+    if is_gguf(path):
+        from ..checkpoints.gguf import gguf_config
+
+        config = gguf_config(path)
+    else:
+        from ..checkpoints.loading import parse_config
+
+        config = parse_config(path, revision, trust_remote_code)
+    return config, AutoModelForCausalLM._model_mapping[type(config)], raw, path
+
+
+def _streamable_family(config: Any) -> Any:
+    family = family_for(config)
+    if not family.streamable:
+        kind = "affine: biases or position embeddings" if family.affine else "mixture of experts"
+        raise UnsupportedModelError(
+            f"Expected a model the layer-streamed engine supports (bias-free, dense, causal). Got a "
+            f"{family.name} model ({kind}{', encoder' if family.encoder else ''}), which it would "
+            "not linearize correctly. "
+            "Use the in-memory engine (detjac run without --streamed, --layers or --max-memory)."
+        )
+    return family
+
+
+def _check_quantize(quantize: str | None, already: str | None) -> None:
+    if quantize is None:
+        return
+    from ..checkpoints.quantized import QUANT_METHODS
+
+    if quantize not in QUANT_METHODS:
+        raise InvalidArgumentError(f"Expected quantize one of {', '.join(QUANT_METHODS)}. Got {quantize!r}.")
+    if already:
+        raise InvalidArgumentError(
+            f"Expected a float checkpoint to quantize on load. Got one already quantized ({already})."
+        )
+
+
+def _load_tokenizer(source: Any, revision: str | None, trust_remote_code: bool) -> Any | None:
+    if isinstance(source, nn.Module):
+        from ..checkpoints.loading import get_tokenizer
+
+        return get_tokenizer(source)
+    path = Path(source).expanduser()
+    if is_gguf(path):
+        from ..checkpoints.gguf import gguf_tokenizer
+
+        return gguf_tokenizer(path)
+    from ..checkpoints.loading import load_tokenizer
+
+    return load_tokenizer(path, revision, trust_remote_code)
