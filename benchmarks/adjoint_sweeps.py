@@ -10,10 +10,10 @@ normed state at the last position w.r.t. the input embeddings:
 reference
     ``torch.autograd.functional.jacobian(vectorize=True)`` of the linearized (detached) model.
 autograd
-    ``StreamedModel(sweeps="autograd")``: row blocks of 64 through ``torch.func.vjp`` of one layer at
+    ``StreamedEngine(sweeps="autograd")``: row blocks of 64 through ``torch.func.vjp`` of one layer at
     a time, vmapped over the block (the sweeps before the explicit ones).
 explicit
-    ``StreamedModel(sweeps="explicit")``: the same row blocks through each layer's frozen pieces as
+    ``StreamedEngine(sweeps="explicit")``: the same row blocks through each layer's frozen pieces as
     plain matmuls (:mod:`detjac.engine.streamed.adjoint`).
 
 Time (32 and 128 tokens by default): the three run interleaved in one process, ``--repeats`` times,
@@ -133,10 +133,10 @@ def _fractions(m: str, flops: float, times: list[float], square: list[float], sh
 def child_time(cfg: dict[str, Any], n: int, repeats: int, threads: int) -> dict[str, Any]:
     import torch
 
-    from detjac.engine import StreamedModel
+    from detjac.engine import StreamedEngine
 
     model, ids = _setup(cfg, n, threads)
-    engines = {m: StreamedModel(model, dtype=torch.float32, sweeps=m) for m in ("autograd", "explicit")}
+    engines = {m: StreamedEngine(model, dtype=torch.float32, sweeps=m) for m in ("autograd", "explicit")}
     run = {"reference": lambda: _reference(model, ids),
            **{m: (lambda e=e: _streamed(e, ids)) for m, e in engines.items()}}
     _reference(model, ids[:4])  # warm up kernels and the allocator
@@ -181,10 +181,10 @@ def child_memory(cfg: dict[str, Any], n: int, method: str, threads: int, rows: i
     """Peak RSS of the trace and one row block of ``rows`` above the warmed-up model, and the cost model's figure."""
     import torch
 
-    from detjac.engine import StreamedModel
+    from detjac.engine import StreamedEngine
 
     model, ids = _setup(cfg, n, threads)
-    sm = StreamedModel(model, dtype=torch.float32, sweeps=method)
+    sm = StreamedEngine(model, dtype=torch.float32, sweeps=method)
     _streamed(sm, ids[:8], blocks=1, row_block=rows)  # warm up
     base = reset_peak()
     t0 = time.perf_counter()
@@ -201,10 +201,10 @@ def child_profile(cfg: dict[str, Any], n: int, method: str, threads: int, blocks
     import torch
     from gemm_share import profile_kinds
 
-    from detjac.engine import StreamedModel
+    from detjac.engine import StreamedEngine
 
     model, ids = _setup(cfg, n, threads)
-    sm = StreamedModel(model, dtype=torch.float32, sweeps=method)
+    sm = StreamedEngine(model, dtype=torch.float32, sweeps=method)
     _streamed(sm, ids, blocks=1)
     return {"method": method, "tokens": n, "blocks": blocks, "row_block": ROW_BLOCK,
             **profile_kinds(lambda: _streamed(sm, ids, blocks=blocks))}

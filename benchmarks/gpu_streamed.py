@@ -135,7 +135,7 @@ def _max_memory(device: str, budget_gib: float | None) -> str | None:
 
 def _one_run(name: str, spec: dict[str, Any], device: str, tmp: Path, tokens: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import StreamedModel, Target
+    from detjac.engine import StreamedEngine, Target
     from detjac.engine.inmemory.rows import reconstruct, relative_error
 
     cfg, meter = spec["cfg"], _Meter(device)
@@ -150,7 +150,7 @@ def _one_run(name: str, spec: dict[str, Any], device: str, tmp: Path, tokens: in
         meter.reset()
         max_memory = _max_memory(device, spec["budget_gib"])
         t0 = meter.now()
-        sm = StreamedModel(folder, dtype=torch.bfloat16, device=device, max_memory=max_memory,
+        sm = StreamedEngine(folder, dtype=torch.bfloat16, device=device, max_memory=max_memory,
                            quantize=spec["quantize"])
         init_s = meter.now() - t0
         load_s = [0.0]

@@ -190,7 +190,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     layers (what the budget sets aside for streamed weights; here they are resident, not copied) plus that many MiB,
     the row block chosen by the plan and the store's shards sized as the CLI sizes them under a budget."""
     torch = _torch()
-    from detjac.engine import StreamedModel, Target, honour_cpu_budget
+    from detjac.engine import StreamedEngine, Target, honour_cpu_budget
     from detjac.engine.streamed.cost import depth
     from detjac.runs.batch import _shard_bytes
     from detjac.store import create_store
@@ -198,11 +198,11 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
     flops_matmul = matmul_flops(torch.float32)
-    sm = StreamedModel(model, dtype=torch.float32)
+    sm = StreamedEngine(model, dtype=torch.float32)
     budget = None
     if extra_budget_mib is not None:
         budget = 2 * sm.layer_bytes() + int(extra_budget_mib * 2**20)
-        sm = StreamedModel(model, dtype=torch.float32, max_memory={"cpu": budget})
+        sm = StreamedEngine(model, dtype=torch.float32, max_memory={"cpu": budget})
         honour_cpu_budget(sm)  # as the detjac command does
         row_block = None
     sm.jacobians(ids[:2], ["output"], row_block=row_block)  # warm up
@@ -260,9 +260,9 @@ def _checked(layers: list[int]) -> int:
 
 def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import StreamedModel, Target, honour_cpu_budget
+    from detjac.engine import StreamedEngine, Target, honour_cpu_budget
 
-    sm = StreamedModel(folder, dtype=torch.float32, max_memory=budget)
+    sm = StreamedEngine(folder, dtype=torch.float32, max_memory=budget)
     honour_cpu_budget(sm)  # as the detjac command does
     ids = list(range(100, 100 + n))
     base = peak_mib()

@@ -3,7 +3,7 @@
 This module is the engine's façade: runs/, cli/ and every other caller import from here
 only. Two engines implement one interface (:class:`Engine`, see :mod:`detjac.engine.interface`):
 the in-memory one for a loaded model of any supported family, and the layer-streamed one
-(:class:`StreamedModel`) for models larger than the compute device, layerwise targets and
+(:class:`StreamedEngine`) for models larger than the compute device, layerwise targets and
 memory budgets. :func:`load_engine` picks one from the user's options; :func:`as_engine` wraps
 a loaded model.
 
@@ -34,7 +34,25 @@ from .products.lanczos import OperatorSVD, operator_svd
 from .products.linear_operator import JacobianOperator, jacobian_operator
 from .products.logits import decoding_matrix, logit_jacobian, output_logits
 from .selection import as_engine, check_layerwise_request, load_engine
-from .streamed.streamed_engine import StreamedModel, StreamedResult
+from .streamed.streamed_engine import StreamedEngine, StreamedResult
+
+# Names that were renamed: still importable from here, with a DeprecationWarning the first time each is used.
+_RENAMED = {"StreamedModel": "StreamedEngine"}
+_warned: set[str] = set()
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        if name not in _warned:
+            _warned.add(name)
+            import warnings
+
+            warnings.warn(f"detjac.engine.{name} is now {new}; the old name will be removed.", DeprecationWarning,
+                          stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'detjac.engine' has no attribute {name!r}")
+
 
 __all__ = [
     "FAMILIES",
@@ -53,7 +71,7 @@ __all__ = [
     "Prompt",
     "RowBlock",
     "SingularTriplets",
-    "StreamedModel",
+    "StreamedEngine",
     "StreamedResult",
     "Target",
     "Trace",

@@ -5,7 +5,7 @@ Two engines implement :class:`Engine`:
 - :class:`~detjac.engine.inmemory.inmemory_engine.InMemoryEngine`: a loaded transformers model of any supported
   family; the forward pass runs once per prompt with its pullback kept, row blocks of the
   output's Jacobian come from vmapped pullbacks.
-- :class:`~detjac.engine.streamed.streamed_engine.StreamedModel`: the layer-streamed engine for models larger
+- :class:`~detjac.engine.streamed.streamed_engine.StreamedEngine`: the layer-streamed engine for models larger
   than the compute device; layerwise targets, memory budgets, forward mode.
 
 Both trace a prompt (:class:`Trace`), plan a request (:class:`Plan`), yield blocks of the

@@ -7,7 +7,7 @@ from typing import Any
 from .checkpoints.loading import load_model
 from .inmemory.inmemory_engine import InMemoryEngine
 from .interface import Engine
-from .streamed.streamed_engine import StreamedModel
+from .streamed.streamed_engine import StreamedEngine
 
 
 def as_engine(model: Any, *, detach: bool = True, tokenizer: Any | None = None,
@@ -39,7 +39,7 @@ def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, devic
 
     dtype = torch.float64 if dtype is None else dtype
     if streamed or max_memory or quantize:
-        return StreamedModel(source, dtype=dtype, device=device, detach=detach, max_memory=max_memory,
+        return StreamedEngine(source, dtype=dtype, device=device, detach=detach, max_memory=max_memory,
                              quantize=quantize, revision=revision, trust_remote_code=trust_remote_code,
                              convention=convention)
     model = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)

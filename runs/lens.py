@@ -83,7 +83,7 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> 
 
 
 def prompt_states(engine: Any, prompt: Any, layers: Iterable[int], exact: bool = True) -> PromptStates:
-    """Run ``prompt`` through ``engine`` (a :class:`~detjac.engine.StreamedModel`) at ``layers``."""
+    """Run ``prompt`` through ``engine`` (a :class:`~detjac.engine.StreamedEngine`) at ``layers``."""
     import torch
 
     from detjac.targets import Target

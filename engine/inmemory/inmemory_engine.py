@@ -128,7 +128,7 @@ class InMemoryEngine(Engine):
         if others:
             raise InvalidArgumentError(
                 f"Expected only the 'output' target from the in-memory engine. Got {', '.join(others)}: layerwise "
-                "targets need the layer-streamed engine (detjac run --layers, or StreamedModel)."
+                "targets need the layer-streamed engine (detjac run --layers, or StreamedEngine)."
             )
         check_request("reverse", row_block, token_block)
         rows = row_block or DEFAULT_ROW_BLOCK

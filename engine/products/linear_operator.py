@@ -214,5 +214,5 @@ def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, bl
 
 def StreamedOperator(model: Any, prompt: Prompt, *, position: int | None = None,  # noqa: N802
                      block: int | None = None, progress: bool = False) -> JacobianOperator:
-    """``J`` of a :class:`~detjac.engine.streamed.streamed_engine.StreamedModel`: :func:`jacobian_operator` on that engine."""
+    """``J`` of a :class:`~detjac.engine.streamed.streamed_engine.StreamedEngine`: :func:`jacobian_operator` on that engine."""
     return jacobian_operator(model, prompt, position=position, block=block, progress=progress)

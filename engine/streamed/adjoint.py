@@ -3,7 +3,7 @@
 :mod:`detjac.engine.streamed.passes` decides which targets' vectors go where; a :class:`LayerAdjoint` moves
 a block of them through one decoder layer (or the final norm), down in reverse mode (``pull_*``,
 ``Jᵀ``) and up in forward mode (``push_*``, ``J``). Two implementations, chosen by
-:func:`make_adjoint` (``StreamedModel(sweeps=...)``, or the ``DETJAC_SWEEPS`` environment variable):
+:func:`make_adjoint` (``StreamedEngine(sweeps=...)``, or the ``DETJAC_SWEEPS`` environment variable):
 
 ``autograd`` (:class:`AutogradAdjoint`)
     ``torch.func.vjp`` / ``jvp`` of the detached layer, vmapped over the block: the reference.

@@ -1,7 +1,7 @@
 """The layer-streamed engine: detached Jacobians of models larger than the compute device.
 
 Once the nonlinear factors are frozen, the model is a linear map, and so is each decoder
-layer. :class:`StreamedModel` keeps the model as an empty skeleton (parameters on the
+layer. :class:`StreamedEngine` keeps the model as an empty skeleton (parameters on the
 ``meta`` device) and materializes one decoder layer at a time, from a loaded model or
 straight from the checkpoint's safetensors shards, releasing it as soon as the layer is
 done. Peak memory is one layer's weights, the prompt's hidden states, and one block of
@@ -65,11 +65,11 @@ from .cost import DEFAULT_ROW_BLOCK, CostModel
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
 
-__all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedModel", "StreamedResult", "StreamedTrace", "Target",
+__all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedEngine", "StreamedResult", "StreamedTrace", "Target",
            "layer_targets", "parse_memory", "return_freed_memory"]
 
 
-class StreamedModel(Engine):
+class StreamedEngine(Engine):
     """A causal LM whose decoder layers are materialized one at a time.
 
     Parameters

@@ -42,7 +42,7 @@ class StreamedTrace(Trace):
     """A :class:`~detjac.engine.interface.Trace` with every layer's states, for layerwise targets.
 
     ``norm`` is the linearized final norm, (..., d) -> (..., d), each vector's scale frozen at its own value
-    (the ``*_normed`` targets' map); set by :meth:`~detjac.engine.streamed.streamed_engine.StreamedModel.trace`.
+    (the ``*_normed`` targets' map); set by :meth:`~detjac.engine.streamed.streamed_engine.StreamedEngine.trace`.
     """
 
     inputs: list[torch.Tensor] = field(default_factory=list)  # inputs[l]: layer l's input (n, d); [L]: the output
@@ -69,7 +69,7 @@ class StreamedTrace(Trace):
             return self.output
         v = self.base_value(t)
         if t.normed:
-            assert self.norm is not None, "a StreamedTrace from StreamedModel.trace carries the final norm"
+            assert self.norm is not None, "a StreamedTrace from StreamedEngine.trace carries the final norm"
             return self.norm(v)
         return v
 

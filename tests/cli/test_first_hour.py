@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from detjac.engine import StreamedModel, detached_jacobian, load_engine, load_model
+from detjac.engine import StreamedEngine, detached_jacobian, load_engine, load_model
 from detjac.engine.memory import check_device
 from detjac.engine.tools.triplets import explain
 from detjac.errors import InvalidArgumentError
@@ -45,7 +45,7 @@ def test_a_device_this_pytorch_lacks_is_one_line_before_anything_loads(device, m
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA")
 def test_a_budget_for_a_device_this_machine_lacks_says_so(tmp_path):
     with pytest.raises(InvalidArgumentError, match=r"Got 'cuda:0'.*(CPU-only build|sees no CUDA device)"):
-        StreamedModel("default", max_memory="cuda:0=8GiB")
+        StreamedEngine("default", max_memory="cuda:0=8GiB")
     assert check_device("CPU") == "cpu"
     with pytest.raises(InvalidArgumentError, match="Expected a torch device such as cpu, cuda or cuda:1. Got 'tpu'"):
         check_device("tpu")
@@ -54,7 +54,7 @@ def test_a_budget_for_a_device_this_machine_lacks_says_so(tmp_path):
 def test_the_api_takes_the_cli_model_names():
     assert load_model("default").config.model_type == "llama"
     assert load_engine("default").n_layers == load_engine("default", streamed=True).n_layers == 4
-    assert StreamedModel("default").d_model == 256
+    assert StreamedEngine("default").d_model == 256
 
 
 def test_every_result_prints_short_and_says_what_it_is():

@@ -18,7 +18,7 @@ from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.record import layer_pieces
 from detjac.engine.pieces.runner import SWEEPS_ENV
 from detjac.engine.streamed.adjoint import ExplicitAdjoint
-from detjac.engine.streamed.streamed_engine import StreamedModel, layer_targets
+from detjac.engine.streamed.streamed_engine import StreamedEngine, layer_targets
 from detjac.errors import InvalidArgumentError
 from detjac.targets import COMPONENTS, LOCAL_SUFFIX, TO_OUTPUT
 
@@ -39,10 +39,10 @@ def _no_fallback() -> Iterator[None]:
         yield
 
 
-def _agree(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> StreamedModel:
+def _agree(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> StreamedEngine:
     """Every target, both modes, two positions: the explicit sweeps equal the autograd sweeps (no fallback)."""
-    ref = StreamedModel(model, sweeps="autograd", **options)
-    ours = StreamedModel(model, sweeps="explicit", **options)
+    ref = StreamedEngine(model, sweeps="autograd", **options)
+    ours = StreamedEngine(model, sweeps="explicit", **options)
     targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, ref.n_layers))]
     cumulative = [t for t in targets if LOCAL_SUFFIX not in t and TO_OUTPUT not in t]
     with _no_fallback():
@@ -91,10 +91,10 @@ def test_explicit_products_equal_autograd_from_memory_and_from_safetensors(
     u = torch.randn(6, 32, generator=gen, dtype=torch.float64)
     v = torch.randn(6, len(prompt_ids), 32, generator=gen, dtype=torch.float64)
     for source in (load_model(folder, dtype=torch.float64), folder):  # weights in memory, or streamed from shards
-        ref = StreamedModel(source, sweeps="autograd")
+        ref = StreamedEngine(source, sweeps="autograd")
         tr = ref.trace(prompt_ids)
         want_pull, want_push = ref.pull(tr, u), ref.push(tr, v)
-        sm = StreamedModel(source, sweeps="explicit")
+        sm = StreamedEngine(source, sweeps="explicit")
         t = sm.trace(prompt_ids)
         got_pull, got_push = sm.pull(t, u), sm.push(t, v)
         assert (got_pull - want_pull).abs().max().item() <= EXACT * max(1.0, want_pull.abs().max().item())
@@ -106,8 +106,8 @@ def test_explicit_products_equal_autograd_from_memory_and_from_safetensors(
 
 def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids: list[int]) -> None:
     model = tiny_model("llama", seed=4)
-    ref = StreamedModel(model, sweeps="autograd").jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
-    sm = StreamedModel(model, sweeps="explicit")
+    ref = StreamedEngine(model, sweeps="autograd").jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
+    sm = StreamedEngine(model, sweeps="explicit")
     sm.steps.family = dataclasses.replace(sm.family, attentions=())  # as if the attention class were unknown
     with pytest.warns(RuntimeWarning, match="LlamaAttention is not a known piece") as record:
         got = sm.jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
@@ -118,8 +118,8 @@ def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids
 
 def test_the_ordinary_jacobian_goes_through_autograd_silently(prompt_ids: list[int]) -> None:
     model = tiny_model("mistral", seed=2)
-    ref = StreamedModel(model, detach=False, sweeps="autograd").jacobians(prompt_ids, ["layer.1"], mode="forward")
-    sm = StreamedModel(model, detach=False, sweeps="explicit")
+    ref = StreamedEngine(model, detach=False, sweeps="autograd").jacobians(prompt_ids, ["layer.1"], mode="forward")
+    sm = StreamedEngine(model, detach=False, sweeps="explicit")
     with _no_fallback():
         got = sm.jacobians(prompt_ids, ["layer.1"], mode="forward")
     assert sm.stats.explicit_layers == 0 and _worst(ref, got) == 0.0
@@ -127,7 +127,7 @@ def test_the_ordinary_jacobian_goes_through_autograd_silently(prompt_ids: list[i
 
 def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int]) -> None:
     model = tiny_model("gemma3_text", seed=1)
-    sm = StreamedModel(model)
+    sm = StreamedEngine(model)
     trace = sm.trace(prompt_ids)
     with linearized(sm.model), sm.skeleton.layer(1):
         h = trace.inputs[1]
@@ -144,12 +144,12 @@ def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int])
 
 def test_sweeps_are_chosen_by_option_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model("llama", seed=0)
-    assert isinstance(StreamedModel(model).adjoint, ExplicitAdjoint)  # the default
+    assert isinstance(StreamedEngine(model).adjoint, ExplicitAdjoint)  # the default
     monkeypatch.setenv(SWEEPS_ENV, "autograd")
-    assert type(StreamedModel(model).adjoint).__name__ == "AutogradAdjoint"
-    assert isinstance(StreamedModel(model, sweeps="explicit").adjoint, ExplicitAdjoint)  # the option wins
+    assert type(StreamedEngine(model).adjoint).__name__ == "AutogradAdjoint"
+    assert isinstance(StreamedEngine(model, sweeps="explicit").adjoint, ExplicitAdjoint)  # the option wins
     monkeypatch.setenv(SWEEPS_ENV, "fast")
     with pytest.raises(InvalidArgumentError, match=f"Expected {SWEEPS_ENV} one of explicit, autograd. Got 'fast'"):
-        StreamedModel(model)
+        StreamedEngine(model)
     with pytest.raises(InvalidArgumentError, match="Expected sweeps one of explicit, autograd. Got 'vmap'"):
-        StreamedModel(model, sweeps="vmap")
+        StreamedEngine(model, sweeps="vmap")

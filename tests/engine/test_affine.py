@@ -9,7 +9,7 @@ from tiny_models import AFFINE
 from detjac.engine import detached_jacobian, linearized, stream_jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.detach.factors import FactorTape
-from detjac.engine.streamed.streamed_engine import StreamedModel
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.engine.tools.exactness_report import stock_logits
 from detjac.errors import UnsupportedModelError
 
@@ -89,7 +89,7 @@ def test_linear_family_still_refuses_biases_and_offsets(prompt_ids):
 @pytest.mark.parametrize("model_type", AFFINE)
 def test_streamed_engine_refuses_affine_families(model_type):
     with pytest.raises(UnsupportedModelError, match=r"layer-streamed engine.*affine"):
-        StreamedModel(tiny_model(model_type), dtype=torch.float64)
+        StreamedEngine(tiny_model(model_type), dtype=torch.float64)
 
 
 def test_stream_reconstruction_includes_the_offset(prompt_ids):

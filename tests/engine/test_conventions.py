@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from store_helpers import write_prompts
 
 from detjac.cli.main import main
-from detjac.engine import InMemoryEngine, StreamedModel
+from detjac.engine import InMemoryEngine, StreamedEngine
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.detach.wrappers import DetachedGatedMLP
 from detjac.engine.families import family_for
@@ -48,7 +48,7 @@ def test_gate_convention_is_exact_in_both_engines(prompt_ids: list[int]) -> None
     assert err < EXACT
     _, J_up = InMemoryEngine(model).jacobian(prompt_ids)
     assert (J - J_up).abs().max() > 1e-3
-    sm = StreamedModel(model, dtype=torch.float64, convention="gate")
+    sm = StreamedEngine(model, dtype=torch.float64, convention="gate")
     res = sm.jacobians(prompt_ids, ["output", "layer.0", "mlp.1", "mlp_normed.1", "to_output.0"], row_block=16)
     assert (res["output"] - J).abs().max() < EXACT
     for t in res.jacobians:
@@ -59,7 +59,7 @@ def test_a_convention_the_family_lacks_is_refused(tmp_path) -> None:
     with pytest.raises(InvalidArgumentError, match="among up. Got 'gate'"):
         InMemoryEngine(tiny_model("llama"), convention="gate")
     with pytest.raises(InvalidArgumentError, match="among up, gate. Got 'reference'"):
-        StreamedModel(tiny_model("phi3"), convention="reference")
+        StreamedEngine(tiny_model("phi3"), convention="reference")
     prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
     bad = CliRunner().invoke(main, ["run", "default", str(prompts), "--out", str(tmp_path / "s.zarr"),
                                     "--convention", "gate"])

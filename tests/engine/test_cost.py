@@ -8,7 +8,7 @@ import pytest
 
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.streamed.cost import CostModel
-from detjac.engine.streamed.streamed_engine import StreamedModel
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.targets import OUTPUTS
 
 # the benchmark's model (d 512, 4 layers, ffn 1376, 8 query / 4 key-value heads of 64), float32
@@ -48,15 +48,15 @@ def test_explicit_sweeps_hold_p_once_per_layer_autograd_once_per_vector() -> Non
 
 def test_the_engine_sizes_for_the_sweeps_it_runs(prompt_ids: list[int]) -> None:
     model = tiny_model("qwen3", seed=3)
-    explicit = StreamedModel(model, sweeps="explicit")
-    autograd = StreamedModel(model, sweeps="autograd")
+    explicit = StreamedEngine(model, sweeps="explicit")
+    autograd = StreamedEngine(model, sweeps="autograd")
     assert explicit.cost.sweeps == "explicit" and autograd.cost.sweeps == "autograd"
     cfg = model.config
     assert explicit.cost.heads == cfg.num_attention_heads != cfg.num_key_value_heads
     assert (explicit.cost.q, explicit.cost.kv) == (cfg.num_attention_heads * 8, cfg.num_key_value_heads * 8)  # head 8
     assert explicit.cost.vector_bytes(64) < autograd.cost.vector_bytes(64)
-    assert StreamedModel(model, sweeps="explicit", detach=False).cost.sweeps == "explicit"
-    assert not StreamedModel(model, sweeps="explicit", detach=False).cost.explicit
+    assert StreamedEngine(model, sweeps="explicit", detach=False).cost.sweeps == "explicit"
+    assert not StreamedEngine(model, sweeps="explicit", detach=False).cost.explicit
     # once a layer falls back to torch.func, blocks are sized for it
     explicit.steps.family = dataclasses.replace(explicit.family, attentions=())
     with pytest.warns(RuntimeWarning, match="not a known piece"):

@@ -9,7 +9,7 @@ from detjac.engine import (
     OUTPUTS,
     Engine,
     InMemoryEngine,
-    StreamedModel,
+    StreamedEngine,
     Target,
     as_engine,
     jacobian_operator,
@@ -36,11 +36,11 @@ def reference(llama_checkpoint):
 
 def test_load_engine_picks_by_the_options(llama_checkpoint):
     assert isinstance(load_engine(llama_checkpoint), InMemoryEngine)
-    assert isinstance(load_engine(llama_checkpoint, streamed=True), StreamedModel)
-    assert isinstance(load_engine(llama_checkpoint, max_memory="cpu=8GiB"), StreamedModel)
+    assert isinstance(load_engine(llama_checkpoint, streamed=True), StreamedEngine)
+    assert isinstance(load_engine(llama_checkpoint, max_memory="cpu=8GiB"), StreamedEngine)
     model = load_model(llama_checkpoint)
     assert isinstance(as_engine(model), InMemoryEngine)
-    streamed = StreamedModel(model)
+    streamed = StreamedEngine(model)
     assert as_engine(streamed) is streamed
 
 
@@ -105,7 +105,7 @@ def test_a_trace_of_one_engine_is_refused_by_the_other(llama_checkpoint):
 
 
 def test_streamed_skeleton_is_linearized_only_while_it_computes(llama_checkpoint):
-    sm = StreamedModel(llama_checkpoint)
+    sm = StreamedEngine(llama_checkpoint)
 
     def detached_norms() -> int:
         return sum(isinstance(m, DetachedNorm) for m in sm.model.modules())

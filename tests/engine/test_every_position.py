@@ -12,13 +12,13 @@ from tiny_models import N_TOKENS, STREAMABLE
 
 from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.families import family_for
-from detjac.engine.streamed.streamed_engine import StreamedModel, Target
+from detjac.engine.streamed.streamed_engine import StreamedEngine, Target
 from detjac.errors import InvalidArgumentError
 
 CAUSAL = [t for t in STREAMABLE if not family_for(tiny_config(t)).encoder]
 
 
-def _over_prefixes(sm: StreamedModel, ids: list[int], layer: int) -> torch.Tensor:
+def _over_prefixes(sm: StreamedEngine, ids: list[int], layer: int) -> torch.Tensor:
     """``sum_{p'} dy_p' / dh_L`` (d, n, d) from the to_output Jacobians of every prefix ``ids[:p' + 1]``."""
     n, d, target = len(ids), sm.d_model, Target(layer, "to_output")
     total = torch.zeros(d, n, d, dtype=torch.float64)
@@ -30,7 +30,7 @@ def _over_prefixes(sm: StreamedModel, ids: list[int], layer: int) -> torch.Tenso
 @pytest.mark.parametrize("detach", [True, False], ids=["detached", "ordinary"])
 @pytest.mark.parametrize("model_type", CAUSAL)
 def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, detach: bool) -> None:
-    sm = StreamedModel(tiny_model(model_type, seed=7), dtype=torch.float64, detach=detach)
+    sm = StreamedEngine(tiny_model(model_type, seed=7), dtype=torch.float64, detach=detach)
     ids = torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
     layers = [0, sm.n_layers - 1]
     got = sm.pull_every_position(sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), layers)
@@ -45,7 +45,7 @@ def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, d
 def test_a_sweep_from_every_position_refuses_other_targets() -> None:
     from detjac.engine.streamed import passes as sweeps
 
-    sm = StreamedModel(tiny_model("llama", seed=7), dtype=torch.float64)
+    sm = StreamedEngine(tiny_model("llama", seed=7), dtype=torch.float64)
     trace = sm.trace([5, 6, 7])
     seed = torch.zeros(2, 3, sm.d_model, dtype=torch.float64)
     with pytest.raises(InvalidArgumentError, match="Expected only output and to_output targets"):

@@ -10,7 +10,7 @@ from detjac.engine import detached_jacobian, linearized
 from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.detach.factors import FactorTape
 from detjac.engine.families import family_for
-from detjac.engine.streamed.streamed_engine import StreamedModel
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.errors import UnsupportedModelError
 
 MOE = [t for t in FAMILIES if family_for(tiny_config(t)).moes]
@@ -52,4 +52,4 @@ def test_unknown_expert_layout_is_refused(prompt_ids):
 @pytest.mark.parametrize("model_type", MOE)
 def test_streamed_engine_refuses_moe(model_type):
     with pytest.raises(UnsupportedModelError, match=r"layer-streamed engine.*mixture of experts"):
-        StreamedModel(tiny_model(model_type), dtype=torch.float64)
+        StreamedEngine(tiny_model(model_type), dtype=torch.float64)

@@ -17,7 +17,7 @@ from detjac.engine.products.linear_operator import (
     check_block,
     jacobian_operator,
 )
-from detjac.engine.streamed.streamed_engine import StreamedModel
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.errors import InvalidArgumentError
 
 EXACT = 1e-12
@@ -85,7 +85,7 @@ def test_products_are_adjoint_without_forming_j(prompt_ids):
 
 def test_streamed_operator_equals_formed_jacobian_and_streams_layers(llama_checkpoint: Path, prompt_ids):
     J = detached_jacobian(load_model(llama_checkpoint), prompt_ids).combined()
-    sm = StreamedModel(llama_checkpoint)
+    sm = StreamedEngine(llama_checkpoint)
     op = jacobian_operator(sm, prompt_ids, block=3)
     assert isinstance(op, JacobianOperator) and op.engine is sm and op.shape == tuple(J.shape)
     V, U = _randn(J.shape[1], 4, seed=5), _randn(J.shape[0], 4, seed=6)
@@ -122,7 +122,7 @@ def test_operator_svd_matches_the_full_svd(method, prompt_ids):
 
 def test_streamed_and_in_memory_operators_give_the_same_triplets(llama_checkpoint: Path, prompt_ids):
     ops = [jacobian_operator(load_model(llama_checkpoint), prompt_ids), jacobian_operator(
-        StreamedModel(llama_checkpoint), prompt_ids)]
+        StreamedEngine(llama_checkpoint), prompt_ids)]
     a, b = (operator_svd(op, 4, block=4, orient=op.produced) for op in ops)
     assert float(((a.S - b.S).abs() / a.S).max()) <= SIGMA_REL
     assert _min_cosine(a.U, b.U) >= 1 - SIGMA_REL
@@ -164,7 +164,7 @@ def test_long_prompt_never_forms_j(monkeypatch):
         raise AssertionError("the row-forming path was called")
 
     monkeypatch.setattr(JacobianStream, "__iter__", refuse)
-    monkeypatch.setattr(StreamedModel, "blocks", refuse)
+    monkeypatch.setattr(StreamedEngine, "blocks", refuse)
     model = tiny_model("llama", seed=1, hidden_size=64, intermediate_size=96, num_attention_heads=1,
                        num_key_value_heads=1, max_position_embeddings=512)
     ids = torch.randint(3, 160, (400,), generator=torch.Generator().manual_seed(2)).tolist()

@@ -8,7 +8,7 @@ import torch
 from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
 from detjac.engine.products.decode import final_norm_gain
-from detjac.engine.streamed.streamed_engine import StreamedModel, Target, layer_targets
+from detjac.engine.streamed.streamed_engine import StreamedEngine, Target, layer_targets
 from detjac.errors import InvalidArgumentError
 from detjac.targets import kinds
 
@@ -33,7 +33,7 @@ def _frozen_norm(model: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 def test_new_targets_reconstruct_in_both_modes_for_every_family(streamable_model: torch.nn.Module,
                                                                prompt_ids: list[int]) -> None:
-    sm = StreamedModel(streamable_model, dtype=torch.float64)
+    sm = StreamedEngine(streamable_model, dtype=torch.float64)
     targets = ["output", *(t.name for t in layer_targets("all", f"{NEW},{NEW_LOCAL}", sm.n_layers))]
     rev = sm.jacobians(prompt_ids, targets, mode="reverse", row_block=9)
     for t in rev.jacobians:
@@ -51,7 +51,7 @@ def test_new_targets_reconstruct_in_both_modes_for_every_family(streamable_model
 
 def test_normed_targets_equal_autograd_of_the_frozen_norm(streamable_model: torch.nn.Module,
                                                          prompt_ids: list[int]) -> None:
-    sm = StreamedModel(streamable_model, dtype=torch.float64)
+    sm = StreamedEngine(streamable_model, dtype=torch.float64)
     res = sm.jacobians(prompt_ids, [f"{c}_normed.{i}" for i in range(sm.n_layers) for c in ("layer", "mlp")],
                        row_block=16)
     model, p = streamable_model.double(), len(prompt_ids) - 1
@@ -78,7 +78,7 @@ def test_normed_targets_equal_autograd_of_the_frozen_norm(streamable_model: torc
 
 def test_to_output_equals_autograd_from_the_layer_state(streamable_model: torch.nn.Module,
                                                        prompt_ids: list[int]) -> None:
-    sm = StreamedModel(streamable_model, dtype=torch.float64)
+    sm = StreamedEngine(streamable_model, dtype=torch.float64)
     res = sm.jacobians(prompt_ids, [f"to_output.{i}" for i in range(sm.n_layers)], row_block=16)
     assert res.plan.forward == []
     model, p, last = streamable_model.double(), len(prompt_ids) - 1, sm.n_layers - 1
@@ -111,7 +111,7 @@ def test_to_output_equals_autograd_from_the_layer_state(streamable_model: torch.
 def test_to_output_costs_no_extra_sweep(prompt_ids: list[int]) -> None:
     from detjac.engine.checkpoints.tiny import tiny_model
 
-    sm = StreamedModel(tiny_model("llama", seed=3), dtype=torch.float64)
+    sm = StreamedEngine(tiny_model("llama", seed=3), dtype=torch.float64)
     trace = sm.trace(prompt_ids)
     plain = sm.plan(trace, [Target.parse("output")], mode="reverse", row_block=sm.d_model)
     sm.assemble(trace, plain.reverse, plain)

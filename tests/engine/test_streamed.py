@@ -10,7 +10,7 @@ import torch
 from detjac.engine import detached_jacobian, load_model, output_logits
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.checkpoints.weights import SafetensorsWeights, resolve_key
-from detjac.engine.streamed.streamed_engine import StreamedModel, Target, layer_targets, parse_memory
+from detjac.engine.streamed.streamed_engine import StreamedEngine, Target, layer_targets, parse_memory
 from detjac.engine.streamed.tracing import suffix_kwargs
 from detjac.errors import CheckpointError, InvalidArgumentError
 
@@ -21,7 +21,7 @@ EXACT = 1e-12
 def test_streamed_equals_in_memory_engine_for_every_family(streamable_model: torch.nn.Module,
                                                            prompt_ids: list[int]) -> None:
     ref = detached_jacobian(streamable_model, prompt_ids, row_block=16)
-    sm = StreamedModel(streamable_model, dtype=torch.float64)
+    sm = StreamedEngine(streamable_model, dtype=torch.float64)
     res = sm.jacobians(prompt_ids, ["output"], row_block=7)  # blocks that do not divide d_model
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
     assert sm.stats.pulled_suffix_layers >= res.plan.n_blocks  # at least the top layer, from the last position only
@@ -31,7 +31,7 @@ def test_streamed_equals_in_memory_engine_for_every_family(streamable_model: tor
 
 
 def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.Module, prompt_ids: list[int]) -> None:
-    sm = StreamedModel(streamable_model, dtype=torch.float64)
+    sm = StreamedEngine(streamable_model, dtype=torch.float64)
     targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, sm.n_layers))]
     rev = sm.jacobians(prompt_ids, targets, mode="reverse", row_block=9)
     fwd = sm.jacobians(prompt_ids, [t for t in targets if "local" not in t], mode="forward", token_block=3)
@@ -54,14 +54,14 @@ def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.
 @pytest.mark.slow
 def test_forward_mode_truncation_at_an_earlier_position_and_without_detaching(prompt_ids: list[int]) -> None:
     model = tiny_model("mistral", seed=2)  # a sliding window shorter than the prompt
-    ref = StreamedModel(model).jacobians(prompt_ids, ["layer.1", "output"], mode="reverse", position=3)
-    sm = StreamedModel(model)
+    ref = StreamedEngine(model).jacobians(prompt_ids, ["layer.1", "output"], mode="reverse", position=3)
+    sm = StreamedEngine(model)
     fwd = sm.jacobians(prompt_ids, ["layer.1", "output"], mode="forward", token_block=2, position=3)
     for t in fwd.jacobians:
         assert (fwd[t] - ref[t]).abs().max().item() <= EXACT, t.name
         assert not fwd[t][:, 4:].any(), t.name  # tokens after the target position do not reach it
     assert sm.stats.suffix_layers > 0
-    ordinary = StreamedModel(model, detach=False)  # no frozen probabilities: never truncated
+    ordinary = StreamedEngine(model, detach=False)  # no frozen probabilities: never truncated
     exact = ordinary.jacobians(prompt_ids, ["layer.1"], mode="forward", token_block=2)
     assert ordinary.stats.suffix_layers == 0
     ordinary.jacobians(prompt_ids, ["output"], mode="reverse")
@@ -85,7 +85,7 @@ def test_suffix_arguments_slice_positions_and_refuse_unknown_ones() -> None:
 def test_ordinary_jacobian_matches_in_memory_engine(prompt_ids: list[int]) -> None:
     model = tiny_model("qwen3", seed=3)
     ref = detached_jacobian(model, prompt_ids, detach=False, check=False)
-    res = StreamedModel(model, detach=False).jacobians(prompt_ids, ["output"])
+    res = StreamedEngine(model, detach=False).jacobians(prompt_ids, ["output"])
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
 
 
@@ -95,7 +95,7 @@ def test_streaming_from_safetensors_matches_loaded_model(tmp_path: Path, model_t
     path = save_tiny_checkpoint(tmp_path / model_type, model_type, dtype=torch.bfloat16)
     model = load_model(path, dtype=torch.float64)
     ref = detached_jacobian(model, prompt_ids)
-    sm = StreamedModel(path, dtype=torch.float64)
+    sm = StreamedEngine(path, dtype=torch.float64)
     res = sm.jacobians(prompt_ids, ["output", "layer.0", "mlp_local.1"], row_block=16)
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
     assert res.reconstruction_error("layer.0") < EXACT and res.reconstruction_error("mlp_local.1") < EXACT
@@ -107,7 +107,7 @@ def test_streaming_from_safetensors_matches_loaded_model(tmp_path: Path, model_t
 
 
 def test_layers_are_streamed_one_at_a_time_and_released(llama_checkpoint: Path, prompt_ids: list[int]) -> None:
-    sm = StreamedModel(llama_checkpoint)
+    sm = StreamedEngine(llama_checkpoint)
     res = sm.jacobians(prompt_ids, ["output"], row_block=16)
     n_blocks = -(-sm.d_model // 16)
     assert res.plan.n_row_blocks == n_blocks
@@ -131,28 +131,28 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
         parse_memory("cpu=8GiB,CPU=32GiB")
     other = "compute device cpu" if torch.cuda.is_available() else "this PyTorch can compute on"
     with pytest.raises(InvalidArgumentError, match=other):  # a budget for another device only (one this lacks)
-        StreamedModel(llama_checkpoint, max_memory="cuda:0=8GiB")
-    roomy = StreamedModel(llama_checkpoint, max_memory="cpu=1GiB")
+        StreamedEngine(llama_checkpoint, max_memory="cuda:0=8GiB")
+    roomy = StreamedEngine(llama_checkpoint, max_memory="cpu=1GiB")
     trace = roomy.trace(prompt_ids)
     assert roomy.plan(trace, [Target(-1, "output")]).row_block == roomy.d_model  # everything fits: one sweep
-    sm = StreamedModel(llama_checkpoint)
+    sm = StreamedEngine(llama_checkpoint)
     one_vector = sm.cost.vector_bytes(len(prompt_ids))
     # room for exactly 5 vectors besides two copies of a layer, the hidden states and what a layer's crossing holds
     budget = 2 * sm.layer_bytes() + sm.cost.block_bytes(len(prompt_ids), 0) + 5 * one_vector
-    tight = StreamedModel(llama_checkpoint, max_memory={"cpu": budget})
+    tight = StreamedEngine(llama_checkpoint, max_memory={"cpu": budget})
     assert tight.plan(trace, [Target(-1, "output")]).row_block == 5
     res = tight.jacobians(prompt_ids, ["output"])
     assert res.plan.row_block == 5 and res.reconstruction_error("output") < EXACT
     d = sm.d_model  # room for 60 % of the rows: two even blocks, not one full and one short
-    evened = StreamedModel(llama_checkpoint, max_memory={"cpu": budget + (d * 6 // 10 - 5) * one_vector})
+    evened = StreamedEngine(llama_checkpoint, max_memory={"cpu": budget + (d * 6 // 10 - 5) * one_vector})
     assert evened.plan(trace, [Target(-1, "output")]).row_block == -(-d // 2)
     with pytest.raises(InvalidArgumentError, match="raise --max-memory"):  # refused on load, before any work
-        StreamedModel(llama_checkpoint, max_memory={"cpu": sm.layer_bytes()})
+        StreamedEngine(llama_checkpoint, max_memory={"cpu": sm.layer_bytes()})
 
 
 def test_cost_model_picks_the_cheaper_mode() -> None:
     model = tiny_model("llama", seed=1, num_hidden_layers=6)
-    sm = StreamedModel(model)
+    sm = StreamedEngine(model)
     everything = layer_targets("all", "layer,attn,mlp", sm.n_layers)
     short = sm.trace([5, 9])  # 2 tokens, 6 layers: forward mode is cheaper
     plan = sm.plan(short, everything)
