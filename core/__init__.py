@@ -1,12 +1,8 @@
 """detjac: exact detached Jacobians of language models, stored and analyzed at scale.
 
-The package is split by layer (see ``docs/engine.md``, "Layout"): :mod:`detjac.engine` (torch)
-computes, :mod:`detjac.store` (zarr) persists, :mod:`detjac.analysis` (dask) analyzes,
-:mod:`detjac.runs` orchestrates and :mod:`detjac.cli` (click) drives them. The top-level
-modules are torch-free homes for ideas every layer shares: :mod:`detjac.errors` (the error
-hierarchy), :mod:`detjac.targets` (the target grammar), :mod:`detjac.exactness` (the relative
-error and its bounds) and :mod:`detjac.singular` (how singular pairs are oriented).
-"""
+Split by layer: :mod:`detjac.engine` (torch) computes, :mod:`detjac.store` (zarr) persists, :mod:`detjac.analysis`
+(dask) analyzes, :mod:`detjac.runs` orchestrates and :mod:`detjac.cli` drives them; the top-level modules are
+torch-free homes for ideas every layer shares. Layout: docs/engine.md, "Layout"."""
 
 import warnings as _warnings
 

@@ -1,12 +1,8 @@
 """What "exact" means: the relative reconstruction error and the bounds it is held to.
 
-A detached Jacobian reconstructs its target, ``y = sum_k J_k x_k (+ b)``. In float64 the
-relative error is ~1e-15 for every supported family; anything above
-:data:`FLOAT64_EXACTNESS_BOUND` means a nonlinearity escaped the detach rules, and the
-engine, the runs and ``detjac store verify`` refuse it. Lower precisions only round, so they
-get looser bounds (:data:`DTYPE_BOUND`), used when a stored prompt is verified. One home for
-both, used by the engine (torch tensors) and the store and analyses (numpy arrays).
-"""
+A detached Jacobian reconstructs its target, ``y = sum_k J_k x_k (+ b)``: in float64 to ~1e-15 for every family, and
+above :data:`FLOAT64_EXACTNESS_BOUND` a nonlinearity escaped the detach rules, so it is refused. Lower precisions
+only round, and get looser bounds (:data:`DTYPE_BOUND`)."""
 
 from __future__ import annotations
 

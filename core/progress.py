@@ -1,12 +1,8 @@
 """Progress bars: tqdm's on a terminal; elsewhere plain lines.
 
-Long work shows a bar. Where stderr is not a terminal (batch schedulers, ``nohup``, CI logs,
-notebooks) a tqdm bar would fill the log with carriage returns and, for nested bars, the
-cursor-up escapes ``ESC[A``; there :func:`tqdm` returns a :class:`PlainBar`, which writes whole
-lines instead: at most one per ``DETJAC_PROGRESS_INTERVAL`` seconds (default 30) while a bar
-runs, and a last one when a bar that is kept (``leave=True``) closes. Torch-free: every layer
-may use it.
-"""
+Where stderr is not a terminal (batch schedulers, ``nohup``, CI logs, notebooks) :func:`tqdm` returns a
+:class:`PlainBar`, which writes whole lines, at most one per ``DETJAC_PROGRESS_INTERVAL`` seconds (default 30).
+Torch-free: every layer may use it."""
 
 from __future__ import annotations
 
@@ -39,7 +35,8 @@ def tqdm(iterable: Iterable[Any] | None = None, *, desc: str | None = None, unit
 
 def progress_bar(items: Any, progress: bool, desc: str, unit: str, leave: bool = True,
                  total: int | None = None) -> Any:
-    """``items`` wrapped in a bar (:func:`tqdm`) when ``progress`` (a bare bar when ``items`` is None); else ``items``."""
+    """``items`` wrapped in a bar (:func:`tqdm`) when ``progress`` (a bare bar when ``items`` is None); else
+    ``items``."""
     return tqdm(items, desc=desc, unit=unit, leave=leave, total=total) if progress else items
 
 class PlainBar:

@@ -1,11 +1,8 @@
 """How a singular pair is oriented and how a vector is decoded to tokens: one rule for the engine and the analyses.
 
-Singular vectors are defined up to a joint sign of each pair ``(u_i, v_i)``. detjac flips each
-pair so that ``u_i . r >= 0`` for a reference ``r`` in the output space, normally what the
-operator produced from the prompt (``J x``, the output less an affine offset): the leading
-left vectors then point the way the model's output does, and decoded tokens are comparable
-across runs, engines and stores.
-"""
+Each pair ``(u_i, v_i)`` is flipped so that ``u_i . r >= 0`` for a reference ``r`` in the output space, normally
+``J x``, so decoded tokens are comparable across runs, engines and stores. Details: docs/engine.md, "Decoded singular
+triplets"."""
 
 from __future__ import annotations
 

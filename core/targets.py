@@ -1,34 +1,8 @@
 """The target grammar: which Jacobian a name means, in one place for every layer of detjac.
 
-A *target* is an output of the forward pass whose Jacobian detjac computes, at the target
-position:
-
-``output``
-    The final normed hidden state ``y`` (what :func:`detjac.engine.detached_jacobian` returns).
-``layer.L``
-    Decoder layer ``L``'s output (the residual stream after it).
-``attn.L``, ``mlp.L``
-    Layer ``L``'s attention and MLP blocks' contributions to the residual stream (post-norms
-    included), so ``layer.L = layer.L-1 + attn.L + mlp.L``.
-``resid_mid.L``
-    The residual stream between layer ``L``'s attention and MLP blocks: ``layer.L-1 + attn.L``
-    (the reference implementation's ``attn_plus_residual``).
-``layer_normed.L``, ``attn_normed.L``, ``mlp_normed.L``
-    The paper's intermediate targets: the model's final norm applied to ``layer.L``, ``attn.L``
-    or ``mlp.L``, its scale frozen at that vector's own value (``g * v / rms(v)`` for an
-    RMSNorm with gain ``g``). Exact like the others; their singular vectors and stable ranks
-    differ from the un-normed ones wherever ``g`` is not uniform.
-``*_local.L`` (every component above)
-    The same, but with respect to layer ``L``'s own input instead of the input embeddings.
-``to_output.L``
-    ``dy/dh_L``: the output ``y`` with respect to layer ``L``'s output ``h_L`` at every position
-    (the reference's ``transform_to_output``), so ``y = sum_k T_k h_L[k]``.
-
-Negative layer indices count from the end when the number of layers is known
-(:meth:`Target.parse`). Targets sort by layer, then component: the order the store lists
-them in and the engine sweeps them. This module is torch-free, so the store and the
-analyses read names with the same rules the engine writes them with.
-"""
+``output``; ``layer.L``, ``attn.L``, ``mlp.L`` and their ``*_normed`` forms; ``resid_mid.L``; each of these also
+``*_local``; ``to_output.L``. :meth:`Target.parse` reads a name (negative layers count from the end). Torch-free, so
+the store and the analyses read names by the engine's rules. Meanings: docs/engine.md, "Targets"."""
 
 from __future__ import annotations
 
@@ -54,7 +28,7 @@ INPUT = "input"  # to_output targets: the layer's output hidden states h_L (toke
 
 @dataclass(frozen=True, order=True)
 class Target:
-    """One Jacobian the engine can compute (see the module docstring for the meanings).
+    """One Jacobian the engine can compute (meanings: docs/engine.md, "Targets").
 
     Attributes
     ----------

@@ -1,19 +1,8 @@
 """The engine interface: what every engine provides, so that no caller asks which one it holds.
 
-Two engines implement :class:`Engine`:
-
-- :class:`~detjac.engine.inmemory.inmemory_engine.InMemoryEngine`: a loaded transformers model of any supported
-  family; the forward pass runs once per prompt with its pullback kept, row blocks of the
-  output's Jacobian come from vmapped pullbacks.
-- :class:`~detjac.engine.streamed.streamed_engine.StreamedEngine`: the layer-streamed engine for models larger
-  than the compute device; layerwise targets, memory budgets, forward mode.
-
-Both trace a prompt (:class:`Trace`), plan a request (:class:`Plan`), yield blocks of the
-requested targets' Jacobians (:class:`JacobianBlock`), apply ``J`` and ``J^T`` to blocks of
-vectors (:meth:`Engine.push`, :meth:`Engine.pull`), and give the decoding matrices, the
-logits and the tokenizer. :func:`detjac.engine.load_engine` picks one from the user's
-options; runs/, cli/ and the matrix-free operator only use this interface.
-"""
+:class:`Engine`, implemented by the in-memory and the layer-streamed engine: trace a prompt, plan a request, yield
+blocks of Jacobians, apply ``J`` and ``J^T`` to blocks of vectors, decode and score. Details: docs/engine.md, "Two
+engines, one interface"."""
 
 from __future__ import annotations
 

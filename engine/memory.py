@@ -1,15 +1,8 @@
 """Memory budgets: the ``--max-memory`` syntax, device names, and the allocator setting a CPU budget needs.
 
-Budgets are written as accelerate writes them (``max_memory={"cuda:0": "8GiB"}``), here as
-one string, ``"cuda:0=8GiB,cpu=32GiB"``, or a dict of bytes. The layer-streamed engine sizes
-its blocks to the compute device's budget (:mod:`detjac.engine.streamed.cost`).
-
-On CPU a budget also needs glibc to hand large freed blocks back to the system at once
-(:func:`return_freed_memory`): with its default adaptive threshold the sweeps' short-lived
-cotangent buffers fragment the heap and the resident set grows to several times what is in
-use. That setting is process-wide, so the engine never makes it itself: the application
-that owns the process (the ``detjac`` command, a benchmark) calls it.
-"""
+Budgets are written as accelerate writes them (``"cuda:0=8GiB,cpu=32GiB"``). :func:`return_freed_memory` acts on the
+whole process, so the engine never calls it: the application that owns the process does. Details: docs/engine.md,
+"Two engines, one interface"."""
 
 from __future__ import annotations
 

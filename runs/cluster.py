@@ -1,18 +1,8 @@
 """A corpus run on a dask.distributed cluster: the prompts spread over workers, into one store.
 
-The client (the ``detjac run`` process) plans the run and holds the store's writer lock, as a
-run in one process does. Each worker loads the model once, when its first prompt arrives,
-through a worker plugin (:class:`ModelPlugin`), and commits its prompts into the shared store
-under the client's lease with the store's staged-and-renamed protocol: the prompt of a killed
-worker is never visible, the scheduler hands it to another worker, and a prompt is stored
-once (a second commit of it finds it in place and drops its copy).
-
-A prompt that fails deterministically (refused by the tokenizer, too long, a linearization
-check) is recorded under ``failed/`` in the store with its reason and does not stop the run;
-so is a prompt whose workers keep dying (dask's ``distributed.scheduler.allowed-failures``).
-An interrupted client cancels the queued prompts; the store keeps what was committed and a
-re-run resumes.
-"""
+Each worker loads the model once (:class:`ModelPlugin`) and commits its prompts under the client's lease, each exactly
+once; a failing prompt is recorded under ``failed/`` and does not stop the run. Details: docs/user-guide.md,
+"Distributed runs: one corpus, many workers, one store"."""
 
 from __future__ import annotations
 

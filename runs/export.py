@@ -1,11 +1,8 @@
 """One Jacobian saved as a numpy ``.npz`` file (``detjac jacobian --out FILE.npz``).
 
-Arrays: ``jacobian`` (row, token, col), ``embeddings`` (token, col), ``output`` (row,),
-``reconstruction`` (row,), ``token_ids`` (token,), ``tokens`` (token,) decoded pieces (empty without
-a tokenizer), ``bias`` (row,) for affine models, and the scalars ``reconstruction_error``,
-``position``, ``detached``, ``model``, ``prompt``. ``numpy.load(path)["jacobian"][:, k, :]`` is
-``J_k``; ``numpy.einsum("rtc,tc->r", J, embeddings)`` gives back ``reconstruction``.
-"""
+Arrays ``jacobian`` (row, token, col), ``embeddings`` (token, col), ``output``, ``reconstruction``, ``token_ids``,
+``tokens``, ``bias`` (affine models) and the run's scalars: ``numpy.load(path)["jacobian"][:, k, :]`` is ``J_k``, and
+``numpy.einsum("rtc,tc->r", J, embeddings)`` gives back ``reconstruction``."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
 """What a run's weights are: the SHA-256 of every weight file of its checkpoint, so a store knows its weights.
 
-A run's identity (see ``docs/store-format.md``) holds ``weights_sha256``, one digest of the
-per-file digests, and its description the per-file digests themselves (``weights``), so that
-resuming a store after the weights changed is refused with the file that differs.
-
-Where a file's SHA-256 comes from:
-
-- a file of the Hugging Face cache is a symlink to ``blobs/<sha256>`` for LFS files (every weight
-  file): the hub's own hash, read from the blob's name, with nothing read;
-- any other file is hashed once and the digest kept in a small JSON cache keyed by the file's
-  resolved path (``$DETJAC_CACHE_DIR``, else ``$XDG_CACHE_HOME/detjac``, else ``~/.cache/detjac``:
-  ``weights-sha256.json``). No metadata alone is trusted: a cached digest is used only while the file's
-  size, inode, modification time *and* status-change time (``ctime``, which every write or ``utime`` call
-  sets to the present and no user can set back) are unchanged *and* a content sample still hashes as it
-  did (:func:`content_sample`: the first MiB, 4 KiB at 256 evenly spaced offsets and the last 4 KiB; for
-  safetensors also the first and last 4 KiB of every tensor), else the whole file is hashed again. An
-  unwritable cache only costs the hashing again next time.
-
-A run's tokenizer is part of its identity too (``tokenizer_sha256``): the SHA-256 of every tokenizer
-file of the checkpoint folder (:data:`TOKENIZER_FILES`), read whole each time (they are small). A GGUF
-file holds its tokenizer: its weights digest covers it.
-"""
+The hub's own digest where the Hugging Face cache has one; otherwise the file is hashed once and the digest cached,
+trusted only while the file's metadata and a content sample are unchanged. Tokenizer files are hashed whole. Details:
+docs/store-format.md, "Root attribute detjac_store"."""
 
 from __future__ import annotations
 

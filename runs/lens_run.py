@@ -1,14 +1,8 @@
 """A ``detjac run --lens`` run: the lens's sums accumulated while the prompts are computed, no operator stored.
 
-For each prompt the engine's reverse sweep of the output yields the rows of ``to_output.L`` (``dy/dh_L``, every
-position) as it passes layer ``L`` (``docs/engine.md``, "Cost model"); :class:`SamePosition` keeps only their
-target-position block ``T_p = dy_p/dh_{L,p}`` (d x d, float64) per lens layer, and after the prompt's commit the
-blocks go into the process's :class:`detjac.analysis.lens_sums.RunningSums`, written as sealed partials in the
-format of the stored-route fit. What a prompt of such a store keeps: its record (attributes, with each lens
-layer's reconstruction error of ``y`` from that layer's states under ``lens``), token ids, embeddings and output
-``y``; with ``--keep full`` also the output's Jacobian. At the end of a run that counted every prompt, the
-partials are merged and ``lens/fitted`` written (:func:`finish`), the lens ``load_lens`` reads.
-"""
+:class:`SamePosition` keeps each prompt's target-position block of ``to_output.L`` from the output's reverse sweep; the
+blocks go into running sums written as sealed partials, merged by :func:`finish`. Details: docs/lens.md,
+"Accumulating the lens during a run"."""
 
 from __future__ import annotations
 

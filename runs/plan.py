@@ -1,11 +1,8 @@
 """A corpus run, planned once, then executed in one process (``local.py``) or on a cluster (``cluster.py``).
 
-:func:`prepare_run` reads the prompts file, loads the model with :meth:`ModelSpec.load` (the
-same call every worker of a distributed run makes), tokenizes and checks every prompt,
-describes the run (its identity decides the prompt ids and whether a store may be resumed)
-and lists the unique prompts. :func:`open_run_store` then creates or resumes the store, and
-:meth:`RunPlan.pending` leaves out the prompts already complete in it.
-"""
+:func:`prepare_run` loads the model (:meth:`ModelSpec.load`), checks the prompts and describes the run;
+:func:`open_run_store` creates or resumes the store, and :meth:`RunPlan.pending` leaves out the prompts already
+in it."""
 
 from __future__ import annotations
 

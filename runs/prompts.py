@@ -1,11 +1,8 @@
 """Prompts files and their tokens: what a run reads before it touches a store.
 
-A ``.txt`` file holds one prompt per line, a ``.jsonl`` file one ``{"prompt": ...}`` (or
-``"text"``) object per line with other fields kept as metadata; blank lines are skipped. In a
-``.jsonl`` file a prompt may be token ids (``{"prompt": [1, 2, 3]}``), used as they are; its
-text is then the JSON list (``"[1, 2, 3]"``), which is what its prompt id and the store's
-``prompt`` attribute are made of.
-"""
+``.txt``: one prompt per line; ``.jsonl``: one ``{"prompt": ...}`` (or ``"text"``) object per line, other fields kept
+as metadata, a prompt given as token ids used as it is. Details: docs/user-guide.md, "Runs over prompt files, stored
+on disk"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """A corpus run from start to end (``detjac run``): check the options, plan, open the store, compute, count.
 
-:func:`run_corpus` is the one entry point: it checks the combination of options, plans the
-run (:func:`detjac.runs.plan.prepare_run`), creates or resumes the store, and computes the
-pending prompts in this process (:mod:`detjac.runs.local`) or on a dask.distributed cluster
-(:mod:`detjac.runs.cluster`, on a client from :mod:`detjac.runs.scheduler`). It prints nothing:
-what it has to say while running (the plan, where the cluster runs) goes to a ``log``
-callback, and the counts come back in a :class:`RunOutcome`.
-"""
+:func:`run_corpus` is the one entry point, and it prints nothing: what it has to say while running goes to a ``log``
+callback, and the counts come back in a :class:`RunOutcome`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The dask.distributed client that ``detjac run`` and ``detjac analyze`` use: an existing scheduler, or a
 LocalCluster of worker processes on this machine (loopback only).
 
-Nothing here prints: where the client runs (scheduler address, workers, dashboard link) is
-described by :class:`ClusterInfo` and handed to the caller's ``log`` callback, so the command
-line decides how to show it. dask and distributed are imported inside the functions, so
-importing this module costs nothing.
-"""
+Nothing here prints (where the client runs is a :class:`ClusterInfo` for the caller's ``log`` callback), and dask is
+imported inside the functions."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """Steering from a store (``detjac steer``): a concept prompt's stored layer Jacobians steer a loaded model.
 
-:func:`load_concept` loads the model and builds the :class:`~detjac.engine.tools.steer.SteeringOperator`
-from a prompt stored with ``detjac run --layers`` (checked against the model);
-:func:`steer_prompt` makes one unsteered and one steered continuation;
-:func:`prepare_evaluation` and :func:`evaluate_steering` measure how often the concept's
-tokens appear in continuations across strengths, as a table. The steering itself (the
-operator, the hook, greedy generation) is :mod:`detjac.engine.tools.steer`'s.
-"""
+:func:`load_concept`, :func:`steer_prompt`, :func:`prepare_evaluation` and :func:`evaluate_steering`; the steering
+itself is :mod:`detjac.engine.tools.steer`'s (docs/engine.md, "Steering")."""
 
 from __future__ import annotations
 

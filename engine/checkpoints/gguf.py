@@ -1,27 +1,8 @@
 """GGUF checkpoints (llama.cpp's one-file format) as a model source: config, tokenizer and weights.
 
-A MODEL that is a ``.gguf`` file (or a folder or hub id with ``gguf_file=NAME``) is read here:
-
-- the header and tensor table by :func:`read_header`, which checks the file before anything is
-  loaded (magic bytes, version, a tensor table and data that fit in the file, quantization types
-  the ``gguf`` package can dequantize, a tokenizer) and raises :class:`~detjac.errors.CheckpointError`
-  naming what is wrong;
-- the config and the tokenizer by transformers' own GGUF mapping (``AutoConfig`` and
-  ``AutoTokenizer`` with ``gguf_file=``), so they are what transformers would load;
-- the weights one tensor at a time by :class:`GGUFWeights`: positioned reads of that tensor's
-  bytes (no memory map), dequantized by the ``gguf`` package, then transformers' per-architecture
-  fix-ups (llama.cpp's Q/K row permutation, Gemma's ``1 + w`` norms) and name mapping. Rows of a
-  2-D tensor (the prompt's embedding rows, the unembedding in chunks) are read and dequantized
-  alone: a quantized row is a whole number of blocks.
-
-Scope of exactness: the float64 Jacobian is exact for the weights *as dequantized* (every
-quantized block expanded to floats, then cast to the compute dtype). It is not the original
-bf16 model the GGUF was quantized from. transformers' own GGUF models keep the weights packed
-and compute in float32, which caps exactness near 1e-7; detjac never computes with them.
-
-Identity: a run of a GGUF records the file's SHA-256 and its tensors' quantization types
-(:func:`detjac.runs.fingerprint.weights_identity`).
-"""
+:func:`read_header` checks a file before anything is loaded; :class:`GGUFWeights` reads and dequantizes one tensor
+(or row) at a time. Exact for the weights as dequantized, not for the model the file was quantized from. Details and
+scope of exactness: docs/engine.md, "GGUF files"."""
 
 from __future__ import annotations
 

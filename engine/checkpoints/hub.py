@@ -1,20 +1,8 @@
 """Hub ids: a model named ``org/name`` found in the Hugging Face cache (or, online, downloaded into it).
 
-A MODEL argument that is not an existing folder but has the form of a Hub repository id
-(``meta-llama/Llama-3.2-1B``) is resolved through ``huggingface_hub`` to a snapshot folder of
-the local Hugging Face cache, which every loader then reads like any checkpoint folder (the
-layer-streamed engine reads its safetensors shards in place, through the cache's symlinks).
-
-- The cache is looked in first, with no network at all: ``HF_HUB_CACHE`` if set, else
-  ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (the hub's own rules, read when a model
-  is resolved, not when this module is imported).
-- ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``): the cache only. A model that is not
-  there is an error naming the id, the revision, the cache folder and the command that
-  fetches it (``hf download ID --revision R``).
-- Otherwise a model missing from the cache is downloaded into it (config, tokenizer and
-  safetensors files only); a gated model needs ``HF_TOKEN`` (or ``hf auth login``), read by
-  ``huggingface_hub`` itself. A failed download is the same error, with the hub's reason.
-"""
+The cache is looked in first, with no network; under ``HF_HUB_OFFLINE=1`` a model missing from it is an error naming
+the command that fetches it (``hf download ID --revision R``). Details: docs/user-guide.md, "Models from the Hugging
+Face hub"."""
 
 from __future__ import annotations
 

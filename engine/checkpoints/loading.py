@@ -51,8 +51,9 @@ def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
 
 def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`); for a GGUF
-    file, the file and the config transformers reads from it (see :mod:`detjac.engine.checkpoints.gguf`). ``"default"`` names
-    the shipped model, as on the command line (:func:`detjac.engine.checkpoints.default.resolve_model`)."""
+    file, the file and the config transformers reads from it (see :mod:`detjac.engine.checkpoints.gguf`).
+    ``"default"`` names the shipped model, as on the command line
+    (:func:`detjac.engine.checkpoints.default.resolve_model`)."""
     path = resolve_model(path)
     if is_gguf(path):
         from .gguf import gguf_config, gguf_path

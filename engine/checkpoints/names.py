@@ -22,8 +22,8 @@ def default_model_dir() -> Path:
 
 def resolve_model(source: str | Path, gguf_file: str | None = None, revision: str | None = None) -> str | Path:
     """``"default"`` names the shipped model (unless a folder of that name exists); with ``gguf_file``, the GGUF
-    file of that name inside the folder or hub id ``source`` (see :func:`detjac.engine.checkpoints.gguf.select_gguf`); else
-    unchanged."""
+    file of that name inside the folder or hub id ``source`` (see
+    :func:`detjac.engine.checkpoints.gguf.select_gguf`); else unchanged."""
     if gguf_file is not None:
         from .gguf import select_gguf
 

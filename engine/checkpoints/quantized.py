@@ -1,36 +1,8 @@
-"""bitsandbytes-quantized weights as plain float tensors.
+"""bitsandbytes-quantized weights as plain float tensors, decoded with bitsandbytes' own functions (bit for bit).
 
-A bitsandbytes layer (``Linear4bit``, ``Linear8bitLt``) stores a packed integer weight and
-computes with the float weight it decodes from it. ``torch.func`` cannot trace those layers,
-but it can trace ``F.linear`` with the decoded weight, and the Jacobian of that plain
-layer is the Jacobian of the quantized model. This module produces the decoded weights,
-using bitsandbytes' own quantize and dequantize functions so they match bit for bit:
-
-* :func:`quantize_roundtrip` -- the weight a bitsandbytes layer computes with after
-  quantizing a float weight on load (``BitsAndBytesConfig(load_in_4bit=True)`` or
-  ``load_in_8bit=True``);
-* :func:`dequantize_layer` -- plain float parameters from the raw tensors of a
-  checkpoint saved by transformers in bitsandbytes' serialized format;
-* :func:`is_quantized_checkpoint` -- which of those formats a ``config.json`` declares.
-
-Scope of exactness
-------------------
-4-bit (``nf4``/``fp4``): bitsandbytes decodes each weight into ``float32`` products
-(code value times block scale) and rounds them once to the compute dtype, then runs
-``F.linear``. The weights returned here are those ``float32`` products rounded once to the
-requested dtype, so a plain layer reproduces a ``float32`` or ``bfloat16`` compute layer
-exactly. (On CPUs with AVX512-BF16, bitsandbytes' inference fast path instead repacks the
-weight and rounds the block scales to ``bfloat16``; that path is not what is reproduced.)
-
-8-bit (``int8``, LLM.int8()): the decoded weight is ``int8 * row_scale / 127``. A
-``Linear8bitLt`` in training mode on CPU computes ``F.linear`` with that weight; in
-inference mode it also quantizes its *input* to int8 (and treats outlier columns
-separately), which is a piecewise constant nonlinearity no Jacobian describes. The plain
-layer built from these weights is the weight-quantized model without activation
-quantization.
-
-bitsandbytes is an optional dependency, imported only when quantized weights are involved.
-"""
+Scope of exactness: the Jacobian is that of the quantized model; 4-bit layers as bitsandbytes' plain dequantize path
+computes them (not its AVX512-BF16 fast path), 8-bit ones as weight quantization only (not LLM.int8()'s rounding of
+the activations). Details: docs/engine.md, "Quantized weights"."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Tiny random models of every supported family, for tests, demos and quick checks.
+"""Tiny random models of every supported family (d_model 32, 3 layers), for tests, demos and quick checks.
 
-The configs are small (d_model 32, 3 layers) but exercise each family's peculiarities:
-grouped-query attention, sliding windows shorter than the prompts used in tests, mixed
-sliding/full Gemma3 layers, QK norms, fused Phi3 projections, partial rotary, biases and
-learned position embeddings (Qwen2, GPT-2, the BERT encoder). All
-weights, norm weights included, are perturbed away from their initial values, because
-Gemma3's zero-initialised norm weights would make ``w`` and ``1 + w`` look the same.
-Nothing is downloaded; the tokenizer is a small BPE trained on a built-in text.
-"""
+Each config exercises its family's peculiarities; nothing is downloaded. Details: docs/engine.md, "Tiny random
+models"."""
 
 from __future__ import annotations
 

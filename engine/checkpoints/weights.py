@@ -1,15 +1,8 @@
 """Where the layer-streamed engine gets its weights: a loaded model, or safetensors on disk (GGUF files:
 :mod:`detjac.engine.checkpoints.gguf`; which source a model gets: :mod:`detjac.engine.checkpoints.sources`).
 
-Both sources hand out the tensors of one module subtree (one decoder layer, the final
-norm) by their names in the model, in the compute dtype, on the compute device.
-:class:`SafetensorsWeights` reads each tensor with plain positioned reads from the
-shard files (no memory map, so reading a layer never leaves the shard's pages counted
-in the process's resident memory) and never unpickles anything. Checkpoints saved in
-bitsandbytes' serialized 4-bit or 8-bit format are dequantized as each layer is read,
-and ``quantize=`` applies a quantize-dequantize round trip to every linear weight of a
-float checkpoint (the model bitsandbytes would run after quantizing on load).
-"""
+One module subtree at a time, by positioned reads (no memory map, nothing unpickled), dequantized or quantized on the
+way. Details: docs/engine.md, "Model sources"."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Scalar nonlinearities written as ``f(z) = z * r(z)``, with the ratio ``r`` frozen.
+"""Scalar nonlinearities written as ``f(z) = z * r(z)``, with the ratio ``r`` frozen (activations, soft-capping).
 
-One helper serves every elementwise nonlinearity whose value at zero is zero: ungated
-activations (GELU ``z * Phi(z)``, its tanh approximations, SiLU ``z * sigmoid(z)``, ReLU
-``z * [z > 0]``, quick GELU) and soft-capping ``c tanh(z / c) = z * (c tanh(z / c) / z)``
-(Gemma 2's final logits). Each ratio is written in closed form from the same formula the
-stock module uses, so ``z * r(z)`` equals the stock output to rounding, and it never
-divides by ``z`` where a closed form exists. Activations are matched by exact class;
-anything else has no ratio and the guard refuses it.
-"""
+Each ratio is in closed form from the stock module's formula; activations are matched by exact class, and anything
+else has no ratio (the guard refuses it). Details: docs/engine.md, "Scalar nonlinearities"."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
 """The guard: prove that every module on the input-to-output path is linear once frozen.
 
-The walk starts at the decoder (the module fed ``inputs_embeds``) and descends into
-every child, except those that only feed a frozen factor (the gate branch of a wrapped
-MLP, the Q/K side of an attention block) and the token embedding (the Jacobian is taken
-with respect to its output). A module is accepted only if it is
-
-- a detached wrapper (its linear-path children are walked in turn),
-- a bias-free ``nn.Linear``; a biased ``nn.Linear`` or GPT-2's ``Conv1D`` only in a family
-  that declares itself affine (the engine then computes the offset ``b``),
-- a learned offset (position or token-type embedding) that the family names, again only
-  in an affine family,
-- a family container or attention block (walked), a generic container (walked),
-  matched by exact class, since a subclass may override ``forward``,
-- a position-only module (rotary embeddings) or a dropout (identity in eval mode).
-
-Children a family declares off the path (BERT's pooler) are not walked. Anything else
-raises :class:`UnsupportedModelError` naming the module's path and class: an unknown
-norm, a new activation, a biased projection in a family without affine support. A guard that errs on the side
-of refusing is the point: a silently wrong Jacobian is the one failure we must not have.
-"""
+:func:`check_linear_path` walks the path from the decoder down and accepts only what it can prove linear; anything
+else raises :class:`UnsupportedModelError` naming the module's path and class. What is accepted: docs/engine.md,
+"The guard"."""
 
 from __future__ import annotations
 

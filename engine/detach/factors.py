@@ -1,17 +1,8 @@
 """Frozen factors, recorded in one forward pass and replayed in another.
 
-Every detached wrapper computes its frozen factor ``A(x)`` through :func:`freeze`. Outside
-a tape that is all it does. Inside :meth:`FactorTape.recording` each factor is also kept,
-in call order; inside :meth:`FactorTape.replaying` the wrappers take the recorded factors
-instead of computing new ones. Running the network on zero inputs while replaying the
-factors of the real input gives the offset ``b`` of the affine map
-``y = sum_k J_k x_k + b`` exactly: every frozen factor is the one the real input produced,
-and with zero inputs only the biases (and position embeddings) remain.
-
-The active tape lives in a context variable rather than on the wrappers because the
-detached attention function is registered with transformers by name and receives no
-reference to detjac's objects; the variable is set only inside the two ``with`` blocks.
-"""
+Every wrapper computes its factor through :func:`freeze`; a :class:`FactorTape` records and replays them, which gives
+an affine model's offset ``b`` from a pass on zero inputs. Details: docs/engine.md, "Frozen factors and the
+offset b"."""
 
 from __future__ import annotations
 

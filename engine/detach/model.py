@@ -1,13 +1,8 @@
 """Linearize a loaded model in place, for the duration of a ``with`` block.
 
-``linearized(model)`` wraps the model's own norm and MLP instances (and the query and key
-projections, which then run on the detached input) with the detached wrappers of
-:mod:`detjac.engine.detach.wrappers`, points the config at the registered detached
-attention function, puts the model in eval mode with frozen parameters, and runs the
-guard. On exit every instance, the attention setting, the training flag and the
-``requires_grad`` flags are restored, so the stock model is untouched afterwards.
-Nothing at module level or under site-packages is changed.
-"""
+:func:`linearized` wraps the model's own instances (:mod:`detjac.engine.detach.wrappers`), runs the guard and restores
+everything on exit; nothing at module level or under site-packages is changed. Details: docs/engine.md, "Linearizing
+a loaded model"."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """Detached sparse mixture-of-experts blocks (Qwen3-MoE, Mixtral, OLMoE).
 
-The stock block routes each token with its router (``router_logits, routing_weights,
-selected_experts``) and sums the chosen experts' gated MLPs weighted by the routing
-weights. Detached, the router's choice and weights are one frozen factor (computed by
-the stock router, so they are bit for bit the model's), and inside each chosen expert
-``act(gate(x))`` is frozen as in a dense gated MLP; what stays is, per token,
-``sum_e w_e * down_e(A_e * up_e(x))``: linear in ``x``.
-
-The experts are fused parameter tensors in transformers 5 (``gate_up_proj``
-(experts, 2 * ffn, d), ``down_proj`` (experts, d, ffn)), so the wrapper computes with
-them directly, in the loop order of the stock experts' eager forward.
-"""
+The router's choice and weights are one frozen factor and each chosen expert's ``act(gate(x))`` another, leaving
+``sum_e w_e * down_e(A_e * up_e(x))``, linear in ``x``. Details: docs/engine.md, "Mixture of experts"."""
 
 from __future__ import annotations
 

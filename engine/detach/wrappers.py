@@ -1,17 +1,8 @@
 """The detached building blocks: norm, gated-MLP and activation wrappers and the attention function.
 
-Each computes exactly what the stock module computes, except that the input-dependent
-nonlinear factor ``A(x)`` is detached from autograd (when ``detach`` is on), so the
-Jacobian of the block is the linear map ``x -> A(x*) x`` at the given input. Everything
-runs in the input's dtype: stock RMSNorms cast to float32, which would cap a float64
-model at ~1e-7 agreement. Only the frozen factors are computed in at least float32 and
-cast back, so bfloat16 runs keep stock accuracy while the linear path stays exact.
-
-With ``detach`` off the same code gives the ordinary Jacobian of the same computation,
-so the two can be compared on equal numerical footing. Every frozen factor goes through
-:func:`detjac.engine.detach.factors.freeze`, so a second pass can replay the factors of the first
-(how the offset ``b`` of an affine model is computed).
-"""
+Each computes what the stock module computes with its factor ``A(x)`` detached (through
+:func:`detjac.engine.detach.factors.freeze`), in the input's dtype; with ``detach`` off, the ordinary Jacobian of the
+same computation. Details: docs/engine.md, "The detached wrappers"."""
 
 from __future__ import annotations
 
@@ -87,7 +78,8 @@ class DetachedNorm(DetachedModule):
 
 
 class DetachedActivation(DetachedModule):
-    """An ungated activation ``f(z) = z * r(z)`` with the ratio ``r(z)`` frozen (see :mod:`detjac.engine.detach.activations`)."""
+    """An ungated activation ``f(z) = z * r(z)`` with the ratio ``r(z)`` frozen (see
+    :mod:`detjac.engine.detach.activations`)."""
 
     def __init__(self, inner: nn.Module, ratio: Ratio, detach: bool) -> None:
         super().__init__(inner, detach)

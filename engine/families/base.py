@@ -1,12 +1,8 @@
 """What a family adapter must declare so detjac can linearize a model of that family.
 
-A family is data, not code: which module classes are its norms (and how their weight is
-applied), its gated MLPs, its attention blocks, its position encoders and its
-structural containers, and which children of an attention block only feed the frozen
-attention probabilities. :mod:`detjac.engine.detach.model` turns that declaration into
-wrapped module instances, and :mod:`detjac.engine.detach.check` uses it to prove that every
-module left on the input-to-output path is linear once the factors are frozen.
-"""
+A family is data, not code: its module classes by role and flags for what sets it apart, which
+:mod:`detjac.engine.detach.model` wraps and :mod:`detjac.engine.detach.check` proves linear. Details: docs/engine.md,
+"Families"."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""BERT encoders (MiniLM, sentence-transformers checkpoints): post-norm LayerNorm (mean
-subtracted, biased), biased linear layers, an ungated GELU (erf) MLP, bidirectional
-attention, learned absolute position and token-type embeddings.
+"""BERT encoders (MiniLM, sentence-transformers checkpoints): post-norm LayerNorms, biases, an ungated GELU MLP,
+bidirectional attention, learned position and token-type embeddings (in the offset ``b``).
 
-The operator maps the token embeddings ``word_embeddings(ids)`` to the final hidden state
-at one position: by default position 0, the [CLS] token that sentence classifiers and
-many pooling schemes read; any position can be asked for. Position and token-type
-(segment 0) embeddings are added inside the model whatever the input, so they are part
-of the offset ``b`` of the affine map ``y = sum_k J_k x_k + b``. The pooler (dense +
-tanh on the [CLS] state) is not on the path to the hidden states and is not linearized.
-The model is loaded with ``AutoModel``: there is no language-model head, and "logits"
-are scores of the hidden state against the word embeddings.
-"""
+The target is the final hidden state at position 0 ([CLS]) by default; with no language-model head, "logits" are
+scores against the word embeddings. Details: docs/engine.md, "Families"."""
 
 from torch import nn
 from transformers.models.bert import modeling_bert as m

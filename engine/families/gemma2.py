@@ -1,13 +1,7 @@
 """Gemma 2: Gemma3's layout without QK norms, with soft-capping.
 
-Sandwich norms (four per layer) with ``1 + w`` weights, GeGLU (tanh GELU gate), embeddings
-scaled by sqrt(d) inside the embedding module, attention scale
-``query_pre_attn_scalar ** -0.5``, sliding-window layers chosen by ``config.layer_types``.
-Attention-logit soft-capping ``c tanh(s / c)`` acts on the scores inside the softmax, so it
-is frozen with the attention probabilities; final-logit soft-capping acts after the hidden
-state and is the scalar nonlinearity ``z * (c tanh(z / c) / z)`` of
-:func:`detjac.engine.detach.activations.softcap_ratio` in the logit Jacobian.
-"""
+The attention-logit cap is frozen with the attention probabilities; the final-logit cap is the scalar nonlinearity of
+:func:`detjac.engine.detach.activations.softcap_ratio` in the logit Jacobian. Details: docs/engine.md, "Families"."""
 
 from transformers.models.gemma2 import modeling_gemma2 as m
 

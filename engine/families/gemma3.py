@@ -1,11 +1,8 @@
-"""Gemma3 (text): sandwich norms (four per layer) with ``1 + w`` weights, per-head QK
-norms, GeGLU (tanh GELU gate), embeddings scaled by sqrt(d) inside the embedding module,
-attention scale ``query_pre_attn_scalar ** -0.5`` and sliding-window layers chosen per
-layer from ``config.layer_types`` (the window reaches a layer through its mask).
+"""Gemma3 (text): sandwich norms with ``1 + w`` weights, per-head QK norms, GeGLU, a sqrt(d) embedding scale and
+sliding-window layers from ``config.layer_types``.
 
-The released 4B/12B/27B checkpoints are multimodal (``model_type`` "gemma3",
-``Gemma3ForConditionalGeneration``); their text path is the same ``Gemma3TextModel``,
-reached as ``model.model.language_model``, and the Jacobian is of that path only."""
+The multimodal checkpoints' text path (``model.model.language_model``) is the same model, and the Jacobian is of that
+path only. Details: docs/engine.md, "Families"."""
 
 from torch import nn
 from transformers.models.gemma3 import modeling_gemma3 as m

@@ -1,13 +1,8 @@
-"""GPT-2: pre-norm LayerNorm (mean subtracted, biased), fused biased ``Conv1D`` projections,
-an ungated GELU MLP (``gelu_new``, the tanh approximation, by default) and learned
-absolute position embeddings.
+"""GPT-2: pre-norm LayerNorm (mean subtracted, biased), fused biased ``Conv1D`` projections, an ungated GELU MLP and
+learned absolute position embeddings.
 
-Every projection has a bias, so the detached map is affine: ``y = sum_k J_k x_k + b``.
-The Jacobian is taken with respect to the token embeddings ``wte(ids)``; the position
-embeddings ``wpe`` are added inside the model whatever the input, so they are part of
-``b`` (a token's ``x_k`` stays decodable through the vocabulary). The fused ``c_attn``
-projection is walked as a whole: its value slice is on the path.
-"""
+Affine: the biases and the position embeddings are in the offset ``b``, and the Jacobian is with respect to the token
+embeddings ``wte(ids)``. Details: docs/engine.md, "Families"."""
 
 from torch import nn
 from transformers.models.gpt2 import modeling_gpt2 as m

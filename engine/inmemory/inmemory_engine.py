@@ -1,19 +1,8 @@
 """The in-memory engine: a loaded transformers model of any supported family behind the engine interface.
 
-The forward pass of a prompt runs once, linearized, with its pullback kept
-(:func:`~detjac.engine.inmemory.rows.stream_jacobian`); rows of the output's Jacobian are vmapped
-pullbacks of basis cotangents, products ``J^T u`` pullbacks of given ones. ``J v`` is the
-pullback of the pullback (a linear map's transpose, built once per trace) or, with
-``forward="jvp"``, forward mode through the linearized model. That is the ``autograd`` path.
-
-The ``explicit`` path (the default; ``sweeps``, or the ``DETJAC_SWEEPS`` environment variable) records
-every layer's frozen pieces in the one forward pass instead (:mod:`detjac.engine.inmemory.model_pieces`) and computes rows,
-``J^T u`` and ``J v`` by applying them to blocks of vectors as plain matmuls, the same pieces as the
-layer-streamed engine's explicit sweeps. A model with a piece of an unknown kind goes through the
-``autograd`` path, with a ``RuntimeWarning`` the first time; so does the ordinary Jacobian, silently.
-Affine families (biases, learned position embeddings) carry their offset ``b`` in the trace, either way.
-Only the ``output`` target is computed here; layerwise targets need the layer-streamed engine.
-"""
+One linearized forward pass per prompt; rows, ``J^T u`` and ``J v`` by its explicit pieces (the default,
+:mod:`detjac.engine.inmemory.model_pieces`) or by ``torch.func`` (``sweeps="autograd"``, and the fallback). Only the
+``output`` target. Details: docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""A whole loaded model's frozen pieces, recorded in one forward pass: the in-memory explicit sweeps
-(:func:`~detjac.engine.inmemory.rows.stream_jacobian`, so :class:`~detjac.engine.inmemory.inmemory_engine.InMemoryEngine` and
-:func:`~detjac.engine.inmemory.rows.detached_jacobian`).
+"""A whole loaded model's frozen pieces, recorded in one forward pass: the in-memory explicit sweeps.
 
-:func:`freeze_model` runs the linearized decoder once on the input embeddings with every decoder layer's
-forward wrapped (on the instances, for the duration of the pass) so that each layer's frozen factors are
-recorded by :func:`~detjac.engine.pieces.layer.record_layer` as the layer runs; the norms outside the layers
-(GPT-2's ``ln_f``, the final RMS norm, BERT's embedding LayerNorm) are recorded on the same
-:class:`~detjac.engine.detach.factors.FactorTape`. The result, :class:`FrozenModel`, is
-
-``y = A_out · layer_L ∘ … ∘ layer_1 · A_in · x (+ b)``
-
-with ``A_in`` the norms between the input embeddings and the first layer (per position) and ``A_out`` those
-after the last layer (at the target position). ``J^T u`` (:meth:`FrozenModel.pull`) and ``J v``
-(:meth:`FrozenModel.push`) apply each layer's pieces (:func:`~detjac.engine.pieces.layer.pull_layer`,
-:func:`~detjac.engine.pieces.layer.push_layer`: the same code as the layer-streamed engine's explicit sweeps) to a
-block of vectors as one matrix; a layer's pieces are rebuilt from its record for each sweep, so the folded
-weights live one layer at a time and the model's weights are never copied whole.
-
-Offsets (biases, learned position and token-type embeddings, LayerNorm biases) do not enter ``J``: the
-offset ``b`` is computed once, by replaying the whole tape on zero inputs, as the autograd path does.
-
-Scope of exactness: every factor is the one the detached forward froze. Before the pieces are trusted, each
-layer's pieces must rebuild its own output from its input (:func:`~detjac.engine.pieces.layer.check_layer`, the
-offsets taken off) and the whole chain must rebuild the model's output (``J x + b``); otherwise, or where a
-layer has a piece of an unknown kind, :func:`freeze_model` says why and the engine falls back to ``torch.func``.
-"""
+:func:`freeze_model` records every layer's pieces and the norms outside the layers as a :class:`FrozenModel`, checked
+against each layer's and the model's own output before it is trusted. Details: docs/engine.md, "Explicit sweeps in
+the in-memory engine"."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""Row-block Jacobians of the (detached) forward pass with ``torch.func``.
+"""Row-block Jacobians of the (detached) forward pass: :func:`stream_jacobian`.
 
-The forward runs once: ``f(X) = decoder(inputs_embeds=X)[position]`` with ``X`` the
-(n_tokens, d_model) input embeddings. ``torch.func.vjp`` keeps its pullback, and
-``torch.func.vmap`` pushes a block of ``row_block`` basis cotangents through it at a
-time, giving rows ``J[r0:r1] = d y[r0:r1] / d X`` of shape (rows, n_tokens, d_model).
-The blocks are yielded one by one (:class:`JacobianStream`) so a store can write them
-as they come; :func:`detached_jacobian` assembles them.
-
-With the explicit sweeps (``sweeps="explicit"``, the default; :mod:`detjac.engine.inmemory.model_pieces`) the forward pass
-records every layer's frozen pieces instead of keeping a pullback, and the rows are the same cotangents
-applied to those pieces as plain matmuls; a model with an unknown piece takes the ``torch.func`` path, with
-a ``RuntimeWarning``.
-
-For an affine family (biases, learned position embeddings) the detached map is
-``y = sum_k J_k x_k + b``. The offset ``b`` is computed in the same transformed function
-by a second pass on zero inputs that replays the frozen factors recorded in the first
-(:mod:`detjac.engine.detach.factors`), so it does not depend on ``J`` and the reconstruction check
-keeps its power to reveal a nonlinearity that escaped the rules.
-"""
+One forward pass, then rows block by block (:class:`JacobianStream`), by the explicit pieces or vmapped
+``torch.func.vjp``; an affine family's offset ``b`` comes from a replay on zero inputs
+(:mod:`detjac.engine.detach.factors`). Details: docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 

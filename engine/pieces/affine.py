@@ -1,23 +1,8 @@
 """The pieces of affine families (biases, centred LayerNorms, GPT-2's ``Conv1D``, ungated MLPs), for the explicit
 sweeps (:mod:`detjac.engine.pieces.layer`).
 
-With its factors frozen an affine layer is ``out = L h + c``: the sweeps apply ``L`` only, because the offsets
-``c`` do not enter ``J`` (the engines compute the model's offset ``b`` once, by replaying the frozen factors on
-zero inputs: :mod:`detjac.engine.detach.factors`). So:
-
-- a biased projection (``nn.Linear`` with a bias, Qwen2's ``v_proj``; GPT-2's ``Conv1D``, whose weight is stored
-  transposed, (in, out)) is its weight as an (out, in) matrix; its bias is an offset;
-- a centred LayerNorm ``g ⊙ (x - mean x) s + b`` is a diagonal (frozen scale ``s`` per position, gain ``g``)
-  after the centring projection ``C = I - 11ᵀ/d``; folded into a core, ``C`` goes into the projection next to
-  it: ``W g C`` subtracts each row's mean of ``W g`` (before the core), ``g C W`` each column's mean of ``W``
-  (after it); ``b`` is an offset;
-- an ungated MLP container (GPT-2's ``c_fc``, activation, ``c_proj``) is the gated-MLP piece with the frozen
-  ratio ``r(z)`` of its activation (``act(z) = z r(z)``) as the gate;
-- GPT-2's fused ``c_attn`` holds [q | k | v] along its output columns: the value projection is the last third.
-
-Scope of exactness: the same frozen factors as the autograd sweeps; :func:`layer_offsets` lets
-:func:`~detjac.engine.pieces.layer.check_layer` compare the pieces with the layer's output less its offsets.
-"""
+The sweeps apply the linear part only: offsets stay outside ``J``, and :func:`layer_offsets` lets the layer check
+compare linear parts. Details: docs/engine.md, "Piece kinds"."""
 
 from __future__ import annotations
 

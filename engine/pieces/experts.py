@@ -1,17 +1,8 @@
-"""A detached mixture-of-experts block as an explicit piece, for the explicit sweeps (:mod:`detjac.engine.pieces.layer`).
+"""A detached mixture-of-experts block as an explicit piece (:mod:`detjac.engine.pieces.layer`).
 
-Once :class:`~detjac.engine.detach.moe.DetachedMoE` has frozen the router's choice and weights and each chosen
-expert's ``act(gate_e(x))``, the block is, per position ``t``,
-``y_t = sum over the experts e chosen at t of w_{t,e} W_down,e (a_{e,t} ⊙ W_up,e x_t)``: each expert is a gated
-MLP applied to the positions routed to it, its routing weight folded into its frozen gate (a diagonal per
-expert). :class:`Moe` applies only those rows: per expert, the block's vectors at its positions are gathered
-(``index_select``), go through its two projections as two GEMMs, and are scattered back (``index_add_``), so
-the work is ``top_k`` expert MLPs per position, never a dense experts × positions expansion over the block.
-Its transpose is the same with the projections transposed.
-
-Scope of exactness: the experts' tensors, the routing and the gates are the ones the detached forward used
-(recorded through :func:`~detjac.engine.detach.factors.freeze`), so the piece and the autograd sweeps agree to rounding.
-"""
+:class:`Moe` runs each expert's two projections on the positions routed to it, gathered and scattered back, its
+routing weight folded into its frozen gate: ``top_k`` expert MLPs per position, never experts × positions. Details:
+docs/engine.md, "Piece kinds"."""
 
 from __future__ import annotations
 
@@ -85,8 +76,8 @@ class Moe:
 
 
 def moe_piece(module: Any, factors: list[Any]) -> Moe | str:
-    """A :class:`~detjac.engine.detach.moe.DetachedMoE` call's frozen factors (the routing ``(weights, chosen)``, then one
-    ``act(gate_e(x))`` per hit expert, ascending) as a :class:`Moe`, or why they are not."""
+    """A :class:`~detjac.engine.detach.moe.DetachedMoE` call's frozen factors (the routing ``(weights, chosen)``,
+    then one ``act(gate_e(x))`` per hit expert, ascending) as a :class:`Moe`, or why they are not."""
     if not isinstance(module, DetachedMoE) or not module.detach:
         return f"{type(module).__name__} is not a detached mixture of experts"
     weights, chosen = factors[0]  # (tokens, top_k) each

@@ -1,46 +1,9 @@
 """A detached decoder layer as explicit linear pieces, for the explicit sweeps (:mod:`detjac.engine.streamed.adjoint`,
 :mod:`detjac.engine.inmemory.model_pieces`).
 
-Once its factors are frozen, a decoder layer is ``mid = h + A(h)``, ``out = mid + M(mid)`` (a post-norm layer:
-``mid = N1(h + A(h))``, ``out = N2(mid + M(mid))``), and each residual branch is a chain of a few kinds of
-pieces, read from the family declaration's wrappers (:mod:`detjac.engine.pieces.record`):
-
-- a norm (:class:`~detjac.engine.detach.wrappers.DetachedNorm`, RMS or a centred LayerNorm): a diagonal, its frozen
-  per-position scale ``s`` (n,) times its gain ``g = offset + w`` (d,), after the centring ``x - mean(x)``
-  for a LayerNorm (its bias is an offset, outside ``J``);
-- a gated MLP (:class:`~detjac.engine.detach.wrappers.DetachedGatedMLP`, plain or fused): ``W_down (a ⊙ W_up x)``
-  with the frozen gate ``a = act(gate(x))`` (n, ffn), or, in the ``gate`` convention,
-  ``W_down (a ⊙ W_gate x)`` with ``a = up(x) act(g) / g`` frozen; an ungated MLP is the same with the
-  activation's frozen ratio as ``a`` (:mod:`detjac.engine.pieces.affine`);
-- a mixture of experts: a gated MLP per expert over the positions routed to it (:mod:`detjac.engine.pieces.experts`);
-- an attention block of the family's declared classes: ``W_o [P_h V_kv(h)]_h`` with ``V = x W_v^T``
-  and the frozen probabilities ``P`` (heads, n, n), grouped over shared key-value heads;
-- a dropout in eval mode: the identity.
-
-Each branch must be ``norms* core norms*`` with one core; the norms' diagonals are
-folded into the core once per layer (gains into the projection weights' columns or rows, the
-per-position scales into the gate or into ``P``'s columns or rows, a centring into the projection next
-to it), so applying the branch or its transpose to a block of vectors laid out as one matrix
-(block · positions × d) is two GEMMs, each core's result added to the residual inside the last one
-(:func:`plus`, ``addmm``):
-
-- the MLP's intermediate (width ffn) is made a few rows at a time (:class:`GatedRows`, 8 MiB on a
-  CPU), the gate multiplied in place while the chunk is in cache, so it is never held for the block;
-- attention computes the values (or the output projection's cotangents) transposed,
-  ``(heads · hd, block · positions)``: per head that is a plain ``(hd · block, positions)`` matrix, so
-  the product with ``P_hᵀ`` (``P_h`` going down) is one GEMM per query head, summed into its
-  key-value head's buffer in place, and the result feeds the next projection as a transposed view:
-  no layout copies, and ``P`` is never expanded over the block;
-- a mixture of experts gathers each expert's positions, two GEMMs, and adds them back (:func:`cross`).
-
-Anything else is an unknown piece: :func:`~detjac.engine.pieces.record.layer_pieces` returns why, and the
-caller falls back to ``torch.func``.
-
-Scope of exactness: the pieces are the same frozen factors the autograd sweeps use (recorded from
-the same forward pass through :func:`~detjac.engine.detach.factors.freeze` and the attention replay), so the
-two agree to rounding; :func:`check_layer` also checks that the pieces rebuild the layer's own
-output from its input before a layer's pieces are trusted.
-"""
+Norms are folded into one core per residual branch (a gated MLP, experts, attention), so a block of vectors crosses
+the layer as a few GEMMs (:func:`push_layer`, :func:`pull_layer`), once :func:`check_layer` has passed. Derivation and
+costs: docs/engine.md, "Explicit sweeps" and "Piece kinds"."""
 
 from __future__ import annotations
 

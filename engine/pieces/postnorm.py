@@ -1,23 +1,7 @@
 """A post-norm layer (BERT) as explicit pieces, for the explicit sweeps (:mod:`detjac.engine.pieces.layer`).
 
-A BERT layer is ``mid = N1(h + W_o [P_h V_h(h)]_h)``, ``out = N2(mid + W_2 (r ⊙ W_1 mid))``: the norms sit on
-the residual sums, inside the sublayers' output modules (``BertSelfOutput``, ``BertOutput``: a projection, a
-dropout, then a LayerNorm of the projection plus the sublayer's input), so they cannot be folded into a core.
-The layer is read as:
-
-- the attention block's children: the attention (its value projection; the probabilities ``P`` frozen) and
-  the output module (``W_o``, then ``N1`` with its scale frozen);
-- the MLP input module (``W_1`` and the ungated activation with its ratio ``r`` frozen) and the output module
-  (``W_2``, then ``N2``);
-
-giving :class:`~detjac.engine.pieces.layer.LayerPieces` with ``first_norm`` and ``second_norm`` set, which
-:func:`~detjac.engine.pieces.layer.push_layer` / :func:`~detjac.engine.pieces.layer.pull_layer` apply after each residual
-sum (their transposes before it, going down). Biases and the norms' biases are offsets, outside ``J``.
-
-Scope of exactness: the same frozen factors as the autograd path, and the same
-:func:`~detjac.engine.pieces.layer.check_layer` before the pieces are trusted; a layer of another shape is refused
-with the reason (and the engine falls back to ``torch.func``).
-"""
+The norms sit on the residual sums, so they are applied after each sum (their transposes before it) instead of being
+folded into a core; a layer of another shape is refused with the reason. Details: docs/engine.md, "Piece kinds"."""
 
 from __future__ import annotations
 

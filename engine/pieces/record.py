@@ -1,16 +1,8 @@
 """A detached layer's run recorded, and read as pieces (:mod:`detjac.engine.pieces.layer`) from the family declaration.
 
-:func:`record_layer` runs a detached decoder layer once with hooks on its children, keeping which child ran
-with which of the frozen factors (:class:`~detjac.engine.detach.factors.FactorTape`) and each attention call's
-probabilities (:class:`~detjac.engine.detach.wrappers.AttentionReplay`): a :class:`LayerRecord`. Its
-:meth:`LayerRecord.pieces` reads each residual branch (``norms* core norms*``) as one core with its norms
-folded in, the core recognised by kind from the family's declared and wrapped modules: a gated MLP
-(:class:`~detjac.engine.detach.wrappers.DetachedGatedMLP`), a mixture of experts (:mod:`detjac.engine.pieces.experts`), an
-attention block of the family's classes, an ungated MLP container (:mod:`detjac.engine.pieces.affine`); a
-post-norm family's layers are read by :mod:`detjac.engine.pieces.postnorm`. Anything else is an unknown piece,
-and the reason is returned for the caller's fallback to ``torch.func``. Affine layers are recorded with their
-offsets taken off the outputs, so that :func:`~detjac.engine.pieces.layer.check_layer` compares linear parts.
-"""
+:func:`record_layer` runs a layer once with hooks on its children (a :class:`LayerRecord`); :meth:`LayerRecord.pieces`
+reads each residual branch as one core recognised by kind, or says why it cannot. Details: docs/engine.md, "Piece
+kinds"."""
 
 from __future__ import annotations
 

@@ -1,33 +1,8 @@
 """Top singular triplets of a Jacobian operator from products alone (block Lanczos or subspace iteration).
 
-``J`` is short and wide (d_model x n_tokens * d_model, rank at most d_model), so its top
-triplets are the top eigenpairs of the d_model x d_model matrix ``G = J J^T``, applied as
-``J (J^T Q)``: one pullback and one forward product per column, without ever forming ``J``
-or ``G``. Every vector the iteration keeps is d_model long; the long vectors ``J^T Q``
-exist one operator block at a time.
-
-Methods
--------
-``lanczos`` (default)
-    Block Lanczos on ``G`` with full reorthogonalization (twice classical Gram-Schmidt): the
-    basis grows by ``block`` vectors per iteration, spanning the block Krylov space
-    ``[Q, G Q, G^2 Q, ...]`` of a random start. Rayleigh-Ritz on the whole basis uses the
-    stored images ``G Q`` (T = Q^T G Q), so no three-term recurrence is trusted. It stops
-    when every wanted triplet has converged, at the latest when the basis spans all of
-    R^d_model (then the result is exact, at the cost of 2 d_model products: twice what
-    forming J by rows costs).
-``randomized``
-    Randomized range finding: a random start of ``k + oversample`` vectors, one power
-    (subspace) iteration ``Q <- orth(G Q)`` per step, and a Rayleigh-Ritz step after each,
-    until convergence or ``max_iters``. Simple, but slow when the spectrum is clustered.
-
-Convergence. For a Ritz vector ``u`` with Ritz value ``theta`` the triplet is
-``sigma = ||J^T u||``, ``v = J^T u / sigma``, so ``J^T u - sigma v = 0`` exactly and the
-residual is ``r = ||J v - sigma u|| = ||G u - theta u|| / sigma``, computed from the stored
-images. A triplet has converged when ``r <= tol * sigma_1``. The error of ``sigma`` is at
-most ``r`` and, away from other singular values, about ``r^2 / gap``. With ``verify`` the
-residuals are recomputed at the end from ``k`` explicit products ``J v``.
-"""
+:func:`operator_svd` works on ``G = J J^T`` (d_model x d_model), applied as ``J (J^T Q)`` without forming ``J``, and
+checks each triplet's residual against ``tol * sigma_1``. Algorithm and convergence: docs/engine.md, "The matrix-free
+operator"."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
 """The detached Jacobian of one prompt as a linear operator: products with ``J`` and ``J^T``, never ``J`` itself.
 
-``J`` maps the stacked input embeddings to the output at the target position: it is
-``[J_1 ... J_n]``, shape (d_model, n_tokens * d_model), with columns token-major as in
-:meth:`detjac.engine.JacobianResult.combined`. Forming it costs ``d_model`` pullbacks and
-``d_model * n_tokens * d_model`` numbers (2 GiB in float64 at d_model 512 and 1024 tokens);
-many analyses need only a few products with it, for instance the top singular triplets
-(:func:`detjac.engine.products.lanczos.operator_svd`).
-
-``matvec(V)`` computes ``J V`` for a block of input-space columns and ``rmatvec(U)`` computes
-``J^T U`` for a block of output-space columns. Blocks wider than ``block`` columns are split,
-so memory is one block of vectors, whatever the number of columns asked for.
-
-:class:`JacobianOperator` works on any :class:`~detjac.engine.interface.Engine` and a trace of
-the prompt: the products are the engine's :meth:`~detjac.engine.interface.Engine.push` and
-:meth:`~detjac.engine.interface.Engine.pull`. With the in-memory engine the forward pass runs
-once, its pullback kept: ``J^T u`` is the vmapped pullback, ``J v`` the pullback of the
-pullback (or forward mode, ``forward="jvp"``); for an affine family (``y = J x + b``) the
-products are with the linear part ``J``. With the layer-streamed engine each block of
-products is one sweep through the layers (bottom-up by ``torch.func.jvp`` for ``matvec``,
-top-down by ``torch.func.vjp`` for ``rmatvec``), reading each layer's weights once per block.
-:func:`jacobian_operator` builds one from a loaded model or an engine.
-"""
+:class:`JacobianOperator` works on any :class:`~detjac.engine.interface.Engine` and a trace of the prompt (``matvec``:
+``J V``, ``rmatvec``: ``J^T U``, in blocks); :func:`jacobian_operator` builds one from a loaded model or an engine.
+Details: docs/engine.md, "The matrix-free operator"."""
 
 from __future__ import annotations
 
@@ -214,5 +196,6 @@ def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, bl
 
 def StreamedOperator(model: Any, prompt: Prompt, *, position: int | None = None,  # noqa: N802
                      block: int | None = None, progress: bool = False) -> JacobianOperator:
-    """``J`` of a :class:`~detjac.engine.streamed.streamed_engine.StreamedEngine`: :func:`jacobian_operator` on that engine."""
+    """``J`` of a :class:`~detjac.engine.streamed.streamed_engine.StreamedEngine`: :func:`jacobian_operator` on that
+    engine."""
     return jacobian_operator(model, prompt, position=position, block=block, progress=progress)

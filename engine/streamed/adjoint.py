@@ -1,27 +1,8 @@
 """How the layer-streamed sweeps move a block of vectors through one layer: by ``torch.func`` or explicitly.
 
-:mod:`detjac.engine.streamed.passes` decides which targets' vectors go where; a :class:`LayerAdjoint` moves
-a block of them through one decoder layer (or the final norm), down in reverse mode (``pull_*``,
-``Jᵀ``) and up in forward mode (``push_*``, ``J``). Two implementations, chosen by
-:func:`make_adjoint` (``StreamedEngine(sweeps=...)``, or the ``DETJAC_SWEEPS`` environment variable):
-
-``autograd`` (:class:`AutogradAdjoint`)
-    ``torch.func.vjp`` / ``jvp`` of the detached layer, vmapped over the block: the reference.
-    It works for any layer, detached or not, but ``vmap`` expands the frozen attention
-    probabilities over the block (block × heads × n × n per layer) and runs every autograd node
-    as its own small kernel.
-``explicit`` (:class:`ExplicitAdjoint`, the default)
-    The layer's transpose applied directly, piece by piece (:mod:`detjac.engine.pieces.layer`): the
-    block is one matrix (block · positions × d), every projection one GEMM, the attention one
-    product with ``P_hᵀ`` (``P_h`` going up) per query head on the block laid out transposed (no
-    layout copies), ``P`` held once, the MLP's intermediate made a few rows at a time; norm
-    scales and gains are folded into the neighbouring weights, gates and ``P``. A layer with a
-    piece it does not know (or the ordinary, not detached, Jacobian) goes through
-    :class:`AutogradAdjoint` instead; the first such layer says so once (a ``RuntimeWarning``).
-
-Scope of exactness: both compute the same linear map from the same frozen factors; the tests hold
-them equal to 1e-12 in float64 for every streamable family and target, in both modes.
-"""
+:func:`make_adjoint` picks :class:`ExplicitAdjoint` (the default: the layer's frozen pieces as GEMMs) or
+:class:`AutogradAdjoint` (vmapped ``vjp`` / ``jvp``: the reference, and the fallback); both compute the same map.
+Details: docs/engine.md, "Explicit sweeps"."""
 
 from __future__ import annotations
 

@@ -1,40 +1,7 @@
 """The cost model and block sizing of the layer-streamed engine.
 
-Units: one vector of n_tokens positions through one layer. Reverse mode costs
-``d_model * sum(depth(t))`` over the requested targets (depth: layers between the target and
-the input, :func:`depth`), less nearly one layer per target at the top of a sweep (there only
-the value projection runs over every position). Forward mode costs ``n_tokens * d_model *
-max(depth(t))`` without truncation; the layers are causal, so the tangents of tokens
-``k0:k1`` are carried over positions ``k0:`` only, which brings its cost to
-``sum over blocks (k1 - k0) * d_model * (n_tokens - k0) / n_tokens`` per layer
-(:meth:`CostModel.forward_vectors`), about half for small blocks. ``mode="auto"`` takes
-forward mode for the cumulative targets when it is cheaper (many layers, short prompt) and
-reverse mode otherwise; per-layer (``*_local``) targets are always reverse mode (one layer each), and
-so are ``to_output.L`` targets with the output: the output's cotangents at layer ``L`` are their rows,
-read off its reverse sweep at no extra cost.
-
-Memory: without a budget, a row block holds as many vectors as fit in ``UNBUDGETED_BLOCK_BYTES`` (512 MiB,
-at least 64 rows), since every block is one more pass over the weights. With a budget for the compute device,
-the block is sized so that one layer (twice,
-while the next is read), the trace, what a layer holds whatever the block (:meth:`CostModel.layer_bytes_held`)
-and the block's vectors fit (:meth:`CostModel.plan`); one vector costs :meth:`CostModel.vector_bytes`. Both
-depend on how a block crosses a layer (``sweeps``, :mod:`detjac.engine.streamed.adjoint`):
-
-``explicit``
-    Per vector of n positions: its cotangents (or tangents) at the layer's output, mid residual and
-    input, the seed, and attention's two transposed intermediates (widths q and kv): ``n (4 d + q + kv)``
-    numbers. Per layer, whatever the block: the frozen probabilities ``P`` (heads × n × n), held once and
-    three times while the layer's forward records and folds them, the gates (n × ffn, twice), the
-    layer's forward at n positions, a copy of its weights with the norm gains folded in, and one chunk
-    of the MLP's intermediate (at most ``max(8 MiB, 256 ffn)`` numbers' bytes).
-``autograd``
-    Per vector: ``vmap`` expands ``P`` over the block, so ``heads n²`` numbers, plus the vjp's or jvp's
-    intermediates, ``n (4 d + 2 ffn)``. Per layer: the layer's forward at n positions.
-
-Both are upper bounds, checked against the peak resident memory of the trace and one row block in
-``benchmarks/adjoint_sweeps.py --memory-model`` (docs/benchmarks.md). The explicit sweeps' figures add the
-forward's transients to the block's peak, which in fact come at different times.
-"""
+:class:`CostModel` splits targets between reverse and forward mode and sizes the blocks to a memory budget, from upper
+bounds per vector and per layer that depend on the sweeps. Derivation and measurements: docs/engine.md, "Cost model"."""
 
 from __future__ import annotations
 

@@ -1,28 +1,8 @@
 """The sweeps of the layer-streamed engine: blocks of vectors through one detached layer at a time.
 
-**Reverse mode** (:func:`reverse`, row blocks): a block of cotangent rows of every requested
-target goes from the top layer down, through ``torch.func.vjp`` of one detached layer at a
-time, vmapped over the block. Targets deeper in the model join the block as the sweep
-reaches their layer, so one sweep serves them all and each layer's weights are read once
-per block. Where a layer's cotangents are zero before some position (the top layer: they
-sit at the target position only; below a sliding window, a band), the layer is pulled back
-from the outputs of the later positions only (:meth:`~detjac.engine.streamed.tracing.LayerSteps.pulled_suffix_step`).
-
-**Forward mode** (:func:`forward`, column blocks): tangents of whole tokens' input columns go
-from the bottom layer up through ``torch.func.jvp``; every layer's cumulative Jacobian (its
-output, attention and MLP contributions w.r.t. the input embeddings) is read off on the way,
-in one sweep per column block. The tangents of tokens ``k0:k1`` are zero before position
-``k0``, so they are carried over positions ``k0:`` only
-(:meth:`~detjac.engine.streamed.tracing.LayerSteps.suffix_step`).
-
-Normed targets (``*_normed``) are the final norm frozen at the target's own vector, a linear map
-``M``: reverse mode seeds ``e_r M``, forward mode multiplies the columns by ``M``. ``to_output.L``
-targets are the output's cotangents as the reverse sweep passes layer ``L``'s output.
-
-Both also take arbitrary vectors instead of basis ones (``seed``, ``tangent``): that is how the
-matrix-free operator's products ``J^T u`` and ``J v`` are computed. How a block crosses one layer is
-the ``adjoint``'s business (:mod:`detjac.engine.streamed.adjoint`: ``torch.func`` or explicit matmuls).
-"""
+:func:`reverse` takes row blocks from the top layer down, :func:`forward` token blocks from the bottom up (causally
+truncated); both also take arbitrary vectors, for the matrix-free operator. Details: docs/engine.md, "Reverse and
+forward sweeps"."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Weights and skeleton of the layer-streamed engine: one decoder layer in memory at a time.
 
-:class:`Skeleton` builds the model with every parameter on the ``meta`` device (buffers such
-as rotary tables are real) and materializes one decoder layer's parameters at a time from a
-:class:`~detjac.engine.checkpoints.weights.WeightSource` (a checkpoint's safetensors shards, read layer by
-layer, or a loaded model's own tensors), in the compute dtype and on the compute device,
-dequantizing 4-bit/8-bit layers or quantizing float ones on the way (:mod:`detjac.engine.checkpoints.quantized`).
-``with skeleton.layer(i):`` holds layer ``i`` for the duration of a block and puts it back on
-``meta`` afterwards, so its memory is freed. It also reads the embedding rows of a prompt, the
-decoding matrices whole and the unembedding in row chunks for the logits.
-"""
+:class:`Skeleton` keeps every parameter on the ``meta`` device and materializes one layer for the duration of a block;
+it also reads embedding rows, the decoding matrices and the unembedding in chunks. Details: docs/engine.md, "The
+skeleton and the trace"."""
 
 from __future__ import annotations
 

@@ -1,38 +1,8 @@
 """The layer-streamed engine: detached Jacobians of models larger than the compute device.
 
-Once the nonlinear factors are frozen, the model is a linear map, and so is each decoder
-layer. :class:`StreamedEngine` keeps the model as an empty skeleton (parameters on the
-``meta`` device) and materializes one decoder layer at a time, from a loaded model or
-straight from the checkpoint's safetensors shards, releasing it as soon as the layer is
-done. Peak memory is one layer's weights, the prompt's hidden states, and one block of
-cotangent (or tangent) vectors. It implements :class:`~detjac.engine.interface.Engine`; its
-parts live along their seams:
-
-- :mod:`detjac.engine.streamed.skeleton`: the skeleton, weights read one layer at a time, embedding
-  rows, decoding matrices and chunked logits;
-- :mod:`detjac.engine.streamed.tracing`: the forward pass layer by layer (:class:`StreamedTrace`), and
-  each layer as a function of its input, whole or on a suffix of the positions;
-- :mod:`detjac.engine.streamed.passes`: reverse mode (row blocks, top-down) and forward mode (column
-  blocks, bottom-up), one layer at a time, by explicit matmuls of the layer's frozen pieces
-  (:mod:`detjac.engine.streamed.adjoint`, :mod:`detjac.engine.pieces.layer`) or ``torch.func.vjp`` / ``jvp``;
-- :mod:`detjac.engine.streamed.cost`: the cost model that splits targets between the two modes and
-  sizes the blocks to a memory budget (:mod:`detjac.engine.memory`).
-
-Targets (:class:`~detjac.targets.Target`): ``output`` is the final normed hidden state (what
-:func:`detjac.engine.detached_jacobian` returns); ``layer.L``, ``attn.L``, ``mlp.L``, ``resid_mid.L``,
-their ``*_normed`` variants (through the final norm frozen at the vector's own value) and their
-``*_local`` variants are a decoder layer's output, its attention and MLP contributions and the
-residual between them, w.r.t. the input embeddings or the layer's own input; ``to_output.L`` is
-``dy/dh_L`` over every position. Each reconstructs its own target value exactly:
-``sum_k J[:, k, :] x_k`` with ``x`` the input embeddings (cumulative), the layer's input hidden
-states (local) or its output hidden states (``to_output``).
-
-The skeleton is linearized (:func:`~detjac.engine.detach.model.linearized`) only while the engine
-computes: each public method enters and leaves it. Page faults: the ``detjac`` command sets
-PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` before torch loads (buffers of 2 MiB and more on
-transparent huge pages: 20x fewer faults in a 128-token row block); from Python, export it
-before importing torch. Under a CPU budget, call :func:`~detjac.engine.memory.return_freed_memory`.
-"""
+:class:`StreamedEngine` keeps the model as an empty skeleton and streams one decoder layer at a time, for every target
+of :mod:`detjac.targets`, within a memory budget. How: docs/engine.md, "The layer-streamed engine"; huge pages and
+budgets from Python: docs/user-guide.md, "Models larger than memory"."""
 
 from __future__ import annotations
 
@@ -206,7 +176,8 @@ class StreamedEngine(Engine):
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:
-        """Split ``targets`` between reverse and forward mode and size the blocks (:mod:`detjac.engine.streamed.cost`)."""
+        """Split ``targets`` between reverse and forward mode and size the blocks
+        (:mod:`detjac.engine.streamed.cost`)."""
         return self.cost.plan(trace.n_tokens, targets, mode=mode, row_block=row_block, token_block=token_block)
 
     def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,

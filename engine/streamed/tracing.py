@@ -1,20 +1,8 @@
 """Tracing and replay for the layer-streamed engine: the forward pass, and each layer as a function.
 
-:func:`trace` runs the forward pass layer by layer (each layer streamed in, run, released),
-keeping what the sweeps need: each layer's input hidden states (n_tokens, d_model), the
-residual between its attention and MLP blocks, and the arguments the decoder passes each
-layer (masks, position tables), recorded once without running any layer. The frozen factors
-(norm scales, attention probabilities, gate activations) are not kept: a sweep recomputes them
-from a layer's input when the layer is streamed in again.
-
-:class:`LayerSteps` turns layer ``i`` into a function of its input for ``torch.func``: the whole
-layer (:meth:`LayerSteps.step`), or, for vectors that are zero before some position, the
-layer on a suffix of the positions with the attention replaying the prefix
-(:meth:`LayerSteps.suffix_step` for forward mode, :meth:`LayerSteps.pulled_suffix_step` for
-reverse mode; :class:`~detjac.engine.detach.wrappers.AttentionReplay`). Both are exact because the layer
-is causal, which is checked on the recorded probabilities, and every other factor is
-position-wise. Every function here runs on a linearized skeleton (:mod:`detjac.engine.streamed.streamed_engine`).
-"""
+:func:`trace` runs the forward pass layer by layer and keeps what the sweeps need; :class:`LayerSteps` turns a layer
+into a function of its input, whole or on a suffix of the positions (exact because the layer is causal). Details:
+docs/engine.md, "The skeleton and the trace"."""
 
 from __future__ import annotations
 

@@ -1,29 +1,8 @@
-"""Steering generation with a concept prompt's layerwise detached Jacobians: two methods.
+"""Steering generation with a concept prompt's layerwise detached Jacobians: two methods (:data:`METHODS`).
 
-The detached Jacobians ``J_1 ... J_n`` of layer ℓ's output (at the last position) for a
-concept prompt are an exact linear system over the concept's input embeddings. Applied to
-another prompt's embeddings ``x'``, the same operators map that text through the concept
-prompt's frozen computation, into the directions layer ℓ used for the concept; steering adds
-that, scaled, to the new sequence's hidden states while it generates.
-
-``detjac`` (:data:`METHODS`; the default): operators ``layer.ℓ``, aligned at the end like a
-filter over the sequence, added to layer ℓ's **output** at every position but the first
-(which in most models holds the attention sink)::
-
-    v_j = Σ_{i=0}^{n-1} J_{n-i} x'_{j-i}          (x'_{j-i} with j - i < 0 skipped)
-    h_ℓ[j] <- h_ℓ[j] + λ ||h_ℓ[j]|| v_j / ||v_j||
-
-``paper`` (the reference implementation's ``apply_steering_operator``): operators
-``layer_normed.ℓ`` (layer ℓ's output through the final norm, as the reference takes them),
-aligned from the start and summed cumulatively, added to layer ℓ's **input** at every
-position, the first included::
-
-    a_i = Σ_{k<=i} J_{k mod n} x'_k
-    h[i] <- h[i] + λ ||h[i]|| a_i / (2 ||a_i||)    (h: the input of layer ℓ)
-
-Both scale relative to the hidden state's norm, so one λ means the same at any layer; with
-``λ = 0`` generation is exactly the unsteered model's.
-"""
+``detjac`` (the default) adds the ``layer.ℓ`` operators' image of the new text to layer ℓ's output; ``paper`` (the
+reference implementation's) adds the ``layer_normed.ℓ`` operators' cumulative image to layer ℓ's input. Formulas:
+docs/engine.md, "Steering"."""
 
 from __future__ import annotations
 

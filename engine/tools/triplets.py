@@ -1,12 +1,7 @@
 """Singular triplets of a detached Jacobian, per token and combined, decoded to tokens.
 
-Left singular vectors live in the output (hidden) space and are decoded through the
-unembedding; the Jacobian's output is the final *normed* hidden state, so no further norm
-scale applies. Right singular vectors live in the input-embedding space and are decoded
-through the input embedding matrix. Signs are fixed so that each left vector points along
-the part of the output its operator produced (``u . J x >= 0``): a decoded token then reads
-as "pushed towards", not "pushed towards or away from".
-"""
+Left vectors are decoded through the unembedding, right vectors through the input embeddings, and each pair's sign is
+fixed by :mod:`detjac.singular`. Details: docs/engine.md, "Decoded singular triplets"."""
 
 from __future__ import annotations
 
