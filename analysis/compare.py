@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,8 +13,11 @@ from ..store import model_differences
 from .jobs import write_table
 from .spectra import decode, dimensionality, singular_values, stored_svd
 
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
-def _summary(store: Any, prompt: Any, top: int, unembed: np.ndarray) -> dict[str, Any]:
+
+def _summary(store: StoreReader, prompt: Any, top: int, unembed: np.ndarray) -> dict[str, Any]:
     s = singular_values(prompt)
     spec = stored_svd(prompt, 1, method="gram")
     ids, _ = decode(spec.U, unembed, top)
@@ -24,12 +27,12 @@ def _summary(store: Any, prompt: Any, top: int, unembed: np.ndarray) -> dict[str
             "u1_hit": int(prompt.attrs["next_token_id"]) in ids[0].tolist(), "spectrum": s}
 
 
-def _name(store: Any, fallback: str) -> str:
+def _name(store: StoreReader, fallback: str) -> str:
     path = getattr(store, "path", None)
     return Path(path).name if path is not None else fallback
 
 
-def compare(detached: Any, ordinary: Any, top: int = 10) -> list[dict[str, Any]]:
+def compare(detached: StoreReader, ordinary: StoreReader, top: int = 10) -> list[dict[str, Any]]:
     """One row per prompt present in both stores (matched by text): errors, sigma_1, stable rank, n90,
     and whether the prediction is among the top decoded tokens of the combined operator's ``u_1``."""
     if detached.run.get("detach") is False or ordinary.run.get("detach") is not False:
@@ -95,13 +98,13 @@ class CompareReport:
     table: Path | None = None
 
 
-def compare_report(detached: Any, ordinary: Any, top: int = 10, plot: str | Path = "detjac-compare.png",
+def compare_report(detached: StoreReader, ordinary: StoreReader, top: int = 10, plot: str | Path = "detjac-compare.png",
                    table: str | Path | None = None) -> CompareReport:
     """Compare two stores of the same prompts (:func:`compare`) and write the figure and, optionally, the table.
 
     Parameters
     ----------
-    detached, ordinary : JacobianStore
+    detached, ordinary : StoreReader
         Stores written by ``detjac run`` and by ``detjac run --ordinary``; prompts matched by text.
     top : int
         Decoded tokens of ``u_1`` searched for the prediction.

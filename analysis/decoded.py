@@ -13,11 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import jobs
 from .plots import plot_decoded
 from .spectra import Spectrum
+
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class DecodeReport:
     written: list[Path]
 
 
-def decode_spectra(store: Any, spectra: Sequence[Spectrum], top: int = 8) -> list[DecodedSpectrum]:
+def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8) -> list[DecodedSpectrum]:
     """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`)."""
     text = jobs.token_texts(store)
     decoded = []
@@ -94,7 +97,7 @@ def decoded_rows(spectra: Sequence[DecodedSpectrum]) -> list[dict[str, Any]]:
             for d in spectra for t in d.triplets]
 
 
-def decode_report(store: Any, prompt_ids: Sequence[str], *, k: int = 5, top: int = 8, token: int | None = None,
+def decode_report(store: StoreReader, prompt_ids: Sequence[str], *, k: int = 5, top: int = 8, token: int | None = None,
                   target: str | None = None, method: str = "randomized", power_iterations: int = 6,
                   plot: str | Path | None = None, table: str | Path | None = None,
                   progress: Any = None) -> DecodeReport:
@@ -102,7 +105,7 @@ def decode_report(store: Any, prompt_ids: Sequence[str], *, k: int = 5, top: int
 
     Parameters
     ----------
-    store : JacobianStore
+    store : StoreReader
     prompt_ids : sequence of str
     k : int
         Singular triplets per prompt.

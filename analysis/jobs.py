@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
+
+if TYPE_CHECKING:
+    from ..store import AnalysisCache, StoredPrompt, StoreReader
 
 
 def result_name(kind: str, token: int | None, target: str | None = None) -> str:
@@ -23,33 +26,70 @@ def result_name(kind: str, token: int | None, target: str | None = None) -> str:
     return f"{kind}{'' if target is None else f'_{target}'}_{'combined' if token is None else f'token{token}'}"
 
 
-def svd(store: Any, prompt_ids: Iterable[str], k: int = 8, token: int | None = None, *, method: str = "randomized",
-        power_iterations: int = 6, oversample: int = 10, seed: int = 0, target: str | None = None,
-        progress: Any = None) -> list[Spectrum]:
+def _kept(cache: AnalysisCache, prompt_id: str, kind: str, token: int | None, target: str | None,
+          n_tokens: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The result ``kind`` of the operator kept in ``cache``; with ``n_tokens``, token ``k`` kept as ``k - n`` (or
+    ``k + n``: ``svd --token -1`` keeps ``svd_token-1``) is found too."""
+    tokens = [token]
+    if token is not None and n_tokens is not None:
+        tokens.append(token - n_tokens if token >= 0 else token + n_tokens)
+    return next((found for t in tokens if (found := cache.read(prompt_id, result_name(kind, t, target))) is not None),
+                None)
+
+
+def read_svd(cache: AnalysisCache, prompt_id: str, token: int | None, target: str | None = None, *,
+             n_tokens: int | None = None) -> Spectrum | None:
+    """The triplets :func:`svd` kept in ``cache`` for this operator (its parameters in ``params``), or None; with
+    ``n_tokens``, also those kept under the token's index counted from the other end."""
+    found = _kept(cache, prompt_id, "svd", token, target, n_tokens)
+    if found is None:
+        return None
+    arrays, attrs = found
+    params = attrs.get("params", {})
+    return Spectrum(prompt_id, token, arrays["U"], arrays["S"], arrays["V"],
+                    attrs.get("method", params.get("method", "?")), params, target)
+
+
+def read_spectrum(cache: AnalysisCache, prompt_id: str, token: int | None, *,
+                  n_tokens: int | None = None) -> np.ndarray | None:
+    """Every singular value of the operator as :func:`dims` kept them in ``cache``, or None (``n_tokens``: as
+    :func:`read_svd`)."""
+    found = _kept(cache, prompt_id, "spectrum", token, None, n_tokens)
+    return None if found is None else found[0]["S"]
+
+
+def cached_spectrum(store: StoreReader, prompt: StoredPrompt, token: int | None) -> np.ndarray:
+    """Every singular value of ``J_token`` (None: of ``[J_1 ... J_n]``), read from the store's analysis cache or
+    computed and kept there."""
+    s = read_spectrum(store.analyses, prompt.id, token)
+    if s is None:
+        s = singular_values(prompt, token)
+        store.analyses.write(prompt.id, result_name("spectrum", token), {"S": s}, {"token": token})
+    return s
+
+
+def svd(store: StoreReader, prompt_ids: Iterable[str], k: int = 8, token: int | None = None, *,
+        method: str = "randomized", power_iterations: int = 6, oversample: int = 10, seed: int = 0,
+        target: str | None = None, progress: Any = None) -> list[Spectrum]:
     """Top-k triplets for each prompt (combined operator, or token ``token``; of the model output or of the
-    layerwise ``target``), stored under ``analysis/``."""
+    layerwise ``target``), kept in the store's analysis cache."""
     wanted = {"k": k, "method": method, "power_iterations": power_iterations, "oversample": oversample,
               "seed": seed}
     results = []
     for pid in prompt_ids:
-        name = result_name("svd", token, target)
-        cached = store.read_analysis(pid, name)
-        if cached is not None and cached[1].get("params") == wanted:
-            arrays, attrs = cached
-            results.append(Spectrum(pid, token, arrays["U"], arrays["S"], arrays["V"], attrs.get("method", method),
-                                    attrs["params"], target))
-        else:
+        spec = read_svd(store.analyses, pid, token, target)
+        if spec is None or spec.params != wanted:
             spec = stored_svd(store.get(pid), k, token, method=method, power_iterations=power_iterations,
-                                oversample=oversample, seed=seed, target=target)
-            store.write_analysis(pid, name, {"U": spec.U, "S": spec.S, "V": spec.V},
+                              oversample=oversample, seed=seed, target=target)
+            store.analyses.write(pid, result_name("svd", token, target), {"U": spec.U, "S": spec.S, "V": spec.V},
                                  {"params": wanted, "method": spec.method, "token": token, "target": target})
-            results.append(spec)
+        results.append(spec)
         if progress is not None:
             progress.update()
     return results
 
 
-def decode_spectrum(store: Any, spec: Spectrum, top: int = 8) -> dict[str, Any]:
+def decode_spectrum(store: StoreReader, spec: Spectrum, top: int = 8) -> dict[str, Any]:
     """Decoded tokens of a spectrum's vectors: left through the unembedding, right through the embedding.
 
     Left vectors of a residual-stream layerwise target live before the final norm and are
@@ -75,7 +115,7 @@ def decode_spectrum(store: Any, spec: Spectrum, top: int = 8) -> dict[str, Any]:
             "right_tokens": where.tolist(), "right_shares": shares.tolist()}
 
 
-def stored_tokenizer(store: Any) -> Any:
+def stored_tokenizer(store: StoreReader) -> Any:
     """The ``tokenizers.Tokenizer`` kept in the store (checked against its SHA-256), or None without one."""
     data = store.model_bytes("tokenizer.json")
     if data is None:
@@ -85,7 +125,7 @@ def stored_tokenizer(store: Any) -> Any:
     return Tokenizer.from_str(data.decode("utf-8"))
 
 
-def token_texts(store: Any) -> Any:
+def token_texts(store: StoreReader) -> Any:
     """A function id -> text from the tokenizer kept in the store (ids as text without one)."""
     tok = stored_tokenizer(store)
     if tok is None:
@@ -93,7 +133,7 @@ def token_texts(store: Any) -> Any:
     return lambda i: repr(tok.decode([int(i)], skip_special_tokens=False))
 
 
-def token_id(store: Any, text: str) -> int:
+def token_id(store: StoreReader, text: str) -> int:
     """The one token id of ``text`` by the store's tokenizer, or ``id:N`` for an id given directly."""
     vocab = store.model_array("embedding").shape[0]
     if text.startswith("id:"):
@@ -112,16 +152,13 @@ def token_id(store: Any, text: str) -> int:
     return int(ids[0])
 
 
-def dims(store: Any, prompt_ids: Iterable[str], progress: Any = None) -> list[dict[str, Any]]:
+def dims(store: StoreReader, prompt_ids: Iterable[str], progress: Any = None) -> list[dict[str, Any]]:
     """Dimensionality (stable rank, participation ratio, n90, n99) per prompt: combined and per token."""
     rows = []
     for pid in prompt_ids:
         prompt = store.get(pid)
         for token in [None, *range(prompt.n_tokens)]:
-            cached = store.read_analysis(pid, result_name("spectrum", token))
-            s = cached[0]["S"] if cached is not None else singular_values(prompt, token)
-            if cached is None:
-                store.write_analysis(pid, result_name("spectrum", token), {"S": s}, {"token": token})
+            s = cached_spectrum(store, prompt, token)
             d = dimensionality(s)
             rows.append({"prompt_id": pid, "token": "combined" if token is None else token,
                          "stable_rank": d.stable_rank, "participation_ratio": d.participation_ratio,
@@ -139,7 +176,7 @@ class DimsReport:
     table: Path | None = None
 
 
-def require_full(store: Any, what: str) -> None:
+def require_full(store: StoreReader, what: str) -> None:
     """InvalidArgumentError before any work when ``store`` is low-rank (``--keep rank:K``) and ``what`` needs every
     singular value: the message names the analyses that read its triplets and the run that gives the rest."""
     keep = str(store.run.get("keep", "full"))
@@ -151,7 +188,7 @@ def require_full(store: Any, what: str) -> None:
             "(`detjac run MODEL PROMPTS --out FULL.zarr`) for this.")
 
 
-def dims_report(store: Any, prompt_ids: Iterable[str], table: str | Path | None = None,
+def dims_report(store: StoreReader, prompt_ids: Iterable[str], table: str | Path | None = None,
                 progress: Any = None) -> DimsReport:
     """:func:`dims` of ``prompt_ids``, written to ``table`` when given (Parquet for a ``.parquet`` suffix, else
     CSV; see :func:`write_table`). ``progress`` (tqdm-like) is updated once per prompt."""

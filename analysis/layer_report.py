@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 from . import jobs, layers
 from .plots import plot_emergence, plot_layer_dims, plot_token_heatmap
+
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
 TABLE_FORMATS = ("csv", "parquet")
 
@@ -39,7 +42,7 @@ class LayerReport:
     targets: str = ""  # which targets were used, normed or not (:func:`detjac.analysis.layers.targets_used`)
 
 
-def layer_report(store: Any, prompt_ids: Sequence[str], out: str | Path, *, k: int = 4, top: int = 10,
+def layer_report(store: StoreReader, prompt_ids: Sequence[str], out: str | Path, *, k: int = 4, top: int = 10,
                  token: str | None = None, component: str = "layer", heatmaps: int = 4,
                  table_format: str = "csv", progress: Any = None) -> LayerReport:
     """Layerwise decomposition of ``prompt_ids``: the layer table, emergence, and their tables and figures.
@@ -50,7 +53,7 @@ def layer_report(store: Any, prompt_ids: Sequence[str], out: str | Path, *, k: i
 
     Parameters
     ----------
-    store : JacobianStore
+    store : StoreReader
         A store with layerwise Jacobians.
     prompt_ids : sequence of str
         The prompts to analyze.

@@ -20,7 +20,7 @@ leading left singular vector of each ``J_k``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,8 +29,11 @@ from ..singular import orient
 from ..targets import COMPONENTS, Target
 from .spectra import dimensionality, operator_inputs, singular_values, stored_svd
 
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
-def lens(store: Any, target: str | None = None) -> tuple[np.ndarray, bool]:
+
+def lens(store: StoreReader, target: str | None = None) -> tuple[np.ndarray, bool]:
     """The matrix (vocab, d) in float64 that decodes a target's rows, and whether it holds the final norm's gain.
 
     Residual-stream targets (``layer``, ``attn``, ``mlp``, ``resid_mid`` and their ``_local``; the default) decode
@@ -79,7 +82,7 @@ def _in_memory(prompt: Any, target: str) -> np.ndarray | None:
     return np.asarray(prompt.layerwise(target, lazy=False), dtype=np.float64)
 
 
-def target_spectrum(store: Any, prompt_id: str, target: str, k: int = 4) -> dict[str, np.ndarray]:
+def target_spectrum(store: StoreReader, prompt_id: str, target: str, k: int = 4) -> dict[str, np.ndarray]:
     """All singular values of a layerwise target's ``[J_1 ... J_n]`` and its top-``k`` triplets, kept in the store.
 
     Returns ``S_all`` (min(rows, n * cols),), ``U`` (rows, k), ``S`` (k,), ``V`` (n_tokens, cols, k).
@@ -90,7 +93,7 @@ def target_spectrum(store: Any, prompt_id: str, target: str, k: int = 4) -> dict
     its relative accuracy). A larger one is streamed through dask, its values from an exact tall SVD.
     """
     name = f"layers_{target}"
-    cached = store.read_analysis(prompt_id, name)
+    cached = store.analyses.read(prompt_id, name)
     if cached is not None and cached[1].get("params", {}).get("k") == k:
         return cached[0]
     prompt = store.get(prompt_id)
@@ -100,7 +103,7 @@ def target_spectrum(store: Any, prompt_id: str, target: str, k: int = 4) -> dict
         arrays = {"S_all": singular_values(prompt, None, target), "U": spec.U, "S": spec.S, "V": spec.V}
     else:
         arrays = _dense_spectrum(dense, k, prompt.layerwise(target, "output").astype(np.float64))
-    store.write_analysis(prompt_id, name, arrays, {"params": {"k": k, "method": "gram"}, "target": target})
+    store.analyses.write(prompt_id, name, arrays, {"params": {"k": k, "method": "gram"}, "target": target})
     return arrays
 
 
@@ -118,7 +121,7 @@ def _dense_spectrum(J: np.ndarray, k: int, produced: np.ndarray) -> dict[str, np
     return {"S_all": s_all, "U": U, "S": S, "V": V.reshape(n, cols, k)}
 
 
-def layer_table(store: Any, prompt_ids: Iterable[str], *, k: int = 4, top: int = 10, token: int | None = None,
+def layer_table(store: StoreReader, prompt_ids: Iterable[str], *, k: int = 4, top: int = 10, token: int | None = None,
                 targets: Sequence[str] | None = None, progress: Any = None) -> list[dict[str, Any]]:
     """One row per prompt and layerwise target: dimensionality and what ``u_1`` and the output decode to.
 
@@ -191,7 +194,7 @@ def emergence(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token: int | None = None,
+def token_heatmap(store: StoreReader, prompt_id: str, component: str = "layer", *, token: int | None = None,
                   local: bool = False) -> dict[str, Any]:
     """Layer x input-token ranks of ``token`` (default: the predicted one), cached in the store.
 
@@ -210,7 +213,8 @@ def token_heatmap(store: Any, prompt_id: str, component: str = "layer", *, token
     return {**targets_heatmap(store, prompt_id, [t.name for t in sorted(picked)], token=token), "component": kind}
 
 
-def targets_heatmap(store: Any, prompt_id: str, targets: Sequence[str], *, token: int | None = None) -> dict[str, Any]:
+def targets_heatmap(store: StoreReader, prompt_id: str, targets: Sequence[str], *,
+                    token: int | None = None) -> dict[str, Any]:
     """:func:`token_heatmap` over the stored layerwise ``targets`` given by name, one row each, in that order.
 
     Returns ``layers`` (each target's layer), ``token``, ``u1_rank`` and ``contribution_rank``
@@ -240,14 +244,14 @@ def targets_heatmap(store: Any, prompt_id: str, targets: Sequence[str], *, token
             "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")]))}
 
 
-def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:
+def _per_token_u1(store: StoreReader, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:
     """Leading left singular vector of each token's ``J_k`` of ``target`` (n, rows), kept in the store.
 
     ``J`` is the target's (rows, n, cols) Jacobian, in memory (numpy) or lazy (dask); each vector is signed so that
     ``u . (J_k x_k) >= 0`` with ``contributions`` (n, rows) the ``J_k x_k``.
     """
     name = f"layers_tokens_{target}"
-    cached = store.read_analysis(prompt.id, name)
+    cached = store.analyses.read(prompt.id, name)
     if cached is not None:
         return cached[0]["U1"]
     if isinstance(J, np.ndarray):  # in memory: the top eigenvector of every J_k J_k^T, in one batched call
@@ -259,5 +263,5 @@ def _per_token_u1(store: Any, prompt: Any, target: str, J: Any, contributions: n
         U1 = np.stack([stored_svd(prompt, 1, k, method=method, target=target).U[:, 0]
                        for k in range(prompt.n_tokens)])
     U1 *= np.where(np.einsum("tr,tr->t", U1, contributions) < 0, -1.0, 1.0)[:, None]
-    store.write_analysis(prompt.id, name, {"U1": U1}, {"params": {"method": method}, "target": target})
+    store.analyses.write(prompt.id, name, {"U1": U1}, {"params": {"method": method}, "target": target})
     return U1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,11 +13,14 @@ from . import jobs, layers
 from .plots import plot_emergence, plot_layer_dims
 from .plots import pyplot as _plt
 
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
-def plot_corpus_spectra(store: Any, ids: list[str], path: Path) -> None:
+
+def plot_corpus_spectra(store: StoreReader, ids: list[str], path: Path) -> None:
     """Every prompt's combined spectrum (thin lines) and their median (thick)."""
     plt = _plt()
-    spectra = [store.read_analysis(pid, "spectrum_combined")[0]["S"] for pid in ids]
+    spectra = [jobs.read_spectrum(store.analyses, pid, None) for pid in ids]
     length = min(len(s) for s in spectra)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for s in spectra:
@@ -73,7 +76,7 @@ def plot_decoded_table(rows: list[dict[str, Any]], path: Path, limit: int = 12) 
     plt.close(fig)
 
 
-def report(store: Any, out: str | Path, top: int = 10, progress: Any = None,
+def report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = None,
            table_format: str = "csv") -> dict[str, Any]:
     """Run dims and a Gram SVD over every prompt (results kept in the store) and write the report to ``out``.
 
@@ -113,7 +116,7 @@ def report(store: Any, out: str | Path, top: int = 10, progress: Any = None,
     return summary
 
 
-def _layerwise_section(store: Any, ids: list[str], out: Path, top: int, table_format: str) -> dict[str, Any]:
+def _layerwise_section(store: StoreReader, ids: list[str], out: Path, top: int, table_format: str) -> dict[str, Any]:
     """Layer tables and figures for the prompts stored with layerwise Jacobians; their summary figures."""
     with_layers = [pid for pid in ids if store.get(pid).layerwise_targets]
     if not with_layers:

@@ -17,7 +17,7 @@ are reused.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from ..targets import Target
 from .layers import lens, target_spectrum
 from .spectra import operator, operator_inputs
 
+if TYPE_CHECKING:
+    from ..store import StoreReader
+
 
 def _token_index(prompt: Any, token: int) -> int:
     n = prompt.n_tokens
@@ -35,18 +38,18 @@ def _token_index(prompt: Any, token: int) -> int:
     return token % n
 
 
-def _decoder(store: Any, target: str | None) -> np.ndarray:
+def _decoder(store: StoreReader, target: str | None) -> np.ndarray:
     """The matrix that decodes the target's rows: ``W_U`` for the output, :func:`lens` for a layerwise target."""
     return store.model_array("unembedding").astype(np.float64) if target is None else lens(store, target)[0]
 
 
-def largest_columns(store: Any, prompt_id: str, *, target: str | None = None, tokens: list[int] | None = None,
+def largest_columns(store: StoreReader, prompt_id: str, *, target: str | None = None, tokens: list[int] | None = None,
                     count: int = 8, top: int = 6) -> list[dict[str, Any]]:
     """The ``count`` largest-norm columns of ``J_k`` for each of ``tokens`` (default: every token), decoded.
 
     Parameters
     ----------
-    store : JacobianStore
+    store : StoreReader
     prompt_id : str
     target : str or None
         A stored layerwise target, or None for the model output's Jacobian.
@@ -83,7 +86,7 @@ def largest_columns(store: Any, prompt_id: str, *, target: str | None = None, to
     return rows
 
 
-def jacobian_image(store: Any, prompt_id: str, *, target: str | None = None, token: int = -1) -> dict[str, Any]:
+def jacobian_image(store: StoreReader, prompt_id: str, *, target: str | None = None, token: int = -1) -> dict[str, Any]:
     """``J_k`` (rows, cols) of one token and its singular values, for the image of
     :func:`~detjac.analysis.view_plots.plot_jacobian_image`."""
     prompt = store.get(prompt_id)
@@ -93,7 +96,8 @@ def jacobian_image(store: Any, prompt_id: str, *, target: str | None = None, tok
             "target": target or "output", "prompt": prompt.prompt}
 
 
-def singular_path(store: Any, prompt_id: str, *, kind: str = "layer", k: int = 2, top: int = 3) -> dict[str, Any]:
+def singular_path(store: StoreReader, prompt_id: str, *, kind: str = "layer", k: int = 2,
+                  top: int = 3) -> dict[str, Any]:
     """Each stored ``kind.L`` target's top-``k`` left singular vectors projected on the last layer's.
 
     Returns

@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FIT_CODE = """
 import json, resource, sys, time
-from detjac.analysis.lens_fit import fit
+from detjac.analysis.lens.lens_fit import fit
 from detjac.store import open_store
 start = time.perf_counter()
 fit(open_store(sys.argv[1]), chunk=int(sys.argv[2]))

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from detjac.analysis.lens_eval import wilson
+from detjac.analysis.lens.lens_eval import wilson
 from detjac.engine import detached_jacobian, get_tokenizer, load_model
 from detjac.engine.checkpoints.default import default_model_dir
 from detjac.engine.products.decode import decode_top, dense_svd

@@ -52,7 +52,7 @@ from typing import Any
 
 from real_paths import NAMES, cpu_name, gguf_path
 
-from detjac.analysis.lens_eval import wilson
+from detjac.analysis.lens.lens_eval import wilson
 
 HERE = Path(__file__).parent
 PROMPTS = HERE / "data" / "factbook_prompts.jsonl"
@@ -463,7 +463,7 @@ def _fitted_on(lens: Path, texts: Path) -> bool:
     after its last finished fit; a lens is written sealed, so a partial one does not load)."""
     from detjac.analysis.lens import load_lens
     from detjac.errors import DetjacError
-    from detjac.runs.lens import texts_digest
+    from detjac.runs.lens_apply import texts_digest
     from detjac.runs.prompts import read_prompts
 
     if not lens.exists():

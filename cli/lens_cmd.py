@@ -1,7 +1,7 @@
 """``detjac lens fit|save|apply|evaluate``: the detached Jacobian lens, fitted from a store's to_output targets.
 
-Each command parses, calls one function of :mod:`detjac.analysis.lens_fit`, :mod:`detjac.analysis.lens` or
-:mod:`detjac.runs.lens`, and prints what it returns.
+Each command parses, calls one function of :mod:`detjac.analysis.lens.lens_fit`, :mod:`detjac.analysis.lens` or
+:mod:`detjac.runs.lens_apply`, and prints what it returns.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
         raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
                                "fitted from the store PATH).")
     from detjac.analysis.lens import load_lens, relative_spread
-    from detjac.analysis.lens_fit import fit
+    from detjac.analysis.lens.lens_fit import fit
     from detjac.progress import tqdm
     from detjac.runs.scheduler import dask_scheduler
     from detjac.store import open_store
@@ -113,7 +113,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     from detjac.engine.checkpoints.default import resolve_model
     from detjac.progress import tqdm
     from detjac.runs.fingerprint import weights_identity
-    from detjac.runs.lens import fit_jlens
+    from detjac.runs.lens_apply import fit_jlens
     from detjac.runs.prompts import read_prompts
     from detjac.targets import layer_index
 
@@ -179,8 +179,8 @@ def apply_cmd(lens_path: str, prompt: str, model: str, gguf_file: str | None, or
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
     from detjac.analysis.lens import load_lens
-    from detjac.analysis.lens_eval import plot_positions
-    from detjac.runs.lens import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.analysis.lens.lens_eval import plot_positions
+    from detjac.runs.lens_apply import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
 
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
@@ -239,10 +239,10 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
 
     from detjac.analysis.jobs import write_table
     from detjac.analysis.lens import load_lens
-    from detjac.analysis.lens_eval import markdown, plot_agreement, summarize
+    from detjac.analysis.lens.lens_eval import markdown, plot_agreement, summarize
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs.lens import check_lens_kinds, evaluate, load_lens_engine
+    from detjac.runs.lens_apply import check_lens_kinds, evaluate, load_lens_engine
     from detjac.runs.prompts import read_prompts
 
     if prompts_path is None:

@@ -105,7 +105,7 @@ def export(path: str, prompt_id: str, out: str, force: bool) -> None:
       detjac store export run.zarr 3f2a9c0d1e2b4a5f --out prompt.npz
     """
     from detjac.store import open_store
-    from detjac.store.disk import npz_target
+    from detjac.store.backend.disk import npz_target
     from detjac.store.summary import export_npz
 
     npz_target(out, force)  # before the store is opened

@@ -97,7 +97,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
 
     text = _prompt_text(prompt, prompt_file)
     if out is not None:
-        from detjac.store.disk import npz_target
+        from detjac.store.backend.disk import npz_target
 
         out = str(npz_target(out, force))  # before any work
     streamed = streamed or max_memory is not None
@@ -162,7 +162,7 @@ def _save(path: str, op: Any, result: Any, model: str, text: str) -> None:
 
     import numpy as np
 
-    from detjac.store.disk import write_npz
+    from detjac.store.backend.disk import write_npz
 
     arrays = {"U": result.U, "S": result.S, "V": result.right_blocks(op.n_tokens).permute(1, 2, 0),
               "residuals": result.residuals}

@@ -48,7 +48,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
     from detjac.progress import tqdm
-    from detjac.view.export import export
+    from detjac.view.static_export import export
 
     with tqdm(desc="export", unit="page") as bar:
         written = export(store, out, prompt_ids, progress=bar)

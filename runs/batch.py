@@ -1,5 +1,5 @@
 """One prompt through the engine into a store: its row blocks streamed into a staged group that
-becomes visible only when complete (see ``store/zarr_writer.py``), and the run's description.
+becomes visible only when complete (see ``store/backend/zarr_writer.py``), and the run's description.
 
 Used by both ways of running a corpus: one process (``runs/local.py``) and the workers of a
 dask.distributed cluster (``runs/cluster.py``).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from detjac.errors import LinearizationError
 from detjac.store import NO_JACOBIAN
 
 from .prompts import PromptLine
+
+if TYPE_CHECKING:
+    from detjac.store import StoreWriter
 
 LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 power iterations)
 
@@ -59,7 +62,7 @@ def run_description(model: Any, model_arg: str, model_dir: Path | None, revision
             "max_tokens": max_tokens, "detjac_version": __version__}
 
 
-def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
+def write_prompt(store: StoreWriter, engine: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
                  targets: list[Any], bar: Any, progress: bool = True, sums: Any = None) -> float:
     """One prompt through ``engine`` into ``store``: the output's Jacobian and every layerwise ``targets``
     Jacobian, block by block (or, in low-rank mode, the output's top triplets); returns the output's
@@ -68,7 +71,7 @@ def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[
     A ``--lens`` run (``run["lens"]``): the ``to_output`` rows of the lens layers are not stored but their
     target-position blocks collected (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the
     output from its layer's states, and once the prompt is committed added to ``sums`` (a
-    :class:`detjac.analysis.lens_sums.RunningSums`); with ``keep`` none the output's Jacobian is not computed
+    :class:`detjac.analysis.lens.lens_sums.RunningSums`); with ``keep`` none the output's Jacobian is not computed
     and the worst of those reconstruction errors is returned."""
     from detjac.store import LayerwiseSpec
     from detjac.targets import OUTPUTS
@@ -111,7 +114,7 @@ def write_prompt(store: Any, engine: Any, pid: str, item: PromptLine, ids: list[
         affine = {"affine": True} if trace.bias is not None else {}
         writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, error, run, storage), **extra,
                        **affine})
-    if collected is not None and sums is not None:  # counted only once committed: see detjac.analysis.lens_sums
+    if collected is not None and sums is not None:  # counted only once committed: see detjac.analysis.lens.lens_sums
         sums.add(store, pid, collected.blocks)
     return error
 

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import WorkerPlugin
 
@@ -25,6 +25,9 @@ from detjac.errors import (
 )
 
 from .plan import Failure, LoadedModel, ModelSpec, PromptTask, RunPlan, RunSummary, write_one
+
+if TYPE_CHECKING:
+    from detjac.store import StoreWriter
 
 # Errors that come back the same on every worker: recorded at once, never retried.
 DETERMINISTIC = (PromptError, LinearizationError, InvalidArgumentError, UnsupportedModelError)
@@ -134,7 +137,7 @@ def compute_prompt(task: PromptTask, job: PromptJob) -> PromptOutcome:
     return PromptOutcome(*found, reconstruction_error=error)
 
 
-def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTask], summary: RunSummary, *,
+def run_on_cluster(client: Any, plan: RunPlan, store: StoreWriter, tasks: list[PromptTask], summary: RunSummary, *,
                    torch_threads: int | None = None, local: bool = False, progress: bool = True,
                    lens_flush: int = 1) -> RunSummary:
     """Compute ``tasks`` on the workers of ``client`` into ``store`` (opened for writing by this process).
@@ -196,7 +199,7 @@ def run_on_cluster(client: Any, plan: RunPlan, store: Any, tasks: list[PromptTas
     return summary
 
 
-def _collect(store: Any, summary: RunSummary, task: PromptTask, future: Any) -> None:
+def _collect(store: StoreWriter, summary: RunSummary, task: PromptTask, future: Any) -> None:
     from distributed import KilledWorker
 
     if future.status == "finished":
@@ -222,7 +225,7 @@ def _collect(store: Any, summary: RunSummary, task: PromptTask, future: Any) -> 
     _record(store, summary, task, failure)
 
 
-def _record(store: Any, summary: RunSummary, task: PromptTask, failure: Failure) -> None:
+def _record(store: StoreWriter, summary: RunSummary, task: PromptTask, failure: Failure) -> None:
     from detjac import __version__
 
     store.record_failure(task.pid, {"prompt": task.item.text, "line": task.item.line, "meta": task.item.meta,

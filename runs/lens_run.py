@@ -6,12 +6,15 @@ blocks go into running sums written as sealed partials, merged by :func:`finish`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from detjac.errors import InvalidArgumentError, StoreMismatchError
 from detjac.targets import TO_OUTPUT, Target
+
+if TYPE_CHECKING:
+    from detjac.store import StoreWriter
 
 DEFAULT_FLUSH = 1  # prompts between two flushes of the sums (--lens-flush)
 
@@ -23,7 +26,7 @@ def lens_description(layers: list[Target]) -> dict[str, Any]:
 
 def lens_targets(run: dict[str, Any]) -> list[Target]:
     """The ``to_output`` targets whose same-position blocks a ``--lens`` run accumulates ([] for another run)."""
-    from detjac.analysis.lens_fit import run_lens_layers
+    from detjac.analysis.lens.lens_fit import run_lens_layers
 
     return [Target(layer, TO_OUTPUT) for layer in run_lens_layers(run)]
 
@@ -60,19 +63,19 @@ def check_lens_store(stored: dict[str, Any], wanted: dict[str, Any], path: Any) 
                              f"--layers giving {has['layers']}. Use the store's layers, another --out or --force-new.")
 
 
-def uncounted(store: Any, run: dict[str, Any], ids: set[str]) -> set[str]:
+def uncounted(store: StoreWriter, run: dict[str, Any], ids: set[str]) -> set[str]:
     """The committed prompts among ``ids`` that some lens layer's partials do not count (all for a store whose run
     is not a --lens run: none)."""
-    from detjac.analysis.lens_fit import counted, run_lens_layers
+    from detjac.analysis.lens.lens_fit import counted, run_lens_layers
 
     layers = run_lens_layers(run)
     return ids - counted(store, layers, ids) if layers and ids else set()
 
 
-def finish(store: Any, run: dict[str, Any]) -> dict[str, Any] | None:
+def finish(store: StoreWriter, run: dict[str, Any]) -> dict[str, Any] | None:
     """Merge the partials into ``lens/fitted`` when every committed prompt is counted; returns the fit's report,
     or ``{"uncounted": n}`` (the run was interrupted or a worker died: run again), or None for another run."""
-    from detjac.analysis.lens_fit import fit
+    from detjac.analysis.lens.lens_fit import fit
 
     ids = set(store.prompt_ids())
     if not lens_targets(run) or not ids:
@@ -84,8 +87,8 @@ def finish(store: Any, run: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def running_sums(run: dict[str, Any], flush_every: int) -> Any:
-    """A process's :class:`~detjac.analysis.lens_sums.RunningSums` for a ``--lens`` run (None for another run)."""
-    from detjac.analysis.lens_sums import RunningSums
+    """A process's :class:`~detjac.analysis.lens.lens_sums.RunningSums` for a ``--lens`` run (None for another run)."""
+    from detjac.analysis.lens.lens_sums import RunningSums
 
     layers = lens_targets(run)
     return RunningSums([t.layer for t in layers], flush_every) if layers else None

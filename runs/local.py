@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .lens_run import DEFAULT_FLUSH, running_sums
 from .plan import PromptTask, RunPlan, RunSummary, write_one
 
+if TYPE_CHECKING:
+    from detjac.store import StoreWriter
 
-def run_local(plan: RunPlan, store: Any, tasks: list[PromptTask], summary: RunSummary,
+
+def run_local(plan: RunPlan, store: StoreWriter, tasks: list[PromptTask], summary: RunSummary,
               lens_flush: int = DEFAULT_FLUSH) -> RunSummary:
     """Compute and commit every task in this process (the model ``plan`` loaded); counts go to ``summary``. A
     ``--lens`` run's sums are flushed every ``lens_flush`` prompts and when the loop ends, interrupted or not."""

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .batch import run_description, storage_dtype, write_prompt
 from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
+
+if TYPE_CHECKING:
+    from detjac.store import StoreWriter
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class RunPlan:
     def summary(self) -> RunSummary:
         return RunSummary(duplicates=self.duplicates, blank_lines=self.prompts.blank)
 
-    def pending(self, store: Any, summary: RunSummary) -> list[PromptTask]:
+    def pending(self, store: StoreWriter, summary: RunSummary) -> list[PromptTask]:
         """The tasks whose prompt is not complete in ``store`` (in a ``--lens`` run: not committed, or not counted
         in the lens's sums at every layer); counts the others in ``summary``."""
         from .lens_run import uncounted
@@ -205,8 +208,8 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
         raise StoreMismatchError(" ".join([str(exc), *named])) from None
 
 
-def write_one(loaded: LoadedModel, store: Any, task: PromptTask, run: dict[str, Any], targets: list[Any], bar: Any,
-              progress: bool = True, sums: Any = None) -> float:
+def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: dict[str, Any], targets: list[Any],
+              bar: Any, progress: bool = True, sums: Any = None) -> float:
     """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
     its reconstruction error."""
     return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums)

@@ -9,9 +9,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from detjac.store import StoreReader, StoreWriter
 
 Log = Callable[[str], None]
 
@@ -196,7 +199,7 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     return RunOutcome(summary, out, total, o.distributed, interrupted, lens, stored_worst)
 
 
-def recorded_worst_error(store: Any) -> float | None:
+def recorded_worst_error(store: StoreReader) -> float | None:
     """The largest reconstruction error the store's prompts recorded when they were computed (their attributes:
     nothing is recomputed; ``detjac store verify`` recomputes); None when none records one."""
     errors = []
@@ -242,7 +245,8 @@ def model_ref(model: str, revision: str | None = None) -> str:
     return str(path.resolve()) if path.is_dir() or path.is_file() else model  # a folder or a GGUF file
 
 
-def _run_distributed(plan: Any, store: Any, tasks: list[Any], summary: Any, o: RunOptions, log: Log | None) -> bool:
+def _run_distributed(plan: Any, store: StoreWriter, tasks: list[Any], summary: Any, o: RunOptions,
+                     log: Log | None) -> bool:
     """Run ``tasks`` on a cluster; returns True when interrupted (Ctrl-C), after cancelling what was queued."""
     from .cluster import run_on_cluster
     from .scheduler import dask_client

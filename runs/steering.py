@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from detjac.store import StoreReader
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class SteeringTable:
     table: Path | None = None
 
 
-def concept_operator(store: Any, prompt_id: str, layer: int, model: Any, method: str = "detjac") -> Any:
+def concept_operator(store: StoreReader, prompt_id: str, layer: int, model: Any, method: str = "detjac") -> Any:
     """The steering operator from a stored prompt's layer-``layer`` Jacobian, checked against ``model``.
 
     ``detjac`` takes ``layer.<layer>``; ``paper`` takes ``layer_normed.<layer>`` (the reference's operators:
@@ -100,7 +103,7 @@ def concept_operator(store: Any, prompt_id: str, layer: int, model: Any, method:
     return SteeringOperator.from_jacobian(layer, torch.from_numpy(J).to(model.dtype), prompt.prompt, method)
 
 
-def _method_jacobian(store: Any, prompt: Any, layer: int, method: str) -> Any:
+def _method_jacobian(store: StoreReader, prompt: Any, layer: int, method: str) -> Any:
     """(d, n, d) the stored operators a method steers with (see :func:`concept_operator`), float64."""
     import numpy as np
 
@@ -151,7 +154,7 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
     return ConceptSession(lm, tok, concept_operator(store, prompt_id, layer, lm, method))
 
 
-def check_same_model(store: Any, source: Any, model: str) -> None:
+def check_same_model(store: StoreReader, source: Any, model: str) -> None:
     """Refuse a store whose run recorded another model than ``source`` (config, weights or tokenizer digests that
     differ), naming both; a store or model without a digest is checked by what both have."""
     from pathlib import Path

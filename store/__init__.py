@@ -5,22 +5,32 @@
 >>> [p.prompt for p in store.prompts(contains="cat")]     # doctest: +SKIP
 >>> store.get(store.prompt_ids()[0]).jacobian()           # lazy dask array (row, token, col)  # doctest: +SKIP
 
-The format is specified in ``docs/store-format.md``.
+The interfaces are :class:`StoreReader` (what the analyses and the viewer read), :class:`StoreWriter` (what a run
+writes through; ``JacobianStore`` is its earlier name), :class:`StoredPrompt` / :class:`PromptWriter` (one prompt)
+and :class:`AnalysisCache` (where analyses keep their results); ``backend/`` implements them on a folder. The
+format is specified in ``docs/store-format.md``.
 """
 
-from .base import JacobianStore, LayerwiseSpec, PromptWriter, StoredPrompt, VerifyResult
+from .analysis_cache import AnalysisCache, MemoryAnalyses
+from .backend.zarr_create import create_store
+from .backend.zarr_prompt import ZarrPrompt, verify_prompt
+from .backend.zarr_store import ZarrStore, attach_store, open_store
+from .backend.zarr_writer import ZarrPromptWriter
 from .format import FORMAT_VERSION, NO_JACOBIAN, model_differences, prompt_id
-from .zarr_create import create_store
-from .zarr_prompt import ZarrPrompt, verify_prompt
-from .zarr_store import ZarrStore, attach_store, open_store
-from .zarr_writer import ZarrPromptWriter
+from .reader import StoreReader, VerifyResult
+from .stored_prompt import LayerwiseSpec, PromptWriter, StoredPrompt
+from .writer import JacobianStore, StoreWriter
 
 __all__ = [
     "NO_JACOBIAN",
     "FORMAT_VERSION",
+    "AnalysisCache",
     "JacobianStore",
     "LayerwiseSpec",
+    "MemoryAnalyses",
     "PromptWriter",
+    "StoreReader",
+    "StoreWriter",
     "StoredPrompt",
     "VerifyResult",
     "ZarrPrompt",

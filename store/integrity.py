@@ -11,7 +11,7 @@ Three rules, one helper each:
   and, for every file under its folder, the size and SHA-256 (:func:`seal`). :func:`check_seal`
   proves the group unchanged: attributes, files present, nothing added, no symlink.
 - **Strict reads.** Every chunk of a format-2 array is written (``write_empty_chunks``), so a
-  chunk file that is absent was lost: :class:`detjac.store.strict.StrictLocalStore` raises
+  chunk file that is absent was lost: :class:`detjac.store.backend.strict.StrictLocalStore` raises
   instead of handing back the fill value, and refuses a chunk reached through a symlink.
 
 Pure zarr and the standard library: nothing here imports torch.

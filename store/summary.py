@@ -1,9 +1,6 @@
-"""What ``detjac store info|verify|export`` report about a store, computed from its public API.
+"""What ``detjac store info|verify|export`` report about a store, read through its reader interface.
 
-Everything here reads a store through :class:`~detjac.store.base.JacobianStore` and its
-prompts, except :func:`store_summary` (size on disk, creation time, staging leftovers) and
-:func:`prompt_layout` / :func:`export_npz` (low-rank triplets), which use what the Zarr
-store and its prompts add to the interface. Nothing here writes to a store.
+:func:`store_summary` also sizes the store's folder on disk. Nothing here writes to a store.
 """
 
 from __future__ import annotations
@@ -16,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import JacobianStore, VerifyResult
-from .disk import npz_target, write_npz
+from .backend.disk import npz_target, write_npz
+from .reader import StoreReader, VerifyResult
 
 
 @dataclass(frozen=True)
@@ -85,12 +82,8 @@ class VerifySummary:
         return len(self.results) - self.prompts
 
 
-def store_summary(store: Any) -> StoreSummary:
-    """The run description, the counts and the size on disk of ``store``.
-
-    ``store`` is a store in a local folder (a :class:`~detjac.store.zarr_store.ZarrStore`): its
-    ``path``, ``created`` and ``staging_leftovers()`` are not part of the abstract interface.
-    """
+def store_summary(store: StoreReader) -> StoreSummary:
+    """The run description, the counts and the size on disk of ``store`` (a store in a local folder)."""
     size = 0
     for here, _, files in os.walk(store.path):  # symlinks are not followed (nor counted)
         size += sum(os.lstat(os.path.join(here, name)).st_size for name in files)
@@ -99,7 +92,7 @@ def store_summary(store: Any) -> StoreSummary:
                         store.staging_leftovers(), store.failures(), damaged)
 
 
-def listing(store: JacobianStore, contains: str | None = None) -> list[Listed]:
+def listing(store: StoreReader, contains: str | None = None) -> list[Listed]:
     """Every complete prompt whose text contains ``contains``, or that is damaged (its reason instead of its
     attributes: a damaged prompt is listed whatever ``contains`` says)."""
     from ..errors import StoreError
@@ -130,8 +123,8 @@ def prompt_layout(prompt: Any) -> PromptLayout:
                         chunks=arr.chunksize)
 
 
-def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummary:
-    """Re-read every complete prompt (:meth:`JacobianStore.verify`) and sort the results."""
+def verify_summary(store: StoreReader, progress: bool = False) -> VerifySummary:
+    """Re-read every complete prompt (:meth:`~detjac.store.reader.StoreReader.verify`) and sort the results."""
     results = store.verify(progress=progress)
     corrupt = [r for r in results if not r.ok]
     worst = max((r.reconstruction_error for r in results if r.ok and r.reconstruction_error is not None),
@@ -139,7 +132,7 @@ def verify_summary(store: JacobianStore, progress: bool = False) -> VerifySummar
     return VerifySummary(results, corrupt, worst, store.format_version, store.interrupted_writes())
 
 
-def export_npz(store: JacobianStore, prompt_id: str, out: str | Path, force: bool = False) -> Path:
+def export_npz(store: StoreReader, prompt_id: str, out: str | Path, force: bool = False) -> Path:
     """Write one prompt's arrays and its attrs (as JSON text, no pickles) to the numpy ``.npz`` file ``out``.
 
     The arrays: ``embeddings``, ``output``, ``token_ids``, ``bias`` when stored, and ``jacobian``

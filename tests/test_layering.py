@@ -34,7 +34,7 @@ LAYERS = ("detjac.engine", "detjac.store", "detjac.analysis", "detjac.runs", "de
 class Import:
     file: str  # relative to the repository root
     line: int
-    module: str  # the importing module, e.g. detjac.store.zarr_store
+    module: str  # the importing module, e.g. detjac.store.backend.zarr_store
     target: str  # the imported module, e.g. detjac.store.format or numpy.linalg
 
     def __str__(self) -> str:
@@ -42,7 +42,7 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    """``store/zarr_store.py`` -> ``detjac.store.zarr_store``; ``engine/families/__init__.py`` ->
+    """``store/backend/zarr_store.py`` -> ``detjac.store.backend.zarr_store``; ``engine/families/__init__.py`` ->
     ``detjac.engine.families``."""
     rel = path.relative_to(ROOT)
     parts = [FOLDERS[rel.parts[0]], *rel.parts[1:]]
@@ -127,7 +127,7 @@ RULES = {
 
 
 def _layer(module: str) -> str | None:
-    """The layer a module belongs to (``detjac.store`` for ``detjac.store.zarr_store``); None for core/."""
+    """The layer a module belongs to (``detjac.store`` for ``detjac.store.backend.zarr_store``); None for core/."""
     return next((layer for layer in LAYERS if within(module, layer)), None)
 
 
@@ -189,11 +189,11 @@ def cycles(imports: list[Import]) -> list[list[Import]]:
 def test_the_source_is_found():
     """The checks below would pass vacuously on an empty tree: make sure they see every layer."""
     modules = all_modules()
-    assert {"detjac", "detjac.errors", "detjac.engine", "detjac.store.base", "detjac.analysis.spectra",
+    assert {"detjac", "detjac.errors", "detjac.engine", "detjac.store.reader", "detjac.analysis.spectra",
             "detjac.runs.batch", "detjac.view.server", "detjac.cli.main"} <= modules
     found = all_imports()
-    assert any(i.module == "detjac.store.zarr_store" and i.target == "detjac.store.format" for i in found)
-    assert any(i.module == "detjac.store.sealed" and i.target == "zarr" for i in found)  # inside a function
+    assert any(i.module == "detjac.store.backend.zarr_store" and i.target == "detjac.store.format" for i in found)
+    assert any(i.module == "detjac.store.backend.sealed" and i.target == "zarr" for i in found)  # inside a function
 
 
 def test_no_import_cycles_between_detjac_modules():
@@ -224,11 +224,11 @@ def test_the_checks_catch_what_they_claim():
         "store/x.py:3 imports torch.nn", "analysis/y.py:9 imports detjac.engine.streamed.streamed_engine",
         "engine/z.py:5 imports dask.array", "runs/w.py:7 imports detjac.cli.main", "core/v.py:2 imports detjac.store",
         "view/u.py:4 imports detjac.engine"]
-    loop = [Import("store/a.py", 1, "detjac.store.base", "detjac.store.format"),
-            Import("store/b.py", 2, "detjac.store.format", "detjac.store.base"),
-            Import("store/c.py", 4, "detjac.store.lock", "detjac.store.format")]
+    loop = [Import("store/a.py", 1, "detjac.store.reader", "detjac.store.format"),
+            Import("store/b.py", 2, "detjac.store.format", "detjac.store.reader"),
+            Import("store/c.py", 4, "detjac.store.backend.lock", "detjac.store.format")]
     assert [[str(i) for i in c] for c in cycles(loop)] == [["store/a.py:1 imports detjac.store.format",
-                                                            "store/b.py:2 imports detjac.store.base"]]
+                                                            "store/b.py:2 imports detjac.store.reader"]]
     source = ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
               "if TYPE_CHECKING:\n    import torch\n\ndef f():\n    from ..engine import streamed\n"
               "    from . import format as fmt, nothing_such\n    importlib.import_module('detjac.cli.main')\n")

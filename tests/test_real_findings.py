@@ -71,7 +71,7 @@ def test_records_are_grouped_by_the_machine_that_computed_them(findings):
 
 
 def test_wilson_interval_known_values(findings):
-    assert findings.wilson(0, 40) == (0.0, pytest.approx(0.0876, abs=1e-4))  # detjac.analysis.lens_eval's
+    assert findings.wilson(0, 40) == (0.0, pytest.approx(0.0876, abs=1e-4))  # detjac.analysis.lens.lens_eval's
     assert findings.wilson(40, 40)[1] == 1.0  # rounding kept inside [0, 1]
     low, high = findings.wilson(33, 40)
     assert (round(low, 3), round(high, 3)) == (0.680, 0.913)

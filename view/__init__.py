@@ -1,8 +1,8 @@
 """``detjac view``: a read-only local web viewer of a store (torch-free; above the analyses, below the CLI).
 
 ``readonly``: the store as the analyses see it, their results kept in memory, never written;
-``corpus``, ``prompt``, ``layers``: what each page shows, as JSON-ready dicts computed with
-:mod:`detjac.analysis`; ``server``: the local HTTP server (standard library only); ``export``:
-the same pages as a static snapshot that opens from disk; ``static/``: the page itself (plain
-HTML, CSS and JavaScript with hand-drawn SVG charts, nothing fetched from the network).
+``corpus_page``, ``prompt_page``, ``layers_page``: what each page shows, as JSON-ready dicts computed with
+:mod:`detjac.analysis`; ``pages``: every page's data by key; ``server``: the local HTTP server (standard library
+only); ``static_export``: the same pages as a static snapshot that opens from disk; ``static/``: the page itself
+(plain HTML, CSS and JavaScript with hand-drawn SVG charts, nothing fetched from the network).
 """

@@ -13,12 +13,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .corpus import Corpus
-from .layers import layers_payload
-from .prompt import layer_kinds, operator_payload, prompt_payload
+from .corpus_page import Corpus
+from .layers_page import layers_payload
+from .prompt_page import layer_kinds, operator_payload, prompt_payload
 from .readonly import ReadOnlyStore
+
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
 KEPT_PAGES = 256  # pages kept in memory, least recently used dropped first
 
@@ -42,11 +45,11 @@ class NotFound(LookupError):
 class Pages:
     """The pages of one store (opened for reading), by key (see the module docstring)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: StoreReader) -> None:
         self._compute = threading.Lock()
         self._open(store)
 
-    def _open(self, store: Any) -> None:
+    def _open(self, store: StoreReader) -> None:
         self.view = ReadOnlyStore(store)
         self.corpus = Corpus(self.view)
         self._kept: OrderedDict[str, dict[str, Any]] = OrderedDict()

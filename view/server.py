@@ -17,12 +17,15 @@ import threading
 import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import DetjacError, InvalidArgumentError
 from .assets import ASSETS, asset, index_html
 from .pages import NotFound, Pages
+
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -155,7 +158,7 @@ class ViewHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-def make_server(store: Any, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
+def make_server(store: StoreReader, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
     """A server of ``store``'s pages on ``host``:``port`` (0: a free port), not yet serving.
 
     Raises

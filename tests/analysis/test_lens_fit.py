@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from detjac.analysis import lens as lenses
-from detjac.analysis import lens_fit
+from detjac.analysis.lens import lens_fit
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store
 from detjac.store.integrity import CorruptError
@@ -108,7 +108,7 @@ def test_save_force_replaces_a_saved_lens_and_nothing_else(synthetic, tmp_path):
 
 SLOW_FIT = """
 import sys, time
-from detjac.analysis import lens_fit
+from detjac.analysis.lens import lens_fit
 from detjac.store import open_store
 commit = lens_fit.fit_partial
 def slow(*args):
@@ -143,7 +143,7 @@ def test_a_fit_killed_mid_way_resumes_to_the_same_lens(synthetic, tmp_path):
 
 def test_a_fit_is_refused_while_another_process_writes_the_store(synthetic):
     from detjac.errors import StoreError
-    from detjac.store import lock
+    from detjac.store.backend import lock
 
     held = lock.acquire(synthetic.path)  # as a running `detjac run --lens` or another fit holds it
     try:

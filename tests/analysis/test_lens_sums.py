@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detjac.analysis import lens_fit
-from detjac.analysis.lens_sums import RunningSums
+from detjac.analysis.lens import lens_fit
+from detjac.analysis.lens.lens_sums import RunningSums
 from detjac.errors import StoreError
 from tests.store_factory import make_store
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from detjac.analysis import lens as lenses
-from detjac.analysis import lens_fit
+from detjac.analysis.lens import lens_fit
 from detjac.store import open_store
 from tests.store_factory import make_store
 

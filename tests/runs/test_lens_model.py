@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from detjac.analysis import lens as lenses
-from detjac.analysis import lens_fit
+from detjac.analysis.lens import lens_fit
 from detjac.cli.main import main
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND
 from tests.store_helpers import PROMPTS, run_default, write_prompts
@@ -30,7 +30,7 @@ def fitted(tmp_path_factory):
 
 
 def test_the_exact_map_reads_the_output_and_the_lens_is_the_stored_mean(fitted):
-    from detjac.runs.lens import load_lens_engine, score_prompt, unembedding
+    from detjac.runs.lens_apply import load_lens_engine, score_prompt, unembedding
 
     folder, store = fitted
     lens = lenses.load_lens(store.path)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from store_helpers import PROMPTS, store_snapshot, write_prompts
 
 from detjac.analysis import lens as lenses
-from detjac.analysis import lens_fit
+from detjac.analysis.lens import lens_fit
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store
@@ -99,7 +99,7 @@ def test_committed_prompts_whose_sums_were_lost_are_recomputed_and_counted_once(
                                                                                   monkeypatch):
     """A run that commits prompts but dies before its flush (simulated: flushes do nothing): the store has the
     prompts, no partial counts them, `lens fit` refuses it, and the same run again counts every one once."""
-    from detjac.analysis.lens_sums import RunningSums
+    from detjac.analysis.lens.lens_sums import RunningSums
 
     folder, prompts, _ = routes
     out = tmp_path / "lost.zarr"

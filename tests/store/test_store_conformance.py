@@ -1,7 +1,7 @@
-"""What every store backend must do (store/base.py); add a backend to BACKENDS to run it through.
+"""What every store backend must do (store/reader.py, store/writer.py); add a backend to BACKENDS to run it through.
 
-Each test goes through the interface only (``JacobianStore``, ``StoredPrompt``,
-``PromptWriter``); the prompts come from ``store_factory``, whose arrays are exact.
+Each test goes through the interfaces only (``StoreReader``, ``StoreWriter``, ``StoredPrompt``,
+``PromptWriter``, ``AnalysisCache``); the prompts come from ``store_factory``, whose arrays are exact.
 """
 
 from __future__ import annotations
@@ -22,7 +22,18 @@ from store_factory import (
 )
 
 from detjac.errors import InvalidArgumentError, StoreError
-from detjac.store import JacobianStore, LayerwiseSpec, attach_store, create_store, open_store, prompt_id
+from detjac.store import (
+    AnalysisCache,
+    JacobianStore,
+    LayerwiseSpec,
+    MemoryAnalyses,
+    StoreReader,
+    StoreWriter,
+    attach_store,
+    create_store,
+    open_store,
+    prompt_id,
+)
 
 RUN = {"model_id": "m", "model_type": "llama", "config_sha256": "c", "revision": None, "dtype": "float64",
        "keep": "full", "detach": True, "position": -1, "target": "hidden", "row_block": 3}
@@ -303,6 +314,53 @@ def test_analysis_results_round_trip_and_are_replaced(backend):
     assert reader().analysis_names(ID["a"]) == ["layers_layer.1", "svd_combined"]
     with pytest.raises(StoreError, match="Expected a complete prompt 'f{16}'"):
         store.write_analysis(ID["zz"], "svd_combined", arrays, {})
+
+
+def test_reading_and_writing_are_two_interfaces(backend):
+    """What the analyses and the viewer use is the reader; the writer adds prompts, failures, staging and the lens.
+    A handle opened to read keeps analysis results (derived data) but refuses to write prompts."""
+    store, reader = backend
+    assert isinstance(store, StoreWriter) and isinstance(reader(), StoreReader) and JacobianStore is StoreWriter
+    writing = {"begin", "record_failure", "clear_staging", "discard", "write_lens", "remove_lens", "writing"}
+    assert writing.isdisjoint(dir(StoreReader)) and writing <= set(dir(StoreWriter))
+    assert isinstance(reader().analyses, AnalysisCache)
+    put(store, ID["a"], seed=1)
+    reader().analyses.write(ID["a"], "svd_combined", {"S": np.array([2.0])}, {"params": {"k": 1}})
+    assert store.analyses.read(ID["a"], "svd_combined")[0]["S"].tolist() == [2.0]
+    with pytest.raises(StoreError, match="Expected a store opened for writing"):
+        reader().begin(ID["b"], n_rows=1, n_tokens=1, n_cols=1, dtype="float64", row_block=1)
+
+
+def test_results_kept_in_memory_over_a_store_never_reach_it(backend):
+    """MemoryAnalyses (what ``detjac view`` gives the analyses): its writes stay in memory, its reads fall back to
+    the store's own results, which it never changes."""
+    store, reader = backend
+    put(store, ID["a"], seed=1)
+    store.analyses.write(ID["a"], "svd_combined", {"S": np.array([2.0])}, {"params": {"k": 1}})
+    memory = MemoryAnalyses(reader().analyses)
+    assert memory.read(ID["a"], "svd_combined")[0]["S"].tolist() == [2.0]  # read through
+    memory.write(ID["a"], "svd_combined", {"S": np.array([5.0])}, {"params": {"k": 9}})
+    memory.write(ID["a"], "spectrum_combined", {"S": np.array([1.0])}, {})
+    assert memory.read(ID["a"], "svd_combined")[1] == {"params": {"k": 9}}
+    assert memory.names(ID["a"]) == ["spectrum_combined", "svd_combined"] and memory.names(ID["b"]) == []
+    assert reader().analyses.names(ID["a"]) == ["svd_combined"]
+    assert reader().analyses.read(ID["a"], "svd_combined")[0]["S"].tolist() == [2.0]
+
+
+def test_lens_groups_round_trip_and_are_replaced(backend):
+    store, reader = backend
+    assert reader().lens_names() == [] and reader().read_lens("fitted") is None
+    mean = np.arange(4.0).reshape(1, 2, 2)
+    store.write_lens("fitted", {"mean": mean}, {"n": 1}, {"mean": ("layer", "row", "col")})
+    arrays, attrs = reader().read_lens("fitted")
+    assert np.array_equal(arrays["mean"], mean) and attrs["n"] == 1 and "written_at" in attrs
+    assert reader().read_lens("fitted", arrays=False) == ({}, attrs)
+    store.write_lens("partial-0-x", {"sum": np.ones((2, 2))}, {"n": 2})
+    store.write_lens("fitted", {"mean": 2 * mean}, {"n": 3})
+    assert reader().lens_names() == ["fitted", "partial-0-x"] and reader().read_lens("fitted")[1]["n"] == 3
+    store.remove_lens("partial-0-x")
+    store.remove_lens("partial-0-x")  # nothing left to remove: nothing happens
+    assert reader().lens_names() == ["fitted"]
 
 
 @pytest.mark.parametrize("mode", ["reverse", "forward"])

@@ -162,7 +162,7 @@ def _write(store, pid, rows=4):
 
 
 def test_out_of_disk_at_commit_leaves_no_visible_partial_prompt(tmp_path, monkeypatch):
-    from detjac.store import zarr_writer
+    from detjac.store.backend import zarr_writer
 
     path = tmp_path / "s.zarr"
     with create_store(path, RUN) as store:

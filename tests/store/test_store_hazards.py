@@ -36,7 +36,7 @@ def gone_pid() -> int:
 
 @pytest.mark.parametrize("inside", ["", "analysis/pages", "prompts/new"])
 def test_an_export_into_the_store_it_shows_is_refused(synthetic, inside):
-    from detjac.view.export import export
+    from detjac.view.static_export import export
 
     before = store_snapshot(synthetic.path)
     target = synthetic.path / inside if inside else synthetic.path

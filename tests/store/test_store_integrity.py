@@ -321,7 +321,7 @@ def test_a_symlinked_chunk_is_refused(full, tmp_path):
 
 KILL_AFTER_ASIDE = """
 import os
-from detjac.store import zarr_create
+from detjac.store.backend import zarr_create
 zarr_create.fsync_dir = lambda *a: os.kill(os.getpid(), 9)  # right after the old store is renamed aside
 zarr_create.create_store({path!r}, {{"model_id": "other", "dtype": "float64", "keep": "full"}}, force_new=True)
 """

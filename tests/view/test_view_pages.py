@@ -23,9 +23,9 @@ from detjac.analysis.decoded import decode_report
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError, StoreError
 from detjac.store import create_store, open_store
-from detjac.view.export import data_file, export
 from detjac.view.pages import NotFound, Pages
 from detjac.view.server import is_loopback, make_server
+from detjac.view.static_export import data_file, export
 
 
 def store_files(path):

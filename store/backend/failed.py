@@ -1,9 +1,5 @@
-"""Failure records: prompts a run could not compute, with the reason, under ``failed/<prompt_id>``.
-
-A record is a zarr group whose attributes say which prompt failed and why (``reason``,
-``error``, ``stage``, ...). It is written under a temporary name and renamed into place, and
-removed when the prompt is later committed, so a prompt is complete or failed, never both.
-Readers that predate records ignore the folder. The spec is ``docs/store-format.md``.
+"""Failure records ``failed/<prompt_id>``: a sealed zarr group saying which prompt a run could not compute and why,
+renamed into place, and removed when the prompt is committed (``docs/store-format.md``, "Failure records").
 """
 
 from __future__ import annotations
@@ -15,10 +11,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
-from . import format as fmt
+from detjac.errors import StoreError
+
+from .. import format as fmt
+from ..integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
 from .disk import disk_error
-from .integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
 
 
 def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:

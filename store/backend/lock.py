@@ -1,14 +1,5 @@
-"""The store's writer lock: one run writes a store at a time; its workers write under its lease.
-
-The run that writes a store holds an exclusive ``flock`` on its lock file for its lifetime
-and keeps its holder record in that file: process id, host, start time and a random
-``lease``. The lock file is ``_writer/zarr.json``, the metadata of a zarr group whose
-attribute ``holder`` is the record (so zarr walks the store without meeting a foreign file);
-stores of format 1 used ``.writer.lock``, holding the bare record. A second run is refused
-with a message naming the holder. Worker processes of the
-holding run (``detjac run --scheduler``/``--workers``) take no lock: they are given the lease
-and write prompts only while the lock file still names it, so a task left over from a run
-that has ended (or one whose store was replaced) cannot publish into the store.
+"""The store's writer lock: one run writes a store at a time (an exclusive ``flock`` on ``_writer/zarr.json``, its
+holder record in that file), and its workers write under its lease (``docs/store-format.md``, "One run writes").
 """
 
 from __future__ import annotations
@@ -23,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
-from . import format as fmt
+from detjac.errors import StoreError
+
+from .. import format as fmt
 
 
 def lock_file(path: Path) -> Path:

@@ -1,20 +1,20 @@
-"""The corpus page: the run, one row per complete prompt (a damaged one with why), and the failed prompts with
-their reasons.
+"""The corpus page: the run, one row per complete prompt (a damaged one with why), and the failed prompts.
 
-A row needs only a prompt's attributes (no array is read, nor the prompt opened:
-:meth:`~detjac.store.base.JacobianStore.prompt_attrs`), and a committed prompt never changes,
-so each is read once and kept: reopening the page after a writer has added prompts
-reads the new ones only.
+A row is read from the prompt's attributes alone (:meth:`~detjac.store.reader.StoreReader.prompt_attrs`), once:
+a committed prompt never changes, so reopening the page reads only the prompts added since.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..store.integrity import damage_reason
 from .jsonable import jsonable
+
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
 RUN_KEYS = ("model_id", "model_type", "family", "revision", "dtype", "keep", "detach", "engine", "layerwise",
             "quantize", "mode", "detjac_version")
@@ -46,7 +46,7 @@ def failure_row(prompt_id: str, record: dict[str, Any]) -> dict[str, Any]:
 class Corpus:
     """The corpus page of one store, its rows kept once read (see the module docstring)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: StoreReader) -> None:
         self.store = store
         self._rows: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()

@@ -1,8 +1,6 @@
-"""File-system primitives of the directory backend: durable writes, and OS errors a user can act on.
-
-Every write of the store goes to a temporary name, is flushed with :func:`fsync_tree`, and is
-renamed into place; an ``OSError`` on the way becomes a :class:`~detjac.errors.StoreError` that
-says what could not be done and why (:func:`disk_error`). This module knows nothing of zarr.
+"""File-system primitives of the directory backend: durable writes (temporary name, fsync, rename), crash-safe
+removal, ``.npz`` files written aside, and ``OSError`` turned into a StoreError that says what failed and why
+(:func:`disk_error`). Knows nothing of zarr.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
+from detjac.errors import StoreError
 
 _REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
@@ -114,7 +112,7 @@ def npz_target(out: str | Path, force: bool) -> Path:
     """The ``.npz`` file ``out`` names (numpy adds ``.npz`` to a name without it), checked before any work: its
     folder exists, and it is new, or an existing regular file replaced only with ``force`` (never a folder or a
     link). InvalidArgumentError otherwise."""
-    from ..errors import InvalidArgumentError
+    from detjac.errors import InvalidArgumentError
 
     path = Path(out)
     path = path if path.suffix.lower() == ".npz" else path.with_name(path.name + ".npz")

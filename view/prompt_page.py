@@ -1,24 +1,26 @@
 """The prompt page: tokens, prediction, reconstruction errors, spectra, decoded singular triplets, stored analyses.
 
-Every number comes from :mod:`detjac.analysis` (through :class:`~detjac.view.readonly.ReadOnlyStore`,
-so nothing is written to the store): singular values as ``detjac analyze dims`` computes them,
-triplets and their decoded tokens as ``detjac analyze svd`` does, with its default parameters
-(:data:`SVD_K`, :data:`SVD_TOP`, :data:`SVD_POWER`; exact for a small operator, as there). A result
-``detjac analyze`` kept in the store is shown instead of being computed again, and says so; a low-rank prompt
-shows its stored triplets.
+Every number comes from :mod:`detjac.analysis` run on a :class:`~detjac.view.readonly.ReadOnlyStore`, with
+``detjac analyze``'s defaults (:data:`SVD_K`, :data:`SVD_TOP`, :data:`SVD_POWER`); a result ``detjac analyze``
+kept in the store is shown instead of being computed again, and says so; a low-rank prompt shows its stored
+triplets.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..analysis import jobs
-from ..analysis.spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values
+from ..analysis.spectra import Spectrum, dimensionality, low_rank_spectrum
 from ..errors import DetjacError
 from ..singular import decode_top
 from .jsonable import jsonable
+
+if TYPE_CHECKING:
+    from ..store import StoredPrompt
+    from .readonly import ReadOnlyStore
 
 SVD_K, SVD_TOP, SVD_POWER = 5, 8, 6  # `detjac analyze svd`'s defaults: --k, --top, --power-iterations
 PREDICTION_TOP = 10  # most probable next tokens listed
@@ -35,33 +37,20 @@ def layer_kinds(prompt: Any) -> list[str]:
     return list(dict.fromkeys(kind_of(t) for t in prompt.layerwise_targets))
 
 
-def token_pieces(view: Any, prompt: Any) -> list[str]:
+def token_pieces(view: ReadOnlyStore, prompt: StoredPrompt) -> list[str]:
     """The prompt's tokens as the run decoded them (their ids as text when the run had no tokenizer)."""
     pieces = prompt.attrs.get("tokens")
     return list(pieces) if pieces else [str(t) for t in prompt.array("token_ids").tolist()]
 
 
-def _stored(view: Any, prompt: Any, kind: str, token: int | None) -> tuple[dict[str, np.ndarray], dict] | None:
-    """A result of ``detjac analyze`` kept in the store for this operator (token ``k`` may be kept as ``k - n``)."""
-    names = [jobs.result_name(kind, token)]
-    if token is not None:
-        names.append(jobs.result_name(kind, token - prompt.n_tokens))
-    return next((found for name in names if (found := view.stored_analysis(prompt.id, name)) is not None), None)
-
-
-def spectrum(view: Any, prompt: Any, token: int | None) -> tuple[np.ndarray, str]:
+def spectrum(view: ReadOnlyStore, prompt: StoredPrompt, token: int | None) -> tuple[np.ndarray, str]:
     """All singular values of ``J_token`` (``None``: of ``[J_1 ... J_n]``) and where they come from."""
     if prompt.low_rank:
         return prompt.triplets(token)[1], f"stored triplets (rank {prompt.attrs.get('rank')})"
-    stored = _stored(view, prompt, "spectrum", token)
+    stored = jobs.read_spectrum(view.stored, prompt.id, token, n_tokens=prompt.n_tokens)
     if stored is not None:
-        return stored[0]["S"], "kept in the store (detjac analyze dims)"
-    name = jobs.result_name("spectrum", token)
-    kept = view.read_analysis(prompt.id, name)
-    if kept is None:
-        view.write_analysis(prompt.id, name, {"S": singular_values(prompt, token)}, {"token": token})
-        kept = view.read_analysis(prompt.id, name)
-    return kept[0]["S"], "computed (as detjac analyze dims)"
+        return stored, "kept in the store (detjac analyze dims)"
+    return jobs.cached_spectrum(view, prompt, token), "computed (as detjac analyze dims)"
 
 
 def _spectrum_entry(S: np.ndarray) -> dict[str, Any]:
@@ -72,7 +61,7 @@ def _spectrum_entry(S: np.ndarray) -> dict[str, Any]:
             "participation_ratio": d.participation_ratio, "n90": d.n90, "n99": d.n99}
 
 
-def prediction(view: Any, prompt: Any) -> dict[str, Any]:
+def prediction(view: ReadOnlyStore, prompt: StoredPrompt) -> dict[str, Any]:
     """The most probable next tokens, ``softmax(W_U y)`` of the stored output ``y`` and unembedding ``W_U``."""
     W = view.model_array("unembedding")  # (vocab, row)
     y = prompt.array("output").astype(np.float64)  # (row,)
@@ -94,11 +83,11 @@ def _guarded(compute: Any) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def analyses(view: Any, prompt_id: str) -> list[dict[str, Any]]:
+def analyses(view: ReadOnlyStore, prompt_id: str) -> list[dict[str, Any]]:
     """The results ``detjac analyze`` kept in the store for this prompt: name, parameters, array shapes, values."""
     out = []
-    for name in view.analysis_names(prompt_id):
-        found = view.stored_analysis(prompt_id, name)
+    for name in view.stored.names(prompt_id):
+        found = view.stored.read(prompt_id, name)
         if found is None:
             continue
         arrays, attrs = found
@@ -109,7 +98,7 @@ def analyses(view: Any, prompt_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def prompt_payload(view: Any, prompt_id: str) -> dict[str, Any]:
+def prompt_payload(view: ReadOnlyStore, prompt_id: str) -> dict[str, Any]:
     """Everything the prompt page shows before an operator is picked (see the module docstring)."""
     prompt = view.get(prompt_id)
     a = prompt.attrs
@@ -134,18 +123,14 @@ def prompt_payload(view: Any, prompt_id: str) -> dict[str, Any]:
         "kinds": layer_kinds(prompt), "analyses": analyses(view, prompt.id)})
 
 
-def _triplets(view: Any, prompt: Any, token: int | None) -> tuple[Spectrum, str]:
+def _triplets(view: ReadOnlyStore, prompt: StoredPrompt, token: int | None) -> tuple[Spectrum, str]:
     """The operator's top triplets: stored ones when the store keeps them, else ``detjac analyze svd``'s."""
     if prompt.low_rank:
         return (low_rank_spectrum(prompt, int(prompt.triplets(token)[1].shape[0]), token),
                 f"stored triplets of the low-rank run (rank {prompt.attrs.get('rank')})")
-    stored = _stored(view, prompt, "svd", token)
+    stored = jobs.read_svd(view.stored, prompt.id, token, n_tokens=prompt.n_tokens)
     if stored is not None:
-        arrays, attrs = stored
-        params = attrs.get("params", {})
-        method = attrs.get("method", params.get("method", "?"))  # the one used, as analysis.jobs.svd reads it back
-        return (Spectrum(prompt.id, token, arrays["U"], arrays["S"], arrays["V"], method, params),
-                f"kept in the store by detjac analyze svd ({_describe(params)})")
+        return stored, f"kept in the store by detjac analyze svd ({_describe(stored.params)})"
     spec = jobs.svd(view, [prompt.id], SVD_K, token, method="randomized", power_iterations=SVD_POWER)[0]
     how = "an exact SVD (a small operator)" if spec.method == "exact" else _describe(spec.params)
     return spec, f"computed now with detjac analyze svd's defaults ({how}); not written to the store"
@@ -155,7 +140,7 @@ def _describe(params: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in params.items())
 
 
-def operator_payload(view: Any, prompt_id: str, token: int | None) -> dict[str, Any]:
+def operator_payload(view: ReadOnlyStore, prompt_id: str, token: int | None) -> dict[str, Any]:
     """The top singular triplets of ``J_token`` (``None``: ``[J_1 ... J_n]``), decoded to tokens as
     ``detjac analyze svd`` decodes them (left through the unembedding, right through the embedding), with
     each right vector's share of energy per input token."""

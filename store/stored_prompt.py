@@ -1,8 +1,7 @@
-"""What a backend provides for one prompt: reading it (:class:`StoredPrompt`) and writing it (:class:`PromptWriter`).
+"""One prompt's side of the store interface: reading it (:class:`StoredPrompt`) and writing it (:class:`PromptWriter`).
 
-Part of the store interface (:mod:`detjac.store.base`, which re-exports everything here);
-``tests/store/test_store_conformance.py`` checks every backend against it. Shapes use the
-store's dimension names: ``row``, ``token``, ``col``, ``vocab``, ``rank``.
+Shapes use the store's dimension names: ``row``, ``token``, ``col``, ``vocab``, ``rank``;
+``tests/store/test_store_conformance.py`` checks every backend against it.
 """
 
 from __future__ import annotations
@@ -208,8 +207,8 @@ class PromptWriter(ABC):
 
     A writer is a context manager: leaving the ``with`` block on an exception aborts it.
     Every write method raises StoreError when its values do not fit the shapes given to
-    :meth:`JacobianStore.begin` (the message says what was expected), and StoreError when the
-    disk refuses the write, after aborting the prompt.
+    :meth:`~detjac.store.writer.StoreWriter.begin` (the message says what was expected), and StoreError when
+    the disk refuses the write, after aborting the prompt.
     """
 
     @abstractmethod

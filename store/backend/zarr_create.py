@@ -1,13 +1,6 @@
-"""The zarr v3 directory backend, creating a store: built under a temporary name, renamed into place.
-
-A new store is written as ``.NAME.tmp-<pid>`` (root group with its sealed description, the
-model's decoding arrays, the writer group) and renamed to ``NAME``; replacing one
-(``--force-new``) renames the old store aside as ``.NAME.replaced-<pid>``, kept until the new
-run holds a prompt (``store/replace.py``: put back otherwise, also by the next writer after a
-kill). Deletions rename aside first (``.NAME.old-<pid>``), so a kill never leaves a half-deleted
-store, and the next writer removes such leftovers. A handle that created its store can
-:meth:`~detjac.store.zarr_store.ZarrStore.discard` it while it is still empty (a run refused
-before its first prompt leaves nothing behind).
+"""The zarr backend, creating a store: built as ``.NAME.tmp-<pid>`` and renamed into place; ``--force-new`` keeps the
+old store aside until the new one holds a prompt (:mod:`.replace`); deletions rename aside first
+(``docs/store-format.md``, "Replacing a store").
 """
 
 from __future__ import annotations
@@ -21,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError, StoreMismatchError
-from . import format as fmt
+from detjac.errors import StoreError, StoreMismatchError
+
+from .. import format as fmt
+from ..location import store_path
 from . import lock
 from .disk import clear_aside, discard_folder, disk_error, fsync_dir, fsync_tree
-from .location import store_path
 from .replace import replaced_name, restore_or_drop, settle_replaced
 from .zarr_store import ZarrStore
 
@@ -176,7 +170,7 @@ def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> Path
         try:
             aside = replaced_name(path)
             shutil.rmtree(aside, ignore_errors=True)
-            os.rename(path, aside)  # kept until the new run holds a prompt (store/replace.py)
+            os.rename(path, aside)  # kept until the new run holds a prompt (store/backend/replace.py)
             fsync_dir(path.parent)
         finally:
             lock.release(held)

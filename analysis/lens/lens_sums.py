@@ -1,32 +1,22 @@
-"""The lens's sums accumulated while a run computes (``detjac run --lens``): crash-safe, never counting twice.
-
-One :class:`RunningSums` per process that computes prompts (the ``detjac run`` process, or each worker of a
-distributed run). After a prompt is **committed** to the store, its same-position blocks ``T_p`` (one d x d
-per lens layer, float64) are added to the process's running sums ``Σ T_p`` and ``Σ T_p ⊙ T_p`` and its id to
-the ids they cover. Every ``flush_every`` prompts (and at the end) the sums are written as one sealed
-partial per layer, ``lens/partial-<L>-<digest of the ids>``, in the format the stored-route fit writes
-(:mod:`detjac.analysis.lens_fit`); the new partial covers everything this process added, so the one it
-wrote before (a subset) is then removed. A reader sees the old partial, the new one, or both (the fit
-takes the wider), never half of one.
-
-**What a crash costs.** A prompt is committed before it is counted, so a kill leaves committed prompts whose
-sums were not flushed yet (at most ``flush_every`` per process) and no partial covering a prompt that is not
-committed. A resumed run recomputes every committed prompt that some lens layer's partials do not count
-(:func:`detjac.analysis.lens_fit.counted`), and adds a prompt at a layer only if no partial counts it there
-(the partials are re-read before each prompt is added), so a prompt is counted once per layer whatever the
-moment of the kill. Torch-free.
+"""The lens's running sums in a ``detjac run --lens`` process, flushed as sealed partials after each prompt is
+committed, so that a kill loses at most the unflushed prompts and never counts one twice (``docs/lens.md``,
+"Crash safety"). Torch-free.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import StoreError
+from detjac.errors import StoreError
+
 from .lens_fit import PARTIAL, write_partial
+
+if TYPE_CHECKING:
+    from detjac.store import StoreReader, StoreWriter
 
 
 class RunningSums:
@@ -48,13 +38,13 @@ class RunningSums:
         self.ids: dict[int, list[str]] = {layer: [] for layer in self.layers}
         self.counted: dict[int, set[str]] = {layer: set() for layer in self.layers}  # by partials on disk
         self.written: dict[int, str] = {}  # layer -> this process's latest partial
-        self.store: Any = None
+        self.store: StoreWriter | None = None
         self.unflushed = 0
         self._added: dict[int, set[str]] = {layer: set() for layer in self.layers}
         self._seen: set[str] = set()  # partial names already read
         self._lock = threading.Lock()  # a worker may run prompts on several threads
 
-    def add(self, store: Any, pid: str, blocks: np.ndarray) -> None:
+    def add(self, store: StoreWriter, pid: str, blocks: np.ndarray) -> None:
         """Count the committed prompt ``pid``: ``blocks`` (layer, d, d) are its ``T_p``, in ``layers`` order;
         a layer whose partials (or these sums) already count ``pid`` is left as it is."""
         with self._lock:
@@ -95,7 +85,7 @@ class RunningSums:
             self._seen.add(name)
         self.unflushed = 0
 
-    def _read_partials(self, store: Any) -> None:
+    def _read_partials(self, store: StoreReader) -> None:
         """Add the ids of partials written since the last look (by earlier runs or other workers) to ``counted``."""
         for name in store.lens_names():
             if not name.startswith(f"{PARTIAL}-") or name in self._seen:

@@ -1,9 +1,7 @@
 """``detjac view --export DIR``: the viewer's pages as a static snapshot that opens from disk.
 
-The snapshot is the same page (``index.html``, its script and style) with every page's data
-computed ahead and written as ``data/<key>.js``, a script that hands the data to the page:
-a browser loads scripts from ``file://`` where it refuses ``fetch``. Nothing in it reaches the
-network, and the folder can be shared as it is.
+Every page's data is computed ahead and written as ``data/<key>.js``, a script the page loads (a browser loads
+scripts from ``file://`` where it refuses ``fetch``); nothing in it reaches the network.
 """
 
 from __future__ import annotations
@@ -11,11 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 from .assets import ASSETS, asset, index_html
 from .pages import Pages
+
+if TYPE_CHECKING:
+    from ..store import StoreReader
 
 
 def data_file(key: str) -> str:
@@ -24,12 +25,13 @@ def data_file(key: str) -> str:
     return f"data/{key.replace('/', '.')}.js"
 
 
-def export(store: Any, out: str | Path, prompt_ids: Sequence[str] | None = None, progress: Any = None) -> list[Path]:
+def export(store: StoreReader, out: str | Path, prompt_ids: Sequence[str] | None = None,
+           progress: Any = None) -> list[Path]:
     """Write the snapshot of ``store`` (of ``prompt_ids`` only, when given) into the folder ``out``.
 
     Parameters
     ----------
-    store : JacobianStore
+    store : StoreReader
     out : str or Path
         A folder that does not exist yet or is empty.
     prompt_ids : sequence of str, optional

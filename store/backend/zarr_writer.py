@@ -1,10 +1,6 @@
-"""The zarr v3 directory backend, writing one prompt: a staged group renamed into place at commit.
-
-A prompt is written into ``_staging/<id>.<host>.<pid>.<random>`` (one folder per attempt, so
-a retry on another worker never meets a killed attempt's files) and renamed into
-``prompts/<id>`` only after every chunk and its attributes are on disk. The writer knows the
-store only through :class:`Publisher` (where it lives, whether its run still holds it), so
-this module does not depend on the store's own module.
+"""The zarr backend, writing one prompt: staged in ``_staging/<id>.<host>.<pid>.<random>`` and renamed into
+``prompts/<id>`` at commit (``docs/store-format.md``, "Visibility rule"). It knows the store only through
+:class:`Publisher`, so it does not import the store's own module.
 """
 
 from __future__ import annotations
@@ -21,13 +17,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreError
-from ..targets import COMPONENTS, Target
-from . import format as fmt
-from .base import LayerwiseSpec, PromptWriter
+from detjac.errors import InvalidArgumentError, StoreError
+from detjac.targets import COMPONENTS, Target
+
+from .. import format as fmt
+from ..integrity import INTEGRITY, check_prompt_id, refuse_links, seal
+from ..stored_prompt import LayerwiseSpec, PromptWriter
+from ..subspace import Triplets
 from .disk import disk_error, fsync_dir, fsync_tree
-from .integrity import INTEGRITY, check_prompt_id, refuse_links, seal
-from .subspace import Triplets
 
 
 class Publisher(Protocol):

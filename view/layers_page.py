@@ -1,26 +1,25 @@
-"""The layers tab: how one kind of layerwise target (``layer``, ``attn``, ``mlp_local``, ...) behaves across layers.
+"""The layers tab: one kind of layerwise target (``layer``, ``attn``, ``mlp_local``, ...) across layers.
 
-The kinds are read from the target names a prompt holds (``<kind>.<layer>``), so any kind a
-store keeps is shown. The numbers are those of ``detjac analyze layers`` with its defaults
-(:func:`detjac.analysis.layers.layer_table`: dimensionality of each target's ``[J_1 ... J_n]``,
-the rank of the predicted token in its decoded ``u_1`` and in the logit lens of its output;
-:func:`detjac.analysis.layers.targets_heatmap`: the layer x input-token ranks), computed
-through the read-only store (results ``detjac analyze layers`` kept are reused).
+The numbers are ``detjac analyze layers``' with its defaults (:func:`detjac.analysis.layers.layer_table`,
+:func:`detjac.analysis.layers.targets_heatmap`), for whatever kinds the prompt's target names hold.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis import jobs
 from ..analysis.layers import layer_table, targets_heatmap
 from .jsonable import jsonable
-from .prompt import kind_of, layer_kinds, token_pieces
+from .prompt_page import kind_of, layer_kinds, token_pieces
+
+if TYPE_CHECKING:
+    from .readonly import ReadOnlyStore
 
 LAYERS_K, LAYERS_TOP = 4, 10  # `detjac analyze layers`' defaults: --k, --top
 
 
-def layers_payload(view: Any, prompt_id: str, kind: str) -> dict[str, Any]:
+def layers_payload(view: ReadOnlyStore, prompt_id: str, kind: str) -> dict[str, Any]:
     """The ``kind`` targets of one prompt, one row per layer, and the layer x token heatmap."""
     prompt = view.get(prompt_id)
     targets = [t for t in prompt.layerwise_targets if kind_of(t) == kind]

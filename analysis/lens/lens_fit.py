@@ -1,40 +1,6 @@
-"""Fitting the detached Jacobian lens from a store: a resumable, out-of-core Dask reduction.
-
-**What is averaged.** A ``to_output.L`` target stores, per prompt, ``T[r, k, c] = dy_r / dh_{L,k,c}``: the
-output ``y`` *at the prompt's target position p* (the last token) with respect to layer ``L``'s output
-``h_L`` at every position ``k``, so that ``y = sum_k T_k h_{L,k}`` exactly. The store holds ``y`` at ``p``
-only (not ``y_t`` for every ``t``), so a prompt contributes exactly one same-position operator per layer:
-the block ``T_p = T[:, p, :]`` (d x d), ``dy_p / dh_{L,p}``. The lens of layer ``L`` is the mean of ``T_p``
-over the stored prompts, ``T̄_L = (1/N) sum_i T_p^(i)``. The corpus-level lens of the Jacobian-lens
-literature averages ``dy_t / dh_{L,t}`` over every position t of every text; storing the prefixes of a text
-as prompts gives exactly that average (each prefix's last position is one ``t``).
-
-**Spread.** Beside the mean, the element-wise second moment ``E[T_p ⊙ T_p]`` (the diagonal of the second
-moment of ``vec(T_p)``) and the count, so the element-wise variance is ``second_moment - mean²``: how much
-the per-prompt operators differ from the lens, entry by entry (a lens that summarises its corpus well has
-``sum(var) / ||mean||_F²`` small; :func:`detjac.analysis.lens.relative_spread`).
-
-**Out of core, resumable, distributed.** The work is one Dask task per (layer, chunk of ``chunk`` prompts):
-it reads the chunk's ``T_p`` one prompt at a time (holding the running sum, the running sum of squares
-and one operator), and commits the sums as a sealed group ``lens/partial-<layer>-<digest>`` whose
-attributes list the prompt ids it covers. The final step adds the partials one at a time and writes
-``lens/fitted``. A fit killed at any moment (``kill -9``) leaves complete partials or none of a chunk;
-the next fit skips the prompts that partials already cover and computes only the rest, so it neither
-loses nor double-counts a prompt. Partials stay, merged into one per layer, so a fit after more prompts
-were added computes only the new ones. Tasks run on the active ``distributed.Client`` when there is one
-(a LocalCluster or a scheduler: the store must be on a file system every worker mounts), else in this
-process.
-
-**A store of ``detjac run --lens``** holds no per-prompt operator: the run added each prompt's ``T_p`` into
-partials as it computed them (:mod:`detjac.analysis.lens_sums`), so fitting it computes nothing and only
-merges the partials into ``lens/fitted``; it refuses a store with committed prompts that no partial counts
-(a run killed before its last flush: resuming the run recomputes them).
-
-**One writer.** A fit holds the store's writer lock (:meth:`~detjac.store.ZarrStore.writing`) from its first
-read of the partials to ``lens/fitted``, so it never runs beside a ``detjac run`` of the store or another fit
-(refused naming the holder). Partials that overlap without one containing the other (the same prompt counted
-twice: left by writers that ran at once) are refused by name to a reader; a fit, holding the store, repairs
-them: it removes the narrower one and computes again the prompts only it counted. Torch-free.
+"""Fitting the lens from a store: one Dask task per layer and chunk of prompts, each committing a sealed partial
+sum, merged into ``lens/fitted``; resumable after a kill, never counting a prompt twice, run under the store's
+writer lock. How and why: ``docs/lens.md`` ("How the fit runs", "Distributed runs"). Torch-free.
 """
 
 from __future__ import annotations
@@ -43,13 +9,17 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreError
-from ..targets import TO_OUTPUT, Target
-from .lens import lens_attrs, write_fitted
+from detjac.errors import InvalidArgumentError, StoreError
+from detjac.targets import TO_OUTPUT, Target
+
+from .jacobian_lens import lens_attrs, write_fitted
+
+if TYPE_CHECKING:
+    from detjac.store import StoreReader, StoreWriter
 
 _log = logging.getLogger(__name__)
 PARTIAL = "partial"  # lens/partial-<layer>-<digest>: sums over a set of prompts
@@ -61,7 +31,7 @@ def run_lens_layers(run: dict[str, Any]) -> list[int]:
     return [int(layer) for layer in (run.get("lens") or {}).get("layers", [])]
 
 
-def lens_layers(store: Any, layers: Sequence[int] | None = None) -> list[int]:
+def lens_layers(store: StoreReader, layers: Sequence[int] | None = None) -> list[int]:
     """The layers whose ``to_output`` Jacobians the store holds, or whose lens sums a ``--lens`` run accumulated
     (all, or the requested ``layers``; negative ones count from the end); InvalidArgumentError naming the
     ``detjac run`` options that store them."""
@@ -113,7 +83,7 @@ def fit_partial(location: str, layer: int, ids: Sequence[str]) -> str:
     return write_partial(store, layer, ids, total, square)
 
 
-def write_partial(store: Any, layer: int, ids: Sequence[str], total: np.ndarray, square: np.ndarray) -> str:
+def write_partial(store: StoreWriter, layer: int, ids: Sequence[str], total: np.ndarray, square: np.ndarray) -> str:
     """Commit the sums ``total`` (Σ T_p) and ``square`` (Σ T_p ⊙ T_p) over ``ids`` at ``layer`` as a sealed partial;
     returns its name (the ids' digest: the same prompts give the same name, so a rewrite replaces, never adds)."""
     name = partial_name(layer, ids)
@@ -123,7 +93,7 @@ def write_partial(store: Any, layer: int, ids: Sequence[str], total: np.ndarray,
     return name
 
 
-def partials(store: Any, layer: int, valid: set[str]) -> list[tuple[str, list[str]]]:
+def partials(store: StoreWriter, layer: int, valid: set[str]) -> list[tuple[str, list[str]]]:
     """Partials of ``layer`` to use: (name, prompt ids), disjoint, every id among ``valid`` (the store's prompts);
     the widest first, so a merged partial wins over the ones it replaced if a kill left both."""
     found = []
@@ -158,7 +128,7 @@ def partials(store: Any, layer: int, valid: set[str]) -> list[tuple[str, list[st
     return chosen
 
 
-def counted(store: Any, layers: Sequence[int], valid: set[str]) -> set[str]:
+def counted(store: StoreWriter, layers: Sequence[int], valid: set[str]) -> set[str]:
     """The prompts among ``valid`` that partials count at every one of ``layers``."""
     out = set(valid)
     for layer in layers:
@@ -166,7 +136,8 @@ def counted(store: Any, layers: Sequence[int], valid: set[str]) -> set[str]:
     return out
 
 
-def pending_tasks(store: Any, layers: Sequence[int], ids: Sequence[str], chunk: int) -> list[tuple[int, list[str]]]:
+def pending_tasks(store: StoreWriter, layers: Sequence[int], ids: Sequence[str],
+                  chunk: int) -> list[tuple[int, list[str]]]:
     """(layer, prompt ids) chunks that no partial covers yet."""
     valid = set(ids)
     tasks = []
@@ -212,7 +183,7 @@ def _tick(progress: Any) -> None:
         progress.update()
 
 
-def merge(store: Any, layer: int, valid: set[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def merge(store: StoreWriter, layer: int, valid: set[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Sum of the chosen partials of ``layer`` (one read at a time), the sum of squares and the ids covered;
     the partials are then replaced by one merged partial."""
     chosen = partials(store, layer, valid)
@@ -234,7 +205,7 @@ def merge(store: Any, layer: int, valid: set[str]) -> tuple[np.ndarray, np.ndarr
     return total, square, sorted(ids)
 
 
-def check_counted(store: Any, layers: Sequence[int], ids: Sequence[str]) -> None:
+def check_counted(store: StoreWriter, layers: Sequence[int], ids: Sequence[str]) -> None:
     """InvalidArgumentError unless partials count every prompt of a ``--lens`` store at every one of ``layers``."""
     missing = sorted(set(ids) - counted(store, layers, set(ids)))
     if missing:
@@ -245,7 +216,7 @@ def check_counted(store: Any, layers: Sequence[int], ids: Sequence[str]) -> None
             "them.")
 
 
-def fit(store: Any, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT_CHUNK,
+def fit(store: StoreWriter, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT_CHUNK,
         progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Fit the lens of ``store`` (see the module docstring) and write it to ``lens/fitted``.
 
@@ -273,7 +244,7 @@ def fit(store: Any, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT
         return _fit(store, picked, chunk, progress)
 
 
-def _fit(store: Any, picked: list[int], chunk: int, progress: Callable[[int], Any] | None) -> dict[str, Any]:
+def _fit(store: StoreWriter, picked: list[int], chunk: int, progress: Callable[[int], Any] | None) -> dict[str, Any]:
     ids = store.prompt_ids()
     if not ids:
         raise InvalidArgumentError(f"Expected prompts in {store.path} to fit a lens on. Got none.")

@@ -1,11 +1,6 @@
-"""Sealed groups written whole and replaced atomically: analysis results and lens groups.
-
-A sealed group is built under a temporary name (``.<name>.tmp-<pid>``) beside its final place,
-every array written, its attributes set, then its seal (``integrity``: the SHA-256 of its
-attributes and of every file, see ``integrity.py``) added, the files flushed, and the folder
-renamed into place, replacing an older group of the same name. A reader therefore sees the
-old group, the new one, or none, and a group that changed after it was written is refused
-(:func:`read_sealed` checks every file's hash). Pure zarr and numpy: nothing here imports torch.
+"""Sealed groups written whole and replaced atomically (analysis results, lens groups): built as
+``.<name>.tmp-<pid>``, sealed, flushed and renamed into place; read back only if every file matches its seal
+(``docs/store-format.md``, "Integrity"). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -17,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
+from .. import format as fmt
+from ..integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
 from .disk import clear_aside_in, disk_error, fsync_tree
-from .integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
 
 
 def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any], what: str,

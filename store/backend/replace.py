@@ -1,9 +1,5 @@
-"""A store replaced by ``--force-new`` is kept aside until the new run holds a prompt.
-
-The old store is renamed ``.NAME.replaced-<pid>`` (never deleted first); when the new run's handle closes, the old
-one is deleted if the new store holds a committed prompt, and put back under ``NAME`` otherwise (the new store,
-prompt-less, goes). A run killed before that leaves the aside folder: the next writer of ``NAME`` settles it by the
-same rule (:func:`settle_replaced`), so a failed replacement never loses the old store.
+"""A store replaced by ``--force-new`` is kept aside (``.NAME.replaced-<pid>``) until the new run holds a prompt, and
+put back otherwise, also by the next writer after a kill (``docs/store-format.md``, "Replacing a store").
 """
 
 from __future__ import annotations
@@ -11,9 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import format as fmt
+from .. import format as fmt
+from ..integrity import PROMPT_ID
 from .disk import alive, discard_folder, fsync_dir
-from .integrity import PROMPT_ID
 
 
 def replaced_name(path: Path) -> Path:

@@ -1,12 +1,5 @@
-"""The zarr v3 directory backend, reading one prompt: its group opened read-only, and its verification.
-
-A complete prompt is the group ``prompts/<id>`` of the store folder (``docs/store-format.md``);
-this module only reads it. Opening a prompt checks its attributes (their types, and in
-format 2 their SHA-256 and the names and sizes of its files); its chunks are read through
-:class:`~detjac.store.strict.StrictLocalStore`, so a missing one raises. :func:`verify_prompt`
-goes further: it hashes every file, decodes every chunk (each carries a crc32c) and checks
-that the Jacobians still reconstruct what they were stored with, within the bound of the
-run's dtype.
+"""The zarr backend, reading one prompt: the group ``prompts/<id>`` opened read-only, its attributes checked, its
+chunks read strictly (:mod:`.strict`), and :func:`verify_prompt` (``docs/store-format.md``, "What verify proves").
 """
 
 from __future__ import annotations
@@ -17,13 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreError
-from ..exactness import DTYPE_BOUND, relative_error
-from ..targets import Target
-from . import format as fmt
-from .base import StoredPrompt, VerifyResult
-from .integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
-from .schema import attrs_problem
+from detjac.errors import InvalidArgumentError, StoreError
+from detjac.exactness import DTYPE_BOUND, relative_error
+from detjac.targets import Target
+
+from .. import format as fmt
+from ..integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
+from ..reader import VerifyResult
+from ..schema import attrs_problem
+from ..stored_prompt import StoredPrompt
 
 
 @dataclass(frozen=True)

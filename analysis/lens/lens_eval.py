@@ -1,9 +1,5 @@
-"""Tables and figures of the lens: one prompt's layer x method readings, and agreement over held-out prompts.
-
-Rows come from :func:`detjac.analysis.lens.score` (per prompt, layer and method: the rank of the model's own
-prediction among the decoded logits, and the relative error of the output read); this module turns them
-into summaries with 95 % intervals (Wilson for the agreement rates, a normal interval for the mean error)
-and PNG figures. Torch-free.
+"""Tables and figures of the lens: summaries with 95 % intervals (Wilson for agreement rates, a normal interval
+for the mean error) of :func:`~detjac.analysis.lens.jacobian_lens.score`'s rows, and PNG figures. Torch-free.
 """
 
 from __future__ import annotations
@@ -63,7 +59,7 @@ def markdown(summary: Sequence[Mapping[str, Any]]) -> str:
 
 def plot_agreement(summary: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> Path:
     """Top-1 and top-10 agreement against depth, one line per method with its 95 % band; relative error beside."""
-    from .plots import pyplot, save_figure
+    from ..plots import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -91,7 +87,7 @@ def plot_agreement(summary: Sequence[Mapping[str, Any]], path: str | Path, title
 def plot_positions(ranks: Mapping[str, np.ndarray], layers: Sequence[int], tokens: Sequence[str], path: str | Path,
                    title: str = "") -> Path:
     """Layer x position heatmaps, one per method: the rank of the model's own prediction at each position."""
-    from .plots import pyplot, save_figure
+    from ..plots import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(ranks), figsize=(4 + 0.5 * len(tokens) * len(ranks), 3 + 0.3 * len(layers)),

@@ -1,29 +1,8 @@
-"""The detached Jacobian lens: a fitted corpus-level operator per layer, decoded beside the logit lens.
+"""The detached Jacobian lens: the fitted operator ``T̄_L`` per layer (:class:`Lens`), saved and loaded, and its
+readings of a prompt's layer states beside the logit lens, scored against the model's own output.
 
-**The lens.** For layer ``L``, ``T̄_L`` (d x d) is the mean over a corpus of stored prompts of the
-same-position block ``T_p = dy_p / dh_{L,p}`` of the exact detached map from layer ``L``'s output to the
-model's final normed hidden state ``y`` (``to_output.L``; how it is fitted: :mod:`detjac.analysis.lens_fit`).
-``y`` is after the final norm, so a lens reading ``ŷ = T̄_L h_{L,t}`` is decoded through the unembedding
-alone: logits ``W_U ŷ`` (the final norm's gain and its frozen scales are inside ``T̄_L``, averaged).
-Fitted on an ordinary store (``detjac run --ordinary``) the same mean is the ordinary-Jacobian lens.
-
-**What it is compared with**, for one prompt's layer state ``h_L`` (n x d) and target position ``p``:
-
-``lens``        ``ŷ = T̄_L h_{L,p}``: the corpus operator, this prompt's state at the same position;
-``logit``       ``ŷ = norm(h_{L,p})``: the logit lens, the model's final norm (its scale computed from
-                ``h_{L,p}`` itself) then the unembedding;
-``self``        ``ŷ = T_p h_{L,p}``: this prompt's own same-position block (what the lens averages), so
-                ``lens`` vs ``self`` is what averaging loses and ``self`` vs ``exact`` what the other
-                positions carry;
-``exact``       ``ŷ = Σ_k T_k h_{L,k}``: this prompt's exact detached map, which reproduces ``y`` (relative
-                error ~1e-15 in float64, agreement 100 %): a check, not a result.
-
-Per layer and method: the rank of the model's own prediction ``argmax W_U y`` among the decoded logits
-(1 = top-1 agreement; ``<= 10``: top-10 agreement) and the relative error ``‖ŷ − y‖ / ‖y‖``.
-
-A lens is saved by itself as a small zarr folder (:func:`save_lens`; the arrays of ``lens/fitted`` and
-its attributes, sealed) and loaded from either (:func:`load_lens`). Torch-free: the model's side (layer
-states, its own Jacobians) is computed in :mod:`detjac.runs.lens`.
+What is averaged and the readings compared (``lens``, ``logit``, ``self``, ``exact``): ``docs/lens.md``.
+Torch-free: the model's side is :mod:`detjac.runs.lens_apply`.
 """
 
 from __future__ import annotations
@@ -32,12 +11,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreFormatError
-from ..exactness import relative_error
+from detjac.errors import InvalidArgumentError, StoreFormatError
+from detjac.exactness import relative_error
+
+if TYPE_CHECKING:
+    from detjac.store import StoreReader, StoreWriter
 
 LENS_KEY = "detjac_lens"  # the attribute describing a lens (in lens/fitted and in a saved lens)
 LENS_VERSION = 1
@@ -84,7 +66,7 @@ def relative_spread(lens: Lens) -> np.ndarray:
     return var.sum(axis=(1, 2)) / (lens.mean**2).sum(axis=(1, 2))
 
 
-def lens_attrs(store: Any, ids: list[str]) -> dict[str, Any]:
+def lens_attrs(store: StoreReader, ids: list[str]) -> dict[str, Any]:
     """The description kept with a lens fitted from ``store`` on the prompts ``ids``."""
     from detjac import __version__
 
@@ -101,7 +83,7 @@ def _arrays(layers: np.ndarray, mean: np.ndarray, second: np.ndarray, count: np.
     return {"layer": layers.astype(np.int64), "mean": mean, "second_moment": second, "count": count.astype(np.int64)}
 
 
-def write_fitted(store: Any, layers: np.ndarray, mean: np.ndarray, second: np.ndarray, count: np.ndarray,
+def write_fitted(store: StoreWriter, layers: np.ndarray, mean: np.ndarray, second: np.ndarray, count: np.ndarray,
                  attrs: dict[str, Any]) -> None:
     """Write ``lens/fitted`` (sealed, named dimensions)."""
     store.write_lens(FITTED, _arrays(layers, mean, second, count), attrs, DIMS)
@@ -122,7 +104,7 @@ def load_lens(path: str | Path) -> Lens:
 
     Raises StoreFormatError for anything else, CorruptError for a lens changed since it was written.
     """
-    from detjac.store.sealed import read_sealed
+    from detjac.store.backend.sealed import read_sealed
 
     path = Path(path)
     if (path / "zarr.json").is_file() and "detjac_store" in json.loads((path / "zarr.json").read_text()).get(
@@ -143,7 +125,7 @@ def load_lens(path: str | Path) -> Lens:
 
 def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
     """Write ``lens`` by itself to the folder ``out`` (a sealed zarr group; replaced only with ``force``)."""
-    from detjac.store.sealed import write_sealed
+    from detjac.store.backend.sealed import write_sealed
 
     out = check_lens_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,8 @@
-"""The zarr v3 directory backend: one folder per store, one group per prompt.
+"""The zarr v3 directory backend's store: :class:`ZarrStore`, opened by :func:`open_store` and :func:`attach_store`.
 
-Crash safety comes from the file system: a prompt is written into ``_staging/<id>.<attempt>``
-and renamed into ``prompts/<id>`` only after every chunk and its attributes are on disk
-(``os.rename`` of a directory is atomic on POSIX), so readers, who only list ``prompts/``,
-see it complete or not at all. The store itself is created under a temporary name and
-renamed into place. One run at a time holds the writer lock (``lock.py``); it clears staging
-leftovers of crashed runs when it starts. Reading a prompt lives in ``zarr_prompt.py``,
-writing one in ``zarr_writer.py``, creating a store in ``zarr_create.py``, checking the store
-beyond its prompts in ``verify.py``; this module opens and manages the store. Every path it
-builds from a name (a prompt id, an analysis name) checks the name first and refuses
-symlinks on the way (``integrity.py``).
+One folder per store, one group per prompt, published by renaming it from ``_staging/`` into ``prompts/``; one
+run at a time holds the writer lock. Every path built from a name checks the name first and refuses symlinks on
+the way. The protocol: ``docs/store-format.md``.
 """
 
 from __future__ import annotations
@@ -23,27 +16,25 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreError
+from detjac.errors import InvalidArgumentError, StoreError
+
+from .. import format as fmt
+from ..analysis_cache import AnalysisCache
+from ..integrity import NAME, PROMPT_ID, CorruptError, check_name, check_prompt_id, refuse_links
+from ..location import store_path
+from ..reader import VerifyResult
+from ..stored_prompt import LayerwiseSpec, PromptWriter
+from ..writer import StoreWriter
 from . import failed, lock
-from . import format as fmt
-from .base import JacobianStore, LayerwiseSpec, PromptWriter, VerifyResult
 from .disk import aside_entries, discard_folder, disk_error
-from .integrity import (
-    NAME,
-    PROMPT_ID,
-    CorruptError,
-    check_name,
-    check_prompt_id,
-    refuse_links,
-)
-from .location import store_path
 from .replace import restore_or_drop
 from .sealed import read_sealed, remove_sealed, write_sealed
+from .zarr_analyses import ZarrAnalyses
 from .zarr_prompt import StoreContext, ZarrPrompt, checked_attrs, verify_prompt
 from .zarr_writer import ZarrPromptWriter
 
 
-class ZarrStore(JacobianStore):
+class ZarrStore(StoreWriter):
     """A store folder. Use :func:`open_store` (read) or :func:`create_store` (write)."""
 
     def __init__(self, path: Path, root: dict[str, Any], lock: Any | None = None, lease: str | None = None,
@@ -60,6 +51,12 @@ class ZarrStore(JacobianStore):
         self.restored_earlier: Path | None = None  # a killed --force-new run's old store, put back when opened
         self._lock = lock
         self._lease = lease  # set for a worker writing on behalf of the lock holder (attach_store)
+        self._analyses = ZarrAnalyses(self)
+
+    @property
+    def analyses(self) -> AnalysisCache:
+        """Analysis results under ``analysis/<prompt_id>/<name>``, sealed (:class:`~.zarr_analyses.ZarrAnalyses`)."""
+        return self._analyses
 
     @property
     def writable(self) -> bool:
@@ -185,25 +182,6 @@ class ZarrStore(JacobianStore):
                                "was created. Got different bytes: it was changed or damaged, and decoding with it "
                                "would give wrong tokens.")
 
-    def write_analysis(self, prompt_id: str, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
-        """Store an analysis result of a prompt under ``analysis/<prompt_id>/<name>`` (replaced atomically)."""
-        check_name(name, "an analysis result name")
-        self.get(prompt_id)  # the prompt must exist
-        what = f"write analysis {name} of prompt {prompt_id}"
-        try:
-            folder = refuse_links(self.path, fmt.ANALYSIS)
-            fmt.ensure_group(folder)
-            folder = refuse_links(self.path, fmt.ANALYSIS, prompt_id)
-            fmt.ensure_group(folder)
-        except OSError as exc:
-            raise disk_error(exc, what) from exc
-        write_sealed(folder, name, arrays, attrs, what)
-
-    def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-        """(arrays, attrs) of a stored analysis result, or None; CorruptError if it changed since it was written."""
-        path = refuse_links(self.path, fmt.ANALYSIS, check_prompt_id(prompt_id), check_name(name, "an analysis name"))
-        return read_sealed(path, f"analysis {name} of prompt {prompt_id} in {self.path}", sealed=self.context.sealed)
-
     def lens_names(self) -> list[str]:
         """Names of the groups under ``lens/`` (the fitted lens, a fit's partial sums): ``detjac.analysis.lens``."""
         folder = refuse_links(self.path, fmt.LENS)
@@ -231,13 +209,6 @@ class ZarrStore(JacobianStore):
     def remove_lens(self, name: str) -> None:
         """Remove ``lens/<name>`` (crash-safely; nothing if absent)."""
         remove_sealed(refuse_links(self.path, fmt.LENS), name)
-
-    def analysis_names(self, prompt_id: str) -> list[str]:
-        """Names of the results kept under ``analysis/<prompt_id>/`` (temporary folders of a write excluded)."""
-        folder = refuse_links(self.path, fmt.ANALYSIS, check_prompt_id(prompt_id))
-        if not folder.is_dir():
-            return []
-        return sorted(p.name for p in folder.iterdir() if NAME.fullmatch(p.name) and (p / "zarr.json").is_file())
 
     def interrupted_writes(self) -> list[str]:
         """Paths (relative to the store) of what writes killed midway left: ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>``
@@ -271,7 +242,7 @@ class ZarrStore(JacobianStore):
         ids = self.prompt_ids()
         prompts = [verify_prompt(self.path / fmt.PROMPTS / pid, self.context)
                    for pid in tqdm(ids, desc="verify", unit="prompt", disable=not progress)]
-        return prompts + verify_store(self)
+        return prompts + verify_store(self, self.model_sha256, self.context.sealed)
 
     def discard(self) -> None:
         """Delete this store if this handle created it and it holds no prompt and no failure record (a store it

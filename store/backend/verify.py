@@ -1,8 +1,7 @@
 """``verify`` beyond the prompts: the model arrays, analysis results, failure records and stray entries.
 
-Each part is checked on its own and reported as a :class:`~detjac.store.base.VerifyResult`
-(``kind`` says which part), so one damaged part never hides another and nothing raises. Prompts
-are checked by :func:`detjac.store.zarr_prompt.verify_prompt`.
+Each part is checked on its own and reported as a :class:`~detjac.store.reader.VerifyResult`, so one damaged
+part never hides another and nothing raises; prompts are checked by :func:`.zarr_prompt.verify_prompt`.
 """
 
 from __future__ import annotations
@@ -11,21 +10,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import DetjacError
+from detjac.errors import DetjacError
+
+from .. import format as fmt
+from ..integrity import NAME, PROMPT_ID, damage_reason
+from ..reader import StoreReader, VerifyResult
 from . import failed
-from . import format as fmt
-from .base import VerifyResult
-from .integrity import NAME, PROMPT_ID, damage_reason
 
 
-def verify_store(store: Any) -> list[VerifyResult]:
-    """Every part of ``store`` (a :class:`~detjac.store.zarr_store.ZarrStore`) but its prompts, checked."""
+def verify_store(store: StoreReader, model_sha256: dict[str, str], sealed: bool) -> list[VerifyResult]:
+    """Every part of the store folder of ``store`` but its prompts, checked: ``model_sha256`` are the digests its
+    root recorded at creation, ``sealed`` whether its format seals groups."""
     path: Path = store.path
     results = [*_stray(path), *_links(path)]
-    results += _model(store)
+    results += _model(store, model_sha256, sealed)
     results += _analyses(store)
     results += _lenses(store)
-    results += _failures(store)
+    results += _failures(store, sealed)
     return results
 
 
@@ -70,27 +71,27 @@ def _links(path: Path) -> list[VerifyResult]:
     return found
 
 
-def _model(store: Any) -> list[VerifyResult]:
+def _model(store: StoreReader, model_sha256: dict[str, str], sealed: bool) -> list[VerifyResult]:
     """Each model array and file, decoded and compared with the SHA-256 recorded at creation."""
     folder = store.path / fmt.MODEL
     if not folder.is_dir() or folder.is_symlink():
-        return [_bad(fmt.MODEL, "model", "the model group is missing")] if store.model_sha256 else []
+        return [_bad(fmt.MODEL, "model", "the model group is missing")] if model_sha256 else []
     files = set(fmt.MODEL_FILES)
     results = []
-    for name in sorted(store.model_sha256):
+    for name in sorted(model_sha256):
         read = (lambda n=name: store.model_bytes(n)) if name in files else (lambda n=name: store.model_array(n))
         result = _checked(f"{fmt.MODEL}/{name}", "model", read)
         if result.ok and name in files and store.model_bytes(name) is None:
             result = _bad(f"{fmt.MODEL}/{name}", "model", "missing (its SHA-256 was recorded at creation)")
         results.append(result)
-    known = set(store.model_sha256) | {fmt.MODEL_FILES[n] for n in files & set(store.model_sha256)} | {"zarr.json"}
-    if store.context.sealed:
+    known = set(model_sha256) | {fmt.MODEL_FILES[n] for n in files & set(model_sha256)} | {"zarr.json"}
+    if sealed:
         results += [_bad(f"{fmt.MODEL}/{entry.name}", "model", "not recorded when the store was created")
                     for entry in sorted(folder.iterdir()) if entry.name not in known]
     return results
 
 
-def _analyses(store: Any) -> list[VerifyResult]:
+def _analyses(store: StoreReader) -> list[VerifyResult]:
     """Each stored analysis result, its seal checked and its arrays decoded."""
     folder = store.path / fmt.ANALYSIS
     if not folder.is_dir() or folder.is_symlink():
@@ -120,7 +121,7 @@ def _sealed_groups(folder: Path, where: str, kind: str, what: str, read: Any) ->
     return results
 
 
-def _lenses(store: Any) -> list[VerifyResult]:
+def _lenses(store: StoreReader) -> list[VerifyResult]:
     """Each group under lens/ (the fitted lens, partial sums of a fit), its seal checked and its arrays decoded."""
     folder = store.path / fmt.LENS
     if not folder.is_dir() or folder.is_symlink():
@@ -128,14 +129,14 @@ def _lenses(store: Any) -> list[VerifyResult]:
     return _sealed_groups(folder, fmt.LENS, "lens", "a lens group", store.read_lens)
 
 
-def _read(store: Any, prompt_id: str, name: str) -> None:
-    if store.read_analysis(prompt_id, name) is None:
+def _read(store: StoreReader, prompt_id: str, name: str) -> None:
+    if store.analyses.read(prompt_id, name) is None:
         raise FileNotFoundError(f"analysis {name} of {prompt_id} vanished while verified")
 
 
-def _failures(store: Any) -> list[VerifyResult]:
+def _failures(store: StoreReader, sealed: bool) -> list[VerifyResult]:
     """Each failure record against its seal (format 2)."""
-    if not store.context.sealed:
+    if not sealed:
         return []
     try:
         ids = sorted(store.failures())

@@ -1,13 +1,6 @@
-"""A zarr store that never hands back a fill value for a chunk that should be on disk.
-
-zarr reads an absent chunk as the array's fill value: right for sparse arrays, wrong for a
-store whose every chunk was written (format 2 writes them all, ``write_empty_chunks``). Readers
-open prompts and analysis results through :class:`StrictLocalStore`, so a deleted chunk raises
-:class:`~detjac.store.integrity.CorruptError` on read instead of reading back as zeros, and so
-does a chunk whose crc32c checksum (the last codec of every detjac array) does not match its
-bytes: zarr's own codec would raise a bare ``ValueError`` deep inside a dask computation, naming
-neither the chunk nor the prompt. A module of its own (importing zarr) so that the class pickles
-for dask workers.
+"""A zarr store that raises CorruptError for a chunk that should be on disk and is absent or fails its crc32c,
+where zarr would read the fill value or raise a bare ``ValueError`` inside a dask task (``docs/store-format.md``,
+"Every chunk is written"). A module of its own (importing zarr) so that the class pickles for dask workers.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ from typing import Any
 
 from zarr.storage import LocalStore
 
-from .integrity import CorruptError, is_chunk_key, refuse_links
+from ..integrity import CorruptError, is_chunk_key, refuse_links
 
 
 class StrictLocalStore(LocalStore):

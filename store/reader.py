@@ -1,15 +1,8 @@
-"""What a Jacobian store backend provides; ``tests/store/test_store_conformance.py`` checks it.
+"""The reading side of a Jacobian store: what the viewer, the analyses and ``detjac store`` use.
 
-A store holds one run (a model with fixed settings) and many prompts. A prompt is written
-through a :class:`PromptWriter` and becomes visible only at :meth:`PromptWriter.commit`:
-readers see a prompt complete or not at all.
-
-Everything the other layers of detjac (runs, analyses, the CLI) call on a store, a stored
-prompt or a writer is declared here, with the shapes it takes and returns; nothing they use
-is specific to a backend. Abstract methods are what a backend implements; the concrete ones
-(:meth:`StoredPrompt.bias`, :meth:`JacobianStore.prompts`, ...) are written once from them.
-Shapes use the store's dimension names: ``row`` (the target's components, ``d_model``),
-``token`` (the prompt's tokens), ``col`` (the input's components), ``vocab``, ``rank``.
+A store holds one run (a model with fixed settings) and many prompts; a reader sees each prompt complete or not
+at all. Abstract members are what a backend implements; the concrete ones (:meth:`StoreReader.prompts`, ...) are
+written once from them. ``tests/store/test_store_conformance.py`` checks every backend against it.
 """
 
 from __future__ import annotations
@@ -18,13 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
-from .prompt_base import LayerwiseSpec, PromptWriter, StoredPrompt
+from .analysis_cache import AnalysisCache
+from .stored_prompt import StoredPrompt
 
-__all__ = ["JacobianStore", "LayerwiseSpec", "PromptWriter", "StoredPrompt", "VerifyResult"]
+__all__ = ["StoreReader", "VerifyResult"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +37,11 @@ class VerifyResult:
     kind: str = "prompt"
 
 
-class JacobianStore(ABC):
+class StoreReader(ABC):
     """A run's prompts, readable while a writer adds more.
+
+    Shapes use the store's dimension names: ``row`` (the target's components, ``d_model``), ``token`` (the
+    prompt's tokens), ``col`` (the input's components), ``vocab``, ``rank``.
 
     Attributes
     ----------
@@ -57,18 +54,12 @@ class JacobianStore(ABC):
         The store format's version.
     created : str or None
         UTC ISO-8601 time of creation.
-    restored, restored_earlier : Path or None
-        Set on a handle opened for writing with ``force_new``: the store it replaced was put back (no prompt
-        was stored) when the handle closed; a killed ``force_new`` run's replaced store was put back when
-        this handle opened (where it had been kept aside).
     """
 
     path: Path
     run: dict[str, Any]
     format_version: int
     created: str | None
-    restored: Path | None = None
-    restored_earlier: Path | None = None
 
     # -- prompts ------------------------------------------------------------------------------
 
@@ -87,39 +78,17 @@ class JacobianStore(ABC):
             the prompt failed).
         """
 
-    @abstractmethod
-    def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
-              row_block: int, rank: int | None = None,
-              layerwise: dict[str, LayerwiseSpec] | None = None, shard_bytes: int | None = None,
-              jacobian: bool = True) -> PromptWriter:
-        """Start writing a prompt.
-
-        Parameters
-        ----------
-        prompt_id : str
-            The id it will be stored under.
-        n_rows, n_tokens, n_cols : int
-            The Jacobian's shape (row, token, col).
-        dtype : str
-            numpy dtype of what is stored (``float64``, ``float32``).
-        row_block : int
-            Rows per block as the engine produces them (the Jacobian's chunking).
-        rank : int or None
-            Low-rank mode (``--keep rank:K``): only triplets of this rank are stored.
-        layerwise : dict of str to LayerwiseSpec, optional
-            The layerwise Jacobians stored with the prompt, by target name (full mode only).
-        shard_bytes : int or None
-            Caps what the writer holds before it writes (a backend's default when None); ``1``
-            writes every row block as it comes.
-        jacobian : bool
-            False: the prompt keeps no Jacobian, only its small arrays and attributes (``--keep none``, a
-            ``detjac run --lens`` run, whose Jacobians go into the store's lens sums instead).
+    def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
+        """A complete prompt's attributes (:attr:`StoredPrompt.attrs`), which a backend may read faster than
+        :meth:`get` opens the prompt (a corpus of thousands is listed from them). The attributes are checked
+        as :meth:`get` checks them; the prompt's arrays need not be.
 
         Raises
         ------
         StoreError
-            The store is not open for writing, or the arguments are inconsistent.
+            As :meth:`get`.
         """
+        return dict(self.get(prompt_id).attrs)
 
     @abstractmethod
     def verify(self, progress: bool = False) -> list[VerifyResult]:
@@ -145,18 +114,6 @@ class JacobianStore(ABC):
             One per prompt in id order, then one per other part checked (``kind`` says which).
             A damaged part is reported, never raised.
         """
-
-    def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
-        """A complete prompt's attributes (:attr:`StoredPrompt.attrs`), which a backend may read faster than
-        :meth:`get` opens the prompt (a corpus of thousands is listed from them). The attributes are checked
-        as :meth:`get` checks them; the prompt's arrays need not be.
-
-        Raises
-        ------
-        StoreError
-            As :meth:`get`.
-        """
-        return dict(self.get(prompt_id).attrs)
 
     # -- model matrices, kept for decoding without the model -----------------------------------
 
@@ -187,95 +144,64 @@ class JacobianStore(ABC):
             The bytes differ from the SHA-256 recorded at creation (CorruptError).
         """
 
-    # -- analysis results -----------------------------------------------------------------------
-
-    @abstractmethod
-    def write_analysis(self, prompt_id: str, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
-        """Keep an analysis result of a prompt (replacing, atomically, one of the same ``name``).
-
-        Parameters
-        ----------
-        prompt_id : str
-            A complete prompt.
-        name : str
-            The result's name, e.g. ``svd_combined``, ``layers_layer.2``.
-        arrays : dict of str to numpy.ndarray
-            The result's arrays, any shapes.
-        attrs : dict
-            JSON-serializable parameters; ``written_at`` is added.
-
-        Raises
-        ------
-        StoreError
-            No complete prompt ``prompt_id``, or the disk refuses the write.
-        """
-
-    @abstractmethod
-    def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-        """``(arrays, attrs)`` of a result kept by :meth:`write_analysis`, or None when there is none."""
-
-    @abstractmethod
-    def analysis_names(self, prompt_id: str) -> list[str]:
-        """Names of the results kept for ``prompt_id`` by :meth:`write_analysis`, sorted; empty when there are none."""
-
-    # -- the run writing the store ------------------------------------------------------------
+    # -- derived results: analyses per prompt, the corpus-level lens ---------------------------
 
     @property
     @abstractmethod
-    def lease(self) -> str | None:
-        """The writer lease under which a run's workers may write into this store (see
-        :func:`detjac.store.attach_store`); None when the store is not open for writing."""
+    def analyses(self) -> AnalysisCache:
+        """Where the analyses keep their results of this store's prompts (:mod:`detjac.store.analysis_cache`).
+
+        Results are derived data, never the run's: a handle opened only for reading keeps them too."""
+
+    def read_analysis(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """``self.analyses.read(prompt_id, name)``: a kept result ``(arrays, attrs)``, or None."""
+        return self.analyses.read(prompt_id, name)
+
+    def write_analysis(self, prompt_id: str, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
+        """``self.analyses.write(prompt_id, name, arrays, attrs)``: keep a result of a prompt."""
+        self.analyses.write(prompt_id, name, arrays, attrs)
+
+    def analysis_names(self, prompt_id: str) -> list[str]:
+        """``self.analyses.names(prompt_id)``: the names of the results kept for a prompt, sorted."""
+        return self.analyses.names(prompt_id)
 
     @abstractmethod
-    def record_failure(self, prompt_id: str, attrs: dict[str, Any]) -> None:
-        """Record that ``prompt_id`` could not be computed (replacing an earlier record).
+    def lens_names(self) -> list[str]:
+        """Names of the corpus-level lens groups (``fitted``, a fit's partial sums: :mod:`detjac.analysis.lens`),
+        sorted; empty when there are none."""
 
-        Parameters
-        ----------
-        attrs : dict
-            ``prompt``, ``line``, ``meta``, ``reason``, ``error``, ``stage`` (see ``docs/store-format.md``);
-            ``failed_at`` is added.
+    @abstractmethod
+    def read_lens(self, name: str, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """``(arrays, attrs)`` of the lens group ``name`` (``arrays`` False: its attributes and an empty dict), or
+        None when there is none.
 
         Raises
         ------
         StoreError
-            The store is not open for writing by the run that holds it, or the disk refuses.
+            The group changed since it was written (CorruptError).
         """
+
+    # -- what runs left ------------------------------------------------------------------------
 
     @abstractmethod
     def failures(self) -> dict[str, dict[str, Any]]:
         """Failure records by prompt id (sorted): ``prompt``, ``line``, ``reason``, ``error``, ``stage``,
         ``failed_at``. A committed prompt has none."""
 
-    def interrupted_writes(self) -> list[str]:
-        """What writes killed midway left in the store (paths relative to it), never read as results; none for a
-        store that writes nothing aside."""
-        return []
-
     @abstractmethod
     def staging_leftovers(self) -> list[str]:
         """Names of the attempts that began a prompt and have not committed or aborted it (sorted): running
         now, or killed; a run redoes those prompts."""
 
-    @abstractmethod
-    def clear_staging(self) -> None:
-        """Drop every attempt that has not committed (call when none of this run's attempts is running).
-
-        Raises
-        ------
-        StoreError
-            The store is not open for writing.
-        """
-
-    @abstractmethod
-    def discard(self) -> None:
-        """Delete the store if this handle created it and it holds no prompt and no failure record (a run that
-        was refused before its first prompt leaves nothing behind); otherwise do nothing."""
+    def interrupted_writes(self) -> list[str]:
+        """What writes killed midway left in the store (paths relative to it), never read as results; none for a
+        store that writes nothing aside."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - a default, not a duty: reading handles hold nothing to release
         """Release what the store holds (a writer's lock); reading handles hold nothing."""
 
-    def __enter__(self) -> JacobianStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:
