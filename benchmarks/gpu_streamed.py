@@ -135,8 +135,7 @@ def _max_memory(device: str, budget_gib: float | None) -> str | None:
 
 def _one_run(name: str, spec: dict[str, Any], device: str, tmp: Path, tokens: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import StreamedEngine, Target
-    from detjac.engine.inmemory.rows import reconstruct, relative_error
+    from detjac.engine import StreamedEngine, Target, reconstruct, relative_error
 
     cfg, meter = spec["cfg"], _Meter(device)
     folder = tmp / name

@@ -61,9 +61,9 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int
       detjac analyze svd run.zarr --k 3 --top 6 --workers 2
       detjac analyze svd run.zarr --target mlp.3 --token -1
     """
-    from detjac.analysis.decoded import decode_report
+    from detjac.analysis import decode_report
     from detjac.progress import tqdm
-    from detjac.runs.scheduler import dask_scheduler
+    from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     index = parse_token(token)
@@ -103,8 +103,8 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
       detjac analyze decode run.zarr --k 3 --plot decoded.png
       detjac analyze decode run.zarr --target layer.1 --token -1 --table decoded.parquet
     """
-    from detjac.analysis.decoded import decode_report
-    from detjac.runs.scheduler import dask_scheduler
+    from detjac.analysis import decode_report
+    from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     index = parse_token(token)
@@ -134,9 +134,9 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
     Example:
       detjac analyze dims run.zarr --table dims.csv
     """
-    from detjac.analysis.jobs import dims_report, require_full
+    from detjac.analysis import dims_report, require_full
     from detjac.progress import tqdm
-    from detjac.runs.scheduler import dask_scheduler
+    from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)
@@ -186,9 +186,9 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
       detjac analyze layers lw.zarr --out layers/
       detjac analyze layers lw.zarr --token " tree" --component mlp --format parquet
     """
-    from detjac.analysis.layer_report import layer_report
+    from detjac.analysis import layerwise_report as layer_report
     from detjac.progress import tqdm
-    from detjac.runs.scheduler import dask_scheduler
+    from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)
@@ -218,7 +218,7 @@ def compare_cmd(detached_path: str, ordinary_path: str, top: int, plot: str, csv
       detjac run default p.txt --out det.zarr && detjac run default p.txt --out ord.zarr --ordinary
       detjac analyze compare det.zarr ord.zarr --plot compare.png
     """
-    from detjac.analysis.compare import compare_report
+    from detjac.analysis import compare_report
     from detjac.store import open_store
 
     render.echo_compare(compare_report(open_store(detached_path), open_store(ordinary_path), top, plot, csv_path))
@@ -246,10 +246,10 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     Example:
       detjac analyze report run.zarr --out report/ --workers 2
     """
-    from detjac.analysis.jobs import require_full
-    from detjac.analysis.report import report
+    from detjac.analysis import analysis_report as report
+    from detjac.analysis import require_full
     from detjac.progress import tqdm
-    from detjac.runs.scheduler import dask_scheduler
+    from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)

@@ -84,10 +84,10 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
     if given:
         raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
                                "fitted from the store PATH).")
-    from detjac.analysis.lens import load_lens, relative_spread
-    from detjac.analysis.lens.lens_fit import fit
+    from detjac.analysis import fit_lens as fit
+    from detjac.analysis import load_lens, relative_spread
     from detjac.progress import tqdm
-    from detjac.runs.scheduler import dask_scheduler
+    from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)
@@ -108,13 +108,10 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
 
     import torch
 
-    from detjac.analysis.lens import check_lens_target, relative_spread, save_lens
-    from detjac.engine import load_engine
-    from detjac.engine.checkpoints.default import resolve_model
+    from detjac.analysis import check_lens_target, relative_spread, save_lens
+    from detjac.engine import load_engine, resolve_model
     from detjac.progress import tqdm
-    from detjac.runs.fingerprint import weights_identity
-    from detjac.runs.lens_apply import fit_jlens
-    from detjac.runs.prompts import read_prompts
+    from detjac.runs import fit_jlens, read_prompts, weights_identity
     from detjac.targets import layer_index
 
     if model is None or prompts_path is None:
@@ -148,7 +145,7 @@ def save_cmd(path: str, out: str, force: bool) -> None:
     Example:
       detjac lens save fit.zarr gcide.lens
     """
-    from detjac.analysis.lens import load_lens, save_lens
+    from detjac.analysis import load_lens, save_lens
 
     written = save_lens(load_lens(path), out, force=force)
     click.echo(f"wrote {written}")
@@ -178,9 +175,8 @@ def apply_cmd(lens_path: str, prompt: str, model: str, gguf_file: str | None, or
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus"
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
-    from detjac.analysis.lens import load_lens
-    from detjac.analysis.lens.lens_eval import plot_positions
-    from detjac.runs.lens_apply import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.analysis import load_lens, plot_positions
+    from detjac.runs import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
 
     lenses = {"detached lens": load_lens(lens_path)}
     if ordinary:
@@ -237,13 +233,12 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     """
     from pathlib import Path
 
-    from detjac.analysis.jobs import write_table
-    from detjac.analysis.lens import load_lens
-    from detjac.analysis.lens.lens_eval import markdown, plot_agreement, summarize
+    from detjac.analysis import lens_markdown as markdown
+    from detjac.analysis import load_lens, plot_agreement, write_table
+    from detjac.analysis import summarize_lens as summarize
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs.lens_apply import check_lens_kinds, evaluate, load_lens_engine
-    from detjac.runs.prompts import read_prompts
+    from detjac.runs import check_lens_kinds, evaluate_lenses, load_lens_engine, read_prompts
 
     if prompts_path is None:
         found = Path(__file__).resolve().parents[1] / HELDOUT
@@ -259,7 +254,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
     layers = [int(x) for x in lenses["detached lens"].layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
-        rows = evaluate(engine, lenses, prompts, layers, exact=exact, progress=bar)
+        rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)
     summary = summarize(rows)
     table = markdown(summary)
     click.echo(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +21,9 @@ from .store_cmds import store
 from .svd_cmd import svd
 from .view_cmd import view
 from .views_cmds import VIEW_COMMANDS
+
+if TYPE_CHECKING:
+    from detjac.engine import Engine
 
 # Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
 # more get transparent huge pages where the kernel allows them (THP "madvise" or "always"). The sweeps allocate
@@ -111,27 +114,24 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian -p "Kitten, n. A young" --out kitten.npz  # numpy.load("kitten.npz")["jacobian"]
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
     """
-    from detjac.engine import family_for, get_tokenizer, load_model
-    from detjac.engine.checkpoints.default import resolve_model
-    from detjac.engine.tools.exactness_report import exactness_report
-    from detjac.engine.tools.triplets import explain_summed
+    from detjac.engine import KeptEngine, exactness_report, explain_summed, load_engine
 
     from .render import piece
 
     if out is not None and out.lower().endswith(".npz"):
-        from detjac.runs.export import check_npz_path
+        from detjac.runs import check_npz_path
 
         check_npz_path(out, force)  # before any work
     model = model_source(model, gguf_file, revision)
-    lm = load_model(resolve_model(model), dtype=_torch_dtype(dtype), device=device, revision=revision,
-                    trust_remote_code=trust_remote_code)
-    tok = get_tokenizer(lm)
-    rep = exactness_report(lm, prompt, row_block=row_block, progress=True)
+    engine = KeptEngine(load_engine(model, dtype=_torch_dtype(dtype), device=device, revision=revision,
+                                    trust_remote_code=trust_remote_code))  # --out stores what was computed
+    tok = engine.tokenizer
+    rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
     res = rep.detached
     click.echo(f"model       {model} ({res.family}, {dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
-    encoder = family_for(lm.config).encoder  # no LM head: scores against the word embeddings
+    encoder = engine.family.encoder  # no LM head: scores against the word embeddings
     label, left = ("top token  ", "word embeddings") if encoder else ("next token ", "unembedding")
     click.echo(f"{label} {piece(tok, res.next_token_id)} (id {res.next_token_id}, "
                f"p={float(probs[res.next_token_id]):.3f}); reconstruction argmax "
@@ -139,7 +139,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
     ordinary = rep.ordinary.reconstruction_error if rep.ordinary else float("nan")
     click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {ordinary:.3e}")
     click.echo(f"max |logit - stock logit|  {rep.stock_logit_diff:.3e}   ({rep.seconds:.2f} s)")
-    summed = explain_summed(res, lm, n_values, top)
+    summed = explain_summed(res, engine, n_values, top)
     click.echo("top singular values of sum_k J_k, with decoded tokens:")
     click.echo(f"  {'#':>2}  {'sigma':>10}  left ({left}) | right (embedding)")
     for i, s in enumerate(summed.singular_values.tolist()):
@@ -148,21 +148,22 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
         pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
-        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, device, revision, trust_remote_code, force)
+        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, engine, revision, trust_remote_code, force)
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, dtype: str, row_block: int,
-                   device: str, revision: str | None, trust_remote_code: bool, force: bool = False) -> None:
-    """``--out``: an .npz of the result, or the prompt into a store (computed again by the run's own path)."""
+                   engine: Engine, revision: str | None, trust_remote_code: bool, force: bool = False) -> None:
+    """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
+    kept the Jacobian just computed."""
     if out.lower().endswith(".npz"):
-        from detjac.runs.export import save_result
+        from detjac.runs import save_result
 
         click.echo(f"wrote {save_result(res, out, model=model, tokens=pieces, force=force)}")
         return
-    from detjac.runs.run import RunOptions, run_one
+    from detjac.runs import RunOptions, run_one
 
-    pid = run_one(model, prompt, out, RunOptions(dtype=dtype, row_block=row_block, device=device, revision=revision,
-                                                 trust_remote_code=trust_remote_code))
+    pid = run_one(model, prompt, out, RunOptions(dtype=dtype, row_block=row_block, device=str(engine.device),
+                                                 revision=revision, trust_remote_code=trust_remote_code), engine)
     click.echo(f"stored as prompt {pid} in {out}")
 
 
@@ -201,8 +202,7 @@ def families(check: bool, tokens: int) -> None:
 def _family_check(tokens: int) -> None:
     import torch
 
-    from detjac.engine.checkpoints.tiny import tiny_model, tiny_model_types
-    from detjac.engine.tools.exactness_report import exactness_report
+    from detjac.engine import exactness_report, tiny_model, tiny_model_types
 
     prompt = torch.randint(3, 160, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     click.echo(f"\nTiny random models (d_model=32, 3 layers, window 4), prompt of {tokens} random tokens, float64.")
@@ -247,11 +247,16 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int, model: st
       detjac demo -p "Harp, n. (Mus.) A stringed instrument" --plot harp.png --top 10
       detjac demo --model SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
     """
-    from detjac.analysis.plots import SpectrumPanel, plot_spectra
-    from detjac.engine import family_for, get_tokenizer, load_model
-    from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model, resolve_model
-    from detjac.engine.tools.exactness_report import exactness_report
-    from detjac.engine.tools.triplets import explain
+    from detjac.analysis import SpectrumPanel, plot_spectra
+    from detjac.engine import (
+        DEFAULT_MODEL_DIR,
+        DEMO_PROMPTS,
+        as_engine,
+        exactness_report,
+        explain,
+        load_default_model,
+        load_model,
+    )
 
     from .render import echo_explanation, echo_prediction, piece
 
@@ -259,23 +264,24 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int, model: st
     if source != "default" and not prompts:
         raise click.UsageError("Expected --prompt with --model: the built-in prompts are dictionary entries for the "
                                "default model.")
-    lm = load_default_model() if source == "default" else load_model(resolve_model(source))
-    tok = get_tokenizer(lm)
+    lm = load_default_model() if source == "default" else load_model(source)
+    engine = as_engine(lm)
+    tok = engine.tokenizer
     n_params = sum(p.numel() for p in lm.parameters())
     if source == "default":
         click.echo(f"default model: {DEFAULT_MODEL_DIR.name} (Llama, {n_params:,} parameters, trained on the GCIDE "
                    f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), float64, CPU")
     else:
-        click.echo(f"model: {source} ({family_for(lm.config).name}, {n_params:,} parameters), float64, CPU")
+        click.echo(f"model: {source} ({engine.family.name}, {n_params:,} parameters), float64, CPU")
     panels = []
     for i, prompt in enumerate(prompts or DEMO_PROMPTS, start=1):
         click.echo(f"\n[{i}] {prompt!r}")
-        rep = exactness_report(lm, prompt)
+        rep = exactness_report(engine, prompt)
         res = rep.detached
         echo_prediction(res, tok, rep.stock_logit_diff)
         ordinary = rep.ordinary.reconstruction_error  # type: ignore[union-attr]
         click.echo(f"  (the ordinary, non-detached Jacobian reconstructs with error {ordinary:.2e})")
-        expl = explain(res, lm, k=n_values, top=top)
+        expl = explain(res, engine, k=n_values, top=top)
         echo_explanation(expl, tok)
         labels = [piece(tok, t) for t in res.token_ids]
         short = prompt if len(prompt) <= 48 else prompt[:45] + "..."

@@ -24,7 +24,7 @@ def model_source(model: str, gguf_file: str | None, revision: str | None = None)
     """MODEL as the loaders take it: with ``--gguf-file``, the path of that GGUF file (a hub id's, in the cache)."""
     if gguf_file is None:
         return model
-    from detjac.engine.checkpoints.default import resolve_model
+    from detjac.engine import resolve_model
 
     return str(resolve_model(model, gguf_file, revision))
 

@@ -135,8 +135,7 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
       detjac run /shared/Qwen3-8B corpus.jsonl --out file:///shared/q8.zarr --scheduler tcp://10.0.0.5:8786 \\
           --dtype bfloat16 --device cuda:0
     """
-    from detjac.runs.prompts import read_prompts
-    from detjac.runs.run import RunOptions, run_corpus
+    from detjac.runs import RunOptions, read_prompts, run_corpus
 
     settings["detach"] = not settings.pop("ordinary")
     prompts_format = settings.pop("prompts_format")

@@ -62,7 +62,7 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
       detjac steer default --concept-from n.zarr:3f2a9c0d1e2b4a5f --layer 1 --method paper \\
           --prompt "Ream, n. A bundle of"
     """
-    from detjac.runs.steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
+    from detjac.runs import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
     if prompt is None and prompts_file is None:
         raise click.UsageError("Expected --prompt TEXT or --prompts FILE. Got neither.")

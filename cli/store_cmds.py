@@ -36,8 +36,7 @@ def ls(path: str, contains: str | None) -> None:
     Example:
       detjac store ls run.zarr --contains "Oak"
     """
-    from detjac.store import open_store
-    from detjac.store.summary import listing
+    from detjac.store import listing, open_store
 
     for row in listing(open_store(path), contains):
         click.echo(render.listed_prompt(row))
@@ -54,8 +53,7 @@ def info(path: str, prompt_id: str | None) -> None:
       detjac store info run.zarr
       detjac store info run.zarr 3f2a9c0d1e2b4a5f
     """
-    from detjac.store import open_store
-    from detjac.store.summary import prompt_layout, store_summary
+    from detjac.store import open_store, prompt_layout, store_summary
 
     st = open_store(path)
     if prompt_id is not None:
@@ -80,8 +78,7 @@ def verify(path: str) -> None:
     Example:
       detjac store verify run.zarr
     """
-    from detjac.store import open_store
-    from detjac.store.summary import verify_summary
+    from detjac.store import open_store, verify_summary
 
     result = verify_summary(open_store(path), progress=True)
     render.echo_verify(result)
@@ -104,9 +101,7 @@ def export(path: str, prompt_id: str, out: str, force: bool) -> None:
     Example:
       detjac store export run.zarr 3f2a9c0d1e2b4a5f --out prompt.npz
     """
-    from detjac.store import open_store
-    from detjac.store.backend.disk import npz_target
-    from detjac.store.summary import export_npz
+    from detjac.store import export_npz, npz_target, open_store
 
     npz_target(out, force)  # before the store is opened
     click.echo(f"wrote {export_npz(open_store(path), prompt_id, out, force)}")

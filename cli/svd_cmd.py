@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .options import DTYPES, gguf_file_option, model_source
+
+if TYPE_CHECKING:
+    from detjac.engine import Engine, JacobianOperator
 
 
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
@@ -92,12 +95,11 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
     """
     import torch
 
-    from detjac.engine import honour_cpu_budget, jacobian_operator, load_engine, operator_svd
-    from detjac.engine.checkpoints.default import resolve_model
+    from detjac.engine import honour_cpu_budget, jacobian_operator, load_engine, operator_svd, resolve_model
 
     text = _prompt_text(prompt, prompt_file)
     if out is not None:
-        from detjac.store.backend.disk import npz_target
+        from detjac.store import npz_target
 
         out = str(npz_target(out, force))  # before any work
     streamed = streamed or max_memory is not None
@@ -129,7 +131,7 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
         _save(out, op, result, model, text)
 
 
-def _echo_triplets(engine: Any, op: Any, result: Any, top: int) -> None:
+def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> None:
     from detjac.engine import decode_blocks, decode_top
 
     from .render import piece, pieces
@@ -150,7 +152,7 @@ def _compare(op: Any, result: Any) -> None:
     import torch
 
     t0 = time.perf_counter()
-    _, J = op.engine.jacobian(op.token_ids, position=op.position)
+    J = op.engine.jacobian(op.token_ids, position=op.position).jacobian
     S = torch.linalg.svdvals(J.reshape(J.shape[0], -1))[: result.S.shape[0]].to(result.S.device)
     rel = float(((result.S - S).abs() / S).max())
     click.echo(f"compare     formed J and its full SVD in {time.perf_counter() - t0:.1f} s: max relative "
@@ -162,7 +164,7 @@ def _save(path: str, op: Any, result: Any, model: str, text: str) -> None:
 
     import numpy as np
 
-    from detjac.store.backend.disk import write_npz
+    from detjac.store import write_npz
 
     arrays = {"U": result.U, "S": result.S, "V": result.right_blocks(op.n_tokens).permute(1, 2, 0),
               "residuals": result.residuals}

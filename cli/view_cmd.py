@@ -48,7 +48,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
     from detjac.progress import tqdm
-    from detjac.view.static_export import export
+    from detjac.view import export_static as export
 
     with tqdm(desc="export", unit="page") as bar:
         written = export(store, out, prompt_ids, progress=bar)
@@ -56,7 +56,7 @@ def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
 
 
 def _serve(store: object, host: str, port: int) -> None:
-    from detjac.view.server import make_server
+    from detjac.view import make_server
 
     server = make_server(store, host, port)
     if not server.loopback:

@@ -39,9 +39,7 @@ def columns_cmd(path: str, prompt_id: str | None, target: str, tokens: tuple[int
     """
     from pathlib import Path
 
-    from detjac.analysis.jobs import token_texts, write_table
-    from detjac.analysis.view_plots import plot_columns
-    from detjac.analysis.views import largest_columns
+    from detjac.analysis import largest_columns, plot_columns, token_texts, write_table
     from detjac.store import open_store
 
     store = open_store(path)
@@ -72,8 +70,7 @@ def image_cmd(path: str, prompt_id: str | None, target: str, token: int, png: st
       detjac analyze image run.zarr --token 0 --out j0.png
       detjac analyze image lw.zarr --target to_output.1 --token -1
     """
-    from detjac.analysis.view_plots import plot_jacobian_image
-    from detjac.analysis.views import jacobian_image
+    from detjac.analysis import jacobian_image, plot_jacobian_image
     from detjac.store import open_store
 
     store = open_store(path)
@@ -106,9 +103,7 @@ def path_cmd(path: str, prompt_id: str | None, kind: str, top: int, out_dir: str
     """
     from pathlib import Path
 
-    from detjac.analysis.jobs import token_texts, write_table
-    from detjac.analysis.view_plots import plot_path
-    from detjac.analysis.views import singular_path
+    from detjac.analysis import plot_path, singular_path, token_texts, write_table
     from detjac.store import open_store
 
     store = open_store(path)

@@ -13,7 +13,11 @@ from typing import Any
 
 import torch
 
+from detjac.errors import LinearizationError
+from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS, Target
+
+from .result import JacobianResult, reconstruct
 
 Prompt = str | Sequence[int] | torch.Tensor
 """Text (tokenized with the model's tokenizer, special tokens added) or token ids."""
@@ -221,12 +225,40 @@ class Engine(ABC):
         """Engine-specific attributes to store with a prompt computed under ``plan`` (none by default)."""
         return {}
 
-    def jacobian(self, prompt: Prompt, target: Target = OUTPUTS, *, position: int | None = None,
-                 progress: bool = False) -> tuple[Trace, torch.Tensor]:
-        """One target's whole Jacobian (d_model, n_tokens, d_model) in memory, with its trace (small inputs)."""
+    @abstractmethod
+    def ordinary(self) -> Engine:
+        """The same model computing ordinary (not detached) Jacobians: the contrast of the exactness report."""
+
+    @abstractmethod
+    def stock_logits(self, token_ids: Sequence[int], position: int) -> torch.Tensor:
+        """(vocab,) the logits of the unmodified model at ``position`` (its own norms, in their own dtypes)."""
+
+    def jacobian(self, prompt: Prompt, *, position: int | None = None, row_block: int | None = None,
+                 check: bool = True, progress: bool = False) -> JacobianResult:
+        """The output's whole Jacobian with what it reconstructs (:func:`detjac.engine.jacobian`)."""
         trace = self.trace(prompt, position=position, progress=progress)
-        plan = self.plan(trace, [target])
-        return trace, self.assemble(trace, [target], plan, progress=progress)[target]
+        plan = self.plan(trace, [OUTPUTS], row_block=row_block)
+        jac = self.assemble(trace, [OUTPUTS], plan, progress=progress)[OUTPUTS]
+        recon = reconstruct(jac, trace.embeddings, trace.bias)
+        err = relative_error(recon, trace.output)
+        family = self.family.name
+        if check and self.detach and jac.dtype == torch.float64 and not err < FLOAT64_EXACTNESS_BOUND:
+            raise LinearizationError(
+                f"Expected the detached float64 Jacobian to reconstruct the output exactly (relative "
+                f"error < {FLOAT64_EXACTNESS_BOUND:g}). Got {err:.3e}: a nonlinearity on the path escaped "
+                f"the {family} detach rules. Please report this model."
+            )
+        logits, recon_logits = self.logits(torch.stack([trace.output, recon]))
+        tok = self.tokenizer
+        return JacobianResult(
+            jacobian=jac, embeddings=trace.embeddings, output=trace.output, reconstruction=recon,
+            reconstruction_error=err, token_ids=list(trace.token_ids),
+            tokens=tok.convert_ids_to_tokens(trace.token_ids) if tok is not None else None,
+            prompt=prompt if isinstance(prompt, str) else None, position=trace.position, detached=self.detach,
+            family=family, model_type=self.config.model_type, dtype=jac.dtype, row_block=plan.row_block,
+            detach_rules=self.family.describe(self.convention) if self.detach else [], logits=logits,
+            reconstruction_logits=recon_logits, bias=trace.bias,
+        )
 
     def assemble(self, trace: Trace, targets: Sequence[Target], plan: Plan, *,
                  progress: bool = False) -> dict[Target, torch.Tensor]:

@@ -7,8 +7,6 @@ dask.distributed cluster (``runs/cluster.py``).
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,9 +15,11 @@ from detjac import __version__
 from detjac.errors import LinearizationError
 from detjac.store import NO_JACOBIAN
 
+from .description import RunDescription
 from .prompts import PromptLine
 
 if TYPE_CHECKING:
+    from detjac.engine import Engine, Plan, Trace
     from detjac.store import StoreWriter
 
 LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 power iterations)
@@ -39,36 +39,13 @@ def parse_keep(keep: str) -> int | None:
                                f"--lens). Got {keep!r}.")
 
 
-def run_description(model: Any, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                    row_block: int, max_tokens: int, keep: str = "full", detach: bool = True,
-                    convention: str | None = None) -> dict[str, Any]:
-    """What identifies the run (checked when resuming) plus its other settings. ``convention`` is the family's
-    detach convention when it is not its default (None: the default, which leaves prompt ids as they were)."""
-    from detjac.engine import family_for
-    from detjac.engine.checkpoints.hub import is_hub_id
-
-    config_file = model_dir / "config.json" if model_dir is not None and model_dir.is_dir() else None
-    config_sha = (hashlib.sha256(config_file.read_bytes()).hexdigest()
-                  if config_file is not None and config_file.is_file()
-                  else hashlib.sha256(model.config.to_json_string().encode()).hexdigest())
-    family = family_for(model.config)
-    hub = is_hub_id(model_arg)  # the id names the model; model_path, its snapshot folder, names the commit
-    return {"model_id": model_dir.name if model_dir is not None and not hub else model_arg,
-            "model_path": str(model_dir.resolve()) if model_dir is not None else model_arg,
-            "revision": revision, "model_type": model.config.model_type, "config_sha256": config_sha,
-            "dtype": dtype, "keep": keep, "detach": detach, "position": family.default_position, "target": "hidden",
-            "family": family.name, "detach_rules": family.describe(convention) if detach else [],
-            "convention": convention, "row_block": row_block,
-            "max_tokens": max_tokens, "detjac_version": __version__}
-
-
-def write_prompt(store: StoreWriter, engine: Any, pid: str, item: PromptLine, ids: list[int], run: dict[str, Any],
+def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine, ids: list[int], run: RunDescription,
                  targets: list[Any], bar: Any, progress: bool = True, sums: Any = None) -> float:
     """One prompt through ``engine`` into ``store``: the output's Jacobian and every layerwise ``targets``
     Jacobian, block by block (or, in low-rank mode, the output's top triplets); returns the output's
     reconstruction error. ``progress`` shows the engine's own bars (forward pass, sweeps).
 
-    A ``--lens`` run (``run["lens"]``): the ``to_output`` rows of the lens layers are not stored but their
+    A ``--lens`` run (``run.lens``): the ``to_output`` rows of the lens layers are not stored but their
     target-position blocks collected (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the
     output from its layer's states, and once the prompt is committed added to ``sums`` (a
     :class:`detjac.analysis.lens.lens_sums.RunningSums`); with ``keep`` none the output's Jacobian is not computed
@@ -78,18 +55,16 @@ def write_prompt(store: StoreWriter, engine: Any, pid: str, item: PromptLine, id
 
     from .lens_run import SamePosition, lens_targets
 
-    storage = storage_dtype(run["dtype"])
-    rank = parse_keep(run["keep"])
+    storage = storage_dtype(run.dtype)
+    rank = parse_keep(run.keep)
     lens = lens_targets(run)
-    output = [OUTPUTS] if run["keep"] != NO_JACOBIAN else []
-    trace = engine.trace(ids, position=run["position"], progress=progress)
-    auto_rows = run.get("row_block") in (None, "auto")
-    plan = engine.plan(trace, [*output, *targets, *lens],
-                       mode="reverse" if rank is not None else run.get("mode", "auto"),
-                       row_block=None if auto_rows else run["row_block"])
+    output = [OUTPUTS] if run.keep != NO_JACOBIAN else []
+    trace = engine.trace(ids, position=run.position, progress=progress)
+    plan = engine.plan(trace, [*output, *targets, *lens], mode="reverse" if rank is not None else run.mode,
+                       row_block=run.row_block)
     next_id = int(engine.logits(trace.output).argmax())
     n, d = len(ids), engine.d_model
-    collected = SamePosition(lens, run["position"], n, d) if lens else None
+    collected = SamePosition(lens, run.position, n, d) if lens else None
     specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block) for t in targets}
     with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block, rank=rank,
                      layerwise=specs or None, shard_bytes=_shard_bytes(engine), jacobian=bool(output)) as writer:
@@ -97,10 +72,10 @@ def write_prompt(store: StoreWriter, engine: Any, pid: str, item: PromptLine, id
             errors = _stream_full(engine, trace, plan, writer, storage, bar, progress, collected)
             extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
         else:
-            errors, extra = _stream_low_rank(engine, trace, plan, writer, rank, run.get("passes", LOW_RANK_PASSES), bar)
+            errors, extra = _stream_low_rank(engine, trace, plan, writer, rank, LOW_RANK_PASSES, bar)
         for t, e in errors.items():
-            if run["detach"]:
-                _check_exact(e, run["dtype"], item, "" if t.is_output else t.name)
+            if run.detach:
+                _check_exact(e, run.dtype, item, "" if t.is_output else t.name)
             if not t.is_output and t not in lens:
                 writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
                 if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
@@ -127,10 +102,10 @@ def _layerwise_attrs(errors: dict[Any, float], specs: dict[str, Any]) -> dict[st
                           for t, e in errors.items() if not t.is_output}}
 
 
-def _shard_bytes(engine: Any) -> int | None:
+def _shard_bytes(engine: Engine) -> int | None:
     """Under a CPU memory budget, jacobian shards of at most 1/64 of it (the writer holds up to one shard and
     zarr about two more while it writes one); None: the store's default."""
-    from detjac.store.format import SHARD_BYTES
+    from detjac.store import SHARD_BYTES
 
     budget = engine.memory_budget("cpu")
     return None if budget is None else max(1, min(SHARD_BYTES, budget // 64))
@@ -144,7 +119,7 @@ def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], stor
         writer.write_array("bias", _numpy(bias, storage))
 
 
-def _stream_full(engine: Any, trace: Any, plan: Any, writer: Any, storage: str, bar: Any,
+def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: Any, storage: str, bar: Any,
                  progress: bool, collected: Any = None) -> dict[Any, float]:
     """Every target's blocks to the writer as they come (a lens target's to ``collected`` instead); the
     reconstructions are accumulated on the way. Returns each target's reconstruction error (the output's with an
@@ -169,18 +144,18 @@ def _stream_full(engine: Any, trace: Any, plan: Any, writer: Any, storage: str, 
             for t in targets}
 
 
-def _plus_bias(recon: Any, trace: Any) -> Any:
+def _plus_bias(recon: Any, trace: Trace) -> Any:
     """``sum_k J_k x_k`` plus the offset of an affine model (linear models have none)."""
     return recon + trace.bias if trace.bias is not None else recon
 
 
-def _stream_low_rank(engine: Any, trace: Any, plan: Any, writer: Any, rank: int, passes: int,
+def _stream_low_rank(engine: Engine, trace: Trace, plan: Plan, writer: Any, rank: int, passes: int,
                      bar: Any) -> tuple[dict[Any, float], dict[str, Any]]:
     """``passes`` sweeps of the output's row blocks through a subspace iteration; only the triplets are stored."""
     import torch
 
     from detjac.exactness import relative_error
-    from detjac.store.subspace import SubspaceIteration
+    from detjac.store import SubspaceIteration
     from detjac.targets import OUTPUTS
 
     n, d = trace.embeddings.shape
@@ -210,15 +185,15 @@ def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> 
 
 
 def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int, error: float,
-                  run: dict[str, Any], storage: str) -> dict[str, Any]:
-    from detjac.store.format import now
+                  run: RunDescription, storage: str) -> dict[str, Any]:
+    from detjac.store import now
 
     return {"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids), "token_ids": ids,
             "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None, "reconstruction_error": error,
             "next_token_id": next_id, "next_token": tokenizer.decode([next_id]) if tokenizer else None,
-            "detached": run["detach"], "dtype": run["dtype"], "storage_dtype": storage, "model_id": run["model_id"],
-            "revision": run["revision"], "model_type": run["model_type"], "position": run["position"],
-            "detach_rules": run["detach_rules"], "detjac_version": __version__, "written_at": now()}
+            "detached": run.detach, "dtype": run.dtype, "storage_dtype": storage, "model_id": run.model_id,
+            "revision": run.revision, "model_type": run.model_type, "position": run.position,
+            "detach_rules": list(run.detach_rules), "detjac_version": __version__, "written_at": now()}
 
 
 def storage_dtype(dtype: str) -> str:

@@ -24,6 +24,7 @@ from detjac.errors import (
     WorkerError,
 )
 
+from .description import RunDescription
 from .plan import Failure, LoadedModel, ModelSpec, PromptTask, RunPlan, RunSummary, write_one
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class ModelPlugin(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         self._loaded = None
 
-    def sums(self, run: dict[str, Any], flush_every: int) -> Any:
+    def sums(self, run: RunDescription, flush_every: int) -> Any:
         """This worker's running lens sums (made at its first prompt; None when the run is not a --lens run)."""
         from .lens_run import running_sums
 
@@ -96,7 +97,7 @@ class PromptJob:
 
     store: str  # absolute path, the same on every worker (a shared file system)
     lease: str
-    run: dict[str, Any]
+    run: RunDescription
     targets: list[Any]
     plugin: str
     lens_flush: int = 1  # a --lens run: prompts between two flushes of a worker's sums

@@ -17,7 +17,7 @@ from detjac.errors import InvalidArgumentError
 def check_npz_path(path: str | Path, force: bool = False) -> Path:
     """``path`` if an .npz file can be written there (checked before any work: a new file, or an existing one
     replaced only with ``force``), else InvalidArgumentError."""
-    from detjac.store.backend.disk import npz_target
+    from detjac.store import npz_target
 
     if Path(path).suffix.lower() != ".npz":
         raise InvalidArgumentError(f"Expected a file name ending in .npz. Got {str(path)!r}.")
@@ -29,7 +29,7 @@ def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[
     """Write a :class:`~detjac.engine.JacobianResult` to ``path`` (``.npz``, compressed, written aside and renamed
     into place); returns the path. ``tokens``: the decoded pieces to save (default: the result's own); an existing
     file is replaced only with ``force``."""
-    from detjac.store.backend.disk import write_npz
+    from detjac.store import write_npz
 
     path = check_npz_path(path, force)
 

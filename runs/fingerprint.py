@@ -166,9 +166,9 @@ def weights_identity(folder: str | Path | None) -> dict[str, object]:
     if tokenizer:
         identity.update({"tokenizer": tokenizer, "tokenizer_sha256": combined_digest(tokenizer)})
     if Path(folder).is_file():
-        from detjac.engine.checkpoints.gguf import read_header
+        from detjac.engine import read_gguf_header
 
-        identity["gguf_types"] = read_header(Path(folder)).quantization_types()
+        identity["gguf_types"] = read_gguf_header(Path(folder)).quantization_types()
     return identity
 
 

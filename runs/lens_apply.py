@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from detjac.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from detjac.engine import Engine
 
 
 @dataclass
@@ -53,8 +56,7 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> 
 
     import torch
 
-    from detjac.engine import load_engine
-    from detjac.engine.checkpoints.default import resolve_model
+    from detjac.engine import load_engine, resolve_model
 
     from .fingerprint import weights_identity
 
@@ -82,7 +84,7 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> 
     return engine
 
 
-def prompt_states(engine: Any, prompt: Any, layers: Iterable[int], exact: bool = True) -> PromptStates:
+def prompt_states(engine: Engine, prompt: Any, layers: Iterable[int], exact: bool = True) -> PromptStates:
     """Run ``prompt`` through ``engine`` (a :class:`~detjac.engine.StreamedEngine`) at ``layers``."""
     import torch
 
@@ -102,18 +104,19 @@ def prompt_states(engine: Any, prompt: Any, layers: Iterable[int], exact: bool =
     return out
 
 
-def unembedding(engine: Any) -> np.ndarray:
+def unembedding(engine: Engine) -> np.ndarray:
     """(vocab, d) the matrix that turns a final normed state into logits, float64 numpy."""
     import torch
 
     return engine.decoding_matrices(torch.float64)["unembedding"].numpy()
 
 
-def score_prompt(engine: Any, lenses: dict[str, Any], prompt: Any, W_U: np.ndarray, layers: Sequence[int],
+def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.ndarray, layers: Sequence[int],
                  exact: bool = True) -> tuple[PromptStates, list[dict[str, Any]]]:
     """One prompt's rows: per layer and method, the rank of the model's prediction at the target position and the
     relative error of the output read (:func:`detjac.analysis.lens.score`)."""
-    from detjac.analysis.lens import readings, score
+    from detjac.analysis import lens_readings as readings
+    from detjac.analysis import score_lens as score
 
     st = prompt_states(engine, prompt, layers, exact)
     rows = []
@@ -128,7 +131,7 @@ def score_prompt(engine: Any, lenses: dict[str, Any], prompt: Any, W_U: np.ndarr
 def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, layers: Sequence[int]
                    ) -> dict[str, np.ndarray]:
     """Per method (each lens, ``logit``), (layers, n) ranks of the model's own prediction at every position."""
-    from detjac.analysis.lens import token_rank
+    from detjac.analysis import token_rank
 
     predicted = np.argmax(st.final @ W_U.T, axis=1)  # (n,)
     reads = {name: lambda layer, lens=lens: lens.apply(layer, st.states[layer]) for name, lens in lenses.items()}
@@ -141,7 +144,7 @@ def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, la
     return out
 
 
-def evaluate(engine: Any, lenses: dict[str, Any], prompts: Sequence[str], layers: Sequence[int], *,
+def evaluate(engine: Engine, lenses: dict[str, Any], prompts: Sequence[str], layers: Sequence[int], *,
              exact: int | None = None, progress: Any = None) -> list[dict[str, Any]]:
     """Rows of :func:`score_prompt` over ``prompts`` (each with its ``prompt`` index); the exact per-prompt map
     (``self``, ``exact``) for the first ``exact`` prompts only (None: all; 0: none)."""
@@ -158,7 +161,7 @@ def evaluate(engine: Any, lenses: dict[str, Any], prompts: Sequence[str], layers
 JLENS_SKIP, JLENS_MAX_TOKENS = 16, 128  # the jlens estimator's source positions: the first 16 and the last left out
 
 
-def jlens_prompt(engine: Any, prompt: Any, layers: Sequence[int], *, skip: int = JLENS_SKIP,
+def jlens_prompt(engine: Engine, prompt: Any, layers: Sequence[int], *, skip: int = JLENS_SKIP,
                  max_tokens: int = JLENS_MAX_TOKENS) -> dict[int, np.ndarray] | None:
     """One text's ``jlens`` estimate per layer (Gurnee et al.): the mean over source positions ``k`` of
     ``sum_{p' >= k} dy_p' / dh_{L,k}`` (d, d), float64, from the layer-streamed engine's every-position pullback
@@ -189,7 +192,7 @@ def texts_digest(texts: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
 
 
-def fit_jlens(engine: Any, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,
+def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,
               skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, progress: Any = None) -> Any:
     """The ``jlens`` lens of ``prompts``: per layer, the mean over texts of :func:`jlens_prompt` (texts with no
     source position left are not counted), with its element-wise second moment, as a
@@ -197,7 +200,7 @@ def fit_jlens(engine: Any, prompts: Sequence[str], layers: Sequence[int], model_
 
     Raises InvalidArgumentError when no text has a source position."""
     from detjac import __version__
-    from detjac.analysis.lens import LENS_VERSION, Lens
+    from detjac.analysis import LENS_VERSION, Lens
 
     d = engine.d_model
     mean, second = np.zeros((len(layers), d, d)), np.zeros((len(layers), d, d))

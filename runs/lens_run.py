@@ -16,6 +16,8 @@ from detjac.targets import TO_OUTPUT, Target
 if TYPE_CHECKING:
     from detjac.store import StoreWriter
 
+    from .description import RunDescription
+
 DEFAULT_FLUSH = 1  # prompts between two flushes of the sums (--lens-flush)
 
 
@@ -24,11 +26,9 @@ def lens_description(layers: list[Target]) -> dict[str, Any]:
     return {"layers": [t.layer for t in layers], "target": TO_OUTPUT}
 
 
-def lens_targets(run: dict[str, Any]) -> list[Target]:
+def lens_targets(run: RunDescription) -> list[Target]:
     """The ``to_output`` targets whose same-position blocks a ``--lens`` run accumulates ([] for another run)."""
-    from detjac.analysis.lens.lens_fit import run_lens_layers
-
-    return [Target(layer, TO_OUTPUT) for layer in run_lens_layers(run)]
+    return [Target(int(layer), TO_OUTPUT) for layer in (run.lens or {}).get("layers", [])]
 
 
 class SamePosition:
@@ -63,19 +63,19 @@ def check_lens_store(stored: dict[str, Any], wanted: dict[str, Any], path: Any) 
                              f"--layers giving {has['layers']}. Use the store's layers, another --out or --force-new.")
 
 
-def uncounted(store: StoreWriter, run: dict[str, Any], ids: set[str]) -> set[str]:
+def uncounted(store: StoreWriter, run: RunDescription, ids: set[str]) -> set[str]:
     """The committed prompts among ``ids`` that some lens layer's partials do not count (all for a store whose run
     is not a --lens run: none)."""
-    from detjac.analysis.lens.lens_fit import counted, run_lens_layers
+    from detjac.analysis import lens_counted as counted
 
-    layers = run_lens_layers(run)
+    layers = [t.layer for t in lens_targets(run)]
     return ids - counted(store, layers, ids) if layers and ids else set()
 
 
-def finish(store: StoreWriter, run: dict[str, Any]) -> dict[str, Any] | None:
+def finish(store: StoreWriter, run: RunDescription) -> dict[str, Any] | None:
     """Merge the partials into ``lens/fitted`` when every committed prompt is counted; returns the fit's report,
     or ``{"uncounted": n}`` (the run was interrupted or a worker died: run again), or None for another run."""
-    from detjac.analysis.lens.lens_fit import fit
+    from detjac.analysis import fit_lens as fit
 
     ids = set(store.prompt_ids())
     if not lens_targets(run) or not ids:
@@ -86,9 +86,9 @@ def finish(store: StoreWriter, run: dict[str, Any]) -> dict[str, Any] | None:
     return fit(store)
 
 
-def running_sums(run: dict[str, Any], flush_every: int) -> Any:
+def running_sums(run: RunDescription, flush_every: int) -> Any:
     """A process's :class:`~detjac.analysis.lens.lens_sums.RunningSums` for a ``--lens`` run (None for another run)."""
-    from detjac.analysis.lens.lens_sums import RunningSums
+    from detjac.analysis import RunningSums
 
     layers = lens_targets(run)
     return RunningSums([t.layer for t in layers], flush_every) if layers else None

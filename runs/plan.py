@@ -6,16 +6,20 @@ in it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .batch import run_description, storage_dtype, write_prompt
+if TYPE_CHECKING:
+    from detjac.engine import Engine
+    from detjac.store import StoreWriter
+
+from detjac.targets import DEFAULT_ROW_BLOCK
+
+from .batch import storage_dtype, write_prompt
+from .description import RunDescription, StreamedSettings, describe_run
 from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
-
-if TYPE_CHECKING:
-    from detjac.store import StoreWriter
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,7 @@ class ModelSpec:
         does to plan, without the memory budget, which names the workers' devices)."""
         import torch
 
-        from detjac.engine import honour_cpu_budget, load_engine
-        from detjac.engine.checkpoints.default import resolve_model
+        from detjac.engine import honour_cpu_budget, load_engine, resolve_model
 
         source = resolve_model(self.model)
         device = device or self.device
@@ -56,7 +59,7 @@ class ModelSpec:
 class LoadedModel:
     """An engine and the checkpoint folder (or the model id) it was loaded from."""
 
-    engine: Any  # a detjac.engine.Engine
+    engine: Engine
     source: Any
 
     @property
@@ -109,7 +112,7 @@ class RunPlan:
     prompts: PromptsFile
     spec: ModelSpec
     loaded: LoadedModel
-    run: dict[str, Any]  # the store's run description (identity and settings)
+    run: RunDescription  # the store's run description (identity and settings)
     targets: list[Any]  # layerwise targets (streamed engine)
     tasks: list[PromptTask]  # the unique prompts, in file order
     duplicates: int
@@ -131,7 +134,7 @@ class RunPlan:
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
-                lens: bool = False) -> RunPlan:
+                lens: bool = False, engine: Engine | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
     With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
@@ -146,12 +149,12 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     prompts = prompts_path if isinstance(prompts_path, PromptsFile) else read_prompts(prompts_path)
     if lens:
         layers, components = layers or "all", "to_output"
-    if layers is not None:
-        from detjac.engine import check_layerwise_request
-        from detjac.engine.checkpoints.default import resolve_model
+    from detjac.engine import check_layerwise_request, resolve_model
 
+    if layers is not None:
         check_layerwise_request(resolve_model(spec.model), components)
-    loaded = spec.load(load_device)
+    # an engine the caller loaded already (``detjac jacobian --out``): used as it is
+    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, resolve_model(spec.model))
     targets: list[Any] = []
     if layers is not None:
         from detjac.targets import layer_targets
@@ -163,23 +166,23 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
         check_tokenized(prompts, tokenized, limit)
     source = loaded.source
     model_dir = Path(source) if Path(source).is_dir() or Path(source).is_file() else None  # a folder or a GGUF file
-    run = run_description(loaded.engine, model_arg, model_dir, spec.revision, spec.dtype,
-                          row_block or ("auto" if spec.max_memory else 64), limit, keep, spec.detach,
-                          None if loaded.engine.convention == loaded.engine.family.conventions[0]
-                          else loaded.engine.convention)
-    run.update(weights_identity(model_dir))  # the weight and tokenizer files' SHA-256s: part of the run's identity
-    run["lens"] = None  # identity: set by a --lens run only
+    lens_settings = None
     if lens:  # the lens layers' to_output rows are summed, never stored
         from .lens_run import lens_description
 
-        run["lens"], targets = lens_description(targets), []
-    if spec.streamed:
-        run.update({"engine": "streamed", "layerwise": [t.name for t in targets], "quantize": spec.quantize,
-                    "mode": mode, "max_memory": spec.max_memory})
+        lens_settings, targets = lens_description(targets), []
+    engine = loaded.engine
+    run = describe_run(engine, model_arg, model_dir, spec.revision, spec.dtype,
+                       row_block or (None if spec.max_memory else DEFAULT_ROW_BLOCK), limit, keep,
+                       None if engine.convention == engine.family.conventions[0] else engine.convention)
+    # the weight and tokenizer files' SHA-256s are part of the run's identity, as are the lens settings (None: no lens)
+    run = replace(run, fingerprint=weights_identity(model_dir), lens=lens_settings,
+                  streamed=StreamedSettings(tuple(t.name for t in targets), spec.quantize, mode, spec.max_memory)
+                  if spec.streamed else None)
     tasks: dict[str, PromptTask] = {}
     duplicates = 0
     for item, tok in zip(prompts.prompts, tokenized, strict=True):
-        pid = prompt_id(run, item.text)
+        pid = prompt_id(run.as_dict(), item.text)
         if pid in tasks:
             duplicates += 1
         else:
@@ -193,22 +196,22 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
     from detjac.store import create_store, open_store
 
     try:
-        return create_store(out, plan.run, force_new=force_new,
+        return create_store(out, plan.run.as_dict(), force_new=force_new,
                             model_data=lambda: model_for_decoding(plan.loaded, plan.spec.dtype))
     except StoreMismatchError as exc:
         from .lens_run import check_lens_store
 
         stored = open_store(out).run
-        check_lens_store(stored, plan.run, out)
+        check_lens_store(stored, plan.run.as_dict(), out)
         named = [f"{what} files that differ: {files}." for what, key in (("Weight", "weights"),
                                                                              ("Tokenizer", "tokenizer"))
-                 if (files := weights_difference(stored, plan.run, key)) is not None]
+                 if (files := weights_difference(stored, plan.run.as_dict(), key)) is not None]
         if not named:
             raise
         raise StoreMismatchError(" ".join([str(exc), *named])) from None
 
 
-def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: dict[str, Any], targets: list[Any],
+def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Any],
               bar: Any, progress: bool = True, sums: Any = None) -> float:
     """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
     its reconstruction error."""

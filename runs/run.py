@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any
 from detjac.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from detjac.engine import Engine
     from detjac.store import StoreReader, StoreWriter
+
+    from .plan import PromptTask, RunPlan, RunSummary
 
 Log = Callable[[str], None]
 
@@ -130,7 +133,7 @@ def _check_lens_options(o: RunOptions) -> None:
 
 
 def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOptions,
-               log: Log | None = None) -> RunOutcome:
+               log: Log | None = None, engine: Engine | None = None) -> RunOutcome:
     """Detached Jacobians of ``model`` on every prompt of the file ``prompts``, into the store ``out``.
 
     Parameters
@@ -145,6 +148,8 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     log : callable or None
         Called with a line on the plan (prompts, duplicates, already stored, to compute) and,
         for a distributed run, with where its cluster runs.
+    engine : Engine or None
+        The model loaded already (in one process only); None: loaded from ``model`` and ``options``.
 
     Returns
     -------
@@ -165,7 +170,7 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
-                       load_device="cpu" if o.distributed else None, lens=o.lens)
+                       load_device="cpu" if o.distributed else None, lens=o.lens, engine=engine)
     summary = plan.summary()
     interrupted = False
     restored_line = f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged."
@@ -210,19 +215,19 @@ def recorded_worst_error(store: StoreReader) -> float | None:
     return max(errors, default=None)
 
 
-def run_one(model: str, prompt: str, out: str, options: RunOptions) -> str:
+def run_one(model: str, prompt: str, out: str, options: RunOptions, engine: Engine | None = None) -> str:
     """One prompt (text) into the store ``out`` (created, or resumed), as ``detjac run`` would store it from a
-    file holding that line; returns its prompt id."""
+    file holding that line, with ``engine`` when given (see :func:`run_corpus`); returns its prompt id."""
     from detjac.store import open_store, prompt_id
 
     from .prompts import PromptLine, PromptsFile
 
     prompts = PromptsFile(Path("--prompt"), [PromptLine(1, prompt)], 0)
-    run_corpus(model, prompts, out, replace(options, workers=0, scheduler=None))
+    run_corpus(model, prompts, out, replace(options, workers=0, scheduler=None), engine=engine)
     return prompt_id(open_store(out).run, prompt)
 
 
-def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, out: str) -> str:
+def plan_line(plan: RunPlan, summary: RunSummary, tasks: list[Any], prompts: str | Path, out: str) -> str:
     """What the run will do: prompts read, blank lines, duplicates, already stored, to compute, refused."""
     refused = sum(t.error is not None for t in tasks)
     what = f" and {len(plan.targets)} layerwise Jacobians per prompt" if plan.targets else ""
@@ -235,7 +240,7 @@ def plan_line(plan: Any, summary: Any, tasks: list[Any], prompts: str | Path, ou
 def model_ref(model: str, revision: str | None = None) -> str:
     """A checkpoint folder as an absolute path (workers resolve it on their own file system), a hub id as its
     snapshot folder in the Hugging Face cache (found, or downloaded, once, here); else unchanged."""
-    from detjac.engine.checkpoints.hub import is_hub_id
+    from detjac.engine import is_hub_id
 
     if is_hub_id(model):
         from detjac.engine import check_checkpoint_dir
@@ -245,7 +250,7 @@ def model_ref(model: str, revision: str | None = None) -> str:
     return str(path.resolve()) if path.is_dir() or path.is_file() else model  # a folder or a GGUF file
 
 
-def _run_distributed(plan: Any, store: StoreWriter, tasks: list[Any], summary: Any, o: RunOptions,
+def _run_distributed(plan: RunPlan, store: StoreWriter, tasks: list[PromptTask], summary: RunSummary, o: RunOptions,
                      log: Log | None) -> bool:
     """Run ``tasks`` on a cluster; returns True when interrupted (Ctrl-C), after cancelling what was queued."""
     from .cluster import run_on_cluster

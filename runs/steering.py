@@ -86,7 +86,7 @@ def concept_operator(store: StoreReader, prompt_id: str, layer: int, model: Any,
     import numpy as np
     import torch
 
-    from detjac.engine.tools.steer import SteeringOperator, check_method
+    from detjac.engine import SteeringOperator, check_method
 
     check_method(method)
     prompt = store.get(prompt_id)
@@ -139,9 +139,7 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
     """
     import torch
 
-    from detjac.engine import get_tokenizer, load_model
-    from detjac.engine.checkpoints.default import resolve_model
-    from detjac.engine.tools.steer import check_method
+    from detjac.engine import check_method, get_tokenizer, load_model, resolve_model
     from detjac.store import open_store
 
     check_method(method)  # before the model loads
@@ -172,7 +170,7 @@ def check_same_model(store: StoreReader, source: Any, model: str) -> None:
 
 def steer_prompt(session: ConceptSession, prompt: str, strength: float, max_new_tokens: int = 24) -> SteeredText:
     """Greedy continuations of ``prompt``, without steering and with it at ``strength``."""
-    from detjac.engine.tools.steer import generate
+    from detjac.engine import generate
 
     tok, lm = session.tokenizer, session.model
     ids = tok(prompt)["input_ids"]
@@ -222,8 +220,8 @@ def evaluate_steering(session: ConceptSession, evaluation: SteeringEvaluation, s
     InvalidArgumentError
         When there is no concept token to count.
     """
-    from detjac.analysis.jobs import write_table
-    from detjac.engine.tools.steer import evaluate
+    from detjac.analysis import write_table
+    from detjac.engine import evaluate
 
     rows = evaluate(session.model, session.tokenizer, session.operator, evaluation.prompts, strengths,
                     evaluation.concept_ids, max_new_tokens, progress=progress)

@@ -12,13 +12,20 @@ format is specified in ``docs/store-format.md``.
 """
 
 from .analysis_cache import AnalysisCache, MemoryAnalyses
+
+# for runs/, view/, cli/ (the store's maintenance and export tools), not in __all__
+from .backend.disk import npz_target, write_npz
+from .backend.sealed import read_sealed, write_sealed
 from .backend.zarr_create import create_store
 from .backend.zarr_prompt import ZarrPrompt, verify_prompt
 from .backend.zarr_store import ZarrStore, attach_store, open_store
 from .backend.zarr_writer import ZarrPromptWriter
-from .format import FORMAT_VERSION, NO_JACOBIAN, model_differences, prompt_id
+from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, model_differences, now, prompt_id, read_root
+from .integrity import INTEGRITY, damage_reason
 from .reader import StoreReader, VerifyResult
 from .stored_prompt import LayerwiseSpec, PromptWriter, StoredPrompt
+from .subspace import SubspaceIteration
+from .summary import export_npz, listing, prompt_layout, store_summary, verify_summary
 from .writer import JacobianStore, StoreWriter
 
 __all__ = [

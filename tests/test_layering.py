@@ -144,6 +144,17 @@ def violations(imports: list[Import]) -> list[str]:
     return out
 
 
+def past_facades(imports: list[Import]) -> list[str]:
+    """Imports from one layer into another that reach past the other's façade: a layer's package (``detjac.store``)
+    is its API, its modules (``detjac.store.backend.zarr_store``) are its own business."""
+    out = []
+    for imp in imports:
+        layer, target = _layer(imp.module), _layer(imp.target)
+        if target is not None and target != layer and imp.target != target:
+            out.append(f"{imp}  (import from {target}, the façade)")
+    return out
+
+
 def cycles(imports: list[Import]) -> list[list[Import]]:
     """The import cycles between detjac modules: for each strongly connected component of more than one module
     (or a module importing itself), the imports inside it."""
@@ -209,6 +220,12 @@ def test_layers_import_one_way():
                        f"Got {len(found)} imports that do not:\n  " + "\n  ".join(found))
 
 
+def test_other_layers_import_only_a_layers_facade():
+    found = past_facades(all_imports())
+    assert not found, (f"Expected imports between layers to go through the façade of the layer imported (its package "
+                       f"__init__, README 'Architecture'). Got {len(found)}:\n  " + "\n  ".join(found))
+
+
 def test_the_checks_catch_what_they_claim():
     """Each rule fires on a made-up import of the kind it forbids, with the file and line in its message; imports
     inside functions and under TYPE_CHECKING are seen, relative ones resolved."""
@@ -224,6 +241,13 @@ def test_the_checks_catch_what_they_claim():
         "store/x.py:3 imports torch.nn", "analysis/y.py:9 imports detjac.engine.streamed.streamed_engine",
         "engine/z.py:5 imports dask.array", "runs/w.py:7 imports detjac.cli.main", "core/v.py:2 imports detjac.store",
         "view/u.py:4 imports detjac.engine"]
+    crossing = [Import("cli/a.py", 1, "detjac.cli.a", "detjac.store.format"),
+                Import("cli/b.py", 2, "detjac.cli.b", "detjac.store"),
+                Import("runs/c.py", 3, "detjac.runs.c", "detjac.engine.streamed.tracing"),
+                Import("store/d.py", 4, "detjac.store.d", "detjac.store.format"),
+                Import("runs/e.py", 5, "detjac.runs.e", "detjac.targets")]
+    assert [f.split("  (")[0] for f in past_facades(crossing)] == [
+        "cli/a.py:1 imports detjac.store.format", "runs/c.py:3 imports detjac.engine.streamed.tracing"]
     loop = [Import("store/a.py", 1, "detjac.store.reader", "detjac.store.format"),
             Import("store/b.py", 2, "detjac.store.format", "detjac.store.reader"),
             Import("store/c.py", 4, "detjac.store.backend.lock", "detjac.store.format")]

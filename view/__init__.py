@@ -6,3 +6,9 @@
 only); ``static_export``: the same pages as a static snapshot that opens from disk; ``static/``: the page itself
 (plain HTML, CSS and JavaScript with hand-drawn SVG charts, nothing fetched from the network).
 """
+
+from detjac.facade import lazy_exports
+
+_EXPORTS = {"make_server": "server", "export_static": "static_export:export"}  # for cli/ (each loads on first use)
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

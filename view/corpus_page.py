@@ -10,7 +10,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
-from ..store.integrity import damage_reason
+from ..store import damage_reason
 from .jsonable import jsonable
 
 if TYPE_CHECKING:

@@ -31,8 +31,7 @@ def _root_seal(path: Any) -> str:
     but a new store in the folder."""
     from pathlib import Path
 
-    from detjac.store.format import read_root
-    from detjac.store.integrity import INTEGRITY
+    from detjac.store import INTEGRITY, read_root
 
     root = read_root(Path(path))
     return str(root.get(INTEGRITY, {}).get("attrs_sha256") or root.get("created"))

@@ -12,8 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis import jobs
-from ..analysis.spectra import Spectrum, dimensionality, low_rank_spectrum
+from ..analysis import (
+    Spectrum,
+    cached_spectrum,
+    decode_spectrum,
+    dimensionality,
+    low_rank_spectrum,
+    prompt_svds,
+    read_spectrum,
+    read_svd,
+    token_texts,
+)
 from ..errors import DetjacError
 from ..singular import decode_top
 from .jsonable import jsonable
@@ -47,10 +56,10 @@ def spectrum(view: ReadOnlyStore, prompt: StoredPrompt, token: int | None) -> tu
     """All singular values of ``J_token`` (``None``: of ``[J_1 ... J_n]``) and where they come from."""
     if prompt.low_rank:
         return prompt.triplets(token)[1], f"stored triplets (rank {prompt.attrs.get('rank')})"
-    stored = jobs.read_spectrum(view.stored, prompt.id, token, n_tokens=prompt.n_tokens)
+    stored = read_spectrum(view.stored, prompt.id, token, n_tokens=prompt.n_tokens)
     if stored is not None:
         return stored, "kept in the store (detjac analyze dims)"
-    return jobs.cached_spectrum(view, prompt, token), "computed (as detjac analyze dims)"
+    return cached_spectrum(view, prompt, token), "computed (as detjac analyze dims)"
 
 
 def _spectrum_entry(S: np.ndarray) -> dict[str, Any]:
@@ -69,7 +78,7 @@ def prediction(view: ReadOnlyStore, prompt: StoredPrompt) -> dict[str, Any]:
     full = np.asarray(W, dtype=np.float64) @ y  # (vocab,)
     peak = full.max()
     log_total = peak + np.log(np.exp(full - peak).sum())
-    text = jobs.token_texts(view)
+    text = token_texts(view)
     top = [{"id": int(t), "text": text(int(t)), "logit": float(s), "p": float(np.exp(s - log_total))}
            for t, s in zip(ids[0], logits[0], strict=True)]
     return {"top": top, "how": "softmax(W_U y): the stored output y through the stored unembedding W_U"}
@@ -128,10 +137,10 @@ def _triplets(view: ReadOnlyStore, prompt: StoredPrompt, token: int | None) -> t
     if prompt.low_rank:
         return (low_rank_spectrum(prompt, int(prompt.triplets(token)[1].shape[0]), token),
                 f"stored triplets of the low-rank run (rank {prompt.attrs.get('rank')})")
-    stored = jobs.read_svd(view.stored, prompt.id, token, n_tokens=prompt.n_tokens)
+    stored = read_svd(view.stored, prompt.id, token, n_tokens=prompt.n_tokens)
     if stored is not None:
         return stored, f"kept in the store by detjac analyze svd ({_describe(stored.params)})"
-    spec = jobs.svd(view, [prompt.id], SVD_K, token, method="randomized", power_iterations=SVD_POWER)[0]
+    spec = prompt_svds(view, [prompt.id], SVD_K, token, method="randomized", power_iterations=SVD_POWER)[0]
     how = "an exact SVD (a small operator)" if spec.method == "exact" else _describe(spec.params)
     return spec, f"computed now with detjac analyze svd's defaults ({how}); not written to the store"
 
@@ -146,8 +155,8 @@ def operator_payload(view: ReadOnlyStore, prompt_id: str, token: int | None) -> 
     each right vector's share of energy per input token."""
     prompt = view.get(prompt_id)
     spec, source = _triplets(view, prompt, token)
-    ids = jobs.decode_spectrum(view, spec, SVD_TOP)
-    text = jobs.token_texts(view)
+    ids = decode_spectrum(view, spec, SVD_TOP)
+    text = token_texts(view)
     if token is None:
         energy = (np.asarray(spec.V, dtype=np.float64) ** 2).sum(axis=1)  # (n_tokens, k)
         shares = energy / np.where(energy.sum(axis=0) > 0, energy.sum(axis=0), 1.0)

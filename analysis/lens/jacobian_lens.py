@@ -104,7 +104,7 @@ def load_lens(path: str | Path) -> Lens:
 
     Raises StoreFormatError for anything else, CorruptError for a lens changed since it was written.
     """
-    from detjac.store.backend.sealed import read_sealed
+    from detjac.store import read_sealed
 
     path = Path(path)
     if (path / "zarr.json").is_file() and "detjac_store" in json.loads((path / "zarr.json").read_text()).get(
@@ -125,7 +125,7 @@ def load_lens(path: str | Path) -> Lens:
 
 def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
     """Write ``lens`` by itself to the folder ``out`` (a sealed zarr group; replaced only with ``force``)."""
-    from detjac.store.backend.sealed import write_sealed
+    from detjac.store import write_sealed
 
     out = check_lens_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import OUTPUTS, Target
+from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target
 
 from ..checkpoints.loading import get_tokenizer
 from ..detach.model import linearized
@@ -22,7 +22,7 @@ from ..interface import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
-from ..streamed.cost import DEFAULT_ROW_BLOCK, MODES, check_request
+from ..streamed.cost import MODES, check_request
 from .model_pieces import FrozenModel
 from .rows import JacobianStream, stream_jacobian
 
@@ -165,6 +165,17 @@ class InMemoryEngine(Engine):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return output_logits(self.model, hidden)
+
+    def ordinary(self) -> InMemoryEngine:
+        return InMemoryEngine(self.model, detach=False, tokenizer=self._tokenizer, forward=self.forward,
+                              convention=self.convention, sweeps=self.sweeps)
+
+    def stock_logits(self, token_ids: Sequence[int], position: int) -> torch.Tensor:
+        ids = torch.tensor([list(token_ids)], device=self.device)
+        with torch.no_grad():
+            if self.family.encoder:  # no LM head: the final hidden state scored against the word embeddings
+                return output_logits(self.model, self.model(ids, use_cache=False).last_hidden_state[0, position])
+            return self.model(ids, use_cache=False).logits[0, position]
 
 
 def _in_memory(trace: Trace) -> InMemoryTrace:

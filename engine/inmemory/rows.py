@@ -16,25 +16,17 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from detjac.errors import InvalidArgumentError, LinearizationError
-from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
+from detjac.errors import InvalidArgumentError
+from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
-from ..checkpoints.loading import get_tokenizer, parse_prompt
+from ..checkpoints.loading import parse_prompt
 from ..detach.factors import FactorTape
 from ..detach.model import linearized
 from ..families import family_for
+from ..interface import JacobianBlock
 from ..pieces.runner import chosen_sweeps
-from ..products.logits import logit_jacobian, output_logits
+from ..result import reconstruct
 from .model_pieces import FrozenModel, freeze_model
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """Rows ``start:stop`` of the Jacobian: ``values`` has shape (stop - start, n_tokens, d_model)."""
-
-    start: int
-    stop: int
-    values: torch.Tensor
 
 
 @dataclass
@@ -86,10 +78,10 @@ class JacobianStream:
     def n_blocks(self) -> int:
         return -(-self.n_rows // self.row_block)
 
-    def __iter__(self) -> Iterator[RowBlock]:
+    def __iter__(self) -> Iterator[JacobianBlock]:
         return self.rows(self.row_block, self.progress)
 
-    def rows(self, row_block: int, progress: bool = False) -> Iterator[RowBlock]:
+    def rows(self, row_block: int, progress: bool = False) -> Iterator[JacobianBlock]:
         """Every row of J, ``row_block`` at a time, from vmapped pullbacks of basis cotangents."""
         from detjac.progress import progress_bar
 
@@ -97,7 +89,7 @@ class JacobianStream:
         starts = range(0, self.n_rows, row_block)
         for start in progress_bar(starts, progress, "row blocks", "block", total=-(-self.n_rows // row_block)):
             stop = min(start + row_block, self.n_rows)
-            yield RowBlock(start, stop, self.pull(eye[start:stop]))
+            yield JacobianBlock(OUTPUTS, start, stop, 0, len(self.token_ids), self.pull(eye[start:stop]))
 
     def pull(self, cotangents: torch.Tensor) -> torch.Tensor:
         """``cotangents @ J`` for a block of output-space rows (rows, d_model) -> (rows, n_tokens, d_model).
@@ -137,7 +129,7 @@ def stream_jacobian(
     model: PreTrainedModel,
     prompt: str | Sequence[int] | torch.Tensor,
     *,
-    row_block: int = 64,
+    row_block: int = DEFAULT_ROW_BLOCK,
     detach: bool = True,
     position: int | None = None,
     tokenizer: Any | None = None,
@@ -221,185 +213,3 @@ def stream_jacobian(
         row_block=row_block, detached=detach, family=lin.family.name, detach_rules=rules, pullback=pullback,
         progress=progress, bias=bias, fallback=fallback,
     )
-
-
-@dataclass(repr=False)
-class JacobianResult:
-    """A Jacobian of one forward pass and what it reconstructs.
-
-    Attributes
-    ----------
-    jacobian : torch.Tensor
-        (d_model, n_tokens, d_model): ``jacobian[:, k, :]`` is token ``k``'s operator ``J_k``.
-    embeddings : torch.Tensor
-        (n_tokens, d_model) input embeddings ``x_k``.
-    output : torch.Tensor
-        (d_model,) final normed hidden state at the target position.
-    reconstruction : torch.Tensor
-        (d_model,) ``sum_k J_k x_k`` (``+ b`` for an affine model).
-    bias : torch.Tensor or None
-        (d_model,) the offset ``b`` of an affine model's detached map, else None.
-    reconstruction_error : float
-        ``||reconstruction - output|| / ||output||``.
-    logits, reconstruction_logits : torch.Tensor
-        (vocab,) next-token logits from the output and from the reconstruction.
-    """
-
-    jacobian: torch.Tensor
-    embeddings: torch.Tensor
-    output: torch.Tensor
-    reconstruction: torch.Tensor
-    reconstruction_error: float
-    token_ids: list[int]
-    tokens: list[str] | None
-    prompt: str | None
-    position: int
-    detached: bool
-    family: str
-    model_type: str
-    dtype: torch.dtype
-    row_block: int
-    detach_rules: list[str]
-    logits: torch.Tensor
-    reconstruction_logits: torch.Tensor
-    logit_jacobian: torch.Tensor | None = None
-    logit_tokens: list[int] | None = None
-    bias: torch.Tensor | None = None
-
-    @property
-    def next_token_id(self) -> int:
-        """The model's predicted next token (argmax of its logits)."""
-        return int(self.logits.argmax())
-
-    def summary(self) -> dict[str, str]:
-        """What the result is, in a few short fields (its repr and its Jupyter table)."""
-        text = self.prompt if self.prompt is not None else f"token ids {self.token_ids[:8]}"
-        return {"model": f"{self.model_type} ({self.family})",
-                "prompt": repr(text[:60] + ("…" if len(text) > 60 else "")),
-                "tokens": str(len(self.token_ids)),
-                "jacobian": f"{tuple(self.jacobian.shape)} {str(self.dtype).removeprefix('torch.')}",
-                "kind": "detached" if self.detached else "ordinary",
-                "reconstruction error": f"{self.reconstruction_error:.2e}",
-                "next token": str(self.next_token_id)}
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return (f"<JacobianResult {s['model']}, {s['prompt']}: {s['tokens']} tokens, jacobian {s['jacobian']}, "
-                f"{s['kind']}, reconstruction error {s['reconstruction error']}, next token id {s['next token']}>")
-
-    def _repr_html_(self) -> str:
-        return html_table("JacobianResult", self.summary().items())
-
-    @property
-    def reconstructed_next_token_id(self) -> int:
-        """The argmax of the logits computed from the reconstruction."""
-        return int(self.reconstruction_logits.argmax())
-
-    @property
-    def produced(self) -> torch.Tensor:
-        """(d_model,) what the operator produces, ``sum_k J_k x_k``: the output less an affine model's offset."""
-        return self.output - self.bias if self.bias is not None else self.output
-
-    def operator(self, k: int) -> torch.Tensor:
-        """(d_model, d_model) operator ``J_k`` of token ``k``."""
-        return self.jacobian[:, k, :]
-
-    def summed(self) -> torch.Tensor:
-        """(d_model, d_model) ``sum_k J_k``: the operator applied to a shared input direction."""
-        return self.jacobian.sum(dim=1)
-
-    def combined(self) -> torch.Tensor:
-        """(d_model, n_tokens * d_model) ``[J_1 ... J_n]``, the operator on the stacked input."""
-        return self.jacobian.reshape(self.jacobian.shape[0], -1)
-
-
-def reconstruct(jacobian: torch.Tensor, embeddings: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum_k J_k x_k (+ b)`` for J (rows, n, d), X (n, d) and an optional offset b (rows,); returns (rows,)."""
-    recon = torch.einsum("rnd,nd->r", jacobian, embeddings)
-    return recon + bias if bias is not None else recon
-
-
-def detached_jacobian(
-    model: PreTrainedModel,
-    prompt: str | Sequence[int] | torch.Tensor,
-    *,
-    row_block: int = 64,
-    detach: bool = True,
-    position: int | None = None,
-    target: str = "hidden",
-    logit_tokens: Sequence[int] | None = None,
-    tokenizer: Any | None = None,
-    check: bool = True,
-    progress: bool = False,
-) -> JacobianResult:
-    """The detached (or ordinary) Jacobian of the final hidden state w.r.t. the input embeddings.
-
-    Parameters
-    ----------
-    model
-        A loaded causal LM of a supported family (see :func:`load_model`).
-    prompt
-        Text or token ids.
-    row_block
-        Rows per vmapped pullback; the result does not depend on it.
-    detach
-        ``True`` for the detached Jacobian ``J+`` (exact linear system), ``False`` for
-        the ordinary Jacobian of the same computation.
-    position
-        Token position whose output is the target (default: the last; 0, [CLS], for encoders).
-    target
-        ``"hidden"`` (default) or ``"logits"``, which also fills ``logit_jacobian`` as
-        ``W_U[logit_tokens] @ J`` (all tokens if ``logit_tokens`` is None).
-    check
-        For a detached float64 Jacobian, raise :class:`LinearizationError` if the
-        reconstruction error exceeds ``FLOAT64_EXACTNESS_BOUND``: a nonlinearity that no
-        rule froze makes the linear system wrong, and that must not pass silently.
-    progress
-        Show a progress bar over row blocks.
-
-    Returns
-    -------
-    JacobianResult
-        ``jacobian`` is (d_model, n_tokens, d_model).
-    """
-    if target not in ("hidden", "logits"):
-        raise InvalidArgumentError(f"Expected target 'hidden' or 'logits'. Got {target!r} instead.")
-    tok = tokenizer if tokenizer is not None else get_tokenizer(model)
-    stream = stream_jacobian(model, prompt, row_block=row_block, detach=detach, position=position,
-                             tokenizer=tok, progress=progress)
-    n, d = stream.embeddings.shape
-    jac = torch.empty(stream.n_rows, n, d, dtype=stream.output.dtype, device=stream.output.device)
-    for block in stream:
-        jac[block.start:block.stop] = block.values
-    recon = stream.reconstruct(jac)
-    err = relative_error(recon, stream.output)
-    if check and detach and jac.dtype == torch.float64 and not err < FLOAT64_EXACTNESS_BOUND:
-        raise LinearizationError(
-            f"Expected the detached float64 Jacobian to reconstruct the output exactly (relative "
-            f"error < {FLOAT64_EXACTNESS_BOUND:g}). Got {err:.3e}: a nonlinearity on the path escaped "
-            f"the {stream.family} detach rules. Please report this model."
-        )
-    with torch.no_grad():
-        logits, recon_logits = output_logits(model, torch.stack([stream.output, recon]))
-    result = JacobianResult(
-        jacobian=jac, embeddings=stream.embeddings, output=stream.output, reconstruction=recon,
-        reconstruction_error=err, token_ids=stream.token_ids,
-        tokens=tok.convert_ids_to_tokens(stream.token_ids) if tok is not None else None,
-        prompt=prompt if isinstance(prompt, str) else None, position=stream.position,
-        detached=detach, family=stream.family, model_type=model.config.model_type, dtype=jac.dtype,
-        row_block=row_block, detach_rules=stream.detach_rules, logits=logits, reconstruction_logits=recon_logits,
-        bias=stream.bias,
-    )
-    if target == "logits":
-        result.logit_tokens = list(logit_tokens) if logit_tokens is not None else None
-        result.logit_jacobian = logit_jacobian(model, result, logit_tokens)
-    return result
-
-
-def html_table(title: str, rows: Any) -> str:
-    """A small two-column HTML table (Jupyter's view of a result), every cell escaped."""
-    from html import escape
-
-    body = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td style='text-align:left'>"
-                   f"{escape(str(v))}</td></tr>" for k, v in rows)
-    return f"<table><caption style='text-align:left'><b>{escape(title)}</b></caption>{body}</table>"

@@ -13,11 +13,10 @@ import torch
 
 from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
-from detjac.targets import OUTPUTS
+from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
 from ..interface import Engine, Prompt, Trace
 from ..selection import as_engine
-from ..streamed.cost import DEFAULT_ROW_BLOCK as DEFAULT_BLOCK
 from ..streamed.cost import check_positive
 
 
@@ -187,7 +186,7 @@ def jacobian_operator(model: Any, prompt: Prompt, *, position: int | None = None
     return JacobianOperator(engine, engine.trace(prompt, position=position, progress=progress), block)
 
 
-def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, block: int = DEFAULT_BLOCK,  # noqa: N802
+def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, block: int = DEFAULT_ROW_BLOCK,  # noqa: N802
                   detach: bool = True, tokenizer: Any | None = None, forward: str = "transpose") -> JacobianOperator:
     """``J`` of a loaded model (every supported family): :func:`jacobian_operator` with the in-memory engine."""
     return jacobian_operator(model, prompt, position=position, block=block, detach=detach, tokenizer=tokenizer,

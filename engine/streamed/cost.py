@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import Target
+from detjac.targets import DEFAULT_ROW_BLOCK, Target
 
 from ..interface import Plan
 from ..pieces import layer as pieces
 
-DEFAULT_ROW_BLOCK = 64
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
 UNBUDGETED_BLOCK_BYTES = 512 * 2**20

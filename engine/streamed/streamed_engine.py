@@ -6,6 +6,7 @@ budgets from Python: docs/user-guide.md, "Models larger than memory"."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from torch import nn
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import relative_error
 from detjac.progress import progress_bar
-from detjac.targets import OUTPUTS, Target, layer_index, layer_targets
+from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_index, layer_targets
 
 from ..checkpoints.gguf import is_gguf
 from ..checkpoints.loading import read_checkpoint
@@ -26,12 +27,12 @@ from ..checkpoints.sources import open_source
 from ..checkpoints.weights import check_complete, check_shapes
 from ..detach.model import linearized
 from ..families import family_for
-from ..inmemory.rows import reconstruct
 from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
 from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
+from ..result import reconstruct
 from . import passes as sweeps
 from .adjoint import make_adjoint
-from .cost import DEFAULT_ROW_BLOCK, CostModel
+from .cost import CostModel
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
 
@@ -248,6 +249,22 @@ class StreamedEngine(Engine):
         """Reading the unembedding in row chunks of ``chunk``."""
         return self.skeleton.logits(hidden, chunk=chunk)
 
+    def ordinary(self) -> StreamedEngine:
+        """This engine's skeleton and weights, with ordinary layer steps: nothing is loaded again."""
+        other = copy.copy(self)
+        other.detach, other.stats = False, self.stats
+        other.steps = LayerSteps(self.skeleton, self.family, False)
+        other.adjoint = make_adjoint(self.skeleton, other.steps, self.adjoint.name)
+        other._linear_depth = 0
+        return other
+
+    def stock_logits(self, token_ids: Sequence[int], position: int) -> torch.Tensor:
+        """The skeleton's own modules, outside the detached wrappers, one layer at a time."""
+        from . import tracing
+
+        st = tracing.trace(self.skeleton, LayerSteps(self.skeleton, self.family, False), list(token_ids), position)
+        return self.logits(st.output)
+
     def record(self, plan: Plan) -> dict[str, Any]:
         """The blocks and the bytes read so far, stored with each prompt as ``stream``."""
         return {"stream": {"row_block": plan.row_block, "token_block": plan.token_block,
@@ -307,7 +324,7 @@ class StreamedResult:
         return f"<StreamedResult {len(self.trace.token_ids)} tokens: {shown}{shape}>"
 
     def _repr_html_(self) -> str:
-        from ..inmemory.rows import html_table
+        from ..result import html_table
 
         return html_table("StreamedResult", self.summary().items())
 

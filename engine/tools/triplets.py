@@ -12,8 +12,10 @@ import torch
 
 from detjac.tokens import piece, pieces
 
-from ..inmemory.rows import JacobianResult
-from ..products.decode import SingularTriplets, decode_blocks, decode_top, dense_svd, model_decoding_matrices
+from ..interface import Engine
+from ..products.decode import SingularTriplets, decode_blocks, decode_top, dense_svd
+from ..result import JacobianResult
+from ..selection import as_engine
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: to
     return spectrum, left_ids, left_scores, right_ids, right_scores, picks, shares
 
 
-def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int = 5,
+def explain(result: JacobianResult, model: Engine | torch.nn.Module, k: int = 5, top: int = 5,
             tokens: list[str] | None = None) -> Explanation:
     """Decode the top ``k`` singular triplets of ``[J_1 ... J_n]`` and of every ``J_k``.
 
@@ -138,8 +140,8 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
     ----------
     result : JacobianResult
         From :func:`detached_jacobian` with ``target="hidden"``.
-    model : torch.nn.Module
-        The model the result came from (its input and output embedding matrices are used).
+    model : Engine or torch.nn.Module
+        The engine (or loaded model) the result came from (its input and output embedding matrices are used).
     k : int
         Triplets per operator.
     top : int
@@ -165,7 +167,8 @@ def explain(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int
                        else None)
 
 
-def explain_summed(result: JacobianResult, model: torch.nn.Module, k: int = 5, top: int = 5) -> DecodedOperator:
+def explain_summed(result: JacobianResult, model: Engine | torch.nn.Module, k: int = 5,
+                   top: int = 5) -> DecodedOperator:
     """Decode the top ``k`` singular triplets of ``sum_k J_k`` (the operator on a direction shared by every
     token): left vectors through the unembedding, right vectors through the input embedding."""
     unembed, embed = _matrices(model, result)
@@ -173,8 +176,8 @@ def explain_summed(result: JacobianResult, model: torch.nn.Module, k: int = 5, t
     return DecodedOperator("summed", None, spec, lid, lsc, rid, rsc, [0] * len(spec[:k]), [1.0] * len(spec[:k]))
 
 
-def _matrices(model: torch.nn.Module, result: JacobianResult) -> tuple[torch.Tensor, torch.Tensor]:
+def _matrices(model: Engine | torch.nn.Module, result: JacobianResult) -> tuple[torch.Tensor, torch.Tensor]:
     """(unembedding, input embedding), each (vocab, d), on the result's device."""
-    mats = model_decoding_matrices(model)
+    mats = as_engine(model).decoding_matrices()
     device = result.jacobian.device
     return mats["unembedding"].to(device), mats["embedding"].to(device)

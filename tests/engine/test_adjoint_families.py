@@ -19,9 +19,9 @@ from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
 from detjac.engine.inmemory import model_pieces as frozen_module
 from detjac.engine.inmemory.inmemory_engine import InMemoryEngine
-from detjac.engine.inmemory.rows import reconstruct
 from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.runner import SWEEPS_ENV
+from detjac.engine.result import reconstruct
 from detjac.engine.streamed.cost import DEFAULT_ROW_BLOCK
 from detjac.errors import InvalidArgumentError
 from detjac.exactness import relative_error

@@ -6,11 +6,10 @@ import pytest
 import torch
 from tiny_models import AFFINE
 
-from detjac.engine import detached_jacobian, linearized, stream_jacobian
+from detjac.engine import InMemoryEngine, detached_jacobian, linearized, stream_jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.detach.factors import FactorTape
 from detjac.engine.streamed.streamed_engine import StreamedEngine
-from detjac.engine.tools.exactness_report import stock_logits
 from detjac.errors import UnsupportedModelError
 
 STOCK_LOGIT_ATOL = 1e-5
@@ -52,7 +51,7 @@ def test_every_ungated_activation_is_exact(activation, prompt_ids):
     model = tiny_model("gpt2", seed=3, activation_function=activation)
     res = detached_jacobian(model, prompt_ids)
     assert res.reconstruction_error < 1e-12
-    stock = stock_logits(model, prompt_ids, -1)
+    stock = InMemoryEngine(model).stock_logits(prompt_ids, -1)
     assert torch.allclose(res.logits, stock, rtol=0, atol=STOCK_LOGIT_ATOL)
     assert detached_jacobian(model, prompt_ids, detach=False).reconstruction_error > 1e-3
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detjac.engine import detached_jacobian, linearized, reconstruct, stream_jacobian
+from detjac.engine import InMemoryEngine, detached_jacobian, linearized, reconstruct, stream_jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
-from detjac.engine.tools.exactness_report import stock_logits
 
 # The stock models cast norms and softmax to float32, so a float64 stock model agrees
 # with the exact one only to about 1e-7 (measured <= 5e-7 on these configs).
@@ -28,7 +27,7 @@ def test_detached_reconstruction_is_exact(family_model, prompt_ids):
 
 def test_matches_unmodified_model(family_model, prompt_ids):
     res = detached_jacobian(family_model, prompt_ids)
-    stock = stock_logits(family_model, prompt_ids, res.position)
+    stock = InMemoryEngine(family_model).stock_logits(prompt_ids, res.position)
     assert torch.allclose(res.logits, stock, rtol=0, atol=STOCK_LOGIT_ATOL)
     assert torch.allclose(res.reconstruction_logits, stock, rtol=0, atol=STOCK_LOGIT_ATOL)
     assert res.next_token_id == res.reconstructed_next_token_id == int(stock.argmax())
@@ -65,13 +64,13 @@ def test_model_is_restored_after_linearizing(family_model, prompt_ids):
     before = {k: v.clone() for k, v in family_model.state_dict().items()}
     classes = [type(m) for m in family_model.modules()]
     impl = family_model.config._attn_implementation
-    logits = stock_logits(family_model, prompt_ids, -1)
+    logits = InMemoryEngine(family_model).stock_logits(prompt_ids, -1)
     detached_jacobian(family_model, prompt_ids)
     assert [type(m) for m in family_model.modules()] == classes
     assert family_model.config._attn_implementation == impl
     assert all(torch.equal(before[k], v) for k, v in family_model.state_dict().items())
     assert all(p.requires_grad for p in family_model.parameters())
-    assert torch.equal(stock_logits(family_model, prompt_ids, -1), logits)
+    assert torch.equal(InMemoryEngine(family_model).stock_logits(prompt_ids, -1), logits)
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gemma3_text", "qwen3"])
