@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..targets import OUTPUT
 from . import jobs
 from .plots import plot_decoded
 from .spectra import Spectrum
@@ -85,7 +86,7 @@ def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8
                     for i, sigma in enumerate(spec.S)]
         decoded.append(DecodedSpectrum(
             spec.prompt_id, f"{spec.prompt_id} {prompt.prompt[:70]!r} -> next {prompt.attrs.get('next_token')!r}",
-            spec.target or "output", "[J_1 ... J_n]" if spec.token is None else f"J_{spec.token}", spec.token,
+            spec.target or OUTPUT, "[J_1 ... J_n]" if spec.token is None else f"J_{spec.token}", spec.token,
             triplets))
     return decoded
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..singular import decode_top, orient
-from ..targets import Target
+from ..targets import OUTPUT, Target
 from .layers import lens, target_spectrum
 from .spectra import operator, operator_inputs
 
@@ -81,7 +81,7 @@ def largest_columns(store: StoreReader, prompt_id: str, *, target: str | None = 
         cols, _ = orient(cols, cols, J @ x[k])  # each column along what token k produced
         ids, scores = decode_top(cols, W, top)
         for j, c in enumerate(order):
-            rows.append({"prompt_id": prompt_id, "target": target or "output", "token": k, "column": int(c),
+            rows.append({"prompt_id": prompt_id, "target": target or OUTPUT, "token": k, "column": int(c),
                          "norm": float(norms[c]), "decoded": ids[j].tolist(), "scores": scores[j].tolist()})
     return rows
 
@@ -93,7 +93,7 @@ def jacobian_image(store: StoreReader, prompt_id: str, *, target: str | None = N
     k = _token_index(prompt, token)
     J = np.asarray(operator(prompt, k, target).compute(), dtype=np.float64)
     return {"matrix": J, "singular_values": np.linalg.svd(J, compute_uv=False), "token": k,
-            "target": target or "output", "prompt": prompt.prompt}
+            "target": target or OUTPUT, "prompt": prompt.prompt}
 
 
 def singular_path(store: StoreReader, prompt_id: str, *, kind: str = "layer", k: int = 2,

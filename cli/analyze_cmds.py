@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from detjac.targets import COMPONENTS
+from detjac.targets import COMPONENTS, OUTPUT
 
 from . import render
 from .options import TABLE_HELP, parse_target, parse_token, scheduler_options
@@ -44,7 +44,7 @@ def analyze() -> None:
                    "An operator of 4M entries or fewer (d x d per token, a short prompt's combined one) is always "
                    "decomposed exactly: quicker there, and exact.")
 @click.option("--power-iterations", type=click.IntRange(min=0), default=6, show_default=True)
-@click.option("--target", default="output", show_default=True,
+@click.option("--target", default=OUTPUT, show_default=True,
               help="'output' (the model's), or a stored layerwise target such as layer.2, attn.0, mlp_local.3.")
 @scheduler_options
 def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int, method: str,
@@ -79,7 +79,7 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int
 @analyze.command("decode")
 @click.argument("path", type=click.Path())
 @click.option("--prompt", "prompt_ids", multiple=True, help="Prompt id (repeatable; default: all).")
-@click.option("--target", default="output", show_default=True,
+@click.option("--target", default=OUTPUT, show_default=True,
               help="'output' (the model's), or a stored layerwise target such as layer.2, attn.0, mlp_local.3.")
 @click.option("--token", default="combined", show_default=True, help="'combined' or a token index (-1: last).")
 @click.option("--k", type=click.IntRange(min=1), default=5, show_default=True, help="Singular triplets.")

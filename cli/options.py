@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from detjac.targets import OUTPUT
+
 DTYPES = ("float64", "float32", "bfloat16")
 
 TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else CSV."
@@ -55,7 +57,7 @@ def parse_token(value: str) -> int | None:
 
 def parse_target(value: str | None) -> str | None:
     """``--target``: ``output`` (the model's) -> None, else the layerwise target as given."""
-    return None if value in (None, "output") else value
+    return None if value in (None, OUTPUT) else value
 
 
 def parse_strengths(value: str) -> list[float]:

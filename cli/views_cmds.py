@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from detjac.targets import OUTPUT
+
 from .options import parse_target
 
 TARGET_HELP = "'output' (the model's), or a stored layerwise target such as layer.2, layer_normed.3, to_output.1."
@@ -20,7 +22,7 @@ def _prompt(store, prompt_id: str | None) -> str:  # noqa: ANN001 - a JacobianSt
 @click.command("columns")
 @click.argument("path", type=click.Path())
 @click.option("--prompt", "prompt_id", default=None, help="Prompt id (default: the first).")
-@click.option("--target", default="output", show_default=True, help=TARGET_HELP)
+@click.option("--target", default=OUTPUT, show_default=True, help=TARGET_HELP)
 @click.option("--token", "tokens", multiple=True, type=int, help="Token index (repeatable; default: every token).")
 @click.option("--count", type=click.IntRange(min=1), default=8, show_default=True, help="Columns per token.")
 @click.option("--top", type=click.IntRange(min=1), default=6, show_default=True, help="Decoded tokens per column.")
@@ -59,7 +61,7 @@ def columns_cmd(path: str, prompt_id: str | None, target: str, tokens: tuple[int
 @click.command("image")
 @click.argument("path", type=click.Path())
 @click.option("--prompt", "prompt_id", default=None, help="Prompt id (default: the first).")
-@click.option("--target", default="output", show_default=True, help=TARGET_HELP)
+@click.option("--target", default=OUTPUT, show_default=True, help=TARGET_HELP)
 @click.option("--token", type=int, default=-1, show_default=True, help="Token index (negative from the end).")
 @click.option("--out", "-o", "png", type=click.Path(dir_okay=False), default="detjac-jacobian.png", show_default=True)
 def image_cmd(path: str, prompt_id: str | None, target: str, token: int, png: str) -> None:

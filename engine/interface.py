@@ -254,7 +254,8 @@ class Engine(ABC):
             jacobian=jac, embeddings=trace.embeddings, output=trace.output, reconstruction=recon,
             reconstruction_error=err, token_ids=list(trace.token_ids),
             tokens=tok.convert_ids_to_tokens(trace.token_ids) if tok is not None else None,
-            prompt=prompt if isinstance(prompt, str) else None, position=trace.position, detached=self.detach,
+            prompt=prompt if isinstance(prompt, str) else None,  # the position as asked (-1: the last token)
+            position=self.family.default_position if position is None else position, detached=self.detach,
             family=family, model_type=self.config.model_type, dtype=jac.dtype, row_block=plan.row_block,
             detach_rules=self.family.describe(self.convention) if self.detach else [], logits=logits,
             reconstruction_logits=recon_logits, bias=trace.bias,

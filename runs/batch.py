@@ -20,7 +20,7 @@ from .prompts import PromptLine
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, Plan, Trace
-    from detjac.store import StoreWriter
+    from detjac.store import PromptWriter, StoreWriter
 
 LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 power iterations)
 
@@ -111,7 +111,8 @@ def _shard_bytes(engine: Engine) -> int | None:
     return None if budget is None else max(1, min(SHARD_BYTES, budget // 64))
 
 
-def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], storage: str, bias: Any = None) -> None:
+def _write_small(writer: PromptWriter, embeddings: Any, output: Any, ids: list[int], storage: str,
+                 bias: Any = None) -> None:
     writer.write_array("embeddings", _numpy(embeddings, storage))
     writer.write_array("output", _numpy(output, storage))
     writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
@@ -119,7 +120,7 @@ def _write_small(writer: Any, embeddings: Any, output: Any, ids: list[int], stor
         writer.write_array("bias", _numpy(bias, storage))
 
 
-def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: Any, storage: str, bar: Any,
+def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, storage: str, bar: Any,
                  progress: bool, collected: Any = None) -> dict[Any, float]:
     """Every target's blocks to the writer as they come (a lens target's to ``collected`` instead); the
     reconstructions are accumulated on the way. Returns each target's reconstruction error (the output's with an
@@ -149,7 +150,7 @@ def _plus_bias(recon: Any, trace: Trace) -> Any:
     return recon + trace.bias if trace.bias is not None else recon
 
 
-def _stream_low_rank(engine: Engine, trace: Trace, plan: Plan, writer: Any, rank: int, passes: int,
+def _stream_low_rank(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, rank: int, passes: int,
                      bar: Any) -> tuple[dict[Any, float], dict[str, Any]]:
     """``passes`` sweeps of the output's row blocks through a subspace iteration; only the triplets are stored."""
     import torch

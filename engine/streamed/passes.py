@@ -125,7 +125,7 @@ def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
         tangent[cols, k0 - s + cols // d, cols % d] = 1.0
     else:  # arbitrary directions over every position
         c, s = tangent.shape[0], 0
-    top = max((L - 1 if t.component == "output" else t.layer) for t in targets)
+    top = max((L - 1 if t.is_output else t.layer) for t in targets)
 
     def columns(t: Target, v: torch.Tensor) -> JacobianBlock:  # v: (c, d) -> (d, k1 - k0, d), or (d, c)
         return JacobianBlock(t, 0, d, k0, k1, v.T.reshape(d, k1 - k0, d) if basis else v.T)
@@ -144,7 +144,7 @@ def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
             yield columns(t, v)
         tangent = t_out
         del t_mid
-    if any(t.component == "output" for t in targets):
+    if any(t.is_output for t in targets):
         yield columns(OUTPUTS, adjoint.push_final(trace, tangent, s))
 
 

@@ -290,7 +290,7 @@ class StreamedEngine(Engine):
 
     # -- conveniences -------------------------------------------------------------------
 
-    def jacobians(self, prompt: Prompt, targets: Sequence[Target | str] = ("output",), *, mode: str = "auto",
+    def jacobians(self, prompt: Prompt, targets: Sequence[Target | str] = (OUTPUTS,), *, mode: str = "auto",
                   row_block: int | None = None, token_block: int | None = None, position: int = -1,
                   progress: bool = False) -> StreamedResult:
         """Assemble the requested Jacobians in memory (small models, tests); stores take :meth:`blocks`."""
