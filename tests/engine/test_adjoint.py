@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from detjac.engine import load_model, pieces
+from detjac.engine import load_model
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.detach.model import linearized
+from detjac.engine.pieces import layer as pieces
 from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.record import layer_pieces
 from detjac.engine.pieces.runner import SWEEPS_ENV

@@ -8,6 +8,7 @@ the in-memory engine both ways: rows, J^T u and J v, and the float64 reconstruct
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -22,9 +23,9 @@ from detjac.engine.inmemory.inmemory_engine import InMemoryEngine
 from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.runner import SWEEPS_ENV
 from detjac.engine.result import reconstruct
-from detjac.engine.streamed.cost import DEFAULT_ROW_BLOCK
 from detjac.errors import InvalidArgumentError
 from detjac.exactness import relative_error
+from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
 EXACT = 1e-12
 CASES = [(t, c) for t in FAMILIES for c in family_for(tiny_config(t)).conventions]
@@ -44,10 +45,10 @@ def test_explicit_in_memory_sweeps_equal_autograd_for_every_family(model_type: s
     position = 2 if ref.family.encoder else -1  # an encoder's position reads every token; a causal one all before it
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to torch.func fails the test
-        trace, J = ours.jacobian(prompt_ids, position=position)
+        trace, J = _traced(ours, prompt_ids, position)
     assert trace.frozen is not None and trace.stream.pullback is None  # the explicit path was taken
     assert ours.stats.explicit_layers == ours.n_layers * -(-ours.d_model // DEFAULT_ROW_BLOCK)
-    ref_trace, J_ref = ref.jacobian(prompt_ids, position=position)
+    ref_trace, J_ref = _traced(ref, prompt_ids, position)
     assert ref_trace.frozen is None and ref.stats.explicit_layers == 0
     assert _close(J, J_ref) <= EXACT
     assert torch.equal(trace.output, ref_trace.output)
@@ -64,13 +65,19 @@ def test_explicit_in_memory_sweeps_equal_autograd_for_every_family(model_type: s
     assert torch.allclose((u * got_push).sum(), (got_pull * v).sum(), rtol=1e-12, atol=0)  # <u, Jv> = <J^T u, v>
 
 
+
+def _traced(engine: InMemoryEngine, prompt_ids: list[int], position: int | None = None) -> tuple[Any, torch.Tensor]:
+    """The engine's trace of the prompt (its pieces or pullback) and the output's whole Jacobian from it."""
+    trace = engine.trace(prompt_ids, position=position)
+    return trace, engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
+
 def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids: list[int]) -> None:
     model = tiny_model("llama", seed=4)
-    ref_trace, J_ref = InMemoryEngine(model, sweeps="autograd").jacobian(prompt_ids)
+    ref_trace, J_ref = _traced(InMemoryEngine(model, sweeps="autograd"), prompt_ids)
     model.model.layers[1].mlp = nn.Sequential(model.model.layers[1].mlp)  # a container the pieces do not know
     engine = InMemoryEngine(model, sweeps="explicit")
     with pytest.warns(RuntimeWarning, match="layer 1: mlp: Sequential is not a known piece") as record:
-        trace, J = engine.jacobian(prompt_ids)
+        trace, J = _traced(engine, prompt_ids)
         engine.trace(prompt_ids)  # a second prompt: said once per engine
     assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
     assert trace.frozen is None and engine.stats.explicit_layers == 0
