@@ -81,6 +81,9 @@ def _torch_dtype(name: str) -> Any:
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
               help="Decoded tokens per singular vector.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
+@click.option("--streamed", is_flag=True,
+              help="Use the layer-streamed engine: one decoder layer's weights in memory at a time (the same "
+                   "Jacobian, for models larger than memory).")
 @click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
 @gguf_file_option
@@ -89,7 +92,7 @@ def _torch_dtype(name: str) -> Any:
                    "store folder (created or resumed, as `detjac run` writes it).")
 @click.option("--force", is_flag=True, help="With --out FILE.npz: replace the file if it exists.")
 def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
-             device: str, revision: str | None, trust_remote_code: bool, gguf_file: str | None,
+             device: str, streamed: bool, revision: str | None, trust_remote_code: bool, gguf_file: str | None,
              out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
@@ -113,6 +116,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian org/name-GGUF --gguf-file model.Q4_K_M.gguf -p "..."   # one GGUF of a hub repository
       detjac jacobian -p "Kitten, n. A young" --out kitten.npz  # numpy.load("kitten.npz")["jacobian"]
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
+      detjac jacobian -p "Kitten, n. A young" --streamed        # one layer in memory at a time
     """
     from detjac.engine import KeptEngine, exactness_report, explain_summed, load_engine
 
@@ -123,8 +127,8 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
 
         check_npz_path(out, force)  # before any work
     model = model_source(model, gguf_file, revision)
-    engine = KeptEngine(load_engine(model, dtype=_torch_dtype(dtype), device=device, revision=revision,
-                                    trust_remote_code=trust_remote_code))  # --out stores what was computed
+    engine = KeptEngine(load_engine(model, streamed=streamed, dtype=_torch_dtype(dtype), device=device,
+                                    revision=revision, trust_remote_code=trust_remote_code))  # --out stores it
     tok = engine.tokenizer
     rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
     res = rep.detached
@@ -148,11 +152,13 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
         pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
-        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, engine, revision, trust_remote_code, force)
+        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, engine, streamed, revision,
+                       trust_remote_code, force)
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, dtype: str, row_block: int,
-                   engine: Engine, revision: str | None, trust_remote_code: bool, force: bool = False) -> None:
+                   engine: Engine, streamed: bool, revision: str | None, trust_remote_code: bool,
+                   force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""
     if out.lower().endswith(".npz"):
@@ -163,7 +169,8 @@ def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, pro
     from detjac.runs import RunOptions, run_one
 
     pid = run_one(model, prompt, out, RunOptions(dtype=dtype, row_block=row_block, device=str(engine.device),
-                                                 revision=revision, trust_remote_code=trust_remote_code), engine)
+                                                 streamed=streamed, revision=revision,
+                                                 trust_remote_code=trust_remote_code), engine)
     click.echo(f"stored as prompt {pid} in {out}")
 
 

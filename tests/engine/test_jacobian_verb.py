@@ -4,6 +4,7 @@ Jacobian once, and the renamed names still importable with one warning."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -104,3 +105,17 @@ def test_renamed_names_warn_once():
                         "detjac.engine.StreamedModel is now StreamedEngine; the old name will be removed."]
     with pytest.raises(ImportError):
         from detjac.engine import NoSuchName  # noqa: F401
+
+
+def test_jacobian_prints_the_same_streamed(llama_checkpoint):
+    from detjac.cli.main import main
+
+    def lines(*extra: str) -> list[str]:
+        result = CliRunner().invoke(main, ["jacobian", str(llama_checkpoint), "-p", "The fog rolls over", *extra])
+        assert result.exit_code == 0, result.output
+        bars = re.compile(r"^[\w ]+: \d+(/\d+)? \w+")  # progress lines ("blocks: 1/1 block (100%) in 0.0 s")
+        return [line.split("   (")[0] for line in result.output.splitlines() if not bars.match(line)]  # time aside
+
+    in_memory, streamed = lines(), lines("--streamed")
+    assert len(in_memory) >= 8 and in_memory[:3] == streamed[:3]  # model, tokens, next token
+    assert in_memory[5:] == streamed[5:]  # the decoded triplets of sum_k J_k
