@@ -25,7 +25,10 @@ class KeptEngine(Engine):
         self._kept: tuple[Trace, torch.Tensor] | None = None
 
     def __getattr__(self, name: str) -> Any:  # what one engine has beyond the interface (a budget, its skeleton)
-        return getattr(self.__dict__["inner"], name)
+        inner = self.__dict__.get("inner")
+        if inner is None:  # not initialized (a copy being made): nothing to forward to
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     @property
     def tokenizer(self) -> Any | None:
