@@ -1,21 +1,6 @@
-"""Layerwise decomposition from the store: spectra, decoded tokens and concept emergence per layer.
-
-A prompt run with ``detjac run --layers`` keeps the detached Jacobian of every requested
-intermediate output (``layer.L``: the residual stream after layer L, ``attn.L`` / ``mlp.L``:
-what layer L's attention / MLP block adds to it; with respect to the input embeddings, or,
-for ``*_local`` targets, to the layer's own input). All of them live in the residual
-stream, before the final norm, so their left singular vectors are decoded the way the
-model would decode a residual-stream vector: through ``W_U diag(g)``, with ``g`` the final
-norm's gain kept in the store (the norm's frozen scale is one positive number per
-position, so the ranking of tokens is exact). Right singular vectors live in the input
-space and are decoded through the input embedding.
-
-"Emergence" is the first layer at which a token (by default the model's predicted next
-token) is among the top decoded tokens of ``u_1``, the leading left singular vector of
-``[J_1 ... J_n]`` of that layer's output; the plain logit lens of the output vector itself
-is reported beside it. The layer x token heatmap does the same per input token, with the
-leading left singular vector of each ``J_k``.
-"""
+"""Layerwise decomposition from the store: spectra, decoded tokens (through ``W_U diag(g)``, the final norm's gain)
+and concept emergence per layer, the logit lens beside it. Definitions: docs/user-guide.md, "Layerwise
+decomposition"."""
 
 from __future__ import annotations
 

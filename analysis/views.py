@@ -1,19 +1,6 @@
-"""Three views of stored Jacobians that the paper's reference code draws: columns, the matrix, the depth path.
-
-- :func:`largest_columns`: the columns of ``J_k`` with the largest norms (the input directions
-  token ``k`` moves the target most along), each decoded to tokens like a left singular vector
-  (:func:`detjac.analysis.layers.lens`), signed so that it points along what ``J_k x_k``
-  produced (:func:`detjac.singular.orient`);
-- :func:`jacobian_image`: ``J_k`` itself with its singular values (the figure is
-  :func:`detjac.analysis.view_plots.plot_jacobian_image`);
-- :func:`singular_path`: for each stored layer target of one kind (``layer``, ``layer_normed``,
-  ...), its top left singular vectors ``u_i`` projected on the last such layer's ``u_i``: the
-  path the leading directions take across depth towards the ones the last layer uses (1 at the
-  last layer, by construction). Each ``u_i`` is oriented by what its operator produced.
-
-Numpy and the store's public API only; the stored spectra (:func:`detjac.analysis.layers.target_spectrum`)
-are reused.
-"""
+"""Three views of stored Jacobians that the paper's reference code draws: the largest columns of ``J_k`` decoded
+(:func:`largest_columns`), ``J_k`` as an image (:func:`jacobian_image`) and the top singular vectors' path across
+depth (:func:`singular_path`). What each shows: docs/user-guide.md, "Three views"."""
 
 from __future__ import annotations
 

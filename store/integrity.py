@@ -1,21 +1,6 @@
-"""What makes a store refuse damaged data: names checked before they become paths, seals, strict chunk reads.
-
-Three rules, one helper each:
-
-- **Names.** A prompt id is 16 hex digits; an analysis result or layerwise target name is
-  made of letters, digits, ``_ . -`` and does not start with a dot (:func:`check_prompt_id`,
-  :func:`check_name`). Anything else from the command line or from the store's own contents
-  is refused before it is joined to a path, so ``../x`` never leaves the store.
-- **Seals.** A group written at commit (a prompt, an analysis result, a failure record, the
-  root) carries in its attributes an ``integrity`` record: the SHA-256 of its other attributes
-  and, for every file under its folder, the size and SHA-256 (:func:`seal`). :func:`check_seal`
-  proves the group unchanged: attributes, files present, nothing added, no symlink.
-- **Strict reads.** Every chunk of a format-2 array is written (``write_empty_chunks``), so a
-  chunk file that is absent was lost: :class:`detjac.store.backend.strict.StrictLocalStore` raises
-  instead of handing back the fill value, and refuses a chunk reached through a symlink.
-
-Pure zarr and the standard library: nothing here imports torch.
-"""
+"""What makes a store refuse damaged data: names checked before they become paths (:func:`check_prompt_id`,
+:func:`check_name`), seals (:func:`seal`, :func:`check_seal`), and strict chunk reads
+(:class:`detjac.store.backend.strict.StrictLocalStore`). The rules: docs/store-format.md, "Integrity"."""
 
 from __future__ import annotations
 

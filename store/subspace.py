@@ -1,19 +1,6 @@
-"""Top-K singular triplets of every ``J_k`` and of ``[J_1 ... J_n]`` from streamed row blocks.
-
-Randomized subspace iteration where each pass over the rows is one run of the engine's row
-stream. For a matrix ``A`` (rows x N) revealed by row blocks ``R = A[rows]`` and a
-right basis ``Z`` (N x s) fixed before the pass, one pass accumulates exactly
-
-    Y = A Z        (Y[rows] = R Z)            and       M = A^T Y = sum over blocks of R^T (R Z).
-
-After the pass, ``Y = Q T`` (QR) gives ``Q^T A = T^{-T} M^T`` exactly, so the last pass yields
-the projection ``B = Q^T A`` without a further pass; earlier passes refine ``Z = orth(M)``
-(one power iteration each). The Frobenius norms ``||A||_F^2`` are accumulated exactly, so
-``||A - Q Q^T A||_F^2 = ||A||_F^2 - ||B||_F^2`` bounds the error of what is stored.
-
-Cost: ``passes`` engine runs per prompt. Memory: per token ``2 * s * (rows + cols)`` floats
-plus ``2 * s * (rows + n * cols)`` for the combined operator. numpy only.
-"""
+"""Top-K singular triplets of every ``J_k`` and of ``[J_1 ... J_n]`` from streamed row blocks: a randomized
+subspace iteration, one engine run per pass (low-rank mode). The algorithm and its exact error bound:
+docs/store-format.md, "Low-rank mode"."""
 
 from __future__ import annotations
 
