@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from . import render
-from .options import gguf_file_option, model_source, scheduler_options
+from .options import ModelOptions, gguf_file_option, model_options, model_source, prompt_options, scheduler_options
 
 
 @click.group()
@@ -153,18 +153,18 @@ def save_cmd(path: str, out: str, force: bool) -> None:
 
 @lens.command("apply")
 @click.argument("lens_path", type=click.Path())
-@click.option("--prompt", required=True, help="The text to read through the lens.")
+@prompt_options()
 @click.option("--model", default="default", show_default=True,
               help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
-@gguf_file_option
+@model_options()
 @click.option("--ordinary", "ordinary", type=click.Path(), default=None,
               help="Also an ordinary-Jacobian lens (a store fitted from `detjac run --ordinary`, or a saved lens).")
 @click.option("--exact/--no-exact", default=True, show_default=True,
               help="Also the prompt's own exact map (its to_output Jacobians: d pullbacks).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Layer x position heatmaps of the rank of the model's prediction (PNG).")
-def apply_cmd(lens_path: str, prompt: str, model: str, gguf_file: str | None, ordinary: str | None, exact: bool,
-              plot: str | None) -> None:
+def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptions, ordinary: str | None,
+              exact: bool, plot: str | None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
 
     The table gives, per layer and method, the rank of the model's own next-token prediction at the
@@ -182,7 +182,10 @@ def apply_cmd(lens_path: str, prompt: str, model: str, gguf_file: str | None, or
     if ordinary:
         lenses["ordinary lens"] = load_lens(ordinary)
     check_lens_kinds(lenses)  # before the model loads
-    engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
+    o = model_options
+    o.refuse("detjac lens apply", "a lens reads float64 states of the layer-streamed engine", dtype="float64")
+    engine = load_lens_engine(o.source(model), list(lenses.values()), o.device, max_memory=o.max_memory,
+                              revision=o.revision, trust_remote_code=o.trust_remote_code)
     layers = [int(x) for x in lenses["detached lens"].layers]
     W_U = unembedding(engine)
     st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)

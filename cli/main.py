@@ -11,10 +11,11 @@ import click
 
 from detjac import __version__
 from detjac.errors import DetjacError
+from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .analyze_cmds import analyze
 from .lens_cmd import lens
-from .options import DTYPES, gguf_file_option, model_source
+from .options import ModelOptions, model_options, out_option, prompt_options
 from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
@@ -63,36 +64,19 @@ def main() -> None:
     """
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, name)
-
-
 @main.command()
 @click.argument("model", type=click.Path(), default="default", required=False)
-@click.option("--prompt", "-p", required=True, help="Prompt text (tokenized with the model's tokenizer).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
-              help="Compute dtype; float64 is the exactness mode.")
-@click.option("--row-block", type=click.IntRange(min=1), default=64, show_default=True,
+@prompt_options()
+@model_options()
+@click.option("--row-block", type=click.IntRange(min=1), default=DEFAULT_ROW_BLOCK, show_default=True,
               help="Jacobian rows per vmapped pullback (memory grows with it; result does not change).")
 @click.option("--k", "n_values", type=click.IntRange(min=1), default=5, show_default=True,
               help="Singular values of the summed operator to show.")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
               help="Decoded tokens per singular vector.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
-@click.option("--streamed", is_flag=True,
-              help="Use the layer-streamed engine: one decoder layer's weights in memory at a time (the same "
-                   "Jacobian, for models larger than memory).")
-@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
-@click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
-@gguf_file_option
-@click.option("--out", "-o", default=None,
-              help="Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a "
-                   "store folder (created or resumed, as `detjac run` writes it).")
-@click.option("--force", is_flag=True, help="With --out FILE.npz: replace the file if it exists.")
-def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int, top: int,
-             device: str, streamed: bool, revision: str | None, trust_remote_code: bool, gguf_file: str | None,
+@out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
+            "folder (created or resumed, as `detjac run` writes it).")
+def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
              out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
@@ -118,7 +102,7 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
       detjac jacobian -p "Kitten, n. A young" --streamed        # one layer in memory at a time
     """
-    from detjac.engine import KeptEngine, exactness_report, explain_summed, load_engine
+    from detjac.engine import KeptEngine, exactness_report, explain_summed
 
     from .render import piece
 
@@ -126,9 +110,8 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         from detjac.runs import check_npz_path
 
         check_npz_path(out, force)  # before any work
-    model = model_source(model, gguf_file, revision)
-    engine = KeptEngine(load_engine(model, streamed=streamed, dtype=_torch_dtype(dtype), device=device,
-                                    revision=revision, trust_remote_code=trust_remote_code))  # --out stores it
+    engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
+    model, dtype = model_options.source(model), model_options.dtype
     tok = engine.tokenizer
     rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
     res = rep.detached
@@ -152,13 +135,11 @@ def jacobian(model: str, prompt: str, dtype: str, row_block: int, n_values: int,
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
         pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
-        _save_jacobian(out, res, pieces, model, prompt, dtype, row_block, engine, streamed, revision,
-                       trust_remote_code, force)
+        _save_jacobian(out, res, pieces, model, prompt, row_block, engine, model_options, force)
 
 
-def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, dtype: str, row_block: int,
-                   engine: Engine, streamed: bool, revision: str | None, trust_remote_code: bool,
-                   force: bool = False) -> None:
+def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, row_block: int,
+                   engine: Engine, o: ModelOptions, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""
     if out.lower().endswith(".npz"):
@@ -168,9 +149,9 @@ def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, pro
         return
     from detjac.runs import RunOptions, run_one
 
-    pid = run_one(model, prompt, out, RunOptions(dtype=dtype, row_block=row_block, device=str(engine.device),
-                                                 streamed=streamed, revision=revision,
-                                                 trust_remote_code=trust_remote_code), engine)
+    pid = run_one(model, prompt, out, RunOptions(dtype=o.dtype, row_block=row_block, device=o.device,
+                                                 streamed=o.streamed, max_memory=o.max_memory, revision=o.revision,
+                                                 trust_remote_code=o.trust_remote_code), engine)
     click.echo(f"stored as prompt {pid} in {out}")
 
 
@@ -227,8 +208,7 @@ def _family_check(tokens: int) -> None:
 
 
 @main.command()
-@click.option("--prompt", "-p", "prompts", multiple=True,
-              help="A prompt to run instead of the three built-in ones (repeatable).")
+@prompt_options(required=False, multiple=True)
 @click.option("--plot", type=click.Path(dir_okay=False), default="detjac-demo-spectra.png", show_default=True,
               help="Where to write the singular value spectra (.png, .svg or .pdf).")
 @click.option("--k", "n_values", type=click.IntRange(min=1, max=20), default=3, show_default=True,
@@ -237,8 +217,9 @@ def _family_check(tokens: int) -> None:
               help="Decoded tokens per singular vector.")
 @click.option("--model", default="default", show_default=True,
               help="Another model to run the same job on: a checkpoint folder, a hub id or a GGUF file.")
-@gguf_file_option
-def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int, model: str, gguf_file: str | None) -> None:
+@model_options()
+def demo(prompt: tuple[str, ...], plot: str, n_values: int, top: int, model: str,
+         model_options: ModelOptions) -> None:
     """The main job on the shipped default model, offline: a small Llama trained on a dictionary
     (or on --model).
 
@@ -255,31 +236,24 @@ def demo(prompts: tuple[str, ...], plot: str, n_values: int, top: int, model: st
       detjac demo --model SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
     """
     from detjac.analysis import SpectrumPanel, plot_spectra
-    from detjac.engine import (
-        DEFAULT_MODEL_DIR,
-        DEMO_PROMPTS,
-        as_engine,
-        exactness_report,
-        explain,
-        load_default_model,
-        load_model,
-    )
+    from detjac.engine import DEFAULT_MODEL_DIR, DEMO_PROMPTS, exactness_report, explain
 
     from .render import echo_explanation, echo_prediction, piece
 
-    source = model_source(model, gguf_file)
+    source, o, prompts = model_options.source(model), model_options, prompt
     if source != "default" and not prompts:
         raise click.UsageError("Expected --prompt with --model: the built-in prompts are dictionary entries for the "
                                "default model.")
-    lm = load_default_model() if source == "default" else load_model(source)
-    engine = as_engine(lm)
+    engine = o.engine(model)
     tok = engine.tokenizer
-    n_params = sum(p.numel() for p in lm.parameters())
+    n_params = sum(p.numel() for p in engine.model.parameters())
+    where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed or o.max_memory
+                                                                        else "")
     if source == "default":
         click.echo(f"default model: {DEFAULT_MODEL_DIR.name} (Llama, {n_params:,} parameters, trained on the GCIDE "
-                   f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), float64, CPU")
+                   f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), {where}")
     else:
-        click.echo(f"model: {source} ({engine.family.name}, {n_params:,} parameters), float64, CPU")
+        click.echo(f"model: {source} ({engine.family.name}, {n_params:,} parameters), {where}")
     panels = []
     for i, prompt in enumerate(prompts or DEMO_PROMPTS, start=1):
         click.echo(f"\n[{i}] {prompt!r}")

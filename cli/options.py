@@ -5,11 +5,17 @@ Command modules import only this module and :mod:`detjac.cli.render` from the CL
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from detjac.targets import OUTPUT
+
+if TYPE_CHECKING:
+    from detjac.engine import Engine
 
 DTYPES = ("float64", "float32", "bfloat16")
 
@@ -29,6 +35,123 @@ def model_source(model: str, gguf_file: str | None, revision: str | None = None)
     from detjac.engine import resolve_model
 
     return str(resolve_model(model, gguf_file, revision))
+
+# -- the one option set of the one-prompt commands (jacobian, svd, steer, demo, lens apply) ------------------------
+
+
+def prompt_options(*, required: bool = True, multiple: bool = False) -> Any:
+    """``--prompt/-p TEXT`` and ``--prompt-file FILE`` (its whole text, stripped), collapsed into the command's
+    ``prompt`` argument: the text (None when not ``required`` and neither is given), or with ``multiple`` the
+    tuple of every ``--prompt`` and ``--prompt-file`` given, in that order."""
+
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            texts, files = kwargs.pop("prompt_texts"), kwargs.pop("prompt_files")
+            given = [*texts, *(_read_prompt_file(f) for f in files)]
+            if multiple:
+                return func(*args, prompt=tuple(given), **kwargs)
+            if len(given) > 1 or (required and not given):
+                raise click.UsageError(f"Expected exactly one of --prompt and --prompt-file. Got {len(given)}.")
+            return func(*args, prompt=given[0] if given else None, **kwargs)
+
+        what = "A prompt (repeatable)" if multiple else "Prompt text"
+        command = click.option("--prompt-file", "prompt_files", type=click.Path(dir_okay=False), multiple=True,
+                               help="Read the prompt from this UTF-8 text file (its whole text, stripped)"
+                                    + (" (repeatable)." if multiple else "."))(command)
+        return click.option("--prompt", "-p", "prompt_texts", multiple=True,
+                            help=f"{what} (tokenized with the model's tokenizer).")(command)
+
+    return decorate
+
+
+def _read_prompt_file(path: str) -> str:
+    from detjac.errors import PromptError
+
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"Expected a readable UTF-8 text file for --prompt-file. Got {path}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How a one-prompt command loads MODEL: the options of :func:`model_options`."""
+
+    dtype: str = "float64"
+    device: str = "cpu"
+    streamed: bool = False
+    max_memory: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+    gguf_file: str | None = None
+
+    def source(self, model: str) -> str:
+        """MODEL as the loaders take it (with ``--gguf-file``: that file's path)."""
+        return model_source(model, self.gguf_file, self.revision)
+
+    def engine(self, model: str) -> Engine:
+        """MODEL loaded into the engine these options ask for (the layer-streamed one with ``--streamed`` or a
+        budget), under its CPU budget."""
+        import torch
+
+        from detjac.engine import honour_cpu_budget, load_engine
+
+        engine = load_engine(self.source(model), streamed=self.streamed or self.max_memory is not None,
+                             dtype=getattr(torch, self.dtype), device=self.device, max_memory=self.max_memory,
+                             revision=self.revision, trust_remote_code=self.trust_remote_code)
+        honour_cpu_budget(engine)
+        return engine
+
+    def refuse(self, command: str, why: str, **defaults: Any) -> None:
+        """A UsageError when an option differs from ``defaults`` (name -> the only value ``command`` takes)."""
+        changed = [name for name, value in defaults.items() if getattr(self, name) != value]
+        if changed:
+            names = ", ".join("--" + n.replace("_", "-") for n in changed)
+            raise click.UsageError(f"Expected no {names} with {command}: {why}.")
+
+
+def model_options(*, dtype: str = "float64") -> Any:
+    """``--dtype``, ``--device``, ``--streamed``, ``--max-memory``, ``--revision``, ``--trust-remote-code`` and
+    ``--gguf-file``, collapsed into the command's ``model_options`` argument (a :class:`ModelOptions`)."""
+    options = [
+        click.option("--dtype", type=click.Choice(DTYPES), default=dtype, show_default=True,
+                     help="Compute dtype; float64 is the exactness mode."),
+        click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0."),
+        click.option("--streamed", is_flag=True,
+                     help="The layer-streamed engine: one decoder layer's weights in memory at a time (the same "
+                          "Jacobian, for models larger than memory)."),
+        click.option("--max-memory", default=None,
+                     help="Memory budget per device, e.g. cpu=4GiB or cuda:0=8GiB,cpu=32GiB (implies --streamed)."),
+        click.option("--revision", default=None,
+                     help="Revision (branch, tag or commit) of a hub id MODEL [default: main]."),
+        click.option("--trust-remote-code", is_flag=True,
+                     help="Allow the checkpoint's own Python code (off by default)."),
+        gguf_file_option,
+    ]
+    keys = ("dtype", "device", "streamed", "max_memory", "revision", "trust_remote_code", "gguf_file")
+
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, model_options=ModelOptions(**{k: kwargs.pop(k) for k in keys}), **kwargs)
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def out_option(help: str) -> Any:
+    """``--out/-o PATH`` (what it writes: ``help``) and ``--force`` (replace it)."""
+
+    def decorate(func: Any) -> Any:
+        func = click.option("--force", is_flag=True, help="With --out: replace the file if it exists.")(func)
+        return click.option("--out", "-o", "out", default=None, help=help)(func)
+
+    return decorate
+
 
 _SCHEDULER_OPTIONS = [
     click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,

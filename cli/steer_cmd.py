@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from . import render
-from .options import DTYPES, TABLE_HELP, gguf_file_option, model_source, parse_concept_source, parse_strengths
+from .options import TABLE_HELP, ModelOptions, model_options, parse_concept_source, parse_strengths, prompt_options
 
 
 @click.command("steer")
@@ -19,7 +19,7 @@ from .options import DTYPES, TABLE_HELP, gguf_file_option, model_source, parse_c
 @click.option("--layer", type=int, required=True, help="Layer whose output is steered (negative: from the end).")
 @click.option("--strength", type=float, default=1.0, show_default=True,
               help="λ: the added vector's norm relative to the hidden state's.")
-@click.option("--prompt", "-p", default=None, help="Prompt to continue, unsteered and steered.")
+@prompt_options(required=False)
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="File of prompts (one per line) for the measurement table across --strengths.")
 @click.option("--strengths", default="0,0.5,1,2,4", show_default=True, help="λ values of the table (0: unsteered).")
@@ -27,17 +27,15 @@ from .options import DTYPES, TABLE_HELP, gguf_file_option, model_source, parse_c
               help="Comma-separated words counted as the concept, by their first token; mind leading spaces "
                    "(default: the concept prompt's tokens of 4+ letters).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=24, show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
 @click.option("--method", type=click.Choice(("detjac", "paper")), default="detjac", show_default=True,
               help="detjac: layer.L operators aligned at the end, added to layer L's output from position 1 on; "
                    "paper: the reference's procedure (layer_normed.L operators aligned from the start, summed "
                    "cumulatively, half the strength, added to layer L's input at every position).")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
-@gguf_file_option
+@model_options(dtype="float32")
 def steer(model: str, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
-          strengths: str, concept_tokens: str | None, max_new_tokens: int, dtype: str, device: str, method: str,
-          table_path: str | None, gguf_file: str | None) -> None:
+          strengths: str, concept_tokens: str | None, max_new_tokens: int, method: str, table_path: str | None,
+          model_options: ModelOptions) -> None:
     """Steer MODEL's generation with a concept prompt's layer-L detached Jacobians.
 
     The concept prompt's operators J_1 ... J_n of layer L (stored by `detjac run --layers`)
@@ -66,10 +64,13 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
 
     if prompt is None and prompts_file is None:
         raise click.UsageError("Expected --prompt TEXT or --prompts FILE. Got neither.")
+    o = model_options
+    o.refuse("detjac steer", "steering generates text with the whole model in memory", streamed=False,
+             max_memory=None)
     store_path, pid = parse_concept_source(concept)
     values = parse_strengths(strengths) if prompts_file is not None else []
-    session = load_concept(model_source(model, gguf_file), store_path, pid, layer, dtype=dtype, device=device,
-                           method=method)
+    session = load_concept(o.source(model), store_path, pid, layer, dtype=o.dtype, device=o.device, method=method,
+                           revision=o.revision, trust_remote_code=o.trust_remote_code)
     op = session.operator
     click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer} "
                f"(method {op.method})")

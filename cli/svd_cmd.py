@@ -8,31 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import DTYPES, gguf_file_option, model_source
+from .options import ModelOptions, model_options, out_option, prompt_options
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, JacobianOperator
 
 
-def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
-    from detjac.errors import PromptError
-
-    if (prompt is None) == (prompt_file is None):
-        raise click.UsageError("Expected exactly one of --prompt and --prompt-file.")
-    if prompt_file is None:
-        return prompt  # type: ignore[return-value]
-    try:
-        return Path(prompt_file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"Expected a readable UTF-8 text file for --prompt-file. Got {prompt_file}: {exc}") from exc
-
-
 @click.command("svd")
 @click.argument("model", type=click.Path(), default="default", required=False)
-@click.option("--prompt", "-p", default=None, help="Prompt text (tokenized with the model's tokenizer).")
-@click.option("--prompt-file", type=click.Path(dir_okay=False), default=None,
-              help="Read the prompt from a UTF-8 text file instead: the whole file is one prompt, newlines "
-                   "included (long prompts; `detjac run` reads a prompts file as one prompt per line).")
+@prompt_options()
+@model_options()
 @click.option("--k", "k", type=click.IntRange(min=1), default=16, show_default=True, help="Singular triplets wanted.")
 @click.option("--top", type=click.IntRange(min=1), default=6, show_default=True,
               help="Decoded tokens per singular vector.")
@@ -51,27 +36,14 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random start.")
 @click.option("--product-block", type=click.IntRange(min=1), default=None,
               help="Vectors per product sweep (memory) [default: 64, or what --max-memory allows].")
-@click.option("--streamed", is_flag=True,
-              help="Stream decoder layers from the checkpoint one at a time (implied by --max-memory).")
-@click.option("--max-memory", default=None,
-              help="Memory budget per device for the streamed engine, e.g. cpu=4GiB or cuda:0=8GiB.")
 @click.option("--position", type=int, default=None,
               help="Target position [default: the last token; [CLS] (0) for encoders].")
 @click.option("--compare", is_flag=True,
               help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
-@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
-              help="Write U, S, V, the residuals and the token ids to this .npz file.")
-@click.option("--force", is_flag=True, help="With --out: replace the file if it exists.")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
-              help="Compute dtype; float64 is the exactness mode.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0.")
-@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
-@click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
-@gguf_file_option
-def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: int, method: str, block: int,
+@out_option("Write U, S, V, the residuals and the token ids to this .npz file.")
+def svd(model: str, prompt: str, model_options: ModelOptions, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
-        streamed: bool, max_memory: str | None, position: int | None, compare: bool, out: str | None, force: bool,
-        dtype: str, device: str, revision: str | None, trust_remote_code: bool, gguf_file: str | None) -> None:
+        position: int | None, compare: bool, out: str | None, force: bool) -> None:
     """Top singular triplets of MODEL's detached Jacobian on one prompt, without forming it.
 
     The combined operator J = [J_1 ... J_n] (d_model x n_tokens * d_model) is applied by
@@ -93,21 +65,17 @@ def svd(model: str, prompt: str | None, prompt_file: str | None, k: int, top: in
       detjac svd -p "Oak, n. (Bot.) Any tree" --compare --out oak.npz
       detjac svd gemma-3-270m-q4_k_m.gguf -p "The bridge out of Marin is the" --streamed   # a GGUF file
     """
-    import torch
+    from detjac.engine import jacobian_operator, operator_svd
 
-    from detjac.engine import honour_cpu_budget, jacobian_operator, load_engine, operator_svd, resolve_model
-
-    text = _prompt_text(prompt, prompt_file)
+    text, o = prompt, model_options
     if out is not None:
         from detjac.store import npz_target
 
         out = str(npz_target(out, force))  # before any work
-    streamed = streamed or max_memory is not None
+    streamed, dtype, device = o.streamed or o.max_memory is not None, o.dtype, o.device
     t0 = time.perf_counter()
-    model = model_source(model, gguf_file, revision)
-    engine = load_engine(resolve_model(model), streamed=streamed, dtype=getattr(torch, dtype), device=device,
-                         max_memory=max_memory, revision=revision, trust_remote_code=trust_remote_code)
-    honour_cpu_budget(engine)
+    engine = o.engine(model)
+    model = o.source(model)
     op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
     n, d = op.n_tokens, op.d_model
     where = f"{device}, layers streamed one at a time" if streamed else device
@@ -160,7 +128,6 @@ def _compare(op: Any, result: Any) -> None:
 
 
 def _save(path: str, op: Any, result: Any, model: str, text: str) -> None:
-    from pathlib import Path
 
     import numpy as np
 

@@ -46,7 +46,8 @@ def check_lens_kinds(lenses: dict[str, Any]) -> None:
                                        f"{lens.kind} Jacobians ({lens.info.get('source') or 'a saved lens'}).")
 
 
-def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> Any:
+def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu", *, max_memory: str | None = None,
+                     revision: str | None = None, trust_remote_code: bool = False) -> Any:
     """The float64 layer-streamed engine of ``model`` (``default``: the shipped model), checked against the
     lenses: same hidden size, fitted layers within the model, the lens's config SHA-256 (when the checkpoint
     folder has a ``config.json``) and its weights SHA-256 (when both the lens and the model have one: the same
@@ -72,7 +73,8 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu") -> 
                 f"Expected a lens fitted on the weights of {model} (SHA-256 {weights[:12]}…). Got one fitted on "
                 f"weights {fitted[:12]}… ({lens.info.get('model', {}).get('model_id')}): another model, even if "
                 "its config is the same.")
-    engine = load_engine(source, streamed=True, dtype=torch.float64, device=device)
+    engine = load_engine(source, streamed=True, dtype=torch.float64, device=device, max_memory=max_memory,
+                         revision=revision, trust_remote_code=trust_remote_code)
     for lens in lenses:
         d, layers = lens.mean.shape[-1], [int(x) for x in lens.layers]
         fitted = lens.info.get("model", {}).get("config_sha256")

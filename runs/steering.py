@@ -129,7 +129,8 @@ def _method_jacobian(store: StoreReader, prompt: Any, layer: int, method: str) -
 
 
 def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int, *, dtype: str = "float32",
-                 device: str = "cpu", method: str = "detjac") -> ConceptSession:
+                 device: str = "cpu", method: str = "detjac", revision: str | None = None,
+                 trust_remote_code: bool = False) -> ConceptSession:
     """Load ``model`` (a checkpoint folder or ``default``) and the ``method``'s operator of ``prompt_id`` in the store.
 
     Raises
@@ -145,7 +146,8 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
     check_method(method)  # before the model loads
     source, store = resolve_model(model), open_store(store_path)
     check_same_model(store, source, model)
-    lm = load_model(source, dtype=getattr(torch, dtype), device=device)
+    lm = load_model(source, dtype=getattr(torch, dtype), device=device, revision=revision,
+                    trust_remote_code=trust_remote_code)
     tok = get_tokenizer(lm)
     if tok is None:
         raise InvalidArgumentError(f"Expected a tokenizer with {model} to encode prompts. Got none.")

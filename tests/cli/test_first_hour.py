@@ -126,3 +126,58 @@ def test_a_low_rank_store_is_analyzed_where_its_triplets_suffice(tmp_path: Path)
         assert refused.exit_code == 1 and "a low-rank store (--keep rank:4" in refused.output
         assert "detjac run MODEL PROMPTS --out FULL.zarr" in refused.output and "0/2" not in refused.output
         assert "low-rank store" in invoke("analyze", command, "--help").output
+
+
+ONE_PROMPT_COMMANDS = (["jacobian"], ["svd"], ["steer"], ["demo"], ["lens", "apply"])
+SHARED = ("prompt_texts", "prompt_files", "dtype", "device", "streamed", "max_memory", "revision", "trust_remote_code",
+          "gguf_file")
+
+
+def _command(words: list[str]):
+    command = main
+    for word in words:
+        command = command.commands[word]
+    return command
+
+
+def test_the_one_prompt_commands_share_one_option_set():
+    """The prompt and model options of jacobian, svd, steer, demo and lens apply are one definition: the same
+    names, flags and help everywhere (steer's default dtype is float32, it generates; demo's prompts repeat)."""
+    seen = {}
+    for words in ONE_PROMPT_COMMANDS:
+        params = {p.name: p for p in _command(words).params}
+        assert set(SHARED) <= set(params), (words, set(SHARED) - set(params))
+        for name in SHARED:
+            p = params[name]
+            same = (tuple(p.opts),) if name.startswith("prompt") else (tuple(p.opts), p.help, p.default)
+            seen.setdefault(name, set()).add(same if name != "dtype" else same[:2])
+    assert {name: len(forms) for name, forms in seen.items()} == dict.fromkeys(SHARED, 1)
+    assert "-p" in seen["prompt_texts"].pop()[0]
+
+
+def test_a_prompt_file_works_wherever_a_prompt_does(tmp_path: Path):
+    text = "Kitten, n. A young"
+    (tmp_path / "p.txt").write_text(text + "\n", encoding="utf-8")
+    runner = CliRunner()
+
+    def lines(*args: str) -> list[str]:
+        result = runner.invoke(main, ["jacobian", *args, "--k", "2"])
+        assert result.exit_code == 0, result.output
+        return [line.split("   (")[0] for line in result.output.splitlines() if not line.startswith("blocks")]
+
+    assert lines("--prompt-file", str(tmp_path / "p.txt")) == lines("-p", text)
+    both = runner.invoke(main, ["jacobian", "-p", text, "--prompt-file", str(tmp_path / "p.txt")])
+    assert both.exit_code == 2 and "Expected exactly one of --prompt and --prompt-file. Got 2." in both.output
+    svd = runner.invoke(main, ["svd", "--prompt-file", str(tmp_path / "missing.txt")])
+    assert svd.exit_code != 0 and "Expected a readable UTF-8 text file for --prompt-file" in svd.output
+    demo = runner.invoke(main, ["demo", "--prompt-file", str(tmp_path / "p.txt"), "--plot", str(tmp_path / "d.png")])
+    assert demo.exit_code == 0 and f"[1] {text!r}" in demo.output and "[2]" not in demo.output
+
+
+def test_an_option_a_command_cannot_honour_is_refused_by_name():
+    runner = CliRunner()
+    steer = runner.invoke(main, ["steer", "--concept-from", "c.zarr:0123456789abcdef", "--layer", "1", "-p", "x",
+                                 "--streamed"])
+    assert steer.exit_code == 2 and "Expected no --streamed with detjac steer: steering generates text" in steer.output
+    apply = runner.invoke(main, ["lens", "apply", "missing.lens", "-p", "x", "--dtype", "float32"])
+    assert apply.exit_code != 0
