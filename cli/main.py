@@ -246,7 +246,7 @@ def demo(prompt: tuple[str, ...], plot: str, n_values: int, top: int, model: str
                                "default model.")
     engine = o.engine(model)
     tok = engine.tokenizer
-    n_params = sum(p.numel() for p in engine.model.parameters())
+    n_params = engine.parameter_count()
     where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed or o.max_memory
                                                                         else "")
     if source == "default":

@@ -119,6 +119,9 @@ class Engine(ABC):
 
     Attributes
     ----------
+    model
+        The transformers model: loaded whole, or (layer-streamed) a skeleton whose parameters live on the
+        ``meta`` device; its parameters' shapes count the model's parameters either way.
     config
         The model's transformers config.
     family
@@ -135,6 +138,7 @@ class Engine(ABC):
         Layers read and run so far.
     """
 
+    model: Any
     config: Any
     family: Any
     dtype: torch.dtype
@@ -224,6 +228,10 @@ class Engine(ABC):
     def record(self, plan: Plan) -> dict[str, Any]:
         """Engine-specific attributes to store with a prompt computed under ``plan`` (none by default)."""
         return {}
+
+    def parameter_count(self) -> int:
+        """The model's parameters, a tied unembedding counted once."""
+        return sum(p.numel() for p in self.model.parameters())
 
     @abstractmethod
     def ordinary(self) -> Engine:

@@ -93,6 +93,9 @@ class KeptEngine(Engine):
     def record(self, plan: Plan) -> dict[str, Any]:
         return self.inner.record(plan)
 
+    def parameter_count(self) -> int:
+        return self.inner.parameter_count()
+
     def ordinary(self) -> Engine:
         return self.inner.ordinary()
 

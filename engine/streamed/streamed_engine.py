@@ -249,6 +249,12 @@ class StreamedEngine(Engine):
         """Reading the unembedding in row chunks of ``chunk``."""
         return self.skeleton.logits(hidden, chunk=chunk)
 
+    def parameter_count(self) -> int:
+        """The skeleton's parameters, less its unembedding where the checkpoint ties it to the embedding (the
+        skeleton holds both as separate ``meta`` tensors)."""
+        head = self.model.get_output_embeddings() if self.skeleton.tied else None
+        return super().parameter_count() - (head.weight.numel() if head is not None else 0)
+
     def ordinary(self) -> StreamedEngine:
         """This engine's skeleton and weights, with ordinary layer steps: nothing is loaded again."""
         other = copy.copy(self)

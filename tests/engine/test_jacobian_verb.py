@@ -119,3 +119,10 @@ def test_jacobian_prints_the_same_streamed(llama_checkpoint):
     in_memory, streamed = lines(), lines("--streamed")
     assert len(in_memory) >= 8 and in_memory[:3] == streamed[:3]  # model, tokens, next token
     assert in_memory[5:] == streamed[5:]  # the decoded triplets of sum_k J_k
+
+
+def test_both_engines_count_the_same_parameters():
+    from detjac.engine import load_engine
+
+    in_memory, streamed = load_engine("default"), load_engine("default", streamed=True)
+    assert in_memory.parameter_count() == streamed.parameter_count() == 4_524_288  # tied unembedding counted once
