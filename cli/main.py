@@ -110,8 +110,8 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
         from detjac.runs import check_npz_path
 
         check_npz_path(out, force)  # before any work
-    engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
     model, dtype = model_options.source(model), model_options.dtype
+    engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
     tok = engine.tokenizer
     rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
     res = rep.detached
@@ -244,7 +244,7 @@ def demo(prompt: tuple[str, ...], plot: str, n_values: int, top: int, model: str
     if source != "default" and not prompts:
         raise click.UsageError("Expected --prompt with --model: the built-in prompts are dictionary entries for the "
                                "default model.")
-    engine = o.engine(model)
+    engine = o.engine(source)
     tok = engine.tokenizer
     n_params = engine.parameter_count()
     where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed or o.max_memory

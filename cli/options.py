@@ -90,14 +90,14 @@ class ModelOptions:
         """MODEL as the loaders take it (with ``--gguf-file``: that file's path)."""
         return model_source(model, self.gguf_file, self.revision)
 
-    def engine(self, model: str) -> Engine:
-        """MODEL loaded into the engine these options ask for (the layer-streamed one with ``--streamed`` or a
-        budget), under its CPU budget."""
+    def engine(self, source: str) -> Engine:
+        """``source`` (MODEL as :meth:`source` gives it) loaded into the engine these options ask for (the
+        layer-streamed one with ``--streamed`` or a budget), under its CPU budget."""
         import torch
 
         from detjac.engine import honour_cpu_budget, load_engine
 
-        engine = load_engine(self.source(model), streamed=self.streamed or self.max_memory is not None,
+        engine = load_engine(source, streamed=self.streamed or self.max_memory is not None,
                              dtype=getattr(torch, self.dtype), device=self.device, max_memory=self.max_memory,
                              revision=self.revision, trust_remote_code=self.trust_remote_code)
         honour_cpu_budget(engine)

@@ -74,8 +74,8 @@ def svd(model: str, prompt: str, model_options: ModelOptions, k: int, top: int, 
         out = str(npz_target(out, force))  # before any work
     streamed, dtype, device = o.streamed or o.max_memory is not None, o.dtype, o.device
     t0 = time.perf_counter()
-    engine = o.engine(model)
     model = o.source(model)
+    engine = o.engine(model)
     op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
     n, d = op.n_tokens, op.d_model
     where = f"{device}, layers streamed one at a time" if streamed else device

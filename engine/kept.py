@@ -20,11 +20,9 @@ class KeptEngine(Engine):
 
     def __init__(self, engine: Engine) -> None:
         self.inner = engine
-        for name in ("config", "family", "dtype", "device", "detach", "convention", "n_layers", "d_model", "stats"):
-            setattr(self, name, getattr(engine, name))
         self._kept: tuple[Trace, torch.Tensor] | None = None
 
-    def __getattr__(self, name: str) -> Any:  # what one engine has beyond the interface (a budget, its skeleton)
+    def __getattr__(self, name: str) -> Any:  # the interface's attributes (config, dtype, stats, ...) and the rest
         inner = self.__dict__.get("inner")
         if inner is None:  # not initialized (a copy being made): nothing to forward to
             raise AttributeError(name)
