@@ -7,16 +7,17 @@ engines, one interface"."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from detjac.errors import LinearizationError
+from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
-from detjac.targets import OUTPUTS, Target
+from detjac.targets import OUTPUTS, Target, layer_index
 
+from .pullback import CUTS, EVERY_POSITION, READ_KINDS, SEED_KINDS, PullRequest, Seed, Site, input_of
 from .result import JacobianResult, reconstruct
 
 Prompt = str | Sequence[int] | torch.Tensor
@@ -205,6 +206,72 @@ class Engine(ABC):
     @abstractmethod
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
         """``J^T u`` of the output's Jacobian: (c, d_model) output directions -> (c, n_tokens, d_model)."""
+
+    # -- the pullback primitive (detjac.engine.pullback) ---------------------------------------
+
+    @property
+    def pullback_sites(self) -> frozenset[str]:
+        """What :meth:`pulls` honours on this engine: seed kinds, read kinds (:data:`~detjac.engine.pullback.
+        SEED_KINDS`, :data:`~detjac.engine.pullback.READ_KINDS`) and ``cut:mlp``. Explicit detached sweeps honour
+        all; the autograd sweeps and the ordinary Jacobian have no neurons and no cut."""
+        everything = {*SEED_KINDS, *READ_KINDS, *(f"cut:{c}" for c in CUTS)}
+        if self.detach and self._explicit_sweeps():
+            return frozenset(everything)
+        return frozenset(everything - {"neurons", "cut:mlp"})
+
+    def _explicit_sweeps(self) -> bool:
+        return getattr(self, "sweeps", None) == "explicit" or getattr(getattr(self, "adjoint", None), "name",
+                                                                     None) == "explicit"
+
+    def check_pull(self, requests: Sequence[PullRequest]) -> None:
+        """Refuse, by name, a request this engine cannot honour (:attr:`pullback_sites`), before any work.
+
+        Raises
+        ------
+        InvalidArgumentError
+            The sites or cut it lacks, and why.
+        """
+        have = self.pullback_sites
+        wanted = {s.site.kind for r in requests for s in r.seeds} | {x.kind for r in requests for x in r.reads} | {
+            f"cut:{c}" for r in requests for c in r.cut}
+        missing = sorted(wanted - have)
+        if missing:
+            why = "the Jacobian is not detached" if not self.detach else "the autograd sweeps were chosen"
+            raise InvalidArgumentError(f"Expected pull requests this engine honours ({', '.join(sorted(have))}). Got "
+                                       f"{', '.join(missing)}, which it cannot: {why}.")
+
+    @abstractmethod
+    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
+        """Every read of every request as the sweep reaches it: ``(request index, site, cotangents)``
+        (:func:`detjac.engine.pullback.pulls`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            A request this engine cannot honour (:meth:`check_pull`), or a malformed one.
+        """
+
+    def sweep(self, trace: Trace, requests: Sequence[PullRequest]) -> list[dict[Site, torch.Tensor]]:
+        """Every request's reads at once: ``[{site: cotangents}]`` (small requests; see :meth:`pulls`)."""
+        out: list[dict[Site, torch.Tensor]] = [{} for _ in requests]
+        for j, site, values in self.pulls(trace, requests):
+            out[j][site] = values
+        return out
+
+    def pull_every_position(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int],
+                            reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+        """``u`` (c, d) set at the final normed state of every position at once, pulled back to the output of each
+        layer in ``layers``: ``{L: (c, n, d)}`` with ``[:, k] = sum_{p' >= k} u @ dy_p' / dh_{L,k}`` (causal: the
+        later positions only). The per-text quantity of the Jacobian lens of Gurnee et al. (``jlens``), exact for
+        the detached model (and for the ordinary one with ``detach=False``). ``reduce`` is applied to each layer's
+        block as the sweep reaches it (e.g. a mean over positions), so that only its result is kept."""
+        n, d = trace.n_tokens, self.d_model
+        wanted = {input_of(layer_index(layer, self.n_layers) + 1): layer for layer in layers}
+        seed = cotangents.to(device=self.device, dtype=self.dtype)[:, None, :].expand(-1, n, d).contiguous()
+        out: dict[int, torch.Tensor] = {}
+        for _, site, values in self.pulls(trace, [PullRequest((Seed(EVERY_POSITION, seed),), tuple(wanted))]):
+            out[wanted[site]] = reduce(values) if reduce is not None else values
+        return {layer: out[layer] for layer in layers}
 
     @abstractmethod
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

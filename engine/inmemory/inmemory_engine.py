@@ -22,6 +22,8 @@ from ..interface import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
+from ..pullback import EMBEDDINGS, PullRequest, Site, pulls
+from ..pullback import OUTPUT as OUTPUT_SITE
 from ..streamed.cost import MODES, check_request
 from .model_pieces import FrozenModel
 from .rows import JacobianStream, stream_jacobian
@@ -135,6 +137,25 @@ class InMemoryEngine(Engine):
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
         """``J^T u``: (c, d) -> (c, n, d), one explicit sweep down or one vmapped pullback."""
         return _stream(trace).pull(cotangents)
+
+    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
+        """The frozen pieces of the whole model as the sweep's walk (explicit sweeps); on the autograd path only
+        the output's cotangents read at the embeddings, by the kept pullback."""
+        self.check_pull(requests)
+        t = _in_memory(trace)
+        if t.frozen is not None:
+            with torch.no_grad():
+                yield from pulls(t.frozen, requests)
+            return
+        for j, request in enumerate(requests):
+            if any(s.site != OUTPUT_SITE for s in request.seeds) or set(request.reads) != {EMBEDDINGS}:
+                raise InvalidArgumentError(
+                    "Expected the output's cotangents read at the embeddings from the in-memory engine's autograd "
+                    f"sweeps ({t.stream.fallback if t.stream and t.stream.fallback else 'chosen'}). Got seeds at "
+                    f"{', '.join(s.site.name for s in request.seeds)} read at "
+                    f"{', '.join(r.name for r in request.reads)}."
+                )
+            yield j, EMBEDDINGS, _stream(trace).pull(torch.stack([s.values for s in request.seeds]).sum(0))
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""

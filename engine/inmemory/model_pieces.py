@@ -6,6 +6,8 @@ the in-memory engine"."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,54 +17,103 @@ from torch import nn
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from ..interface import EngineStats
-from ..pieces.layer import NormPiece, check_layer, norm_piece, pull_layer, push_layer
+from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, norm_piece, push_layer
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
+from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, sweep
+
+
+@dataclass
+class Event:
+    """One call seen while the model ran: a norm outside the layers (``module``, its factor at ``first``) or a layer
+    (its ``record``, or why it is not made of known pieces; its factors ``first:end``; its mid residual (n, d))."""
+
+    kind: str  # "norm" or "layer"
+    first: int
+    module: nn.Module | None = None
+    record: LayerRecord | str | None = None
+    end: int = 0
+    mid: torch.Tensor | None = None
 
 
 @dataclass
 class FrozenModel:
-    """A prompt's detached model as frozen pieces (see the module docstring)."""
+    """A prompt's detached model as frozen pieces (see the module docstring): a
+    :class:`~detjac.engine.pullback.Walk`, so every pullback goes through :func:`~detjac.engine.pullback.sweep`."""
 
     layers: list[LayerRecord]
     before: list[NormPiece]  # between the input embeddings and the first layer: scales (n,)
-    after: list[NormPiece]  # after the last layer, at the position: scales (1,)
+    after: list[NormPiece]  # after the last layer, every position: scales (n,)
     position: int
     n: int  # positions
     stats: EngineStats = field(default_factory=EngineStats)
+    mids: list[torch.Tensor] = field(default_factory=list, repr=False)  # mids[l]: layer l's mid residual (n, d)
 
-    def _pieces(self, record: LayerRecord) -> Any:
-        pieces = record.pieces()
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n
+
+    def pieces(self, i: int) -> LayerPieces:
+        """Layer ``i``'s pieces, norms folded in (built anew: nothing is kept between sweeps)."""
+        pieces = self.layers[i].pieces()
         assert not isinstance(pieces, str), pieces  # built once before, by freeze_model
         self.stats.explicit_layers += 1
         return pieces
 
-    def pull(self, u: torch.Tensor) -> torch.Tensor:
-        """``J^T u``: (c, d) cotangents of the output -> (c, n, d) at the input embeddings."""
-        p, n = self.position, self.n
-        with torch.no_grad():
+    # -- the Walk of the pullback primitive ----------------------------------------------
+
+    def supports(self, request: PullRequest) -> str | None:
+        needs = request.cut or any(s.site.kind == "neurons" for s in request.seeds) or any(
+            r.kind == "neurons" for r in request.reads)
+        post = next((i for i, r in enumerate(self.layers) if r.fixed is not None), None)
+        if needs and post is not None:
+            return f"layer {post} is a post-norm layer, whose MLP output is not a site of the residual stream"
+        return None
+
+    def final(self, seed: Seed) -> torch.Tensor:
+        p, u = self.position, seed.values
+        if seed.site == OUTPUT:  # (B, d) at the position
             top = u[:, None]
             for norm in reversed(self.after):
-                top = norm.transpose(top)
-            g = u.new_zeros(u.shape[0], n, u.shape[1])
+                top = NormPiece(norm.scale[p:p + 1], norm.gain, norm.center).transpose(top)
+            g = u.new_zeros(u.shape[0], self.n, u.shape[1])
             g[:, p] = top[:, 0]
-            s = p  # the cotangents are zero before the position
-            for record in reversed(self.layers):
-                g, s = pull_layer(self._pieces(record), g, None, s if s < n else 0)
-            for norm in reversed(self.before):
-                g = norm.transpose(g)
             return g
+        for norm in reversed(self.after):  # every position, each through its own norm
+            u = norm.transpose(u)
+        return u
+
+    @contextmanager
+    def layer(self, i: int) -> Iterator[PiecesPull]:
+        yield PiecesPull(self.pieces(i))
+
+    def embed(self, g: torch.Tensor) -> torch.Tensor:
+        for norm in reversed(self.before):
+            g = norm.transpose(g)
+        return g
+
+    # -- the output's J^T u and J v -------------------------------------------------------
+
+    def pull(self, u: torch.Tensor) -> torch.Tensor:
+        """``J^T u``: (c, d) cotangents of the output -> (c, n, d) at the input embeddings."""
+        with torch.no_grad():
+            return sweep(self, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
 
     def push(self, v: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) tangents of the input embeddings -> (c, d) at the output."""
+        p = self.position
         with torch.no_grad():
             for norm in self.before:
                 v = norm.apply(v)
-            for record in self.layers:
-                v = push_layer(self._pieces(record), v, 0)[0]
-            y = v[:, self.position:self.position + 1]
+            for i in range(self.n_layers):
+                v = push_layer(self.pieces(i), v, 0)[0]
+            y = v[:, p:p + 1]
             for norm in self.after:
-                y = norm.apply(y)
+                y = NormPiece(norm.scale[p:p + 1], norm.gain, norm.center).apply(y)
             return y[:, 0]
 
 
@@ -74,9 +125,9 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int
     family, decoder = lin.family, lin.decoder
     layers = list(family.layers(decoder))
     tape = FactorTape()
-    events: list[tuple[Any, ...]] = []  # ("norm", module, factor) and ("layer", record or why, first, end)
+    events: list[Event] = []
     inside = {id(m) for layer in layers for m in layer.modules()}
-    handles = [m.register_forward_pre_hook(lambda m, a: events.append(("norm", m, len(tape.factors))))
+    handles = [m.register_forward_pre_hook(lambda m, a: events.append(Event("norm", len(tape.factors), m)))
                for m in decoder.modules() if isinstance(m, DetachedNorm) and id(m) not in inside]
     own = [layer.__dict__.get("forward") for layer in layers]  # a forward already set on an instance stays
     for layer in layers:
@@ -107,7 +158,7 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int
     return frozen, output, bias
 
 
-def _recorder(layer: nn.Module, family: Any, tape: FactorTape, events: list[tuple[Any, ...]]) -> Any:
+def _recorder(layer: nn.Module, family: Any, tape: FactorTape, events: list[Event]) -> Any:
     """A forward for ``layer``'s instance that runs the layer once while :func:`record_layer` records it."""
     original, mid_module = layer.forward, getattr(layer, family.mid_residual, None)
 
@@ -125,30 +176,30 @@ def _recorder(layer: nn.Module, family: Any, tape: FactorTape, events: list[tupl
             pieces = record.pieces()
             problem = pieces if isinstance(pieces, str) else check_layer(pieces, hidden[0], out, mid)
             record = problem if problem is not None else record
-        events.append(("layer", record, first, len(tape.factors)))
+        events.append(Event("layer", first, record=record, end=len(tape.factors), mid=mid))
         return raw[0]
 
     return forward
 
 
-def _assemble(events: list[tuple[Any, ...]], tape: FactorTape, n_layers: int, position: int, n: int
-              ) -> FrozenModel | str:
+def _assemble(events: list[Event], tape: FactorTape, n_layers: int, position: int, n: int) -> FrozenModel | str:
     """The recorded events as a :class:`FrozenModel`: norms, then the layers in order, then norms."""
-    kinds = [e[0] for e in events]
+    kinds = [e.kind for e in events]
     if kinds.count("layer") != n_layers:
         return f"{kinds.count('layer')} of its {n_layers} layers ran"
     first, last = kinds.index("layer"), n_layers - 1 + kinds.index("layer")
     if kinds[first:last + 1] != ["layer"] * n_layers:
         return "a norm between its layers"
-    used = sum(e[3] - e[2] for e in events if e[0] == "layer") + kinds.count("norm")
+    used = sum(e.end - e.first for e in events if e.kind == "layer") + kinds.count("norm")
     if used != len(tape.factors):
         return f"{len(tape.factors) - used} frozen factors outside its layers and norms"
-    for i, e in enumerate(events[first:last + 1]):
-        if isinstance(e[1], str):
-            return f"layer {i}: {e[1]}"
-    norms = [norm_piece(e[1], tape.factors[e[2]].reshape(-1)) for e in events[:first] + events[last + 1:]]
+    layers = events[first:last + 1]
+    for i, e in enumerate(layers):
+        if isinstance(e.record, str):
+            return f"layer {i}: {e.record}"
+    norms = [norm_piece(e.module, tape.factors[e.first].reshape(-1)) for e in events[:first] + events[last + 1:]]
     problem = next((nm for nm in norms if isinstance(nm, str)), None)
     if problem is not None:
         return problem
-    after = [NormPiece(nm.scale[position:position + 1], nm.gain, nm.center) for nm in norms[first:]]
-    return FrozenModel([e[1] for e in events[first:last + 1]], norms[:first], after, position, n)
+    return FrozenModel([e.record for e in layers], norms[:first], norms[first:], position, n,  # type: ignore[misc]
+                       mids=[e.mid for e in layers])  # type: ignore[misc]

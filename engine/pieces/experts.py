@@ -22,19 +22,27 @@ class Expert:
     up: torch.Tensor  # (ffn, d)
     down: torch.Tensor  # (d, ffn)
     gate: torch.Tensor  # (hits, ffn): w_{t,e} act(gate_e(x_t))
+    index: int = 0  # the expert's number in its block
 
 
 @dataclass
 class Moe:
-    """``y_t = sum_e [t routed to e] W_down,e (gate_e,t ⊙ W_up,e x_t)``; norms folded in (see the module docstring)."""
+    """``y_t = sum_e [t routed to e] W_down,e (post_t gate_e,t ⊙ W_up,e x_t)``; norms folded in (see the module
+    docstring). Its neurons are each expert's, numbered ``e * ffn + i`` (``e`` the expert's index in the block),
+    zero where a position is not routed to the expert; the routing weight is part of the neuron's frozen gate."""
 
     experts: list[Expert]
+    n_experts: int = 0  # experts in the block (hit or not): the neurons' numbering
+    post: torch.Tensor | None = None  # (n,) the scales of the norms after the block, None: none
 
     mixes = False  # position-wise
 
     def fold(self, scale: torch.Tensor, gain: torch.Tensor | None, before: bool) -> None:
+        if not before:
+            self.post = scale if self.post is None else self.post * scale
         for e in self.experts:
-            e.gate = e.gate * scale[e.rows, None]
+            if before:
+                e.gate = e.gate * scale[e.rows, None]
             if gain is not None:
                 if before:
                     e.up = e.up * gain[None, :]
@@ -59,13 +67,16 @@ class Moe:
         """``acc`` (B, n - sa, d) plus the block's transpose applied to ``g`` (B, n - s, d), s >= sa."""
         return self._into(acc, sa, g, s, own, up=False)
 
+    def _gate(self, e: Expert) -> torch.Tensor:
+        return e.gate if self.post is None else e.gate * self.post[e.rows, None]
+
     def _into(self, acc: torch.Tensor, sa: int, x: torch.Tensor, s: int, own: bool, up: bool
               ) -> tuple[torch.Tensor, int]:
         out = acc if own else acc.clone()
         b, d = x.shape[0], x.shape[2]
         for e in self.experts:
             keep = e.rows >= s
-            idx, gate = e.rows[keep] - s, e.gate[keep]
+            idx, gate = e.rows[keep] - s, self._gate(e)[keep]
             if idx.numel() == 0:
                 continue
             first, second = (e.up.T, e.down.T) if up else (e.down, e.up)
@@ -73,6 +84,59 @@ class Moe:
             z = (x.index_select(1, idx).reshape(b * h, d) @ first).view(b, h, -1).mul_(gate)
             out.index_add_(1, idx + (s - sa), (z.view(b * h, -1) @ second).view(b, h, d))
         return out, sa
+
+
+    # -- the neurons (attribution graphs): see the class docstring --------------------------------
+
+    @property
+    def ffn(self) -> int:
+        return int(self.experts[0].down.shape[1]) if self.experts else 0
+
+    @property
+    def n_neurons(self) -> int:
+        return self.n_experts * self.ffn
+
+    def _span(self, e: Expert) -> slice:
+        return slice(e.index * self.ffn, (e.index + 1) * self.ffn)
+
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) the block's input -> (n, experts · ffn) its neurons' values."""
+        z = x.new_zeros(x.shape[0], self.n_neurons)
+        for e in self.experts:
+            z[e.rows, self._span(e)] = e.gate * (x[e.rows] @ e.up.T)
+        return z
+
+    def neuron_cotangents(self, g: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) cotangents at the block's output -> (B, n, experts · ffn) at its neurons."""
+        post = self.post[:, None] if self.post is not None else None
+        gz = g.new_zeros(g.shape[0], g.shape[1], self.n_neurons)
+        for e in self.experts:
+            part = g[:, e.rows] @ e.down
+            gz[:, e.rows, self._span(e)] = part if post is None else part * post[e.rows]
+        return gz
+
+    def neuron_seeds(self, gz: torch.Tensor) -> torch.Tensor:
+        """(B, n, experts · ffn) cotangents at the neurons -> (B, n, d) at the block's input."""
+        d = self.experts[0].up.shape[1] if self.experts else 0
+        g = gz.new_zeros(gz.shape[0], gz.shape[1], d)
+        for e in self.experts:
+            g[:, e.rows] += (gz[:, e.rows, self._span(e)] * e.gate) @ e.up
+        return g
+
+    def write_vectors(self) -> torch.Tensor:
+        """(experts · ffn, d) each neuron's write direction (zero rows for experts no position was routed to)."""
+        return self._directions(lambda e: e.down.T)
+
+    def read_vectors(self) -> torch.Tensor:
+        """(experts · ffn, d) each neuron's read direction."""
+        return self._directions(lambda e: e.up)
+
+    def _directions(self, of: Any) -> torch.Tensor:
+        d = self.experts[0].up.shape[1] if self.experts else 0
+        out = self.experts[0].up.new_zeros(self.n_neurons, d) if self.experts else torch.zeros(0, 0)
+        for e in self.experts:
+            out[self._span(e)] = of(e)
+        return out
 
 
 def moe_piece(module: Any, factors: list[Any]) -> Moe | str:
@@ -91,5 +155,5 @@ def moe_piece(module: Any, factors: list[Any]) -> Moe | str:
         gate_up, down = experts.gate_up_proj[e], experts.down_proj[e]  # (2 ffn, d), (d, ffn)
         ffn = down.shape[1]
         gate = act.reshape(rows.numel(), ffn) * weights[rows, slot, None].to(act.dtype)
-        out.append(Expert(rows, gate_up[ffn:], down, gate))
-    return Moe(out)
+        out.append(Expert(rows, gate_up[ffn:], down, gate, int(e)))
+    return Moe(out, int(experts.gate_up_proj.shape[0]))

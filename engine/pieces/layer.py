@@ -56,27 +56,69 @@ Product = tuple[torch.Tensor | GatedRows, torch.Tensor, int]  # (lhs, rhs, s): a
 
 @dataclass
 class Mlp:
-    """``y = W_down (gate ⊙ (x W_up^T))`` per position; norms folded in."""
+    """``y = W_down (post ⊙ gate ⊙ (x W_up^T))`` per position; norms folded in.
+
+    Its neurons are ``z = gate ⊙ (x W_up^T)`` (n, ffn): the frozen factor times the linear path, with the norms
+    *before* the MLP folded in (``gate`` carries their scales, ``up`` their gains), so ``z`` is the neuron of the
+    unfolded model; a norm *after* it is the write side's (``post`` (n,) its scales, ``down`` its gain)."""
 
     up: torch.Tensor  # (ffn, d)
     down: torch.Tensor  # (d, ffn)
     gate: torch.Tensor  # (n, ffn)
+    post: torch.Tensor | None = None  # (n,) the scales of the norms after the MLP, None: none
 
     mixes = False  # position-wise: rows s: in, rows s: out
 
     def fold(self, scale: torch.Tensor, gain: torch.Tensor | None, before: bool) -> None:
-        self.gate = self.gate * scale[:, None]
+        if before:
+            self.gate = self.gate * scale[:, None]
+        else:
+            self.post = scale if self.post is None else self.post * scale
         if gain is not None:
             if before:
                 self.up = self.up * gain[None, :]
             else:
                 self.down = gain[:, None] * self.down
 
+    @property
+    def rows_gate(self) -> torch.Tensor:
+        """(n, ffn) the factor a block's rows are multiplied by: the neurons' gate, then the scales after."""
+        return self.gate if self.post is None else self.gate * self.post[:, None]
+
     def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d)
-        return GatedRows(x, self.up.T, self.gate[s:]), self.down.T, s
+        return GatedRows(x, self.up.T, self.rows_gate[s:]), self.down.T, s
 
     def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s, d)
-        return GatedRows(g, self.down, self.gate[s:]), self.up, s
+        return GatedRows(g, self.down, self.rows_gate[s:]), self.up, s
+
+    # -- the neurons (attribution graphs) ---------------------------------------------------
+
+    @property
+    def n_neurons(self) -> int:
+        return int(self.up.shape[0])
+
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) the MLP's input (its mid residual, before the folded norm) -> (n, ffn) its neurons' values."""
+        return self.gate * (x @ self.up.T)
+
+    def neuron_cotangents(self, g: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) cotangents at the MLP's output -> (B, n, ffn) at its neurons (each neuron writes
+        ``post_p · W_down[:, i]``)."""
+        z = g @ self.down
+        return z if self.post is None else z * self.post[:, None]
+
+    def neuron_seeds(self, g: torch.Tensor) -> torch.Tensor:
+        """(B, n, ffn) cotangents at the neurons -> (B, n, d) at the MLP's input (each neuron reads
+        ``gate_{p,i} · W_up[i]``)."""
+        return (g * self.gate) @ self.up
+
+    def write_vectors(self) -> torch.Tensor:
+        """(ffn, d) each neuron's write direction (the gain of a norm after the MLP folded in, not its scale)."""
+        return self.down.T
+
+    def read_vectors(self) -> torch.Tensor:
+        """(ffn, d) each neuron's read direction (the gain of the norm before the MLP folded in)."""
+        return self.up
 
 
 @dataclass
@@ -189,29 +231,52 @@ def cross(acc: torch.Tensor, sa: int, core: Any, x: torch.Tensor, s: int, up: bo
 
 @dataclass
 class LayerPieces:
-    """A decoder layer as ``mid = h + first(h)``, ``out = mid + second(mid)``; in a post-norm layer (BERT) the
-    residual sums go through norms: ``mid = N1(h + first(h))``, ``out = N2(mid + second(mid))``."""
+    """A decoder layer as ``mid = h + attention(h)``, ``out = mid + mlp(mid)``; in a post-norm layer (BERT) the
+    residual sums go through norms: ``mid = N1(h + attention(h))``, ``out = N2(mid + mlp(mid))``."""
 
-    first: Core
-    second: Core
-    first_norm: NormPiece | None = None
-    second_norm: NormPiece | None = None
+    attention: Core
+    mlp: Core
+    attention_norm: NormPiece | None = None  # the post-norm on the attention's residual sum (BERT)
+    mlp_norm: NormPiece | None = None  # the post-norm on the MLP's residual sum (BERT)
 
 
-def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int
+@dataclass
+class PiecesPull:
+    """A layer's pieces as the pullback primitive crosses it (:class:`~detjac.engine.pullback.LayerPull`)."""
+
+    pieces: LayerPieces
+
+    def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
+        with torch.no_grad():
+            return pull_layer(self.pieces, g_out, g_mid, s, cut)
+
+    def neuron_cotangents(self, g_out: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.pieces.mlp.neuron_cotangents(g_out)
+
+    def neuron_seeds(self, g: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.pieces.mlp.neuron_seeds(g)
+
+
+def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool = False
                ) -> tuple[torch.Tensor, int]:
     """Cotangents (B, n, d) at a layer's output and mid residual (None: zero), zero before position ``s`` (< n),
-    -> (B, n, d) at its input, and the first position from which they may be nonzero."""
+    -> (B, n, d) at its input, and the first position from which they may be nonzero. ``cut``: the MLP's output is
+    held fixed (only the residual path crosses it)."""
     n = g_out.shape[1]
     top = g_out[:, s:]
-    if pieces.second_norm is not None:
-        top = pieces.second_norm.transpose(top, s)
-    gm, sm = cross(top, s, pieces.second, top, s, up=False)  # the residual passes the output's on
+    if pieces.mlp_norm is not None:
+        top = pieces.mlp_norm.transpose(top, s)
+    if cut:
+        gm, sm = top.clone(), s
+    else:
+        gm, sm = cross(top, s, pieces.mlp, top, s, up=False)  # the residual passes the output's on
     if g_mid is not None:
         gm[:, s - sm:] += g_mid[:, s:]
-    if pieces.first_norm is not None:
-        gm = pieces.first_norm.transpose(gm, sm)
-    gi, si = cross(gm, sm, pieces.first, gm, sm, up=False, own=True)
+    if pieces.attention_norm is not None:
+        gm = pieces.attention_norm.transpose(gm, sm)
+    gi, si = cross(gm, sm, pieces.attention, gm, sm, up=False, own=True)
     if si == 0:
         return gi, 0
     full = gi.new_zeros(gi.shape[0], n, gi.shape[2])
@@ -221,11 +286,11 @@ def pull_layer(pieces: LayerPieces, g_out: torch.Tensor, g_mid: torch.Tensor | N
 
 def push_layer(pieces: LayerPieces, tangent: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tangents (c, n - s, d) at a layer's input (positions s:) -> (at its output, at its mid residual)."""
-    t_mid = cross(tangent, s, pieces.first, tangent, s, up=True)[0]
-    if pieces.first_norm is not None:
-        t_mid = pieces.first_norm.apply(t_mid, s)
-    t_out = cross(t_mid, s, pieces.second, t_mid, s, up=True)[0]
-    return (pieces.second_norm.apply(t_out, s) if pieces.second_norm is not None else t_out), t_mid
+    t_mid = cross(tangent, s, pieces.attention, tangent, s, up=True)[0]
+    if pieces.attention_norm is not None:
+        t_mid = pieces.attention_norm.apply(t_mid, s)
+    t_out = cross(t_mid, s, pieces.mlp, t_mid, s, up=True)[0]
+    return (pieces.mlp_norm.apply(t_out, s) if pieces.mlp_norm is not None else t_out), t_mid
 
 
 @dataclass

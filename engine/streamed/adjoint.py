@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-from ..pieces.layer import LayerPieces, check_layer, frozen_norm, pull_layer, push_layer
+from detjac.errors import InvalidArgumentError
+
+from ..pieces.layer import LayerPieces, PiecesPull, check_layer, frozen_norm, push_layer
 from ..pieces.record import layer_pieces
 from ..pieces.runner import chosen_sweeps
 from .skeleton import Skeleton
@@ -60,6 +62,12 @@ class AutogradAdjoint:
         with torch.no_grad():
             return torch.func.vmap(pull)(cotangents)[0], s
 
+    def layer_pull(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> Any:
+        """Layer ``i`` (resident) as the pullback primitive crosses it (:class:`~detjac.engine.pullback.LayerPull`):
+        here by ``torch.func``, which has no neuron sites and cannot hold the MLP fixed."""
+        return AutogradPull(self, i, trace, h, "the autograd sweeps were chosen" if self.steps.detach
+                            else "the Jacobian is not detached")
+
     def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """Tangents (c, n - s, d) at layer ``i``'s input, zero before ``s`` (not carried) -> (the tangents, zeros put
@@ -84,6 +92,28 @@ class AutogradAdjoint:
         h = trace.inputs[-1][s:].to(self.sk.device)
         with torch.no_grad():
             return torch.func.vmap(lambda v: torch.func.jvp(self.steps.final(p - s), (h,), (v,))[1])(tangent)
+
+
+class AutogradPull:
+    """A layer crossed by ``torch.func`` (see :meth:`AutogradAdjoint.layer_pull`); ``why``: why not by its pieces."""
+
+    def __init__(self, adjoint: AutogradAdjoint, i: int, trace: StreamedTrace, h: torch.Tensor, why: str) -> None:
+        self.adjoint, self.i, self.trace, self.h, self.why = adjoint, i, trace, h, why
+
+    def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
+        if cut:
+            self._refuse("holding its MLP fixed")
+        return AutogradAdjoint.pull_layer(self.adjoint, self.i, self.trace, self.h, g_out, g_mid, s)
+
+    def neuron_cotangents(self, g_out: torch.Tensor) -> torch.Tensor:
+        self._refuse("its MLP neurons")
+
+    def neuron_seeds(self, g: torch.Tensor) -> torch.Tensor:
+        self._refuse("its MLP neurons")
+
+    def _refuse(self, what: str) -> Any:
+        raise InvalidArgumentError(f"Expected layer {self.i} as explicit pieces for {what}. Got a layer crossed by "
+                                   f"torch.func: {self.why}.")
 
 
 class ExplicitAdjoint(AutogradAdjoint):
@@ -148,23 +178,26 @@ class ExplicitAdjoint(AutogradAdjoint):
             return super().push_final(trace, tangent, s)
         return norm.apply(tangent[:, p - s][:, None])[:, 0]
 
+    def layer_pull(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> Any:
+        pieces = self._pieces(i, trace, h)
+        if pieces is None:
+            why = self._unknown.get(i, "the Jacobian is not detached")
+            return AutogradPull(self, i, trace, h, why)
+        return CountedPull(pieces, self.sk.stats)
+
     def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
                    g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
         pieces = self._pieces(i, trace, h)
         if pieces is None:
             return super().pull_layer(i, trace, h, g_out, g_mid, s)
-        s = 0 if s >= h.shape[0] else s
-        if s > 0:
-            self.sk.stats.pulled_suffix_layers += 1
-        with torch.no_grad():
-            return pull_layer(pieces, g_out, g_mid, s)
+        return CountedPull(pieces, self.sk.stats).pull(g_out, g_mid, s, False)
 
     def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         pieces = self._pieces(i, trace, h)
         if pieces is None:
             return super().push_layer(i, trace, h, tangent, s)
-        if s > 0 and not all(getattr(c, "causal_from", lambda s: True)(s) for c in (pieces.first, pieces.second)):
+        if s > 0 and not all(getattr(c, "causal_from", lambda s: True)(s) for c in (pieces.attention, pieces.mlp)):
             tangent = torch.cat([tangent.new_zeros(tangent.shape[0], s, tangent.shape[2]), tangent], dim=1)
             s = 0
         if s > 0:
@@ -172,6 +205,20 @@ class ExplicitAdjoint(AutogradAdjoint):
         with torch.no_grad():
             t_out, t_mid = push_layer(pieces, tangent, s)
         return tangent, t_out, t_mid, s
+
+
+class CountedPull(PiecesPull):
+    """A layer's pieces crossed by the sweep, counting the pullbacks that started past position 0."""
+
+    def __init__(self, pieces: LayerPieces, stats: Any) -> None:
+        super().__init__(pieces)
+        self.stats = stats
+
+    def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
+        s = 0 if s >= g_out.shape[1] else s
+        if s > 0:
+            self.stats.pulled_suffix_layers += 1
+        return super().pull(g_out, g_mid, s, cut)
 
 
 def make_adjoint(sk: Skeleton, steps: LayerSteps, sweeps: str | None = None) -> AutogradAdjoint:

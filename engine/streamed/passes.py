@@ -7,6 +7,7 @@ forward sweeps"."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -15,9 +16,42 @@ from detjac.progress import progress_bar
 from detjac.targets import OUTPUTS, RESID_MID, Target
 
 from ..interface import JacobianBlock
+from ..pullback import EMBEDDINGS, EVERY_POSITION, LayerPull, PullRequest, Seed, Site, input_of, pulls
+from ..pullback import OUTPUT as OUTPUT_SITE
 from .adjoint import AutogradAdjoint
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
+
+
+class StreamedWalk:
+    """The layer-streamed engine as a :class:`~detjac.engine.pullback.Walk`: each layer read in (and recorded as
+    pieces, or crossed by ``torch.func``) as the sweep reaches it."""
+
+    def __init__(self, sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, adjoint: AutogradAdjoint) -> None:
+        self.sk, self.steps, self.trace, self.adjoint = sk, steps, trace, adjoint
+        self.n_layers, self.n_tokens = sk.n_layers, len(trace.token_ids)
+
+    def supports(self, request: PullRequest) -> str | None:
+        needs = request.cut or any(s.site.kind == "neurons" for s in request.seeds) or any(
+            r.kind == "neurons" for r in request.reads)
+        if needs and not self.steps.detach:
+            return "the ordinary Jacobian has no frozen neurons and no cut"
+        if needs and self.adjoint.name != "explicit":
+            return "cuts and neurons need the explicit sweeps (the autograd sweeps were chosen)"
+        return None
+
+    def final(self, seed: Seed) -> torch.Tensor:
+        if seed.site == OUTPUT_SITE:
+            return self.adjoint.pull_final(self.trace, seed.values)
+        return self.adjoint.pull_final_every(self.trace, seed.values)
+
+    @contextmanager
+    def layer(self, i: int) -> Iterator[LayerPull]:
+        with self.sk.layer(i):
+            yield self.adjoint.layer_pull(i, self.trace, self.trace.inputs[i].to(self.sk.device))
+
+    def embed(self, g: torch.Tensor) -> torch.Tensor:
+        return g  # nothing between the embeddings and the first layer in a streamable family
 
 
 def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], r0: int, r1: int,
@@ -29,73 +63,62 @@ def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
     there, so the output's cotangents at layer ``L`` are ``sum_p' seed[:, p'] @ dy_p' / dh_L`` (the Jacobian lens
     of the literature sums these over ``p'``); only the output and ``to_output`` targets are then defined.
 
-    The output's cotangents at layer ``L``'s output *are* rows of ``to_output.L``: those targets are read off
-    the output's sweep on the way down (computed whenever one is requested, even without the output).
-    ``adjoint`` moves the block through each layer (default: ``torch.func``)."""
-    n, d, p, L = len(trace.token_ids), sk.d_model, trace.position, sk.n_layers
-    dev, dt, rows = sk.device, sk.dtype, r1 - r0
+    Each target is one :class:`~detjac.engine.pullback.PullRequest` (the output and every ``to_output`` share one:
+    ``to_output.L`` is the output's cotangents at layer ``L``'s output), swept together by
+    :func:`~detjac.engine.pullback.pulls`. ``adjoint`` moves the block through each layer (default: ``torch.func``)."""
+    n, d, p = len(trace.token_ids), sk.d_model, trace.position
+    rows = r1 - r0
     adjoint = adjoint if adjoint is not None else AutogradAdjoint(sk, steps)
     if seed is None:
-        seed = torch.zeros(rows, n, d, dtype=dt, device=dev)
+        seed = torch.zeros(rows, n, d, dtype=sk.dtype, device=sk.device)
         seed[torch.arange(rows), p, torch.arange(r0, r1)] = 1.0
-    to_output = {t.layer: t for t in targets if t.is_to_output}
-    want_output = any(t.is_output for t in targets)
     swept = [t for t in targets if not t.is_output and not t.is_to_output]
-    active: list[tuple[Target, torch.Tensor]] = []  # cotangents at the current layer's output
     if every_position and (swept or seed.shape[:2] != (rows, n)):
         raise InvalidArgumentError("Expected only output and to_output targets and a seed (rows, n_tokens, d) for a "
                                    f"sweep from every position. Got {', '.join(t.name for t in swept) or 'no'} other "
                                    f"targets and a seed of shape {tuple(seed.shape)}.")
+    requests, owners = _requests(steps, trace, targets, seed, every_position)
+    walk = StreamedWalk(sk, steps, trace, adjoint)
+    bar = progress_bar(None, progress, "reverse sweep", "layer", total=sk.n_layers, leave=False)
+    last = sk.n_layers
+    try:
+        for j, site, values in pulls(walk, requests):
+            if bar is not None and site.kind == "input" and site.layer < last:
+                bar.update(last - site.layer)
+                last = site.layer
+            yield JacobianBlock(owners[j][site], r0, r1, 0, n, values)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _requests(steps: LayerSteps, trace: StreamedTrace, targets: list[Target], seed: torch.Tensor,
+              every_position: bool) -> tuple[list[PullRequest], list[dict[Site, Target]]]:
+    """One pull request per target (the output and the ``to_output`` targets share one), and which target each
+    request's reads belong to."""
+    requests: list[PullRequest] = []
+    owners: list[dict[Site, Target]] = []
+    to_output = [t for t in targets if t.is_to_output]
+    want_output = any(t.is_output for t in targets)
     if want_output or to_output:
-        active.append((OUTPUTS, adjoint.pull_final_every(trace, seed) if every_position
-                       else adjoint.pull_final(trace, seed[:, p])))
-    top = L - 1 if active else max(t.layer for t in swept)
-    dense = False  # once the cotangents reach position 0 they stay there (the residual path passes them on)
-    for i in progress_bar(range(top, -1, -1), progress, "reverse sweep", "layer", leave=False):
-        if i in to_output:  # dy/dh_i: the output's cotangents at layer i's output, every position
-            yield JacobianBlock(to_output[i], r0, r1, 0, n, active[0][1])
-            if not want_output and i == min(to_output):
-                active = active[1:]
-        # (target, cotangent at the layer's output, at its mid residual); None: zero
-        entries: list[tuple[Target, torch.Tensor | None, torch.Tensor | None]] = [(t, g, None) for t, g in active]
-        joining = [t for t in swept if t.layer == i]
-        own: dict[Target, torch.Tensor] = {}  # each joining target's cotangent at its own vector
-        for t in joining:
-            own[t] = _normed_seed(steps, trace, t, seed) if t.normed else seed
-            entries.append((t, *_layer_seeds(t, own[t])))
-        if not entries:
-            continue
-        g_out = _stacked([e[1] for e in entries], seed)
-        g_mid = _stacked([e[2] for e in entries], seed) if any(e[2] is not None for e in entries) else None
-        del entries[:]  # the concatenated copies are all that is kept
-        with sk.layer(i):
-            h = trace.inputs[i].to(dev)
-            s = 0 if dense else _first_nonzero_position(*(g for g in (g_out, g_mid) if g is not None))
-            g_in, s = adjoint.pull_layer(i, trace, h, g_out, g_mid, s)
-            dense = s == 0
-        del g_out, g_mid
-        order = [t for t, _ in active] + joining
-        active = []
-        for j, t in enumerate(order):
-            g = g_in[j * rows:(j + 1) * rows]
-            if t in own and t.base == "attn":
-                g = g - own[t]  # attn = mid - input: the identity path leaves
-            if t in own and t.local:
-                yield JacobianBlock(t, r0, r1, 0, n, g)
-            else:
-                active.append((t, g))
-    for t, g in active:
-        yield JacobianBlock(t, r0, r1, 0, n, g)
+        site_seed = Seed(EVERY_POSITION, seed) if every_position else Seed(OUTPUT_SITE, seed[:, trace.position])
+        owner = {input_of(t.layer + 1): t for t in to_output}
+        if want_output:
+            owner[EMBEDDINGS] = OUTPUTS
+        requests.append(PullRequest((site_seed,), tuple(owner)))
+        owners.append(owner)
+    for t in (t for t in targets if not t.is_output and not t.is_to_output):
+        own = _normed_seed(steps, trace, t, seed) if t.normed else seed
+        read = input_of(t.layer) if t.local else EMBEDDINGS
+        requests.append(PullRequest((Seed(_seed_site(t), own),), (read,)))
+        owners.append({read: t})
+    return requests, owners
 
 
-def _layer_seeds(t: Target, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Cotangents at a layer's output and at its mid residual for cotangents ``g`` at target ``t``'s vector."""
-    base = t.base
-    if base == "layer":
-        return g, None
-    if base in ("attn", RESID_MID):  # attn = mid - input (the identity is taken off after the pullback)
-        return None, g
-    return g, -g  # mlp = output - mid
+def _seed_site(t: Target) -> Site:
+    """Where a layer target's cotangents enter: its residual-stream vector."""
+    kind = {"layer": "input", "attn": "attn", RESID_MID: "mid", "mlp": "mlp"}[t.base]
+    return Site(kind, t.layer + 1 if kind == "input" else t.layer)
 
 
 def _normed_seed(steps: LayerSteps, trace: StreamedTrace, t: Target, seed: torch.Tensor) -> torch.Tensor:
@@ -157,17 +180,3 @@ def _layer_tangent(base: str, out: torch.Tensor, mid: torch.Tensor, inp: torch.T
     if base == RESID_MID:
         return mid
     return out - mid
-
-
-def _stacked(parts: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
-    """``parts`` (each like ``like`` or None for zeros) stacked along the block axis; one part is not copied."""
-    if len(parts) == 1 and parts[0] is not None:
-        return parts[0]
-    return torch.cat([torch.zeros_like(like) if g is None else g for g in parts])
-
-
-def _first_nonzero_position(*cotangents: torch.Tensor) -> int:
-    """The first position (axis 1) where any of ``cotangents`` (block, n, d) is nonzero; n if none is."""
-    used = torch.stack([g.ne(0).any(dim=2).any(dim=0) for g in cotangents]).any(dim=0)
-    hits = used.nonzero()
-    return int(hits[0]) if hits.numel() else int(used.shape[0])

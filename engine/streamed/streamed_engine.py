@@ -7,7 +7,7 @@ budgets from Python: docs/user-guide.md, "Models larger than memory"."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,7 @@ from torch import nn
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import relative_error
 from detjac.progress import progress_bar
-from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_index, layer_targets
+from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
 
 from ..checkpoints.gguf import is_gguf
 from ..checkpoints.loading import read_checkpoint
@@ -29,6 +29,7 @@ from ..detach.model import linearized
 from ..families import family_for
 from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
 from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
+from ..pullback import PullRequest, Site, pulls
 from ..result import reconstruct
 from . import passes as sweeps
 from .adjoint import make_adjoint
@@ -220,22 +221,11 @@ class StreamedEngine(Engine):
                                       cotangents.shape[0], seed=seed, adjoint=self.adjoint)
         return block.values
 
-    def pull_every_position(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int],
-                            reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
-        """``u`` (c, d) set at the final normed state of every position at once, pulled back to the output of each
-        layer in ``layers``: ``{L: (c, n, d)}`` with ``[:, k] = sum_{p' >= k} u @ dy_p' / dh_{L,k}`` (causal: the
-        later positions only). The per-text quantity of the Jacobian lens of Gurnee et al. (``jlens``), exact for
-        the detached model (and for the ordinary one with ``detach=False``). ``reduce`` is applied to each layer's
-        block as the sweep reaches it (e.g. a mean over positions), so that only its result is kept."""
-        st = _streamed(trace)
-        n, d = st.n_tokens, self.d_model
-        wanted = sorted({Target(layer_index(layer, self.n_layers), "to_output") for layer in layers})
-        seed = cotangents.to(device=self.device, dtype=self.dtype)[:, None, :].expand(-1, n, d).contiguous()
+    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
+        """Each layer read in as the sweep reaches it (:class:`~detjac.engine.streamed.passes.StreamedWalk`)."""
+        self.check_pull(requests)
         with self._linear():
-            blocks = sweeps.reverse(self.skeleton, self.steps, st, wanted, 0, cotangents.shape[0], seed=seed,
-                                    adjoint=self.adjoint, every_position=True)
-            out = {b.target.layer: reduce(b.values) if reduce is not None else b.values for b in blocks}
-        return {layer: out[layer_index(layer, self.n_layers)] for layer in layers}
+            yield from pulls(sweeps.StreamedWalk(self.skeleton, self.steps, _streamed(trace), self.adjoint), requests)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Read whole from the source (see :func:`~detjac.engine.products.decode.final_norm_gain`)."""

@@ -135,9 +135,9 @@ def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int])
         step = sm.steps.step(1, trace.calls)
         pieces, out, mid = layer_pieces(sm.layers[1], sm.family, step, h)
         assert check_layer(pieces, h, out, mid) is None
-        pieces.second.down = pieces.second.down * 1.01  # a post-norm gain folded twice would look like this
+        pieces.mlp.down = pieces.mlp.down * 1.01  # a post-norm gain folded twice would look like this
         assert "output with relative error" in check_layer(pieces, h, out, mid)
-        pieces.first.probs = pieces.first.probs.transpose(1, 2)  # P where P^T belongs
+        pieces.attention.probs = pieces.attention.probs.transpose(1, 2)  # P where P^T belongs
         assert "mid residual" in check_layer(pieces, h, out, mid)
         wrong = dataclasses.replace(sm.family, mid_residual="no_such_child")
         assert "was not called" in layer_pieces(sm.layers[1], wrong, step, h)[0]

@@ -106,11 +106,11 @@ def test_in_memory_sweeps_are_chosen_by_option_or_environment(monkeypatch: pytes
 
 @pytest.mark.parametrize(("model_type", "spoil"), [
     # W + c 11^T is W once centred: the folded value projection without the centring (ln_1's) in it
-    ("gpt2", lambda p: setattr(p.first, "value", p.first.value + 0.1)),
-    ("bert", lambda p: setattr(p, "first_norm", None)),  # a post-norm left out
-    ("qwen2", lambda p: setattr(p.first, "out", p.first.out * 1.01)),
-    ("mixtral", lambda p: p.second.experts.pop()),  # an expert's positions left out
-    ("olmoe", lambda p: setattr(p.second.experts[0], "gate", p.second.experts[0].gate.flip(0))),  # rows mixed up
+    ("gpt2", lambda p: setattr(p.attention, "value", p.attention.value + 0.1)),
+    ("bert", lambda p: setattr(p, "attention_norm", None)),  # a post-norm left out
+    ("qwen2", lambda p: setattr(p.attention, "out", p.attention.out * 1.01)),
+    ("mixtral", lambda p: p.mlp.experts.pop()),  # an expert's positions left out
+    ("olmoe", lambda p: setattr(p.mlp.experts[0], "gate", p.mlp.experts[0].gate.flip(0))),  # rows mixed up
 ])
 def test_new_pieces_rebuild_their_layer_and_spoiled_ones_do_not(model_type: str, spoil, prompt_ids: list[int],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
