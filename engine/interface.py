@@ -17,7 +17,7 @@ from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS, Target, layer_index
 
-from .pullback import CUTS, EVERY_POSITION, READ_KINDS, SEED_KINDS, PullRequest, Seed, Site, input_of
+from .pullback import CUTS, EVERY_POSITION, READ_KINDS, SEED_KINDS, PullRequest, Seed, Site, input_of, neurons_of
 from .result import JacobianResult, reconstruct
 
 Prompt = str | Sequence[int] | torch.Tensor
@@ -223,6 +223,10 @@ class Engine(ABC):
         return getattr(self, "sweeps", None) == "explicit" or getattr(getattr(self, "adjoint", None), "name",
                                                                      None) == "explicit"
 
+    def check_neurons(self) -> None:
+        """Refuse, by name, an engine without neuron sites (see :meth:`check_pull`)."""
+        self.check_pull([PullRequest((Seed(neurons_of(0), torch.zeros(1, 1, 1)),), (neurons_of(0),), d_model=1)])
+
     def check_pull(self, requests: Sequence[PullRequest]) -> None:
         """Refuse, by name, a request this engine cannot honour (:attr:`pullback_sites`), before any work.
 
@@ -249,6 +253,17 @@ class Engine(ABC):
         ------
         InvalidArgumentError
             A request this engine cannot honour (:meth:`check_pull`), or a malformed one.
+        """
+
+    @abstractmethod
+    def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
+        """``(layer, (n, n_neurons) its MLP neurons' values on the prompt, its MLP piece)`` for ``layers`` (default:
+        all), one layer at a time (:func:`detjac.engine.pullback.neuron_activations`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            An engine without neuron sites (:attr:`pullback_sites`).
         """
 
     def sweep(self, trace: Trace, requests: Sequence[PullRequest]) -> list[dict[Site, torch.Tensor]]:

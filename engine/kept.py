@@ -11,6 +11,7 @@ import torch
 from detjac.targets import OUTPUTS, Target
 
 from .interface import Engine, JacobianBlock, Plan, Prompt, Trace
+from .pullback import PullRequest, Site
 
 
 class KeptEngine(Engine):
@@ -75,6 +76,16 @@ class KeptEngine(Engine):
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
         return self.inner.pull(trace, cotangents)
+
+    @property
+    def pullback_sites(self) -> frozenset[str]:
+        return self.inner.pullback_sites
+
+    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
+        return self.inner.pulls(trace, requests)
+
+    def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
+        return self.inner.neurons(trace, layers)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         return self.inner.decoding_matrices(dtype)

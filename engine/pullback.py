@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -107,6 +107,12 @@ class LayerPull(Protocol):
     def neuron_seeds(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, n_neurons) at the MLP's neurons -> (B, n, d) at the mid residual."""
 
+    def activations(self) -> torch.Tensor:
+        """(n, n_neurons) the MLP's neurons on the prompt."""
+
+    def mlp(self) -> Any:
+        """The MLP's explicit piece (its ``read_vectors`` / ``write_vectors``)."""
+
 
 class Walk(Protocol):
     """What :func:`sweep` needs of an engine: its final norm, its layers one at a time, what comes before them."""
@@ -125,6 +131,14 @@ class Walk(Protocol):
 
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, d) at layer 0's input -> at the input embeddings (the norms before the first layer)."""
+
+
+def neuron_activations(walk: Walk, layers: Sequence[int]) -> Iterator[tuple[int, torch.Tensor, Any]]:
+    """``(layer, (n, n_neurons) its neurons' values, its MLP piece)`` for each of ``layers``, one layer resident at a
+    time."""
+    for i in layers:
+        with walk.layer(i) as layer:
+            yield i, layer.activations(), layer.mlp()
 
 
 def check_request(request: PullRequest, n_layers: int, n_tokens: int) -> None:

@@ -22,7 +22,7 @@ from ..interface import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
-from ..pullback import EMBEDDINGS, PullRequest, Site, pulls
+from ..pullback import EMBEDDINGS, PullRequest, Site, neuron_activations, pulls
 from ..pullback import OUTPUT as OUTPUT_SITE
 from ..streamed.cost import MODES, check_request
 from .model_pieces import FrozenModel
@@ -156,6 +156,14 @@ class InMemoryEngine(Engine):
                     f"{', '.join(r.name for r in request.reads)}."
                 )
             yield j, EMBEDDINGS, _stream(trace).pull(torch.stack([s.values for s in request.seeds]).sum(0))
+
+    def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
+        self.check_neurons()
+        frozen = _in_memory(trace).frozen
+        if frozen is None:
+            raise InvalidArgumentError("Expected a trace with the model's explicit pieces for its neurons. Got one "
+                                       f"whose sweeps fell back to torch.func: {_stream(trace).fallback}.")
+        yield from neuron_activations(frozen, range(self.n_layers) if layers is None else layers)
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""

@@ -89,7 +89,7 @@ class FrozenModel:
 
     @contextmanager
     def layer(self, i: int) -> Iterator[PiecesPull]:
-        yield PiecesPull(self.pieces(i))
+        yield PiecesPull(self.pieces(i), self.mids[i] if self.mids else None)
 
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         for norm in reversed(self.before):

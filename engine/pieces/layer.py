@@ -245,10 +245,21 @@ class PiecesPull:
     """A layer's pieces as the pullback primitive crosses it (:class:`~detjac.engine.pullback.LayerPull`)."""
 
     pieces: LayerPieces
+    mid: torch.Tensor | None = None  # (n, d) the layer's mid residual on the prompt: its MLP's input
 
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
         with torch.no_grad():
             return pull_layer(self.pieces, g_out, g_mid, s, cut)
+
+    def activations(self) -> torch.Tensor:
+        """(n, n_neurons) the MLP's neurons on the prompt."""
+        assert self.mid is not None, "a walk that hands out layers for activations gives their mid residual"
+        with torch.no_grad():
+            return self.pieces.mlp.activations(self.mid)
+
+    def mlp(self) -> Any:
+        """The MLP's piece (:class:`Mlp` or :class:`~detjac.engine.pieces.experts.Moe`): read and write vectors."""
+        return self.pieces.mlp
 
     def neuron_cotangents(self, g_out: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

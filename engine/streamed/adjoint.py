@@ -111,6 +111,12 @@ class AutogradPull:
     def neuron_seeds(self, g: torch.Tensor) -> torch.Tensor:
         self._refuse("its MLP neurons")
 
+    def activations(self) -> torch.Tensor:
+        self._refuse("its MLP neurons")
+
+    def mlp(self) -> Any:
+        self._refuse("its MLP neurons")
+
     def _refuse(self, what: str) -> Any:
         raise InvalidArgumentError(f"Expected layer {self.i} as explicit pieces for {what}. Got a layer crossed by "
                                    f"torch.func: {self.why}.")
@@ -183,7 +189,7 @@ class ExplicitAdjoint(AutogradAdjoint):
         if pieces is None:
             why = self._unknown.get(i, "the Jacobian is not detached")
             return AutogradPull(self, i, trace, h, why)
-        return CountedPull(pieces, self.sk.stats)
+        return CountedPull(pieces, self.sk.stats, trace.mids[i].to(self.sk.device) if trace.mids else None)
 
     def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
                    g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
@@ -210,8 +216,8 @@ class ExplicitAdjoint(AutogradAdjoint):
 class CountedPull(PiecesPull):
     """A layer's pieces crossed by the sweep, counting the pullbacks that started past position 0."""
 
-    def __init__(self, pieces: LayerPieces, stats: Any) -> None:
-        super().__init__(pieces)
+    def __init__(self, pieces: LayerPieces, stats: Any, mid: torch.Tensor | None = None) -> None:
+        super().__init__(pieces, mid)
         self.stats = stats
 
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:

@@ -29,7 +29,7 @@ from ..detach.model import linearized
 from ..families import family_for
 from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
 from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
-from ..pullback import PullRequest, Site, pulls
+from ..pullback import PullRequest, Site, neuron_activations, pulls
 from ..result import reconstruct
 from . import passes as sweeps
 from .adjoint import make_adjoint
@@ -226,6 +226,13 @@ class StreamedEngine(Engine):
         self.check_pull(requests)
         with self._linear():
             yield from pulls(sweeps.StreamedWalk(self.skeleton, self.steps, _streamed(trace), self.adjoint), requests)
+
+    def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
+        self.check_neurons()
+        st = _streamed(trace)
+        with self._linear():
+            walk = sweeps.StreamedWalk(self.skeleton, self.steps, st, self.adjoint)
+            yield from neuron_activations(walk, range(self.n_layers) if layers is None else layers)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Read whole from the source (see :func:`~detjac.engine.products.decode.final_norm_gain`)."""

@@ -1,0 +1,362 @@
+"""Exact attribution graphs of one prediction: input tokens, MLP neurons and top logits, with no transcoder and no
+error nodes.
+
+With attention probabilities, norm scales and every MLP's gate frozen, each MLP neuron ``z = gate · (W_up norm(r))``
+is linear in the residual stream, and the model is linear in the input embeddings and the neurons. An edge
+``a -> b`` is ``act(a) · ∂value(b)/∂act(a)`` with every MLP's output held at its neurons (the direct effect), so each
+node's incoming edges over all sources sum to its value exactly. :func:`attribution_graph` computes the graph with the
+pullback primitive (:mod:`detjac.engine.pullback`): one pullback per logit ranks every neuron, then one cut pullback per
+kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.progress import progress_bar
+
+from ..interface import Engine, Prompt
+from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
+
+MAX_NODES = 7500  # neurons that enter the adjacency (circuit-tracer's default max_feature_nodes)
+MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
+LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
+ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)
+LABEL_TOKENS = 3  # tokens in a neuron's label, each way
+
+
+@dataclass
+class AttributionGraph:
+    """An exact attribution graph (see the module docstring).
+
+    Nodes are ordered neurons (``M``), then tokens (``n``), then logits (``K``), as circuit-tracer orders features,
+    tokens and logits; ``adjacency[target, source]`` is the edge weight.
+
+    Attributes
+    ----------
+    token_ids, tokens : list
+        The prompt (n) and each token's text.
+    position : int
+        The predicted position (the logits' ``ctx_idx``).
+    n_layers : int
+        Decoder layers (a logit node's layer is ``n_layers + 1``).
+    logit_ids : list[int]
+        The ``K`` target tokens, most probable first; ``logit_probabilities`` (K,) their probabilities.
+    logit_values : numpy.ndarray
+        (K,) each target's demeaned logit ``logit_t - mean_v logit_v``: the logit node's value.
+    neurons : numpy.ndarray
+        (M, 3) each neuron node's (layer, index, position); ``activations`` (M,) its value.
+    adjacency : numpy.ndarray
+        (M + n + K, M + n + K) the direct effects.
+    completeness : numpy.ndarray
+        (M + K,) for each neuron and logit node ``|sum of its incoming edges over all sources - value| / |value|``:
+        the sum runs over *every* neuron of the model, not only the ``M`` kept.
+    kept_share : numpy.ndarray
+        (M + K,) the share of each node's value that its edges from the graph's nodes carry (1: nothing outside).
+    n_active : int
+        Neurons with a nonzero value at or before the position (the candidates).
+    labels : list[str]
+        (M,) each neuron's label: its write vector's top tokens through the unembedding, its read vector's through the
+        embedding.
+    info : dict
+        Model, family, dtype, engine and the settings used.
+    """
+
+    token_ids: list[int]
+    tokens: list[str]
+    position: int
+    n_layers: int
+    logit_ids: list[int]
+    logit_tokens: list[str]
+    logit_probabilities: np.ndarray
+    logit_values: np.ndarray
+    neurons: np.ndarray
+    activations: np.ndarray
+    adjacency: np.ndarray
+    completeness: np.ndarray
+    kept_share: np.ndarray
+    n_active: int
+    labels: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_neurons(self) -> int:
+        return int(self.neurons.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.logit_ids)
+
+    @property
+    def worst_completeness(self) -> float:
+        """The largest relative error of a node's incoming edges against its value (0: exact)."""
+        return float(self.completeness.max()) if self.completeness.size else 0.0
+
+    def __repr__(self) -> str:
+        return (f"<AttributionGraph {self.n_tokens} tokens, {self.n_neurons} of {self.n_active} active neurons, "
+                f"{self.n_logits} logits; completeness {self.worst_completeness:.1e}>")
+
+
+def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NODES, max_logits: int = MAX_LOGITS,
+                      logit_probability: float = LOGIT_PROBABILITY, rows_per_pass: int | None = None,
+                      progress: bool = False) -> AttributionGraph:
+    """The exact attribution graph of the prediction at the prompt's last position (see the module docstring).
+
+    Parameters
+    ----------
+    engine
+        Any engine with neuron sites (:attr:`~detjac.engine.Engine.pullback_sites`): explicit detached sweeps.
+    prompt
+        Text or token ids.
+    max_nodes
+        Neurons that enter the adjacency, ranked by their total attribution to the logits (probability weighted).
+    max_logits, logit_probability
+        The logit targets: the most probable tokens, at most ``max_logits``, until their probabilities reach
+        ``logit_probability``.
+    rows_per_pass
+        Adjacency rows pulled back together (memory grows with it); default from the engine's memory budget.
+    progress
+        Show a progress bar.
+
+    Raises
+    ------
+    UnsupportedModelError
+        A family whose neurons have no definition here (affine: biases; post-norm layers).
+    InvalidArgumentError
+        A non-positive ``max_nodes`` or ``rows_per_pass``, a probability outside (0, 1], an engine without neuron
+        sites (autograd sweeps, ordinary Jacobian), or a ``max_nodes`` the memory budget cannot hold.
+    PromptError
+        An empty prompt, unknown ids, or more tokens than the model's context.
+    """
+    _check_settings(engine, max_nodes, max_logits, logit_probability, rows_per_pass)
+    trace = engine.trace(prompt, progress=progress)
+    n, p = trace.n_tokens, trace.position
+    rows = rows_per_pass or _rows_per_pass(engine, n, max_nodes)
+    targets = _logit_targets(engine, trace.output, max_logits, logit_probability)
+    acts = {layer: z for layer, z, _ in engine.neurons(trace)}
+    chosen, n_active = _rank(engine, trace, targets, acts, max_nodes)
+    graph = _adjacency(engine, trace, targets, acts, chosen, rows, progress)
+    ids = list(trace.token_ids)
+    graph_labels = _labels(engine, trace, chosen)
+    return AttributionGraph(
+        token_ids=ids, tokens=token_texts(engine, ids), position=p, n_layers=engine.n_layers,
+        logit_ids=targets.ids, logit_tokens=token_texts(engine, targets.ids),
+        logit_probabilities=targets.probabilities, logit_values=targets.values.cpu().double().numpy(),
+        neurons=chosen.cpu().numpy(), activations=_chosen_values(acts, chosen).cpu().double().numpy(),
+        adjacency=graph[0], completeness=graph[1], kept_share=graph[2], n_active=n_active, labels=graph_labels,
+        info={"family": engine.family.name, "model_type": engine.config.model_type,
+              "dtype": str(engine.dtype).removeprefix("torch."), "n_layers": engine.n_layers,
+              "d_model": engine.d_model, "max_nodes": max_nodes, "engine": type(engine).__name__},
+    )
+
+
+def token_texts(engine: Engine, ids: list[int]) -> list[str]:
+    """Each token id's text (``' Paris'``), or the id itself where the model has no tokenizer."""
+    tok = engine.tokenizer
+    return [tok.decode([i]) if tok is not None else str(i) for i in ids]
+
+
+def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability: float, rows: int | None) -> None:
+    family = engine.family
+    if family.affine or family.post_norm:
+        kind = "a post-norm layer" if family.post_norm else "biases on the linear path (affine)"
+        raise UnsupportedModelError(
+            f"Expected a family whose MLP neurons detjac defines for attribution graphs (bias-free, pre-norm "
+            f"layers). Got {family.name}: {kind}, whose neurons would need bias nodes not defined yet."
+        )
+    for name, value in (("max_nodes", max_nodes), ("max_logits", max_logits)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r}.")
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        raise InvalidArgumentError(f"Expected rows_per_pass to be a positive integer. Got {rows!r}.")
+    if not 0.0 < probability <= 1.0:
+        raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {probability!r}.")
+    engine.check_neurons()
+
+
+def _rows_per_pass(engine: Engine, n: int, max_nodes: int) -> int:
+    """Adjacency rows per pass: all a memory budget of the compute device holds (a row's residual cotangents and
+    one layer's neuron cotangents, four times over for the sweep's temporaries), else :data:`ROWS_PER_PASS`."""
+    from ..memory import device_key
+
+    budget = engine.memory_budget(device_key(engine.device))
+    if budget is None:
+        return ROWS_PER_PASS
+    ffn = int(getattr(engine.config.get_text_config(), "intermediate_size", 4 * engine.d_model))
+    per_row = 4 * n * (engine.d_model + ffn) * engine.dtype.itemsize
+    rows = int(budget // 2 // per_row)
+    if rows < 1:
+        raise InvalidArgumentError(
+            f"Expected a memory budget that holds one adjacency row ({per_row / 2**20:.1f} MiB at {n} tokens). "
+            f"Got {budget / 2**20:.1f} MiB for {device_key(engine.device)}."
+        )
+    return min(rows, max(1, max_nodes))
+
+
+@dataclass
+class _Targets:
+    ids: list[int]
+    probabilities: np.ndarray  # (K,)
+    vectors: torch.Tensor  # (K, d): value_k = vectors[k] @ y
+    values: torch.Tensor  # (K,)
+
+
+def _logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability: float) -> _Targets:
+    """The top logits until ``probability`` (at most ``max_logits``), each as a vector ``w`` with ``w · y`` its
+    demeaned logit: ``r_t W_U[t] - mean_v r_v W_U[v]``, ``r`` the final soft-cap's frozen ratio (1 without one)."""
+    W = engine.decoding_matrices()["unembedding"].to(device=y.device, dtype=y.dtype)  # (V, d)
+    with torch.no_grad():
+        raw = W @ y
+        logits = engine.logits(y).to(y.dtype)
+        ratio = torch.where(raw != 0, logits / torch.where(raw != 0, raw, torch.ones_like(raw)), torch.ones_like(raw))
+        probs = torch.softmax(logits.double(), dim=-1)
+        top = torch.sort(probs, descending=True)
+        k = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(probability, dtype=torch.float64))) + 1
+        ids = top.indices[:min(k, max_logits)]
+        mean = (ratio @ W) / W.shape[0]  # (d,) the mean over the vocabulary, never a (V, d) temporary
+        vectors = ratio[ids, None] * W[ids] - mean
+    return _Targets([int(i) for i in ids], probs[ids].cpu().numpy(), vectors, vectors @ y)
+
+
+def _rank(engine: Engine, trace: Any, targets: _Targets, acts: dict[int, torch.Tensor], max_nodes: int
+          ) -> tuple[torch.Tensor, int]:
+    """The ``max_nodes`` neurons with the largest total attribution to the logits (``sum_k p_k |act ·
+    ∂logit_k/∂act| / |logit_k|``, through every path), as (M, 3) (layer, index, position) sorted by layer,
+    position, index; and how many were active (nonzero, at or before the position)."""
+    p = trace.position
+    weights = torch.as_tensor(targets.probabilities, dtype=targets.values.dtype, device=targets.values.device)
+    weights = weights / targets.values.abs().clamp_min(torch.finfo(targets.values.dtype).tiny)
+    reads = tuple(neurons_of(layer) for layer in range(engine.n_layers))
+    scores: dict[int, torch.Tensor] = {}
+    for _, site, g in engine.pulls(trace, [PullRequest((Seed(OUTPUT, targets.vectors),), reads)]):
+        attr = (g * acts[site.layer][None]).abs()  # (K, n, N)
+        scores[site.layer] = torch.einsum("k,knf->nf", weights, attr)[:p + 1]
+    flat = torch.cat([scores[layer].reshape(-1) for layer in range(engine.n_layers)])
+    active = torch.cat([acts[layer][:p + 1].ne(0).reshape(-1) for layer in range(engine.n_layers)])
+    flat = torch.where(active, flat, torch.full_like(flat, -1.0))
+    n_active = int(active.sum())
+    keep = torch.topk(flat, min(max_nodes, n_active)).indices if n_active else flat.new_zeros(0, dtype=torch.long)
+    width = torch.tensor([scores[layer].numel() for layer in range(engine.n_layers)])
+    starts = torch.cumsum(width, 0) - width
+    layer = torch.searchsorted(starts, keep.cpu(), right=True) - 1
+    within = keep.cpu() - starts[layer]
+    n_neurons = torch.tensor([acts[layer_].shape[1] for layer_ in range(engine.n_layers)])
+    pos, index = within // n_neurons[layer], within % n_neurons[layer]
+    chosen = torch.stack([layer, index, pos], dim=1)
+    order = np.lexsort((chosen[:, 1].numpy(), chosen[:, 2].numpy(), chosen[:, 0].numpy()))
+    return chosen[torch.as_tensor(order, dtype=torch.long)], n_active
+
+
+def _chosen_values(acts: dict[int, torch.Tensor], chosen: torch.Tensor) -> torch.Tensor:
+    if chosen.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack([acts[int(layer)][int(pos), int(index)] for layer, index, pos in chosen.tolist()])
+
+
+def _adjacency(engine: Engine, trace: Any, targets: _Targets, acts: dict[int, torch.Tensor], chosen: torch.Tensor,
+               rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(adjacency, completeness, kept share): one cut pullback per logit and per chosen neuron."""
+    M, n, K, L = chosen.shape[0], trace.n_tokens, len(targets.ids), engine.n_layers
+    size = M + n + K
+    A = np.zeros((size, size))
+    total = np.zeros(M + K)  # each receiving node's incoming edges over every source of the model
+    columns = {layer: (chosen[:, 0] == layer).nonzero().reshape(-1) for layer in range(L)}
+    x = trace.embeddings
+    passes = _passes(chosen, targets, rows_per_pass, engine.d_model, acts)
+    bar = progress_bar(None, progress, "graph", "pass", total=len(passes))
+    try:
+        for requests, row_ids in passes:
+            for j, site, g in engine.pulls(trace, requests):
+                rows = row_ids[j]
+                if site == EMBEDDINGS:
+                    edges = (g * x[None]).sum(-1)  # (B, n)
+                    A[np.ix_(rows, M + np.arange(n))] = edges.cpu().double().numpy()
+                    total[_receiving(rows, M, n)] += edges.sum(1).cpu().double().numpy()
+                    continue
+                layer = site.layer
+                e = g * acts[layer][None]  # (B, n, N)
+                total[_receiving(rows, M, n)] += e.sum((1, 2)).cpu().double().numpy()
+                cols = columns[layer]
+                if cols.numel():
+                    picked = e[:, chosen[cols, 2], chosen[cols, 1]]  # (B, m)
+                    A[np.ix_(rows, cols.numpy())] = picked.cpu().double().numpy()
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    values = np.concatenate([_chosen_values(acts, chosen).cpu().double().numpy(),
+                             targets.values.cpu().double().numpy()])
+    scale = np.maximum(np.abs(values), np.finfo(np.float64).tiny)
+    completeness = np.abs(total - values) / scale
+    receiving = np.r_[np.arange(M), M + n + np.arange(K)]
+    kept_share = A[receiving].sum(1) / np.where(values != 0, values, 1.0)
+    return A, completeness, kept_share
+
+
+def _receiving(rows: np.ndarray, M: int, n: int) -> np.ndarray:
+    """Adjacency rows -> positions in the (M + K,) per-receiving-node arrays."""
+    return np.where(rows < M, rows, rows - n)
+
+
+def _passes(chosen: torch.Tensor, targets: _Targets, rows_per_pass: int, d: int, acts: dict[int, torch.Tensor]
+            ) -> list[tuple[list[PullRequest], list[np.ndarray]]]:
+    """The cut pullbacks, grouped into passes of at most ``rows_per_pass`` rows: the logits first (seeded at the
+    output), then the chosen neurons a layer at a time (seeded at their neuron, reading the layers below)."""
+    M, K = chosen.shape[0], len(targets.ids)
+    n = next(iter(acts.values())).shape[0]
+    cut = frozenset({"mlp"})
+    jobs: list[tuple[PullRequest, np.ndarray]] = []
+    L = len(acts)
+    for k0 in range(0, K, rows_per_pass):
+        k1 = min(K, k0 + rows_per_pass)
+        reads = (*(neurons_of(layer) for layer in range(L)), EMBEDDINGS)
+        jobs.append((PullRequest((Seed(OUTPUT, targets.vectors[k0:k1]),), reads, cut),
+                     M + n + np.arange(k0, k1)))
+    for layer in range(L):
+        idx = (chosen[:, 0] == layer).nonzero().reshape(-1)
+        width = acts[layer].shape[1]
+        for c0 in range(0, idx.numel(), rows_per_pass):
+            part = idx[c0:c0 + rows_per_pass]
+            seed = acts[layer].new_zeros(part.numel(), n, width)
+            seed[torch.arange(part.numel()), chosen[part, 2], chosen[part, 1]] = 1.0
+            reads = (*(neurons_of(below) for below in range(layer)), EMBEDDINGS)
+            jobs.append((PullRequest((Seed(neurons_of(layer), seed),), reads, cut, d_model=d), part.numpy()))
+    passes: list[tuple[list[PullRequest], list[np.ndarray]]] = []
+    for request, rows in jobs:  # requests share a pass (one sweep, each layer read once) while the rows fit
+        if passes and sum(r.rows for r in passes[-1][0]) + request.rows <= rows_per_pass:
+            passes[-1][0].append(request)
+            passes[-1][1].append(rows)
+        else:
+            passes.append(([request], [rows]))
+    return passes
+
+
+def _labels(engine: Engine, trace: Any, chosen: torch.Tensor) -> list[str]:
+    """Each chosen neuron's label: the top tokens of its write vector through the unembedding and of its read vector
+    through the embedding (so a graph reads without auto-interpretation)."""
+    if chosen.shape[0] == 0:
+        return []
+    mats = engine.decoding_matrices(torch.float32)
+    W_U, W_E = mats["unembedding"], mats["embedding"]
+    layers = sorted({int(layer) for layer in chosen[:, 0]})
+    labels: dict[tuple[int, int], str] = {}
+    for layer, _, mlp in engine.neurons(trace, layers):
+        idx = sorted({int(i) for i in chosen[chosen[:, 0] == layer, 1]})
+        write = mlp.write_vectors()[idx].float().cpu()  # (m, d)
+        read = mlp.read_vectors()[idx].float().cpu()
+        for c0 in range(0, len(idx), 64):
+            out_top = torch.topk(write[c0:c0 + 64] @ W_U.T, LABEL_TOKENS, dim=1).indices
+            in_top = torch.topk(read[c0:c0 + 64] @ W_E.T, LABEL_TOKENS, dim=1).indices
+            for i, o, r in zip(idx[c0:c0 + 64], out_top.tolist(), in_top.tolist(), strict=True):
+                labels[(layer, i)] = (f"writes {' '.join(repr(t) for t in token_texts(engine, o))} · reads "
+                                      f"{' '.join(repr(t) for t in token_texts(engine, r))}")
+    return [labels[(int(layer), int(i))] for layer, i, _ in chosen.tolist()]

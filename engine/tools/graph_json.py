@@ -1,0 +1,133 @@
+"""An attribution graph as circuit-tracer's graph JSON (schema_version 1), so its frontend and Neuronpedia open it.
+
+Node ids follow circuit-tracer's conventions: ``E_{token}_{pos}`` for tokens, ``{layer}_{index}_{pos}`` for neurons,
+``{n_layers + 1}_{token}_{pos}`` for logits; a neuron's ``feature`` is the Cantor pairing of (layer, index), its
+``feature_type`` ``mlp neuron``. There are no error nodes: the graph is exact. Details: docs/graphs.md, "The JSON"."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detjac.errors import InvalidArgumentError
+
+from .attribution import AttributionGraph
+from .graph_prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
+
+SCHEMA_VERSION = 1
+NEURON_TYPE = "mlp neuron"
+
+
+def cantor(x: int, y: int) -> int:
+    """A unique integer for two non-negative integers (circuit-tracer's feature number of a (layer, index))."""
+    return (x + y) * (x + y + 1) // 2 + y
+
+
+def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold: float = NODE_THRESHOLD,
+               edge_threshold: float = EDGE_THRESHOLD, pruned: Pruned | None = None) -> dict[str, Any]:
+    """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object."""
+    M, n = graph.n_neurons, graph.n_tokens
+    kept = pruned if pruned is not None else prune(graph.adjacency, M, n, graph.logit_probabilities,
+                                                   node_threshold, edge_threshold)
+    nodes = _nodes(graph, kept)
+    ids = {i: node["node_id"] for i, node in nodes.items()}
+    targets, sources = np.nonzero(kept.edges)
+    links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(graph.adjacency[t, s])}
+             for t, s in zip(targets, sources, strict=True) if int(s) in ids and int(t) in ids]
+    receiving = np.r_[np.arange(M), M + n + np.arange(graph.n_logits)]
+    kept_cols = kept.nodes.copy()
+    logit_rows = M + n + np.arange(graph.n_logits)
+    carried = (graph.adjacency[logit_rows][:, kept_cols].sum(1) / np.where(graph.logit_values != 0,
+                                                                           graph.logit_values, 1.0))
+    metadata = {
+        "slug": slug, "scan": model, "transcoder_list": [], "prompt_tokens": list(graph.tokens),
+        "prompt": "".join(graph.tokens), "node_threshold": node_threshold, "schema_version": SCHEMA_VERSION,
+        "info": {"generator": "detjac", "exact": True, "error_nodes": 0, "edge_threshold": edge_threshold,
+                 "completeness": graph.worst_completeness, "nodes_before_pruning": int(len(receiving) + n),
+                 "active_neurons": graph.n_active, "logit_share_kept": [float(c) for c in carried],
+                 **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)}},
+    }
+    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    return {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()), "links": links}
+
+
+def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:
+    M, n, L = graph.n_neurons, graph.n_tokens, graph.n_layers
+    out: dict[int, dict[str, Any]] = {}
+    has_edge = kept.edges.any(axis=0) | kept.edges.any(axis=1)
+    for i in np.nonzero(kept.nodes)[0].tolist():
+        score = float(kept.cumulative[i])
+        if i < M:
+            if not has_edge[i]:
+                continue
+            layer, index, pos = (int(v) for v in graph.neurons[i])
+            out[i] = {"node_id": f"{layer}_{index}_{pos}", "feature": cantor(layer, index), "layer": str(layer),
+                      "ctx_idx": pos, "feature_type": NEURON_TYPE, "jsNodeId": f"{layer}_{index}-0",
+                      "clerp": graph.labels[i] if graph.labels else "", "influence": score,
+                      "activation": float(graph.activations[i])}
+        elif i < M + n:
+            pos = i - M
+            token = graph.token_ids[pos]
+            out[i] = {"node_id": f"E_{token}_{pos}", "feature": pos, "layer": "E", "ctx_idx": pos,
+                      "feature_type": "embedding", "jsNodeId": f"E_{token}-{pos}", "clerp": graph.tokens[pos],
+                      "influence": score}
+        else:
+            k = i - M - n
+            token, prob = graph.logit_ids[k], float(graph.logit_probabilities[k])
+            out[i] = {"node_id": f"{L + 1}_{token}_{graph.position}", "feature": token, "layer": str(L + 1),
+                      "ctx_idx": graph.position, "feature_type": "logit", "token_prob": prob,
+                      "is_target_logit": k == 0, "jsNodeId": f"L_{token}-{graph.position}",
+                      "clerp": f'Output "{graph.logit_tokens[k]}" (p={prob:.3f})', "influence": score,
+                      "activation": float(graph.logit_values[k])}
+    return out
+
+
+def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: str | None = None,
+                node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
+                force: bool = False) -> dict[str, Any]:
+    """Write the graph's JSON to ``out`` (written aside, then renamed) and add it to ``graph-metadata.json`` beside
+    it (circuit-tracer's server lists the graphs of a folder from that file); return the JSON object.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``out`` exists and ``force`` is not set, or is not a ``.json`` path.
+    """
+    path = Path(out)
+    if path.suffix != ".json":
+        raise InvalidArgumentError(f"Expected an output path ending in .json. Got {str(out)!r}.")
+    if path.exists() and not force:
+        raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
+    slug = slug or path.stem
+    data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps(data))
+    index_path = path.parent / "graph-metadata.json"
+    index: dict[str, Any] = {"graphs": []}
+    if index_path.exists():
+        try:
+            index = json.loads(index_path.read_text())
+        except (OSError, ValueError):
+            index = {"graphs": []}
+        if not isinstance(index, dict) or not isinstance(index.get("graphs"), list):
+            index = {"graphs": []}
+    index["graphs"] = [g for g in index["graphs"] if isinstance(g, dict) and g.get("slug") != slug]
+    index["graphs"].append(data["metadata"])
+    _atomic_write(index_path, json.dumps(index, indent=1))
+    return data
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
