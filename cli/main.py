@@ -14,6 +14,7 @@ from detjac.errors import DetjacError
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .analyze_cmds import analyze
+from .graph_cmd import graph
 from .lens_cmd import lens
 from .options import ModelOptions, model_options, out_option, prompt_options
 from .run_cmd import run
@@ -282,6 +283,7 @@ for _view in VIEW_COMMANDS:  # analyze columns | image | path
     analyze.add_command(_view)
 main.add_command(steer)
 main.add_command(svd)
+main.add_command(graph)
 main.add_command(view)
 main.add_command(lens)
 

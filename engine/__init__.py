@@ -10,6 +10,7 @@ prompt's Jacobian on either. The folders: docs/engine.md, "Layout".
 >>> engine = load_engine("default")                                         # doctest: +SKIP
 >>> res = jacobian(engine, "Kitten, n. A young")                           # doctest: +SKIP
 >>> res.jacobian.shape, res.reconstruction_error                          # doctest: +SKIP
+>>> graph = engine.graph("The capital of France is")                       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ from .products.decode import SingularTriplets, decode_blocks, decode_top, dense_
 from .products.lanczos import OperatorSVD, operator_svd
 from .products.linear_operator import JacobianOperator, jacobian_operator
 from .products.logits import decoding_matrix, logit_jacobian, output_logits
+from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult, reconstruct
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine, StreamedResult
+from .tools.attribution import AttributionGraph, attribution_graph
 from .tools.exactness_report import ExactnessReport, exactness_report
+from .tools.graph_json import graph_dict, write_graph
+from .tools.graph_prune import Pruned, prune
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import Explanation, explain, explain_summed
 
@@ -45,6 +50,7 @@ from .tools.triplets import Explanation, explain, explain_summed
 # from here for them and for scripts written against earlier versions.
 __all__ = [
     "OUTPUTS",
+    "AttributionGraph",
     "Engine",
     "InMemoryEngine",
     "JacobianBlock",
@@ -52,7 +58,11 @@ __all__ = [
     "StreamedEngine",
     "StreamedResult",
     "Target",
+    "PullRequest",
+    "Seed",
+    "Site",
     "as_engine",
+    "attribution_graph",
     "decode_top",
     "dense_svd",
     "detached_jacobian",
@@ -68,6 +78,7 @@ __all__ = [
     "operator_svd",
     "stream_jacobian",
     "supported_model_types",
+    "write_graph",
 ]
 
 # Names that were renamed: still importable from here, with a DeprecationWarning the first time each is used.

@@ -354,9 +354,16 @@ def _labels(engine: Engine, trace: Any, chosen: torch.Tensor) -> list[str]:
         write = mlp.write_vectors()[idx].float().cpu()  # (m, d)
         read = mlp.read_vectors()[idx].float().cpu()
         for c0 in range(0, len(idx), 64):
-            out_top = torch.topk(write[c0:c0 + 64] @ W_U.T, LABEL_TOKENS, dim=1).indices
-            in_top = torch.topk(read[c0:c0 + 64] @ W_E.T, LABEL_TOKENS, dim=1).indices
+            out_top = torch.topk(write[c0:c0 + 64] @ W_U.T, 4 * LABEL_TOKENS, dim=1).indices
+            in_top = torch.topk(read[c0:c0 + 64] @ W_E.T, 4 * LABEL_TOKENS, dim=1).indices
             for i, o, r in zip(idx[c0:c0 + 64], out_top.tolist(), in_top.tolist(), strict=True):
-                labels[(layer, i)] = (f"writes {' '.join(repr(t) for t in token_texts(engine, o))} · reads "
-                                      f"{' '.join(repr(t) for t in token_texts(engine, r))}")
+                labels[(layer, i)] = f"writes {_readable(engine, o)} · reads {_readable(engine, r)}"
     return [labels[(int(layer), int(i))] for layer, i, _ in chosen.tolist()]
+
+
+def _readable(engine: Engine, ids: list[int]) -> str:
+    """The first :data:`LABEL_TOKENS` of ``ids`` whose text is whole (not a fragment of a multi-byte character),
+    quoted; the first ones whatever they are when none is."""
+    texts = token_texts(engine, ids)
+    whole = [t for t in texts if t.strip() and "\ufffd" not in t] or texts
+    return " ".join(repr(t) for t in whole[:LABEL_TOKENS])

@@ -29,8 +29,10 @@ def cantor(x: int, y: int) -> int:
 
 
 def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold: float = NODE_THRESHOLD,
-               edge_threshold: float = EDGE_THRESHOLD, pruned: Pruned | None = None) -> dict[str, Any]:
-    """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object."""
+               edge_threshold: float = EDGE_THRESHOLD, pruned: Pruned | None = None,
+               identity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object;
+    ``identity`` (e.g. the model's ``weights_sha256``) joins its ``metadata.info``."""
     M, n = graph.n_neurons, graph.n_tokens
     kept = pruned if pruned is not None else prune(graph.adjacency, M, n, graph.logit_probabilities,
                                                    node_threshold, edge_threshold)
@@ -50,7 +52,8 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
         "info": {"generator": "detjac", "exact": True, "error_nodes": 0, "edge_threshold": edge_threshold,
                  "completeness": graph.worst_completeness, "nodes_before_pruning": int(len(receiving) + n),
                  "active_neurons": graph.n_active, "logit_share_kept": [float(c) for c in carried],
-                 **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)}},
+                 **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)},
+                 "model": model, **(identity or {})},
     }
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()), "links": links}
@@ -89,7 +92,7 @@ def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:
 
 def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: str | None = None,
                 node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
-                force: bool = False) -> dict[str, Any]:
+                force: bool = False, identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the graph's JSON to ``out`` (written aside, then renamed) and add it to ``graph-metadata.json`` beside
     it (circuit-tracer's server lists the graphs of a folder from that file); return the JSON object.
 
@@ -104,7 +107,8 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
     if path.exists() and not force:
         raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
     slug = slug or path.stem
-    data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold)
+    data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold,
+                      identity=identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(path, json.dumps(data))
     index_path = path.parent / "graph-metadata.json"

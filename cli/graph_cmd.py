@@ -1,0 +1,70 @@
+"""``detjac graph``: the exact attribution graph of one prediction, as circuit-tracer's graph JSON."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from .options import ModelOptions, model_options, prompt_options
+
+
+@click.command("graph")
+@click.argument("model", type=click.Path(), default="default", required=False)
+@prompt_options()
+@model_options()
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+              help="Write the graph JSON here (a .json file; graph-metadata.json is updated beside it).")
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=7500, show_default=True,
+              help="Neurons that enter the adjacency, ranked by their total attribution to the logits.")
+@click.option("--node-threshold", type=click.FloatRange(0, 1), default=0.8, show_default=True,
+              help="Pruning: keep the nodes that hold this share of the influence on the logits.")
+@click.option("--edge-threshold", type=click.FloatRange(0, 1), default=0.98, show_default=True,
+              help="Pruning: keep the edges that hold this share of the influence.")
+@click.option("--rows", "rows_per_pass", type=click.IntRange(min=1), default=None,
+              help="Adjacency rows pulled back together (memory grows with it) [default: 128, or what "
+                   "--max-memory allows].")
+@click.option("--slug", default=None, help="The graph's name in the frontend [default: the --out file's stem].")
+def graph(model: str, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
+          node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None) -> None:
+    """Exact attribution graph of MODEL's prediction on one prompt.
+
+    Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
+    reach 0.95). With attention probabilities, norm scales and every MLP's gate frozen, the model is
+    linear in the embeddings and the neurons, so each node's incoming edges (direct effects, every
+    other MLP held at its neurons) sum to its value exactly: no transcoder, no error nodes. Writes
+    circuit-tracer's graph JSON (schema_version 1), pruned as circuit-tracer prunes; open it with
+    circuit-tracer's local server or Neuronpedia.
+
+    \b
+    Examples:
+      detjac graph -p "Copper, n. A" --out copper.json
+      detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --out france.json
+      detjac graph model.gguf -p "..." --out g.json --streamed --max-memory cpu=2GiB
+      python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
+    """
+    from detjac.engine import attribution_graph, resolve_model, write_graph
+    from detjac.runs import model_identity
+
+    if out.lower().endswith(".json") is False:
+        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
+    source = model_options.source(model)
+    engine = model_options.engine(source)
+    started = time.perf_counter()
+    g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, progress=True)
+    identity = model_identity(resolve_model(source))  # the weights' SHA-256, as a store's run records it
+    data = write_graph(g, out, model=model, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold,
+                       force=force, identity={k: v for k, v in identity.items() if isinstance(v, str)})
+    nodes = data["nodes"]
+    neurons = sum(1 for n in nodes if n["feature_type"] == "mlp neuron")
+    top = ", ".join(f"{t!r} p={p:.3f}" for t, p in zip(g.logit_tokens[:3], g.logit_probabilities[:3], strict=False))
+    click.echo(f"model        {model} ({g.info['family']}, {g.info['dtype']}); {g.n_tokens} tokens")
+    click.echo(f"logits       {g.n_logits}: {top}{' ...' if g.n_logits > 3 else ''}")
+    click.echo(f"neurons      {g.n_active} active, {g.n_neurons} ranked into the adjacency, {neurons} kept")
+    click.echo(f"completeness {g.worst_completeness:.1e} (worst |sum of incoming edges - value| / |value|)")
+    share = data["metadata"]["info"]["logit_share_kept"]
+    click.echo("kept share   of each logit carried by the pruned graph: "
+               + " ".join(f"{s:.2f}" for s in share))
+    click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in "
+               f"{time.perf_counter() - started:.1f} s")

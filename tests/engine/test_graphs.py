@@ -1,0 +1,196 @@
+"""Exact attribution graphs: completeness on every family, the edges against an independent autograd of a hand-written
+cut model, both engines alike, the pullback primitive's refusals, and bad input refused before anything is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, tiny_model, tiny_model_types
+from detjac.engine.pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
+from detjac.errors import InvalidArgumentError, PromptError, UnsupportedModelError
+
+IDS = [3, 17, 5, 42, 9, 11, 2, 30, 7, 19]  # longer than a tiny model's sliding window
+
+
+def _model(family: str, seed: int = 1) -> torch.nn.Module:
+    model = tiny_model(family, seed=seed).to(torch.float64)
+    model.requires_grad_(False)
+    with torch.no_grad():  # norm weights off their initial values (Gemma's start at 0, the others at 1)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def _graph_families() -> list[str]:
+    return [f for f in tiny_model_types() if f not in ("gpt2", "bert", "qwen2")]
+
+
+@pytest.mark.parametrize("family", _graph_families())
+def test_every_nodes_incoming_edges_sum_to_its_value(family):
+    g = attribution_graph(InMemoryEngine(_model(family)), IDS, max_nodes=60, rows_per_pass=16)
+    assert g.n_neurons == 60 and g.n_logits >= 1
+    assert g.worst_completeness < 1e-12, family
+    # every edge goes up: a neuron's sources are tokens or neurons of lower layers at positions not after its own
+    M, n = g.n_neurons, g.n_tokens
+    src = np.nonzero(g.adjacency[:M, :M])
+    assert (g.neurons[src[1], 0] < g.neurons[src[0], 0]).all()
+    assert (g.neurons[src[1], 2] <= g.neurons[src[0], 2]).all()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "qwen2"])
+def test_a_family_without_a_neuron_definition_is_refused_by_name(family):
+    with pytest.raises(UnsupportedModelError, match="attribution graphs.*(affine|post-norm)"):
+        attribution_graph(InMemoryEngine(_model(family)), IDS, max_nodes=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_both_engines_give_the_same_graph(family):
+    model = _model(family)
+    a = attribution_graph(InMemoryEngine(model), IDS, max_nodes=40)
+    b = attribution_graph(StreamedEngine(model), IDS, max_nodes=40, rows_per_pass=7)
+    assert np.array_equal(a.neurons, b.neurons)
+    assert np.abs(a.adjacency - b.adjacency).max() <= 1e-12 * np.abs(a.adjacency).max()
+    assert b.worst_completeness < 1e-12
+
+
+# -- an independent computation: autograd of a hand-written Llama with every MLP's output given as its neurons ------
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt().detach() * weight
+
+
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:  # (heads, n, hd)
+    n, hd = x.shape[-2:]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv
+    ang = torch.cat([ang, ang], -1)
+    rot = torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+    return x * ang.cos().to(x.dtype) + rot * ang.sin().to(x.dtype)
+
+
+def _cut_llama(model: torch.nn.Module, x: torch.Tensor, z: list[torch.Tensor] | None):
+    """The detached Llama on embeddings ``x`` (n, d); with ``z`` each MLP's output is ``z[l] @ W_down^T`` (its
+    neurons given), else the model's own. Returns (final normed state (n, d), [each layer's neurons (n, ffn)])."""
+    cfg = model.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd, eps, theta = cfg.hidden_size // heads, cfg.rms_norm_eps, cfg.rope_parameters["rope_theta"]
+    n = x.shape[0]
+    mask = torch.full((n, n), float("-inf"), dtype=x.dtype).triu(1)
+    h, own = x, []
+    for i, layer in enumerate(model.model.layers):
+        att = layer.self_attn
+        a = _rms(h, layer.input_layernorm.weight, eps)
+        q = _rope((a @ att.q_proj.weight.T).view(n, heads, hd).transpose(0, 1), theta)
+        k = _rope((a @ att.k_proj.weight.T).view(n, kv, hd).transpose(0, 1), theta)
+        v = (a @ att.v_proj.weight.T).view(n, kv, hd).transpose(0, 1)
+        k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+        probs = torch.softmax(q @ k.transpose(1, 2) / hd**0.5 + mask, -1).detach()
+        h = h + (probs @ v).transpose(0, 1).reshape(n, -1) @ att.o_proj.weight.T
+        m = _rms(h, layer.post_attention_layernorm.weight, eps)
+        gate = torch.nn.functional.silu(m @ layer.mlp.gate_proj.weight.T).detach()
+        own.append(gate * (m @ layer.mlp.up_proj.weight.T))
+        h = h + (own[-1] if z is None else z[i]) @ layer.mlp.down_proj.weight.T
+    return _rms(h, model.model.norm.weight, eps), own
+
+
+def test_edges_match_autograd_of_a_hand_written_cut_model():
+    model = _model("llama", seed=4)
+    engine = InMemoryEngine(model)
+    g = attribution_graph(engine, IDS, max_nodes=80, rows_per_pass=13)
+    x = model.model.embed_tokens.weight[IDS].clone()
+    _, acts = _cut_llama(model, x, None)
+    W = model.lm_head.weight
+    M, n = g.n_neurons, g.n_tokens
+    assert np.allclose(g.activations, [float(acts[l][p, i]) for l, i, p in g.neurons], rtol=1e-12, atol=0)
+
+    def edges(value_of) -> np.ndarray:  # one node's edges from every chosen neuron and every token
+        xs = x.clone().requires_grad_(True)
+        zs = [a.detach().clone().requires_grad_(True) for a in acts]
+        y, own = _cut_llama(model, xs, zs)
+        value = value_of(y, own)
+        gx, *gz = torch.autograd.grad(value, [xs, *zs], allow_unused=True)
+        gz = [torch.zeros_like(a) if gr is None else gr for a, gr in zip(acts, gz, strict=True)]
+        row = np.zeros(M + n)
+        for c, (layer, i, p) in enumerate(g.neurons):
+            row[c] = float(acts[layer][p, i] * gz[layer][p, i])
+        row[M:] = (gx * x).sum(-1).detach().numpy()
+        total = float((gx * x).sum() + sum((a * gr).sum() for a, gr in zip(acts, gz, strict=True)))
+        return row, total, float(value.detach())
+
+    mean = W.mean(0)
+    for k, t in enumerate(g.logit_ids):
+        row, total, value = edges(lambda y, own, t=t: (W[t] - mean) @ y[g.position])
+        assert abs(value - g.logit_values[k]) <= 1e-12 * abs(value)
+        assert np.abs(g.adjacency[M + n + k, :M + n] - row).max() <= 1e-11 * np.abs(row).max()
+        assert abs(total - value) <= 1e-12 * abs(value)
+    for c in range(0, M, 7):
+        layer, i, p = (int(v) for v in g.neurons[c])
+        row, _, value = edges(lambda y, own, layer=layer, i=i, p=p: own[layer][p, i])
+        assert np.abs(g.adjacency[c, :M + n] - row).max() <= 1e-11 * max(np.abs(row).max(), abs(value))
+
+
+# -- the pullback primitive -----------------------------------------------------------------------------------
+
+
+def test_neuron_reads_seeds_and_cut_are_refused_on_the_autograd_sweeps():
+    engine = InMemoryEngine(_model("llama"), sweeps="autograd")
+    assert "neurons" not in engine.pullback_sites and "cut:mlp" not in engine.pullback_sites
+    with pytest.raises(InvalidArgumentError, match="neurons.*autograd sweeps were chosen"):
+        attribution_graph(engine, IDS, max_nodes=5)
+    trace = engine.trace(IDS)
+    u = torch.randn(2, engine.d_model, dtype=torch.float64)
+    with pytest.raises(InvalidArgumentError, match="cut:mlp"):
+        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,), frozenset({"mlp"}))])
+    # what the autograd sweeps do honour is the same pullback as the explicit one
+    explicit = InMemoryEngine(engine.model)
+    got = engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
+    want = explicit.sweep(explicit.trace(IDS), [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max())
+
+
+def test_the_streamed_autograd_sweeps_refuse_a_cut_by_name():
+    engine = StreamedEngine(_model("llama"), sweeps="autograd")
+    trace = engine.trace(IDS)
+    u = torch.randn(2, engine.d_model, dtype=torch.float64)
+    with pytest.raises(InvalidArgumentError, match="cut:mlp.*autograd sweeps"):
+        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (neurons_of(0),), frozenset({"mlp"}))])
+
+
+def test_a_malformed_request_names_what_is_wrong():
+    engine = InMemoryEngine(_model("llama"))
+    trace = engine.trace(IDS)
+    u = torch.randn(2, engine.d_model, dtype=torch.float64)
+    with pytest.raises(InvalidArgumentError, match="a read at a layer in \\[0, 2\\] for neurons. Got 9"):
+        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (neurons_of(9),))])
+    with pytest.raises(InvalidArgumentError, match="every seed with 2 rows"):
+        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u), Seed(OUTPUT, u[:1])), (EMBEDDINGS,))])
+    with pytest.raises(InvalidArgumentError, match="d_model"):
+        engine.sweep(trace, [PullRequest((Seed(neurons_of(1), torch.zeros(1, len(IDS), 8)),), (EMBEDDINGS,))])
+
+
+def test_every_position_pullback_is_the_same_on_both_engines():
+    model = _model("llama")
+    a, b = InMemoryEngine(model), StreamedEngine(model)
+    u = torch.randn(3, a.d_model, dtype=torch.float64)
+    got = a.pull_every_position(a.trace(IDS), u, [0, 1])
+    want = b.pull_every_position(b.trace(IDS), u, [0, 1])
+    for layer in (0, 1):
+        assert torch.allclose(got[layer], want[layer], rtol=0, atol=1e-12 * want[layer].abs().max())
+
+
+# -- bad input -----------------------------------------------------------------------------------------------
+
+
+def test_bad_settings_and_prompts_are_refused_before_any_work():
+    engine = InMemoryEngine(_model("llama"))
+    with pytest.raises(InvalidArgumentError, match="max_nodes to be a positive integer. Got 0"):
+        attribution_graph(engine, IDS, max_nodes=0)
+    with pytest.raises(InvalidArgumentError, match="logit probability in \\(0, 1\\]. Got 1.5"):
+        attribution_graph(engine, IDS, logit_probability=1.5)
+    with pytest.raises(PromptError):
+        attribution_graph(engine, [])
