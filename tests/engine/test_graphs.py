@@ -34,7 +34,7 @@ def test_every_nodes_incoming_edges_sum_to_its_value(family):
     assert g.n_neurons == 60 and g.n_logits >= 1
     assert g.worst_completeness < 1e-12, family
     # every edge goes up: a neuron's sources are tokens or neurons of lower layers at positions not after its own
-    M, n = g.n_neurons, g.n_tokens
+    M = g.n_neurons
     src = np.nonzero(g.adjacency[:M, :M])
     assert (g.neurons[src[1], 0] < g.neurons[src[0], 0]).all()
     assert (g.neurons[src[1], 2] <= g.neurons[src[0], 2]).all()
@@ -106,7 +106,7 @@ def test_edges_match_autograd_of_a_hand_written_cut_model():
     _, acts = _cut_llama(model, x, None)
     W = model.lm_head.weight
     M, n = g.n_neurons, g.n_tokens
-    assert np.allclose(g.activations, [float(acts[l][p, i]) for l, i, p in g.neurons], rtol=1e-12, atol=0)
+    assert np.allclose(g.activations, [float(acts[layer][p, i]) for layer, i, p in g.neurons], rtol=1e-12, atol=0)
 
     def edges(value_of) -> np.ndarray:  # one node's edges from every chosen neuron and every token
         xs = x.clone().requires_grad_(True)
