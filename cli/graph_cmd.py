@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -47,8 +48,10 @@ def graph(model: str, prompt: str, model_options: ModelOptions, out: str, force:
     from detjac.engine import attribution_graph, resolve_model, write_graph
     from detjac.runs import model_identity
 
-    if out.lower().endswith(".json") is False:
+    if not out.lower().endswith(".json"):
         raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
+    if Path(out).exists() and not force:
+        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).", param_hint="--out")
     source = model_options.source(model)
     engine = model_options.engine(source)
     started = time.perf_counter()

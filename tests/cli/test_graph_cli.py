@@ -1,0 +1,86 @@
+"""``detjac graph``: the JSON it writes passes circuit-tracer's own models and is served by its own server."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from detjac.cli.main import main
+
+PROMPT = "Copper, n. A"
+
+
+def _ct_models():
+    try:
+        from circuit_tracer.frontend.graph_models import Model  # imports only pydantic
+    except ImportError:
+        pytest.skip("circuit-tracer is not installed (pip install --no-deps circuit-tracer==0.5.0): its graph "
+                    "models and server are not checked")
+    return Model
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("graphs")
+    out = folder / "copper.json"
+    result = CliRunner().invoke(main, ["graph", "-p", PROMPT, "--out", str(out), "--max-nodes", "150"])
+    assert result.exit_code == 0, result.output
+    return folder, out, result.output
+
+
+@pytest.mark.slow
+def test_graph_prints_an_exact_graph_and_writes_its_json(written):
+    folder, out, output = written
+    lines = {line.split()[0]: line for line in output.splitlines() if line.strip() and ":" not in line.split()[0]}
+    completeness = float(lines["completeness"].split()[1])
+    assert completeness < 1e-12
+    data = json.loads(out.read_text())
+    assert data["metadata"]["schema_version"] == 1 and data["metadata"]["info"]["exact"] is True
+    assert data["metadata"]["info"]["weights_sha256"]  # the shipped model's identity
+    kinds = {n["feature_type"] for n in data["nodes"]}
+    assert kinds == {"embedding", "mlp neuron", "logit"}  # no error nodes
+    ids = {n["node_id"] for n in data["nodes"]}
+    assert all(link["source"] in ids and link["target"] in ids for link in data["links"])
+    assert sum(n["feature_type"] == "embedding" for n in data["nodes"]) == len(data["metadata"]["prompt_tokens"])
+    index = json.loads((folder / "graph-metadata.json").read_text())
+    assert [g["slug"] for g in index["graphs"]] == ["copper"]
+
+
+@pytest.mark.slow
+def test_the_json_passes_circuit_tracers_models_and_server(written):
+    Model = _ct_models()
+    from circuit_tracer.frontend.local_server import serve
+
+    folder, out, _ = written
+    model = Model(**json.loads(out.read_text()))
+    assert len(model.nodes) == len(json.loads(out.read_text())["nodes"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = serve(str(folder), port=port)
+    try:
+        for path, check in (("/data/graph-metadata.json", lambda d: d["graphs"][0]["slug"] == "copper"),
+                            ("/graph_data/copper.json", lambda d: Model(**d).metadata.slug == "copper")):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+                body = response.read()
+                if response.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+            assert check(json.loads(body)), path
+    finally:
+        server.stop()
+
+
+def test_bad_output_paths_are_refused_before_any_work(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["graph", "-p", PROMPT, "--out", str(tmp_path / "g.txt")])
+    assert result.exit_code != 0 and "Expected a path ending in .json. Got" in result.output
+    existing = tmp_path / "g.json"
+    existing.write_text("{}")
+    result = runner.invoke(main, ["graph", "-p", PROMPT, "--out", str(existing)])
+    assert result.exit_code != 0 and "exists (use --force)" in result.output
+    assert existing.read_text() == "{}"
