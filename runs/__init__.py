@@ -11,7 +11,8 @@ from detjac.facade import lazy_exports
 _EXPORTS = {
     "RunDescription": "description", "RunOptions": "run", "run_corpus": "run", "run_one": "run",
     "read_prompts": "prompts", "dask_scheduler": "scheduler", "check_npz_path": "export", "save_result": "export",
-    "weights_identity": "fingerprint", "model_identity": "fingerprint", "load_concept": "steering", "steer_prompt": "steering",
+    "weights_identity": "fingerprint", "model_identity": "fingerprint", "load_concept": "steering",
+    "steer_prompt": "steering",
     "prepare_evaluation": "steering", "evaluate_steering": "steering", "check_lens_kinds": "lens_apply",
     "load_lens_engine": "lens_apply", "fit_jlens": "lens_apply", "score_prompt": "lens_apply",
     "position_ranks": "lens_apply", "unembedding": "lens_apply", "evaluate_lenses": "lens_apply:evaluate",

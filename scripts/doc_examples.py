@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ("README.md", "docs/user-guide.md", "docs/lens.md", "docs/store-format.md", "docs/real-models.md")
+PAGES = ("README.md", "docs/user-guide.md", "docs/lens.md", "docs/store-format.md", "docs/real-models.md",
+         "docs/graphs.md")
 NOT_RUN = re.compile(r"<!--\s*docs:\s*not run:\s*(?P<reason>.*?)\s*-->")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 HUB_IDS = ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-14B")

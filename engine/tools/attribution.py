@@ -365,5 +365,5 @@ def _readable(engine: Engine, ids: list[int]) -> str:
     """The first :data:`LABEL_TOKENS` of ``ids`` whose text is whole (not a fragment of a multi-byte character),
     quoted; the first ones whatever they are when none is."""
     texts = token_texts(engine, ids)
-    whole = [t for t in texts if t.strip() and "\ufffd" not in t] or texts
+    whole = [t for t in texts if t.strip() and t.isprintable() and "\ufffd" not in t] or texts
     return " ".join(repr(t) for t in whole[:LABEL_TOKENS])
