@@ -134,8 +134,7 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
         right = " ".join(piece(tok, t) for t in summed.right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
-        pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
-        _save_jacobian(out, res, pieces, model, prompt, row_block, engine, model_options, force)
+        _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, row_block: int,

@@ -188,10 +188,11 @@ def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> 
 def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int, error: float,
                   run: RunDescription, storage: str) -> dict[str, Any]:
     from detjac.store import now
+    from detjac.tokens import token_text, token_texts
 
     return {"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids), "token_ids": ids,
-            "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None, "reconstruction_error": error,
-            "next_token_id": next_id, "next_token": tokenizer.decode([next_id]) if tokenizer else None,
+            "tokens": token_texts(tokenizer, ids), "reconstruction_error": error,
+            "next_token_id": next_id, "next_token": token_text(tokenizer, next_id) if tokenizer else None,
             "detached": run.detach, "dtype": run.dtype, "storage_dtype": storage, "model_id": run.model_id,
             "revision": run.revision, "model_type": run.model_type, "position": run.position,
             "detach_rules": list(run.detach_rules), "detjac_version": __version__, "written_at": now()}

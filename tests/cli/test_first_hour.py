@@ -181,3 +181,33 @@ def test_an_option_a_command_cannot_honour_is_refused_by_name():
     assert steer.exit_code == 2 and "Expected no --streamed with detjac steer: steering generates text" in steer.output
     apply = runner.invoke(main, ["lens", "apply", "missing.lens", "-p", "x", "--dtype", "float32"])
     assert apply.exit_code != 0
+
+
+def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_path: Path):
+    """Issue 54, item 1: an engine's result, ``explain`` on an engine, a stored prompt and the CLI turn ids into the
+    same text; a result's tokens are text (they join back into the prompt), never ids or byte-level BPE pieces."""
+    from detjac.analysis import token_texts
+    from detjac.engine import jacobian
+
+    prompt = "Bread, n. An article"
+    engine = load_engine("default")
+    res = jacobian(engine, prompt)
+    assert "".join(res.tokens[1:]) == prompt and res.tokens[0] == "<s>" and " n" in res.tokens
+    assert not any(t.startswith(("Ġ", "▁")) for t in res.tokens)
+    assert res.next_token == engine.tokenizer.decode([res.next_token_id])
+    assert f"next token {res.next_token!r}" in repr(res) and "next token id" not in repr(res)
+    printed = str(explain(res, engine, k=2, top=3))
+    assert re.search(r"#1 sigma \S+\s+left -> '.+' '.+' '.+'$", printed, re.M), printed
+    assert f"{res.tokens[-1]!r} sigma" in printed  # per-token labels are texts, not ids
+    lm = load_model("default")
+    assert printed == str(explain(detached_jacobian(lm, prompt), lm, k=2, top=3))
+    (tmp_path / "p.txt").write_text(prompt + "\n")
+    out = str(tmp_path / "r.zarr")
+    assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out).exit_code == 0
+    store = open_store(out)
+    attrs = store.get(store.prompt_ids()[0]).attrs
+    assert attrs["tokens"] == res.tokens and attrs["next_token"] == res.next_token
+    text = token_texts(store)
+    assert [text(i) for i in res.token_ids] == [repr(t) for t in res.tokens]
+    cli = invoke("jacobian", "default", "-p", prompt, "--k", "1")
+    assert f"tokens      {len(res.tokens)}: " + " ".join(map(repr, res.tokens)) in cli.output
