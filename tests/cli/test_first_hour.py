@@ -4,6 +4,7 @@ says it computed nothing, and low-rank stores analyzed where their triplets suff
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -211,3 +212,34 @@ def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_pa
     assert [text(i) for i in res.token_ids] == [repr(t) for t in res.tokens]
     cli = invoke("jacobian", "default", "-p", prompt, "--k", "1")
     assert f"tokens      {len(res.tokens)}: " + " ".join(map(repr, res.tokens)) in cli.output
+
+
+def test_a_refused_resume_names_the_setting_in_the_words_the_user_set(tmp_path: Path):
+    """Issue 54, item 2: a resume refused for other settings says which options differ, as they are typed."""
+    (tmp_path / "p.txt").write_text("The oak tree\n")
+    out = str(tmp_path / "r.zarr")
+    assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out).exit_code == 0
+    refused = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, "--dtype", "float32", "--ordinary")
+    assert refused.exit_code == 1
+    assert ("In the settings you give: --dtype float32 here, --dtype float64 in the store; --ordinary here, "
+            "no --ordinary in the store. Use --force-new to replace it, or another --out.") in refused.output
+
+
+@pytest.mark.slow
+def test_one_gguf_file_has_one_run_identity_whichever_engine_reads_it(tmp_path: Path):
+    """Issue 54, item 2: a store begun on a GGUF file by one engine is resumed by the other (same ids, same run)."""
+    from real_models import smollm2_path
+
+    from detjac.engine import resolve_model
+    from detjac.runs.description import describe_run
+
+    path = smollm2_path()
+    source = resolve_model(str(path))
+    engines = [load_engine(source, streamed=streamed) for streamed in (False, True)]
+    runs = [describe_run(engine, str(path), Path(source), None, "float64", None, 64) for engine in engines]
+    assert runs[0].config_sha256 == runs[1].config_sha256
+    # the streamed engine's identity is the one stores already hold: their prompts keep their ids
+    assert runs[1].config_sha256 == hashlib.sha256(engines[1].config.to_json_string().encode()).hexdigest()
+    from detjac.store import prompt_id
+
+    assert prompt_id(runs[0].as_dict(), "Hi") == prompt_id(runs[1].as_dict(), "Hi")
