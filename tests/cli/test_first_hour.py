@@ -243,3 +243,29 @@ def test_one_gguf_file_has_one_run_identity_whichever_engine_reads_it(tmp_path: 
     from detjac.store import prompt_id
 
     assert prompt_id(runs[0].as_dict(), "Hi") == prompt_id(runs[1].as_dict(), "Hi")
+
+
+def test_ctrl_c_in_one_process_exits_130_with_the_prompts_kept(tmp_path: Path, monkeypatch):
+    """Issue 54, item 3: Ctrl-C during a one-process run is told from an error (exit 130, as --help says), keeps the
+    committed prompts, says how many, and the same command resumes."""
+    import detjac.runs.local as local
+
+    real, calls = local.write_one, []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "write_one", interrupted_second)
+    (tmp_path / "p.txt").write_text("The oak tree\nA cat sat on\nKitten, n. A young\n")
+    out = str(tmp_path / "r.zarr")
+    stopped = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out)
+    assert stopped.exit_code == 130, stopped.output
+    assert "Aborted!" not in stopped.output
+    assert f"interrupted: 1 prompt kept in {out}; run the same command again to resume." in stopped.output
+    assert len(open_store(out).prompt_ids()) == 1
+    monkeypatch.setattr(local, "write_one", real)
+    resumed = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out)
+    assert resumed.exit_code == 0 and "1 already in" in resumed.output and "2 to compute" in resumed.output
