@@ -5,6 +5,7 @@ says it computed nothing, and low-rank stores analyzed where their triplets suff
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
 import subprocess
 import sys
@@ -269,3 +270,39 @@ def test_ctrl_c_in_one_process_exits_130_with_the_prompts_kept(tmp_path: Path, m
     monkeypatch.setattr(local, "write_one", real)
     resumed = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out)
     assert resumed.exit_code == 0 and "1 already in" in resumed.output and "2 to compute" in resumed.output
+
+
+def _every_command(group=main, path=()):
+    yield path, group
+    for name, command in getattr(group, "commands", {}).items():
+        yield from _every_command(command, (*path, name))
+
+
+def _garbled(text: str) -> list[str]:
+    """Where help text, as click keeps it (dedented), will not render as written: a prose line that starts with
+    spaces or holds a run of them (a real line break inside the docstring, e.g. an unescaped ``\\n``, leaves the
+    rest indented), or a verbatim ``\\b`` block whose first line is indented."""
+    bad = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.split("\n")
+        if lines[0].strip() == "\b":
+            bad += [f"indented verbatim block: {lines[1]!r}"] if len(lines) > 1 and lines[1][:1].isspace() else []
+            continue
+        bad += [f"{line!r}" for line in lines if line[:1].isspace() or re.search(r"\S {2,}\S", line)]
+    return bad
+
+
+def test_every_commands_help_renders_as_written():
+    """Issue 54, item 4: the help of every command and option renders as written (no line broken mid-sentence,
+    no runs of spaces, examples aligned), and --help works for each."""
+    bad = {}
+    for path, command in _every_command():
+        texts = [inspect.cleandoc(command.help or ""), *(getattr(p, "help", None) or "" for p in command.params)]
+        if found := [line for text in texts for line in _garbled(text)]:
+            bad[" ".join(path) or "detjac"] = found[:3]
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0 and "Usage: " in result.output, (path, result.output)
+    assert not bad, bad
+    shown = invoke("run", "--help").output
+    assert "Lines end at \\n (or \\r\\n) only" in " ".join(shown.split())
+    assert "\n  Examples:\n    detjac run default prompts.txt --out run.zarr\n" in shown
