@@ -306,3 +306,32 @@ def test_every_commands_help_renders_as_written():
     shown = invoke("run", "--help").output
     assert "Lines end at \\n (or \\r\\n) only" in " ".join(shown.split())
     assert "\n  Examples:\n    detjac run default prompts.txt --out run.zarr\n" in shown
+
+
+def test_a_prompt_id_is_prompt_id_and_the_old_spellings_still_work(tmp_path: Path):
+    """Issue 54, item 7: --prompt is prompt text everywhere; where a command takes a stored prompt's id the option is
+    --prompt-id (the old --prompt still works, with a deprecation message); demo takes MODEL like every command
+    (--model still works, with a message); a default is never an error (decode on a rank-4 store)."""
+    (tmp_path / "p.txt").write_text("The oak tree\nA cat sat on\n")
+    out = str(tmp_path / "lr.zarr")
+    assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, "--keep", "rank:4").exit_code == 0
+    pid = open_store(out).prompt_ids()[1]
+    for words in (["analyze", "svd"], ["analyze", "decode"], ["analyze", "columns"], ["analyze", "image"],
+                  ["analyze", "dims"], ["analyze", "layers"], ["analyze", "path"], ["view"]):
+        options = {o for p in _command(words).params if not getattr(p, "hidden", False) for o in p.opts}
+        assert "--prompt-id" in options and "--prompt" not in options, words
+    new = invoke("analyze", "svd", out, "--prompt-id", pid)
+    old = invoke("analyze", "svd", out, "--prompt", pid)
+    assert new.exit_code == old.exit_code == 0 and new.output.count("#1 sigma") == 1
+    assert "--prompt is deprecated here" not in new.output
+    assert ("Warning: --prompt is deprecated here (it takes a stored prompt's id; elsewhere --prompt is prompt "
+            "text): use --prompt-id." in old.output and old.output.count("#1 sigma") == 1)
+    decoded = invoke("analyze", "decode", out, "--prompt-id", pid)  # the default --k on a rank-4 store
+    assert decoded.exit_code == 0 and decoded.output.count("sigma") >= 4 and "#5 sigma" not in decoded.output
+    assert [p.name for p in _command(["demo"]).params if p.param_type_name == "argument"] == ["model"]
+    plot = str(tmp_path / "d.png")
+    positional = invoke("demo", "default", "-p", "The cat", "--k", "1", "--plot", plot)
+    flagged = invoke("demo", "--model", "default", "-p", "The cat", "--k", "1", "--plot", plot)
+    assert positional.exit_code == flagged.exit_code == 0, positional.output
+    assert "Warning: --model is deprecated: give MODEL as the first argument" in flagged.output
+    assert "deprecated" not in positional.output
