@@ -43,7 +43,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         _export(store, export_dir, list(prompt_ids) or None)
         return
     if prompt_ids:
-        raise click.UsageError("--prompt applies to --export only (the server shows every prompt).")
+        raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
     _serve(store, host, port)
 
 

@@ -335,3 +335,21 @@ def test_a_prompt_id_is_prompt_id_and_the_old_spellings_still_work(tmp_path: Pat
     assert positional.exit_code == flagged.exit_code == 0, positional.output
     assert "Warning: --model is deprecated: give MODEL as the first argument" in flagged.output
     assert "deprecated" not in positional.output
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_one_bar_per_unit_of_work_and_none_for_nothing(tmp_path: Path, monkeypatch, streamed: bool):
+    """Issue 54, item 6: a prompt's blocks are counted by one bar (not the run's and the engine's side by side), and
+    a run with nothing to do, or an export refused, prints no empty bar."""
+    monkeypatch.setenv("DETJAC_PROGRESS_INTERVAL", "0")  # every update a line: the bars as they are
+    (tmp_path / "p.txt").write_text("The oak tree\n")
+    out = str(tmp_path / "r.zarr")
+    first = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, *(["--streamed"] if streamed else []))
+    assert first.exit_code == 0, first.output
+    counts = [line.split()[1] for line in first.output.splitlines() if line.startswith("blocks:")]
+    assert counts and len(counts) == len(set(counts)), counts  # one bar: each count once
+    assert "row blocks:" not in first.output
+    again = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, *(["--streamed"] if streamed else []))
+    assert again.exit_code == 0 and "prompts:" not in again.output and "blocks:" not in again.output
+    refused = invoke("view", out, "--export", str(tmp_path / "e"), "--prompt-id", "0123456789abcdef")
+    assert refused.exit_code != 0 and "export:" not in refused.output
