@@ -353,3 +353,32 @@ def test_one_bar_per_unit_of_work_and_none_for_nothing(tmp_path: Path, monkeypat
     assert again.exit_code == 0 and "prompts:" not in again.output and "blocks:" not in again.output
     refused = invoke("view", out, "--export", str(tmp_path / "e"), "--prompt-id", "0123456789abcdef")
     assert refused.exit_code != 0 and "export:" not in refused.output
+
+
+def _make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(["make", "-C", str(root), "install", f"VENV={tmp_path / 'venv'}", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v make"], capture_output=True).returncode != 0,
+                    reason="no make on this machine")
+def test_make_install_notices_a_different_torch_spec(tmp_path: Path):
+    """Issue 54, item 5: the CUDA message's `make install TORCH_SPEC=...` reinstalls PyTorch on an existing venv (it
+    said "Nothing to be done"); the same spec again does nothing. A fake venv python records what make runs."""
+    log = tmp_path / "pip.log"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    python.chmod(0o755)
+    assert _make(tmp_path).returncode == 0  # a fresh venv: PyTorch, then detjac; the spec recorded
+    assert "--force-reinstall" not in log.read_text() and "install --quiet torch==2.13.0" in log.read_text()
+    log.write_text("")
+    assert _make(tmp_path).returncode == 0 and log.read_text() == ""  # installed: nothing runs again
+    cuda = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+    done = _make(tmp_path, f"TORCH_SPEC={cuda}")
+    assert done.returncode == 0, done.stderr
+    assert f"pip install --quiet --force-reinstall {cuda}" in log.read_text()
+    assert (tmp_path / "venv" / ".detjac-torch-spec").read_text() == cuda
+    log.write_text("")
+    assert _make(tmp_path, f"TORCH_SPEC={cuda}").returncode == 0 and "torch" not in log.read_text()
