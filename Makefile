@@ -57,6 +57,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 docs: $(STAMP)
+	@echo "Building the docs: every example of the user guide and the lens page runs (a docs: line each), then the notebooks"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site   # runs the notebooks too
 
 clean:

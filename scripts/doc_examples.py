@@ -372,13 +372,23 @@ def run_page(page: str, folder: Path, log: object = None, text: str | None = Non
 SHOWN_LINES = 40  # a command's output shown on a page: at most this many lines (the rest elided)
 
 
-def with_outputs(page: str, text: str, folder: Path) -> str:
+def progress_line(line: str) -> None:
+    """One progress line of a long job (the docs build runs every example of its pages: many minutes), on stderr at
+    once, so that a build is never silent while it works."""
+    print(f"docs: {line}", file=sys.stderr, flush=True)
+
+
+def with_outputs(page: str, text: str, folder: Path, log: object = progress_line) -> str:
     """``text`` (a page's markdown) with each command of its examples followed by the output it produced now, in
-    place of what the page shows, and a line saying where and how long it ran: what the docs build publishes."""
+    place of what the page shows, and a line saying where and how long it ran: what the docs build publishes.
+    ``log`` gets a line per example as it ends (None: silent)."""
     import platform
 
     blocks: dict[int, tuple[Example, list[Outcome]]] = {}
-    for example, outcome in run_page(page, folder, text=text):
+    if log is not None:
+        count = len([e for e in examples(page, text) if not e.not_run])
+        log(f"{page}: running its {count} examples")  # type: ignore[operator]
+    for example, outcome in run_page(page, folder, log=log, text=text):
         if example.kind == "shell":
             blocks.setdefault(example.line, (example, []))[1].append(outcome)
     lines = text.splitlines()

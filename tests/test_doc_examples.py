@@ -116,3 +116,16 @@ def test_the_readme_python_block_prints_what_the_readme_shows(tmp_path: Path) ->
     [(_, outcome)] = run_page("README.md", tmp_path / "work", text=section)
     assert outcome.status == 0, outcome.output
     assert outcome.unshown == [], "shown, not printed:\n" + "\n".join(outcome.unshown)
+
+
+def test_the_docs_build_says_what_it_runs_as_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 54, item 10: running a page's examples for the docs build prints a line per example as it ends (on
+    stderr), so a build that takes minutes is never silent."""
+    from doc_examples import with_outputs
+
+    page = "```\n$ detjac families\n```\n"
+    built = with_outputs("docs/user-guide.md", page, tmp_path / "work")
+    assert "$ detjac families" in built and "when this page was built" in built
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "docs: docs/user-guide.md: running its 1 examples"
+    assert re.fullmatch(r"docs: docs/user-guide\.md:1: exit 0 in \d+\.\d s: detjac families", err[1]), err
