@@ -382,3 +382,15 @@ def test_make_install_notices_a_different_torch_spec(tmp_path: Path):
     assert (tmp_path / "venv" / ".detjac-torch-spec").read_text() == cuda
     log.write_text("")
     assert _make(tmp_path, f"TORCH_SPEC={cuda}").returncode == 0 and "torch" not in log.read_text()
+
+
+def test_a_budget_too_small_is_told_in_units_that_show_the_numbers():
+    """Issue 54, item 9: sizes are written in a unit that shows them (not "0.0 MiB", "0.00 GiB")."""
+    from detjac.engine.memory import format_bytes
+
+    assert [format_bytes(n) for n in (512, 3 * 2**10, 2**20, int(1.5 * 2**30))] == ["512 B", "3.0 KiB", "1.0 MiB",
+                                                                                 "1.50 GiB"]
+    result = invoke("jacobian", "default", "-p", "The cat", "--max-memory", "cpu=1MiB")
+    assert result.exit_code == 1 and "Expected a memory budget that holds one layer" in result.output
+    assert " 0.0 MiB" not in result.output and "0.00 GiB" not in result.output
+    assert re.search(r"Got 1\.0 MiB for cpu", result.output), result.output
