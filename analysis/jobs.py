@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..tokens import piece
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def token_texts(store: StoreReader) -> Any:
     tok = stored_tokenizer(store)
     if tok is None:
         return str
-    return lambda i: repr(tok.decode([int(i)], skip_special_tokens=False))
+    return lambda i: piece(tok, int(i))
 
 
 def token_id(store: StoreReader, text: str) -> int:

@@ -11,7 +11,7 @@ import click
 from detjac.targets import COMPONENTS, OUTPUT
 
 from . import render
-from .options import TABLE_HELP, parse_target, parse_token, scheduler_options
+from .options import TABLE_HELP, parse_target, parse_token, prompt_id_option, scheduler_options
 
 
 @click.group()
@@ -33,11 +33,23 @@ def analyze() -> None:
     """
 
 
+K_HELP = "Singular triplets [default: 5, or the K of a low-rank store (--keep rank:K) holding fewer]."
+DEFAULT_K = 5
+
+
+def default_k(store: object) -> int:
+    """The default number of triplets: :data:`DEFAULT_K`, or fewer where a low-rank store keeps fewer (a default is
+    never an error)."""
+    keep = str(getattr(store, "run", {}).get("keep", "full"))
+    rank = keep.removeprefix("rank:")
+    return min(DEFAULT_K, int(rank)) if keep.startswith("rank:") and rank.isdigit() else DEFAULT_K
+
+
 @analyze.command("svd")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_ids", multiple=True, help="Prompt id (repeatable; default: all).")
+@prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
 @click.option("--token", default="combined", show_default=True, help="'combined' or a token index (-1: last).")
-@click.option("--k", type=click.IntRange(min=1), default=5, show_default=True, help="Singular triplets.")
+@click.option("--k", type=click.IntRange(min=1), default=None, help=K_HELP)
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Decoded tokens per vector.")
 @click.option("--method", type=click.Choice(["randomized", "gram", "exact"]), default="randomized", show_default=True,
               help="randomized: dask svd_compressed; gram: eigh of the streamed A A^T (one pass); exact: full SVD. "
@@ -47,7 +59,7 @@ def analyze() -> None:
 @click.option("--target", default=OUTPUT, show_default=True,
               help="'output' (the model's), or a stored layerwise target such as layer.2, attn.0, mlp_local.3.")
 @scheduler_options
-def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int, method: str,
+def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int | None, top: int, method: str,
             power_iterations: int, target: str, workers: int, memory_limit: str, scheduler: str | None) -> None:
     """Top singular values and decoded tokens per prompt; results are kept in the store.
 
@@ -69,6 +81,7 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int
     index = parse_token(token)
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
+    k = default_k(store) if k is None else k
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
             tqdm(total=len(ids), desc="svd", unit="prompt") as bar:
         result = decode_report(store, ids, k=k, top=top, token=index, target=parse_target(target), method=method,
@@ -78,18 +91,19 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int, top: int
 
 @analyze.command("decode")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_ids", multiple=True, help="Prompt id (repeatable; default: all).")
+@prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
 @click.option("--target", default=OUTPUT, show_default=True,
               help="'output' (the model's), or a stored layerwise target such as layer.2, attn.0, mlp_local.3.")
 @click.option("--token", default="combined", show_default=True, help="'combined' or a token index (-1: last).")
-@click.option("--k", type=click.IntRange(min=1), default=5, show_default=True, help="Singular triplets.")
+@click.option("--k", type=click.IntRange(min=1), default=None, help=K_HELP)
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Decoded tokens per vector.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Save the decoded tokens as a figure (PNG, SVG or PDF by suffix).")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
 @scheduler_options
-def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, k: int, top: int, plot: str | None,
-               table_path: str | None, workers: int, memory_limit: str, scheduler: str | None) -> None:
+def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, k: int | None, top: int,
+               plot: str | None, table_path: str | None, workers: int, memory_limit: str,
+               scheduler: str | None) -> None:
     """Singular vectors decoded to tokens, as text, a figure and a table.
 
     Uses the triplets `detjac analyze svd` kept in the store for the same parameters (and
@@ -110,6 +124,7 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
     index = parse_token(token)
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
+    k = default_k(store) if k is None else k
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo):
         result = decode_report(store, ids, k=k, top=top, token=index, target=parse_target(target), plot=plot,
                                table=table_path)
@@ -120,7 +135,7 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
 
 @analyze.command("dims")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_ids", multiple=True, help="Prompt id (repeatable; default: all).")
+@prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
 @click.option("--table", "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
 @scheduler_options
 def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, workers: int, memory_limit: str,
@@ -152,7 +167,7 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
 
 @analyze.command("layers")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_ids", multiple=True, help="Prompt id (repeatable; default: all).")
+@prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False), default="detjac-layers", show_default=True,
               help="Folder for the tables and figures.")
 @click.option("--k", type=click.IntRange(min=1), default=4, show_default=True,

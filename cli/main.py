@@ -16,7 +16,7 @@ from detjac.targets import DEFAULT_ROW_BLOCK
 from .analyze_cmds import analyze
 from .graph_cmd import graph
 from .lens_cmd import lens
-from .options import ModelOptions, model_options, out_option, prompt_options
+from .options import ModelOptions, deprecated_model_option, model_options, out_option, prompt_options
 from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
@@ -72,9 +72,9 @@ def main() -> None:
 @click.option("--row-block", type=click.IntRange(min=1), default=DEFAULT_ROW_BLOCK, show_default=True,
               help="Jacobian rows per vmapped pullback (memory grows with it; result does not change).")
 @click.option("--k", "n_values", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Singular values of the summed operator to show.")
+              help="Singular values of the summed operator to show (one line each).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Decoded tokens per singular vector.")
+              help="Decoded tokens per singular vector (left and right share a line, so fewer than demo's).")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).")
 def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
@@ -135,8 +135,7 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
         right = " ".join(piece(tok, t) for t in summed.right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
-        pieces = [tok.decode([i]) for i in res.token_ids] if tok is not None else None
-        _save_jacobian(out, res, pieces, model, prompt, row_block, engine, model_options, force)
+        _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, row_block: int,
@@ -209,20 +208,21 @@ def _family_check(tokens: int) -> None:
 
 
 @main.command()
+@click.argument("model", type=click.Path(), default="default", required=False)
 @prompt_options(required=False, multiple=True)
 @click.option("--plot", type=click.Path(dir_okay=False), default="detjac-demo-spectra.png", show_default=True,
               help="Where to write the singular value spectra (.png, .svg or .pdf).")
 @click.option("--k", "n_values", type=click.IntRange(min=1, max=20), default=3, show_default=True,
-              help="Singular triplets of the combined operator to decode.")
+              help="Singular triplets of the combined operator to decode (fewer than jacobian's: the demo decodes "
+                   "them for every token too).")
 @click.option("--top", type=click.IntRange(min=1, max=50), default=8, show_default=True,
-              help="Decoded tokens per singular vector.")
-@click.option("--model", default="default", show_default=True,
-              help="Another model to run the same job on: a checkpoint folder, a hub id or a GGUF file.")
+              help="Decoded tokens per singular vector (left and right each get a line).")
+@deprecated_model_option
 @model_options()
-def demo(prompt: tuple[str, ...], plot: str, n_values: int, top: int, model: str,
+def demo(model: str, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
          model_options: ModelOptions) -> None:
     """The main job on the shipped default model, offline: a small Llama trained on a dictionary
-    (or on --model).
+    (or on MODEL: a checkpoint folder, a hub id or a GGUF file).
 
     For each prompt: the tokens, the predicted next token, the float64 reconstruction error
     of the detached Jacobian (and of the ordinary one, for contrast), the top singular values
@@ -234,7 +234,7 @@ def demo(prompt: tuple[str, ...], plot: str, n_values: int, top: int, model: str
     Examples:
       detjac demo
       detjac demo -p "Harp, n. (Mus.) A stringed instrument" --plot harp.png --top 10
-      detjac demo --model SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
+      detjac demo SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
     """
     from detjac.analysis import SpectrumPanel, plot_spectra
     from detjac.engine import DEFAULT_MODEL_DIR, DEMO_PROMPTS, exactness_report, explain
@@ -243,8 +243,8 @@ def demo(prompt: tuple[str, ...], plot: str, n_values: int, top: int, model: str
 
     source, o, prompts = model_options.source(model), model_options, prompt
     if source != "default" and not prompts:
-        raise click.UsageError("Expected --prompt with --model: the built-in prompts are dictionary entries for the "
-                               "default model.")
+        raise click.UsageError("Expected --prompt with a MODEL other than default: the built-in prompts are "
+                               "dictionary entries for the default model.")
     engine = o.engine(source)
     tok = engine.tokenizer
     n_params = engine.parameter_count()

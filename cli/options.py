@@ -36,6 +36,47 @@ def model_source(model: str, gguf_file: str | None, revision: str | None = None)
 
     return str(resolve_model(model, gguf_file, revision))
 
+def prompt_id_option(*, multiple: bool, help: str) -> Any:
+    """``--prompt-id ID``: a stored prompt's id, into the command's ``prompt_ids`` (a tuple, with ``multiple``) or
+    ``prompt_id`` (None when not given). ``--prompt``, its old spelling, still works with a deprecation message on
+    stderr: everywhere else ``--prompt`` is prompt text, so an id gets its own name."""
+    dest = "prompt_ids" if multiple else "prompt_id"
+
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            old = kwargs.pop("old_prompt_ids")
+            if old:
+                click.echo("Warning: --prompt is deprecated here (it takes a stored prompt's id; elsewhere --prompt "
+                           "is prompt text): use --prompt-id.", err=True)
+                if not multiple and (kwargs[dest] is not None or len(old) > 1):
+                    raise click.UsageError(f"Expected one prompt id. Got {len(old) + (kwargs[dest] is not None)}.")
+                kwargs[dest] = (*kwargs[dest], *old) if multiple else old[0]
+            return func(*args, **kwargs)
+
+        command = click.option("--prompt", "old_prompt_ids", multiple=True, hidden=True)(command)
+        return click.option("--prompt-id", dest, multiple=multiple, default=() if multiple else None,
+                            metavar="ID", help=help)(command)
+
+    return decorate
+
+
+def deprecated_model_option(func: Any) -> Any:
+    """``--model``, the old spelling of a command's MODEL argument: still taken (MODEL wins when both are given),
+    with a deprecation message on stderr; the command receives ``model``."""
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        old = kwargs.pop("old_model")
+        if old is not None:
+            click.echo("Warning: --model is deprecated: give MODEL as the first argument, as every command takes it "
+                       f"(detjac demo {old} ...).", err=True)
+            if kwargs["model"] in (None, "default"):
+                kwargs["model"] = old
+        return func(*args, **kwargs)
+
+    return click.option("--model", "old_model", default=None, hidden=True)(command)
+
+
 # -- the one option set of the one-prompt commands (jacobian, svd, steer, demo, lens apply) ------------------------
 
 

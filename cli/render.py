@@ -60,7 +60,8 @@ def echo_run_outcome(outcome: Any) -> None:
         if len(summary.failed) > SHOWN_FAILURES:
             click.echo(f"  ... and {len(summary.failed) - SHOWN_FAILURES} more: detjac store info {out}")
     if outcome.interrupted:
-        click.echo(f"interrupted: the prompts committed so far are in {out}; run the same command again to resume.")
+        kept = f"{outcome.total} prompt{'' if outcome.total == 1 else 's'}"
+        click.echo(f"interrupted: {kept} kept in {out}; run the same command again to resume.")
     lens = outcome.lens
     if lens is not None and lens.get("uncounted"):
         click.echo(f"lens: {lens['uncounted']} committed prompts are not counted in the lens's sums (a worker died "

@@ -92,7 +92,7 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl / .ndjson file ({"prompt": ...} or
     {"text": ...} per line, other fields kept as metadata); another name needs --prompts-format.
-    Lines end at \n (or \r\n) only; blank lines are skipped, a byte-order mark dropped (for one
+    Lines end at \\n (or \\r\\n) only; blank lines are skipped, a byte-order mark dropped (for one
     long prompt across lines, `detjac svd --prompt-file` reads a whole file as one). MODEL is a
     checkpoint folder, a hub id (org/name, from the Hugging Face cache), a GGUF file (exact for
     its weights as dequantized; the store records the file's SHA-256 and quantization types)

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 @click.argument("model", type=click.Path(), default="default", required=False)
 @prompt_options()
 @model_options()
-@click.option("--k", "k", type=click.IntRange(min=1), default=16, show_default=True, help="Singular triplets wanted.")
+@click.option("--k", "k", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Singular triplets wanted (more than jacobian's: a long prompt's leading subspace, which Lanczos "
+                   "finds together).")
 @click.option("--top", type=click.IntRange(min=1), default=6, show_default=True,
               help="Decoded tokens per singular vector.")
 @click.option("--method", type=click.Choice(["lanczos", "randomized"]), default="lanczos", show_default=True,

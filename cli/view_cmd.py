@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import prompt_id_option
+
 
 @click.command()
 @click.argument("path", type=click.Path())
@@ -13,8 +15,7 @@ import click
               help="Address to listen on. Anything but a loopback address lets other machines read the store.")
 @click.option("--export", "export_dir", type=click.Path(file_okay=False), default=None,
               help="Write the pages as a static snapshot into this new folder instead of serving them.")
-@click.option("--prompt", "prompt_ids", multiple=True,
-              help="With --export: only this prompt (repeatable; default: all).")
+@prompt_id_option(multiple=True, help="With --export: only the prompt of this id (repeatable; default: all).")
 def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...]) -> None:
     """Browse the store PATH in a web browser: read-only, offline, on this machine by default.
 
@@ -42,7 +43,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         _export(store, export_dir, list(prompt_ids) or None)
         return
     if prompt_ids:
-        raise click.UsageError("--prompt applies to --export only (the server shows every prompt).")
+        raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
     _serve(store, host, port)
 
 

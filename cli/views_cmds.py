@@ -10,7 +10,7 @@ import click
 
 from detjac.targets import OUTPUT
 
-from .options import parse_target
+from .options import parse_target, prompt_id_option
 
 TARGET_HELP = "'output' (the model's), or a stored layerwise target such as layer.2, layer_normed.3, to_output.1."
 
@@ -21,7 +21,7 @@ def _prompt(store, prompt_id: str | None) -> str:  # noqa: ANN001 - a JacobianSt
 
 @click.command("columns")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_id", default=None, help="Prompt id (default: the first).")
+@prompt_id_option(multiple=False, help="A stored prompt's id (default: the first).")
 @click.option("--target", default=OUTPUT, show_default=True, help=TARGET_HELP)
 @click.option("--token", "tokens", multiple=True, type=int, help="Token index (repeatable; default: every token).")
 @click.option("--count", type=click.IntRange(min=1), default=8, show_default=True, help="Columns per token.")
@@ -60,7 +60,7 @@ def columns_cmd(path: str, prompt_id: str | None, target: str, tokens: tuple[int
 
 @click.command("image")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_id", default=None, help="Prompt id (default: the first).")
+@prompt_id_option(multiple=False, help="A stored prompt's id (default: the first).")
 @click.option("--target", default=OUTPUT, show_default=True, help=TARGET_HELP)
 @click.option("--token", type=int, default=-1, show_default=True, help="Token index (negative from the end).")
 @click.option("--out", "-o", "png", type=click.Path(dir_okay=False), default="detjac-jacobian.png", show_default=True)
@@ -88,7 +88,7 @@ def image_cmd(path: str, prompt_id: str | None, target: str, token: int, png: st
 
 @click.command("path")
 @click.argument("path", type=click.Path())
-@click.option("--prompt", "prompt_id", default=None, help="Prompt id (default: the first).")
+@prompt_id_option(multiple=False, help="A stored prompt's id (default: the first).")
 @click.option("--kind", default="layer", show_default=True,
               help="The layer targets to follow: layer, layer_normed, attn, mlp_normed, resid_mid, ...")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True, help="Decoded tokens per vector.")

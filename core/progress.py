@@ -81,7 +81,8 @@ class PlainBar:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
 
     def close(self) -> None:
-        if not self.closed and self.leave and self._shown != (self.n, self.postfix):
+        # a bar that counted nothing (a refusal, a run with nothing to do) says nothing
+        if not self.closed and self.leave and self.n and self._shown != (self.n, self.postfix):
             self._line()
         self.closed = True
 

@@ -16,6 +16,7 @@ import torch
 from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import OUTPUTS, Target, layer_index
+from detjac.tokens import token_texts
 
 from .pullback import CUTS, EVERY_POSITION, READ_KINDS, SEED_KINDS, PullRequest, Seed, Site, input_of, neurons_of
 from .result import JacobianResult, reconstruct
@@ -343,7 +344,7 @@ class Engine(ABC):
         return JacobianResult(
             jacobian=jac, embeddings=trace.embeddings, output=trace.output, reconstruction=recon,
             reconstruction_error=err, token_ids=list(trace.token_ids),
-            tokens=tok.convert_ids_to_tokens(trace.token_ids) if tok is not None else None,
+            tokens=token_texts(tok, trace.token_ids), tokenizer=tok,
             prompt=prompt if isinstance(prompt, str) else None,  # the position as asked (-1: the last token)
             position=self.family.default_position if position is None else position, detached=self.detach,
             family=family, model_type=self.config.model_type, dtype=jac.dtype, row_block=plan.row_block,

@@ -15,6 +15,26 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
+def format_bytes(n_bytes: float) -> str:
+    """A size in the largest binary unit it fills (``512 B``, ``3.0 KiB``, ``1.0 MiB``, ``1.50 GiB``), so that a
+    message's numbers never read as zero.
+
+    Parameters
+    ----------
+    n_bytes : float
+        The size in bytes.
+
+    Returns
+    -------
+    str
+        The size with its unit (GiB with two decimals, the budgets' unit; KiB and MiB with one).
+    """
+    for unit, digits, scale in (("GiB", 2, 2**30), ("MiB", 1, 2**20), ("KiB", 1, 2**10)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.{digits}f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
 def parse_memory(text: str | None) -> dict[str, int]:
     """``"cuda:0=8GiB,cpu=32GiB"`` -> ``{"cuda:0": 8 * 2**30, "cpu": 32 * 2**30}``; empty or None -> ``{}``.
 

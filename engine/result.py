@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from detjac.tokens import token_text
 
 
 @dataclass(repr=False)
@@ -29,6 +31,10 @@ class JacobianResult:
         ``||reconstruction - output|| / ||output||``.
     logits, reconstruction_logits : torch.Tensor
         (vocab,) next-token logits from the output and from the reconstruction.
+    tokens : list[str] or None
+        Each token's text (:func:`detjac.tokens.token_text`), None without a tokenizer.
+    tokenizer : Any
+        The tokenizer that gave ``tokens`` (None without one): :attr:`next_token` decodes through it.
     """
 
     jacobian: torch.Tensor
@@ -51,11 +57,17 @@ class JacobianResult:
     logit_jacobian: torch.Tensor | None = None
     logit_tokens: list[int] | None = None
     bias: torch.Tensor | None = None
+    tokenizer: Any = field(default=None, compare=False)
 
     @property
     def next_token_id(self) -> int:
         """The model's predicted next token (argmax of its logits)."""
         return int(self.logits.argmax())
+
+    @property
+    def next_token(self) -> str | None:
+        """The predicted next token's text (None without a tokenizer)."""
+        return token_text(self.tokenizer, self.next_token_id) if self.tokenizer is not None else None
 
     def summary(self) -> dict[str, str]:
         """What the result is, in a few short fields (its repr and its Jupyter table)."""
@@ -66,12 +78,13 @@ class JacobianResult:
                 "jacobian": f"{tuple(self.jacobian.shape)} {str(self.dtype).removeprefix('torch.')}",
                 "kind": "detached" if self.detached else "ordinary",
                 "reconstruction error": f"{self.reconstruction_error:.2e}",
-                "next token": str(self.next_token_id)}
+                "next token": (f"{self.next_token!r} (id {self.next_token_id})" if self.next_token is not None
+                               else f"id {self.next_token_id}")}
 
     def __repr__(self) -> str:
         s = self.summary()
         return (f"<JacobianResult {s['model']}, {s['prompt']}: {s['tokens']} tokens, jacobian {s['jacobian']}, "
-                f"{s['kind']}, reconstruction error {s['reconstruction error']}, next token id {s['next token']}>")
+                f"{s['kind']}, reconstruction error {s['reconstruction error']}, next token {s['next token']}>")
 
     def _repr_html_(self) -> str:
         return html_table("JacobianResult", self.summary().items())

@@ -43,7 +43,7 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
                  targets: list[Any], bar: Any, progress: bool = True, sums: Any = None) -> float:
     """One prompt through ``engine`` into ``store``: the output's Jacobian and every layerwise ``targets``
     Jacobian, block by block (or, in low-rank mode, the output's top triplets); returns the output's
-    reconstruction error. ``progress`` shows the engine's own bars (forward pass, sweeps).
+    reconstruction error. ``progress`` shows the engine's own bar of the forward pass (``bar`` alone counts the blocks).
 
     A ``--lens`` run (``run.lens``): the ``to_output`` rows of the lens layers are not stored but their
     target-position blocks collected (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the
@@ -69,7 +69,7 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block, rank=rank,
                      layerwise=specs or None, shard_bytes=_shard_bytes(engine), jacobian=bool(output)) as writer:
         if rank is None:
-            errors = _stream_full(engine, trace, plan, writer, storage, bar, progress, collected)
+            errors = _stream_full(engine, trace, plan, writer, storage, bar, collected)
             extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
         else:
             errors, extra = _stream_low_rank(engine, trace, plan, writer, rank, LOW_RANK_PASSES, bar)
@@ -121,7 +121,7 @@ def _write_small(writer: PromptWriter, embeddings: Any, output: Any, ids: list[i
 
 
 def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, storage: str, bar: Any,
-                 progress: bool, collected: Any = None) -> dict[Any, float]:
+                 collected: Any = None) -> dict[Any, float]:
     """Every target's blocks to the writer as they come (a lens target's to ``collected`` instead); the
     reconstructions are accumulated on the way. Returns each target's reconstruction error (the output's with an
     affine model's offset added)."""
@@ -132,7 +132,8 @@ def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter,
     targets = plan.reverse + plan.forward
     recon = {t: torch.zeros_like(trace.value(t)) for t in targets}
     bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
-    for b in engine.blocks(trace, targets, plan, progress=progress):
+    # ``bar`` counts the blocks: the engine's own block bar would count them again, beside it, on another clock.
+    for b in engine.blocks(trace, targets, plan, progress=False):
         x = trace.source(b.target)[b.token_start:b.token_stop]
         recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
         if collected is not None and b.target in collected.index:
@@ -188,10 +189,11 @@ def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> 
 def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int, error: float,
                   run: RunDescription, storage: str) -> dict[str, Any]:
     from detjac.store import now
+    from detjac.tokens import token_text, token_texts
 
     return {"prompt": item.text, "line": item.line, "meta": item.meta, "n_tokens": len(ids), "token_ids": ids,
-            "tokens": [tokenizer.decode([i]) for i in ids] if tokenizer else None, "reconstruction_error": error,
-            "next_token_id": next_id, "next_token": tokenizer.decode([next_id]) if tokenizer else None,
+            "tokens": token_texts(tokenizer, ids), "reconstruction_error": error,
+            "next_token_id": next_id, "next_token": token_text(tokenizer, next_id) if tokenizer else None,
             "detached": run.detach, "dtype": run.dtype, "storage_dtype": storage, "model_id": run.model_id,
             "revision": run.revision, "model_type": run.model_type, "position": run.position,
             "detach_rules": list(run.detach_rules), "detjac_version": __version__, "written_at": now()}

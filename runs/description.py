@@ -82,10 +82,7 @@ def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revisio
     were)."""
     from detjac.engine import is_hub_id
 
-    config_file = model_dir / "config.json" if model_dir is not None and model_dir.is_dir() else None
-    config_sha = (hashlib.sha256(config_file.read_bytes()).hexdigest()
-                  if config_file is not None and config_file.is_file()
-                  else hashlib.sha256(engine.config.to_json_string().encode()).hexdigest())
+    config_sha = config_digest(engine.config, model_dir)
     family = engine.family
     hub = is_hub_id(model_arg)  # the id names the model; model_path, its snapshot folder, names the commit
     return RunDescription(
@@ -95,3 +92,78 @@ def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revisio
         detach=engine.detach, position=family.default_position,
         detach_rules=tuple(family.describe(convention)) if engine.detach else (), convention=convention,
         row_block=row_block, max_tokens=max_tokens)
+
+
+# What a loaded config records of how this engine loaded it, not of the model: the in-memory engine's config says
+# the dtype it computes in (the run's own dtype field records that), the streamed engine's does not.
+LOADING_KEYS = ("dtype", "torch_dtype", "_name_or_path")
+
+
+def config_digest(config: Any, model_dir: Path | None) -> str:
+    """The ``config_sha256`` of a run: the SHA-256 of the checkpoint's ``config.json`` where the model has one,
+    else (a GGUF file, a model given as an object) of the config as JSON without what the engine adds on loading
+    (:data:`LOADING_KEYS`), so that one model file has one run identity whichever engine reads it.
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+        The engine's config.
+    model_dir : Path or None
+        Where the model was found (a folder, a GGUF file), None when it has no place on disk.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
+    import json
+
+    config_file = model_dir / "config.json" if model_dir is not None and model_dir.is_dir() else None
+    if config_file is not None and config_file.is_file():
+        return hashlib.sha256(config_file.read_bytes()).hexdigest()
+    fields = {k: v for k, v in json.loads(config.to_json_string()).items() if k not in LOADING_KEYS}
+    return hashlib.sha256((json.dumps(fields, indent=2, sort_keys=True) + "\n").encode()).hexdigest()
+
+
+# The run identity's keys as the options a user sets (`detjac run ... --dtype float32`), for a refused resume.
+OPTION_OF = {"dtype": "--dtype", "keep": "--keep", "detach": "--ordinary", "layerwise": "--layers/--components",
+             "quantize": "--quantize", "convention": "--convention", "lens": "--lens", "revision": "--revision"}
+# The keys that say which model ran: a difference in any of them is a different MODEL.
+MODEL_KEYS = {"model_id": "its name", "model_type": "its family", "config_sha256": "its configuration",
+              "weights_sha256": "its weights", "tokenizer_sha256": "its tokenizer"}
+
+
+def setting_differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """How a run differs from the run a store was written by, in the words a user set: the options
+    (``--dtype float32 here, --dtype float64 in the store``) and the model (``MODEL ... : its weights differ``).
+
+    Parameters
+    ----------
+    stored, wanted : Mapping
+        The store's ``run`` and this run's (:meth:`RunDescription.as_dict`).
+
+    Returns
+    -------
+    list[str]
+        One phrase per differing setting; empty when only keys no user sets differ (a target, a position).
+    """
+    said = [f"{_said(key, wanted.get(key))} here, {_said(key, stored.get(key))} in the store"
+            for key in OPTION_OF if (stored.get(key) or None) != (wanted.get(key) or None)]  # unset == absent
+    model = [what for key, what in MODEL_KEYS.items()
+             if stored.get(key) and wanted.get(key) and stored[key] != wanted[key]]
+    if model:
+        said.append(f"MODEL {wanted.get('model_id')} here, {stored.get('model_id')} in the store: "
+                    f"{', '.join(model)} differ")
+    return said
+
+
+def _said(key: str, value: Any) -> str:
+    """A run setting as the option that gives it (``--keep rank:4``, ``no --ordinary``, ``no --quantize``)."""
+    option = OPTION_OF[key]
+    if key == "detach":
+        return "no --ordinary" if value else "--ordinary"
+    if key == "lens":
+        return "--lens" if value else "no --lens"
+    if key == "layerwise":
+        return f"--layers giving {', '.join(value)}" if value else "no --layers"
+    return f"{option} {value}" if value not in (None, "", []) else f"no {option}"

@@ -17,6 +17,8 @@ def run_local(plan: RunPlan, store: StoreWriter, tasks: list[PromptTask], summar
     ``--lens`` run's sums are flushed every ``lens_flush`` prompts and when the loop ends, interrupted or not."""
     from detjac.progress import tqdm
 
+    if not tasks:  # nothing to compute: no bar counting nothing
+        return summary
     sums = running_sums(plan.run, lens_flush)
     try:
         with tqdm(total=len(tasks), desc="prompts", unit="prompt") as outer, \

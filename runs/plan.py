@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .batch import storage_dtype, write_prompt
-from .description import RunDescription, StreamedSettings, describe_run
+from .description import RunDescription, StreamedSettings, describe_run, setting_differences
 from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
 
@@ -206,9 +206,10 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
         named = [f"{what} files that differ: {files}." for what, key in (("Weight", "weights"),
                                                                              ("Tokenizer", "tokenizer"))
                  if (files := weights_difference(stored, plan.run.as_dict(), key)) is not None]
-        if not named:
-            raise
-        raise StoreMismatchError(" ".join([str(exc), *named])) from None
+        said = setting_differences(stored, plan.run.as_dict())
+        words = [f"In the settings you give: {'; '.join(said)}."] if said else []
+        advice = " Use --force-new to replace it, or another --out."  # the store's closing advice stays last
+        raise StoreMismatchError(" ".join([str(exc).removesuffix(advice), *named, *words]) + advice) from None
 
 
 def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Any],

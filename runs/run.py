@@ -154,7 +154,8 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     Returns
     -------
     RunOutcome
-        Interrupted (Ctrl-C) only for a distributed run; in one process KeyboardInterrupt propagates.
+        ``interrupted`` after Ctrl-C (KeyboardInterrupt), in one process or distributed: the prompts committed so
+        far stay in the store and the same call resumes.
 
     Raises
     ------
@@ -187,7 +188,10 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
             else:
                 from .local import run_local
 
-                run_local(plan, store, tasks, summary, o.lens_flush)
+                try:
+                    run_local(plan, store, tasks, summary, o.lens_flush)
+                except KeyboardInterrupt:  # as a distributed run: committed prompts stay, the same command resumes
+                    interrupted = True
         except BaseException:
             store.discard()  # a store this run created and that holds nothing goes with the refusal
             if log is not None and store.restored is not None:

@@ -4,7 +4,9 @@ A page's fenced blocks are its examples: a ``python`` block is run as Python (th
 namespace, in page order); in any other block, each line starting with ``$ `` is a shell command (a line ending
 in ``\\`` goes on), and so is each line starting with ``detjac `` in a block of no language or ``bash``/``console``.
 The lines after a command, up to the next one, are its shown output. A block is not run when the line before its
-fence (blank lines apart) says why: ``<!-- docs: not run: REASON -->`` (the test lists these, so none hides).
+fence (blank lines apart) says why: ``<!-- docs: not run: REASON -->`` (the test lists these, so none hides). A block
+after ``<!-- docs: printed by the python block above -->`` is what the Python block before it prints: checked as a
+command's shown output is, so a page cannot show text its code no longer prints.
 
 Examples name models and files a reader has and this machine may not: each runs as written after the
 substitutions of :data:`SUBSTITUTIONS` (a hub id resolves from a Hugging Face cache whose snapshot is the
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", "docs/user-guide.md", "docs/lens.md", "docs/store-format.md", "docs/real-models.md",
          "docs/graphs.md")
 NOT_RUN = re.compile(r"<!--\s*docs:\s*not run:\s*(?P<reason>.*?)\s*-->")
+PRINTED = re.compile(r"<!--\s*docs:\s*printed by the python block above\s*-->")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 HUB_IDS = ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-14B")
 # What an example names that this machine lacks -> what runs instead (the same code path, on the shipped model).
@@ -59,7 +62,7 @@ class Example:
     line: int  # of the fence
     kind: str
     code: str  # python: the block; shell: one command per line (continuations joined)
-    shown: list[str] = field(default_factory=list)  # shell: each command's shown output
+    shown: list[str] = field(default_factory=list)  # shell: each command's shown output; python: what it prints
     not_run: str | None = None  # why the page says it is not run
 
     @property
@@ -81,6 +84,10 @@ def examples(page: str | Path, text: str | None = None) -> list[Example]:
         body = lines[i + 1:end]
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")  # blank lines skipped
         reason = NOT_RUN.search(before)
+        if PRINTED.search(before) and found and found[-1].kind == "python":
+            found[-1].shown = ["\n".join(body) + "\n"]  # what that block prints, checked when it runs
+            i = end + 1
+            continue
         example = _example(str(page), i + 1, fence["lang"], body)
         if example is not None:
             example.not_run = reason["reason"] if reason else None
@@ -355,6 +362,7 @@ def run_page(page: str, folder: Path, log: object = None, text: str | None = Non
             for index, outcome in enumerate(outcomes):
                 if example.kind == "shell":
                     outcome.expected_error = example.shown[index].lstrip().startswith("Error:")
+                if example.shown:  # a command's shown output, or what a Python block is shown to print
                     outcome.unshown = unshown_lines(example.shown[index], outcome.output)
                 done.append((example, outcome))
                 if log is not None:
@@ -365,13 +373,23 @@ def run_page(page: str, folder: Path, log: object = None, text: str | None = Non
 SHOWN_LINES = 40  # a command's output shown on a page: at most this many lines (the rest elided)
 
 
-def with_outputs(page: str, text: str, folder: Path) -> str:
+def progress_line(line: str) -> None:
+    """One progress line of a long job (the docs build runs every example of its pages: many minutes), on stderr at
+    once, so that a build is never silent while it works."""
+    print(f"docs: {line}", file=sys.stderr, flush=True)
+
+
+def with_outputs(page: str, text: str, folder: Path, log: object = progress_line) -> str:
     """``text`` (a page's markdown) with each command of its examples followed by the output it produced now, in
-    place of what the page shows, and a line saying where and how long it ran: what the docs build publishes."""
+    place of what the page shows, and a line saying where and how long it ran: what the docs build publishes.
+    ``log`` gets a line per example as it ends (None: silent)."""
     import platform
 
     blocks: dict[int, tuple[Example, list[Outcome]]] = {}
-    for example, outcome in run_page(page, folder, text=text):
+    if log is not None:
+        count = len([e for e in examples(page, text) if not e.not_run])
+        log(f"{page}: running its {count} examples")  # type: ignore[operator]
+    for example, outcome in run_page(page, folder, log=log, text=text):
         if example.kind == "shell":
             blocks.setdefault(example.line, (example, []))[1].append(outcome)
     lines = text.splitlines()

@@ -86,3 +86,46 @@ def test_every_example_of_the_page_runs(page: str, tmp_path: Path) -> None:
     assert not failed, "\n\n".join(failed)
     skipped = [e.where for e in examples(page) if e.not_run]
     print(f"{page}: {len(done)} examples run, {len(skipped)} not run ({', '.join(skipped) or 'none'})")
+
+
+PRINTS = """
+```python
+print(1 + 1)
+```
+
+<!-- docs: printed by the python block above -->
+```
+{shown}
+```
+"""
+
+
+@pytest.mark.parametrize(("shown", "ok"), [("2", True), ("3", False)])
+def test_a_python_block_is_checked_for_what_the_page_says_it_prints(tmp_path: Path, shown: str, ok: bool) -> None:
+    [(example, outcome)] = run_page("README.md", tmp_path / "work", text=PRINTS.format(shown=shown))
+    assert example.kind == "python" and example.shown == [f"{shown}\n"]
+    assert outcome.ok is ok and outcome.unshown == ([] if ok else ["3"])
+
+
+def test_the_readme_python_block_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    """The README's Python tour, run as written: every line it says it prints is printed, token texts and not ids."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Python"):text.index("### Command line")]
+    [python] = [e for e in examples("README.md", section) if e.kind == "python"]
+    assert "next token ' or'" in python.shown[0] and "left -> '" in python.shown[0]
+    [(_, outcome)] = run_page("README.md", tmp_path / "work", text=section)
+    assert outcome.status == 0, outcome.output
+    assert outcome.unshown == [], "shown, not printed:\n" + "\n".join(outcome.unshown)
+
+
+def test_the_docs_build_says_what_it_runs_as_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 54, item 10: running a page's examples for the docs build prints a line per example as it ends (on
+    stderr), so a build that takes minutes is never silent."""
+    from doc_examples import with_outputs
+
+    page = "```\n$ detjac families\n```\n"
+    built = with_outputs("docs/user-guide.md", page, tmp_path / "work")
+    assert "$ detjac families" in built and "when this page was built" in built
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "docs: docs/user-guide.md: running its 1 examples"
+    assert re.fullmatch(r"docs: docs/user-guide\.md:1: exit 0 in \d+\.\d s: detjac families", err[1]), err

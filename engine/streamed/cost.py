@@ -13,6 +13,7 @@ from detjac.errors import InvalidArgumentError
 from detjac.targets import DEFAULT_ROW_BLOCK, Target
 
 from ..interface import Plan
+from ..memory import format_bytes
 from ..pieces import layer as pieces
 
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
@@ -138,9 +139,10 @@ class CostModel:
                 row_block = -(-d // -(-d // row_block))
         if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
             raise InvalidArgumentError(
-                f"Expected a memory budget that holds one layer ({self.layer_bytes / 2**30:.2f} GiB) and at least "
-                f"{n_rev if rev else d} vectors of {self.vector_bytes(n) / 2**20:.1f} MiB. Got "
-                f"{self.budget / 2**30:.2f} GiB for {self.device}: raise --max-memory."
+                f"Expected a memory budget that holds one layer ({format_bytes(self.layer_bytes)}) and at least "
+                f"{n_rev if rev else d} vector{'s' if (n_rev if rev else d) > 1 else ''} of "
+                f"{format_bytes(self.vector_bytes(n))}. Got {format_bytes(self.budget)} for {self.device}: raise "
+                "--max-memory."
             )
         row_block, token_block = max(1, row_block), max(1, token_block)
         return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,

@@ -18,6 +18,7 @@ import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.progress import progress_bar
+from detjac.tokens import token_texts as _texts
 
 from ..interface import Engine, Prompt
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
@@ -159,9 +160,9 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
 
 
 def token_texts(engine: Engine, ids: list[int]) -> list[str]:
-    """Each token id's text (``' Paris'``), or the id itself where the model has no tokenizer."""
-    tok = engine.tokenizer
-    return [tok.decode([i]) if tok is not None else str(i) for i in ids]
+    """Each token id's text (``' Paris'``, :func:`detjac.tokens.token_texts`), or the id itself where the model has
+    no tokenizer."""
+    return _texts(engine.tokenizer, ids) or [str(i) for i in ids]
 
 
 def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability: float, rows: int | None) -> None:

@@ -149,7 +149,8 @@ def explain(result: JacobianResult, model: Engine | torch.nn.Module, k: int = 5,
     tokens : list[str] | None
         Labels for the tokens (defaults to ``result.tokens`` or the ids).
     """
-    unembed, embed = _matrices(model, result)
+    engine = as_engine(model)
+    unembed, embed = _matrices(engine, result)
     labels = tokens or result.tokens or [str(i) for i in result.token_ids]
     n = len(result.token_ids)
     spec, lid, lsc, rid, rsc, picks, shares = _decode(result.combined(), result.produced, n, unembed, embed, k, top)
@@ -161,10 +162,9 @@ def explain(result: JacobianResult, model: Engine | torch.nn.Module, k: int = 5,
         spec, lid, lsc, rid, rsc, _, _ = _decode(op, produced, 1, unembed, embed, k, top)
         per_token.append(DecodedOperator(labels[pos], pos, spec, lid, lsc, rid, rsc, [pos] * len(spec[:k]),
                                          [1.0] * len(spec[:k])))
-    from ..checkpoints.loading import get_tokenizer
-
-    return Explanation(result, combined, per_token, get_tokenizer(model) if isinstance(model, torch.nn.Module)
-                       else None)
+    # The engine's tokenizer, whichever engine: an explanation decodes ids to text as everything else does.
+    tokenizer = engine.tokenizer if engine.tokenizer is not None else result.tokenizer
+    return Explanation(result, combined, per_token, tokenizer)
 
 
 def explain_summed(result: JacobianResult, model: Engine | torch.nn.Module, k: int = 5,

@@ -75,7 +75,7 @@ def test_view_commands_write_their_figures(store, tmp_path):
         assert out.exit_code == 0, out.output
         assert len((tmp_path / args[0] / f"{args[0]}.csv").read_text().splitlines()) == lines
         assert (tmp_path / args[0] / f"{args[0]}.png").read_bytes()[:4] == b"\x89PNG"
-    out = CliRunner().invoke(main, ["analyze", "image", str(store.path), "--prompt", pid, "--target", "mlp_local.2",
+    out = CliRunner().invoke(main, ["analyze", "image", str(store.path), "--prompt-id", pid, "--target", "mlp_local.2",
                                     "--out", str(tmp_path / "j.png")])
     assert out.exit_code == 0 and "mlp_local.2 J_" in out.output, out.output
     assert (tmp_path / "j.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,6 +4,8 @@ says it computed nothing, and low-rank stores analyzed where their triplets suff
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import re
 import subprocess
 import sys
@@ -181,3 +183,214 @@ def test_an_option_a_command_cannot_honour_is_refused_by_name():
     assert steer.exit_code == 2 and "Expected no --streamed with detjac steer: steering generates text" in steer.output
     apply = runner.invoke(main, ["lens", "apply", "missing.lens", "-p", "x", "--dtype", "float32"])
     assert apply.exit_code != 0
+
+
+def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_path: Path):
+    """Issue 54, item 1: an engine's result, ``explain`` on an engine, a stored prompt and the CLI turn ids into the
+    same text; a result's tokens are text (they join back into the prompt), never ids or byte-level BPE pieces."""
+    from detjac.analysis import token_texts
+    from detjac.engine import jacobian
+
+    prompt = "Bread, n. An article"
+    engine = load_engine("default")
+    res = jacobian(engine, prompt)
+    assert "".join(res.tokens[1:]) == prompt and res.tokens[0] == "<s>" and " n" in res.tokens
+    assert not any(t.startswith(("Ġ", "▁")) for t in res.tokens)
+    assert res.next_token == engine.tokenizer.decode([res.next_token_id])
+    assert f"next token {res.next_token!r}" in repr(res) and "next token id" not in repr(res)
+    printed = str(explain(res, engine, k=2, top=3))
+    assert re.search(r"#1 sigma \S+\s+left -> '.+' '.+' '.+'$", printed, re.M), printed
+    assert f"{res.tokens[-1]!r} sigma" in printed  # per-token labels are texts, not ids
+    lm = load_model("default")
+    assert printed == str(explain(detached_jacobian(lm, prompt), lm, k=2, top=3))
+    (tmp_path / "p.txt").write_text(prompt + "\n")
+    out = str(tmp_path / "r.zarr")
+    assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out).exit_code == 0
+    store = open_store(out)
+    attrs = store.get(store.prompt_ids()[0]).attrs
+    assert attrs["tokens"] == res.tokens and attrs["next_token"] == res.next_token
+    text = token_texts(store)
+    assert [text(i) for i in res.token_ids] == [repr(t) for t in res.tokens]
+    cli = invoke("jacobian", "default", "-p", prompt, "--k", "1")
+    assert f"tokens      {len(res.tokens)}: " + " ".join(map(repr, res.tokens)) in cli.output
+
+
+def test_a_refused_resume_names_the_setting_in_the_words_the_user_set(tmp_path: Path):
+    """Issue 54, item 2: a resume refused for other settings says which options differ, as they are typed."""
+    (tmp_path / "p.txt").write_text("The oak tree\n")
+    out = str(tmp_path / "r.zarr")
+    assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out).exit_code == 0
+    refused = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, "--dtype", "float32", "--ordinary")
+    assert refused.exit_code == 1
+    assert ("In the settings you give: --dtype float32 here, --dtype float64 in the store; --ordinary here, "
+            "no --ordinary in the store. Use --force-new to replace it, or another --out.") in refused.output
+
+
+@pytest.mark.slow
+def test_one_gguf_file_has_one_run_identity_whichever_engine_reads_it(tmp_path: Path):
+    """Issue 54, item 2: a store begun on a GGUF file by one engine is resumed by the other (same ids, same run)."""
+    from real_models import smollm2_path
+
+    from detjac.engine import resolve_model
+    from detjac.runs.description import describe_run
+
+    path = smollm2_path()
+    source = resolve_model(str(path))
+    engines = [load_engine(source, streamed=streamed) for streamed in (False, True)]
+    runs = [describe_run(engine, str(path), Path(source), None, "float64", None, 64) for engine in engines]
+    assert runs[0].config_sha256 == runs[1].config_sha256
+    # the streamed engine's identity is the one stores already hold: their prompts keep their ids
+    assert runs[1].config_sha256 == hashlib.sha256(engines[1].config.to_json_string().encode()).hexdigest()
+    from detjac.store import prompt_id
+
+    assert prompt_id(runs[0].as_dict(), "Hi") == prompt_id(runs[1].as_dict(), "Hi")
+
+
+def test_ctrl_c_in_one_process_exits_130_with_the_prompts_kept(tmp_path: Path, monkeypatch):
+    """Issue 54, item 3: Ctrl-C during a one-process run is told from an error (exit 130, as --help says), keeps the
+    committed prompts, says how many, and the same command resumes."""
+    import detjac.runs.local as local
+
+    real, calls = local.write_one, []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "write_one", interrupted_second)
+    (tmp_path / "p.txt").write_text("The oak tree\nA cat sat on\nKitten, n. A young\n")
+    out = str(tmp_path / "r.zarr")
+    stopped = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out)
+    assert stopped.exit_code == 130, stopped.output
+    assert "Aborted!" not in stopped.output
+    assert f"interrupted: 1 prompt kept in {out}; run the same command again to resume." in stopped.output
+    assert len(open_store(out).prompt_ids()) == 1
+    monkeypatch.setattr(local, "write_one", real)
+    resumed = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out)
+    assert resumed.exit_code == 0 and "1 already in" in resumed.output and "2 to compute" in resumed.output
+
+
+def _every_command(group=main, path=()):
+    yield path, group
+    for name, command in getattr(group, "commands", {}).items():
+        yield from _every_command(command, (*path, name))
+
+
+def _garbled(text: str) -> list[str]:
+    """Where help text, as click keeps it (dedented), will not render as written: a prose line that starts with
+    spaces or holds a run of them (a real line break inside the docstring, e.g. an unescaped ``\\n``, leaves the
+    rest indented), or a verbatim ``\\b`` block whose first line is indented."""
+    bad = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.split("\n")
+        if lines[0].strip() == "\b":
+            bad += [f"indented verbatim block: {lines[1]!r}"] if len(lines) > 1 and lines[1][:1].isspace() else []
+            continue
+        bad += [f"{line!r}" for line in lines if line[:1].isspace() or re.search(r"\S {2,}\S", line)]
+    return bad
+
+
+def test_every_commands_help_renders_as_written():
+    """Issue 54, item 4: the help of every command and option renders as written (no line broken mid-sentence,
+    no runs of spaces, examples aligned), and --help works for each."""
+    bad = {}
+    for path, command in _every_command():
+        texts = [inspect.cleandoc(command.help or ""), *(getattr(p, "help", None) or "" for p in command.params)]
+        if found := [line for text in texts for line in _garbled(text)]:
+            bad[" ".join(path) or "detjac"] = found[:3]
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0 and "Usage: " in result.output, (path, result.output)
+    assert not bad, bad
+    shown = invoke("run", "--help").output
+    assert "Lines end at \\n (or \\r\\n) only" in " ".join(shown.split())
+    assert "\n  Examples:\n    detjac run default prompts.txt --out run.zarr\n" in shown
+
+
+def test_a_prompt_id_is_prompt_id_and_the_old_spellings_still_work(tmp_path: Path):
+    """Issue 54, item 7: --prompt is prompt text everywhere; where a command takes a stored prompt's id the option is
+    --prompt-id (the old --prompt still works, with a deprecation message); demo takes MODEL like every command
+    (--model still works, with a message); a default is never an error (decode on a rank-4 store)."""
+    (tmp_path / "p.txt").write_text("The oak tree\nA cat sat on\n")
+    out = str(tmp_path / "lr.zarr")
+    assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, "--keep", "rank:4").exit_code == 0
+    pid = open_store(out).prompt_ids()[1]
+    for words in (["analyze", "svd"], ["analyze", "decode"], ["analyze", "columns"], ["analyze", "image"],
+                  ["analyze", "dims"], ["analyze", "layers"], ["analyze", "path"], ["view"]):
+        options = {o for p in _command(words).params if not getattr(p, "hidden", False) for o in p.opts}
+        assert "--prompt-id" in options and "--prompt" not in options, words
+    new = invoke("analyze", "svd", out, "--prompt-id", pid)
+    old = invoke("analyze", "svd", out, "--prompt", pid)
+    assert new.exit_code == old.exit_code == 0 and new.output.count("#1 sigma") == 1
+    assert "--prompt is deprecated here" not in new.output
+    assert ("Warning: --prompt is deprecated here (it takes a stored prompt's id; elsewhere --prompt is prompt "
+            "text): use --prompt-id." in old.output and old.output.count("#1 sigma") == 1)
+    decoded = invoke("analyze", "decode", out, "--prompt-id", pid)  # the default --k on a rank-4 store
+    assert decoded.exit_code == 0 and decoded.output.count("sigma") >= 4 and "#5 sigma" not in decoded.output
+    assert [p.name for p in _command(["demo"]).params if p.param_type_name == "argument"] == ["model"]
+    plot = str(tmp_path / "d.png")
+    positional = invoke("demo", "default", "-p", "The cat", "--k", "1", "--plot", plot)
+    flagged = invoke("demo", "--model", "default", "-p", "The cat", "--k", "1", "--plot", plot)
+    assert positional.exit_code == flagged.exit_code == 0, positional.output
+    assert "Warning: --model is deprecated: give MODEL as the first argument" in flagged.output
+    assert "deprecated" not in positional.output
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_one_bar_per_unit_of_work_and_none_for_nothing(tmp_path: Path, monkeypatch, streamed: bool):
+    """Issue 54, item 6: a prompt's blocks are counted by one bar (not the run's and the engine's side by side), and
+    a run with nothing to do, or an export refused, prints no empty bar."""
+    monkeypatch.setenv("DETJAC_PROGRESS_INTERVAL", "0")  # every update a line: the bars as they are
+    (tmp_path / "p.txt").write_text("The oak tree\n")
+    out = str(tmp_path / "r.zarr")
+    first = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, *(["--streamed"] if streamed else []))
+    assert first.exit_code == 0, first.output
+    counts = [line.split()[1] for line in first.output.splitlines() if line.startswith("blocks:")]
+    assert counts and len(counts) == len(set(counts)), counts  # one bar: each count once
+    assert "row blocks:" not in first.output
+    again = invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, *(["--streamed"] if streamed else []))
+    assert again.exit_code == 0 and "prompts:" not in again.output and "blocks:" not in again.output
+    refused = invoke("view", out, "--export", str(tmp_path / "e"), "--prompt-id", "0123456789abcdef")
+    assert refused.exit_code != 0 and "export:" not in refused.output
+
+
+def _make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(["make", "-C", str(root), "install", f"VENV={tmp_path / 'venv'}", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v make"], capture_output=True).returncode != 0,
+                    reason="no make on this machine")
+def test_make_install_notices_a_different_torch_spec(tmp_path: Path):
+    """Issue 54, item 5: the CUDA message's `make install TORCH_SPEC=...` reinstalls PyTorch on an existing venv (it
+    said "Nothing to be done"); the same spec again does nothing. A fake venv python records what make runs."""
+    log = tmp_path / "pip.log"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    python.chmod(0o755)
+    assert _make(tmp_path).returncode == 0  # a fresh venv: PyTorch, then detjac; the spec recorded
+    assert "--force-reinstall" not in log.read_text() and "install --quiet torch==2.13.0" in log.read_text()
+    log.write_text("")
+    assert _make(tmp_path).returncode == 0 and log.read_text() == ""  # installed: nothing runs again
+    cuda = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+    done = _make(tmp_path, f"TORCH_SPEC={cuda}")
+    assert done.returncode == 0, done.stderr
+    assert f"pip install --quiet --force-reinstall {cuda}" in log.read_text()
+    assert (tmp_path / "venv" / ".detjac-torch-spec").read_text() == cuda
+    log.write_text("")
+    assert _make(tmp_path, f"TORCH_SPEC={cuda}").returncode == 0 and "torch" not in log.read_text()
+
+
+def test_a_budget_too_small_is_told_in_units_that_show_the_numbers():
+    """Issue 54, item 9: sizes are written in a unit that shows them (not "0.0 MiB", "0.00 GiB")."""
+    from detjac.engine.memory import format_bytes
+
+    assert [format_bytes(n) for n in (512, 3 * 2**10, 2**20, int(1.5 * 2**30))] == ["512 B", "3.0 KiB", "1.0 MiB",
+                                                                                 "1.50 GiB"]
+    result = invoke("jacobian", "default", "-p", "The cat", "--max-memory", "cpu=1MiB")
+    assert result.exit_code == 1 and "Expected a memory budget that holds one layer" in result.output
+    assert " 0.0 MiB" not in result.output and "0.00 GiB" not in result.output
+    assert re.search(r"Got 1\.0 MiB for cpu", result.output), result.output

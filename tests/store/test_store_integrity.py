@@ -84,7 +84,7 @@ def test_a_deleted_jacobian_shard_is_an_error_on_read_in_analyses_and_in_verify(
     with pytest.raises(CorruptError, match=rf"Expected an intact prompt {pid} in .*Got a damaged one: missing file "
                                            rf"{rel}\. `detjac store verify` checks every prompt\."):
         open_store(full.path).get(pid)
-    svd = invoke("analyze", "svd", full.path, "--prompt", pid)
+    svd = invoke("analyze", "svd", full.path, "--prompt-id", pid)
     assert svd.exit_code == 1 and f"missing file {rel}" in svd.output and "sigma" not in svd.output
     verify = invoke("store", "verify", full.path)
     assert verify.exit_code == 1
@@ -127,7 +127,7 @@ def test_a_flipped_bit_in_a_chunk_is_an_error_on_read_never_numbers_or_a_bare_co
         np.asarray(prompt.jacobian(lazy=False))
     with pytest.raises(CorruptError, match=rf"Expected chunk {key} of prompt {pid} .*crc32c"):
         np.asarray(prompt.jacobian(lazy=True)[:1, :1].compute())
-    svd = invoke("analyze", "svd", full.path, "--prompt", pid)
+    svd = invoke("analyze", "svd", full.path, "--prompt-id", pid)
     assert svd.exit_code == 1 and "crc32c" in svd.output and "sigma" not in svd.output
     assert "Traceback" not in svd.output and "ValueError" not in svd.output
     verify = invoke("store", "verify", full.path)
@@ -172,7 +172,7 @@ def test_model_arrays_and_tokenizer_are_checked_against_their_sha256(full, tmp_p
     assert corrupt_lines(verify) == [f"CORRUPT model model/unembedding: Expected model/unembedding of {copy} to match "
                                      "the SHA-256 recorded when the store was created. Got different bytes: it was "
                                      "changed or damaged, and decoding with it would give wrong tokens."]
-    svd = invoke("analyze", "svd", copy, "--prompt", full.ids[0])
+    svd = invoke("analyze", "svd", copy, "--prompt-id", full.ids[0])
     assert svd.exit_code == 1 and "Expected model/unembedding" in svd.output
     tok = zarr.open_array(str(full.path / "model" / "tokenizer"), mode="r+")
     data = tok[...]
@@ -278,7 +278,7 @@ def test_prompt_ids_from_the_command_line_never_become_paths(full, tmp_path, bad
     (victim / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
     before = snapshot(tmp_path, skip=full.path)
     expected = f"Expected a prompt id of 16 hex digits (as `detjac store ls` lists them). Got {bad!r}."
-    for args in (("analyze", "svd", full.path, "--prompt", bad), ("store", "info", full.path, bad),
+    for args in (("analyze", "svd", full.path, "--prompt-id", bad), ("store", "info", full.path, bad),
                  ("store", "export", full.path, bad, "--out", tmp_path / "x.npz")):
         result = invoke(*args)
         assert result.exit_code == 1 and expected in result.output, (args, result.output)
@@ -294,7 +294,7 @@ def test_a_symlinked_analysis_folder_is_refused_and_reported(full, tmp_path):
     shutil.move(full.path / "analysis", elsewhere)
     os.symlink(elsewhere, full.path / "analysis")
     before = snapshot(tmp_path, skip=full.path)
-    result = invoke("analyze", "svd", full.path, "--prompt", full.ids[0], "--k", "1")
+    result = invoke("analyze", "svd", full.path, "--prompt-id", full.ids[0], "--k", "1")
     assert result.exit_code == 1
     assert f"Expected no symlinks inside the store {full.path}. Got {full.path / 'analysis'} -> {elsewhere}" \
         in result.output

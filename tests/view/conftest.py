@@ -35,8 +35,8 @@ def exported(layered_store, tmp_path_factory):
     """``detjac view --export`` of two prompts of the layered store (the one with markup among them): the folder."""
     out = tmp_path_factory.mktemp("export") / "pages"
     chosen = exported_prompts(layered_store)
-    done = subprocess.run(detjac("view", str(layered_store.path), "--export", str(out), "--prompt", chosen[0],
-                                 "--prompt", chosen[1]), capture_output=True, text=True)
+    done = subprocess.run(detjac("view", str(layered_store.path), "--export", str(out), "--prompt-id", chosen[0],
+                                 "--prompt-id", chosen[1]), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return out
 

@@ -52,7 +52,7 @@ def css(driver, selector):
 
 def cli_decoded(store_path, pid, token):
     """``detjac analyze svd STORE --prompt PID --token K`` (its defaults): [(sigma, left, right)] as printed."""
-    result = CliRunner().invoke(main, ["analyze", "svd", str(store_path), "--prompt", pid, "--token", str(token)])
+    result = CliRunner().invoke(main, ["analyze", "svd", str(store_path), "--prompt-id", pid, "--token", str(token)])
     assert result.exit_code == 0, result.output
     lefts = re.findall(r"#\d+ sigma (\S+)\s+left -> (.*)", result.output)
     rights = re.findall(r"right \[token (\d+), \d+%\] -> (.*)", result.output)

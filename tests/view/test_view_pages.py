@@ -71,7 +71,7 @@ def test_decoded_triplets_are_those_of_analyze_svd(layered_store, tmp_path, toke
 def test_analyses_kept_in_the_store_are_shown_not_recomputed(layered_store, tmp_path):
     path = copy_store(layered_store, tmp_path)
     pid = layered_store.ids[1]
-    result = CliRunner().invoke(main, ["analyze", "svd", str(path), "--prompt", pid, "--token", "-1", "--k", "3"])
+    result = CliRunner().invoke(main, ["analyze", "svd", str(path), "--prompt-id", pid, "--token", "-1", "--k", "3"])
     assert result.exit_code == 0, result.output
     pages = Pages(open_store(path))
     last = layered_store.prompts[pid].n_tokens - 1
@@ -249,7 +249,7 @@ def test_the_export_refuses_a_folder_in_use_and_unknown_prompts(layered_store, t
         export(layered_store.open(), tmp_path / "two", ["nope"])
     assert not (tmp_path / "two").exists()  # refused before anything is written
     result = CliRunner().invoke(main, ["view", str(layered_store.path), "--prompt", pid])
-    assert result.exit_code == 2 and "--prompt applies to --export only" in result.output
+    assert result.exit_code == 2 and "--prompt-id applies to --export only" in result.output
 
 
 def test_view_help_has_examples():
