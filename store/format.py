@@ -55,6 +55,7 @@ DIMENSIONS = {
     "token": ("token",),
     "token_text": ("token",),
 }
+MODEL_METADATA = "model_metadata_sha256"  # root key: {"<array>/zarr.json": sha256} of the model group's arrays
 MODEL_FILES = {"tokenizer.json": "tokenizer"}  # files kept under model/, as uint8 arrays from format 2 on
 
 COORDINATES = ("token", "token_text")  # xarray coordinates of a prompt's token dimension, written at commit
@@ -189,9 +190,14 @@ def read_root(path: Path) -> dict[str, Any]:
     return root
 
 
-def sealed_root(run: dict[str, Any], model_sha256: dict[str, str]) -> dict[str, Any]:
-    """The root description of a new store, with the SHA-256 of its own contents."""
+def sealed_root(run: dict[str, Any], model_sha256: dict[str, str],
+                model_metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """The root description of a new store, with the SHA-256 of its own contents; ``model_metadata`` holds the
+    SHA-256 of each model array's ``zarr.json`` (its values' digest says nothing of the shape or dtype they are
+    read with)."""
     root = {"format_version": FORMAT_VERSION, "created": now(), "run": run, "model_sha256": model_sha256}
+    if model_metadata is not None:
+        root[MODEL_METADATA] = model_metadata
     return {**root, INTEGRITY: {"attrs_sha256": attrs_digest(root)}}
 
 
