@@ -179,6 +179,8 @@ def read_attrs(folder: Path) -> dict[str, Any]:
     """The attributes of the zarr group at ``folder``, parsed from its ``zarr.json`` (raises CorruptError)."""
     try:
         meta = json.loads((folder / "zarr.json").read_text())
+    except RecursionError:
+        raise CorruptError("unreadable zarr.json: values nested too deep to read") from None
     except (OSError, ValueError) as exc:
         raise CorruptError(f"unreadable zarr.json: {exc}") from exc
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
