@@ -46,3 +46,13 @@ def test_the_worker_bound_counts_the_memory_limit_and_a_floor():
         check_workers(3, "2GiB", available=5 * 2**30)
     with pytest.raises(InvalidArgumentError, match=r"Expected --memory-limit auto or a size such as 2GiB\. Got 'lots'"):
         check_workers(1, "lots", available=2**40)
+
+
+def test_a_file_url_with_a_host_is_refused_not_written_under_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    prompts = write_prompts(tmp_path / "p.txt", ["A cat."])
+    result = invoke("run", "default", prompts, "--out", "file://host/data/s.zarr")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "Expected a file:// URL without a host (file:///path/to/store.zarr, three slashes). Got " \
+           "'file://host/data/s.zarr', naming the host 'host'" in result.output
+    assert not (tmp_path / "host").exists()
