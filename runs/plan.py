@@ -172,6 +172,8 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
 
         lens_settings, targets = lens_description(targets), []
     engine = loaded.engine
+    if row_block is not None:  # a block cannot hold more rows than there are (zarr refuses such a chunk shape)
+        row_block = min(row_block, engine.d_model)
     run = describe_run(engine, model_arg, model_dir, spec.revision, spec.dtype,
                        row_block or (None if spec.max_memory else DEFAULT_ROW_BLOCK), limit, keep,
                        None if engine.convention == engine.family.conventions[0] else engine.convention)

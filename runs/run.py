@@ -116,6 +116,10 @@ def check_options(options: RunOptions) -> RunOptions:
     if o.scheduler is not None and o.workers:
         raise InvalidArgumentError(f"Expected either --scheduler (an existing cluster) or --workers (a LocalCluster). "
                                    f"Got both: --scheduler {o.scheduler} --workers {o.workers}.")
+    if o.scheduler is None:
+        from .scheduler import check_workers
+
+        check_workers(o.workers, o.memory_limit)  # before a store is created or a model loaded
     return replace(o, streamed=streamed)
 
 

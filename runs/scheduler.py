@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 LOST_WORKER_TIMEOUT = "120s"
+# The least memory a LocalCluster worker process takes (it imports torch, dask and the engine: ~0.4 GiB measured
+# here before any model is loaded); more workers than the available memory holds at this size can only thrash.
+WORKER_FLOOR = 512 * 2**20
 
 Log = Callable[[str], None]
 
@@ -36,6 +39,47 @@ class ClusterInfo:
         if self.local:
             return f"dask LocalCluster: {self.workers} workers x {self.memory_limit}, dashboard {self.dashboard}"
         return f"dask scheduler {self.address} ({self.workers} workers), dashboard {self.dashboard}"
+
+
+def check_workers(workers: int, memory_limit: str, available: int | None = None) -> None:
+    """Refuse a LocalCluster of more workers than this machine's memory holds.
+
+    Parameters
+    ----------
+    workers : int
+        Worker processes asked for (0: no LocalCluster; nothing to check).
+    memory_limit : str
+        ``--memory-limit``: ``"auto"`` or a size such as ``"2GiB"``; each worker is counted at this size, and at
+        least :data:`WORKER_FLOOR`.
+    available : int or None
+        Bytes of memory available (None: as the operating system says now).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A count above what fits, or a memory limit that is not a size; the message names both.
+    """
+    from detjac.errors import InvalidArgumentError
+
+    if workers <= 0:
+        return
+    per = WORKER_FLOOR
+    if memory_limit != "auto":
+        from dask.utils import parse_bytes
+
+        try:
+            per = max(per, int(parse_bytes(memory_limit)))
+        except (ValueError, TypeError):
+            raise InvalidArgumentError(f"Expected --memory-limit auto or a size such as 2GiB. Got "
+                                       f"{memory_limit!r}.") from None
+    if available is None:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    if workers * per > available:
+        raise InvalidArgumentError(f"Expected at most {available // per} --workers on this machine "
+                                   f"({available / 2**30:.1f} GiB of memory available, {per / 2**30:.2f} GiB per "
+                                   f"worker at least). Got --workers {workers}.")
 
 
 @contextlib.contextmanager
@@ -69,6 +113,8 @@ def dask_client(workers: int, scheduler: str | None, memory_limit: str, trim_mem
     """
     from distributed import Client, LocalCluster
 
+    if scheduler is None:
+        check_workers(workers, memory_limit)
     if scheduler is not None:
         with Client(scheduler) as client:
             _log(log, cluster_info(client, scheduler, local=False))

@@ -55,6 +55,7 @@ DIMENSIONS = {
     "token": ("token",),
     "token_text": ("token",),
 }
+MODEL_METADATA = "model_metadata_sha256"  # root key: {"<array>/zarr.json": sha256} of the model group's arrays
 MODEL_FILES = {"tokenizer.json": "tokenizer"}  # files kept under model/, as uint8 arrays from format 2 on
 
 COORDINATES = ("token", "token_text")  # xarray coordinates of a prompt's token dimension, written at commit
@@ -166,9 +167,16 @@ def read_root(path: Path) -> dict[str, Any]:
                                f"Got {'a file' if path.is_file() else 'a folder without zarr.json'} instead.")
     try:
         meta = json.loads(meta_file.read_text())
+    except RecursionError:
+        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got values nested too deep to read.") from None
     except (OSError, ValueError) as exc:
         raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got an error: {exc}.") from exc
-    root = meta.get("attributes", {}).get(ROOT_KEY)
+    attributes = meta.get("attributes", {}) if isinstance(meta, dict) else None
+    if not isinstance(attributes, dict):
+        raise StoreFormatError(f"Expected the metadata of a zarr group (a JSON object with an \"attributes\" object) "
+                               f"in {meta_file}. Got {_kind(meta if attributes is None else attributes)}"
+                               f"{'' if attributes is None else ' as its attributes'}.")
+    root = attributes.get(ROOT_KEY)
     if meta.get("zarr_format") != 3 or not isinstance(root, dict):
         raise StoreFormatError(f"Expected a detjac store at {path}. Got a zarr folder without the "
                                f"'{ROOT_KEY}' attribute (not written by detjac).")
@@ -179,6 +187,10 @@ def read_root(path: Path) -> dict[str, Any]:
     if version > FORMAT_VERSION:
         raise StoreFormatError(f"Expected store format version <= {FORMAT_VERSION} at {path}. Got {version!r}: "
                                "it was written by a newer detjac; upgrade detjac to read it.")
+    if version < SEALED_SINCE and (INTEGRITY in root or (path / WRITER).exists()):
+        raise StoreFormatError(f"Expected a store of format version {version} at {path}, as its root says. Got the "
+                               f"contents of version {SEALED_SINCE} or later (a seal, the {WRITER} lock): the version "
+                               "was changed, which would switch off the checks its contents call for.")
     if version >= SEALED_SINCE:
         seal = root.get(INTEGRITY)
         if not isinstance(seal, dict) or seal.get("attrs_sha256") != attrs_digest(root):
@@ -189,9 +201,20 @@ def read_root(path: Path) -> dict[str, Any]:
     return root
 
 
-def sealed_root(run: dict[str, Any], model_sha256: dict[str, str]) -> dict[str, Any]:
-    """The root description of a new store, with the SHA-256 of its own contents."""
+def _kind(value: Any) -> str:
+    """A JSON value's kind, for messages: ``a list``, ``a number``, ..."""
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            dict: "an object"}.get(type(value), "null")
+
+
+def sealed_root(run: dict[str, Any], model_sha256: dict[str, str],
+                model_metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """The root description of a new store, with the SHA-256 of its own contents; ``model_metadata`` holds the
+    SHA-256 of each model array's ``zarr.json`` (its values' digest says nothing of the shape or dtype they are
+    read with)."""
     root = {"format_version": FORMAT_VERSION, "created": now(), "run": run, "model_sha256": model_sha256}
+    if model_metadata is not None:
+        root[MODEL_METADATA] = model_metadata
     return {**root, INTEGRITY: {"attrs_sha256": attrs_digest(root)}}
 
 

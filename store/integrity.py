@@ -103,8 +103,9 @@ def check_seal(folder: Path, attrs: dict[str, Any], *, hashes: bool) -> None:
     attrs : dict
         Its attributes, ``integrity`` included.
     hashes : bool
-        Also hash every file (what ``verify`` does); without, only names and sizes are compared
-        (what opening a prompt costs: a ``stat`` per file).
+        Also hash every file (what ``verify`` does); without, the names and sizes of the chunks are compared (a
+        ``stat`` per file) and only the metadata files are hashed: a same-size edit of an array's ``zarr.json``
+        (its chunk-key separator, a shape digit) would otherwise make every read miss or misplace its chunks.
     """
     record = check_attrs_seal(folder, attrs)
     files, links = tree(folder)
@@ -123,7 +124,7 @@ def check_seal(folder: Path, attrs: dict[str, Any], *, hashes: bool) -> None:
         size, sha = _entry(expected[rel], rel)
         if path.stat().st_size != size:
             raise CorruptError(f"file {rel} has {path.stat().st_size} bytes, {size} when written")
-        if hashes and file_digest(path) != sha:
+        if (hashes or is_metadata(rel)) and file_digest(path) != sha:
             raise CorruptError(f"file {rel} changed since commit (its SHA-256 differs)")
 
 
@@ -156,6 +157,19 @@ def refuse_links(root: Path, *parts: str) -> Path:
     return path
 
 
+def is_metadata(rel: str) -> bool:
+    """Whether a path inside a group is zarr metadata (an array's or a subgroup's ``zarr.json``), which every read
+    of the arrays under it depends on."""
+    return rel == "zarr.json" or rel.endswith("/zarr.json")
+
+
+def content_digest(attrs: dict[str, Any]) -> str | None:
+    """SHA-256 of a sealed group's integrity record (its attributes' and every file's SHA-256): what a result
+    computed from the group was computed from; None for a group without a seal (format 1)."""
+    record = attrs.get(INTEGRITY)
+    return digest_json(record) if isinstance(record, dict) else None
+
+
 def is_chunk_key(key: str) -> bool:
     """Whether a zarr v3 key names a chunk (``.../c/0/1``, ``.../c``) rather than metadata."""
     return "/c/" in f"/{key}" or key == "c" or key.endswith("/c")
@@ -165,6 +179,8 @@ def read_attrs(folder: Path) -> dict[str, Any]:
     """The attributes of the zarr group at ``folder``, parsed from its ``zarr.json`` (raises CorruptError)."""
     try:
         meta = json.loads((folder / "zarr.json").read_text())
+    except RecursionError:
+        raise CorruptError("unreadable zarr.json: values nested too deep to read") from None
     except (OSError, ValueError) as exc:
         raise CorruptError(f"unreadable zarr.json: {exc}") from exc
     attrs = meta.get("attributes") if isinstance(meta, dict) else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import StoreError
 
@@ -35,6 +36,11 @@ def store_path(location: str | os.PathLike[str]) -> Path:
                          "store's commit protocol needs; see 'Object stores' in docs/store-format.md).")
     if protocol is None:
         return Path(text)
+    host = urlsplit(text).netloc
+    if host not in ("", "localhost"):  # fsspec drops the host: file://host/path would be ./host/path here
+        raise StoreError(f"Expected a {protocol}:// URL without a host (file:///path/to/store.zarr, three slashes). "
+                         f"Got {text!r}, naming the host {host!r}: a store is written on this machine's file "
+                         "system only.")
     from fsspec.core import url_to_fs
 
     return Path(url_to_fs(text)[1])

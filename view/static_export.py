@@ -7,11 +7,13 @@ scripts from ``file://`` where it refuses ``fetch``); nothing in it reaches the 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, StoreError
 from .assets import ASSETS, asset, index_html
 from .pages import Pages
 
@@ -68,7 +70,24 @@ def export(store: StoreReader, out: str | Path, prompt_ids: Sequence[str] | None
     keys = list(pages.keys(chosen))
     if progress is not None:
         progress.total = len(keys)
-    (out / "data").mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # written aside, renamed whole: never half a snapshot
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        written = _write(pages, keys, chosen, tmp, progress)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.rename(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StoreError(f"Expected to write the snapshot into {out}. Got {exc.strerror or exc} "
+                         f"({type(exc).__name__}); nothing was left there.") from exc
+    return [out / path.relative_to(tmp) for path in written]
+
+
+def _write(pages: Pages, keys: list[str], chosen: list[str] | None, out: Path, progress: Any) -> list[Path]:
+    """Write the snapshot's files into the new folder ``out``; returns them, ``index.html`` first."""
+    (out / "data").mkdir(parents=True)
     written = [out / "index.html"]
     written[0].write_bytes(index_html("static"))
     for name in ASSETS:

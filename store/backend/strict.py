@@ -16,7 +16,7 @@ from ..integrity import CorruptError, is_chunk_key, refuse_links
 
 
 class StrictLocalStore(LocalStore):
-    """A read-only :class:`zarr.storage.LocalStore` that refuses absent chunks and chunks reached through a symlink.
+    """A read-only :class:`zarr.storage.LocalStore` that refuses absent chunks and any key reached through a symlink.
 
     Parameters
     ----------
@@ -39,8 +39,8 @@ class StrictLocalStore(LocalStore):
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
         chunk = is_chunk_key(key)
-        if chunk:
-            refuse_links(Path(self.root), *key.split("/"))
+        # metadata too: a zarr.json linked outside the store would be read as the array's shape and codecs
+        refuse_links(Path(self.root), *key.split("/"))
         value = await super().get(key, prototype, byte_range)
         if value is None and chunk and not (self.allow_missing is not None and self.allow_missing(key)):
             raise CorruptError(f"Expected chunk {key} of {self.what}. Got none: the file is missing, so the data "

@@ -17,6 +17,7 @@ import numpy as np
 from detjac.errors import StoreError, StoreMismatchError
 
 from .. import format as fmt
+from ..integrity import file_digest
 from ..location import store_path
 from . import lock
 from .disk import clear_aside, discard_folder, disk_error, fsync_dir, fsync_tree
@@ -63,6 +64,11 @@ def _write_model(root: Any, arrays: dict[str, Any], files: dict[str, bytes]) -> 
     return digests
 
 
+def metadata_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of each array's ``zarr.json`` in the group ``folder`` (the model group), by path relative to it."""
+    return {f"{p.parent.name}/zarr.json": file_digest(p) for p in sorted(folder.glob("*/zarr.json"))}
+
+
 def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, Any] | None = None,
                files: dict[str, bytes] | None = None) -> None:
     """Create the store under a temporary name and rename it into place."""
@@ -75,7 +81,7 @@ def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, Any] | None = 
         root.create_group(fmt.PROMPTS)
         root.create_group(fmt.WRITER)  # its zarr.json is the writer lock (lock.py)
         digests = _write_model(root, arrays or {}, files or {})
-        root.attrs[fmt.ROOT_KEY] = fmt.sealed_root(run, digests)
+        root.attrs[fmt.ROOT_KEY] = fmt.sealed_root(run, digests, metadata_digests(tmp / fmt.MODEL))
         fsync_tree(tmp)
         os.rename(tmp, path)
     except OSError as exc:

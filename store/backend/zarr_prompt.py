@@ -168,6 +168,8 @@ def verify_prompt(path: Path, store: StoreContext | None = None) -> VerifyResult
         ``ok``, or the reason the prompt is corrupt; never raises for a damaged prompt.
     """
     pid = path.name
+    if path.is_symlink():  # its files are outside the store: never hashed, never counted as ok
+        return VerifyResult(pid, False, None, f"a symlink to {path.resolve()}: detjac reads only inside the store")
     try:
         if store is None:
             root_path = path.parent.parent

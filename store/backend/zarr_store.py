@@ -20,7 +20,7 @@ from detjac.errors import InvalidArgumentError, StoreError
 
 from .. import format as fmt
 from ..analysis_cache import AnalysisCache
-from ..integrity import NAME, PROMPT_ID, CorruptError, check_name, check_prompt_id, refuse_links
+from ..integrity import NAME, PROMPT_ID, CorruptError, check_name, check_prompt_id, file_digest, refuse_links
 from ..location import store_path
 from ..reader import VerifyResult
 from ..stored_prompt import LayerwiseSpec, PromptWriter
@@ -44,6 +44,8 @@ class ZarrStore(StoreWriter):
         self.format_version = root["format_version"]
         self.created = root.get("created")
         self.model_sha256 = root.get("model_sha256") or {}
+        self._model_metadata = root.get(fmt.MODEL_METADATA)  # None: a store written before it was recorded
+        self._model_checked = False  # the model group's metadata is hashed once per handle, on its first read
         self.context = StoreContext(path, self.format_version, self.run)
         self.fresh = fresh  # created by this handle (see discard)
         self.replaced = replaced  # the store --force-new replaced, kept aside until this one holds a prompt
@@ -147,6 +149,7 @@ class ZarrStore(StoreWriter):
         if not (folder / name / "zarr.json").is_file() or name in fmt.MODEL_FILES.values():
             raise StoreError(f"Expected a model array {name!r} in {self.path}. Got none (stores written without "
                              "the model's matrices cannot decode).")
+        self._check_model_metadata(folder)
         values = open_group(folder, f"the model arrays of {self.path}")[name][...]
         self._check_digest(name, values.tobytes())
         return values
@@ -162,6 +165,7 @@ class ZarrStore(StoreWriter):
             array = fmt.MODEL_FILES[name]
             if not (folder / array / "zarr.json").is_file():
                 return None
+            self._check_model_metadata(folder)
             data = open_group(folder, f"the model arrays of {self.path}")[array][...].tobytes()
         else:
             path = refuse_links(self.path, fmt.MODEL, name)
@@ -170,6 +174,23 @@ class ZarrStore(StoreWriter):
             data = path.read_bytes()
         self._check_digest(name, data)
         return data
+
+    def _check_model_metadata(self, folder: Path) -> None:
+        """Raise CorruptError unless every model array's ``zarr.json`` is the one written at creation: the values'
+        digest cannot see a same-size edit of a shape or a dtype, which reads the same bytes as other numbers."""
+        if self._model_checked or self._model_metadata is None:
+            return
+        recorded = self._model_metadata if isinstance(self._model_metadata, dict) else {}
+        found = {f"{p.parent.name}/zarr.json" for p in folder.glob("*/zarr.json")}
+        for rel in sorted(found | set(recorded)):
+            path = refuse_links(folder, *rel.split("/"))
+            if rel not in recorded or not path.is_file() or file_digest(path) != recorded[rel]:
+                raise CorruptError(f"Expected model/{rel} of {self.path} to match the SHA-256 recorded when the "
+                                   "store was created. Got " + ("a file not recorded then" if rel not in recorded
+                                                                else "none" if not path.is_file() else
+                                                                "different bytes") + ": the model arrays would be "
+                                   "read with another shape or type.")
+        self._model_checked = True
 
     def _check_digest(self, name: str, data: bytes) -> None:
         import hashlib

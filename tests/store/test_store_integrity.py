@@ -159,8 +159,12 @@ def test_token_ids_that_disagree_with_the_attributes_are_reported(full):
     zarr.open_array(str(path), mode="r+")[...] = ids[::-1] + 1
     reseal(full.path / "prompts" / pid)
     verify = invoke("store", "verify", full.path)
-    assert corrupt_lines(verify) == [f"CORRUPT {pid}: the token_ids array differs from the token ids in the "
-                                     "attributes"]
+    assert corrupt_lines(verify)[0] == (f"CORRUPT {pid}: the token_ids array differs from the token ids in the "
+                                        "attributes")
+    # the prompt was sealed again with other content: what was computed from the old one is not served either
+    assert corrupt_lines(verify)[1:] == [f"CORRUPT analysis analysis/{pid}/svd_combined: analysis svd_combined of "
+                                         f"{pid} was computed from other content than the prompt holds now; "
+                                         "`detjac analyze` computes it again"]
 
 
 def test_model_arrays_and_tokenizer_are_checked_against_their_sha256(full, tmp_path):
@@ -246,7 +250,8 @@ def test_attributes_do_not_widen_verify_s_bound(full, changes):
     _edit_attrs(folder, **changes)
     reseal(folder)  # as if the damage had been sealed too: the bound still comes from the run
     verify = invoke("store", "verify", full.path)
-    (line,) = corrupt_lines(verify)
+    line, *stale = corrupt_lines(verify)  # and the analysis result computed from the content before the reseal
+    assert [s.split(": ", 1)[0] for s in stale] == [f"CORRUPT analysis analysis/{pid}/svd_combined"]
     assert line.startswith(f"CORRUPT {pid}: reconstruction error 9.9") and line.endswith(
         "above 1.0e-09 (the bound of float64)")
 

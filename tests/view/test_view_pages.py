@@ -292,3 +292,23 @@ def test_a_damaged_prompt_is_listed_with_why_and_its_page_says_so(layered_store,
     assert all("damage" not in row for other, row in rows.items() if other != pid)
     with pytest.raises(StoreError, match=f"Expected an intact prompt {pid}"):
         pages.data(f"prompt/{pid}")
+
+
+def test_an_export_the_disk_refuses_midway_leaves_nothing_and_says_so_in_one_line(layered_store, tmp_path,
+                                                                                monkeypatch):
+    """A full disk after index.html: no half-written folder (a 0-byte index.html), a StoreError, not an OSError."""
+    import errno
+    from pathlib import Path
+
+    real = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.suffix == ".js":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    out = tmp_path / "snap"
+    with pytest.raises(StoreError, match=r"Expected to write the snapshot into .*snap\. Got No space left on device"):
+        export(layered_store.open(), out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the folder nor the one written aside
