@@ -10,6 +10,7 @@ kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,7 +211,14 @@ class _Targets:
     values: torch.Tensor  # (K,)
 
 
-def _logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability: float) -> _Targets:
+def logit_vectors(engine: Engine, y: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """(K, d) the vectors ``w_t`` with ``w_t · y`` the demeaned logit of each token of ``ids`` (see
+    :func:`_logit_targets`)."""
+    return _logit_targets(engine, y, len(ids), 1.0, ids).vectors
+
+
+def _logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability: float,
+                   ids: list[int] | None = None) -> _Targets:
     """The top logits until ``probability`` (at most ``max_logits``), each as a vector ``w`` with ``w · y`` its
     demeaned logit: ``r_t W_U[t] - mean_v r_v W_U[v]``, ``r`` the final soft-cap's frozen ratio (1 without one)."""
     W = engine.decoding_matrices()["unembedding"].to(device=y.device, dtype=y.dtype)  # (V, d)
@@ -219,12 +227,27 @@ def _logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability
         logits = engine.logits(y).to(y.dtype)
         ratio = torch.where(raw != 0, logits / torch.where(raw != 0, raw, torch.ones_like(raw)), torch.ones_like(raw))
         probs = torch.softmax(logits.double(), dim=-1)
-        top = torch.sort(probs, descending=True)
-        k = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(probability, dtype=torch.float64))) + 1
-        ids = top.indices[:min(k, max_logits)]
+        if ids is None:
+            top = torch.sort(probs, descending=True)
+            k = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(probability, dtype=torch.float64))) + 1
+            chosen = top.indices[:min(k, max_logits)]
+        else:
+            chosen = torch.as_tensor(ids, dtype=torch.long, device=y.device)
         mean = (ratio @ W) / W.shape[0]  # (d,) the mean over the vocabulary, never a (V, d) temporary
-        vectors = ratio[ids, None] * W[ids] - mean
-    return _Targets([int(i) for i in ids], probs[ids].cpu().numpy(), vectors, vectors @ y)
+        vectors = ratio[chosen, None] * W[chosen] - mean
+    return _Targets([int(i) for i in chosen], probs[chosen].cpu().numpy(), vectors, vectors @ y)
+
+
+def logit_attribution(engine: Engine, trace: Any, vectors: torch.Tensor, acts: dict[int, torch.Tensor] | None = None
+                      ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Every neuron's total attribution to the logits ``vectors`` (K, d) (``value_k = vectors[k] · y``):
+    ``(layer, (K, n, n_neurons) act · ∂value_k/∂act)`` through every path of the detached model (nothing cut), one
+    layer at a time, from one pullback. By linearity, zeroing a set of neurons changes ``value_k`` by minus the sum
+    of their attributions in the detached model (what the graphs' faithfulness is measured against)."""
+    acts = acts if acts is not None else {layer: z for layer, z, _ in engine.neurons(trace)}
+    reads = tuple(neurons_of(layer) for layer in range(engine.n_layers))
+    for _, site, g in engine.pulls(trace, [PullRequest((Seed(OUTPUT, vectors),), reads)]):
+        yield site.layer, g * acts[site.layer][None]
 
 
 def _rank(engine: Engine, trace: Any, targets: _Targets, acts: dict[int, torch.Tensor], max_nodes: int
@@ -235,11 +258,9 @@ def _rank(engine: Engine, trace: Any, targets: _Targets, acts: dict[int, torch.T
     p = trace.position
     weights = torch.as_tensor(targets.probabilities, dtype=targets.values.dtype, device=targets.values.device)
     weights = weights / targets.values.abs().clamp_min(torch.finfo(targets.values.dtype).tiny)
-    reads = tuple(neurons_of(layer) for layer in range(engine.n_layers))
     scores: dict[int, torch.Tensor] = {}
-    for _, site, g in engine.pulls(trace, [PullRequest((Seed(OUTPUT, targets.vectors),), reads)]):
-        attr = (g * acts[site.layer][None]).abs()  # (K, n, N)
-        scores[site.layer] = torch.einsum("k,knf->nf", weights, attr)[:p + 1]
+    for layer, attr in logit_attribution(engine, trace, targets.vectors, acts):
+        scores[layer] = torch.einsum("k,knf->nf", weights, attr.abs())[:p + 1]
     flat = torch.cat([scores[layer].reshape(-1) for layer in range(engine.n_layers)])
     active = torch.cat([acts[layer][:p + 1].ne(0).reshape(-1) for layer in range(engine.n_layers)])
     flat = torch.where(active, flat, torch.full_like(flat, -1.0))
