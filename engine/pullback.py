@@ -111,7 +111,7 @@ class LayerPull(Protocol):
         """(n, n_neurons) the MLP's neurons on the prompt."""
 
     def mlp(self) -> Any:
-        """The MLP's explicit piece (its ``read_vectors`` / ``write_vectors``)."""
+        """The MLP's explicit piece (its neurons' ``read_rows``, ``write_rows`` and ``output``)."""
 
 
 class Walk(Protocol):

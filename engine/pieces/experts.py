@@ -123,20 +123,34 @@ class Moe:
             g[:, e.rows] += (gz[:, e.rows, self._span(e)] * e.gate) @ e.up
         return g
 
-    def write_vectors(self) -> torch.Tensor:
-        """(experts · ffn, d) each neuron's write direction (zero rows for experts no position was routed to)."""
-        return self._directions(lambda e: e.down.T)
-
-    def read_vectors(self) -> torch.Tensor:
-        """(experts · ffn, d) each neuron's read direction."""
-        return self._directions(lambda e: e.up)
-
-    def _directions(self, of: Any) -> torch.Tensor:
-        d = self.experts[0].up.shape[1] if self.experts else 0
-        out = self.experts[0].up.new_zeros(self.n_neurons, d) if self.experts else torch.zeros(0, 0)
-        for e in self.experts:
-            out[self._span(e)] = of(e)
+    def _slots(self, pos: torch.Tensor, idx: torch.Tensor) -> list[tuple[Expert, int, int]]:
+        """Each neuron (``e * ffn + j`` at position ``p``) as (its expert, its row among the expert's positions, j)."""
+        by_index = {e.index: e for e in self.experts}
+        out = []
+        for p, i in zip(pos.tolist(), idx.tolist(), strict=True):
+            e = by_index[i // self.ffn]
+            row = (e.rows == p).nonzero()
+            assert row.numel() == 1, "a neuron of an expert its position was not routed to has no value"
+            out.append((e, int(row[0]), i % self.ffn))
         return out
+
+    def read_rows(self, pos: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """(m, d) what each neuron reads from the block's input (its gate at its position times its up row)."""
+        return torch.stack([e.gate[r, j] * e.up[j] for e, r, j in self._slots(pos, idx)])
+
+    def write_rows(self, pos: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """(m, d) what each neuron writes per unit of its value."""
+        rows = [e.down[:, j] for e, _, j in self._slots(pos, idx)]
+        w = torch.stack(rows)
+        return w if self.post is None else w * self.post[pos, None]
+
+    def output(self, z: torch.Tensor) -> torch.Tensor:
+        """(n, experts · ffn) neuron values -> (n, d) the block's output."""
+        d = self.experts[0].down.shape[0] if self.experts else 0
+        out = z.new_zeros(z.shape[0], d)
+        for e in self.experts:
+            out[e.rows] += z[e.rows, self._span(e)] @ e.down.T
+        return out if self.post is None else out * self.post[:, None]
 
 
 def moe_piece(module: Any, factors: list[Any]) -> Moe | str:

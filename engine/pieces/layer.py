@@ -112,9 +112,18 @@ class Mlp:
         ``gate_{p,i} · W_up[i]``)."""
         return (g * self.gate) @ self.up
 
-    def write_vectors(self) -> torch.Tensor:
-        """(ffn, d) each neuron's write direction (the gain of a norm after the MLP folded in, not its scale)."""
-        return self.down.T
+    def read_rows(self, pos: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """(m, d) what neurons ``idx`` at positions ``pos`` read from the MLP's input: ``gate_{p,i} W_up[i]``."""
+        return self.gate[pos, idx, None] * self.up[idx]
+
+    def write_rows(self, pos: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """(m, d) what neurons ``idx`` at positions ``pos`` write per unit of their value: ``post_p W_down[:, i]``."""
+        w = self.down[:, idx].T
+        return w if self.post is None else w * self.post[pos, None]
+
+    def output(self, z: torch.Tensor) -> torch.Tensor:
+        """(n, ffn) neuron values -> (n, d) the MLP's output."""
+        return (z if self.post is None else z * self.post[:, None]) @ self.down.T
 
     def read_vectors(self) -> torch.Tensor:
         """(ffn, d) each neuron's read direction (the gain of the norm before the MLP folded in)."""

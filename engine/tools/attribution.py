@@ -22,7 +22,7 @@ from detjac.progress import progress_bar
 from detjac.tokens import token_texts as _texts
 
 from ..interface import Engine, Prompt
-from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
+from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of, neurons_of
 
 MAX_NODES = 7500  # neurons that enter the adjacency (circuit-tracer's default max_feature_nodes)
 MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
@@ -145,9 +145,10 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     targets = _logit_targets(engine, trace.output, max_logits, logit_probability)
     acts = {layer: z for layer, z, _ in engine.neurons(trace)}
     chosen, n_active = _rank(engine, trace, targets, acts, max_nodes)
-    graph = _adjacency(engine, trace, targets, acts, chosen, rows, progress)
+    sites = _sites(engine, trace, chosen, acts)
+    graph = _adjacency(engine, trace, targets, acts, chosen, sites, rows, progress)
     ids = list(trace.token_ids)
-    graph_labels = _labels(engine, trace, chosen)
+    graph_labels = sites.labels
     return AttributionGraph(
         token_ids=ids, tokens=token_texts(engine, ids), position=p, n_layers=engine.n_layers,
         logit_ids=targets.ids, logit_tokens=token_texts(engine, targets.ids),
@@ -192,8 +193,7 @@ def _rows_per_pass(engine: Engine, n: int, max_nodes: int) -> int:
     budget = engine.memory_budget(device_key(engine.device))
     if budget is None:
         return ROWS_PER_PASS
-    ffn = int(getattr(engine.config.get_text_config(), "intermediate_size", 4 * engine.d_model))
-    per_row = 4 * n * (engine.d_model + ffn) * engine.dtype.itemsize
+    per_row = 8 * n * engine.d_model * engine.dtype.itemsize  # a row's seed, cotangents and the sweep's temporaries
     rows = int(budget // 2 // per_row)
     if rows < 1:
         raise InvalidArgumentError(
@@ -283,44 +283,79 @@ def _chosen_values(acts: dict[int, torch.Tensor], chosen: torch.Tensor) -> torch
     return torch.stack([acts[int(layer)][int(pos), int(index)] for layer, index, pos in chosen.tolist()])
 
 
+@dataclass
+class _Sites:
+    """What the adjacency needs of each layer's chosen neurons: their read and write rows (m, d) and the MLP's
+    output (n, d) on the prompt (for the sum over every neuron of the layer)."""
+
+    reads: dict[int, torch.Tensor]
+    writes: dict[int, torch.Tensor]
+    outputs: dict[int, torch.Tensor]
+    labels: list[str]
+
+
+def _sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[int, torch.Tensor]) -> _Sites:
+    """One pass over the layers: each chosen neuron's read and write rows and label, each layer's MLP output."""
+    mats = engine.decoding_matrices(torch.float32)
+    W_U, W_E = mats["unembedding"], mats["embedding"]
+    reads, writes, outputs = {}, {}, {}
+    labels: dict[int, str] = {}
+    for layer, _, mlp in engine.neurons(trace):
+        outputs[layer] = mlp.output(acts[layer])
+        rows = (chosen[:, 0] == layer).nonzero().reshape(-1)
+        if rows.numel() == 0:
+            continue
+        pos, idx = chosen[rows, 2].to(acts[layer].device), chosen[rows, 1].to(acts[layer].device)
+        reads[layer], writes[layer] = mlp.read_rows(pos, idx), mlp.write_rows(pos, idx)
+        out_dirs = writes[layer].float().cpu()
+        in_dirs = reads[layer].float().cpu()
+        for c0 in range(0, rows.numel(), 64):
+            out_top = torch.topk(out_dirs[c0:c0 + 64] @ W_U.T, 4 * LABEL_TOKENS, dim=1).indices
+            in_top = torch.topk(in_dirs[c0:c0 + 64] @ W_E.T, 4 * LABEL_TOKENS, dim=1).indices
+            for r, o, i in zip(rows[c0:c0 + 64].tolist(), out_top.tolist(), in_top.tolist(), strict=True):
+                labels[r] = f"writes {_readable(engine, o)} · reads {_readable(engine, i)}"
+    return _Sites(reads, writes, outputs, [labels[r] for r in range(chosen.shape[0])])
+
+
 def _adjacency(engine: Engine, trace: Any, targets: _Targets, acts: dict[int, torch.Tensor], chosen: torch.Tensor,
-               rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(adjacency, completeness, kept share): one cut pullback per logit and per chosen neuron."""
+               sites: _Sites, rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(adjacency, completeness, kept share): one cut pullback per logit and per chosen neuron, read at every layer's
+    output (= its MLP's output, the MLPs being cut) and at the embeddings."""
     M, n, K, L = chosen.shape[0], trace.n_tokens, len(targets.ids), engine.n_layers
     size = M + n + K
     A = np.zeros((size, size))
     total = np.zeros(M + K)  # each receiving node's incoming edges over every source of the model
     columns = {layer: (chosen[:, 0] == layer).nonzero().reshape(-1) for layer in range(L)}
+    values = _chosen_values(acts, chosen)
     x = trace.embeddings
-    passes = _passes(chosen, targets, rows_per_pass, engine.d_model, acts)
+    passes = _passes(chosen, targets, sites, rows_per_pass, n, L)
     bar = progress_bar(None, progress, "graph", "pass", total=len(passes))
     try:
         for requests, row_ids in passes:
             for j, site, g in engine.pulls(trace, requests):
-                rows = row_ids[j]
+                rows = _receiving(row_ids[j], M, n)
                 if site == EMBEDDINGS:
                     edges = (g * x[None]).sum(-1)  # (B, n)
-                    A[np.ix_(rows, M + np.arange(n))] = edges.cpu().double().numpy()
-                    total[_receiving(rows, M, n)] += edges.sum(1).cpu().double().numpy()
+                    A[np.ix_(row_ids[j], M + np.arange(n))] = edges.cpu().double().numpy()
+                    total[rows] += edges.sum(1).cpu().double().numpy()
                     continue
-                layer = site.layer
-                e = g * acts[layer][None]  # (B, n, N)
-                total[_receiving(rows, M, n)] += e.sum((1, 2)).cpu().double().numpy()
+                layer = site.layer - 1  # a layer's output: its MLP's output, every MLP being held at its neurons
+                total[rows] += (g * sites.outputs[layer][None]).sum((1, 2)).cpu().double().numpy()
                 cols = columns[layer]
-                if cols.numel():
-                    picked = e[:, chosen[cols, 2], chosen[cols, 1]]  # (B, m)
-                    A[np.ix_(rows, cols.numpy())] = picked.cpu().double().numpy()
+                if cols.numel():  # act_c · (g at the neuron's position) · its write row
+                    at = g[:, chosen[cols, 2].to(g.device)]  # (B, m, d)
+                    picked = torch.einsum("bmd,md->bm", at, sites.writes[layer]) * values[cols].to(g)
+                    A[np.ix_(row_ids[j], cols.numpy())] = picked.cpu().double().numpy()
             if bar is not None:
                 bar.update()
     finally:
         if bar is not None:
             bar.close()
-    values = np.concatenate([_chosen_values(acts, chosen).cpu().double().numpy(),
-                             targets.values.cpu().double().numpy()])
-    scale = np.maximum(np.abs(values), np.finfo(np.float64).tiny)
-    completeness = np.abs(total - values) / scale
+    all_values = np.concatenate([values.cpu().double().numpy(), targets.values.cpu().double().numpy()])
+    scale = np.maximum(np.abs(all_values), np.finfo(np.float64).tiny)
+    completeness = np.abs(total - all_values) / scale
     receiving = np.r_[np.arange(M), M + n + np.arange(K)]
-    kept_share = A[receiving].sum(1) / np.where(values != 0, values, 1.0)
+    kept_share = A[receiving].sum(1) / np.where(all_values != 0, all_values, 1.0)
     return A, completeness, kept_share
 
 
@@ -329,29 +364,27 @@ def _receiving(rows: np.ndarray, M: int, n: int) -> np.ndarray:
     return np.where(rows < M, rows, rows - n)
 
 
-def _passes(chosen: torch.Tensor, targets: _Targets, rows_per_pass: int, d: int, acts: dict[int, torch.Tensor]
+def _passes(chosen: torch.Tensor, targets: _Targets, sites: _Sites, rows_per_pass: int, n: int, L: int
             ) -> list[tuple[list[PullRequest], list[np.ndarray]]]:
     """The cut pullbacks, grouped into passes of at most ``rows_per_pass`` rows: the logits first (seeded at the
-    output), then the chosen neurons a layer at a time (seeded at their neuron, reading the layers below)."""
+    output), then the chosen neurons a layer at a time (seeded with their read rows at the layer's mid residual,
+    reading the outputs of the layers below)."""
     M, K = chosen.shape[0], len(targets.ids)
-    n = next(iter(acts.values())).shape[0]
     cut = frozenset({"mlp"})
     jobs: list[tuple[PullRequest, np.ndarray]] = []
-    L = len(acts)
     for k0 in range(0, K, rows_per_pass):
         k1 = min(K, k0 + rows_per_pass)
-        reads = (*(neurons_of(layer) for layer in range(L)), EMBEDDINGS)
-        jobs.append((PullRequest((Seed(OUTPUT, targets.vectors[k0:k1]),), reads, cut),
-                     M + n + np.arange(k0, k1)))
+        reads = (*(input_of(layer + 1) for layer in range(L)), EMBEDDINGS)
+        jobs.append((PullRequest((Seed(OUTPUT, targets.vectors[k0:k1]),), reads, cut), M + n + np.arange(k0, k1)))
     for layer in range(L):
         idx = (chosen[:, 0] == layer).nonzero().reshape(-1)
-        width = acts[layer].shape[1]
         for c0 in range(0, idx.numel(), rows_per_pass):
             part = idx[c0:c0 + rows_per_pass]
-            seed = acts[layer].new_zeros(part.numel(), n, width)
-            seed[torch.arange(part.numel()), chosen[part, 2], chosen[part, 1]] = 1.0
-            reads = (*(neurons_of(below) for below in range(layer)), EMBEDDINGS)
-            jobs.append((PullRequest((Seed(neurons_of(layer), seed),), reads, cut, d_model=d), part.numpy()))
+            read = sites.reads[layer][c0:c0 + rows_per_pass]  # (m, d), in the order of idx
+            seed = read.new_zeros(part.numel(), n, read.shape[1])
+            seed[torch.arange(part.numel()), chosen[part, 2]] = read
+            reads = (*(input_of(below + 1) for below in range(layer)), EMBEDDINGS)
+            jobs.append((PullRequest((Seed(Site("mid", layer), seed),), reads, cut), part.numpy()))
     passes: list[tuple[list[PullRequest], list[np.ndarray]]] = []
     for request, rows in jobs:  # requests share a pass (one sweep, each layer read once) while the rows fit
         if passes and sum(r.rows for r in passes[-1][0]) + request.rows <= rows_per_pass:
@@ -360,27 +393,6 @@ def _passes(chosen: torch.Tensor, targets: _Targets, rows_per_pass: int, d: int,
         else:
             passes.append(([request], [rows]))
     return passes
-
-
-def _labels(engine: Engine, trace: Any, chosen: torch.Tensor) -> list[str]:
-    """Each chosen neuron's label: the top tokens of its write vector through the unembedding and of its read vector
-    through the embedding (so a graph reads without auto-interpretation)."""
-    if chosen.shape[0] == 0:
-        return []
-    mats = engine.decoding_matrices(torch.float32)
-    W_U, W_E = mats["unembedding"], mats["embedding"]
-    layers = sorted({int(layer) for layer in chosen[:, 0]})
-    labels: dict[tuple[int, int], str] = {}
-    for layer, _, mlp in engine.neurons(trace, layers):
-        idx = sorted({int(i) for i in chosen[chosen[:, 0] == layer, 1]})
-        write = mlp.write_vectors()[idx].float().cpu()  # (m, d)
-        read = mlp.read_vectors()[idx].float().cpu()
-        for c0 in range(0, len(idx), 64):
-            out_top = torch.topk(write[c0:c0 + 64] @ W_U.T, 4 * LABEL_TOKENS, dim=1).indices
-            in_top = torch.topk(read[c0:c0 + 64] @ W_E.T, 4 * LABEL_TOKENS, dim=1).indices
-            for i, o, r in zip(idx[c0:c0 + 64], out_top.tolist(), in_top.tolist(), strict=True):
-                labels[(layer, i)] = f"writes {_readable(engine, o)} · reads {_readable(engine, r)}"
-    return [labels[(int(layer), int(i))] for layer, i, _ in chosen.tolist()]
 
 
 def _readable(engine: Engine, ids: list[int]) -> str:
