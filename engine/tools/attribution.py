@@ -141,6 +141,7 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     _check_settings(engine, max_nodes, max_logits, logit_probability, rows_per_pass)
     trace = engine.trace(prompt, progress=progress)
     n, p = trace.n_tokens, trace.position
+    _check_adjacency_budget(engine, max_nodes, n, max_logits)
     rows = rows_per_pass or _rows_per_pass(engine, n, max_nodes)
     targets = _logit_targets(engine, trace.output, max_logits, logit_probability)
     acts = {layer: z for layer, z, _ in engine.neurons(trace)}
@@ -183,6 +184,20 @@ def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability
     if not 0.0 < probability <= 1.0:
         raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {probability!r}.")
     engine.check_neurons()
+
+
+def _check_adjacency_budget(engine: Engine, max_nodes: int, n: int, max_logits: int) -> None:
+    """Refuse a ``max_nodes`` whose adjacency (float64, square in the nodes) would take more than half the CPU
+    budget, before any pullback."""
+    budget = engine.memory_budget("cpu")
+    size = max_nodes + n + max_logits
+    need = size * size * 8
+    if budget is not None and need > budget // 2:
+        fits = max(int((budget // 2 // 8) ** 0.5) - n - max_logits, 0)
+        raise InvalidArgumentError(
+            f"Expected a --max-nodes whose adjacency fits in half the CPU budget ({budget / 2**20:.0f} MiB). Got "
+            f"{max_nodes}: {size} nodes take {need / 2**20:.0f} MiB; at most {fits} fit."
+        )
 
 
 def _rows_per_pass(engine: Engine, n: int, max_nodes: int) -> int:

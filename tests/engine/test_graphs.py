@@ -194,3 +194,6 @@ def test_bad_settings_and_prompts_are_refused_before_any_work():
         attribution_graph(engine, IDS, logit_probability=1.5)
     with pytest.raises(PromptError):
         attribution_graph(engine, [])
+    budgeted = StreamedEngine(engine.model, max_memory="cpu=64MiB")
+    with pytest.raises(InvalidArgumentError, match="--max-nodes whose adjacency fits .* Got 7500: .* at most \\d+ fit"):
+        attribution_graph(budgeted, IDS)
