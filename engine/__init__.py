@@ -6,11 +6,11 @@ and :class:`StreamedEngine` (one layer in memory at a time); :func:`load_engine`
 options, :func:`as_engine` wraps a loaded model, and :func:`jacobian` is the one verb that computes a
 prompt's Jacobian on either. The folders: docs/engine.md, "Layout".
 
->>> from detjac.engine import load_engine, jacobian
+>>> from detjac.engine import attribution_graph, load_engine, jacobian
 >>> engine = load_engine("default")                                         # doctest: +SKIP
 >>> res = jacobian(engine, "Kitten, n. A young")                           # doctest: +SKIP
 >>> res.jacobian.shape, res.reconstruction_error                          # doctest: +SKIP
->>> graph = engine.graph("The capital of France is")                       # doctest: +SKIP
+>>> graph = attribution_graph(engine, "The capital of France is")          # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -352,13 +352,6 @@ class Engine(ABC):
             reconstruction_logits=recon_logits, bias=trace.bias,
         )
 
-    def graph(self, prompt: Prompt, **options: Any) -> Any:
-        """The exact attribution graph of the prediction on ``prompt``
-        (:func:`detjac.engine.attribution_graph`, which lists ``options``)."""
-        from .tools.attribution import attribution_graph
-
-        return attribution_graph(self, prompt, **options)
-
     def assemble(self, trace: Trace, targets: Sequence[Target], plan: Plan, *,
                  progress: bool = False) -> dict[Target, torch.Tensor]:
         """Every requested Jacobian whole, (d_model, n_tokens, d_model) each, from :meth:`blocks` (small inputs;
