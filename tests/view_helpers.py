@@ -104,6 +104,7 @@ def new_driver():
                 "--disable-extensions", "--no-first-run"):
         options.add_argument(arg)
     options.binary_location = chromium_binary()
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for tests that read it
     os.environ.setdefault("SE_OFFLINE", "true")
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
 

@@ -5,13 +5,11 @@ What the page gets is the JSON checked and trimmed to what it draws: per node it
 activation, influence, label and (logits) probability; per link its source, target and weight. Labels and token
 texts are passed on as they are (untrusted text: the page only ever sets them as text). A graph comes from a
 prompt of a store (``StoredPrompt.graph()``, where the store has one: :func:`stored_graph`) or from a file
-(:class:`GraphFile`, ``detjac view graph.json``).
+(:class:`~detjac.view.graph_file.GraphFile`, ``detjac view graph.json``).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
@@ -99,51 +97,3 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                                   "slug": meta.get("slug"), "node_threshold": _number(meta.get("node_threshold")),
                                   "info": {k: info[k] for k in INFO_SHOWN if k in info}},
                      "nodes": nodes, "links": links})
-
-
-class GraphFile:
-    """The pages of one graph JSON file (``detjac view graph.json``): ``corpus`` (what the header shows, and that
-    the page is a graph's) and ``graph``; the same interface as :class:`~detjac.view.pages.Pages` for the
-    server and the static export. The file is read and checked once.
-
-    Raises
-    ------
-    InvalidArgumentError
-        The file cannot be read as a graph JSON.
-    """
-
-    GRAPH_KEY = "graph"
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidArgumentError(f"Expected a graph JSON file written by `detjac graph`. Got {self.path}, "
-                                       f"which cannot be read as JSON ({exc}).") from exc
-        self.graph = graph_payload(raw, str(self.path))
-
-    def __len__(self) -> int:
-        return 1
-
-    def prompt_ids(self) -> list[str]:
-        return []
-
-    def refresh(self) -> bool:
-        return False  # read once: a file rewritten later is shown after a restart
-
-    def data(self, key: str) -> dict[str, Any]:
-        from .pages import NotFound
-
-        if key == "corpus":
-            info = self.graph["metadata"]["info"]
-            run = {"model_id": info.get("model"), "family": info.get("family"), "dtype": info.get("dtype")}
-            return {"store": {"name": self.path.name, "created": None, "format_version": None,
-                              "run": {k: v for k, v in run.items() if v is not None}},
-                    "prompts": [], "failures": [], "graph": self.GRAPH_KEY}
-        if key == self.GRAPH_KEY:
-            return self.graph
-        raise NotFound(key)
-
-    def keys(self, prompt_ids: list[str] | None = None) -> list[str]:
-        return ["corpus", self.GRAPH_KEY]

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from ..errors import DetjacError, InvalidArgumentError
 from .assets import ASSETS, asset, index_html
-from .graph_page import GraphFile
+from .graph_file import GraphFile
 from .pages import NotFound, Pages
 
 if TYPE_CHECKING:

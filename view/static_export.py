@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, StoreError
 from .assets import ASSETS, asset, index_html
-from .graph_page import GraphFile
+from .graph_file import GraphFile
 from .pages import Pages
 
 if TYPE_CHECKING:

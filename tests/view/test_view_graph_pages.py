@@ -16,7 +16,8 @@ from view_helpers import stored_graphs
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store
-from detjac.view.graph_page import GraphFile, graph_payload
+from detjac.view.graph_file import GraphFile
+from detjac.view.graph_page import graph_payload
 from detjac.view.pages import NotFound, Pages
 from detjac.view.server import make_server
 from detjac.view.static_export import export
