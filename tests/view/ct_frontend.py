@@ -7,7 +7,7 @@ replaced by local copies of npm packages (``make ct-frontend-libs`` installs the
 - ``d3.js``: ``d3@7.9.0`` and ``d3-collection@1.0.7`` (d3 v7 has no ``d3.nest``, which jetpack's ``d3.nestBy``
   calls);
 - ``jetpack_2024-07-20.js``: ``d3-jetpack@2.3.0``'s ``build/d3-jetpack.cjs``, a UMD bundle, loaded through a
-  four-line AMD ``define`` that hands it the global d3 (its browser-global branch replaces ``window.d3`` by an
+  two-line AMD ``define`` that hands it the global d3 (its browser-global branch replaces ``window.d3`` by an
   empty object before reading d3 from it, and its ``d3v7+jetpack.js`` bundle patches a second copy of
   d3-selection, not the one ``d3.select`` returns: ``appendMany is not a function``);
 - ``dagre.min.js`` and ``pako.min.js``: the same versions from npm (``dagre@0.8.5``, ``pako@2.1.0``);
