@@ -77,7 +77,8 @@ def _serve(store: object, host: str, port: int) -> None:
     if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)
-    what = "the graph" if len(store) == 1 and not store.prompt_ids() else f"{len(store)} prompts"  # type: ignore
+    is_graph = type(store).__name__ == "GraphFile"  # `detjac view graph.json`
+    what = "the graph" if is_graph else f"{len(store)} prompts"  # type: ignore[arg-type]
     click.echo(f"detjac view: serving {what} of {store.path} at {server.url} "  # type: ignore[attr-defined]
                "(read-only; Ctrl-C to stop)")
     try:

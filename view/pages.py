@@ -102,10 +102,14 @@ class Pages:
         if len(parts) == 4 and parts[2] == "layers" and parts[3] in layer_kinds(self.view.get(pid)):
             return lambda: layers_payload(self.view, pid, parts[3])
         if len(parts) == 3 and parts[2] == "graph":
-            graph = stored_graph(self.view.get(pid))
-            if graph is not None:
-                return lambda: graph_payload(graph, f"the graph of prompt {pid}")
+            return lambda: self._graph(pid)  # read once, then kept like every page
         raise NotFound("/".join(parts))
+
+    def _graph(self, pid: str) -> dict[str, Any]:
+        graph = stored_graph(self.view.get(pid))
+        if graph is None:
+            raise NotFound(f"prompt/{pid}/graph")
+        return graph_payload(graph, f"the graph of prompt {pid}")
 
     def _token(self, pid: str, text: str) -> int | None:
         if text == "combined":
