@@ -49,16 +49,18 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         from detjac.view import GraphFile
 
         store: object = GraphFile(path)
+        what = "the graph"
     else:
         from detjac.store import open_store
 
         store = open_store(path)
+        what = f"{len(store)} prompts"  # type: ignore[arg-type]
     if export_dir is not None:
         _export(store, export_dir, list(prompt_ids) or None)
         return
     if prompt_ids:
         raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
-    _serve(store, host, port)
+    _serve(store, host, port, what)
 
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
@@ -70,15 +72,13 @@ def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
     click.echo(f"wrote {len(written)} files to {out}; open {out.rstrip('/')}/index.html in a browser")
 
 
-def _serve(store: object, host: str, port: int) -> None:
+def _serve(store: object, host: str, port: int, what: str) -> None:
     from detjac.view import make_server
 
     server = make_server(store, host, port)
     if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)
-    is_graph = type(store).__name__ == "GraphFile"  # `detjac view graph.json`
-    what = "the graph" if is_graph else f"{len(store)} prompts"  # type: ignore[arg-type]
     click.echo(f"detjac view: serving {what} of {store.path} at {server.url} "  # type: ignore[attr-defined]
                "(read-only; Ctrl-C to stop)")
     try:
