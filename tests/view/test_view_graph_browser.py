@@ -43,17 +43,20 @@ def set_threshold(driver, which, value):
                           slider, str(value))
 
 
+def drawn(driver):
+    """What the graph's SVG holds, read in one call: each node's id and centre, each link's ends and colour."""
+    return driver.execute_script("""
+        const nodes = [...document.querySelectorAll('#graph-svg .node')].map((n) => {
+          const b = n.getBBox(); return [n.dataset.id, b.x + b.width / 2, b.y + b.height / 2]; });
+        const links = [...document.querySelectorAll('#graph-svg .link')].map((l) =>
+          [l.dataset.source, l.dataset.target, l.getAttribute('stroke')]);
+        return {nodes, links};""")
+
+
 def shown(driver):
     """The node ids and (source, target) of the links drawn."""
-    nodes = {n.get_attribute("data-id") for n in css(driver, "#graph-svg .node")}
-    links = {(x.get_attribute("data-source"), x.get_attribute("data-target")) for x in css(driver, "#graph-svg .link")}
-    return nodes, links
-
-
-def centre(driver, node_id):
-    box = driver.execute_script("const b = document.querySelector(`#graph-svg .node[data-id='${arguments[0]}']`)"
-                                ".getBBox(); return [b.x + b.width / 2, b.y + b.height / 2];", node_id)
-    return tuple(box)
+    found = drawn(driver)
+    return {n[0] for n in found["nodes"]}, {(s, t) for s, t, _ in found["links"]}
 
 
 def test_a_graph_file_draws_every_node_and_link_by_layer_and_position(browser, graph_served, graph):
@@ -65,7 +68,8 @@ def test_a_graph_file_draws_every_node_and_link_by_layer_and_position(browser, g
     assert len(css(browser, "#graph-svg .link")) == len(graph["links"])
     assert [e.get_attribute("textContent") for e in css(browser, "#graph-svg .col-label title")] == \
         [f"token {k}: {t}" for k, t in enumerate(graph["metadata"]["prompt_tokens"])]
-    at = {n["node_id"]: centre(browser, n["node_id"]) for n in graph["nodes"]}
+    found = drawn(browser)
+    at = {node_id: (x, y) for node_id, x, y in found["nodes"]}
     rank = {"embedding": -1, "logit": 10**6}
     level = {n["node_id"]: rank.get(n["feature_type"], int(n["layer"]) if n["layer"] != "E" else -1)
              for n in graph["nodes"]}
@@ -75,8 +79,7 @@ def test_a_graph_file_draws_every_node_and_link_by_layer_and_position(browser, g
                 assert at[a["node_id"]][1] > at[b["node_id"]][1], (a["node_id"], b["node_id"])
             if a["ctx_idx"] < b["ctx_idx"]:
                 assert at[a["node_id"]][0] < at[b["node_id"]][0], (a["node_id"], b["node_id"])
-    signs = {(x.get_attribute("data-source"), x.get_attribute("data-target")): x.get_attribute("stroke")
-             for x in css(browser, "#graph-svg .link")}
+    signs = {(source, target): stroke for source, target, stroke in found["links"]}
     assert {signs[(x["source"], x["target"])] for x in graph["links"] if x["weight"] > 0} == {"#2a62b8"}
     assert {signs[(x["source"], x["target"])] for x in graph["links"] if x["weight"] < 0} == {"#d0543e"}
     assert [log for log in browser.get_log("browser") if log["level"] == "SEVERE"] == []
