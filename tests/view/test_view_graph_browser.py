@@ -188,3 +188,17 @@ def test_a_stored_graph_is_a_tab_of_its_prompt_live_and_in_the_export(browser, l
     assert shown(browser) == live and len(live[1]) == len(graph["links"])
     set_threshold(browser, "node", 0.3)
     assert len(css(browser, "#graph-svg .node")) == len(kept_by_thresholds(graph, 0.3, 1.0)[0]) < len(graph["nodes"])
+
+
+def test_a_graph_files_export_opens_from_disk(browser, graph_file, graph, tmp_path):
+    from click.testing import CliRunner
+
+    from detjac.cli.main import main
+
+    result = CliRunner().invoke(main, ["view", str(graph_file), "--export", str(tmp_path / "pages")])
+    assert result.exit_code == 0, result.output
+    browser.get((tmp_path / "pages" / "index.html").as_uri())
+    wait_for(browser, "#graph-svg .node", len(graph["nodes"]))
+    links = {(x["source"], x["target"]) for x in graph["links"]}
+    assert shown(browser) == ({n["node_id"] for n in graph["nodes"]}, links)
+    assert css(browser, "#prompt-text")[0].text == graph["metadata"]["prompt"]
