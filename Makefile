@@ -59,6 +59,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	-@$(BROWSER)
+	-@[ -d .cache/circuit-tracer-frontend/node_modules ] || { command -v npm >/dev/null 2>&1 && $(MAKE) -s ct-frontend-libs; } \
+	  || echo "npm packages for circuit-tracer's page not installed (make ct-frontend-libs): its browser test will be skipped"
 	$(BIN)/python -m pytest -q
 
 docs: $(STAMP)
