@@ -82,7 +82,7 @@ def main() -> None:
 
 def graph_shot(driver, folder: Path, path: Path) -> None:
     """``detjac graph`` of "Copper, n. A" on the default model, shown by ``detjac view copper.json`` with a layer-3
-    neuron clicked; saved as a 128-colour PNG."""
+    neuron clicked; saved as a 256-colour PNG."""
     from PIL import Image
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -99,7 +99,7 @@ def graph_shot(driver, folder: Path, path: Path) -> None:
         driver.save_screenshot(str(path))
     finally:
         served.stop()
-    Image.open(path).convert("RGB").quantize(colors=128).save(path, optimize=True)
+    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
     print(f"wrote {path}")
 
 
