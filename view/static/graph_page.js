@@ -104,6 +104,61 @@ const GraphPage = (() => {
     return n.clerp || n.id;
   }
 
+  // The rows' lines and names, and the prompt's tokens under their columns (drawn once).
+  function gridLayer(data, L) {
+    const tokens = data.metadata.prompt_tokens;
+    const grid = svg("g", {class: "graph-grid"});
+    for (const r of L.allRows) {
+      const y = L.rowTop.get(r);
+      grid.append(svg("line", {x1: LEFT - 4, x2: L.width - 10, y1: y + L.rowH.get(r), y2: y + L.rowH.get(r),
+        class: "grid"}));
+      grid.append(svg("text", {x: 4, y: y + L.rowH.get(r) / 2 + 4, class: "row-label"}, rowName(r, L.maxRow, data)));
+    }
+    const maxChars = Math.max(3, Math.floor(L.colW / 7));
+    tokens.forEach((t, k) => {
+      const shownText = t.length > maxChars ? t.slice(0, maxChars - 1) + "…" : t;
+      const label = svg("text", {x: LEFT + k * L.colW + L.colW / 2, y: L.height - BOTTOM + 16, "text-anchor": "middle",
+        class: "col-label", "data-index": k}, shownText);
+      label.append(svg("title", {}, `token ${k}: ${t}`));
+      grid.append(label, svg("text", {x: LEFT + k * L.colW + L.colW / 2, y: L.height - BOTTOM + 30,
+        "text-anchor": "middle", class: "col-index"}, k));
+    });
+    return grid;
+  }
+
+  // The links shown: width by |weight| (relative to the largest), colour by sign; the selected node's highlighted.
+  function linkLayer(shown, L, sel, maxAbs) {
+    const links = svg("g", {class: "graph-links"});
+    for (const l of [...shown.links].reverse()) {  // the largest drawn last, on top
+      const a = L.at.get(l.source), b = L.at.get(l.target);
+      const on = sel && (l.source === sel || l.target === sel);
+      links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y, class: "link" + (on ? " hl" : sel ? " dim" : ""),
+        stroke: l.weight >= 0 ? COLORS.positive : COLORS.negative,
+        "stroke-width": (0.4 + 3.6 * Math.abs(l.weight) / maxAbs).toFixed(2),
+        "data-source": l.source, "data-target": l.target, "data-weight": l.weight}));
+    }
+    return links;
+  }
+
+  // The nodes shown: a square per token, a circle per neuron, a diamond per logit; a click calls onClick(id).
+  function nodeLayer(data, shown, L, sel, onClick) {
+    const tokens = data.metadata.prompt_tokens;
+    const nodes = svg("g", {class: "graph-nodes"});
+    for (const n of data.nodes) {
+      if (!shown.nodes.has(n.id)) continue;
+      const {x, y} = L.at.get(n.id);
+      const shape = n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
+        : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
+          : svg("circle", {cx: x, cy: y, r: 4.5});
+      const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
+        (n.id === sel ? " selected" : ""), "data-id": n.id, tabindex: 0});
+      g.append(shape, svg("title", {}, `${nodeLabel(n, tokens)} (${n.id})`));
+      g.addEventListener("click", () => onClick(n.id));
+      nodes.append(g);
+    }
+    return nodes;
+  }
+
   function render(data) {
     const tokens = data.metadata.prompt_tokens;
     const byId = new Map(data.nodes.map((n) => [n.id, n]));
@@ -125,49 +180,14 @@ const GraphPage = (() => {
     const nodeSlider = slider("node-threshold", "nodes: influence ≤", state.nodeT);
     const edgeSlider = slider("edge-threshold", "links: cumulative |weight| share ≤", state.edgeT);
 
+    const grid = gridLayer(data, L);
+
     function draw() {
       const shown = visible(data, state.nodeT, state.edgeT);
       const sel = state.selected && shown.nodes.has(state.selected) ? state.selected : null;
       state.selected = sel;
-      const grid = svg("g", {class: "graph-grid"});
-      for (const r of L.allRows) {
-        const y = L.rowTop.get(r);
-        grid.append(svg("line", {x1: LEFT - 4, x2: L.width - 10, y1: y + L.rowH.get(r), y2: y + L.rowH.get(r),
-          class: "grid"}));
-        grid.append(svg("text", {x: 4, y: y + L.rowH.get(r) / 2 + 4, class: "row-label"}, rowName(r, L.maxRow, data)));
-      }
-      const maxChars = Math.max(3, Math.floor(L.colW / 7));
-      tokens.forEach((t, k) => {
-        const shownText = t.length > maxChars ? t.slice(0, maxChars - 1) + "…" : t;
-        const label = svg("text", {x: LEFT + k * L.colW + L.colW / 2, y: L.height - BOTTOM + 16, "text-anchor": "middle",
-          class: "col-label", "data-index": k}, shownText);
-        label.append(svg("title", {}, `token ${k}: ${t}`));
-        grid.append(label, svg("text", {x: LEFT + k * L.colW + L.colW / 2, y: L.height - BOTTOM + 30,
-          "text-anchor": "middle", class: "col-index"}, k));
-      });
-      const links = svg("g", {class: "graph-links"});
-      for (const l of [...shown.links].reverse()) {  // the largest drawn last, on top
-        const a = L.at.get(l.source), b = L.at.get(l.target);
-        const on = sel && (l.source === sel || l.target === sel);
-        links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y, class: "link" + (on ? " hl" : sel ? " dim" : ""),
-          stroke: l.weight >= 0 ? COLORS.positive : COLORS.negative,
-          "stroke-width": (0.4 + 3.6 * Math.abs(l.weight) / maxAbs).toFixed(2),
-          "data-source": l.source, "data-target": l.target, "data-weight": l.weight}));
-      }
-      const nodes = svg("g", {class: "graph-nodes"});
-      for (const n of data.nodes) {
-        if (!shown.nodes.has(n.id)) continue;
-        const {x, y} = L.at.get(n.id);
-        const shape = n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
-          : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
-            : svg("circle", {cx: x, cy: y, r: 4.5});
-        const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
-          (n.id === sel ? " selected" : ""), "data-id": n.id, tabindex: 0});
-        g.append(shape, svg("title", {}, `${nodeLabel(n, tokens)} (${n.id})`));
-        g.addEventListener("click", () => select(n.id));
-        nodes.append(g);
-      }
-      graphSvg.replaceChildren(grid, links, nodes);
+      graphSvg.replaceChildren(grid, linkLayer(shown, L, sel, maxAbs),
+        nodeLayer(data, shown, L, sel, (id) => select(id)));
       count.textContent = `shown: ${shown.nodes.size - (data.nodes.length - nNeurons)} of ${nNeurons} neurons ` +
         `(${shown.nodes.size} of ${data.nodes.length} nodes), ${shown.links.length} of ${data.links.length} links`;
       showDetails(sel, shown);
