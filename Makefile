@@ -31,7 +31,7 @@ BROWSER = command -v chromedriver >/dev/null 2>&1 \
 	     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 	|| echo "chromium/chromedriver not installed (apt-get install chromium chromium-driver): the browser tests will be skipped"
 
-.PHONY: demo test install clean docs FORCE
+.PHONY: demo test install clean docs ct-frontend-libs FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	-@$(BROWSER)
+	-@[ -d .cache/circuit-tracer-frontend/node_modules ] || { command -v npm >/dev/null 2>&1 && $(MAKE) -s ct-frontend-libs; } \
+	  || echo "npm packages for circuit-tracer's page not installed (make ct-frontend-libs): its browser test will be skipped"
 	$(BIN)/python -m pytest -q
 
 docs: $(STAMP)
@@ -67,3 +69,9 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# circuit-tracer's own frontend page loads its libraries from CDNs; tests/view/test_circuit_tracer_frontend.py runs it
+# offline with these npm packages in their place (tests/view/ct_frontend.py), and is skipped without them.
+ct-frontend-libs:
+	mkdir -p .cache/circuit-tracer-frontend && cd .cache/circuit-tracer-frontend && npm install --prefix . --no-audit \
+	  --no-fund --no-save d3@7.9.0 d3-collection@1.0.7 d3-jetpack@2.3.0 dagre@0.8.5 pako@2.1.0 npyjs@0.6.0

@@ -1,4 +1,5 @@
-"""``detjac view STORE``: browse a store in a local web page (read-only), or export the pages for sharing."""
+"""``detjac view STORE``: browse a store (or one graph JSON file) in a local web page (read-only), or export the
+pages for sharing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from .options import prompt_id_option
               help="Write the pages as a static snapshot into this new folder instead of serving them.")
 @prompt_id_option(multiple=True, help="With --export: only the prompt of this id (repeatable; default: all).")
 def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...]) -> None:
-    """Browse the store PATH in a web browser: read-only, offline, on this machine by default.
+    """Browse the store PATH (or the graph JSON file PATH) in a web browser: read-only, offline, on this
+    machine by default.
 
     Serves a local page and prints its URL. The corpus page lists every prompt (search by
     text, sort by reconstruction error, length or next token) and the failed ones with their
@@ -25,7 +27,11 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
     errors, the singular value spectra of [J_1 ... J_n] and of every J_k, and the top singular
     triplets decoded to tokens as `detjac analyze svd` decodes them (click a token for its J_k);
     with layerwise Jacobians, a layers tab per target kind. Results `detjac analyze` kept in the
-    store are shown; others are computed in memory, never written to the store.
+    store are shown; others are computed in memory, never written to the store. A prompt with an
+    attribution graph links to its graph page: nodes by layer and position, links by weight and
+    sign, a node's labels and edges on click, pruning thresholds as sliders.
+
+    PATH may also be a graph JSON file written by `detjac graph`: the page then shows that graph.
 
     With --export DIR, the same pages are written into DIR (open DIR/index.html from disk).
 
@@ -35,16 +41,26 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
       detjac view run.zarr --port 8765
       detjac view run.zarr --host 0.0.0.0          # reachable from other machines: no password
       detjac view run.zarr --export run-pages/ && chromium run-pages/index.html
+      detjac graph -p "Copper, n. A" --out copper.json && detjac view copper.json
     """
-    from detjac.store import open_store
+    from pathlib import Path
 
-    store = open_store(path)
+    if path.endswith(".json") and Path(path).is_file():
+        from detjac.view import GraphFile
+
+        store: object = GraphFile(path)
+        what = "the graph"
+    else:
+        from detjac.store import open_store
+
+        store = open_store(path)
+        what = f"{len(store)} prompts"  # type: ignore[arg-type]
     if export_dir is not None:
         _export(store, export_dir, list(prompt_ids) or None)
         return
     if prompt_ids:
         raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
-    _serve(store, host, port)
+    _serve(store, host, port, what)
 
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
@@ -56,14 +72,14 @@ def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
     click.echo(f"wrote {len(written)} files to {out}; open {out.rstrip('/')}/index.html in a browser")
 
 
-def _serve(store: object, host: str, port: int) -> None:
+def _serve(store: object, host: str, port: int, what: str) -> None:
     from detjac.view import make_server
 
     server = make_server(store, host, port)
     if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)
-    click.echo(f"detjac view: serving {len(store)} prompts of {store.path} at {server.url} "  # type: ignore[attr-defined]
+    click.echo(f"detjac view: serving {what} of {store.path} at {server.url} "  # type: ignore[attr-defined]
                "(read-only; Ctrl-C to stop)")
     try:
         server.serve_forever()

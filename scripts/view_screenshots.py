@@ -2,7 +2,8 @@
 
 Runs ``detjac run default`` on a few dictionary prompts with every layer's output, attention and
 MLP Jacobians (``--layers all --components layer,attn,mlp``), serves it with ``detjac view``, and
-saves the corpus page, a prompt's page with one token picked, and its layers tab. Needs Debian's
+saves the corpus page, a prompt's page with one token picked, and its layers tab; then ``detjac graph`` of one
+prompt shown with ``detjac view graph.json``, a layer-3 neuron clicked. Needs Debian's
 chromium and chromedriver and selenium (``tests/view_helpers.py``). CPU only, about a minute.
 
     .venv/bin/python scripts/view_screenshots.py                  # writes docs/view-*.png
@@ -72,8 +73,34 @@ def main() -> None:
               args.out / "view-prompt.png")
         shoot(driver, served.url + f"#/prompt/{pid}/layers/layer", "#layers-heatmap rect", args.out / "view-layers.png")
     finally:
-        driver.quit()
         served.stop()
+    try:
+        graph_shot(driver, folder, args.out / "view-graph.png")
+    finally:
+        driver.quit()
+
+
+def graph_shot(driver, folder: Path, path: Path) -> None:
+    """``detjac graph`` of "Copper, n. A" on the default model, shown by ``detjac view copper.json`` with a layer-3
+    neuron clicked; saved as a 256-colour PNG."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    graph = folder / "copper.json"
+    subprocess.run(detjac("graph", "-p", "Copper, n. A", "--out", str(graph), "--max-nodes", "200"), check=True)
+    served = Served(graph)
+    try:
+        driver.set_window_size(1400, 1350)
+        driver.get(served.url)
+        nodes = WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#graph-svg .node-neuron"))
+        next(n for n in nodes if n.get_attribute("data-id").startswith("3_")).click()
+        time.sleep(0.5)
+        driver.save_screenshot(str(path))
+    finally:
+        served.stop()
+    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

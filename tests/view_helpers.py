@@ -21,6 +21,8 @@ SCRIPT_WORD = "<script>alert(1)</script>"  # a token and a prompt that must be s
 MARKUP_WORD = "<b>bold</b>"
 TEXTS = ["the oak tree grows", "a young cat plays in the sea", f"the {SCRIPT_WORD} harp {MARKUP_WORD} plays",
          "copper is a metal"]
+INJECTED = '<img src=x onerror="document.title=\'injected\'">'  # a token text and labels of a graph: text only
+GRAPH_PROMPT = "Copper, n. A"
 INSTALL = "apt-get install chromium chromium-driver (Debian/Ubuntu) and pip install selenium (the test extra)"
 
 
@@ -102,5 +104,39 @@ def new_driver():
                 "--disable-extensions", "--no-first-run"):
         options.add_argument(arg)
     options.binary_location = chromium_binary()
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for tests that read it
     os.environ.setdefault("SE_OFFLINE", "true")
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+
+
+def write_default_graph(out: Path) -> Path:
+    """``detjac graph`` of :data:`GRAPH_PROMPT` on the default model (about 10 s) into ``out``."""
+    done = subprocess.run(detjac("graph", "-p", GRAPH_PROMPT, "--out", str(out), "--max-nodes", "200"),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def stored_graphs(monkeypatch, store, graphs: dict) -> None:
+    """Give the prompts of ``store`` the graphs ``graphs`` (prompt id -> graph JSON; None for the others) through
+    ``StoredPrompt.graph()``, the reader the store's graphs come with, on the class its prompts are read as."""
+    prompt = store.get(store.prompt_ids()[0])
+    monkeypatch.setattr(type(prompt), "graph", lambda self: graphs.get(self.id), raising=False)
+
+
+def kept_by_thresholds(graph: dict, node_t: float, edge_t: float) -> tuple[set, list]:
+    """What the graph page shows under its two thresholds (docs/graphs.md, "In the viewer"), computed here
+    on the JSON: tokens and logits always, a neuron while its influence is at most ``node_t``; then the links
+    between shown nodes, largest |weight| first, while the |weight| taken before them is below ``edge_t`` of
+    their total."""
+    nodes = {n["node_id"] for n in graph["nodes"]
+             if n["feature_type"] != "mlp neuron" or n["influence"] <= node_t + 1e-12}
+    candidates = sorted((link for link in graph["links"] if link["source"] in nodes and link["target"] in nodes),
+                        key=lambda link: -abs(link["weight"]))
+    total, taken, links = sum(abs(link["weight"]) for link in candidates), 0.0, []
+    for link in candidates:
+        if edge_t < 1 and taken >= edge_t * total:
+            break
+        links.append(link)
+        taken += abs(link["weight"])
+    return nodes, links

@@ -1,14 +1,17 @@
 """``detjac view``: a read-only local web viewer of a store (torch-free; above the analyses, below the CLI).
 
 ``readonly``: the store as the analyses see it, their results kept in memory, never written;
-``corpus_page``, ``prompt_page``, ``layers_page``: what each page shows, as JSON-ready dicts computed with
-:mod:`detjac.analysis`; ``pages``: every page's data by key; ``server``: the local HTTP server (standard library
-only); ``static_export``: the same pages as a static snapshot that opens from disk; ``static/``: the page itself
-(plain HTML, CSS and JavaScript with hand-drawn SVG charts, nothing fetched from the network).
+``corpus_page``, ``prompt_page``, ``layers_page``, ``graph_page``: what each page shows, as JSON-ready dicts
+computed with :mod:`detjac.analysis` (a graph: as ``detjac graph`` wrote it);
+``graph_file``: the pages of one graph JSON file;
+``pages``: every page's data by key; ``server``: the local HTTP server (standard library only);
+``static_export``: the same pages as a static snapshot that opens from disk; ``static/``: the page itself (plain HTML,
+CSS and JavaScript with hand-drawn SVG charts and graphs, nothing fetched from the network).
 """
 
 from detjac.facade import lazy_exports
 
-_EXPORTS = {"make_server": "server", "export_static": "static_export:export"}  # for cli/ (each loads on first use)
+# for cli/ (each loads on first use)
+_EXPORTS = {"make_server": "server", "export_static": "static_export:export", "GraphFile": "graph_file"}
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript", "style.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript", "graph_page.js": "text/javascript",
+          "style.css": "text/css"}
 MODES = ("server", "static")
 
 

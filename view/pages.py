@@ -1,10 +1,11 @@
 """Every page's data by key, for the server and the static export alike.
 
 A key names what one page (or part of one) shows: ``corpus``, ``prompt/<id>``,
-``prompt/<id>/operator/<k>`` (token ``k``'s ``J_k``, or ``combined`` for ``[J_1 ... J_n]``) and
-``prompt/<id>/layers/<kind>``. A key is only ever looked up, never used as a path: the prompt
-id must be one of the store's complete prompts, the token an index of that prompt, the kind
-one of its layerwise kinds; anything else is :class:`NotFound`. Results are kept in memory
+``prompt/<id>/operator/<k>`` (token ``k``'s ``J_k``, or ``combined`` for ``[J_1 ... J_n]``),
+``prompt/<id>/layers/<kind>`` and ``prompt/<id>/graph`` (its attribution graph, where the store keeps
+one). A key is only ever looked up, never used as a path: the prompt id must be one of the store's
+complete prompts, the token an index of that prompt, the kind one of its layerwise kinds, a graph
+one the prompt has; anything else is :class:`NotFound`. Results are kept in memory
 (prompts do not change once committed), and one page is computed at a time.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .corpus_page import Corpus
+from .graph_page import graph_payload, stored_graph
 from .layers_page import layers_payload
 from .prompt_page import layer_kinds, operator_payload, prompt_payload
 from .readonly import ReadOnlyStore
@@ -99,7 +101,15 @@ class Pages:
             return lambda: operator_payload(self.view, pid, token)
         if len(parts) == 4 and parts[2] == "layers" and parts[3] in layer_kinds(self.view.get(pid)):
             return lambda: layers_payload(self.view, pid, parts[3])
+        if len(parts) == 3 and parts[2] == "graph":
+            return lambda: self._graph(pid)  # read once, then kept like every page
         raise NotFound("/".join(parts))
+
+    def _graph(self, pid: str) -> dict[str, Any]:
+        graph = stored_graph(self.view.get(pid))
+        if graph is None:
+            raise NotFound(f"prompt/{pid}/graph")
+        return graph_payload(graph, f"the graph of prompt {pid}")
 
     def _token(self, pid: str, text: str) -> int | None:
         if text == "combined":
@@ -130,3 +140,5 @@ class Pages:
                 yield f"prompt/{pid}/operator/combined"
                 yield from (f"prompt/{pid}/operator/{k}" for k in range(prompt.n_tokens))
             yield from (f"prompt/{pid}/layers/{kind}" for kind in layer_kinds(prompt))
+            if stored_graph(prompt) is not None:
+                yield f"prompt/{pid}/graph"

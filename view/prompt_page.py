@@ -25,6 +25,7 @@ from ..analysis import (
 )
 from ..errors import DetjacError
 from ..singular import decode_top
+from .graph_page import stored_graph
 from .jsonable import jsonable
 
 if TYPE_CHECKING:
@@ -129,7 +130,8 @@ def prompt_payload(view: ReadOnlyStore, prompt_id: str) -> dict[str, Any]:
         "errors": {"output": a.get("reconstruction_error"), "layerwise": layerwise_errors},
         "prediction": _guarded(lambda: prediction(view, prompt)),
         "spectra": {"combined": combined, "tokens": tokens},
-        "kinds": layer_kinds(prompt), "analyses": analyses(view, prompt.id)})
+        "kinds": layer_kinds(prompt), "analyses": analyses(view, prompt.id),
+        "graph": stored_graph(prompt) is not None})
 
 
 def _triplets(view: ReadOnlyStore, prompt: StoredPrompt, token: int | None) -> tuple[Spectrum, str]:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from ..errors import DetjacError, InvalidArgumentError
 from .assets import ASSETS, asset, index_html
+from .graph_file import GraphFile
 from .pages import NotFound, Pages
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class ViewServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, pages: Pages, host: str, port: int) -> None:
+    def __init__(self, pages: Pages | GraphFile, host: str, port: int) -> None:
         self.pages = pages
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -158,8 +159,9 @@ class ViewHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-def make_server(store: StoreReader, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
-    """A server of ``store``'s pages on ``host``:``port`` (0: a free port), not yet serving.
+def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
+    """A server of ``store``'s pages (or of one graph file's) on ``host``:``port`` (0: a free port), not yet
+    serving.
 
     Raises
     ------
@@ -167,7 +169,7 @@ def make_server(store: StoreReader, host: str = "127.0.0.1", port: int = 0) -> V
         ``host``:``port`` cannot be listened on (taken, not an address of this machine, ...).
     """
     try:
-        return ViewServer(Pages(store), host, port)
+        return ViewServer(store if isinstance(store, GraphFile) else Pages(store), host, port)
     except OSError as exc:
         raise InvalidArgumentError(f"Expected a host and port this machine can listen on. Got {host}:{port} "
                                    f"({exc.strerror or exc}).") from exc

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, StoreError
 from .assets import ASSETS, asset, index_html
+from .graph_file import GraphFile
 from .pages import Pages
 
 if TYPE_CHECKING:
@@ -27,13 +28,14 @@ def data_file(key: str) -> str:
     return f"data/{key.replace('/', '.')}.js"
 
 
-def export(store: StoreReader, out: str | Path, prompt_ids: Sequence[str] | None = None,
+def export(store: StoreReader | GraphFile, out: str | Path, prompt_ids: Sequence[str] | None = None,
            progress: Any = None) -> list[Path]:
     """Write the snapshot of ``store`` (of ``prompt_ids`` only, when given) into the folder ``out``.
 
     Parameters
     ----------
-    store : StoreReader
+    store : StoreReader or GraphFile
+        A store, or one graph JSON file (its graph page only).
     out : str or Path
         A folder that does not exist yet or is empty.
     prompt_ids : sequence of str, optional
@@ -60,7 +62,7 @@ def export(store: StoreReader, out: str | Path, prompt_ids: Sequence[str] | None
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidArgumentError(f"Expected a new or empty folder to export to. Got {out}, which "
                                    f"{'is a file' if not out.is_dir() else 'is not empty'}.")
-    pages = Pages(store)
+    pages = store if isinstance(store, GraphFile) else Pages(store)
     known = set(store.prompt_ids())
     chosen = None if prompt_ids is None else list(dict.fromkeys(prompt_ids))
     missing = [pid for pid in chosen or [] if pid not in known]
@@ -85,7 +87,7 @@ def export(store: StoreReader, out: str | Path, prompt_ids: Sequence[str] | None
     return [out / path.relative_to(tmp) for path in written]
 
 
-def _write(pages: Pages, keys: list[str], chosen: list[str] | None, out: Path, progress: Any) -> list[Path]:
+def _write(pages: Pages | GraphFile, keys: list[str], chosen: list[str] | None, out: Path, progress: Any) -> list[Path]:
     """Write the snapshot's files into the new folder ``out``; returns them, ``index.html`` first."""
     (out / "data").mkdir(parents=True)
     written = [out / "index.html"]

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from store_factory import layer_targets, make_store
-from view_helpers import TEXTS, Served, detjac, exported_prompts, new_driver, viewer_model
+from view_helpers import TEXTS, Served, detjac, exported_prompts, new_driver, viewer_model, write_default_graph
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +47,9 @@ def browser():
     driver = new_driver()
     yield driver
     driver.quit()
+
+
+@pytest.fixture(scope="session")
+def graph_file(tmp_path_factory):
+    """``detjac graph`` on the default model (tests/view_helpers.py: GRAPH_PROMPT): the JSON file. Read only."""
+    return write_default_graph(tmp_path_factory.mktemp("graph") / "copper.json")

@@ -1,4 +1,4 @@
-// detjac view: the pages (corpus, prompt, layers) drawn from the data of `detjac view` (api/) or of a snapshot (data/).
+// detjac view: the pages (corpus, prompt, layers, graph) drawn from the data of `detjac view` (api/) or of a snapshot (data/).
 // Text from the store (prompts, tokens) only ever goes into the page as text nodes, never as markup.
 "use strict";
 
@@ -82,8 +82,9 @@
     const c = await load("corpus");
     const r = c.store.run;
     document.getElementById("store-name").textContent = c.store.name;
-    document.getElementById("run-info").textContent = [r.model_id, r.dtype, r.detach === false ? "ordinary" : "detached",
-      r.keep, r.engine, `${c.prompts.length} prompts`].filter(Boolean).join(" · ");
+    document.getElementById("run-info").textContent = (c.graph ? [r.model_id, r.dtype, "attribution graph"]
+      : [r.model_id, r.dtype, r.detach === false ? "ordinary" : "detached", r.keep, r.engine,
+        `${c.prompts.length} prompts`]).filter(Boolean).join(" · ");
     return c;
   }
 
@@ -101,6 +102,7 @@
     setCrumbs("corpus");
     const c = await header();
     if (gen !== generation) return;
+    if (c.graph) return showGraphFile(gen, c);  // `detjac view graph.json`: the one graph is the page
     const tbody = h("tbody");
     const count = h("span", {class: "note", id: "count"});
     const search = h("input", {type: "search", id: "search", placeholder: "search the prompts' text (or an id)",
@@ -167,13 +169,16 @@
     if (gen !== generation) return;
     setCrumbs(h("a", {href: "#/"}, "corpus"), h("span", {class: "mono"}, id));
     const tabs = h("nav", {class: "tabs", id: "tabs"},
-      h("a", {href: promptHref(id), class: tab === "layers" ? null : "active", "data-tab": "operators"}, "Operators"),
+      h("a", {href: promptHref(id), class: tab === "operators" ? "active" : null, "data-tab": "operators"}, "Operators"),
       p.kinds.map((k) => h("a", {href: promptHref(id, "layers", k), "data-tab": `layers/${k}`,
-        class: tab === "layers" && arg === k ? "active" : null}, `Layers: ${k}`)));
+        class: tab === "layers" && arg === k ? "active" : null}, `Layers: ${k}`)),
+      p.graph ? h("a", {href: promptHref(id, "graph"), "data-tab": "graph", class: tab === "graph" ? "active" : null},
+        "Graph") : null);
     const body = h("div", {id: "tab-body"}, note("Loading…"));
     show(h("h1", {id: "prompt-text", class: "text"}, p.text), tabs, body);
     try {
       if (tab === "layers") await showLayers(gen, p, arg, body);
+      else if (tab === "graph") await showGraph(gen, `prompt/${p.id}/graph`, body);
       else await showOperators(gen, p, arg === undefined ? null : arg, body);
     } catch (err) {
       if (gen === generation) body.replaceChildren(h("p", {class: "error", id: "page-error"}, err.message));
@@ -361,12 +366,30 @@
       panel(`Per layer (top ${L.top} decoded tokens; u₁ among the first ${L.k} singular vectors)`, table));
   }
 
+  // -- graph ------------------------------------------------------------------------------------------------------
+  async function showGraph(gen, key, body) {
+    body.replaceChildren(note("Loading the graph…"));
+    const g = await load(key);
+    if (gen !== generation) return;
+    body.replaceChildren(GraphPage.render(g));
+  }
+
+  async function showGraphFile(gen, c) {
+    setCrumbs("graph");
+    const body = h("div", {id: "tab-body"}, note("Loading the graph…"));
+    show(h("h1", {}, "Attribution graph of ", h("span", {id: "prompt-text", class: "text"}, "")), body);
+    const g = await load(c.graph);
+    if (gen !== generation) return;
+    document.getElementById("prompt-text").textContent = g.metadata.prompt;
+    await showGraph(gen, c.graph, body);
+  }
+
   // -- routing ----------------------------------------------------------------------------------------------------
   function route() {
     const gen = ++generation;
     const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
     const done = parts[0] === "prompt" && parts[1]
-      ? showPrompt(gen, parts[1], parts[2] === "layers" ? "layers" : "operators", parts[3])
+      ? showPrompt(gen, parts[1], ["layers", "graph"].includes(parts[2]) ? parts[2] : "operators", parts[3])
       : showCorpus(gen);
     done.then(() => { if (gen === generation) document.body.dataset.ready = String(gen); })
       .catch((err) => { if (gen === generation) { fail(err); document.body.dataset.ready = String(gen); } });

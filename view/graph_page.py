@@ -1,0 +1,99 @@
+"""The graph page: one prompt's attribution graph, as ``detjac graph`` writes it (circuit-tracer's graph JSON,
+schema_version 1; docs/graphs.md), drawn by the page itself (``static/graph_page.js``: plain SVG, nothing fetched).
+
+What the page gets is the JSON checked and trimmed to what it draws: per node its id, type, layer row, position,
+activation, influence, label and (logits) probability; per link its source, target and weight. Labels and token
+texts are passed on as they are (untrusted text: the page only ever sets them as text). A graph comes from a
+prompt of a store (``StoredPrompt.graph()``, where the store has one: :func:`stored_graph`) or from a file
+(:class:`~detjac.view.graph_file.GraphFile`, ``detjac view graph.json``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from .jsonable import jsonable
+
+EMBEDDING, NEURON, LOGIT = "embedding", "mlp neuron", "logit"
+NODE_TYPES = (EMBEDDING, NEURON, LOGIT)
+INFO_SHOWN = ("model", "family", "dtype", "n_layers", "exact", "error_nodes", "completeness", "edge_threshold",
+              "max_nodes", "active_neurons", "nodes_before_pruning", "logit_share_kept", "weights_sha256")
+
+
+def stored_graph(prompt: Any) -> dict[str, Any] | None:
+    """The prompt's graph JSON when its store keeps one (``StoredPrompt.graph()``; None for a store or a reader
+    without graphs)."""
+    reader = getattr(prompt, "graph", None)
+    return reader() if callable(reader) else None
+
+
+def _row(layer: Any, where: str) -> int:
+    """The node's row, bottom up: 0 for the tokens (layer ``E``), ``layer + 1`` for a numbered layer (neurons of
+    layer l; the logits sit at ``n_layers + 1``)."""
+    if str(layer) == "E":
+        return 0
+    try:
+        return int(layer) + 1
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"Expected a node layer 'E' or a number in {where}. Got {layer!r}.") from None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
+    """What the graph page draws of ``graph`` (see the module docstring).
+
+    Parameters
+    ----------
+    graph : dict
+        circuit-tracer's graph JSON: ``metadata`` (``prompt_tokens``, ``info``, ...), ``nodes``, ``links``.
+    where : str
+        Where it came from, for messages.
+
+    Returns
+    -------
+    dict
+        ``metadata`` (``prompt``, ``prompt_tokens``, ``slug``, ``node_threshold``, ``info``), ``nodes``
+        (``id``, ``type``, ``layer``, ``row``, ``ctx``, ``activation``, ``influence``, ``clerp``, ``p``) and
+        ``links`` (``source``, ``target``, ``weight``, between listed nodes).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``graph`` is not such a JSON object (no nodes or links, a node without its id, layer or position, a link
+        to an unknown node, ...).
+    """
+    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list) or \
+            not isinstance(graph.get("links"), list):
+        raise InvalidArgumentError(f"Expected circuit-tracer's graph JSON (an object with 'metadata', 'nodes' and "
+                                   f"'links', as `detjac graph` writes) in {where}. Got {type(graph).__name__} "
+                                   f"with keys {sorted(graph) if isinstance(graph, dict) else []}.")
+    meta = graph.get("metadata") if isinstance(graph.get("metadata"), dict) else {}
+    tokens = [str(t) for t in meta.get("prompt_tokens") or []]
+    nodes = []
+    for node in graph["nodes"]:
+        if not isinstance(node, dict) or "node_id" not in node or not isinstance(node.get("ctx_idx"), int):
+            raise InvalidArgumentError(f"Expected every node of {where} to have a node_id, a layer and a ctx_idx "
+                                       f"(a position). Got {str(node)[:200]}.")
+        kind = node.get("feature_type")
+        nodes.append({"id": str(node["node_id"]), "type": kind if kind in NODE_TYPES else str(kind),
+                      "layer": str(node.get("layer")), "row": _row(node.get("layer"), where),
+                      "ctx": node["ctx_idx"], "activation": _number(node.get("activation")),
+                      "influence": _number(node.get("influence")), "clerp": str(node.get("clerp") or ""),
+                      "p": _number(node.get("token_prob"))})
+    known = {node["id"] for node in nodes}
+    links = []
+    for link in graph["links"]:
+        if not isinstance(link, dict) or link.get("source") not in known or link.get("target") not in known or \
+                _number(link.get("weight")) is None:
+            raise InvalidArgumentError(f"Expected every link of {where} to join two of its nodes with a numeric "
+                                       f"weight. Got {str(link)[:200]}.")
+        links.append({"source": link["source"], "target": link["target"], "weight": float(link["weight"])})
+    info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
+    return jsonable({"metadata": {"prompt": str(meta.get("prompt") or "".join(tokens)), "prompt_tokens": tokens,
+                                  "slug": meta.get("slug"), "node_threshold": _number(meta.get("node_threshold")),
+                                  "info": {k: info[k] for k in INFO_SHOWN if k in info}},
+                     "nodes": nodes, "links": links})
