@@ -136,8 +136,9 @@ def config_digest(config: Any, model_dir: Path | None) -> str:
 
 
 # The run identity's keys as the options a user sets (`detjac run ... --dtype float32`), for a refused resume.
-OPTION_OF = {"graph": "--graph", "dtype": "--dtype", "keep": "--keep", "detach": "--ordinary", "layerwise": "--layers/--components",
-             "quantize": "--quantize", "convention": "--convention", "lens": "--lens", "revision": "--revision"}
+OPTION_OF = {"dtype": "--dtype", "keep": "--keep", "detach": "--ordinary", "layerwise": "--layers/--components",
+             "quantize": "--quantize", "convention": "--convention", "lens": "--lens", "revision": "--revision",
+             "graph": "--graph"}
 # The keys that say which model ran: a difference in any of them is a different MODEL.
 MODEL_KEYS = {"model_id": "its name", "model_type": "its family", "config_sha256": "its configuration",
               "weights_sha256": "its weights", "tokenizer_sha256": "its tokenizer"}
