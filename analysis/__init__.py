@@ -39,6 +39,8 @@ _EXPORTS = {
     "prompt_svds": "jobs:svd",
     "read_spectrum": "jobs",
     "read_svd": "jobs",
+    "recurring_neurons": "graphs",
+    "GraphNeurons": "graphs",
     "relative_spread": "lens",
     "require_full": "jobs",
     "RunningSums": "lens",
