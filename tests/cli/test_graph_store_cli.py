@@ -71,7 +71,7 @@ def test_analyze_graphs_on_a_run_counts_what_the_graphs_hold(graph_store):
 
 def test_export_of_a_prompt_stored_without_a_graph_is_refused(tmp_path):
     made = make_store(tmp_path / "s.zarr", prompts=1)
-    pid = made.ids()[0]
+    pid = made.ids[0]
     result = invoke("store", "export", str(made.path), pid, "--out", str(tmp_path / "g.json"))
     assert result.exit_code == 1 and "stored without one" in result.output
     assert not (tmp_path / "g.json").exists()
