@@ -68,8 +68,9 @@ def verify(path: str) -> None:
     """Check everything a reader uses: every prompt on its own, the model arrays, stored analyses.
 
     Per prompt: attributes against the checksum written at commit, every file against its
-    SHA-256, every chunk decoded (crc32c), token ids against the attributes, and sum_k J_k x_k
-    against the stored output within the bound of the run's dtype. Then the model arrays and
+    SHA-256, every chunk decoded (crc32c), token ids against the attributes, a --graph prompt's
+    node and link tables forming its graph, and sum_k J_k x_k against the stored output within the
+    bound of the run's dtype. Then the model arrays and
     tokenizer against their SHA-256s, analysis results, failure records, and anything that does
     not belong in a store (symlinks included). Exits with status 1 if anything is corrupt,
     naming each.
