@@ -3,7 +3,8 @@
 runs/, view/ and cli/ import these names from here (each module loads on first use). ``spectra``: singular
 triplets, decoding and dimensionality of one stored operator; ``jobs``: those mapped over a store's prompts, results
 kept in the store's analysis cache; ``layers``: the layerwise decomposition; ``compare``: detached against ordinary
-Jacobians; ``plots``, ``view_plots``: matplotlib figures; ``lens/``: the detached Jacobian lens. The reports behind
+Jacobians; ``graphs``: the neurons that recur across stored attribution graphs; ``plots``, ``view_plots``: matplotlib
+figures; ``lens/``: the detached Jacobian lens. The reports behind
 ``detjac analyze``: ``decoded``, ``jobs.dims_report``, ``layer_report``, ``compare``, ``report``.
 """
 
@@ -39,6 +40,8 @@ _EXPORTS = {
     "prompt_svds": "jobs:svd",
     "read_spectrum": "jobs",
     "read_svd": "jobs",
+    "recurring_neurons": "graphs",
+    "GraphNeurons": "graphs",
     "relative_spread": "lens",
     "require_full": "jobs",
     "RunningSums": "lens",

@@ -16,8 +16,8 @@ from .options import TABLE_HELP, parse_target, parse_token, prompt_id_option, sc
 
 @click.group()
 def analyze() -> None:
-    """Analyses of a store with dask (no model, no GPU): svd, decode, dims, layers, compare, report, and the views
-    columns, image, path.
+    """Analyses of a store with dask (no model, no GPU): svd, decode, dims, layers, compare, report, graphs, and the
+    views columns, image, path.
 
     \b
     Examples:
@@ -27,6 +27,7 @@ def analyze() -> None:
       detjac analyze dims run.zarr --table dims.parquet --workers 2
       detjac analyze layers run.zarr --out layers/
       detjac analyze report run.zarr --out report/
+      detjac analyze graphs graphs.zarr --table neurons.csv
       detjac analyze columns run.zarr --token -1
       detjac analyze image run.zarr --token 0 --out j0.png
       detjac analyze path lw.zarr --kind layer_normed
@@ -161,6 +162,43 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
             tqdm(total=len(ids), desc="dims", unit="prompt") as bar:
         result = dims_report(store, ids, table=csv_path, progress=bar)
     render.echo_dims(result.rows)
+    if result.table is not None:
+        click.echo(f"wrote {result.table}")
+
+
+@analyze.command("graphs")
+@click.argument("path", type=click.Path())
+@prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
+@click.option("--min-graphs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Only neurons in at least this many graphs.")
+@click.option("--top", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Neurons printed (the --table holds them all).")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
+def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int, table_path: str | None) -> None:
+    """The MLP neurons that recur across the prompts' attribution graphs (a `detjac run --graph` store).
+
+    One row per neuron (layer, index), at whatever positions its graphs keep it, sorted by the
+    number of graphs it appears in: its label (top tokens of its write vector through the
+    unembedding, then of its read vector through the embedding), graphs, share of the graphs
+    read, nodes (positions kept, over all graphs), mean attribution and mean activation. A
+    neuron's attribution in one graph is the sum of the weights of its outgoing links in that
+    pruned graph, over its positions (its direct effect on the graph's neurons and logits,
+    signed); mean attribution averages it over the graphs the neuron appears in.
+
+    \b
+    Examples:
+      detjac analyze graphs graphs.zarr
+      detjac analyze graphs graphs.zarr --min-graphs 3 --table neurons.parquet
+    """
+    from detjac.analysis import recurring_neurons
+    from detjac.progress import tqdm
+    from detjac.store import open_store
+
+    store = open_store(path)
+    ids = list(prompt_ids) or store.prompt_ids()
+    with tqdm(total=len(ids), desc="graphs", unit="prompt") as bar:
+        result = recurring_neurons(store, ids, min_graphs=min_graphs, table=table_path, progress=bar)
+    render.echo_graph_neurons(result, top)
     if result.table is not None:
         click.echo(f"wrote {result.table}")
 

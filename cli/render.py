@@ -88,6 +88,19 @@ def echo_dims(rows: list[dict[str, Any]]) -> None:
                    f"{r['participation_ratio']:>11.2f} {r['n90']:>4} {r['n99']:>4}")
 
 
+def echo_graph_neurons(result: Any, top: int) -> None:
+    """The recurring neurons of ``detjac analyze graphs`` (a ``GraphNeurons``): the first ``top`` rows."""
+    skipped = f"; {len(result.without_graph)} prompts without a graph skipped" if result.without_graph else ""
+    click.echo(f"{len(result.rows)} neurons in {result.n_graphs} graphs{skipped}")
+    click.echo(f"{'layer':>5} {'index':>6} {'graphs':>6} {'share':>6} {'nodes':>5} {'mean attr.':>10} "
+               f"{'mean act.':>10}  label")
+    for r in result.rows[:top]:
+        click.echo(f"{r['layer']:>5} {r['index']:>6} {r['graphs']:>6} {r['share']:>6.0%} {r['nodes']:>5} "
+                   f"{r['mean_attribution']:>10.3g} {r['mean_activation']:>10.3g}  {r['label']}")
+    if len(result.rows) > top:
+        click.echo(f"... {len(result.rows) - top} more (--top, --table)")
+
+
 def echo_layer_report(report: Any) -> None:
     """The layer table, where the tracked token emerges, and the files written (a ``LayerReport``)."""
     text = report.token_text

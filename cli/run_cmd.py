@@ -60,6 +60,17 @@ from .options import DTYPES, gguf_file_option, model_source
 @click.option("--lens-flush", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --lens: write the sums every this many prompts (a kill costs at most that many prompts' "
                    "recomputation; each flush writes 2 x layers x d_model^2 float64 numbers).")
+@click.option("--graph", is_flag=True,
+              help="Also store each prompt's exact attribution graph (nodes: tokens, MLP neurons, top logits), "
+                   "pruned as circuit-tracer prunes, as checksummed node and link tables (docs/graphs.md, \"In the "
+                   "store\"); a prompt is complete only with its graph. `detjac store export --graph` writes its "
+                   "JSON, `detjac analyze graphs` finds the neurons that recur across prompts.")
+@click.option("--graph-max-nodes", type=click.IntRange(min=1), default=7500, show_default=True,
+              help="With --graph: neurons ranked into each graph's adjacency.")
+@click.option("--graph-node-threshold", type=click.FloatRange(0, 1), default=0.8, show_default=True,
+              help="With --graph: keep the nodes that hold this share of the influence on the logits.")
+@click.option("--graph-edge-threshold", type=click.FloatRange(0, 1), default=0.98, show_default=True,
+              help="With --graph: keep the edges that hold this share of the influence.")
 @click.option("--streamed", is_flag=True,
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")
@@ -124,6 +135,7 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
       detjac run meta-llama/Llama-3.2-1B prompts.jsonl --out llama.zarr --dtype float32 --row-block 128
       detjac run default long_prompts.txt --out lowrank.zarr --keep rank:16
       detjac run default prompts.txt --out ordinary.zarr --ordinary
+      detjac run default prompts.txt --out graphs.zarr --graph --graph-max-nodes 300
       detjac run default prompts.txt --out layers.zarr --layers all --components layer,attn,mlp
       detjac run default prompts.txt --out lens.zarr --lens            # then: detjac lens save lens.zarr my.lens
       detjac run meta-llama/Llama-3.1-70B prompts.txt --out l70.zarr --lens --layers 20,40,60 --lens-flush 32 \\

@@ -68,8 +68,9 @@ def verify(path: str) -> None:
     """Check everything a reader uses: every prompt on its own, the model arrays, stored analyses.
 
     Per prompt: attributes against the checksum written at commit, every file against its
-    SHA-256, every chunk decoded (crc32c), token ids against the attributes, and sum_k J_k x_k
-    against the stored output within the bound of the run's dtype. Then the model arrays and
+    SHA-256, every chunk decoded (crc32c), token ids against the attributes, a --graph prompt's
+    node and link tables forming its graph, and sum_k J_k x_k against the stored output within the
+    bound of the run's dtype. Then the model arrays and
     tokenizer against their SHA-256s, analysis results, failure records, and anything that does
     not belong in a store (symlinks included). Exits with status 1 if anything is corrupt,
     naming each.
@@ -89,19 +90,27 @@ def verify(path: str) -> None:
 @store.command()
 @click.argument("path", type=click.Path())
 @click.argument("prompt_id")
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Output .npz file.")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+              help="Output file: .npz (the arrays) or .json (the prompt's attribution graph).")
 @click.option("--force", is_flag=True, help="Replace the output file if it exists.")
 def export(path: str, prompt_id: str, out: str, force: bool) -> None:
-    """Write one prompt's arrays and metadata to a numpy .npz file (no pickles).
+    """Write one prompt's arrays and metadata to a numpy .npz file (no pickles), or, with an --out
+    ending in .json, its attribution graph (stored by `detjac run --graph`) as circuit-tracer's
+    graph JSON (schema_version 1), which circuit-tracer's server and Neuronpedia open.
 
     The file is written aside and renamed into place (a kill leaves the previous file or none); an
     existing one is replaced only with --force.
 
     \b
-    Example:
+    Examples:
       detjac store export run.zarr 3f2a9c0d1e2b4a5f --out prompt.npz
+      detjac store export graphs.zarr 3f2a9c0d1e2b4a5f --out graph.json
     """
-    from detjac.store import export_npz, npz_target, open_store
+    from detjac.store import export_graph, export_npz, json_target, npz_target, open_store
 
+    if out.lower().endswith(".json"):
+        json_target(out, force)  # before the store is opened
+        click.echo(f"wrote {export_graph(open_store(path), prompt_id, out, force)}")
+        return
     npz_target(out, force)  # before the store is opened
     click.echo(f"wrote {export_npz(open_store(path), prompt_id, out, force)}")

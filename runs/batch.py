@@ -49,7 +49,8 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     target-position blocks collected (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the
     output from its layer's states, and once the prompt is committed added to ``sums`` (a
     :class:`detjac.analysis.lens.lens_sums.RunningSums`); with ``keep`` none the output's Jacobian is not computed
-    and the worst of those reconstruction errors is returned."""
+    and the worst of those reconstruction errors is returned. A ``--graph`` run (``run.graph``) commits the prompt
+    with its attribution graph (:func:`graph_json`)."""
     from detjac.store import LayerwiseSpec
     from detjac.targets import OUTPUTS
 
@@ -59,6 +60,7 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     rank = parse_keep(run.keep)
     lens = lens_targets(run)
     output = [OUTPUTS] if run.keep != NO_JACOBIAN else []
+    graph = graph_json(engine, pid, ids, run) if run.graph else None
     trace = engine.trace(ids, position=run.position, progress=progress)
     plan = engine.plan(trace, [*output, *targets, *lens], mode="reverse" if rank is not None else run.mode,
                        row_block=run.row_block)
@@ -67,7 +69,8 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     collected = SamePosition(lens, run.position, n, d) if lens else None
     specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block) for t in targets}
     with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block, rank=rank,
-                     layerwise=specs or None, shard_bytes=_shard_bytes(engine), jacobian=bool(output)) as writer:
+                     layerwise=specs or None, shard_bytes=_shard_bytes(engine), jacobian=bool(output),
+                     graph=graph is not None) as writer:
         if rank is None:
             errors = _stream_full(engine, trace, plan, writer, storage, bar, collected)
             extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
@@ -86,12 +89,31 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
         if not output:
             extra["keep"] = NO_JACOBIAN
         _write_small(writer, trace.embeddings, trace.output, ids, storage, trace.bias)
+        if graph is not None:
+            writer.write_graph(graph)
         affine = {"affine": True} if trace.bias is not None else {}
         writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, error, run, storage), **extra,
                        **affine})
     if collected is not None and sums is not None:  # counted only once committed: see detjac.analysis.lens.lens_sums
         sums.add(store, pid, collected.blocks)
     return error
+
+
+GRAPH_IDENTITY = ("config_sha256", "weights_sha256", "tokenizer_sha256")  # a stored graph's metadata.info names them
+
+
+def graph_json(engine: Engine, pid: str, ids: list[int], run: RunDescription) -> dict[str, Any]:
+    """The prompt's attribution graph as a ``--graph`` run stores it: :func:`detjac.engine.graph_dict` of
+    :func:`detjac.engine.attribution_graph` with the run's graph settings, the prompt id as its slug, the run's
+    ``model_id`` as its model and the run's model digests (:data:`GRAPH_IDENTITY`) in its ``metadata.info``."""
+    from detjac.engine import attribution_graph, graph_dict
+
+    settings = dict(run.graph or {})
+    graph = attribution_graph(engine, ids, max_nodes=settings["max_nodes"])
+    described = run.as_dict()
+    identity = {key: described[key] for key in GRAPH_IDENTITY if isinstance(described.get(key), str)}
+    return graph_dict(graph, slug=pid, model=run.model_id, node_threshold=settings["node_threshold"],
+                      edge_threshold=settings["edge_threshold"], identity=identity)
 
 
 def _layerwise_attrs(errors: dict[Any, float], specs: dict[str, Any]) -> dict[str, Any]:

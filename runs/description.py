@@ -31,7 +31,8 @@ class StreamedSettings:
 class RunDescription:
     """One run's model, settings and identity. ``row_block`` None: each prompt's engine picks (stored ``"auto"``);
     ``fingerprint``: the weight and tokenizer files' digests (:func:`detjac.runs.fingerprint.weights_identity`);
-    ``lens``: a ``--lens`` run's layers and settings (:func:`detjac.runs.lens_run.lens_description`)."""
+    ``lens``: a ``--lens`` run's layers and settings (:func:`detjac.runs.lens_run.lens_description`); ``graph``: a
+    ``--graph`` run's settings (:func:`graph_settings`), each prompt then stored with its attribution graph."""
 
     model_id: str
     model_path: str
@@ -52,6 +53,7 @@ class RunDescription:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     lens: Mapping[str, Any] | None = None
     streamed: StreamedSettings | None = None
+    graph: Mapping[str, Any] | None = None  # `--graph`: max_nodes, node_threshold, edge_threshold (None: no graph)
 
     @property
     def mode(self) -> str:
@@ -67,11 +69,19 @@ class RunDescription:
             "family": self.family, "detach_rules": list(self.detach_rules), "convention": self.convention,
             "row_block": AUTO if self.row_block is None else self.row_block, "max_tokens": self.max_tokens,
             "detjac_version": self.detjac_version, **self.fingerprint, "lens": self.lens}
+        if self.graph is not None:  # absent otherwise: the runs description of a store without graphs is unchanged
+            out["graph"] = dict(self.graph)
         if self.streamed is not None:
             s = self.streamed
             out.update({"engine": "streamed", "layerwise": list(s.layerwise), "quantize": s.quantize, "mode": s.mode,
                         "max_memory": s.max_memory})
         return out
+
+
+def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float) -> dict[str, Any]:
+    """The ``graph`` of a ``--graph`` run's description: what its prompts' attribution graphs were computed with."""
+    return {"max_nodes": int(max_nodes), "node_threshold": float(node_threshold),
+            "edge_threshold": float(edge_threshold)}
 
 
 def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
@@ -127,7 +137,8 @@ def config_digest(config: Any, model_dir: Path | None) -> str:
 
 # The run identity's keys as the options a user sets (`detjac run ... --dtype float32`), for a refused resume.
 OPTION_OF = {"dtype": "--dtype", "keep": "--keep", "detach": "--ordinary", "layerwise": "--layers/--components",
-             "quantize": "--quantize", "convention": "--convention", "lens": "--lens", "revision": "--revision"}
+             "quantize": "--quantize", "convention": "--convention", "lens": "--lens", "revision": "--revision",
+             "graph": "--graph"}
 # The keys that say which model ran: a difference in any of them is a different MODEL.
 MODEL_KEYS = {"model_id": "its name", "model_type": "its family", "config_sha256": "its configuration",
               "weights_sha256": "its weights", "tokenizer_sha256": "its tokenizer"}
@@ -164,6 +175,9 @@ def _said(key: str, value: Any) -> str:
         return "no --ordinary" if value else "--ordinary"
     if key == "lens":
         return "--lens" if value else "no --lens"
+    if key == "graph":
+        return (f"--graph --graph-max-nodes {value['max_nodes']} --graph-node-threshold {value['node_threshold']} "
+                f"--graph-edge-threshold {value['edge_threshold']}" if value else "no --graph")
     if key == "layerwise":
         return f"--layers giving {', '.join(value)}" if value else "no --layers"
     return f"{option} {value}" if value not in (None, "", []) else f"no {option}"

@@ -134,7 +134,7 @@ class RunPlan:
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
-                lens: bool = False, engine: Engine | None = None) -> RunPlan:
+                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
     With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
@@ -142,7 +142,8 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     prompt becomes a task with its ``error`` set, to be recorded as failed while the others run.
     ``load_device`` loads the model somewhere else than ``spec.device`` (a distributed run's
     client plans on the CPU; its workers compute on their devices). ``lens``: a ``--lens`` run, whose ``layers``
-    (default all) are the lens's and whose prompts store no layerwise Jacobian.
+    (default all) are the lens's and whose prompts store no layerwise Jacobian. ``graph``: a ``--graph`` run's
+    settings (:func:`detjac.runs.description.graph_settings`), checked against the model once it is loaded.
     """
     from detjac.store import prompt_id
 
@@ -155,6 +156,10 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
         check_layerwise_request(resolve_model(spec.model), components)
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
     loaded = spec.load(load_device) if engine is None else LoadedModel(engine, resolve_model(spec.model))
+    if graph is not None:  # a family without neuron definitions is refused before any store is touched
+        from detjac.engine import check_graph_request
+
+        check_graph_request(loaded.engine, graph["max_nodes"])
     targets: list[Any] = []
     if layers is not None:
         from detjac.targets import layer_targets
@@ -178,7 +183,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
                        row_block or (None if spec.max_memory else DEFAULT_ROW_BLOCK), limit, keep,
                        None if engine.convention == engine.family.conventions[0] else engine.convention)
     # the weight and tokenizer files' SHA-256s are part of the run's identity, as are the lens settings (None: no lens)
-    run = replace(run, fingerprint=weights_identity(model_dir), lens=lens_settings,
+    run = replace(run, fingerprint=weights_identity(model_dir), lens=lens_settings, graph=graph,
                   streamed=StreamedSettings(tuple(t.name for t in targets), spec.quantize, mode, spec.max_memory)
                   if spec.streamed else None)
     tasks: dict[str, PromptTask] = {}

@@ -32,6 +32,8 @@ class RunOptions:
     other; with neither, this process computes every prompt. ``lens`` accumulates the lens at ``layers`` (default
     all) while computing, storing no layerwise Jacobian and, unless ``keep`` is ``full``, no Jacobian at all
     (``keep`` None: ``full``, or ``none`` with ``lens``); its sums are flushed every ``lens_flush`` prompts.
+    ``graph`` stores each prompt's attribution graph too (``graph_max_nodes`` ranked into the adjacency, pruned at
+    ``graph_node_threshold`` / ``graph_edge_threshold``; docs/graphs.md, "In the store").
     """
 
     dtype: str = "float64"
@@ -55,6 +57,10 @@ class RunOptions:
     convention: str | None = None
     lens: bool = False
     lens_flush: int = 1
+    graph: bool = False
+    graph_max_nodes: int = 7500
+    graph_node_threshold: float = 0.8
+    graph_edge_threshold: float = 0.98
 
     @property
     def distributed(self) -> bool:
@@ -89,7 +95,8 @@ def check_options(options: RunOptions) -> RunOptions:
     InvalidArgumentError
         For an unparsable ``keep``, ``components`` without ``layers``, ``layers`` with a low-rank
         ``keep``, a ``mode`` without the streamed engine, or both ``workers`` and ``scheduler``; with ``lens``,
-        ``components``, a low-rank ``keep`` or a ``lens_flush`` below 1; ``keep`` none without ``lens``.
+        ``components``, a low-rank ``keep`` or a ``lens_flush`` below 1; ``keep`` none without ``lens``; ``graph``
+        with ``detach`` False (``--ordinary``), or graph settings out of range.
     """
     from detjac.store import NO_JACOBIAN
     from detjac.targets import parse_components
@@ -103,6 +110,8 @@ def check_options(options: RunOptions) -> RunOptions:
     elif o.keep == NO_JACOBIAN:
         raise InvalidArgumentError("Expected --keep none with --lens only (the prompts' Jacobians then go into the "
                                    "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
+    if o.graph:
+        _check_graph_options(o)
     streamed = o.streamed or o.lens or bool(o.layers or o.max_memory or o.quantize)
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
@@ -121,6 +130,19 @@ def check_options(options: RunOptions) -> RunOptions:
 
         check_workers(o.workers, o.memory_limit)  # before a store is created or a model loaded
     return replace(o, streamed=streamed)
+
+
+def _check_graph_options(o: RunOptions) -> None:
+    if not o.detach:
+        raise InvalidArgumentError("Expected --graph without --ordinary. Got both: an attribution graph is defined on "
+                                   "the detached model (its edges sum to each node's value only with the gates, "
+                                   "attention and norm scales frozen).")
+    if isinstance(o.graph_max_nodes, bool) or not isinstance(o.graph_max_nodes, int) or o.graph_max_nodes < 1:
+        raise InvalidArgumentError(f"Expected --graph-max-nodes to be a positive integer. Got {o.graph_max_nodes!r}.")
+    for name, value in (("--graph-node-threshold", o.graph_node_threshold),
+                        ("--graph-edge-threshold", o.graph_edge_threshold)):
+        if not 0.0 <= value <= 1.0:
+            raise InvalidArgumentError(f"Expected {name} in [0, 1]. Got {value!r}.")
 
 
 def _check_lens_options(o: RunOptions) -> None:
@@ -167,6 +189,7 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
         See :func:`check_options`; PromptError, StoreError and the other DetjacErrors of planning
         and computing.
     """
+    from .description import graph_settings
     from .plan import ModelSpec, open_run_store, prepare_run
 
     o = check_options(options)
@@ -175,7 +198,9 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
-                       load_device="cpu" if o.distributed else None, lens=o.lens, engine=engine)
+                       load_device="cpu" if o.distributed else None, lens=o.lens, engine=engine,
+                       graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold)
+                       if o.graph else None)
     summary = plan.summary()
     interrupted = False
     restored_line = f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged."

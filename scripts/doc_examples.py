@@ -254,7 +254,8 @@ def run_command(command: str, variables: dict[str, str] | None = None) -> Outcom
     the shell; ``NAME=$(...)`` sets a variable that later lines of the page expand (``variables``)."""
     variables = {} if variables is None else variables
     command = substitute(command).replace(".venv/bin/python", shlex.quote(sys.executable))
-    command = re.sub(r"(\S+\.zarr):PROMPT_ID", lambda m: f"{m[1]}:{_first_prompt(m[1])}", command)
+    # STORE.zarr:PROMPT_ID (detjac view) and STORE.zarr PROMPT_ID (detjac store export): the store's first prompt
+    command = re.sub(r"(\S+\.zarr)([: ])PROMPT_ID", lambda m: f"{m[1]}{m[2]}{_first_prompt(m[1])}", command)
     t0 = time.perf_counter()
     assignment = re.fullmatch(r"([A-Z_]+)=\$\((.*)\)", command)
     if assignment:

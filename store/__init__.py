@@ -14,7 +14,7 @@ format is specified in ``docs/store-format.md``.
 from .analysis_cache import AnalysisCache, MemoryAnalyses
 
 # for runs/, view/, cli/ (the store's maintenance and export tools), not in __all__
-from .backend.disk import npz_target, write_npz
+from .backend.disk import json_target, npz_target, write_npz
 from .backend.sealed import read_sealed, write_sealed
 from .backend.zarr_create import create_store
 from .backend.zarr_prompt import ZarrPrompt, verify_prompt
@@ -25,7 +25,7 @@ from .integrity import INTEGRITY, damage_reason
 from .reader import StoreReader, VerifyResult
 from .stored_prompt import LayerwiseSpec, PromptWriter, StoredPrompt
 from .subspace import SubspaceIteration
-from .summary import export_npz, listing, prompt_layout, store_summary, verify_summary
+from .summary import export_graph, export_npz, listing, prompt_layout, store_summary, verify_summary
 from .writer import JacobianStore, StoreWriter
 
 __all__ = [

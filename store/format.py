@@ -34,10 +34,11 @@ STORE_ENTRIES = frozenset({"zarr.json", PROMPTS, STAGING, FAILED, ANALYSIS, MODE
 
 # Run settings that must match when a store is resumed (they change what is stored).
 RUN_IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "dtype", "keep", "detach", "position", "target",
-                "layerwise", "quantize", "weights_sha256", "convention", "lens", "tokenizer_sha256")
+                "layerwise", "quantize", "weights_sha256", "convention", "lens", "tokenizer_sha256", "graph")
 # Identity keys added after the first stores were written: left out of prompt ids while unset, so the
 # ids of runs that do not use them are unchanged.
-OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention", "lens", "tokenizer_sha256")
+OPTIONAL_IDENTITY = ("layerwise", "quantize", "weights_sha256", "convention", "lens", "tokenizer_sha256", "graph")
+GRAPH = "graph"  # per-prompt group of the attribution graph's node and link tables (`detjac run --graph`)
 LAYERWISE = "layerwise"  # per-prompt group of layerwise Jacobians: layerwise/<target>/{jacobian,output,inputs|input}
 
 DIMENSIONS = {

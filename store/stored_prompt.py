@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import StoreError
 from .format import NO_JACOBIAN
 from .subspace import Triplets
 
@@ -152,6 +153,18 @@ class StoredPrompt(ABC):
             ``target`` is not stored with the prompt.
         """
 
+    def graph(self) -> dict[str, Any] | None:
+        """The prompt's attribution graph as circuit-tracer's graph JSON object (schema_version 1: ``metadata``,
+        ``qParams``, ``nodes``, ``links``), exactly as :func:`detjac.engine.graph_dict` made it when the run computed
+        it (``detjac run --graph``); None when the prompt was stored without one.
+
+        Raises
+        ------
+        CorruptError
+            A graph array is damaged (a chunk missing or failing its checksum) or the arrays do not form a graph.
+        """
+        return None
+
     def bias(self) -> np.ndarray | None:
         """(row,) offset ``b`` of an affine model's map ``y = sum_k J_k x_k + b``, or None (a linear model)."""
         try:
@@ -269,6 +282,18 @@ class PromptWriter(ABC):
         StoreError
             The prompt was begun in full mode.
         """
+
+    def write_graph(self, data: dict[str, Any]) -> None:
+        """The prompt's attribution graph, circuit-tracer's graph JSON object as :func:`detjac.engine.graph_dict`
+        makes it, kept as the ``graph`` group's node and link tables (``docs/store-format.md``).
+
+        Raises
+        ------
+        StoreError
+            The object is not such a graph, or this backend keeps no graphs.
+        """
+        raise StoreError(f"Expected a store backend that keeps attribution graphs. Got {type(self).__name__}, "
+                         "which does not.")
 
     @abstractmethod
     def commit(self, attrs: dict[str, Any]) -> None:

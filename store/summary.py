@@ -152,3 +152,25 @@ def export_npz(store: StoreReader, prompt_id: str, out: str | Path, force: bool 
     elif not prompt.without_jacobian:
         arrays["jacobian"] = prompt.jacobian(lazy=False)
     return write_npz(target, {"attrs": np.array(json.dumps(prompt.attrs)), **arrays})
+
+
+def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: bool = False) -> Path:
+    """Write one prompt's attribution graph (stored by ``detjac run --graph``) to ``out`` as circuit-tracer's graph
+    JSON, exactly the object :meth:`~detjac.store.StoredPrompt.graph` returns. Written aside and renamed into place;
+    an existing file is replaced only with ``force`` (InvalidArgumentError before anything is read otherwise).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``out`` is not a new ``.json`` file (without ``force``), or the prompt was stored without a graph.
+    """
+    from detjac.errors import InvalidArgumentError
+
+    from .backend.disk import json_target, write_text
+
+    target = json_target(out, force)
+    graph = store.get(prompt_id).graph()
+    if graph is None:
+        raise InvalidArgumentError(f"Expected a prompt stored with its attribution graph (`detjac run --graph`). Got "
+                                   f"prompt {prompt_id}, stored without one; nothing was written.")
+    return write_text(target, json.dumps(graph))

@@ -41,7 +41,7 @@ class StoreWriter(StoreReader):
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
               row_block: int, rank: int | None = None,
               layerwise: dict[str, LayerwiseSpec] | None = None, shard_bytes: int | None = None,
-              jacobian: bool = True) -> PromptWriter:
+              jacobian: bool = True, graph: bool = False) -> PromptWriter:
         """Start writing a prompt.
 
         Parameters
@@ -64,6 +64,9 @@ class StoreWriter(StoreReader):
         jacobian : bool
             False: the prompt keeps no Jacobian, only its small arrays and attributes (``--keep none``, a
             ``detjac run --lens`` run, whose Jacobians go into the store's lens sums instead).
+        graph : bool
+            True: the prompt is complete only with its attribution graph (:meth:`PromptWriter.write_graph`,
+            ``detjac run --graph``); commit refuses it without.
 
         Raises
         ------

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,12 +255,13 @@ def synthetic_prompt(model: SyntheticModel, run: dict[str, Any], text: str, *, n
 
 
 def write_prompt(store: JacobianStore, model: SyntheticModel, run: dict[str, Any], truth: PromptTruth, *,
-                 line: int = 1, token_block: int = 1) -> float:
+                 line: int = 1, token_block: int = 1, graph: dict[str, Any] | None = None) -> float:
     """Write one prompt as a real run does (``runs/batch.py:write_prompt``); returns its stored reconstruction error.
 
     Every Jacobian goes in blocks (``write_block``): row blocks in reverse mode, ``token_block``
     tokens at a time in forward mode (the run's ``mode``, for runs with layerwise targets);
-    ``keep`` of ``rank:K`` stores triplets from the store's subspace iteration instead.
+    ``keep`` of ``rank:K`` stores triplets from the store's subspace iteration instead; ``graph`` (a graph JSON
+    object) is kept as the prompt's attribution graph, as a ``--graph`` run keeps it.
     """
     storage = storage_dtype(run["dtype"])
     rank = parse_keep(run["keep"])
@@ -272,7 +273,9 @@ def write_prompt(store: JacobianStore, model: SyntheticModel, run: dict[str, Any
     specs = {name: _spec(name, mode, token_block) for name in truth.layerwise}
     extra: dict[str, Any] = {}
     with store.begin(truth.id, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=row_block, rank=rank,
-                     layerwise=specs or None) as writer:
+                     layerwise=specs or None, graph=graph is not None) as writer:
+        if graph is not None:
+            writer.write_graph(graph)
         if rank is not None:
             extra = _write_low_rank(writer, J, rank, row_block, run.get("passes", LOW_RANK_PASSES))
         else:
@@ -378,13 +381,15 @@ def make_store(path: str | Path, *, prompts: int | Sequence[str] = 2, d_model: i
                vocab: int = 40, n_layers: int = 2, targets: Sequence[str] = (), keep: str = "full",
                affine: bool = False, detach: bool = True, dtype: str = "float64", row_block: int = 3,
                mode: str = "reverse", token_block: int = 1, final_norm: bool = True, tokenizer: bool = True,
-               seed: int = 0, model: SyntheticModel | None = None) -> SyntheticStore:
+               seed: int = 0, model: SyntheticModel | None = None,
+               graphs: Callable[[PromptTruth], dict[str, Any]] | None = None) -> SyntheticStore:
     """Create a store at ``path`` and write ``prompts`` (a count, or texts of words) into it; see the module docstring.
 
     ``targets`` names layerwise Jacobians (``layer.1``, ``mlp_local.0``, ...; negative layers count
     from the end) stored with every prompt; ``keep="rank:K"`` stores triplets (no layerwise
     targets); ``affine`` adds an offset ``b``; ``detach=False`` writes an ordinary run's
-    Jacobians. ``model`` reuses another store's model (two runs of the same model).
+    Jacobians. ``model`` reuses another store's model (two runs of the same model). ``graphs`` gives each prompt's
+    attribution graph (e.g. :func:`synthetic_graph`), stored with it as a ``--graph`` run stores it.
     """
     model = model or synthetic_model(d_model, vocab, seed=seed, final_norm=final_norm, tokenizer=tokenizer)
     names = [Target.parse(t, n_layers).name for t in targets]
@@ -400,6 +405,41 @@ def make_store(path: str | Path, *, prompts: int | Sequence[str] = 2, d_model: i
         for line, text in enumerate(texts, start=1):
             truth = synthetic_prompt(model, run, text, n_layers=n_layers, targets=names, affine=affine, seed=seed)
             if truth.id not in truths:
-                write_prompt(store, model, run, truth, line=line, token_block=token_block)
+                write_prompt(store, model, run, truth, line=line, token_block=token_block,
+                             graph=graphs(truth) if graphs is not None else None)
                 truths[truth.id] = truth
     return SyntheticStore(Path(path), run, model, truths)
+
+
+def synthetic_graph(truth: PromptTruth, neurons: Sequence[tuple[int, int, int]], *, n_layers: int = 2,
+                    seed: int = 0) -> dict[str, Any]:
+    """A graph JSON object of the shape ``detjac.engine.graph_dict`` makes (circuit-tracer's schema_version 1) for
+    ``truth``'s tokens: the ``neurons`` given as (layer, index, position), every token, and two logits; links from
+    every token to every neuron and from every neuron to the first logit, with random weights."""
+    rng = np.random.default_rng([seed, len(neurons)])
+    n, logit_layer, pos = truth.n_tokens, n_layers + 1, truth.n_tokens - 1
+    nodes: list[dict[str, Any]] = []
+    for layer, index, p in neurons:
+        nodes.append({"node_id": f"{layer}_{index}_{p}", "feature": (layer + index) * (layer + index + 1) // 2 + index,
+                      "layer": str(layer), "ctx_idx": p, "feature_type": "mlp neuron", "jsNodeId": f"{layer}_{index}-0",
+                      "clerp": f"writes 'n{layer}.{index}'", "influence": float(rng.uniform()),
+                      "activation": float(rng.standard_normal())})
+    for p, token in enumerate(truth.token_ids):
+        nodes.append({"node_id": f"E_{token}_{p}", "feature": p, "layer": "E", "ctx_idx": p,
+                      "feature_type": "embedding", "jsNodeId": f"E_{token}-{p}", "clerp": WORDS[token]
+                      if token < len(WORDS) else str(token), "influence": float(rng.uniform())})
+    for k, token in enumerate((truth.next_token_id, (truth.next_token_id + 1) % 40)):
+        nodes.append({"node_id": f"{logit_layer}_{token}_{pos}", "feature": token, "layer": str(logit_layer),
+                      "ctx_idx": pos, "feature_type": "logit", "token_prob": 0.6 - 0.3 * k, "is_target_logit": k == 0,
+                      "jsNodeId": f"L_{token}-{pos}", "clerp": f'Output "w{token}" (p={0.6 - 0.3 * k:.3f})',
+                      "influence": float(rng.uniform()), "activation": float(rng.standard_normal())})
+    neuron_ids = [node["node_id"] for node in nodes[:len(neurons)]]
+    token_ids = [node["node_id"] for node in nodes[len(neurons):len(neurons) + n]]
+    target = nodes[len(neurons) + n]["node_id"]
+    links = [{"source": t, "target": m, "weight": float(rng.standard_normal())} for m in neuron_ids for t in token_ids]
+    links += [{"source": m, "target": target, "weight": float(rng.standard_normal())} for m in neuron_ids]
+    metadata = {"slug": truth.id, "scan": "synthetic", "transcoder_list": [], "prompt_tokens": [str(t) for t in
+                truth.token_ids], "prompt": truth.text, "node_threshold": 0.8, "schema_version": 1,
+                "info": {"generator": "detjac", "exact": True, "error_nodes": 0, "edge_threshold": 0.98}}
+    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    return {"metadata": metadata, "qParams": qparams, "nodes": nodes, "links": links}

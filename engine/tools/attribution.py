@@ -162,6 +162,20 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     )
 
 
+def check_graph_request(engine: Engine, max_nodes: int = MAX_NODES) -> None:
+    """Raise, before any work, what :func:`attribution_graph` would raise for ``engine`` and ``max_nodes``
+    whatever the prompt (``detjac run --graph`` checks it before a store is touched).
+
+    Raises
+    ------
+    UnsupportedModelError
+        A family whose neurons have no definition here.
+    InvalidArgumentError
+        A non-positive ``max_nodes``, or an engine without neuron sites.
+    """
+    _check_settings(engine, max_nodes, MAX_LOGITS, LOGIT_PROBABILITY, None)
+
+
 def token_texts(engine: Engine, ids: list[int]) -> list[str]:
     """Each token id's text (``' Paris'``, :func:`detjac.tokens.token_texts`), or the id itself where the model has
     no tokenizer."""

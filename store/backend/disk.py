@@ -126,6 +126,41 @@ def npz_target(out: str | Path, force: bool) -> Path:
     return path
 
 
+def json_target(out: str | Path, force: bool) -> Path:
+    """The ``.json`` file ``out``, checked before any work as :func:`npz_target` checks a ``.npz`` file."""
+    from detjac.errors import InvalidArgumentError
+
+    path = Path(out)
+    if path.suffix.lower() != ".json":
+        raise InvalidArgumentError(f"Expected a .json file. Got {path}.")
+    if not path.parent.is_dir():
+        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {path.parent}.")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InvalidArgumentError(f"Expected a new .json file or an existing one to replace. Got {path}, which is "
+                                   f"{'a link' if path.is_symlink() else 'not a file'}; nothing was written.")
+    if path.exists() and not force:
+        raise InvalidArgumentError(f"Expected a new file. Got {path}, which exists (--force replaces it).")
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` beside it first, then rename it into place (as :func:`write_npz`)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise disk_error(exc, f"write {path}") from exc
+        raise
+    return path
+
+
 def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -> Path:
     """Write ``arrays`` to the ``.npz`` file ``path`` beside it first, then rename it into place: a kill or a full
     disk leaves the previous file (or none), never a truncated one."""

@@ -15,6 +15,7 @@ from detjac.exactness import DTYPE_BOUND, relative_error
 from detjac.targets import Target
 
 from .. import format as fmt
+from ..graph_tables import graph_json
 from ..integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
 from ..reader import VerifyResult
 from ..schema import attrs_problem
@@ -144,6 +145,19 @@ class ZarrPrompt(StoredPrompt):
 
         return json.loads((self.path / "zarr.json").read_text())
 
+    def graph(self) -> dict[str, Any] | None:
+        if fmt.GRAPH not in self._group.group_keys():
+            return None
+        group = self._group[fmt.GRAPH]
+        try:
+            arrays = {name: group[name][...] for name in group.array_keys()}
+            return graph_json(arrays, dict(group.attrs))
+        except StoreError as exc:
+            if isinstance(exc, CorruptError):
+                raise
+            raise CorruptError(f"Expected an intact graph of prompt {self.id} in {self.store.path}. Got a damaged "
+                               f"one: {exc}") from exc
+
     def array(self, name: str) -> np.ndarray:
         names = sorted(set(self._group.array_keys()) - {"jacobian", *fmt.COORDINATES})
         if name not in names:
@@ -187,6 +201,7 @@ def verify_prompt(path: Path, store: StoreContext | None = None) -> VerifyResult
 def _check_numbers(prompt: ZarrPrompt, store: StoreContext) -> VerifyResult:
     """The prompt's arrays decoded and checked against its attributes and against each other."""
     _check_tokens(prompt)
+    prompt.graph()  # every graph chunk decoded (crc32c) and the tables checked to form a graph
     if prompt.low_rank:
         return _verify_low_rank(prompt)
     if prompt.without_jacobian:  # nothing to reconstruct: the arrays decode (checksums) and have their shapes

@@ -248,12 +248,12 @@ class ZarrStore(StoreWriter):
     def begin(self, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
               row_block: int, rank: int | None = None,
               layerwise: dict[str, LayerwiseSpec] | None = None, shard_bytes: int | None = None,
-              jacobian: bool = True) -> PromptWriter:
+              jacobian: bool = True, graph: bool = False) -> PromptWriter:
         if not self.writable:
             raise StoreError(f"Expected a store opened for writing (create_store). Got {self.path} opened read-only.")
         return ZarrPromptWriter(self, prompt_id, n_rows=n_rows, n_tokens=n_tokens, n_cols=n_cols, dtype=dtype,
                                 row_block=row_block, rank=rank, layerwise=layerwise,
-                                shard_bytes=shard_bytes, jacobian=jacobian)
+                                shard_bytes=shard_bytes, jacobian=jacobian, graph=graph)
 
     def verify(self, progress: bool = False) -> list[VerifyResult]:
         from detjac.progress import tqdm

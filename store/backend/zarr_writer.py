@@ -21,6 +21,7 @@ from detjac.errors import InvalidArgumentError, StoreError
 from detjac.targets import COMPONENTS, Target
 
 from .. import format as fmt
+from ..graph_tables import graph_tables
 from ..integrity import INTEGRITY, check_prompt_id, refuse_links, seal
 from ..stored_prompt import LayerwiseSpec, PromptWriter
 from ..subspace import Triplets
@@ -44,7 +45,7 @@ class ZarrPromptWriter(PromptWriter):
 
     def __init__(self, store: Publisher, prompt_id: str, *, n_rows: int, n_tokens: int, n_cols: int, dtype: str,
                  row_block: int, rank: int | None = None, layerwise: dict[str, LayerwiseSpec] | None = None,
-                 shard_bytes: int | None = None, jacobian: bool = True) -> None:
+                 shard_bytes: int | None = None, jacobian: bool = True, graph: bool = False) -> None:
         import zarr
 
         if shard_bytes is not None and (isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int)
@@ -55,6 +56,7 @@ class ZarrPromptWriter(PromptWriter):
         self.id, self.n_rows, self.n_tokens, self.dtype, self.rank = prompt_id, n_rows, n_tokens, dtype, rank
         self.jacobian = jacobian and rank is None  # False: small arrays only (--keep none)
         self.n_cols = n_cols
+        self.graph = graph  # True: the prompt is complete only with its attribution graph (`detjac run --graph`)
         self.layerwise = dict(layerwise or {})
         if self.layerwise and rank is not None:
             raise StoreError(f"Expected full mode for layerwise Jacobians of prompt {prompt_id}. Got rank {rank}.")
@@ -217,9 +219,34 @@ class ZarrPromptWriter(PromptWriter):
             raise disk_error(exc, f"write prompt {self.id}") from exc
         self._written.add(name)
 
+    def write_graph(self, data: dict[str, Any]) -> None:
+        """The prompt's attribution graph (circuit-tracer's JSON object) as the ``graph`` group's tables."""
+        arrays, attrs = graph_tables(data)
+        bad = fmt.non_standard_json(attrs)
+        if bad:
+            self.abort()
+            raise StoreError(f"Expected the graph of prompt {self.id} in standard JSON. Got {bad}: nothing was "
+                             "committed.")
+        try:
+            group = self._group.create_group(fmt.GRAPH)
+            group.attrs.update(attrs)
+            for name, values in arrays.items():
+                dims = ("node",) if name.startswith("node_") else ("link",)
+                chunks = (max(1, len(values)),)
+                if values.dtype.kind == "U":  # the labels: zarr-python's variable-length strings, checksummed too
+                    arr = group.create_array(name, shape=values.shape, dtype=str, dimension_names=dims, chunks=chunks,
+                                             compressors=fmt.compressors(1), fill_value="", config=fmt.EVERY_CHUNK)
+                else:
+                    arr = fmt.new_array(group, name, values.shape, values.dtype, dims, chunks)
+                arr[...] = values
+        except OSError as exc:
+            self.abort()
+            raise disk_error(exc, f"write prompt {self.id}") from exc
+        self._written.add(fmt.GRAPH)
+
     def commit(self, attrs: dict[str, Any]) -> None:
         kept = ["jacobian"] if self.jacobian else ["triplets"] if self.rank is not None else []
-        missing = {*kept, *fmt.SMALL_ARRAYS} - self._written
+        missing = {*kept, *fmt.SMALL_ARRAYS, *([fmt.GRAPH] if self.graph else [])} - self._written
         for name, spec in self.layerwise.items():
             source = _source_array(spec)
             missing |= {name, f"{name}/output", *([f"{name}/{source}"] if source else [])} - self._written

@@ -1,0 +1,122 @@
+"""A prompt's attribution graph as the store keeps it: circuit-tracer's graph JSON (schema_version 1) split into a
+node table and a link table of named arrays, and joined back into exactly the same JSON object.
+
+Pure numpy: the store never imports the engine. The layout is specified in ``docs/store-format.md`` ("The graph
+group"); :func:`graph_tables` refuses a graph that would not read back equal, so whatever is stored reads back as
+it was given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+
+KINDS = ("mlp neuron", "embedding", "logit")  # node_kind codes 0, 1, 2 (the JSON's feature_type)
+NEURON, TOKEN, LOGIT = range(3)
+TOKEN_LAYER = -1  # a token node's layer ("E" in the JSON)
+NODE_ARRAYS = {  # name -> dtype; dimension "node", rows in the JSON's node order
+    "node_kind": "int8", "node_layer": "int64", "node_index": "int64", "node_position": "int64",
+    "node_feature": "int64", "node_activation": "float64", "node_influence": "float64",
+    "node_probability": "float64", "node_label": "str",
+}
+LINK_ARRAYS = {"link_source": "int64", "link_target": "int64", "link_weight": "float64"}  # dimension "link"
+ARRAYS = {**NODE_ARRAYS, **LINK_ARRAYS}
+
+
+def graph_tables(data: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays (:data:`ARRAYS`) and group attributes (``metadata``, ``qParams``, ``kinds``) of a graph JSON.
+
+    Raises
+    ------
+    StoreError
+        The object is not a graph JSON of the shape detjac writes, or would not read back equal to itself.
+    """
+    try:
+        nodes, links = data["nodes"], data["links"]
+        arrays = _node_arrays(nodes)
+        row = {node["node_id"]: i for i, node in enumerate(nodes)}
+        arrays["link_source"] = np.asarray([row[link["source"]] for link in links], dtype=np.int64)
+        arrays["link_target"] = np.asarray([row[link["target"]] for link in links], dtype=np.int64)
+        arrays["link_weight"] = np.asarray([link["weight"] for link in links], dtype=np.float64)
+        attrs = {"metadata": data["metadata"], "qParams": data["qParams"], "kinds": list(KINDS)}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"Expected a graph in circuit-tracer's JSON (nodes with node_id, feature_type, ...; links "
+                         f"with source, target, weight). Got one that is not: {type(exc).__name__}: {exc}.") from exc
+    if graph_json(arrays, attrs) != data:
+        raise StoreError("Expected a graph JSON whose nodes and links the store's tables hold exactly (docs/"
+                         "store-format.md, 'The graph group'). Got one with keys or values they do not: nothing "
+                         "was stored.")
+    return arrays, attrs
+
+
+def _node_arrays(nodes: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    kind = [KINDS.index(node["feature_type"]) for node in nodes]
+    parts = [node["node_id"].split("_") for node in nodes]
+    nan = float("nan")
+    return {
+        "node_kind": np.asarray(kind, dtype=np.int8),
+        "node_layer": np.asarray([TOKEN_LAYER if k == TOKEN else int(p[0]) for k, p in zip(kind, parts, strict=True)],
+                                 dtype=np.int64),
+        "node_index": np.asarray([int(p[1]) for p in parts], dtype=np.int64),
+        "node_position": np.asarray([node["ctx_idx"] for node in nodes], dtype=np.int64),
+        "node_feature": np.asarray([node["feature"] for node in nodes], dtype=np.int64),
+        "node_activation": np.asarray([node.get("activation", nan) for node in nodes], dtype=np.float64),
+        "node_influence": np.asarray([node["influence"] for node in nodes], dtype=np.float64),
+        "node_probability": np.asarray([node.get("token_prob", nan) for node in nodes], dtype=np.float64),
+        "node_label": np.asarray([node["clerp"] for node in nodes], dtype=str),
+    }
+
+
+def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str, Any]:
+    """The graph JSON object from the stored arrays and attributes (the inverse of :func:`graph_tables`).
+
+    Raises
+    ------
+    StoreError
+        The arrays do not form a graph: an array missing, node arrays of different lengths, an unknown node kind, a
+        link to a node that is not there.
+    """
+    missing = sorted(set(ARRAYS) - set(arrays))
+    if missing:
+        raise StoreError(f"Expected every array of a stored graph ({', '.join(ARRAYS)}). Got none for "
+                         f"{', '.join(missing)}.")
+    n = len(arrays["node_kind"])
+    m = len(arrays["link_weight"])
+    bad = [name for name in NODE_ARRAYS if np.shape(arrays[name]) != (n,)]
+    bad += [name for name in LINK_ARRAYS if np.shape(arrays[name]) != (m,)]
+    if bad:
+        raise StoreError(f"Expected node arrays of {n} values and link arrays of {m}. Got {', '.join(bad)} of other "
+                         "shapes.")
+    kinds = arrays["node_kind"].tolist()
+    if any(k not in (NEURON, TOKEN, LOGIT) for k in kinds):
+        raise StoreError(f"Expected node kinds 0, 1 or 2 ({', '.join(KINDS)}). Got {sorted(set(kinds))}.")
+    ends = np.r_[arrays["link_source"], arrays["link_target"]]
+    if ends.size and (ends.min() < 0 or ends.max() >= n):
+        raise StoreError(f"Expected links between the graph's {n} nodes. Got one to node {int(ends.max())}.")
+    columns = zip(kinds, *(arrays[name].tolist() for name in list(NODE_ARRAYS)[1:]), strict=True)
+    nodes = []
+    first_logit = True
+    for kind, layer, index, pos, feature, act, influence, prob, label in columns:
+        node: dict[str, Any]
+        if kind == NEURON:
+            node = {"node_id": f"{layer}_{index}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
+                    "feature_type": KINDS[kind], "jsNodeId": f"{layer}_{index}-0", "clerp": label,
+                    "influence": influence, "activation": act}
+        elif kind == TOKEN:
+            node = {"node_id": f"E_{index}_{pos}", "feature": feature, "layer": "E", "ctx_idx": pos,
+                    "feature_type": KINDS[kind], "jsNodeId": f"E_{index}-{pos}", "clerp": label,
+                    "influence": influence}
+        else:
+            node = {"node_id": f"{layer}_{index}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
+                    "feature_type": KINDS[kind], "token_prob": prob, "is_target_logit": first_logit,
+                    "jsNodeId": f"L_{index}-{pos}", "clerp": label, "influence": influence, "activation": act}
+            first_logit = False
+        nodes.append(node)
+    ids = [node["node_id"] for node in nodes]
+    links = [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
+             zip(arrays["link_source"].tolist(), arrays["link_target"].tolist(), arrays["link_weight"].tolist(),
+                 strict=True)]
+    return {"metadata": attrs.get("metadata"), "qParams": attrs.get("qParams"), "nodes": nodes, "links": links}

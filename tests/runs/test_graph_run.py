@@ -1,0 +1,131 @@
+"""``detjac run --graph``: each prompt's pruned attribution graph in the store, equal to a direct computation,
+resumable, and refused up front where it is not defined."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from store_helpers import write_prompts
+
+from detjac.cli.main import main
+from detjac.store import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = [line for line in (ROOT / "examples" / "prompts.txt").read_text().splitlines() if line.strip()][:3]
+NODES = "50"  # --graph-max-nodes: small, so the tests are quick
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def graph_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("graph-run")
+    prompts = write_prompts(folder / "p.txt", PROMPTS)
+    out = folder / "g.zarr"
+    result = invoke("run", "default", str(prompts), "--out", str(out), "--graph", "--graph-max-nodes", NODES)
+    assert result.exit_code == 0, result.output
+    return prompts, out
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from detjac.engine import load_engine
+
+    return load_engine("default")
+
+
+def direct_graph(engine, store, prompt) -> dict:
+    """The graph of ``prompt``'s text computed here, outside any run, with the run's settings."""
+    from detjac.engine import attribution_graph, graph_dict
+
+    run = store.run
+    keys = ("config_sha256", "weights_sha256", "tokenizer_sha256")
+    identity = {k: run[k] for k in keys if isinstance(run.get(k), str)}
+    graph = attribution_graph(engine, prompt.prompt, max_nodes=int(NODES))
+    return graph_dict(graph, slug=prompt.id, model=run["model_id"], identity=identity)
+
+
+@pytest.mark.slow
+def test_each_prompt_keeps_the_graph_a_direct_call_gives(graph_run, engine):
+    _, out = graph_run
+    store = open_store(out)
+    assert store.run["graph"] == {"max_nodes": 50, "node_threshold": 0.8, "edge_threshold": 0.98}
+    assert len(store) == len(PROMPTS)
+    for prompt in store:
+        stored = prompt.graph()
+        assert stored is not None and stored["metadata"]["info"]["exact"] is True
+        assert stored["metadata"]["info"]["weights_sha256"] == store.run["weights_sha256"]
+        assert stored == direct_graph(engine, store, prompt)
+    verify = invoke("store", "verify", str(out))
+    assert verify.exit_code == 0, verify.output
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_same_graphs(graph_run, tmp_path, monkeypatch):
+    """Stopped once the second prompt's graph is staged, with what a kill -9 leaves (its staged folder, graph group
+    and all), the same run resumes."""
+    from detjac.runs import RunOptions, run_corpus
+    from detjac.store import ZarrPromptWriter
+
+    prompts, reference = graph_run
+    out = tmp_path / "s.zarr"
+    options = RunOptions(graph=True, graph_max_nodes=int(NODES))
+    real, calls = ZarrPromptWriter.write_graph, []
+
+    def stopped(writer, data):
+        real(writer, data)
+        calls.append(writer.id)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C between the second prompt's graph and its commit
+
+    def keep_staged(writer):  # as a kill -9: nothing cleans up the staged folder
+        pass
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ZarrPromptWriter, "write_graph", stopped)
+        patch.setattr(ZarrPromptWriter, "abort", keep_staged)
+        outcome = run_corpus("default", prompts, str(out), options)
+    assert outcome.interrupted and len(open_store(out)) == 1
+    assert open_store(out).staging_leftovers()  # the second prompt's half-written folder, graph group and all
+    outcome = run_corpus("default", prompts, str(out), options)
+    assert not outcome.interrupted and outcome.summary.written == len(PROMPTS) - 1
+    resumed, ref = open_store(out), open_store(reference)
+    assert sorted(resumed.prompt_ids()) == sorted(ref.prompt_ids())
+    for pid in ref.prompt_ids():
+        assert resumed.get(pid).graph() == ref.get(pid).graph()
+    assert resumed.staging_leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_resume_with_other_graph_settings_is_refused_by_name(graph_run):
+    prompts, out = graph_run
+    other = invoke("run", "default", str(prompts), "--out", str(out), "--graph", "--graph-max-nodes", "40")
+    assert other.exit_code != 0
+    assert "--graph-max-nodes 40" in other.output and "--graph-max-nodes 50" in other.output
+    without = invoke("run", "default", str(prompts), "--out", str(out))
+    assert without.exit_code != 0 and "no --graph here" in without.output
+    assert len(open_store(out)) == len(PROMPTS)
+
+
+def test_graph_with_ordinary_is_refused_before_anything_is_written(tmp_path):
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:1])
+    result = invoke("run", "default", str(prompts), "--out", str(tmp_path / "s.zarr"), "--graph", "--ordinary")
+    assert result.exit_code != 0 and "Expected --graph without --ordinary" in result.output
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "bert"])
+def test_graph_on_a_family_without_neuron_definitions_is_one_line_and_writes_nothing(tmp_path, family):
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / family, family)
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
+    result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--graph")
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "attribution graphs" in errors[0]
+    assert not (tmp_path / "s.zarr").exists()

@@ -1,0 +1,119 @@
+"""A prompt's attribution graph in the store (``detjac run --graph``): node and link tables that read back as the exact
+JSON object written, sealed and checksummed like the prompt's other arrays. No torch: synthetic graphs."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from store_factory import make_store, synthetic_graph
+from store_helpers import reseal
+
+from detjac.cli.main import main
+from detjac.errors import StoreError
+from detjac.store import open_store
+from detjac.store.graph_tables import graph_json, graph_tables
+from detjac.store.integrity import CorruptError
+
+NEURONS = [(0, 3, 1), (1, 5, 2), (1, 5, 3), (0, 7, 0)]
+
+
+@pytest.fixture
+def graph_store(tmp_path):
+    written = {}
+
+    def graph(truth):
+        written[truth.id] = synthetic_graph(truth, NEURONS)
+        return copy.deepcopy(written[truth.id])
+
+    store = make_store(tmp_path / "g.zarr", prompts=2, graphs=graph)
+    return store, written
+
+
+def test_a_stored_graph_reads_back_as_the_json_written(graph_store):
+    store, written = graph_store
+    opened = open_store(store.path)
+    assert sorted(written) == sorted(opened.prompt_ids())
+    for pid, data in written.items():
+        assert opened.get(pid).graph() == data
+    group = store.path / "prompts" / pid / "graph"
+    arrays = {p.name for p in group.iterdir() if p.is_dir()}
+    assert {"node_kind", "node_layer", "node_index", "node_label", "link_source", "link_target",
+            "link_weight"} <= arrays
+    meta = json.loads((group / "link_weight" / "zarr.json").read_text())
+    assert meta["codecs"][-1]["name"] == "crc32c" and meta["dimension_names"] == ["link"]
+    label_meta = json.loads((group / "node_label" / "zarr.json").read_text())
+    assert label_meta["codecs"][-1]["name"] == "crc32c"  # the labels are checksummed too
+
+
+def test_a_prompt_without_a_graph_has_none(tmp_path):
+    store = make_store(tmp_path / "s.zarr", prompts=1)
+    assert next(iter(open_store(store.path))).graph() is None
+
+
+def test_the_tables_hold_the_json_exactly_or_refuse_it(graph_store):
+    store, written = graph_store
+    data = next(iter(written.values()))
+    arrays, attrs = graph_tables(data)
+    assert arrays["node_kind"].tolist()[:len(NEURONS)] == [0] * len(NEURONS)
+    assert arrays["node_layer"].tolist()[:len(NEURONS)] == [n[0] for n in NEURONS]
+    assert graph_json(arrays, attrs) == data
+    odd = copy.deepcopy(data)
+    odd["nodes"][0]["extra"] = 1  # a key the tables do not hold: refused, not dropped
+    with pytest.raises(StoreError, match="tables hold exactly"):
+        graph_tables(odd)
+    dangling = copy.deepcopy(data)
+    dangling["links"][0]["source"] = "9_9_9"
+    with pytest.raises(StoreError, match="circuit-tracer's JSON"):
+        graph_tables(dangling)
+
+
+def test_commit_refuses_a_prompt_begun_with_a_graph_without_one(tmp_path):
+    store = make_store(tmp_path / "s.zarr", prompts=1)
+    from detjac.store import create_store
+
+    with create_store(store.path, store.run) as writable:  # resumed
+        pid = "0123456789abcdef"
+        writer = writable.begin(pid, n_rows=8, n_tokens=2, n_cols=8, dtype="float64", row_block=8, graph=True)
+        writer.write_rows(0, 8, np.zeros((8, 2, 8)))
+        for name, shape in (("embeddings", (2, 8)), ("output", (8,))):
+            writer.write_array(name, np.zeros(shape))
+        writer.write_array("token_ids", np.zeros(2, dtype=np.int64))
+        with pytest.raises(StoreError, match="graph"):
+            writer.commit({"prompt": "x"})
+    assert pid not in open_store(store.path).prompt_ids()
+
+
+def _flip(path):
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("array", ["link_weight", "node_activation", "node_label"])
+def test_verify_and_readers_refuse_a_damaged_graph_array(graph_store, array):
+    store, written = graph_store
+    pid = sorted(written)[0]
+    folder = store.path / "prompts" / pid
+    _flip(folder / "graph" / array / "c" / "0")
+    verify = CliRunner().invoke(main, ["store", "verify", str(store.path)])
+    assert verify.exit_code == 1 and f"CORRUPT {pid}: file graph/{array}/c/0 changed since commit" in verify.output
+    reseal(folder)  # behind the seal: the chunk's crc32c still refuses it, never a number
+    with pytest.raises(CorruptError, match="crc32c"):
+        open_store(store.path).get(pid).graph()
+    verify = CliRunner().invoke(main, ["store", "verify", str(store.path)])
+    assert verify.exit_code == 1 and f"CORRUPT {pid}" in verify.output and "crc32c" in verify.output
+    other = sorted(written)[1]
+    assert open_store(store.path).get(other).graph() == written[other]  # the other prompt is intact
+
+
+def test_a_removed_graph_array_is_damage(graph_store):
+    store, written = graph_store
+    pid = sorted(written)[0]
+    folder = store.path / "prompts" / pid
+    (folder / "graph" / "link_target" / "c" / "0").unlink()
+    verify = CliRunner().invoke(main, ["store", "verify", str(store.path)])
+    assert verify.exit_code == 1 and f"CORRUPT {pid}: missing file graph/link_target/c/0" in verify.output
