@@ -39,8 +39,13 @@ from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult, reconstruct
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine, StreamedResult
-from .tools.attribution import (AttributionGraph, attribution_graph, check_graph_request, logit_attribution,
-                                logit_vectors)
+from .tools.attribution import (
+    AttributionGraph,
+    attribution_graph,
+    check_graph_request,
+    logit_attribution,
+    logit_vectors,
+)
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
