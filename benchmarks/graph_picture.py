@@ -40,7 +40,7 @@ def draw(data: dict, out: Path, links: int) -> None:
     for e in reversed(strongest):
         (x0, y0), (x1, y1) = at[e["source"]], at[e["target"]]
         share = abs(e["weight"]) / biggest
-        ax.plot([x0, x1], [y0, y1], color="#c0392b" if e["weight"] > 0 else "#2471a3", alpha=0.15 + 0.6 * share,
+        ax.plot([x0, x1], [y0, y1], color="#2471a3" if e["weight"] > 0 else "#c0392b", alpha=0.15 + 0.6 * share,
                 linewidth=0.3 + 2.5 * share, zorder=1)
     kinds = {"embedding": ("#555555", "s"), "mlp neuron": ("#f39c12", "o"), "logit": ("#27ae60", "D")}
     for kind, (colour, marker) in kinds.items():
@@ -57,7 +57,7 @@ def draw(data: dict, out: Path, links: int) -> None:
     ax.set_ylabel("layer")
     info = data["metadata"].get("info", {})
     ax.set_title(f"{data['metadata']['prompt']!r}: {len(nodes)} nodes, the {len(strongest)} strongest of "
-                 f"{len(data['links'])} links (red +, blue -); completeness {info.get('completeness', 0):.0e}")
+                 f"{len(data['links'])} links (blue +, red -); completeness {info.get('completeness', 0):.0e}")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
