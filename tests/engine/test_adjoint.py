@@ -14,8 +14,8 @@ import torch
 from detjac.engine import load_model
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.detach.model import linearized
-from detjac.engine.pieces import layer as pieces
 from detjac.engine.pieces import NotAPiece
+from detjac.engine.pieces import layer as pieces
 from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.record import layer_pieces
 from detjac.engine.pieces.runner import SWEEPS_ENV
