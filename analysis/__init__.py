@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definitio
     from .compare import compare_report
     from .decoded import decode_report
     from .jobs import (
+        DecodedIds,
+        SpectrumDecoder,
         cached_spectrum,
         decode_spectrum,
         dims_report,
@@ -58,6 +60,7 @@ _EXPORTS = {
     "compare_report": "compare",
     "decode_report": "decoded",
     "decode_spectrum": "jobs",
+    "DecodedIds": "jobs",
     "dimensionality": "spectra",
     "dims_report": "jobs",
     "fit_lens": "lens:fit",
@@ -88,6 +91,7 @@ _EXPORTS = {
     "score_lens": "lens:score",
     "singular_path": "views",
     "Spectrum": "spectra",
+    "SpectrumDecoder": "jobs",
     "singular_values": "spectra",
     "SpectrumPanel": "plots",
     "stored_svd": "spectra",
