@@ -36,7 +36,7 @@ class Call:
 
 @dataclass
 class LayerRecord:
-    """What one run of a detached layer froze: its children's :class:`Call` s on either side of the mid residual,
+    """What one run of a detached layer froze: its children's calls (:class:`Call`) on either side of the mid residual,
     indexing ``factors`` (the tape's), and each attention call's probabilities."""
 
     family: Any
