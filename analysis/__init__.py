@@ -8,7 +8,51 @@ figures; ``lens/``: the detached Jacobian lens. The reports behind
 ``detjac analyze``: ``decoded``, ``jobs.dims_report``, ``layer_report``, ``compare``, ``report``.
 """
 
+from typing import TYPE_CHECKING
+
 from detjac.facade import lazy_exports
+
+if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definition); imported lazily at run time
+    from .compare import compare_report
+    from .decoded import decode_report
+    from .jobs import (
+        DecodedIds,
+        SpectrumDecoder,
+        cached_spectrum,
+        decode_spectrum,
+        dims_report,
+        read_spectrum,
+        read_svd,
+        require_full,
+        token_texts,
+        write_table,
+    )
+    from .jobs import svd as prompt_svds
+    from .layer_report import layer_report as layerwise_report
+    from .layers import layer_table, targets_heatmap
+    from .lens import (
+        LENS_VERSION,
+        Lens,
+        RunningSums,
+        check_lens_target,
+        load_lens,
+        plot_agreement,
+        plot_positions,
+        relative_spread,
+        save_lens,
+        token_rank,
+    )
+    from .lens import fit as fit_lens
+    from .lens import markdown as lens_markdown
+    from .lens import readings as lens_readings
+    from .lens import score as score_lens
+    from .lens import summarize as summarize_lens
+    from .lens.lens_fit import counted as lens_counted
+    from .plots import SpectrumPanel, plot_spectra
+    from .report import report as analysis_report
+    from .spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values, stored_svd
+    from .view_plots import plot_columns, plot_jacobian_image, plot_path
+    from .views import jacobian_image, largest_columns, singular_path
 
 _EXPORTS = {
     "analysis_report": "report:report",
@@ -17,6 +61,7 @@ _EXPORTS = {
     "compare_report": "compare",
     "decode_report": "decoded",
     "decode_spectrum": "jobs",
+    "DecodedIds": "jobs",
     "dimensionality": "spectra",
     "dims_report": "jobs",
     "fit_lens": "lens:fit",
@@ -49,6 +94,7 @@ _EXPORTS = {
     "score_lens": "lens:score",
     "singular_path": "views",
     "Spectrum": "spectra",
+    "SpectrumDecoder": "jobs",
     "singular_values": "spectra",
     "SpectrumPanel": "plots",
     "stored_svd": "spectra",

@@ -76,13 +76,14 @@ class DecodeReport:
 def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8) -> list[DecodedSpectrum]:
     """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`)."""
     text = jobs.token_texts(store)
+    decoder = jobs.SpectrumDecoder(store)  # the matrices read and checked once for every prompt
     decoded = []
     for spec in spectra:
         prompt = store.get(spec.prompt_id)
-        ids = jobs.decode_spectrum(store, spec, top)
-        triplets = [DecodedTriplet(i + 1, float(sigma), " ".join(text(t) for t in ids["left_ids"][i]),
-                                   " ".join(text(t) for t in ids["right_ids"][i]), int(ids["right_tokens"][i]),
-                                   float(ids["right_shares"][i]))
+        ids = decoder.decode(spec, top)
+        triplets = [DecodedTriplet(i + 1, float(sigma), " ".join(text(t) for t in ids.left_ids[i]),
+                                   " ".join(text(t) for t in ids.right_ids[i]), int(ids.right_tokens[i]),
+                                   float(ids.right_shares[i]))
                     for i, sigma in enumerate(spec.S)]
         decoded.append(DecodedSpectrum(
             spec.prompt_id, f"{spec.prompt_id} {prompt.prompt[:70]!r} -> next {prompt.attrs.get('next_token')!r}",

@@ -8,7 +8,7 @@ when one is active, else dask's default) runs the array work.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,30 +90,74 @@ def svd(store: StoreReader, prompt_ids: Iterable[str], k: int = 8, token: int | 
     return results
 
 
-def decode_spectrum(store: StoreReader, spec: Spectrum, top: int = 8) -> dict[str, Any]:
-    """Decoded tokens of a spectrum's vectors: left through the unembedding, right through the embedding.
+@dataclass(frozen=True)
+class DecodedIds:
+    """A spectrum's singular vectors decoded to token ids (see :class:`SpectrumDecoder`), ``k`` triplets."""
 
-    Left vectors of a residual-stream layerwise target live before the final norm and are
-    decoded through ``W_U diag(g)``, those of ``*_normed`` and ``to_output`` targets through
-    ``W_U`` (see :func:`detjac.analysis.layers.lens`). For the
-    combined operator each right vector is decoded at the token whose block carries most of
-    its energy (reported with its share).
+    left_ids: np.ndarray  # (k, top) through the unembedding (a layerwise target's lens)
+    left_scores: np.ndarray  # (k, top)
+    right_ids: np.ndarray  # (k, top) through the embedding
+    right_scores: np.ndarray  # (k, top)
+    right_tokens: list[int]  # (k,) the input token each right vector was decoded at
+    right_shares: list[float]  # (k,) that token's share of the right vector's energy
+
+    def __getitem__(self, name: str) -> Any:
+        """The field ``name``: key access for callers written against the former dict (view/)."""
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(name)
+        return getattr(self, name)
+
+
+class SpectrumDecoder:
+    """Decodes the spectra of one store: left vectors through the unembedding, right ones through the embedding.
+
+    The matrices are read from the store (checked against their SHA-256 there) and made float64 once, on first
+    use, then kept: one decoder serves every prompt of a job. Left vectors of a residual-stream layerwise target
+    live before the final norm and are decoded through ``W_U diag(g)``, those of ``*_normed`` and ``to_output``
+    targets through ``W_U`` (see :func:`detjac.analysis.layers.lens`). For the combined operator each right vector
+    is decoded at the token whose block carries most of its energy (reported with its share).
     """
-    from .layers import lens
 
-    unembed = store.model_array("unembedding") if spec.target is None else lens(store, spec.target)[0]
-    embed = store.model_array("embedding")
-    left_ids, left_scores = decode(spec.U, unembed, top)
-    if spec.token is None:
-        energy = (spec.V**2).sum(axis=1)  # (n_tokens, k)
-        where = energy.argmax(axis=0)  # (k,)
-        right = spec.V[where, :, np.arange(spec.V.shape[-1])].T  # (cols, k)
-        shares = energy[where, np.arange(len(where))] / energy.sum(axis=0)
-    else:
-        right, where, shares = spec.V, np.full(spec.V.shape[-1], spec.token), np.ones(spec.V.shape[-1])
-    right_ids, right_scores = decode(right, embed, top)
-    return {"left_ids": left_ids, "left_scores": left_scores, "right_ids": right_ids, "right_scores": right_scores,
-            "right_tokens": where.tolist(), "right_shares": shares.tolist()}
+    def __init__(self, store: StoreReader) -> None:
+        self.store = store
+        self._embedding: np.ndarray | None = None
+        self._unembedding: dict[bool | None, np.ndarray] = {}  # None: the output's; else whether g is folded in
+
+    def embedding(self) -> np.ndarray:
+        """(vocab, col) float64."""
+        if self._embedding is None:
+            self._embedding = np.asarray(self.store.model_array("embedding"), dtype=np.float64)
+        return self._embedding
+
+    def unembedding(self, target: str | None) -> np.ndarray:
+        """(vocab, row) float64: the matrix that decodes ``target``'s left vectors (None: the model output's)."""
+        from ..targets import Target
+        from .layers import lens
+
+        key = None if target is None else Target.parse(target).after_final_norm
+        if key not in self._unembedding:
+            self._unembedding[key] = (np.asarray(self.store.model_array("unembedding"), dtype=np.float64)
+                                      if target is None else lens(self.store, target)[0])
+        return self._unembedding[key]
+
+    def decode(self, spec: Spectrum, top: int = 8) -> DecodedIds:
+        """The ``top`` tokens of each of ``spec``'s singular vectors."""
+        left_ids, left_scores = decode(spec.U, self.unembedding(spec.target), top)
+        if spec.token is None:
+            energy = (spec.V**2).sum(axis=1)  # (n_tokens, k)
+            where = energy.argmax(axis=0)  # (k,)
+            right = spec.V[where, :, np.arange(spec.V.shape[-1])].T  # (cols, k)
+            shares = energy[where, np.arange(len(where))] / energy.sum(axis=0)
+        else:
+            right, where, shares = spec.V, np.full(spec.V.shape[-1], spec.token), np.ones(spec.V.shape[-1])
+        right_ids, right_scores = decode(right, self.embedding(), top)
+        return DecodedIds(left_ids, left_scores, right_ids, right_scores, where.tolist(), shares.tolist())
+
+
+def decode_spectrum(store: StoreReader, spec: Spectrum, top: int = 8) -> DecodedIds:
+    """Decoded tokens of one spectrum's vectors (see :class:`SpectrumDecoder`; for many spectra of one store, make
+    one decoder and call its :meth:`~SpectrumDecoder.decode`: it reads the matrices once)."""
+    return SpectrumDecoder(store).decode(spec, top)
 
 
 def stored_tokenizer(store: StoreReader) -> Any:

@@ -92,10 +92,11 @@ def report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = N
     dims_rows = jobs.dims(store, ids, progress=progress)
     spectra = jobs.svd(store, ids, k=1, method="gram")
     text = jobs.token_texts(store)
+    decoder = jobs.SpectrumDecoder(store)
     decoded_rows = []
     for spec in spectra:
         prompt = store.get(spec.prompt_id)
-        left = jobs.decode_spectrum(store, spec, top)["left_ids"][0]
+        left = decoder.decode(spec, top).left_ids[0]
         decoded_rows.append({"prompt_id": spec.prompt_id, "prompt": prompt.prompt,
                              "next_token": text(prompt.attrs["next_token_id"]),
                              "u1_tokens": [text(t) for t in left],

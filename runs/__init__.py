@@ -6,7 +6,20 @@ path: ``run.run_corpus`` -> ``plan.prepare_run`` (model, tokens, :class:`~detjac
 -> ``local`` or ``cluster`` -> ``batch.write_prompt`` (one prompt's blocks into the store).
 """
 
+from typing import TYPE_CHECKING
+
 from detjac.facade import lazy_exports
+
+if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definition); imported lazily at run time
+    from .description import RunDescription
+    from .export import check_npz_path, save_result
+    from .fingerprint import model_identity, weights_identity
+    from .lens_apply import check_lens_kinds, fit_jlens, load_lens_engine, position_ranks, score_prompt, unembedding
+    from .lens_apply import evaluate as evaluate_lenses
+    from .prompts import read_prompts
+    from .run import RunOptions, run_corpus, run_one
+    from .scheduler import dask_scheduler
+    from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
 _EXPORTS = {
     "RunDescription": "description", "RunOptions": "run", "run_corpus": "run", "run_one": "run",

@@ -1,8 +1,9 @@
 """A whole loaded model's frozen pieces, recorded in one forward pass: the in-memory explicit sweeps.
 
 :func:`freeze_model` records every layer's pieces and the norms outside the layers as a :class:`FrozenModel`, checked
-against each layer's and the model's own output before it is trusted. Details: docs/engine.md, "Explicit sweeps in
-the in-memory engine"."""
+against each layer's and the model's own output before it is trusted, or refuses the model with the reason
+(:class:`~detjac.engine.pieces.NotAPiece`, caught by :mod:`detjac.engine.inmemory.rows`, which falls back).
+Details: docs/engine.md, "Explicit sweeps in the in-memory engine"."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch import nn
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from ..interface import EngineStats
+from ..pieces import NotAPiece
 from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, norm_piece, push_layer
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
@@ -26,14 +28,15 @@ from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, sweep
 @dataclass
 class Event:
     """One call seen while the model ran: a norm outside the layers (``module``, its factor at ``first``) or a layer
-    (its ``record``, or why it is not made of known pieces; its factors ``first:end``; its mid residual (n, d))."""
+    (its ``record``, or ``why`` it is not made of known pieces; its factors ``first:end``; its mid residual (n, d))."""
 
     kind: str  # "norm" or "layer"
     first: int
     module: nn.Module | None = None
-    record: LayerRecord | str | None = None
+    record: LayerRecord | None = None
     end: int = 0
     mid: torch.Tensor | None = None
+    why: str | None = None  # a layer not made of known pieces: why
 
 
 @dataclass
@@ -59,8 +62,7 @@ class FrozenModel:
 
     def pieces(self, i: int) -> LayerPieces:
         """Layer ``i``'s pieces, norms folded in (built anew: nothing is kept between sweeps)."""
-        pieces = self.layers[i].pieces()
-        assert not isinstance(pieces, str), pieces  # built once before, by freeze_model
+        pieces = self.layers[i].pieces()  # built once before, by freeze_model: known pieces
         self.stats.explicit_layers += 1
         return pieces
 
@@ -117,11 +119,11 @@ class FrozenModel:
             return y[:, 0]
 
 
-def freeze_model(lin: Any, x: torch.Tensor, position: int
-                 ) -> tuple[FrozenModel | str, torch.Tensor, torch.Tensor | None]:
+def freeze_model(lin: Any, x: torch.Tensor, position: int) -> tuple[FrozenModel, torch.Tensor, torch.Tensor | None]:
     """Run the linearized model ``lin`` (:class:`~detjac.engine.detach.model.Linearized`, detached) on ``x`` (n, d)
-    once, recording its pieces; return them (or why they are not all known pieces), the output (d,) at
-    ``position`` (``0 <= position < n``) and the offset ``b`` (d,) of an affine family (else None)."""
+    once, recording its pieces; return them, the output (d,) at ``position`` (``0 <= position < n``) and the offset
+    ``b`` (d,) of an affine family (else None). Raises :class:`~detjac.engine.pieces.NotAPiece` (why) where they
+    are not all known pieces or do not rebuild the model's output."""
     family, decoder = lin.family, lin.decoder
     layers = list(family.layers(decoder))
     tape = FactorTape()
@@ -149,12 +151,11 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int
             bias = decoder(inputs_embeds=torch.zeros_like(x)[None], use_cache=False).last_hidden_state[0, position]
     frozen = _assemble(events, tape, len(layers), position, x.shape[0])
     output = hidden[position]
-    if not isinstance(frozen, str):
-        got = frozen.push(x[None])[0] + (bias if bias is not None else 0)
-        err = float((got - output).norm() / output.norm().clamp_min(torch.finfo(output.dtype).tiny))
-        bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(x.dtype, 5e-2)
-        if not err <= bound:
-            frozen = f"its pieces rebuild the model's output with relative error {err:.1e} (bound {bound:g})"
+    got = frozen.push(x[None])[0] + (bias if bias is not None else 0)
+    err = float((got - output).norm() / output.norm().clamp_min(torch.finfo(output.dtype).tiny))
+    bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(x.dtype, 5e-2)
+    if not err <= bound:
+        raise NotAPiece(f"its pieces rebuild the model's output with relative error {err:.1e} (bound {bound:g})")
     return frozen, output, bias
 
 
@@ -171,35 +172,34 @@ def _recorder(layer: nn.Module, family: Any, tape: FactorTape, events: list[Even
             return out, (seen[0].squeeze(0) if seen else out)
 
         first = len(tape.factors)
-        record, out, mid = record_layer(layer, family, step, hidden[0], tape)
-        if not isinstance(record, str):
-            pieces = record.pieces()
-            problem = pieces if isinstance(pieces, str) else check_layer(pieces, hidden[0], out, mid)
-            record = problem if problem is not None else record
-        events.append(Event("layer", first, record=record, end=len(tape.factors), mid=mid))
+        try:
+            record, out, mid = record_layer(layer, family, step, hidden[0], tape)
+            check_layer(record.pieces(), hidden[0], out, mid)
+        except NotAPiece as e:  # the forward goes on: the model's other checks come first (_assemble)
+            events.append(Event("layer", first, end=len(tape.factors), why=str(e)))
+        else:
+            events.append(Event("layer", first, record=record, end=len(tape.factors), mid=mid))
         return raw[0]
 
     return forward
 
 
-def _assemble(events: list[Event], tape: FactorTape, n_layers: int, position: int, n: int) -> FrozenModel | str:
-    """The recorded events as a :class:`FrozenModel`: norms, then the layers in order, then norms."""
+def _assemble(events: list[Event], tape: FactorTape, n_layers: int, position: int, n: int) -> FrozenModel:
+    """The recorded events as a :class:`FrozenModel`: norms, then the layers in order, then norms; raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why) where they are not that."""
     kinds = [e.kind for e in events]
     if kinds.count("layer") != n_layers:
-        return f"{kinds.count('layer')} of its {n_layers} layers ran"
+        raise NotAPiece(f"{kinds.count('layer')} of its {n_layers} layers ran")
     first, last = kinds.index("layer"), n_layers - 1 + kinds.index("layer")
     if kinds[first:last + 1] != ["layer"] * n_layers:
-        return "a norm between its layers"
+        raise NotAPiece("a norm between its layers")
     used = sum(e.end - e.first for e in events if e.kind == "layer") + kinds.count("norm")
     if used != len(tape.factors):
-        return f"{len(tape.factors) - used} frozen factors outside its layers and norms"
+        raise NotAPiece(f"{len(tape.factors) - used} frozen factors outside its layers and norms")
     layers = events[first:last + 1]
     for i, e in enumerate(layers):
-        if isinstance(e.record, str):
-            return f"layer {i}: {e.record}"
+        if e.why is not None:
+            raise NotAPiece(f"layer {i}: {e.why}")
     norms = [norm_piece(e.module, tape.factors[e.first].reshape(-1)) for e in events[:first] + events[last + 1:]]
-    problem = next((nm for nm in norms if isinstance(nm, str)), None)
-    if problem is not None:
-        return problem
     return FrozenModel([e.record for e in layers], norms[:first], norms[first:], position, n,  # type: ignore[misc]
                        mids=[e.mid for e in layers])  # type: ignore[misc]

@@ -24,6 +24,7 @@ from ..detach.factors import FactorTape
 from ..detach.model import linearized
 from ..families import family_for
 from ..interface import JacobianBlock
+from ..pieces import NotAPiece
 from ..pieces.runner import chosen_sweeps
 from ..result import reconstruct
 from .model_pieces import FrozenModel, freeze_model
@@ -182,11 +183,13 @@ def stream_jacobian(
         embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
         rules = lin.family.describe(lin.convention) if detach else []
         if explicit:
-            frozen, output, bias = freeze_model(lin, embeddings, position % len(ids))
-            if not isinstance(frozen, str):
+            try:
+                frozen, output, bias = freeze_model(lin, embeddings, position % len(ids))
+            except NotAPiece as e:
+                fallback = str(e)
+            else:
                 return JacobianStream(ids, embeddings, output, position, row_block, detach, lin.family.name, rules,
                                       None, progress, bias, frozen)
-            fallback = frozen
             if warn:
                 warnings.warn(f"{lin.family.name} {fallback}; its sweeps go through torch.func (the autograd sweeps) "
                               "instead of explicit matmuls.", RuntimeWarning, stacklevel=2)

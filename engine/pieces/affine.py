@@ -15,16 +15,18 @@ from transformers.pytorch_utils import Conv1D
 
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedActivation
+from . import NotAPiece
 
 
-def projection(module: Any, affine: bool) -> torch.Tensor | str:
-    """The (out, in) weight of a projection on the linear path, or why it is not one (a bias only where the family
-    declares itself affine: the bias is an offset, outside ``J``)."""
+def projection(module: Any, affine: bool) -> torch.Tensor:
+    """The (out, in) weight of a projection on the linear path (a bias only where the family declares itself
+    affine: the bias is an offset, outside ``J``); raises :class:`~detjac.engine.pieces.NotAPiece` (why) where it
+    is not one."""
     if type(module) is nn.Linear and (module.bias is None or affine):
         return module.weight
     if type(module) is Conv1D and affine:  # GPT-2: y = x W + b with W (in, out)
         return module.weight.T
-    return f"{type(module).__name__} is not a bias-free nn.Linear" + (" or a Conv1D" if affine else "")
+    raise NotAPiece(f"{type(module).__name__} is not a bias-free nn.Linear" + (" or a Conv1D" if affine else ""))
 
 
 def centre(core: Any, before: bool) -> None:
@@ -39,36 +41,35 @@ def centre(core: Any, before: bool) -> None:
 
 
 def attention_weights(module: nn.Module, heads: int, kvh: int, hd: int, affine: bool
-                      ) -> tuple[torch.Tensor | str, torch.Tensor | str]:
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(value (kv_heads * hd, d), output (d, heads * hd)) projections of an attention block: ``v_proj``, a fused
-    ``qkv_proj`` [q | k | v] (Phi3) or GPT-2's fused ``c_attn``; ``o_proj`` or GPT-2's ``c_proj``."""
+    ``qkv_proj`` [q | k | v] (Phi3) or GPT-2's fused ``c_attn``; ``o_proj`` or GPT-2's ``c_proj``. Raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why, the value's first) where either is not a known projection."""
     if hasattr(module, "v_proj"):
         value = projection(module.v_proj, affine)
     elif hasattr(module, "qkv_proj"):  # fused [q | k | v] rows (Phi3)
-        value = projection(module.qkv_proj, affine)
-        value = value if isinstance(value, str) else value[(heads + kvh) * hd:]
+        value = projection(module.qkv_proj, affine)[(heads + kvh) * hd:]
     elif hasattr(module, "c_attn"):  # fused [q | k | v] output columns of a Conv1D (GPT-2)
-        value = projection(module.c_attn, affine)
-        value = value if isinstance(value, str) else value[(heads + kvh) * hd:]
+        value = projection(module.c_attn, affine)[(heads + kvh) * hd:]
     else:
-        value = f"{type(module).__name__} has none of v_proj, qkv_proj, c_attn"
+        raise NotAPiece(f"{type(module).__name__} has none of v_proj, qkv_proj, c_attn")
     out_proj = getattr(module, "o_proj", None) or getattr(module, "c_proj", None)
-    out = projection(out_proj, affine) if out_proj is not None else f"{type(module).__name__} has no o_proj, c_proj"
-    return value, out
+    if out_proj is None:
+        raise NotAPiece(f"{type(module).__name__} has no o_proj, c_proj")
+    return value, projection(out_proj, affine)
 
 
 def ungated_mlp(module: nn.Module, children: list[nn.Module], factor: torch.Tensor, affine: bool,
                 make: Callable[..., Any]) -> Any:
     """An MLP container ``proj_out(act(proj_in(x)))`` (dropouts aside; ``children``: its children while it ran) with
-    the activation's ratio frozen, as the gated-MLP piece ``make(up, down, gate)``, or why it is not one."""
+    the activation's ratio frozen, as the gated-MLP piece ``make(up, down, gate)``; raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why) where it is not one."""
     parts = [c for c in children if not isinstance(c, nn.Dropout | nn.Identity) or c.training]
     acts = [c for c in parts if isinstance(c, DetachedActivation) and c.detach]
-    projections = [projection(c, affine) for c in parts if c not in acts]
-    if len(acts) != 1 or len(projections) != 2:
-        return f"{type(module).__name__} is not a projection, a detached activation and a projection"
-    problem = next((p for p in projections if isinstance(p, str)), None)
-    if problem is not None:
-        return problem
+    others = [c for c in parts if c not in acts]
+    if len(acts) != 1 or len(others) != 2:
+        raise NotAPiece(f"{type(module).__name__} is not a projection, a detached activation and a projection")
+    projections = [projection(c, affine) for c in others]
     gate = factor.reshape(-1, factor.shape[-1])  # (n, ffn)
     up, down = projections  # in registration order, unless the shapes say otherwise (GPT-2 registers c_proj first)
     if up.shape[0] != gate.shape[1] or down.shape[1] != gate.shape[1]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..detach.moe import DetachedMoE
+from . import NotAPiece
 
 
 @dataclass
@@ -153,15 +154,16 @@ class Moe:
         return out if self.post is None else out * self.post[:, None]
 
 
-def moe_piece(module: Any, factors: list[Any]) -> Moe | str:
+def moe_piece(module: Any, factors: list[Any]) -> Moe:
     """A :class:`~detjac.engine.detach.moe.DetachedMoE` call's frozen factors (the routing ``(weights, chosen)``,
-    then one ``act(gate_e(x))`` per hit expert, ascending) as a :class:`Moe`, or why they are not."""
+    then one ``act(gate_e(x))`` per hit expert, ascending) as a :class:`Moe`; raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why) where they are not."""
     if not isinstance(module, DetachedMoE) or not module.detach:
-        return f"{type(module).__name__} is not a detached mixture of experts"
+        raise NotAPiece(f"{type(module).__name__} is not a detached mixture of experts")
     weights, chosen = factors[0]  # (tokens, top_k) each
     hit = torch.unique(chosen).tolist()
     if len(factors) != 1 + len(hit):
-        return f"{type(module).__name__}: {len(factors) - 1} expert factors for {len(hit)} experts hit"
+        raise NotAPiece(f"{type(module).__name__}: {len(factors) - 1} expert factors for {len(hit)} experts hit")
     experts = getattr(module.inner, module.rule.experts)
     out = []
     for e, act in zip(hit, factors[1:], strict=True):

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
+from . import NotAPiece
 
 # a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
 # least MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
@@ -333,11 +334,11 @@ class NormPiece:
         return y - y.mean(-1, keepdim=True) if self.center else y
 
 
-def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece | str:
-    """A detached norm (RMS, or a centred LayerNorm) with its frozen scale (n,) as a :class:`NormPiece`, or why it
-    is not a known piece."""
+def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece:
+    """A detached norm (RMS, or a centred LayerNorm) with its frozen scale (n,) as a :class:`NormPiece`; raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why) where it is not a known piece."""
     if not isinstance(norm, DetachedNorm) or not norm.detach:
-        return f"{type(norm).__name__} is not a detached norm"
+        raise NotAPiece(f"{type(norm).__name__} is not a detached norm")
     weight = getattr(norm.inner, "weight", None)
     if weight is None:  # output norm(x) * offset, or norm(x)
         return NormPiece(scale * norm.offset if norm.offset else scale, None, norm.center)
@@ -345,18 +346,20 @@ def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece | str:
     return NormPiece(scale, weight + norm.offset if norm.offset else weight, norm.center)
 
 
-def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece | str:
-    """The norm ``norm`` at ``x`` (n, d) as a :class:`NormPiece`, or why it is not a known piece."""
+def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece:
+    """The norm ``norm`` at ``x`` (n, d) as a :class:`NormPiece`; raises :class:`~detjac.engine.pieces.NotAPiece`
+    (why) where it is not a known piece."""
     if not isinstance(norm, DetachedNorm):
-        return f"{type(norm).__name__} is not a detached norm"
+        raise NotAPiece(f"{type(norm).__name__} is not a detached norm")
     tape = FactorTape()
     with tape.recording(), torch.no_grad():
         norm(x)
     return norm_piece(norm, tape.factors[0].reshape(-1))
 
 
-def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: torch.Tensor) -> str | None:
-    """None if the pieces rebuild the layer's (out, mid) from its input ``h`` (n, d), else what differs.
+def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: torch.Tensor) -> None:
+    """Check that the pieces rebuild the layer's (out, mid) from its input ``h`` (n, d); raises
+    :class:`~detjac.engine.pieces.NotAPiece` saying what differs where they do not.
 
     The bound is loose (1e-9 in float64, 1e-3 in float32, 5e-2 below): it catches a wrong wiring or an
     unfolded factor, whose errors are of order one; exactness itself is what the tests prove.
@@ -367,5 +370,4 @@ def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: to
     for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):
         err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
         if not err <= bound:
-            return f"its pieces rebuild the layer's {name} with relative error {err:.1e} (bound {bound:g})"
-    return None
+            raise NotAPiece(f"its pieces rebuild the layer's {name} with relative error {err:.1e} (bound {bound:g})")

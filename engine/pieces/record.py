@@ -1,8 +1,8 @@
 """A detached layer's run recorded, and read as pieces (:mod:`detjac.engine.pieces.layer`) from the family declaration.
 
 :func:`record_layer` runs a layer once with hooks on its children (a :class:`LayerRecord`); :meth:`LayerRecord.pieces`
-reads each residual branch as one core recognised by kind, or says why it cannot. Details: docs/engine.md, "Piece
-kinds"."""
+reads each residual branch as one core recognised by kind, or raises :class:`~detjac.engine.pieces.NotAPiece`
+saying why it cannot. Details: docs/engine.md, "Piece kinds"."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch import nn
 from ..detach.factors import FactorTape
 from ..detach.moe import DetachedMoE
 from ..detach.wrappers import AttentionReplay, DetachedGatedMLP, DetachedNorm
+from . import NotAPiece
 from .affine import attention_weights, centre, layer_offsets, projection, ungated_mlp
 from .experts import moe_piece
 from .layer import Attention, LayerPieces, Mlp, NormPiece, norm_piece
@@ -22,39 +23,51 @@ from .postnorm import post_norm_pieces
 
 
 @dataclass
+class Call:
+    """One call of a layer's child while the layer ran: the frozen factors it added are ``factors[first:end]`` of
+    the tape (``end`` is None until the call returns)."""
+
+    name: str
+    module: nn.Module
+    first: int
+    children: list[nn.Module]  # the module's children as they were during the call (wrapped: linearized)
+    end: int | None = None
+
+
+@dataclass
 class LayerRecord:
-    """What one run of a detached layer froze: its children's calls ([name, module, first factor, end, the module's
-    children as they were, wrapped]) on either
-    side of the mid residual, indexing ``factors`` (the tape's), and each attention call's probabilities."""
+    """What one run of a detached layer froze: its children's calls (:class:`Call`) on either side of the mid residual,
+    indexing ``factors`` (the tape's), and each attention call's probabilities."""
 
     family: Any
-    branches: tuple[list[list[Any]], list[list[Any]]]
+    branches: tuple[list[Call], list[Call]]
     factors: list[Any]
     probs: list[torch.Tensor]  # (heads, n, n) per attention call, in call order
     fixed: LayerPieces | None = None  # pieces that fold nothing (post-norm layers), built once while recording
 
-    def pieces(self) -> LayerPieces | str:
-        """The layer's pieces, norms folded in (new tensors each time: nothing is kept between sweeps)."""
+    def pieces(self) -> LayerPieces:
+        """The layer's pieces, norms folded in (new tensors each time: nothing is kept between sweeps); raises
+        :class:`~detjac.engine.pieces.NotAPiece` (why) where a branch is not made of known pieces."""
         if self.fixed is not None:
             return self.fixed
         probs = list(self.probs)
-        cores = [_branch(part, self.family, self.factors, probs) for part in self.branches]
-        problem = next((c for c in cores if isinstance(c, str)), None)
-        return problem if problem is not None else LayerPieces(*cores)
+        attention, mlp = (_branch(part, self.family, self.factors, probs) for part in self.branches)
+        return LayerPieces(attention, mlp)
 
 
 def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape: FactorTape | None = None
-                 ) -> tuple[LayerRecord | str, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[LayerRecord, torch.Tensor, torch.Tensor]:
     """Run ``step`` (the detached layer, (n, d) -> (out, mid)) on ``h`` once, recording every child's frozen
-    factors (into ``tape``, default a new one); return the record (or why the layer is not made of a known
-    structure) and the linear part of the layer's (out, mid): less the offsets of an affine family's layer."""
-    calls: list[list[Any]] = []  # [name, module, factor count before, after, its children then (linearized)]
+    factors (into ``tape``, default a new one); return the record and the linear part of the layer's (out, mid):
+    less the offsets of an affine family's layer. Raises :class:`~detjac.engine.pieces.NotAPiece` (why) where the
+    layer is not made of a known structure."""
+    calls: list[Call] = []
     tape, replay = tape if tape is not None else FactorTape(), AttentionReplay()
     start = len(tape.factors)
     handles = []
     for name, child in layer.named_children():
         handles.append(child.register_forward_pre_hook(
-            lambda m, a, name=name: calls.append([name, m, len(tape.factors), None, list(m.children())])))
+            lambda m, a, name=name: calls.append(Call(name, m, len(tape.factors), list(m.children())))))
         handles.append(child.register_forward_hook(lambda m, a, o: _close(calls, m, len(tape.factors))))
     try:
         with tape.recording(), replay.record(), torch.no_grad():
@@ -65,53 +78,50 @@ def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape
     if family.affine:  # out = L h + c: the pieces are L
         c_out, c_mid = layer_offsets(step, tape.factors[start:], h)
         out, mid = out - c_out, mid - c_mid
-    names = [c[0] for c in calls]
+    names = [c.name for c in calls]
     if family.mid_residual not in names:
-        return f"the mid residual child {family.mid_residual!r} was not called", out, mid
+        raise NotAPiece(f"the mid residual child {family.mid_residual!r} was not called")
     split = names.index(family.mid_residual)
     record = LayerRecord(family, (calls[:split], calls[split:]), tape.factors, [p[0] for _, p in replay.records])
     if family.post_norm:  # read from the layer's module tree, which is only linearized now
-        fixed = post_norm_pieces(record)
-        if isinstance(fixed, str):
-            return fixed, out, mid
-        record.fixed = fixed
+        record.fixed = post_norm_pieces(record)
     return record, out, mid
 
 
 def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
-                 ) -> tuple[LayerPieces | str, torch.Tensor, torch.Tensor]:
-    """:func:`record_layer`, then the record's pieces (or why the layer has an unknown piece)."""
+                 ) -> tuple[LayerPieces, torch.Tensor, torch.Tensor]:
+    """:func:`record_layer`, then the record's pieces; raises :class:`~detjac.engine.pieces.NotAPiece` (why) where
+    the layer has an unknown piece."""
     record, out, mid = record_layer(layer, family, step, h)
-    return (record if isinstance(record, str) else record.pieces()), out, mid
+    return record.pieces(), out, mid
 
 
-def _close(calls: list[list[Any]], module: nn.Module, count: int) -> None:
+def _close(calls: list[Call], module: nn.Module, count: int) -> None:
     for c in reversed(calls):
-        if c[1] is module and c[3] is None:
-            c[3] = count
+        if c.module is module and c.end is None:
+            c.end = count
             return
 
 
-def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Any:
+def _branch(calls: list[Call], family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Any:
     """One residual branch's calls (norms* core norms*) as one core with its norms folded in."""
     core: Any = None
     norms: list[tuple[NormPiece, bool]] = []  # (norm, before the core)
-    for name, module, f0, f1, children in calls:
+    for call in calls:
+        module = call.module
         if isinstance(module, nn.Dropout | nn.Identity) and not module.training:
             continue
-        if isinstance(module, DetachedNorm) and f1 == f0 + 1:
-            norm = norm_piece(module, factors[f0].reshape(-1))
-            if isinstance(norm, str):
-                return f"{name}: {norm}"
-            norms.append((norm, core is None))
-            continue
-        if core is not None:
-            return f"{name}: a second core ({type(module).__name__}) in one residual branch"
-        core = _core(module, children, family, factors[f0:f1], probs)
-        if isinstance(core, str):
-            return f"{name}: {core}"
+        try:
+            if isinstance(module, DetachedNorm) and call.end == call.first + 1:
+                norms.append((norm_piece(module, factors[call.first].reshape(-1)), core is None))
+                continue
+            if core is not None:
+                raise NotAPiece(f"a second core ({type(module).__name__}) in one residual branch")
+            core = _core(module, call.children, family, factors[call.first:call.end], probs)
+        except NotAPiece as e:
+            raise NotAPiece(f"{call.name}: {e}") from None
     if core is None:
-        return "a residual branch without an attention or MLP"
+        raise NotAPiece("a residual branch without an attention or MLP")
     for norm, _ in reversed([nb for nb in norms if nb[1]]):  # the one nearest the core first: W g C
         core.fold(norm.scale, norm.gain, True)
         if norm.center:
@@ -126,7 +136,8 @@ def _branch(calls: list[list[Any]], family: Any, factors: list[Any], probs: list
 def _core(module: nn.Module, children: list[nn.Module], family: Any, factors: list[Any], probs: list[torch.Tensor]
           ) -> Any:
     """A branch's core from the module called and the factors it froze: a gated MLP, a mixture of experts, an
-    attention block or an ungated MLP container; or why it is not a known piece."""
+    attention block or an ungated MLP container; raises :class:`~detjac.engine.pieces.NotAPiece` (why) where it is
+    not a known piece."""
     if isinstance(module, DetachedGatedMLP) and module.detach and len(factors) == 1:
         return _mlp(module, factors[0], family.affine)
     if isinstance(module, DetachedMoE):
@@ -135,34 +146,32 @@ def _core(module: nn.Module, children: list[nn.Module], family: Any, factors: li
         return _attention(module, probs.pop(0) if probs else None, family.affine)
     if type(module) in family.containers and len(factors) == 1:
         return ungated_mlp(module, children, factors[0], family.affine, Mlp)
-    return f"{type(module).__name__} is not a known piece"
+    raise NotAPiece(f"{type(module).__name__} is not a known piece")
 
 
-def _mlp(module: DetachedGatedMLP, factor: torch.Tensor, affine: bool) -> Mlp | str:
+def _mlp(module: DetachedGatedMLP, factor: torch.Tensor, affine: bool) -> Mlp:
     """The MLP's linear path: through ``up`` with ``act(gate(x))`` frozen (convention ``up``), or through ``gate``
     with ``up(x) * act(g) / g`` frozen (convention ``gate``); either way one projection, the frozen factor, ``down``."""
     rule, inner = module.rule, module.inner
     through_gate = getattr(module, "convention", "up") == "gate"
-    down = projection(getattr(inner, rule.down), affine)
-    linear = projection(getattr(inner, rule.gate_up if rule.fused else rule.gate if through_gate else rule.up), affine)
-    if isinstance(linear, str) or isinstance(down, str):
-        return linear if isinstance(linear, str) else down  # type: ignore[return-value]
+    down_module = getattr(inner, rule.down)
+    linear_module = getattr(inner, rule.gate_up if rule.fused else rule.gate if through_gate else rule.up)
+    linear = projection(linear_module, affine)  # the linear path's problem is the one told, where both have one
+    down = projection(down_module, affine)
     if rule.fused:  # chunked into (gate, up): gate is the first half of the rows, up the second
         half = linear.shape[0] // 2
         linear = linear[:half] if through_gate else linear[half:]
     return Mlp(linear, down, factor.reshape(-1, factor.shape[-1]))
 
 
-def _attention(module: nn.Module, probs: torch.Tensor | None, affine: bool) -> Attention | str:
+def _attention(module: nn.Module, probs: torch.Tensor | None, affine: bool) -> Attention:
     if probs is None:
-        return "no frozen attention probabilities were recorded"
+        raise NotAPiece("no frozen attention probabilities were recorded")
     cfg = module.config
     heads = int(cfg.num_attention_heads)
     kvh = heads // int(getattr(module, "num_key_value_groups", 1))  # as the detached attention reads it
     hd = int(module.head_dim)
     value, out = attention_weights(module, heads, kvh, hd, affine)
-    if isinstance(value, str) or isinstance(out, str):
-        return value if isinstance(value, str) else out  # type: ignore[return-value]
     if value.shape[0] != kvh * hd or out.shape[1] != heads * hd or probs.shape[0] != heads:
-        return f"{type(module).__name__}: head shapes that do not match the config"
+        raise NotAPiece(f"{type(module).__name__}: head shapes that do not match the config")
     return Attention(value, out, probs, kvh, hd)

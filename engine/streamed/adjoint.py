@@ -13,7 +13,8 @@ import torch
 
 from detjac.errors import InvalidArgumentError
 
-from ..pieces.layer import LayerPieces, PiecesPull, check_layer, frozen_norm, push_layer
+from ..pieces import NotAPiece
+from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, frozen_norm, push_layer
 from ..pieces.record import layer_pieces
 from ..pieces.runner import chosen_sweeps
 from .skeleton import Skeleton
@@ -145,44 +146,51 @@ class ExplicitAdjoint(AutogradAdjoint):
     def _pieces(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> LayerPieces | None:
         if not self.steps.detach or i in self._unknown:
             return None
-        pieces, out, mid = layer_pieces(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h)
-        if isinstance(pieces, LayerPieces) and i not in self._checked:
-            problem = check_layer(pieces, h, out, mid)
-            if problem is None:
+        try:
+            pieces, out, mid = layer_pieces(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h)
+            if i not in self._checked:
+                check_layer(pieces, h, out, mid)
                 self._checked.add(i)
-            else:
-                pieces = problem
-        if isinstance(pieces, str):
-            self._unknown[i] = pieces
-            self._fallback(f"layer {i}", pieces)
+        except NotAPiece as e:
+            self._unknown[i] = str(e)
+            self._fallback(f"layer {i}", str(e))
             return None
         self.sk.stats.explicit_layers += 1
         return pieces
 
     def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
         p, h = trace.position, trace.inputs[-1].to(self.sk.device)
-        norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1]) if self.steps.detach else "not detached"
-        if isinstance(norm, str):
-            if self.steps.detach:
-                self._fallback("final norm", norm)
+        if not self.steps.detach:
+            return super().pull_final(trace, seed)
+        try:
+            norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1])
+        except NotAPiece as e:
+            self._fallback("final norm", str(e))
             return super().pull_final(trace, seed)
         g = seed.new_zeros(seed.shape[0], h.shape[0], h.shape[1])
         g[:, p] = norm.transpose(seed[:, None])[:, 0]
         return g
 
     def pull_final_every(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
-        h = trace.inputs[-1].to(self.sk.device)
-        norm = frozen_norm(self.sk.decoder.norm, h) if self.steps.detach else "not detached"
-        if isinstance(norm, str):
-            return super().pull_final_every(trace, seed)
-        return norm.transpose(seed)
+        norm = self._final_norm(trace.inputs[-1].to(self.sk.device))
+        return super().pull_final_every(trace, seed) if norm is None else norm.transpose(seed)
 
     def push_final(self, trace: StreamedTrace, tangent: torch.Tensor, s: int) -> torch.Tensor:
         p, h = trace.position, trace.inputs[-1].to(self.sk.device)
-        norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1]) if self.steps.detach else "not detached"
-        if isinstance(norm, str) or p < s:
+        norm = self._final_norm(h[p:p + 1])
+        if norm is None or p < s:
             return super().push_final(trace, tangent, s)
         return norm.apply(tangent[:, p - s][:, None])[:, 0]
+
+    def _final_norm(self, h: torch.Tensor) -> NormPiece | None:
+        """The final norm at ``h`` (m, d) as a piece; None where the sweeps are not detached or it is not a known
+        piece (the caller goes through torch.func)."""
+        if not self.steps.detach:
+            return None
+        try:
+            return frozen_norm(self.sk.decoder.norm, h)
+        except NotAPiece:
+            return None
 
     def layer_pull(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> Any:
         pieces = self._pieces(i, trace, h)

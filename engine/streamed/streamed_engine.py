@@ -9,32 +9,28 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from detjac.errors import InvalidArgumentError, UnsupportedModelError
-from detjac.exactness import relative_error
+from detjac.errors import InvalidArgumentError
 from detjac.progress import progress_bar
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
 
-from ..checkpoints.gguf import is_gguf
-from ..checkpoints.loading import read_checkpoint
 from ..checkpoints.sources import open_source
 from ..checkpoints.weights import check_complete, check_shapes
 from ..detach.model import linearized
-from ..families import family_for
 from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
 from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
 from ..pullback import PullRequest, Site, neuron_activations, pulls
-from ..result import reconstruct
 from . import passes as sweeps
 from .adjoint import make_adjoint
 from .cost import CostModel
+from .result import StreamedResult
 from .skeleton import Skeleton
+from .source import check_quantize, load_tokenizer, model_class, streamable_family
 from .tracing import LayerSteps, StreamedTrace
 
 __all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedEngine", "StreamedResult", "StreamedTrace", "Target",
@@ -95,15 +91,15 @@ class StreamedEngine(Engine):
                 f"Expected a memory budget for the compute device {device_key(self.device)}. "
                 f"Got budgets for {', '.join(self.budgets)} only."
             )
-        config, cls, raw, self.path = _model_class(source, revision, trust_remote_code)
+        config, cls, raw, self.path = model_class(source, revision, trust_remote_code)
         source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
-        self.family = _streamable_family(config)
+        self.family = streamable_family(config)
         self.convention = self.family.check_convention(convention)
         self.config = config
         weights = open_source(source, raw, config)
-        _check_quantize(quantize, weights.quantized or weights.packed)
+        check_quantize(quantize, weights.quantized or weights.packed)
         self.quantize = quantize
-        self._tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(source, revision,
+        self._tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, revision,
                                                                                 trust_remote_code)
         self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
                                  quantize=quantize)
@@ -303,108 +299,9 @@ class StreamedEngine(Engine):
         return StreamedResult(trace, self.assemble(trace, wanted, plan, progress=progress), plan)
 
 
-@dataclass(repr=False)
-class StreamedResult:
-    """Jacobians by target, with the forward pass they linearize."""
-
-    trace: StreamedTrace
-    jacobians: dict[Target, torch.Tensor]
-    plan: Plan
-
-    def summary(self) -> dict[str, str]:
-        """Tokens and, per target, its Jacobian's shape, dtype and reconstruction error (repr and Jupyter table)."""
-        out = {"tokens": str(len(self.trace.token_ids))}
-        for t, J in self.jacobians.items():
-            out[t.name] = (f"{tuple(J.shape)} {str(J.dtype).removeprefix('torch.')}, reconstruction error "
-                           f"{self.reconstruction_error(t):.2e}")
-        return out
-
-    def __repr__(self) -> str:
-        names = [t.name for t in self.jacobians]
-        shown = ", ".join(names[:4]) + (f", … ({len(names)} targets)" if len(names) > 4 else "")
-        first = next(iter(self.jacobians.values()), None)
-        shape = f"; each {tuple(first.shape)} {str(first.dtype).removeprefix('torch.')}" if first is not None else ""
-        return f"<StreamedResult {len(self.trace.token_ids)} tokens: {shown}{shape}>"
-
-    def _repr_html_(self) -> str:
-        from ..result import html_table
-
-        return html_table("StreamedResult", self.summary().items())
-
-    def __getitem__(self, name: str | Target) -> torch.Tensor:
-        key = name if isinstance(name, Target) else next((t for t in self.jacobians if t.name == name), None)
-        if key not in self.jacobians:
-            raise KeyError(f"Expected one of {', '.join(t.name for t in self.jacobians)}. Got {name!r}.")
-        return self.jacobians[key]
-
-    def reconstruction_error(self, name: str | Target) -> float:
-        """``||sum_k J[:, k, :] x_k - value|| / ||value||`` for one target."""
-        t = name if isinstance(name, Target) else next(t for t in self.jacobians if t.name == name)
-        return relative_error(reconstruct(self.jacobians[t], self.trace.source(t)), self.trace.value(t))
-
-
 def _streamed(trace: Trace) -> StreamedTrace:
     if not isinstance(trace, StreamedTrace):
         raise InvalidArgumentError(
             f"Expected a trace from the layer-streamed engine's own trace(). Got a {type(trace).__name__}."
         )
     return trace
-
-
-def _model_class(source: Any, revision: str | None, trust_remote_code: bool) -> tuple[Any, type, Any, Path | None]:
-    """(config, model class, raw config.json or None, checkpoint folder or None) of a checkpoint or loaded model."""
-    if isinstance(source, nn.Module):
-        return source.config, type(source), None, None
-    from transformers import AutoModelForCausalLM
-
-    path, raw = read_checkpoint(source, revision)
-    if is_gguf(path):
-        from ..checkpoints.gguf import gguf_config
-
-        config = gguf_config(path)
-    else:
-        from ..checkpoints.loading import parse_config
-
-        config = parse_config(path, revision, trust_remote_code)
-    return config, AutoModelForCausalLM._model_mapping[type(config)], raw, path
-
-
-def _streamable_family(config: Any) -> Any:
-    family = family_for(config)
-    if not family.streamable:
-        kind = "affine: biases or position embeddings" if family.affine else "mixture of experts"
-        raise UnsupportedModelError(
-            f"Expected a model the layer-streamed engine supports (bias-free, dense, causal). Got a "
-            f"{family.name} model ({kind}{', encoder' if family.encoder else ''}), which it would "
-            "not linearize correctly. "
-            "Use the in-memory engine (detjac run without --streamed, --layers or --max-memory)."
-        )
-    return family
-
-
-def _check_quantize(quantize: str | None, already: str | None) -> None:
-    if quantize is None:
-        return
-    from ..checkpoints.quantized import QUANT_METHODS
-
-    if quantize not in QUANT_METHODS:
-        raise InvalidArgumentError(f"Expected quantize one of {', '.join(QUANT_METHODS)}. Got {quantize!r}.")
-    if already:
-        raise InvalidArgumentError(
-            f"Expected a float checkpoint to quantize on load. Got one already quantized ({already})."
-        )
-
-
-def _load_tokenizer(source: Any, revision: str | None, trust_remote_code: bool) -> Any | None:
-    if isinstance(source, nn.Module):
-        from ..checkpoints.loading import get_tokenizer
-
-        return get_tokenizer(source)
-    path = Path(source).expanduser()
-    if is_gguf(path):
-        from ..checkpoints.gguf import gguf_tokenizer
-
-        return gguf_tokenizer(path)
-    from ..checkpoints.loading import load_tokenizer
-
-    return load_tokenizer(path, revision, trust_remote_code)

@@ -9,6 +9,8 @@ import errno
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,31 @@ def disk_error(exc: OSError, what: str) -> StoreError:
     """
     reason = _REASONS.get(exc.errno or 0, str(exc))
     return StoreError(f"Could not {what}: {reason}. Nothing half-written is visible; fix this and re-run to resume.")
+
+
+@contextmanager
+def disk_refusal(what: str, undo: Callable[[], None] | None = None) -> Iterator[None]:
+    """Run the block; where the file system refuses it (``OSError``), run ``undo`` (remove what was half-written)
+    and raise :func:`disk_error` saying ``what``.
+
+    Parameters
+    ----------
+    what : str
+        What the block does, as a verb phrase ("write prompt p").
+    undo : callable or None
+        Called before the error is raised, e.g. a writer's ``abort``.
+
+    Raises
+    ------
+    StoreError
+        From :func:`disk_error`, chained to the ``OSError``.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if undo is not None:
+            undo()
+        raise disk_error(exc, what) from exc
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -15,7 +15,7 @@ from detjac.errors import StoreError
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
-from .disk import disk_error
+from .disk import disk_refusal
 
 
 def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
@@ -25,7 +25,8 @@ def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
     folder = refuse_links(store_path, fmt.FAILED)
     final = folder / check_prompt_id(prompt_id)
     tmp = folder / f".{prompt_id}.tmp-{secrets.token_hex(4)}"
-    try:
+    with disk_refusal(f"record the failure of prompt {prompt_id} in {store_path}",
+                      lambda: shutil.rmtree(tmp, ignore_errors=True)):
         if not (folder / "zarr.json").is_file():
             zarr.open_group(str(folder), mode="a", zarr_format=3)
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
@@ -33,9 +34,6 @@ def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
         group.attrs.update({**record, INTEGRITY: {"attrs_sha256": attrs_digest(record), "files": {}}})
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise disk_error(exc, f"record the failure of prompt {prompt_id} in {store_path}") from exc
 
 
 def read_all(store_path: Path) -> dict[str, dict[str, Any]]:

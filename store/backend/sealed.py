@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
-from .disk import clear_aside_in, disk_error, fsync_tree
+from .disk import clear_aside_in, disk_refusal, fsync_tree
 
 
 def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any], what: str,
@@ -48,7 +48,7 @@ def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: 
     clear_aside_in(folder)  # what killed writes left here (their processes are gone)
     tmp = folder / f".{name}.tmp-{os.getpid()}"
     old = folder / f".{name}.old-{os.getpid()}"
-    try:
+    with disk_refusal(what, lambda: shutil.rmtree(tmp, ignore_errors=True)):
         shutil.rmtree(tmp, ignore_errors=True)
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         for key, values in arrays.items():
@@ -60,9 +60,6 @@ def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: 
             os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise disk_error(exc, what) from exc
     return final
 
 

@@ -11,7 +11,7 @@ from detjac.errors import StoreError
 from .. import format as fmt
 from ..analysis_cache import AnalysisCache
 from ..integrity import NAME, CorruptError, check_name, check_prompt_id, content_digest, refuse_links
-from .disk import disk_error
+from .disk import disk_refusal
 from .sealed import read_sealed, write_sealed
 
 if TYPE_CHECKING:
@@ -33,13 +33,11 @@ class ZarrAnalyses(AnalysisCache):
         if source is not None:
             attrs = {**attrs, SOURCE: source}
         what = f"write analysis {name} of prompt {prompt_id}"
-        try:
+        with disk_refusal(what):
             folder = refuse_links(self.store.path, fmt.ANALYSIS)
             fmt.ensure_group(folder)
             folder = refuse_links(self.store.path, fmt.ANALYSIS, prompt_id)
             fmt.ensure_group(folder)
-        except OSError as exc:
-            raise disk_error(exc, what) from exc
         write_sealed(folder, name, arrays, attrs, what)
 
     def read(self, prompt_id: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:

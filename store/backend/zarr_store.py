@@ -26,7 +26,7 @@ from ..reader import VerifyResult
 from ..stored_prompt import LayerwiseSpec, PromptWriter
 from ..writer import StoreWriter
 from . import failed, lock
-from .disk import aside_entries, discard_folder, disk_error
+from .disk import aside_entries, discard_folder, disk_refusal
 from .replace import restore_or_drop
 from .sealed import read_sealed, remove_sealed, write_sealed
 from .zarr_analyses import ZarrAnalyses
@@ -214,11 +214,9 @@ class ZarrStore(StoreWriter):
                    dims: dict[str, tuple[str, ...]] | None = None) -> None:
         """Store a group under ``lens/<name>``, sealed like an analysis result and replaced atomically."""
         what = f"write lens/{check_name(name, 'a lens group name')} of {self.path}"
-        try:
+        with disk_refusal(what):
             folder = refuse_links(self.path, fmt.LENS)
             fmt.ensure_group(folder)
-        except OSError as exc:
-            raise disk_error(exc, what) from exc
         write_sealed(folder, name, arrays, attrs, what, dims)
 
     def read_lens(self, name: str, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:

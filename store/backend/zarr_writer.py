@@ -25,7 +25,7 @@ from ..graph_tables import graph_tables
 from ..integrity import INTEGRITY, check_prompt_id, refuse_links, seal
 from ..stored_prompt import LayerwiseSpec, PromptWriter
 from ..subspace import Triplets
-from .disk import disk_error, fsync_dir, fsync_tree
+from .disk import disk_error, disk_refusal, fsync_dir, fsync_tree
 
 
 class Publisher(Protocol):
@@ -72,7 +72,7 @@ class ZarrPromptWriter(PromptWriter):
         self._filled = self._buffer_start = self._next_row = 0
         self.shard_rows = fmt.shard_rows(row_block, n_rows, n_tokens * n_cols * np.dtype(dtype).itemsize,
                                          fmt.SHARD_BYTES if shard_bytes is None else shard_bytes)
-        try:
+        with disk_refusal(f"start prompt {prompt_id} in {store.path}", self.abort):
             refuse_links(store.path, fmt.STAGING)
             refuse_links(store.path, fmt.PROMPTS)
             (store.path / fmt.STAGING).mkdir(exist_ok=True)
@@ -94,9 +94,6 @@ class ZarrPromptWriter(PromptWriter):
             self._group = group
             for name, spec in self.layerwise.items():
                 self._create_layerwise(group, name, spec, n_cols, row_block)
-        except OSError as exc:
-            self.abort()
-            raise disk_error(exc, f"start prompt {prompt_id} in {store.path}") from exc
 
     def write_rows(self, start: int, stop: int, values: np.ndarray) -> None:
         if self.rank is not None:
@@ -129,11 +126,8 @@ class ZarrPromptWriter(PromptWriter):
                 self._write_shard(buffer)
 
     def _write_shard(self, block: np.ndarray) -> None:
-        try:
+        with disk_refusal(f"write prompt {self.id}", self.abort):
             self._arrays["jacobian"][self._buffer_start:self._buffer_start + len(block)] = block
-        except OSError as exc:
-            self.abort()
-            raise disk_error(exc, f"write prompt {self.id}") from exc
         self._buffer_start += len(block)
         if self._buffer_start == self.n_rows:
             self._written.add("jacobian")
@@ -175,11 +169,8 @@ class ZarrPromptWriter(PromptWriter):
                              f"prompt {self.id}. Got rows {start}:{stop}, tokens {token_start}:{token_stop} with "
                              f"values of shape {tuple(values.shape)}.")
         arr = self._arrays["jacobian"] if target == "jacobian" else self._group[f"{fmt.LAYERWISE}/{target}/jacobian"]
-        try:
+        with disk_refusal(f"write prompt {self.id}", self.abort):
             arr[start:stop, token_start:token_stop] = values
-        except OSError as exc:
-            self.abort()
-            raise disk_error(exc, f"write prompt {self.id}") from exc
         self._covered[target] = self._covered.get(target, 0) + shape[0] * shape[1]
         if self._covered[target] == self.n_rows * self.n_tokens:
             self._written.add(target)
@@ -193,11 +184,8 @@ class ZarrPromptWriter(PromptWriter):
         if spec is None or array not in allowed:
             raise StoreError(f"Expected one of {', '.join(allowed)} for a layerwise target of prompt {self.id} "
                              f"({', '.join(self.layerwise) or 'none'}). Got {target!r} / {array!r}.")
-        try:
+        with disk_refusal(f"write prompt {self.id}", self.abort):
             self._group[f"{fmt.LAYERWISE}/{target}/{array}"][...] = values
-        except OSError as exc:
-            self.abort()
-            raise disk_error(exc, f"write prompt {self.id}") from exc
         self._written.add(f"{target}/{array}")
 
     def write_array(self, name: str, values: np.ndarray) -> None:
@@ -207,16 +195,13 @@ class ZarrPromptWriter(PromptWriter):
         if name in fmt.OPTIONAL_ARRAYS and np.shape(values) != (self.n_rows,):
             raise StoreError(f"Expected {name} of shape ({self.n_rows},) for prompt {self.id}. "
                              f"Got {np.shape(values)}.")
-        try:
+        with disk_refusal(f"write prompt {self.id}", self.abort):
             if name in fmt.OPTIONAL_ARRAYS:
                 self._arrays[name] = fmt.put_array(self._group, name, np.asarray(values, dtype=self.dtype),
                                                    fmt.DIMENSIONS[name])
                 self._written.add(name)
                 return
             self._arrays[name][...] = values
-        except OSError as exc:
-            self.abort()
-            raise disk_error(exc, f"write prompt {self.id}") from exc
         self._written.add(name)
 
     def write_graph(self, data: dict[str, Any]) -> None:
@@ -297,12 +282,9 @@ class ZarrPromptWriter(PromptWriter):
             "combined_S": (combined.S, ("rank",)),
             "combined_V": (combined.V.reshape(len(per_token), -1, combined.V.shape[-1]), ("token", "col", "rank")),
         }
-        try:
+        with disk_refusal(f"write prompt {self.id}", self.abort):
             for name, (values, dims) in arrays.items():
                 fmt.put_array(self._group, name, values.astype(self.dtype), dims)
-        except OSError as exc:
-            self.abort()
-            raise disk_error(exc, f"write prompt {self.id}") from exc
         self._written.add("triplets")
         return {"keep": f"rank:{self.rank}", "rank": int(combined.S.shape[0]),
                 "combined_frobenius_sq": combined.frobenius_sq, "combined_residual_sq": combined.residual_sq,

@@ -85,8 +85,26 @@ def test_decoding_returns_a_planted_direction(tmp_path):
             w.commit({"prompt": "planted", "n_tokens": n, "reconstruction_error": 0.0, "dtype": "float64"})
     store = open_store(tmp_path / "s.zarr")
     decoded = jobs.decode_spectrum(store, jobs.svd(store, [P], k=2)[0], top=3)
-    assert decoded["left_ids"][0, 0] == out_token and decoded["right_ids"][0, 0] == in_token
-    assert decoded["right_tokens"][0] == position and decoded["right_shares"][0] > 0.99
+    assert decoded.left_ids[0, 0] == out_token and decoded.right_ids[0, 0] == in_token
+    assert decoded.right_tokens[0] == position and decoded.right_shares[0] > 0.99
+    assert decoded["left_ids"] is decoded.left_ids  # the former dict's keys still read (view/)
+
+
+def test_one_decoder_reads_the_matrices_once_for_every_prompt(real_store, monkeypatch):
+    from detjac.analysis.decoded import decode_spectra
+
+    store = open_store(real_store.path)
+    spectra = jobs.svd(store, store.prompt_ids(), k=2)
+    reads: list[str] = []
+    model_array = type(store).model_array
+    monkeypatch.setattr(type(store), "model_array", lambda self, name: reads.append(name) or model_array(self, name))
+    decoded = decode_spectra(store, spectra, top=3)
+    assert len(spectra) == 2 and sorted(reads) == ["embedding", "unembedding"]
+    text = jobs.token_texts(store)
+    for spec, got in zip(spectra, decoded, strict=True):  # the same tokens as a decoder of its own per prompt
+        alone = jobs.decode_spectrum(store, spec, 3)
+        assert [t.right_token for t in got.triplets] == alone.right_tokens
+        assert [t.left for t in got.triplets] == [" ".join(text(i) for i in row) for row in alone.left_ids]
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import torch
 from detjac.engine import load_model
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.detach.model import linearized
+from detjac.engine.pieces import NotAPiece
 from detjac.engine.pieces import layer as pieces
 from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.record import layer_pieces
@@ -136,11 +137,14 @@ def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int])
         pieces, out, mid = layer_pieces(sm.layers[1], sm.family, step, h)
         assert check_layer(pieces, h, out, mid) is None
         pieces.mlp.down = pieces.mlp.down * 1.01  # a post-norm gain folded twice would look like this
-        assert "output with relative error" in check_layer(pieces, h, out, mid)
+        with pytest.raises(NotAPiece, match="output with relative error"):
+            check_layer(pieces, h, out, mid)
         pieces.attention.probs = pieces.attention.probs.transpose(1, 2)  # P where P^T belongs
-        assert "mid residual" in check_layer(pieces, h, out, mid)
+        with pytest.raises(NotAPiece, match="mid residual"):
+            check_layer(pieces, h, out, mid)
         wrong = dataclasses.replace(sm.family, mid_residual="no_such_child")
-        assert "was not called" in layer_pieces(sm.layers[1], wrong, step, h)[0]
+        with pytest.raises(NotAPiece, match="was not called"):
+            layer_pieces(sm.layers[1], wrong, step, h)
 
 
 def test_sweeps_are_chosen_by_option_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:

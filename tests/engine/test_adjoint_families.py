@@ -20,6 +20,7 @@ from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
 from detjac.engine.inmemory import model_pieces as frozen_module
 from detjac.engine.inmemory.inmemory_engine import InMemoryEngine
+from detjac.engine.pieces import NotAPiece
 from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.runner import SWEEPS_ENV
 from detjac.engine.result import reconstruct
@@ -125,9 +126,10 @@ def test_new_pieces_rebuild_their_layer_and_spoiled_ones_do_not(model_type: str,
     with linearized(model) as lin:
         x = lin.decoder.get_input_embeddings()(torch.tensor([prompt_ids]))[0]
         got, _, _ = frozen_module.freeze_model(lin, x, 0)
-    assert not isinstance(got, str), got
+    assert isinstance(got, frozen_module.FrozenModel)
     assert len(seen) == model.config.num_hidden_layers
     pieces, h, out, mid = seen[0]
     assert check_layer(pieces, h, out, mid) is None
     spoil(pieces)
-    assert "with relative error" in check_layer(pieces, h, out, mid)
+    with pytest.raises(NotAPiece, match="with relative error"):
+        check_layer(pieces, h, out, mid)
