@@ -15,6 +15,7 @@ from detjac.facade import lazy_exports
 if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definition); imported lazily at run time
     from .compare import compare_report
     from .decoded import decode_report
+    from .graphs import GraphNeurons, recurring_neurons
     from .jobs import (
         DecodedIds,
         SpectrumDecoder,
