@@ -99,5 +99,8 @@ def remove_sealed(folder: Path, name: str) -> None:
         return
     aside = folder / f".{name}.old-{os.getpid()}"
     shutil.rmtree(aside, ignore_errors=True)
-    os.rename(final, aside)
+    try:
+        os.rename(final, aside)
+    except OSError as exc:
+        raise disk_error(exc, f"remove {final}") from exc
     shutil.rmtree(aside, ignore_errors=True)
