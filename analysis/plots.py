@@ -156,19 +156,32 @@ def plot_emergence(rows: Sequence[Mapping[str, Any]], path: str | Path, top: int
 
 
 def plot_decoded(sections: Sequence[tuple[str, Sequence[Sequence[str]]]], path: str | Path) -> Path:
-    """Decoded singular vectors as table figures, one per section: (title, rows of [#, sigma, left, right])."""
+    """Decoded singular vectors as table figures, one per section: (title, rows of [#, sigma, left, right]).
+
+    Every column is as wide as its longest cell (measured when drawn), and the figure as wide as the widest table,
+    so no cell's text runs into the next column or off the page.
+    """
     plt = pyplot()
     if not sections:
         raise ValueError("Expected at least one decoded spectrum. Got none.")
     heights = [0.3 * len(rows) + 0.7 for _, rows in sections]
     fig, axes = plt.subplots(len(sections), 1, figsize=(13, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
+    fig.subplots_adjust(left=0.01, right=0.99)
+    tables = []
     for ax, (title, rows) in zip(axes[:, 0], sections, strict=True):
         ax.axis("off")
-        table = ax.table(cellText=[list(r) for r in rows], loc="upper center", cellLoc="left",
-                         colLabels=["#", "sigma", "left vector -> unembedding", "right vector -> embedding [token]"],
-                         colWidths=[0.03, 0.07, 0.45, 0.45])
+        table = ax.table(cellText=[list(r) for r in rows], loc="upper left", cellLoc="left",
+                         colLabels=["#", "sigma", "left vector -> unembedding", "right vector -> embedding [token]"])
         table.auto_set_font_size(False)
         table.set_fontsize(7)
+        for cell in table.get_celld().values():
+            cell.PAD = 0.02  # of the cell's width: the default 0.1 indents a wide column's text by a tenth of it
+        table.auto_set_column_width(range(4))  # widths from the text, recomputed at every draw
         ax.set_title(title, fontsize=8, loc="left")
+        tables.append(table)
+    fig.canvas.draw()  # measure: the tables' widths in pixels do not depend on the figure's
+    widest = max(t.get_window_extent().width for t in tables) / fig.dpi
+    # a table starts 0.01 (the margin) + 0.98 * 0.02 (matplotlib's AXESPAD) of the width in and ends 0.01 short
+    fig.set_figwidth(max(4.0, widest / (0.99 - 0.01 - 0.98 * 0.02) + 0.05))
     return save_figure(fig, path)
