@@ -49,6 +49,9 @@ def plot_spectra(panels: Sequence[SpectrumPanel], path: str | Path, suptitle: st
         fig.suptitle(suptitle)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
+    from .glyphs import make_drawable
+
+    make_drawable(fig)  # token texts: never a missing-glyph warning
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -65,8 +68,11 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
+    from .glyphs import make_drawable
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    make_drawable(fig)  # token texts: fallback fonts, else escapes; never a missing-glyph warning
     fig.savefig(path, dpi=110, bbox_inches="tight")
     pyplot().close(fig)
     return path
@@ -161,6 +167,8 @@ def plot_decoded(sections: Sequence[tuple[str, Sequence[Sequence[str]]]], path: 
     Every column is as wide as its longest cell (measured when drawn), and the figure as wide as the widest table,
     so no cell's text runs into the next column or off the page.
     """
+    from .glyphs import make_drawable
+
     plt = pyplot()
     if not sections:
         raise ValueError("Expected at least one decoded spectrum. Got none.")
@@ -180,6 +188,7 @@ def plot_decoded(sections: Sequence[tuple[str, Sequence[Sequence[str]]]], path: 
         table.auto_set_column_width(range(4))  # widths from the text, recomputed at every draw
         ax.set_title(title, fontsize=8, loc="left")
         tables.append(table)
+    make_drawable(fig)  # before measuring: an escape is wider than the glyph it stands for
     fig.canvas.draw()  # measure: the tables' widths in pixels do not depend on the figure's
     widest = max(t.get_window_extent().width for t in tables) / fig.dpi
     # a table starts 0.01 (the margin) + 0.98 * 0.02 (matplotlib's AXESPAD) of the width in and ends 0.01 short

@@ -69,3 +69,25 @@ def test_decoded_figure_holds_every_cell_inside_its_column_and_the_page(tmp_path
                                     "--plot", str(tmp_path / "d.png")])
     assert out.exit_code == 0, out.output
     assert len(checked) == 2 * 4 * 4 and (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_decode_figure_of_emoji_and_cjk_tokens_warns_of_no_missing_glyph(tmp_path, recwarn):
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    from detjac.analysis.glyphs import drawable, fallback_families
+
+    store = odd_store(tmp_path / "s.zarr")
+    out = CliRunner().invoke(main, ["analyze", "decode", str(store.path), "--k", "2", "--top", "40",
+                                    "--plot", str(tmp_path / "d.png")])
+    assert out.exit_code == 0 and (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG", out.output
+    assert not [str(w.message) for w in recwarn if "missing from font" in str(w.message)]
+    covered = set()  # independently: the characters the fonts matplotlib finds have
+    for family in ("sans-serif", *fallback_families()):
+        covered |= set(FT2Font(font_manager.findfont(font_manager.FontProperties(family=[family]))).get_charmap())
+    for text in ("😀12", "猫1", "crab 🦀", "\x12", 'say, "11"'):
+        shown = drawable(text)
+        assert all(ord(c) in covered for c in shown), shown
+        for c in text:  # each character drawn as itself where a font has it, else as its escape
+            assert (c in shown) if ord(c) in covered else (ascii(c)[1:-1] in shown), (c, shown)
+    assert drawable("\x12") == "\\x12" and drawable("ok") == "ok"
