@@ -81,6 +81,9 @@ def plot_compare(rows: list[dict[str, Any]], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    from .glyphs import make_drawable
+
+    make_drawable(fig)  # token texts: never a missing-glyph warning
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -10,12 +10,14 @@ decoded tokens as quoted text by the store's tokenizer, ready to print.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..targets import OUTPUT
+from ..tokens import token_texts
 from . import jobs
 from .plots import plot_decoded
 from .spectra import Spectrum
@@ -30,7 +32,9 @@ class DecodedTriplet:
 
     ``left`` and ``right`` are the decoded tokens as quoted text, space-separated; the right
     vector is decoded at token ``right_token``, whose block holds ``right_share`` of its energy
-    (the token itself, share 1, for a per-token operator).
+    (the token itself, share 1, for a per-token operator). ``left_texts`` / ``right_texts`` are
+    the same tokens' texts unquoted, one per token (their ids as text without a tokenizer), and
+    ``left_ids`` / ``right_ids`` their ids.
     """
 
     index: int
@@ -39,6 +43,10 @@ class DecodedTriplet:
     right: str
     right_token: int
     right_share: float
+    left_texts: tuple[str, ...] = ()
+    right_texts: tuple[str, ...] = ()
+    left_ids: tuple[int, ...] = ()
+    right_ids: tuple[int, ...] = ()
 
     def cells(self) -> list[str]:
         """The row of the figure and the table: #, sigma, left tokens, ``[token] right tokens``."""
@@ -76,15 +84,22 @@ class DecodeReport:
 def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8) -> list[DecodedSpectrum]:
     """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`)."""
     text = jobs.token_texts(store)
+    tokenizer = jobs.stored_tokenizer(store)
     decoder = jobs.SpectrumDecoder(store)  # the matrices read and checked once for every prompt
+
+    def texts(token_ids: Sequence[int]) -> tuple[str, ...]:
+        return tuple(token_texts(tokenizer, token_ids) or map(str, token_ids))
+
     decoded = []
     for spec in spectra:
         prompt = store.get(spec.prompt_id)
         ids = decoder.decode(spec, top)
-        triplets = [DecodedTriplet(i + 1, float(sigma), " ".join(text(t) for t in ids.left_ids[i]),
-                                   " ".join(text(t) for t in ids.right_ids[i]), int(ids.right_tokens[i]),
-                                   float(ids.right_shares[i]))
-                    for i, sigma in enumerate(spec.S)]
+        triplets = []
+        for i, sigma in enumerate(spec.S):
+            left, right = [int(t) for t in ids.left_ids[i]], [int(t) for t in ids.right_ids[i]]
+            triplets.append(DecodedTriplet(i + 1, float(sigma), " ".join(map(text, left)), " ".join(map(text, right)),
+                                           int(ids.right_tokens[i]), float(ids.right_shares[i]),
+                                           texts(left), texts(right), tuple(left), tuple(right)))
         decoded.append(DecodedSpectrum(
             spec.prompt_id, f"{spec.prompt_id} {prompt.prompt[:70]!r} -> next {prompt.attrs.get('next_token')!r}",
             spec.target or OUTPUT, "[J_1 ... J_n]" if spec.token is None else f"J_{spec.token}", spec.token,
@@ -93,10 +108,20 @@ def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8
 
 
 def decoded_rows(spectra: Sequence[DecodedSpectrum]) -> list[dict[str, Any]]:
-    """One table row per triplet: prompt, target, token (``combined`` or the index, as text), the cells."""
+    """One table row per triplet, as data: prompt, target, token (``combined`` or the operator's index, as text),
+    index, sigma, ``left_tokens`` / ``right_tokens`` (lists of token texts, unquoted), ``right_position`` (the token
+    the right vector is decoded at), ``right_share`` (its block's share of the energy) and the lists of ids."""
     return [{"prompt_id": d.prompt_id, "target": d.target, "token": "combined" if d.token is None else str(d.token),
-             "index": t.index, "sigma": t.sigma, "left_tokens": t.cells()[2], "right_tokens": t.cells()[3]}
+             "index": t.index, "sigma": t.sigma, "left_tokens": list(t.left_texts), "right_tokens": list(t.right_texts),
+             "right_position": t.right_token, "right_share": t.right_share, "left_ids": list(t.left_ids),
+             "right_ids": list(t.right_ids)}
             for d in spectra for t in d.triplets]
+
+
+def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` for a CSV file: each list as a JSON array (``[" Paris", " the"]``), readable and exact where
+    tokens hold spaces, quotes or commas (``json.loads`` reads it back)."""
+    return [{k: json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for k, v in r.items()} for r in rows]
 
 
 def decode_report(store: StoreReader, prompt_ids: Sequence[str], *, k: int = 5, top: int = 8, token: int | None = None,
@@ -124,7 +149,8 @@ def decode_report(store: StoreReader, prompt_ids: Sequence[str], *, k: int = 5, 
     plot : str or Path or None
         Write the decoded tokens as a figure here (PNG, SVG or PDF by suffix).
     table : str or Path or None
-        Write one row per triplet here (Parquet for a ``.parquet`` suffix, else CSV).
+        Write one row per triplet here (:func:`decoded_rows`): Parquet for a ``.parquet`` suffix (token lists as
+        list columns), else CSV (lists as JSON arrays).
     progress : tqdm-like or None
         Updated once per prompt.
 
@@ -144,5 +170,6 @@ def decode_report(store: StoreReader, prompt_ids: Sequence[str], *, k: int = 5, 
     if plot:
         written.append(plot_decoded([d.section() for d in decoded], plot))
     if table:
-        written.append(jobs.write_table(decoded_rows(decoded), table))
+        rows = decoded_rows(decoded)
+        written.append(jobs.write_table(rows if Path(table).suffix == ".parquet" else csv_rows(rows), table))
     return DecodeReport(decoded, written)

@@ -49,6 +49,9 @@ def plot_spectra(panels: Sequence[SpectrumPanel], path: str | Path, suptitle: st
         fig.suptitle(suptitle)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
+    from .glyphs import make_drawable
+
+    make_drawable(fig)  # token texts: never a missing-glyph warning
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -65,8 +68,11 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
+    from .glyphs import make_drawable
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    make_drawable(fig)  # token texts: fallback fonts, else escapes; never a missing-glyph warning
     fig.savefig(path, dpi=110, bbox_inches="tight")
     pyplot().close(fig)
     return path
@@ -156,19 +162,35 @@ def plot_emergence(rows: Sequence[Mapping[str, Any]], path: str | Path, top: int
 
 
 def plot_decoded(sections: Sequence[tuple[str, Sequence[Sequence[str]]]], path: str | Path) -> Path:
-    """Decoded singular vectors as table figures, one per section: (title, rows of [#, sigma, left, right])."""
+    """Decoded singular vectors as table figures, one per section: (title, rows of [#, sigma, left, right]).
+
+    Every column is as wide as its longest cell (measured when drawn), and the figure as wide as the widest table,
+    so no cell's text runs into the next column or off the page.
+    """
+    from .glyphs import make_drawable
+
     plt = pyplot()
     if not sections:
         raise ValueError("Expected at least one decoded spectrum. Got none.")
     heights = [0.3 * len(rows) + 0.7 for _, rows in sections]
     fig, axes = plt.subplots(len(sections), 1, figsize=(13, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
+    fig.subplots_adjust(left=0.01, right=0.99)
+    tables = []
     for ax, (title, rows) in zip(axes[:, 0], sections, strict=True):
         ax.axis("off")
-        table = ax.table(cellText=[list(r) for r in rows], loc="upper center", cellLoc="left",
-                         colLabels=["#", "sigma", "left vector -> unembedding", "right vector -> embedding [token]"],
-                         colWidths=[0.03, 0.07, 0.45, 0.45])
+        table = ax.table(cellText=[list(r) for r in rows], loc="upper left", cellLoc="left",
+                         colLabels=["#", "sigma", "left vector -> unembedding", "right vector -> embedding [token]"])
         table.auto_set_font_size(False)
         table.set_fontsize(7)
+        for cell in table.get_celld().values():
+            cell.PAD = 0.02  # of the cell's width: the default 0.1 indents a wide column's text by a tenth of it
+        table.auto_set_column_width(range(4))  # widths from the text, recomputed at every draw
         ax.set_title(title, fontsize=8, loc="left")
+        tables.append(table)
+    make_drawable(fig)  # before measuring: an escape is wider than the glyph it stands for
+    fig.canvas.draw()  # measure: the tables' widths in pixels do not depend on the figure's
+    widest = max(t.get_window_extent().width for t in tables) / fig.dpi
+    # a table starts 0.01 (the margin) + 0.98 * 0.02 (matplotlib's AXESPAD) of the width in and ends 0.01 short
+    fig.set_figwidth(max(4.0, widest / (0.99 - 0.01 - 0.98 * 0.02) + 0.05))
     return save_figure(fig, path)

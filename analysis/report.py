@@ -30,6 +30,9 @@ def plot_corpus_spectra(store: StoreReader, ids: list[str], path: Path) -> None:
     ax.set(xlabel="singular value index", ylabel="singular value", title="Spectra of [J_1 ... J_n]")
     ax.legend()
     fig.tight_layout()
+    from .glyphs import make_drawable
+
+    make_drawable(fig)  # token texts: never a missing-glyph warning
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -53,6 +56,9 @@ def plot_dims_by_position(rows: list[dict[str, Any]], path: Path) -> None:
            title="Dimensionality of the per-token operators J_k")
     ax.legend()
     fig.tight_layout()
+    from .glyphs import make_drawable
+
+    make_drawable(fig)  # token texts: never a missing-glyph warning
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -72,6 +78,9 @@ def plot_decoded_table(rows: list[dict[str, Any]], path: Path, limit: int = 12) 
         if r["u1_hit"]:
             table[i, 2].set_facecolor("#dff0d8")
     ax.set_title("Decoded left singular vectors (green: the prediction is among the top 10)", fontsize=9)
+    from .glyphs import make_drawable
+
+    make_drawable(fig)  # token texts: never a missing-glyph warning
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 

@@ -100,7 +100,10 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int | None, t
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Decoded tokens per vector.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Save the decoded tokens as a figure (PNG, SVG or PDF by suffix).")
-@click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
+@click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None,
+              help=f"{TABLE_HELP} One row per triplet; left_tokens and right_tokens are lists of token texts "
+                   "(Parquet list columns; in CSV, JSON arrays such as [\" Paris\", \" the\"]), right_position is "
+                   "the token the right vector is decoded at, left_ids and right_ids the token ids.")
 @scheduler_options
 def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, k: int | None, top: int,
                plot: str | None, table_path: str | None, workers: int, memory_limit: str,

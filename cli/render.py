@@ -39,7 +39,8 @@ def echo_run_outcome(outcome: Any) -> None:
     summary, out = outcome.summary, outcome.out
     failed = f"{len(summary.failed)} failed, " if outcome.distributed else ""
     if summary.worst_error is not None:
-        errors = f"worst reconstruction error this run {summary.worst_error:.2e}"
+        errors = (f"worst reconstruction error this run {summary.worst_error:.2e} (|sum_k J_k x_k - y| / |y| as the "
+                  "engine computed it, before storing)")
     else:
         stored = outcome.stored_worst_error
         errors = "no prompt computed this run" + (
@@ -160,7 +161,8 @@ def echo_verify(result: Any) -> None:
         click.echo(f"CORRUPT {where}: {r.reason}")
     bad_parts = sum(r.kind != "prompt" for r in result.corrupt)
     worst = ("no Jacobian stored to reconstruct" if result.worst_error is None else
-             f"worst reconstruction error {result.worst_error:.2e}")
+             f"worst reconstruction error {result.worst_error:.2e}, recomputed from the stored J, x and y, so it "
+             "may differ from the run's by rounding")
     click.echo(f"{result.ok} of {result.prompts} prompts ok ({worst}); "
                f"{result.prompts - result.ok} corrupt; {result.parts - bad_parts} of {result.parts} other parts ok "
                "(model arrays, analyses, failure records)")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 from detjac.errors import CheckpointError, PromptError
 
 from ..families import family_for
-from .gguf import is_gguf
+from .gguf import is_gguf, looks_like_gguf
 from .hub import is_hub_id, resolve_hub_id
 from .names import resolve_model
 from .quiet import quiet_tokenizer
@@ -64,6 +64,11 @@ def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path
         path = resolve_hub_id(str(path), revision)
     p = Path(path).expanduser()
     if not p.exists():
+        if looks_like_gguf(path):  # a mistyped .gguf: the user meant a file
+            raise CheckpointError(
+                f"Expected a GGUF file (*.gguf), a Hugging Face checkpoint directory or a hub id (org/name). Got "
+                f"{str(path)!r}, which does not exist (a GGUF file's name ends in .gguf)."
+            )
         raise CheckpointError(
             f"Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {str(path)!r}, which does "
             "not exist."

@@ -17,6 +17,7 @@ from typing import Any
 from detjac.errors import StoreError
 
 from .. import format as fmt
+from .disk import disk_error
 
 
 def lock_file(path: Path) -> Path:
@@ -41,8 +42,11 @@ def acquire(path: Path) -> Held:
     file = lock_file(path)
     if file.parent.is_symlink() or file.is_symlink():
         raise StoreError(f"Expected no symlinks inside the store {path}. Got {file} reached through one.")
-    file.parent.mkdir(exist_ok=True)
-    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:  # a read-only store (or file system) fails here first: one line, as a run's writes say it
+        file.parent.mkdir(exist_ok=True)
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise disk_error(exc, f"take the writer lock of the store {path}") from exc
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # written in place: never through a hard link
         os.close(fd)

@@ -96,5 +96,6 @@ def remove_sealed(folder: Path, name: str) -> None:
         return
     aside = folder / f".{name}.old-{os.getpid()}"
     shutil.rmtree(aside, ignore_errors=True)
-    os.rename(final, aside)
+    with disk_refusal(f"remove {final}"):
+        os.rename(final, aside)
     shutil.rmtree(aside, ignore_errors=True)

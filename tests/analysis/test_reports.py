@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -46,7 +47,8 @@ def test_decode_report_decodes_the_planted_vectors_and_writes_figure_and_table(t
     with open(table, newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 2 * 2 and rows[0]["target"] == "output" and rows[0]["token"] == "combined"
-    assert rows[1]["index"] == "2" and rows[0]["right_tokens"] == f"[1] {lead.right}"
+    assert rows[1]["index"] == "2" and json.loads(rows[0]["right_tokens"]) == lead.right.split()
+    assert rows[0]["right_position"] == "1" and json.loads(rows[0]["left_ids"]) == _expected_left(store, P0, 3)
     assert store.read_analysis(P0, "svd_combined")[1]["params"]["method"] == "exact"  # kept in the store
 
 
