@@ -216,13 +216,14 @@ class Engine(ABC):
         SEED_KINDS`, :data:`~detjac.engine.pullback.READ_KINDS`) and ``cut:mlp``. Explicit detached sweeps honour
         all; the autograd sweeps and the ordinary Jacobian have no neurons and no cut."""
         everything = {*SEED_KINDS, *READ_KINDS, *(f"cut:{c}" for c in CUTS)}
-        if self.detach and self._explicit_sweeps():
+        if self.detach and self.explicit_sweeps:
             return frozenset(everything)
         return frozenset(everything - {"neurons", "cut:mlp"})
 
-    def _explicit_sweeps(self) -> bool:
-        return getattr(self, "sweeps", None) == "explicit" or getattr(getattr(self, "adjoint", None), "name",
-                                                                     None) == "explicit"
+    @property
+    def explicit_sweeps(self) -> bool:
+        """Whether blocks cross the layers by their explicit pieces (else by ``torch.func``)."""
+        return False
 
     def check_neurons(self) -> None:
         """Refuse, by name, an engine without neuron sites (see :meth:`check_pull`)."""

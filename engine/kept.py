@@ -81,6 +81,10 @@ class KeptEngine(Engine):
     def pullback_sites(self) -> frozenset[str]:
         return self.inner.pullback_sites
 
+    @property
+    def explicit_sweeps(self) -> bool:
+        return self.inner.explicit_sweeps
+
     def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
         return self.inner.pulls(trace, requests)
 

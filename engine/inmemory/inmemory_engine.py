@@ -97,6 +97,10 @@ class InMemoryEngine(Engine):
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
+    @property
+    def explicit_sweeps(self) -> bool:
+        return self.sweeps == "explicit"
+
     def prompt_model(self) -> Any:
         return self.model
 

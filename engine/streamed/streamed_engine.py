@@ -140,6 +140,10 @@ class StreamedEngine(Engine):
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
+    @property
+    def explicit_sweeps(self) -> bool:
+        return self.adjoint.name == "explicit"
+
     def prompt_model(self) -> Any:
         return self.skeleton.prompt_model()
 
