@@ -242,12 +242,12 @@ def pulls(walk: Walk, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Si
         read: list[tuple[int, Site, torch.Tensor]] = []
         with walk.layer(i) as layer:
             g_out = torch.cat([_or_zeros(active[j], requests[j], n) for j in order])
-            if any(neurons_of(i) in requests[j].reads for j in order):
+            _add_mlp_seeds(g_out, requests, order, i)  # an MLP-output seed enters at the output, leaves at the mid
+            if any(neurons_of(i) in requests[j].reads for j in order):  # the MLP output's cotangents, through W_down
                 for j, part in zip(order, layer.neuron_cotangents(g_out).split(sizes), strict=True):
                     if neurons_of(i) in requests[j].reads:
                         read.append((j, neurons_of(i), part))
             g_mid, own_attn = _mid_seeds(requests, order, i, layer)
-            _add_mlp_seeds(g_out, requests, order, i)  # an MLP-output seed enters at the output, leaves at the mid
             s = _first_nonzero_position(g_out, g_mid)
             g_in, _ = layer.pull(g_out, g_mid, s if s < n else 0, cut)
         del g_out, g_mid

@@ -73,9 +73,11 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:  # (heads, n, hd)
     return x * ang.cos().to(x.dtype) + rot * ang.sin().to(x.dtype)
 
 
-def _cut_llama(model: torch.nn.Module, x: torch.Tensor, z: list[torch.Tensor] | None):
+def _cut_llama(model: torch.nn.Module, x: torch.Tensor, z: list[torch.Tensor] | None,
+               delta: list[torch.Tensor] | None = None):
     """The detached Llama on embeddings ``x`` (n, d); with ``z`` each MLP's output is ``z[l] @ W_down^T`` (its
-    neurons given), else the model's own. Returns (final normed state (n, d), [each layer's neurons (n, ffn)])."""
+    neurons given), else the model's own, plus ``delta[l]`` added to its neurons (the total effect's handle).
+    Returns (final normed state (n, d), [each layer's neurons (n, ffn)])."""
     cfg = model.config
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd, eps, theta = cfg.hidden_size // heads, cfg.rms_norm_eps, cfg.rope_parameters["rope_theta"]
@@ -93,7 +95,7 @@ def _cut_llama(model: torch.nn.Module, x: torch.Tensor, z: list[torch.Tensor] | 
         h = h + (probs @ v).transpose(0, 1).reshape(n, -1) @ att.o_proj.weight.T
         m = _rms(h, layer.post_attention_layernorm.weight, eps)
         gate = torch.nn.functional.silu(m @ layer.mlp.gate_proj.weight.T).detach()
-        own.append(gate * (m @ layer.mlp.up_proj.weight.T))
+        own.append(gate * (m @ layer.mlp.up_proj.weight.T) + (0 if delta is None else delta[i]))
         h = h + (own[-1] if z is None else z[i]) @ layer.mlp.down_proj.weight.T
     return _rms(h, model.model.norm.weight, eps), own
 
@@ -132,6 +134,25 @@ def test_edges_match_autograd_of_a_hand_written_cut_model():
         layer, i, p = (int(v) for v in g.neurons[c])
         row, _, value = edges(lambda y, own, layer=layer, i=i, p=p: own[layer][p, i])
         assert np.abs(g.adjacency[c, :M + n] - row).max() <= 1e-11 * max(np.abs(row).max(), abs(value))
+
+
+def test_total_attribution_matches_autograd_through_every_path():
+    from detjac.engine import logit_attribution, logit_vectors
+
+    model = _model("llama", seed=5)
+    engine = InMemoryEngine(model)
+    trace = engine.trace(IDS)
+    W = model.lm_head.weight
+    t = int((W @ trace.output).argmax())
+    got = dict(logit_attribution(engine, trace, logit_vectors(engine, trace.output, [t])))
+    x = model.model.embed_tokens.weight[IDS].clone()
+    _, acts = _cut_llama(model, x, None)
+    deltas = [torch.zeros_like(a, requires_grad=True) for a in acts]
+    y, _ = _cut_llama(model, x, None, deltas)
+    grads = torch.autograd.grad((W[t] - W.mean(0)) @ y[-1], deltas)
+    for layer, (a, g) in enumerate(zip(acts, grads, strict=True)):
+        want = (a * g).detach()
+        assert torch.allclose(got[layer][0], want, rtol=0, atol=1e-11 * want.abs().max()), layer
 
 
 # -- the pullback primitive -----------------------------------------------------------------------------------
