@@ -169,7 +169,8 @@ def run_description(model: SyntheticModel, *, n_layers: int, dtype: str = "float
            "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
            "dtype": dtype, "keep": keep, "detach": detach, "position": -1, "target": "hidden", "family": "synthetic",
            "detach_rules": ["norm: rsqrt frozen", "mlp: act(gate) frozen", "attention: softmax frozen"]
-           if detach else [], "convention": None, "lens": None, "row_block": row_block, "max_tokens": 256,
+           if detach else [], "convention": None, "lens": None, "graph": None, "row_block": row_block,
+           "max_tokens": 256,
            "detjac_version": __version__}
     weights = {"model.safetensors": hashlib.sha256(model.embedding.tobytes() + model.unembedding.tobytes()).hexdigest()}
     tokenizer = {"tokenizer.json": hashlib.sha256(" ".join(model.words).encode()).hexdigest()}
