@@ -172,20 +172,7 @@ def json_target(out: str | Path, force: bool) -> Path:
 
 def write_text(path: Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` beside it first, then rename it into place (as :func:`write_npz`)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise disk_error(exc, f"write {path}") from exc
-        raise
-    return path
+    return _write_aside(path, "w", lambda handle: handle.write(text))
 
 
 def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -> Path:
@@ -193,10 +180,16 @@ def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -
     disk leaves the previous file (or none), never a truncated one."""
     import numpy as np
 
+    return _write_aside(path, "wb", lambda handle: (np.savez_compressed if compressed else np.savez)(handle, **arrays))
+
+
+def _write_aside(path: Path, mode: str, write: Callable[[Any], Any]) -> Path:
+    """``write`` an open handle of a file beside ``path``, synced, then renamed into place; a refusal of the file
+    system is a :func:`disk_error`, and nothing half-written stays."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as handle:
-            (np.savez_compressed if compressed else np.savez)(handle, **arrays)
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
