@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+
 from .options import ModelOptions, model_options, prompt_options
 
 
@@ -17,11 +19,11 @@ from .options import ModelOptions, model_options, prompt_options
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
               help="Write the graph JSON here (a .json file; graph-metadata.json is updated beside it).")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-@click.option("--max-nodes", type=click.IntRange(min=1), default=7500, show_default=True,
+@click.option("--max-nodes", type=click.IntRange(min=1), default=MAX_NODES, show_default=True,
               help="Neurons that enter the adjacency, ranked by their total attribution to the logits.")
-@click.option("--node-threshold", type=click.FloatRange(0, 1), default=0.8, show_default=True,
+@click.option("--node-threshold", type=click.FloatRange(0, 1), default=NODE_THRESHOLD, show_default=True,
               help="Pruning: keep the nodes that hold this share of the influence on the logits.")
-@click.option("--edge-threshold", type=click.FloatRange(0, 1), default=0.98, show_default=True,
+@click.option("--edge-threshold", type=click.FloatRange(0, 1), default=EDGE_THRESHOLD, show_default=True,
               help="Pruning: keep the edges that hold this share of the influence.")
 @click.option("--rows", "rows_per_pass", type=click.IntRange(min=1), default=None,
               help="Adjacency rows pulled back together (memory grows with it) [default: 128, or what "

@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+
 from . import render
 from .options import DTYPES, gguf_file_option, model_source
 
@@ -63,13 +65,13 @@ from .options import DTYPES, gguf_file_option, model_source
 @click.option("--graph", is_flag=True,
               help="Also store each prompt's exact attribution graph (nodes: tokens, MLP neurons, top logits), "
                    "pruned as circuit-tracer prunes, as checksummed node and link tables (docs/graphs.md, \"In the "
-                   "store\"); a prompt is complete only with its graph. `detjac store export --graph` writes its "
-                   "JSON, `detjac analyze graphs` finds the neurons that recur across prompts.")
-@click.option("--graph-max-nodes", type=click.IntRange(min=1), default=7500, show_default=True,
+                   "store\"); a prompt is complete only with its graph. `detjac store export STORE ID --out g.json` "
+                   "writes its JSON, `detjac analyze graphs` finds the neurons that recur across prompts.")
+@click.option("--graph-max-nodes", type=click.IntRange(min=1), default=MAX_NODES, show_default=True,
               help="With --graph: neurons ranked into each graph's adjacency.")
-@click.option("--graph-node-threshold", type=click.FloatRange(0, 1), default=0.8, show_default=True,
+@click.option("--graph-node-threshold", type=click.FloatRange(0, 1), default=NODE_THRESHOLD, show_default=True,
               help="With --graph: keep the nodes that hold this share of the influence on the logits.")
-@click.option("--graph-edge-threshold", type=click.FloatRange(0, 1), default=0.98, show_default=True,
+@click.option("--graph-edge-threshold", type=click.FloatRange(0, 1), default=EDGE_THRESHOLD, show_default=True,
               help="With --graph: keep the edges that hold this share of the influence.")
 @click.option("--streamed", is_flag=True,
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "

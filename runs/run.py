@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
+from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
 if TYPE_CHECKING:
     from detjac.engine import Engine
@@ -58,9 +59,9 @@ class RunOptions:
     lens: bool = False
     lens_flush: int = 1
     graph: bool = False
-    graph_max_nodes: int = 7500
-    graph_node_threshold: float = 0.8
-    graph_edge_threshold: float = 0.98
+    graph_max_nodes: int = MAX_NODES
+    graph_node_threshold: float = NODE_THRESHOLD
+    graph_edge_threshold: float = EDGE_THRESHOLD
 
     @property
     def distributed(self) -> bool:

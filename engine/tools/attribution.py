@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graph_settings import MAX_NODES
 from detjac.progress import progress_bar
 from detjac.tokens import token_texts as _texts
 
 from ..interface import Engine, Prompt
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of, neurons_of
 
-MAX_NODES = 7500  # neurons that enter the adjacency (circuit-tracer's default max_feature_nodes)
 MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
 ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)

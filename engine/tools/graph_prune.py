@@ -12,9 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detjac.errors import InvalidArgumentError
-
-NODE_THRESHOLD = 0.8
-EDGE_THRESHOLD = 0.98
+from detjac.graph_settings import EDGE_THRESHOLD, NODE_THRESHOLD
 
 
 @dataclass
