@@ -96,7 +96,8 @@ def verify(path: str) -> None:
 def export(path: str, prompt_id: str, out: str, force: bool) -> None:
     """Write one prompt's arrays and metadata to a numpy .npz file (no pickles), or, with an --out
     ending in .json, its attribution graph (stored by `detjac run --graph`) as circuit-tracer's
-    graph JSON (schema_version 1), which circuit-tracer's server and Neuronpedia open.
+    graph JSON (schema_version 1), which circuit-tracer's server and Neuronpedia open: its slug
+    is the file's name, and graph-metadata.json beside it lists it.
 
     The file is written aside and renamed into place (a kill leaves the previous file or none); an
     existing one is replaced only with --force.

@@ -156,8 +156,11 @@ def export_npz(store: StoreReader, prompt_id: str, out: str | Path, force: bool 
 
 def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: bool = False) -> Path:
     """Write one prompt's attribution graph (stored by ``detjac run --graph``) to ``out`` as circuit-tracer's graph
-    JSON, exactly the object :meth:`~detjac.store.StoredPrompt.graph` returns. Written aside and renamed into place;
-    an existing file is replaced only with ``force`` (InvalidArgumentError before anything is read otherwise).
+    JSON: the object :meth:`~detjac.store.StoredPrompt.graph` returns, its ``metadata.slug`` set to the file's name
+    (circuit-tracer's server answers ``SLUG.json``), and list it in ``graph-metadata.json`` beside it, so
+    ``circuit_tracer.frontend`` and ``detjac view FOLDER`` open the folder. Each file is written aside and renamed
+    into place; an existing graph file is replaced only with ``force`` (InvalidArgumentError before anything is read
+    otherwise).
 
     Raises
     ------
@@ -165,6 +168,7 @@ def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: boo
         ``out`` is not a new ``.json`` file (without ``force``), or the prompt was stored without a graph.
     """
     from detjac.errors import InvalidArgumentError
+    from detjac.graph_index import INDEX_NAME, slug_of, updated_index
 
     from .backend.disk import json_target, write_text
 
@@ -173,4 +177,7 @@ def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: boo
     if graph is None:
         raise InvalidArgumentError(f"Expected a prompt stored with its attribution graph (`detjac run --graph`). Got "
                                    f"prompt {prompt_id}, stored without one; nothing was written.")
-    return write_text(target, json.dumps(graph))
+    graph["metadata"] = {**graph["metadata"], "slug": slug_of(target)}
+    written = write_text(target, json.dumps(graph))
+    write_text(target.parent / INDEX_NAME, updated_index(target.parent, graph["metadata"]))
+    return written

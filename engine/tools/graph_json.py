@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from detjac.errors import InvalidArgumentError
+from detjac.graph_index import INDEX_NAME, slug_of, updated_index
 
 from .attribution import AttributionGraph
 from .graph_prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
@@ -106,23 +107,12 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
         raise InvalidArgumentError(f"Expected an output path ending in .json. Got {str(out)!r}.")
     if path.exists() and not force:
         raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
-    slug = slug or path.stem
+    slug = slug or slug_of(path)
     data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold,
                       identity=identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(path, json.dumps(data))
-    index_path = path.parent / "graph-metadata.json"
-    index: dict[str, Any] = {"graphs": []}
-    if index_path.exists():
-        try:
-            index = json.loads(index_path.read_text())
-        except (OSError, ValueError):
-            index = {"graphs": []}
-        if not isinstance(index, dict) or not isinstance(index.get("graphs"), list):
-            index = {"graphs": []}
-    index["graphs"] = [g for g in index["graphs"] if isinstance(g, dict) and g.get("slug") != slug]
-    index["graphs"].append(data["metadata"])
-    _atomic_write(index_path, json.dumps(index, indent=1))
+    _atomic_write(path.parent / INDEX_NAME, updated_index(path.parent, data["metadata"]))
     return data
 
 

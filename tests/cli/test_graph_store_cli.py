@@ -38,8 +38,12 @@ def test_export_writes_the_stored_graph_as_circuit_tracer_json(graph_store):
     out = folder / "graph.json"
     result = invoke("store", "export", str(store.path), pid, "--out", str(out))
     assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())
-    assert data == store.get(pid).graph() and data["metadata"]["slug"] == pid
+    data, stored = json.loads(out.read_text()), store.get(pid).graph()
+    assert data["metadata"]["slug"] == "graph" and stored["metadata"]["slug"] == pid  # named as circuit-tracer serves it
+    assert {**data, "metadata": stored["metadata"]} == stored
+    assert {**data["metadata"], "slug": pid} == stored["metadata"]
+    index = json.loads((folder / "graph-metadata.json").read_text())
+    assert [g["slug"] for g in index["graphs"]].count("graph") == 1
     try:
         from circuit_tracer.frontend.graph_models import Model
     except ImportError:
@@ -49,6 +53,10 @@ def test_export_writes_the_stored_graph_as_circuit_tracer_json(graph_store):
     again = invoke("store", "export", str(store.path), pid, "--out", str(out))
     assert again.exit_code != 0 and "exists" in again.output  # replaced only with --force
     assert invoke("store", "export", str(store.path), pid, "--out", str(out), "--force").exit_code == 0
+    other = store.prompt_ids()[1]
+    assert invoke("store", "export", str(store.path), other, "--out", str(folder / "second.json")).exit_code == 0
+    index = json.loads((folder / "graph-metadata.json").read_text())
+    assert sorted(g["slug"] for g in index["graphs"] if g["slug"] in ("graph", "second")) == ["graph", "second"]
 
 
 @pytest.mark.slow
