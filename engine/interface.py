@@ -309,6 +309,12 @@ class Engine(ABC):
         """The memory budget in bytes given for ``device`` (``"cpu"``, ``"cuda:0"``), or None."""
         return None
 
+    def sweep_memory(self, n_tokens: int) -> tuple[int | None, int]:
+        """(bytes the compute device's budget leaves for pulled-back vectors at ``n_tokens`` once the engine's own
+        needs are counted (a layer read in, the trace, a crossing's temporaries), or None without a budget; bytes
+        one vector costs while it crosses a layer)."""
+        return None, n_tokens * self.d_model * self.dtype.itemsize * 6
+
     def record(self, plan: Plan) -> dict[str, Any]:
         """Engine-specific attributes to store with a prompt computed under ``plan`` (none by default)."""
         return {}

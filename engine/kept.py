@@ -103,6 +103,9 @@ class KeptEngine(Engine):
     def memory_budget(self, device: str) -> int | None:
         return self.inner.memory_budget(device)
 
+    def sweep_memory(self, n_tokens: int) -> tuple[int | None, int]:
+        return self.inner.sweep_memory(n_tokens)
+
     def record(self, plan: Plan) -> dict[str, Any]:
         return self.inner.record(plan)
 

@@ -161,6 +161,12 @@ class StreamedEngine(Engine):
     def memory_budget(self, device: str) -> int | None:
         return self.budgets.get(device_key(device))
 
+    def sweep_memory(self, n_tokens: int) -> tuple[int | None, int]:
+        """From the cost model: the budget less two layers (one read in while one computes), the trace and what a
+        layer's crossing holds."""
+        cost = self.cost
+        return cost.vector_budget(n_tokens), cost.vector_bytes(n_tokens)
+
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> StreamedTrace:
         """Run the forward pass layer by layer; keep each layer's input and mid residual."""
         from . import tracing

@@ -141,10 +141,9 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     _check_settings(engine, max_nodes, max_logits, logit_probability, rows_per_pass)
     trace = engine.trace(prompt, progress=progress)
     n, p = trace.n_tokens, trace.position
-    _check_adjacency_budget(engine, max_nodes, n, max_logits)
-    rows = rows_per_pass or _rows_per_pass(engine, n, max_nodes)
-    targets = _logit_targets(engine, trace.output, max_logits, logit_probability)
     acts = {layer: z for layer, z, _ in engine.neurons(trace)}
+    rows = _rows_per_pass(engine, n, max_nodes, max_logits, acts, rows_per_pass)
+    targets = _logit_targets(engine, trace.output, max_logits, logit_probability)
     chosen, n_active = _rank(engine, trace, targets, acts, max_nodes)
     sites = _sites(engine, trace, chosen, acts)
     graph = _adjacency(engine, trace, targets, acts, chosen, sites, rows, progress)
@@ -200,36 +199,54 @@ def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability
     engine.check_neurons()
 
 
-def _check_adjacency_budget(engine: Engine, max_nodes: int, n: int, max_logits: int) -> None:
-    """Refuse a ``max_nodes`` whose adjacency (float64, square in the nodes) would take more than half the CPU
-    budget, before any pullback."""
-    budget = engine.memory_budget("cpu")
-    size = max_nodes + n + max_logits
-    need = size * size * 8
-    if budget is not None and need > budget // 2:
-        fits = max(int((budget // 2 // 8) ** 0.5) - n - max_logits, 0)
-        raise InvalidArgumentError(
-            f"Expected a --max-nodes whose adjacency fits in half the CPU budget ({budget / 2**20:.0f} MiB). Got "
-            f"{max_nodes}: {size} nodes take {need / 2**20:.0f} MiB; at most {fits} fit."
-        )
-
-
-def _rows_per_pass(engine: Engine, n: int, max_nodes: int) -> int:
-    """Adjacency rows per pass: all a memory budget of the compute device holds (a row's residual cotangents and
-    one layer's neuron cotangents, four times over for the sweep's temporaries), else :data:`ROWS_PER_PASS`."""
+def _rows_per_pass(engine: Engine, n: int, max_nodes: int, max_logits: int, acts: dict[int, torch.Tensor],
+                   rows: int | None) -> int:
+    """Adjacency rows per pass, counted with everything else the graph holds against the memory budget: the
+    engine's own needs (:meth:`~detjac.engine.Engine.sweep_memory`: a layer read in, the trace), every layer's
+    neuron values and MLP output, the chosen neurons' read and write rows, the adjacency (float64, square in the
+    nodes, on the CPU) and each row's cotangents while it crosses a layer. ``rows`` (the caller's) if given, else all
+    the budget holds (at most one pass for every row), else :data:`ROWS_PER_PASS` without a budget. Refuses, before
+    any pullback, a ``max_nodes`` whose graph the budget cannot hold beside one row."""
     from ..memory import device_key
 
-    budget = engine.memory_budget(device_key(engine.device))
-    if budget is None:
-        return ROWS_PER_PASS
-    per_row = 8 * n * engine.d_model * engine.dtype.itemsize  # a row's seed, cotangents and the sweep's temporaries
-    rows = int(budget // 2 // per_row)
-    if rows < 1:
-        raise InvalidArgumentError(
-            f"Expected a memory budget that holds one adjacency row ({per_row / 2**20:.1f} MiB at {n} tokens). "
-            f"Got {budget / 2**20:.1f} MiB for {device_key(engine.device)}."
-        )
-    return min(rows, max(1, max_nodes))
+    left, per_row = engine.sweep_memory(n)
+    itemsize, d = engine.dtype.itemsize, engine.d_model
+    per_row += 2 * n * d * itemsize  # the adjacency's products of a row's cotangents
+    values = sum(z.numel() for z in acts.values()) * itemsize
+    held = values + len(acts) * n * d * itemsize + 2 * max_nodes * d * itemsize  # + ranking's scores, transient
+    size = max_nodes + n + max_logits
+    adjacency = size * size * 8
+    device = device_key(engine.device)
+    if device != "cpu":  # the adjacency is the CPU's, the rest the device's
+        cpu = engine.memory_budget("cpu")
+        if cpu is not None and adjacency > cpu:
+            _refuse_nodes(max_nodes, n, max_logits, cpu, 0, f"the CPU budget ({cpu / 2**20:.0f} MiB)")
+        adjacency = 0
+    if left is None:
+        return rows or ROWS_PER_PASS
+    fixed = max(held + adjacency, 3 * values)  # ranking holds the values, their scores and a flat copy
+    if fixed + per_row > left:
+        if values + per_row > left:
+            raise InvalidArgumentError(
+                f"Expected a memory budget that holds the graph's neuron values beside one adjacency row at {n} "
+                f"tokens ({(values + per_row) / 2**20:.0f} MiB on {device}). Got {left / 2**20:.0f} MiB left once "
+                f"the engine's layer and trace are counted."
+            )
+        _refuse_nodes(max_nodes, n, max_logits, left, held - 2 * max_nodes * d * itemsize + per_row,
+                      f"the {device} budget left once the engine's layer and trace are counted "
+                      f"({left / 2**20:.0f} MiB)")
+    return rows or max(1, min((left - fixed) // per_row, max_nodes + max_logits))
+
+
+def _refuse_nodes(max_nodes: int, n: int, max_logits: int, budget: int, beside: int, where: str) -> None:
+    """Refuse ``max_nodes``, naming how many fit in ``budget`` bytes beside ``beside`` bytes of the rest."""
+    size = max_nodes + n + max_logits
+    fits = max(int((max(budget - beside, 0) / 8) ** 0.5) - n - max_logits, 0)
+    raise InvalidArgumentError(
+        f"Expected a --max-nodes whose adjacency fits in {where} beside the rest of the graph "
+        f"({beside / 2**20:.0f} MiB: neuron values, MLP outputs, one row). Got {max_nodes}: {size} nodes take "
+        f"{size * size * 8 / 2**20:.0f} MiB; at most {fits} fit."
+    )
 
 
 @dataclass

@@ -39,7 +39,7 @@ def test_export_writes_the_stored_graph_as_circuit_tracer_json(graph_store):
     result = invoke("store", "export", str(store.path), pid, "--out", str(out))
     assert result.exit_code == 0, result.output
     data, stored = json.loads(out.read_text()), store.get(pid).graph()
-    assert data["metadata"]["slug"] == "graph" and stored["metadata"]["slug"] == pid  # named as circuit-tracer serves it
+    assert data["metadata"]["slug"] == "graph" and stored["metadata"]["slug"] == pid  # as circuit-tracer serves it
     assert {**data, "metadata": stored["metadata"]} == stored
     assert {**data["metadata"], "slug": pid} == stored["metadata"]
     index = json.loads((folder / "graph-metadata.json").read_text())

@@ -218,3 +218,22 @@ def test_bad_settings_and_prompts_are_refused_before_any_work():
     budgeted = StreamedEngine(engine.model, max_memory="cpu=64MiB")
     with pytest.raises(InvalidArgumentError, match="--max-nodes whose adjacency fits .* Got 7500: .* at most \\d+ fit"):
         attribution_graph(budgeted, IDS)
+
+
+def test_under_a_budget_the_graph_is_the_same_and_its_passes_are_sized_by_what_the_budget_leaves(monkeypatch):
+    from detjac.engine.tools import attribution
+
+    model = _model("llama")
+    free = attribution_graph(InMemoryEngine(model), IDS, max_nodes=40)
+    sizes: list[int] = []
+    sized = attribution._rows_per_pass
+    monkeypatch.setattr(attribution, "_rows_per_pass", lambda *a: sizes.append(sized(*a)) or sizes[-1])
+    roomy = StreamedEngine(model, max_memory="cpu=1GiB")
+    own = 2**30 - roomy.sweep_memory(len(IDS))[0]  # the engine's own layer and trace, counted first
+    for budget in (own + 2**18, 2**30):  # room for the graph and a few rows; for everything
+        g = attribution_graph(StreamedEngine(model, max_memory=f"cpu={budget}B"), IDS, max_nodes=40)
+        assert np.abs(g.adjacency - free.adjacency).max() <= 1e-12 * np.abs(free.adjacency).max()
+    assert 1 <= sizes[0] < sizes[1] == 40 + 10  # a small budget: fewer rows a pass; a large one: every row at once
+    with pytest.raises(InvalidArgumentError, match="--max-nodes whose adjacency fits in the cpu budget left .* "
+                                                   "Got 2000: .* at most \\d+ fit"):
+        attribution_graph(StreamedEngine(model, max_memory=f"cpu={own + 2**18}B"), IDS, max_nodes=2000)
