@@ -1,13 +1,14 @@
 """The corpus question of stored attribution graphs (``detjac run --graph``): which MLP neurons recur across the
 prompts' graphs, with their labels, in how many graphs they appear and their mean attribution.
 
-Reads each prompt's graph through the store's public API (:meth:`detjac.store.StoredPrompt.graph`, the circuit-tracer
-JSON object) and counts in numpy. Definitions: docs/graphs.md, "In the store".
+Reads each prompt's graph as the store keeps it (:meth:`detjac.store.StoredPrompt.graph_arrays`: node and link tables,
+checked, never made into JSON objects) and counts each graph's neurons with a few numpy reductions. Definitions:
+docs/graphs.md, "In the store".
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from ..errors import InvalidArgumentError
 if TYPE_CHECKING:
     from ..store import StoreReader
 
-NEURON = "mlp neuron"  # a neuron node's feature_type in the graph JSON
+NEURON = 0  # a neuron node's node_kind in the stored tables (docs/store-format.md, "The graph group")
 
 
 @dataclass
@@ -83,19 +84,18 @@ def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = Non
     without: list[str] = []
     n_graphs = 0
     for pid in ids:
-        graph = store.get(pid).graph()
+        tables = store.get(pid).graph_arrays()
         if progress is not None:
             progress.update()
-        if graph is None:
+        if tables is None:
             without.append(pid)
             continue
         n_graphs += 1
-        for key, found in _neurons_of(graph).items():
-            entry = seen.setdefault(key, {"label": found["label"], "prompt_ids": [], "attribution": [],
-                                          "activations": []})
+        for key, label, attribution, activations in _neurons_of(tables):
+            entry = seen.setdefault(key, {"label": label, "prompt_ids": [], "attribution": [], "activations": []})
             entry["prompt_ids"].append(pid)
-            entry["attribution"].append(found["attribution"])
-            entry["activations"].extend(found["activations"])
+            entry["attribution"].append(attribution)
+            entry["activations"].extend(activations)
     if n_graphs == 0:
         raise InvalidArgumentError(f"Expected prompts stored with their attribution graphs (`detjac run --graph`). "
                                    f"Got {len(ids)} prompt{'s' * (len(ids) != 1)} without one.")
@@ -113,18 +113,22 @@ def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = Non
     return GraphNeurons(rows, n_graphs, without, written)
 
 
-def _neurons_of(graph: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
-    """Each neuron of one graph JSON: its label, the activations of its nodes, the sum of its outgoing links."""
-    out_weight: dict[str, float] = {}
-    for link in graph["links"]:
-        out_weight[link["source"]] = out_weight.get(link["source"], 0.0) + float(link["weight"])
-    found: dict[tuple[int, int], dict[str, Any]] = {}
-    for node in graph["nodes"]:
-        if node.get("feature_type") != NEURON:
-            continue
-        layer, index, _ = (int(part) for part in node["node_id"].split("_"))
-        entry = found.setdefault((layer, index), {"label": node.get("clerp", ""), "activations": [],
-                                                  "attribution": 0.0})
-        entry["activations"].append(float(node["activation"]))
-        entry["attribution"] += out_weight.get(node["node_id"], 0.0)
-    return found
+def _neurons_of(tables: dict[str, np.ndarray]) -> Iterator[tuple[tuple[int, int], str, float, list[float]]]:
+    """Each neuron ``(layer, index)`` of one graph's tables: its label, the sum of its nodes' outgoing links, the
+    activations of its nodes (one per position kept)."""
+    n = len(tables["node_kind"])
+    out_weight = np.bincount(tables["link_source"], weights=tables["link_weight"], minlength=n)
+    neuron = np.flatnonzero(tables["node_kind"] == NEURON)
+    if neuron.size == 0:
+        return
+    keys = np.stack([tables["node_layer"][neuron], tables["node_index"][neuron]], axis=1)
+    unique, first, which = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    which = which.reshape(-1)
+    attribution = np.bincount(which, weights=out_weight[neuron], minlength=len(unique))
+    order = np.argsort(which, kind="stable")
+    bounds = np.cumsum(np.bincount(which, minlength=len(unique)))[:-1]
+    activations = np.split(tables["node_activation"][neuron][order], bounds)
+    labels = tables["node_label"][neuron[first]]
+    for (layer, index), label, attr, acts in zip(unique.tolist(), labels.tolist(), attribution.tolist(), activations,
+                                                 strict=True):
+        yield (layer, index), str(label), float(attr), acts.tolist()

@@ -70,14 +70,13 @@ def _node_arrays(nodes: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     }
 
 
-def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str, Any]:
-    """The graph JSON object from the stored arrays and attributes (the inverse of :func:`graph_tables`).
+def check_tables(arrays: dict[str, np.ndarray]) -> list[int]:
+    """Refuse arrays that do not form a graph; return the node kinds.
 
     Raises
     ------
     StoreError
-        The arrays do not form a graph: an array missing, node arrays of different lengths, an unknown node kind, a
-        link to a node that is not there.
+        An array missing, node arrays of different lengths, an unknown node kind, a link to a node that is not there.
     """
     missing = sorted(set(ARRAYS) - set(arrays))
     if missing:
@@ -96,6 +95,18 @@ def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str
     ends = np.r_[arrays["link_source"], arrays["link_target"]]
     if ends.size and (ends.min() < 0 or ends.max() >= n):
         raise StoreError(f"Expected links between the graph's {n} nodes. Got one to node {int(ends.max())}.")
+    return kinds
+
+
+def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str, Any]:
+    """The graph JSON object from the stored arrays and attributes (the inverse of :func:`graph_tables`).
+
+    Raises
+    ------
+    StoreError
+        The arrays do not form a graph (:func:`check_tables`).
+    """
+    kinds = check_tables(arrays)
     columns = zip(kinds, *(arrays[name].tolist() for name in list(NODE_ARRAYS)[1:]), strict=True)
     nodes = []
     first_logit = True

@@ -165,6 +165,19 @@ class StoredPrompt(ABC):
         """
         return None
 
+    def graph_arrays(self) -> dict[str, np.ndarray] | None:
+        """The prompt's attribution graph as the store keeps it, its node and link tables (numpy arrays named in
+        ``docs/store-format.md``, "The graph group": ``node_kind``, ``node_layer``, ``node_index``, ...,
+        ``link_source``, ``link_target``, ``link_weight``), checked as :meth:`graph` checks them but never made
+        into JSON objects: what a corpus of graphs is counted from. None when the prompt was stored without one.
+
+        Raises
+        ------
+        CorruptError
+            A graph array is damaged or the arrays do not form a graph.
+        """
+        return None
+
     def bias(self) -> np.ndarray | None:
         """(row,) offset ``b`` of an affine model's map ``y = sum_k J_k x_k + b``, or None (a linear model)."""
         try:

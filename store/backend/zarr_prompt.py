@@ -15,7 +15,7 @@ from detjac.exactness import DTYPE_BOUND, relative_error
 from detjac.targets import Target
 
 from .. import format as fmt
-from ..graph_tables import graph_json
+from ..graph_tables import check_tables, graph_json
 from ..integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
 from ..reader import VerifyResult
 from ..schema import attrs_problem
@@ -146,12 +146,27 @@ class ZarrPrompt(StoredPrompt):
         return json.loads((self.path / "zarr.json").read_text())
 
     def graph(self) -> dict[str, Any] | None:
+        read = self._graph_group()
+        return None if read is None else self._checked(lambda: graph_json(*read))
+
+    def graph_arrays(self) -> dict[str, np.ndarray] | None:
+        read = self._graph_group()
+        if read is None:
+            return None
+        self._checked(lambda: check_tables(read[0]))
+        return read[0]
+
+    def _graph_group(self) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """The graph group's arrays (every chunk decoded and checked) and attributes; None without a graph."""
         if fmt.GRAPH not in self._group.group_keys():
             return None
         group = self._group[fmt.GRAPH]
+        return self._checked(lambda: ({name: group[name][...] for name in group.array_keys()}, dict(group.attrs)))
+
+    def _checked(self, read: Any) -> Any:
+        """``read()``, a damaged graph's StoreError raised as a CorruptError naming the prompt."""
         try:
-            arrays = {name: group[name][...] for name in group.array_keys()}
-            return graph_json(arrays, dict(group.attrs))
+            return read()
         except StoreError as exc:
             if isinstance(exc, CorruptError):
                 raise

@@ -51,7 +51,18 @@ def test_a_stored_graph_reads_back_as_the_json_written(graph_store):
 
 def test_a_prompt_without_a_graph_has_none(tmp_path):
     store = make_store(tmp_path / "s.zarr", prompts=1)
-    assert next(iter(open_store(store.path))).graph() is None
+    prompt = next(iter(open_store(store.path)))
+    assert prompt.graph() is None and prompt.graph_arrays() is None
+
+
+def test_the_stored_tables_are_the_jsons_nodes_and_links(graph_store):
+    store, written = graph_store
+    for pid, data in written.items():
+        tables = open_store(store.path).get(pid).graph_arrays()
+        assert len(tables["node_kind"]) == len(data["nodes"]) and len(tables["link_weight"]) == len(data["links"])
+        ids = [node["node_id"] for node in data["nodes"]]
+        assert [ids[s] for s in tables["link_source"].tolist()] == [link["source"] for link in data["links"]]
+        assert tables["link_weight"].tolist() == [link["weight"] for link in data["links"]]
 
 
 def test_the_tables_hold_the_json_exactly_or_refuse_it(graph_store):
@@ -102,8 +113,9 @@ def test_verify_and_readers_refuse_a_damaged_graph_array(graph_store, array):
     verify = CliRunner().invoke(main, ["store", "verify", str(store.path)])
     assert verify.exit_code == 1 and f"CORRUPT {pid}: file graph/{array}/c/0 changed since commit" in verify.output
     reseal(folder)  # behind the seal: the chunk's crc32c still refuses it, never a number
-    with pytest.raises(CorruptError, match="crc32c"):
-        open_store(store.path).get(pid).graph()
+    for read in ("graph", "graph_arrays"):  # the JSON object and the tables alike
+        with pytest.raises(CorruptError, match="crc32c"):
+            getattr(open_store(store.path).get(pid), read)()
     verify = CliRunner().invoke(main, ["store", "verify", str(store.path)])
     assert verify.exit_code == 1 and f"CORRUPT {pid}" in verify.output and "crc32c" in verify.output
     other = sorted(written)[1]
