@@ -268,6 +268,17 @@ class Engine(ABC):
             An engine without neuron sites (:attr:`pullback_sites`).
         """
 
+    @abstractmethod
+    def residual_ends(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last, where an
+        affine family's constants outside the layers (position embeddings, the final norm's shift) are read.
+
+        Raises
+        ------
+        InvalidArgumentError
+            An engine without neuron sites (:attr:`pullback_sites`).
+        """
+
     def sweep(self, trace: Trace, requests: Sequence[PullRequest]) -> list[dict[Site, torch.Tensor]]:
         """Every request's reads at once: ``[{site: cotangents}]`` (small requests; see :meth:`pulls`)."""
         out: list[dict[Site, torch.Tensor]] = [{} for _ in requests]

@@ -91,6 +91,9 @@ class KeptEngine(Engine):
     def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
         return self.inner.neurons(trace, layers)
 
+    def residual_ends(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.residual_ends(trace)
+
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         return self.inner.decoding_matrices(dtype)
 

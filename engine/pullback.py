@@ -132,6 +132,10 @@ class Walk(Protocol):
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, d) at layer 0's input -> at the input embeddings (the norms before the first layer)."""
 
+    def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last (what an
+        affine family's constants before and after the layers are read against)."""
+
 
 def neuron_activations(walk: Walk, layers: Sequence[int]) -> Iterator[tuple[int, torch.Tensor, Any]]:
     """``(layer, (n, n_neurons) its neurons' values, its MLP piece)`` for each of ``layers``, one layer resident at a

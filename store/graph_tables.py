@@ -14,8 +14,8 @@ import numpy as np
 
 from ..errors import StoreError
 
-KINDS = ("mlp neuron", "embedding", "logit")  # node_kind codes 0, 1, 2 (the JSON's feature_type)
-NEURON, TOKEN, LOGIT = range(3)
+KINDS = ("mlp neuron", "embedding", "logit", "bias")  # node_kind codes 0-3 (the JSON's feature_type)
+NEURON, TOKEN, LOGIT, BIAS = range(4)
 TOKEN_LAYER = -1  # a token node's layer ("E" in the JSON)
 NODE_ARRAYS = {  # name -> dtype; dimension "node", rows in the JSON's node order
     "node_kind": "int8", "node_layer": "int64", "node_index": "int64", "node_position": "int64",
@@ -58,9 +58,10 @@ def _node_arrays(nodes: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     nan = float("nan")
     return {
         "node_kind": np.asarray(kind, dtype=np.int8),
-        "node_layer": np.asarray([TOKEN_LAYER if k == TOKEN else int(p[0]) for k, p in zip(kind, parts, strict=True)],
+        "node_layer": np.asarray([TOKEN_LAYER if k == TOKEN else int(p[1]) if k == BIAS else int(p[0])
+                                  for k, p in zip(kind, parts, strict=True)], dtype=np.int64),
+        "node_index": np.asarray([-1 if k == BIAS else int(p[1]) for k, p in zip(kind, parts, strict=True)],
                                  dtype=np.int64),
-        "node_index": np.asarray([int(p[1]) for p in parts], dtype=np.int64),
         "node_position": np.asarray([node["ctx_idx"] for node in nodes], dtype=np.int64),
         "node_feature": np.asarray([node["feature"] for node in nodes], dtype=np.int64),
         "node_activation": np.asarray([node.get("activation", nan) for node in nodes], dtype=np.float64),
@@ -90,8 +91,8 @@ def check_tables(arrays: dict[str, np.ndarray]) -> list[int]:
         raise StoreError(f"Expected node arrays of {n} values and link arrays of {m}. Got {', '.join(bad)} of other "
                          "shapes.")
     kinds = arrays["node_kind"].tolist()
-    if any(k not in (NEURON, TOKEN, LOGIT) for k in kinds):
-        raise StoreError(f"Expected node kinds 0, 1 or 2 ({', '.join(KINDS)}). Got {sorted(set(kinds))}.")
+    if any(k not in (NEURON, TOKEN, LOGIT, BIAS) for k in kinds):
+        raise StoreError(f"Expected node kinds 0 to 3 ({', '.join(KINDS)}). Got {sorted(set(kinds))}.")
     ends = np.r_[arrays["link_source"], arrays["link_target"]]
     if ends.size and (ends.min() < 0 or ends.max() >= n):
         raise StoreError(f"Expected links between the graph's {n} nodes. Got one to node {int(ends.max())}.")
@@ -116,6 +117,10 @@ def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str
             node = {"node_id": f"{layer}_{index}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
                     "feature_type": KINDS[kind], "jsNodeId": f"{layer}_{index}-0", "clerp": label,
                     "influence": influence, "activation": act}
+        elif kind == BIAS:
+            node = {"node_id": f"B_{layer}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
+                    "feature_type": KINDS[kind], "jsNodeId": f"B_{layer}-{pos}", "clerp": label,
+                    "influence": influence}
         elif kind == TOKEN:
             node = {"node_id": f"E_{index}_{pos}", "feature": feature, "layer": "E", "ctx_idx": pos,
                     "feature_type": KINDS[kind], "jsNodeId": f"E_{index}-{pos}", "clerp": label,

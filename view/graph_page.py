@@ -15,8 +15,8 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from .jsonable import jsonable
 
-EMBEDDING, NEURON, LOGIT = "embedding", "mlp neuron", "logit"
-NODE_TYPES = (EMBEDDING, NEURON, LOGIT)
+EMBEDDING, NEURON, LOGIT, BIAS = "embedding", "mlp neuron", "logit", "bias"
+NODE_TYPES = (EMBEDDING, NEURON, LOGIT, BIAS)
 INFO_SHOWN = ("model", "family", "dtype", "n_layers", "exact", "error_nodes", "completeness", "edge_threshold",
               "max_nodes", "active_neurons", "nodes_before_pruning", "logit_share_kept", "weights_sha256")
 

@@ -162,12 +162,19 @@ class InMemoryEngine(Engine):
             yield j, EMBEDDINGS, _stream(trace).pull(torch.stack([s.values for s in request.seeds]).sum(0))
 
     def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
+        yield from neuron_activations(self._frozen(trace), range(self.n_layers) if layers is None else layers)
+
+    def residual_ends(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._frozen(trace).residual_ends()
+
+    def _frozen(self, trace: Trace) -> FrozenModel:
+        """The trace's explicit pieces, refused by name where there are none."""
         self.check_neurons()
         frozen = _in_memory(trace).frozen
         if frozen is None:
             raise InvalidArgumentError("Expected a trace with the model's explicit pieces for its neurons. Got one "
                                        f"whose sweeps fell back to torch.func: {_stream(trace).fallback}.")
-        yield from neuron_activations(frozen, range(self.n_layers) if layers is None else layers)
+        return frozen
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""

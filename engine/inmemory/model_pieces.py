@@ -37,6 +37,7 @@ class Event:
     end: int = 0
     mid: torch.Tensor | None = None
     why: str | None = None  # a layer not made of known pieces: why
+    states: tuple[torch.Tensor, torch.Tensor] | None = None  # the layer's (input, output) on the prompt (n, d)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class FrozenModel:
     n: int  # positions
     stats: EngineStats = field(default_factory=EngineStats)
     mids: list[torch.Tensor] = field(default_factory=list, repr=False)  # mids[l]: layer l's mid residual (n, d)
+    ends: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # see ``residual_ends``
 
     @property
     def n_layers(self) -> int:
@@ -97,6 +99,10 @@ class FrozenModel:
         for norm in reversed(self.before):
             g = norm.transpose(g)
         return g
+
+    def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.ends is not None, "freeze_model records the residual stream's ends"
+        return self.ends
 
     # -- the output's J^T u and J v -------------------------------------------------------
 
@@ -178,7 +184,10 @@ def _recorder(layer: nn.Module, family: Any, tape: FactorTape, events: list[Even
         except NotAPiece as e:  # the forward goes on: the model's other checks come first (_assemble)
             events.append(Event("layer", first, end=len(tape.factors), why=str(e)))
         else:
-            events.append(Event("layer", first, record=record, end=len(tape.factors), mid=mid))
+            if record.offsets is not None:  # the layer's own values, not only their linear parts
+                out, mid = out + record.offsets.out, mid + record.offsets.mid
+            events.append(Event("layer", first, record=record, end=len(tape.factors), mid=mid,
+                                states=(hidden[0], out)))
         return raw[0]
 
     return forward
@@ -202,4 +211,5 @@ def _assemble(events: list[Event], tape: FactorTape, n_layers: int, position: in
             raise NotAPiece(f"layer {i}: {e.why}")
     norms = [norm_piece(e.module, tape.factors[e.first].reshape(-1)) for e in events[:first] + events[last + 1:]]
     return FrozenModel([e.record for e in layers], norms[:first], norms[first:], position, n,  # type: ignore[misc]
-                       mids=[e.mid for e in layers])  # type: ignore[misc]
+                       mids=[e.mid for e in layers],  # type: ignore[misc]
+                       ends=(layers[0].states[0], layers[-1].states[1]))  # type: ignore[index]

@@ -64,24 +64,42 @@ def ungated_mlp(module: nn.Module, children: list[nn.Module], factor: torch.Tens
     """An MLP container ``proj_out(act(proj_in(x)))`` (dropouts aside; ``children``: its children while it ran) with
     the activation's ratio frozen, as the gated-MLP piece ``make(up, down, gate)``; raises
     :class:`~detjac.engine.pieces.NotAPiece` (why) where it is not one."""
+    gate = factor.reshape(-1, factor.shape[-1])  # (n, ffn)
+    up, down = (projection(c, affine) for c in ungated_projections(module, children, gate.shape[1], affine))
+    return make(up, down, gate)
+
+
+def ungated_projections(module: nn.Module, children: list[nn.Module], width: int, affine: bool
+                        ) -> tuple[nn.Module, nn.Module]:
+    """The (in, out) projection modules of an ungated MLP container whose activation is ``width`` wide: in
+    registration order, unless the shapes say otherwise (GPT-2 registers ``c_proj`` first); raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why) where it is not one."""
     parts = [c for c in children if not isinstance(c, nn.Dropout | nn.Identity) or c.training]
     acts = [c for c in parts if isinstance(c, DetachedActivation) and c.detach]
     others = [c for c in parts if c not in acts]
     if len(acts) != 1 or len(others) != 2:
         raise NotAPiece(f"{type(module).__name__} is not a projection, a detached activation and a projection")
-    projections = [projection(c, affine) for c in others]
-    gate = factor.reshape(-1, factor.shape[-1])  # (n, ffn)
-    up, down = projections  # in registration order, unless the shapes say otherwise (GPT-2 registers c_proj first)
-    if up.shape[0] != gate.shape[1] or down.shape[1] != gate.shape[1]:
-        down, up = projections
-    return make(up, down, gate)
+    up, down = (projection(c, affine) for c in others)
+    if up.shape[0] != width or down.shape[1] != width:
+        return others[1], others[0]
+    return others[0], others[1]
 
 
 def layer_offsets(step: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], factors: list[Any],
-                  h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  h: torch.Tensor, down: nn.Module | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A layer's offsets ``c`` (output, mid residual), each (n, d): the layer run on zero inputs with the frozen
-    factors of its real input replayed (``factors``, in call order)."""
+    factors of its real input replayed (``factors``, in call order); and, given the MLP's ``down`` projection, its
+    neurons' values in that run (n, ffn): the input ``down`` received (else None)."""
     tape = FactorTape()
     tape.factors = list(factors)
-    with tape.replaying_factors(), torch.no_grad():
-        return step(torch.zeros_like(h))
+    seen: list[torch.Tensor] = []
+    handle = down.register_forward_pre_hook(lambda m, a: seen.append(a[0])) if down is not None else None
+    try:
+        with tape.replaying_factors(), torch.no_grad():
+            out, mid = step(torch.zeros_like(h))
+    finally:
+        if handle is not None:
+            handle.remove()
+    neurons = seen[0].reshape(-1, seen[0].shape[-1]) if len(seen) == 1 else None
+    return out, mid, neurons

@@ -67,8 +67,20 @@ class Mlp:
     down: torch.Tensor  # (d, ffn)
     gate: torch.Tensor  # (n, ffn)
     post: torch.Tensor | None = None  # (n,) the scales of the norms after the MLP, None: none
+    bias: torch.Tensor | None = None  # (n, ffn) an affine family's neurons on a zero MLP input (None: zero)
+    neuron_bias: torch.Tensor | None = None  # (n, ffn) the neurons on a zero layer input: their layer's constants
+    layer_bias: torch.Tensor | None = None  # (n, d) the layer's output on a zero input, the neurons held at zero
 
     mixes = False  # position-wise: rows s: in, rows s: out
+
+    def offsets(self, neurons: torch.Tensor, mid: torch.Tensor, out: torch.Tensor) -> None:
+        """Set an affine layer's constants from its run on a zero input (:class:`~detjac.engine.pieces.record.
+        Offsets`): the neurons' own (:attr:`bias`: their values less what they read of that run's mid residual),
+        the neurons' in that run (:attr:`neuron_bias`) and the layer's output with its neurons held at zero
+        (:attr:`layer_bias`: its output less what the neurons wrote)."""
+        neurons = neurons.to(self.gate.dtype)
+        self.bias, self.neuron_bias = neurons - self.gate * (mid @ self.up.T), neurons
+        self.layer_bias = out - self.output(neurons)
 
     def fold(self, scale: torch.Tensor, gain: torch.Tensor | None, before: bool) -> None:
         if before:
@@ -99,8 +111,10 @@ class Mlp:
         return int(self.up.shape[0])
 
     def activations(self, x: torch.Tensor) -> torch.Tensor:
-        """(n, d) the MLP's input (its mid residual, before the folded norm) -> (n, ffn) its neurons' values."""
-        return self.gate * (x @ self.up.T)
+        """(n, d) the MLP's input (its mid residual, before the folded norm) -> (n, ffn) its neurons' values (with
+        their :attr:`bias`, an affine family's)."""
+        z = self.gate * (x @ self.up.T)
+        return z if self.bias is None else z + self.bias
 
     def neuron_cotangents(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, d) cotangents at the MLP's output -> (B, n, ffn) at its neurons (each neuron writes

@@ -16,7 +16,7 @@ from ..detach.factors import FactorTape
 from ..detach.moe import DetachedMoE
 from ..detach.wrappers import AttentionReplay, DetachedGatedMLP, DetachedNorm
 from . import NotAPiece
-from .affine import attention_weights, centre, layer_offsets, projection, ungated_mlp
+from .affine import attention_weights, centre, layer_offsets, projection, ungated_mlp, ungated_projections
 from .experts import moe_piece
 from .layer import Attention, LayerPieces, Mlp, NormPiece, norm_piece
 from .postnorm import post_norm_pieces
@@ -35,6 +35,16 @@ class Call:
 
 
 @dataclass
+class Offsets:
+    """An affine layer's constants: what it computes on a zero input with its frozen factors replayed (each
+    position's attention and MLP biases, its norms' shifts); the linear pieces leave them out."""
+
+    out: torch.Tensor  # (n, d) the layer's output
+    mid: torch.Tensor  # (n, d) its mid residual
+    neurons: torch.Tensor | None  # (n, ffn) its MLP's neurons (None: an MLP whose down projection is not known)
+
+
+@dataclass
 class LayerRecord:
     """What one run of a detached layer froze: its children's calls (:class:`Call`) on either side of the mid residual,
     indexing ``factors`` (the tape's), and each attention call's probabilities."""
@@ -44,6 +54,7 @@ class LayerRecord:
     factors: list[Any]
     probs: list[torch.Tensor]  # (heads, n, n) per attention call, in call order
     fixed: LayerPieces | None = None  # pieces that fold nothing (post-norm layers), built once while recording
+    offsets: Offsets | None = None  # an affine family's constants
 
     def pieces(self) -> LayerPieces:
         """The layer's pieces, norms folded in (new tensors each time: nothing is kept between sweeps); raises
@@ -52,6 +63,8 @@ class LayerRecord:
             return self.fixed
         probs = list(self.probs)
         attention, mlp = (_branch(part, self.family, self.factors, probs) for part in self.branches)
+        if self.offsets is not None and self.offsets.neurons is not None and isinstance(mlp, Mlp):
+            mlp.offsets(self.offsets.neurons, self.offsets.mid, self.offsets.out)
         return LayerPieces(attention, mlp)
 
 
@@ -75,14 +88,16 @@ def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape
     finally:
         for handle in handles:
             handle.remove()
-    if family.affine:  # out = L h + c: the pieces are L
-        c_out, c_mid = layer_offsets(step, tape.factors[start:], h)
-        out, mid = out - c_out, mid - c_mid
     names = [c.name for c in calls]
     if family.mid_residual not in names:
         raise NotAPiece(f"the mid residual child {family.mid_residual!r} was not called")
     split = names.index(family.mid_residual)
     record = LayerRecord(family, (calls[:split], calls[split:]), tape.factors, [p[0] for _, p in replay.records])
+    if family.affine:  # out = L h + c: the pieces are L
+        c_out, c_mid, neurons = layer_offsets(step, tape.factors[start:], h, _down_module(calls[split:], family,
+                                                                                          tape.factors))
+        out, mid = out - c_out, mid - c_mid
+        record.offsets = Offsets(c_out, c_mid, neurons)
     if family.post_norm:  # read from the layer's module tree, which is only linearized now
         record.fixed = post_norm_pieces(record)
     return record, out, mid
@@ -94,6 +109,21 @@ def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
     the layer has an unknown piece."""
     record, out, mid = record_layer(layer, family, step, h)
     return record.pieces(), out, mid
+
+
+def _down_module(calls: list[Call], family: Any, factors: list[Any]) -> nn.Module | None:
+    """The down projection of the MLP among a branch's ``calls`` (its input is the neurons), or None where the branch
+    holds no MLP known as one."""
+    for call in calls:
+        module = call.module
+        if isinstance(module, DetachedGatedMLP):
+            return getattr(module.inner, module.rule.down)
+        if type(module) in family.containers and call.end == call.first + 1:
+            try:
+                return ungated_projections(module, call.children, factors[call.first].shape[-1], family.affine)[1]
+            except NotAPiece:
+                return None
+    return None
 
 
 def _close(calls: list[Call], module: nn.Module, count: int) -> None:

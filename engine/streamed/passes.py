@@ -53,6 +53,9 @@ class StreamedWalk:
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         return g  # nothing between the embeddings and the first layer in a streamable family
 
+    def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.trace.inputs[0].to(self.sk.device), self.trace.inputs[-1].to(self.sk.device)
+
 
 def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], r0: int, r1: int,
             progress: bool = False, seed: torch.Tensor | None = None, adjoint: AutogradAdjoint | None = None,

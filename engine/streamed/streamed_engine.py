@@ -240,6 +240,11 @@ class StreamedEngine(Engine):
             walk = sweeps.StreamedWalk(self.skeleton, self.steps, st, self.adjoint)
             yield from neuron_activations(walk, range(self.n_layers) if layers is None else layers)
 
+    def residual_ends(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_neurons()
+        st = _streamed(trace)
+        return st.inputs[0].to(self.device), st.inputs[-1].to(self.device)
+
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Read whole from the source (see :func:`~detjac.engine.products.decode.final_norm_gain`)."""
         return self.skeleton.decoding_matrices(dtype)

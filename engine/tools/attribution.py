@@ -35,8 +35,9 @@ LABEL_TOKENS = 3  # tokens in a neuron's label, each way
 class AttributionGraph:
     """An exact attribution graph (see the module docstring).
 
-    Nodes are ordered neurons (``M``), then tokens (``n``), then logits (``K``), as circuit-tracer orders features,
-    tokens and logits; ``adjacency[target, source]`` is the edge weight.
+    Nodes are ordered neurons (``M``), then bias nodes (``B``: an affine family's only), then tokens (``n``), then
+    logits (``K``), as circuit-tracer orders features, error nodes, tokens and logits; ``adjacency[target, source]``
+    is the edge weight.
 
     Attributes
     ----------
@@ -52,8 +53,12 @@ class AttributionGraph:
         (K,) each target's demeaned logit ``logit_t - mean_v logit_v``: the logit node's value.
     neurons : numpy.ndarray
         (M, 3) each neuron node's (layer, index, position); ``activations`` (M,) its value.
+    biases : numpy.ndarray
+        (B, 2) each bias node's (layer, position): the constants layer ``l < n_layers`` adds at the position (its
+        attention's and MLP's biases, its norms' shifts, with its neurons held; layer 0's also what is added before
+        it, position embeddings), and at ``(n_layers, position)`` the final norm's shift. Empty for a linear family.
     adjacency : numpy.ndarray
-        (M + n + K, M + n + K) the direct effects.
+        (M + B + n + K, M + B + n + K) the direct effects.
     completeness : numpy.ndarray
         (M + K,) for each neuron and logit node ``|sum of its incoming edges over all sources - value| / |value|``:
         the sum runs over *every* neuron of the model, not only the ``M`` kept.
@@ -84,10 +89,15 @@ class AttributionGraph:
     n_active: int
     labels: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    biases: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
 
     @property
     def n_neurons(self) -> int:
         return int(self.neurons.shape[0])
+
+    @property
+    def n_biases(self) -> int:
+        return int(self.biases.shape[0])
 
     @property
     def n_tokens(self) -> int:
@@ -103,8 +113,9 @@ class AttributionGraph:
         return float(self.completeness.max()) if self.completeness.size else 0.0
 
     def __repr__(self) -> str:
-        return (f"<AttributionGraph {self.n_tokens} tokens, {self.n_neurons} of {self.n_active} active neurons, "
-                f"{self.n_logits} logits; completeness {self.worst_completeness:.1e}>")
+        biases = f", {self.n_biases} bias nodes" if self.n_biases else ""
+        return (f"<AttributionGraph {self.n_tokens} tokens, {self.n_neurons} of {self.n_active} active neurons"
+                f"{biases}, {self.n_logits} logits; completeness {self.worst_completeness:.1e}>")
 
 
 def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NODES, max_logits: int = MAX_LOGITS,
@@ -131,7 +142,7 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     Raises
     ------
     UnsupportedModelError
-        A family whose neurons have no definition here (affine: biases; post-norm layers).
+        A family whose neurons have no definition here (post-norm layers; an MLP not known as one).
     InvalidArgumentError
         A non-positive ``max_nodes`` or ``rows_per_pass``, a probability outside (0, 1], an engine without neuron
         sites (autograd sweeps, ordinary Jacobian), or a ``max_nodes`` the memory budget cannot hold.
@@ -149,7 +160,7 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     graph = _adjacency(engine, trace, targets, acts, chosen, sites, rows, progress)
     ids = list(trace.token_ids)
     graph_labels = sites.labels
-    return AttributionGraph(
+    return AttributionGraph(biases=_bias_nodes(engine, n, p),
         token_ids=ids, tokens=token_texts(engine, ids), position=p, n_layers=engine.n_layers,
         logit_ids=targets.ids, logit_tokens=token_texts(engine, targets.ids),
         logit_probabilities=targets.probabilities, logit_values=targets.values.cpu().double().numpy(),
@@ -183,11 +194,11 @@ def token_texts(engine: Engine, ids: list[int]) -> list[str]:
 
 def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability: float, rows: int | None) -> None:
     family = engine.family
-    if family.affine or family.post_norm:
-        kind = "a post-norm layer" if family.post_norm else "biases on the linear path (affine)"
+    if family.post_norm:
         raise UnsupportedModelError(
-            f"Expected a family whose MLP neurons detjac defines for attribution graphs (bias-free, pre-norm "
-            f"layers). Got {family.name}: {kind}, whose neurons would need bias nodes not defined yet."
+            f"Expected a family whose MLP neurons detjac defines for attribution graphs (pre-norm layers: an MLP "
+            f"reading a normed copy of the residual stream). Got {family.name}: post-norm layers, whose MLP output "
+            "is normed together with the residual stream, so no neuron writes to it alone."
         )
     for name, value in (("max_nodes", max_nodes), ("max_logits", max_logits)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -332,27 +343,41 @@ def _chosen_values(acts: dict[int, torch.Tensor], chosen: torch.Tensor) -> torch
 @dataclass
 class _Sites:
     """What the adjacency needs of each layer's chosen neurons: their read and write rows (m, d) and the MLP's
-    output (n, d) on the prompt (for the sum over every neuron of the layer)."""
+    output (n, d) on the prompt (for the sum over every neuron of the layer); for an affine family, each layer's
+    constants with its neurons held (n, d) and each chosen neuron's value on a zero layer input (M,)."""
 
     reads: dict[int, torch.Tensor]
     writes: dict[int, torch.Tensor]
     outputs: dict[int, torch.Tensor]
     labels: list[str]
+    layer_bias: dict[int, torch.Tensor] = field(default_factory=dict)
+    neuron_bias: torch.Tensor | None = None
 
 
 def _sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[int, torch.Tensor]) -> _Sites:
-    """One pass over the layers: each chosen neuron's read and write rows and label, each layer's MLP output."""
+    """One pass over the layers: each chosen neuron's read and write rows and label, each layer's MLP output (and
+    an affine family's constants)."""
     mats = engine.decoding_matrices(torch.float32)
     W_U, W_E = mats["unembedding"], mats["embedding"]
-    reads, writes, outputs = {}, {}, {}
+    reads, writes, outputs, layer_bias = {}, {}, {}, {}
     labels: dict[int, str] = {}
+    affine = bool(engine.family.affine)
+    neuron_bias = torch.zeros(chosen.shape[0], dtype=engine.dtype) if affine else None
     for layer, _, mlp in engine.neurons(trace):
         outputs[layer] = mlp.output(acts[layer])
+        if affine:
+            if getattr(mlp, "layer_bias", None) is None:
+                raise UnsupportedModelError(
+                    f"Expected every layer's MLP known as one for an affine family's bias nodes. Got layer {layer} "
+                    f"of {engine.family.name}, whose MLP's down projection was not found.")
+            layer_bias[layer] = mlp.layer_bias
         rows = (chosen[:, 0] == layer).nonzero().reshape(-1)
         if rows.numel() == 0:
             continue
         pos, idx = chosen[rows, 2].to(acts[layer].device), chosen[rows, 1].to(acts[layer].device)
         reads[layer], writes[layer] = mlp.read_rows(pos, idx), mlp.write_rows(pos, idx)
+        if neuron_bias is not None:
+            neuron_bias[rows] = mlp.neuron_bias[pos, idx].cpu().to(neuron_bias.dtype)
         out_dirs = writes[layer].float().cpu()
         in_dirs = reads[layer].float().cpu()
         for c0 in range(0, rows.numel(), 64):
@@ -360,68 +385,135 @@ def _sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[int, tor
             in_top = torch.topk(in_dirs[c0:c0 + 64] @ W_E.T, 4 * LABEL_TOKENS, dim=1).indices
             for r, o, i in zip(rows[c0:c0 + 64].tolist(), out_top.tolist(), in_top.tolist(), strict=True):
                 labels[r] = f"writes {_readable(engine, o)} · reads {_readable(engine, i)}"
-    return _Sites(reads, writes, outputs, [labels[r] for r in range(chosen.shape[0])])
+    return _Sites(reads, writes, outputs, [labels[r] for r in range(chosen.shape[0])], layer_bias, neuron_bias)
+
+
+def _bias_nodes(engine: Engine, n: int, position: int) -> np.ndarray:
+    """(B, 2) the bias nodes' (layer, position): every layer at every position, then the final norm's at the
+    predicted position; none for a linear family."""
+    if not engine.family.affine:
+        return np.zeros((0, 2), dtype=np.int64)
+    L = engine.n_layers
+    grid = np.stack(np.meshgrid(np.arange(L), np.arange(n), indexing="ij"), axis=-1).reshape(-1, 2)
+    return np.concatenate([grid, [[L, position]]]).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each kind of node sits in the adjacency: neurons, bias nodes, tokens, logits."""
+
+    M: int
+    B: int
+    n: int
+    K: int
+
+    @property
+    def tokens(self) -> int:
+        return self.M + self.B
+
+    @property
+    def logits(self) -> int:
+        return self.M + self.B + self.n
+
+    @property
+    def size(self) -> int:
+        return self.logits + self.K
+
+    def bias(self, layer: Any, positions: Any) -> Any:
+        """The bias nodes of ``layer`` (< n_layers) at ``positions`` (each may be an array)."""
+        return self.M + layer * self.n + positions
+
+    @property
+    def final_bias(self) -> int:
+        """The final norm's bias node (the last bias node)."""
+        return self.M + self.B - 1
+
+    def receiving(self, rows: np.ndarray) -> np.ndarray:
+        """Adjacency rows (neurons, logits) -> positions in the (M + K,) per-receiving-node arrays."""
+        return np.where(rows < self.M, rows, rows - self.B - self.n)
 
 
 def _adjacency(engine: Engine, trace: Any, targets: _Targets, acts: dict[int, torch.Tensor], chosen: torch.Tensor,
                sites: _Sites, rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(adjacency, completeness, kept share): one cut pullback per logit and per chosen neuron, read at every layer's
-    output (= its MLP's output, the MLPs being cut) and at the embeddings."""
-    M, n, K, L = chosen.shape[0], trace.n_tokens, len(targets.ids), engine.n_layers
-    size = M + n + K
-    A = np.zeros((size, size))
-    total = np.zeros(M + K)  # each receiving node's incoming edges over every source of the model
+    output (= its MLP's output, the MLPs being cut), at the embeddings, and for an affine family at the first
+    layer's input (the constants before it)."""
+    n, L = trace.n_tokens, engine.n_layers
+    affine = bool(sites.layer_bias)
+    at = _Layout(chosen.shape[0], (L * n + 1) if affine else 0, n, len(targets.ids))
+    A = np.zeros((at.size, at.size))
+    total = np.zeros(at.M + at.K)  # each receiving node's incoming edges over every source of the model
     columns = {layer: (chosen[:, 0] == layer).nonzero().reshape(-1) for layer in range(L)}
     values = _chosen_values(acts, chosen)
     x = trace.embeddings
-    passes = _passes(chosen, targets, sites, rows_per_pass, n, L)
+    first, last = engine.residual_ends(trace) if affine else (None, None)
+    positions = np.arange(n)
+
+    def add(rows: np.ndarray, cols: np.ndarray | int, edges: torch.Tensor) -> None:
+        """Edges (rows, cols) into the adjacency and every receiving node's total."""
+        e = edges.cpu().double().numpy().reshape(len(rows), -1)
+        A[np.ix_(rows, np.atleast_1d(cols))] += e
+        total[at.receiving(rows)] += e.sum(1)
+
+    passes = _passes(chosen, targets, sites, rows_per_pass, n, L, affine)
     bar = progress_bar(None, progress, "graph", "pass", total=len(passes))
     try:
         for requests, row_ids in passes:
             for j, site, g in engine.pulls(trace, requests):
-                rows = _receiving(row_ids[j], M, n)
+                rows = row_ids[j]
                 if site == EMBEDDINGS:
                     edges = (g * x[None]).sum(-1)  # (B, n)
-                    A[np.ix_(row_ids[j], M + np.arange(n))] = edges.cpu().double().numpy()
-                    total[rows] += edges.sum(1).cpu().double().numpy()
+                    add(rows, at.tokens + positions, edges)
+                    if affine:  # the constants before the first layer: g_h0 · h0 - g_x · x, position by position
+                        add(rows, at.bias(0, positions), -edges)
+                    continue
+                if site == input_of(0):  # an affine family's first layer's input
+                    add(rows, at.bias(0, positions), (g * first[None]).sum(-1))
                     continue
                 layer = site.layer - 1  # a layer's output: its MLP's output, every MLP being held at its neurons
-                total[rows] += (g * sites.outputs[layer][None]).sum((1, 2)).cpu().double().numpy()
+                total[at.receiving(rows)] += (g * sites.outputs[layer][None]).sum((1, 2)).cpu().double().numpy()
                 cols = columns[layer]
                 if cols.numel():  # act_c · (g at the neuron's position) · its write row
-                    at = g[:, chosen[cols, 2].to(g.device)]  # (B, m, d)
-                    picked = torch.einsum("bmd,md->bm", at, sites.writes[layer]) * values[cols].to(g)
-                    A[np.ix_(row_ids[j], cols.numpy())] = picked.cpu().double().numpy()
+                    picked = torch.einsum("bmd,md->bm", g[:, chosen[cols, 2].to(g.device)], sites.writes[layer])
+                    A[np.ix_(rows, cols.numpy())] = (picked * values[cols].to(g)).cpu().double().numpy()
+                if affine:
+                    add(rows, at.bias(layer, positions), (g * sites.layer_bias[layer][None]).sum(-1))
+                    if layer == L - 1 and rows[0] >= at.logits:  # the final norm's shift: value - g_L · h_L
+                        own = targets.values[torch.as_tensor(rows - at.logits, device=targets.values.device)]
+                        rest = own.to(g) - (g * last[None]).sum((1, 2))
+                        add(rows, at.final_bias, rest)
             if bar is not None:
                 bar.update()
     finally:
         if bar is not None:
             bar.close()
+    if affine and at.M:  # each neuron's own layer's constants (its value on a zero layer input)
+        own = at.bias(chosen[:, 0].numpy(), chosen[:, 2].numpy())
+        nb = sites.neuron_bias.cpu().double().numpy() if sites.neuron_bias is not None else np.zeros(at.M)
+        A[np.arange(at.M), own] += nb
+        total[:at.M] += nb
     all_values = np.concatenate([values.cpu().double().numpy(), targets.values.cpu().double().numpy()])
     scale = np.maximum(np.abs(all_values), np.finfo(np.float64).tiny)
     completeness = np.abs(total - all_values) / scale
-    receiving = np.r_[np.arange(M), M + n + np.arange(K)]
+    receiving = np.r_[np.arange(at.M), at.logits + np.arange(at.K)]
     kept_share = A[receiving].sum(1) / np.where(all_values != 0, all_values, 1.0)
     return A, completeness, kept_share
 
 
-def _receiving(rows: np.ndarray, M: int, n: int) -> np.ndarray:
-    """Adjacency rows -> positions in the (M + K,) per-receiving-node arrays."""
-    return np.where(rows < M, rows, rows - n)
-
-
-def _passes(chosen: torch.Tensor, targets: _Targets, sites: _Sites, rows_per_pass: int, n: int, L: int
-            ) -> list[tuple[list[PullRequest], list[np.ndarray]]]:
+def _passes(chosen: torch.Tensor, targets: _Targets, sites: _Sites, rows_per_pass: int, n: int, L: int,
+            affine: bool) -> list[tuple[list[PullRequest], list[np.ndarray]]]:
     """The cut pullbacks, grouped into passes of at most ``rows_per_pass`` rows: the logits first (seeded at the
     output), then the chosen neurons a layer at a time (seeded with their read rows at the layer's mid residual,
-    reading the outputs of the layers below)."""
+    reading the outputs of the layers below; an affine family's also the first layer's input)."""
     M, K = chosen.shape[0], len(targets.ids)
+    at = _Layout(M, (L * n + 1) if affine else 0, n, K)
     cut = frozenset({"mlp"})
+    start = (input_of(0),) if affine else ()
     jobs: list[tuple[PullRequest, np.ndarray]] = []
     for k0 in range(0, K, rows_per_pass):
         k1 = min(K, k0 + rows_per_pass)
-        reads = (*(input_of(layer + 1) for layer in range(L)), EMBEDDINGS)
-        jobs.append((PullRequest((Seed(OUTPUT, targets.vectors[k0:k1]),), reads, cut), M + n + np.arange(k0, k1)))
+        reads = (*start, *(input_of(layer + 1) for layer in range(L)), EMBEDDINGS)
+        jobs.append((PullRequest((Seed(OUTPUT, targets.vectors[k0:k1]),), reads, cut), at.logits + np.arange(k0, k1)))
     for layer in range(L):
         idx = (chosen[:, 0] == layer).nonzero().reshape(-1)
         for c0 in range(0, idx.numel(), rows_per_pass):
@@ -429,7 +521,7 @@ def _passes(chosen: torch.Tensor, targets: _Targets, sites: _Sites, rows_per_pas
             read = sites.reads[layer][c0:c0 + rows_per_pass]  # (m, d), in the order of idx
             seed = read.new_zeros(part.numel(), n, read.shape[1])
             seed[torch.arange(part.numel()), chosen[part, 2]] = read
-            reads = (*(input_of(below + 1) for below in range(layer)), EMBEDDINGS)
+            reads = (*start, *(input_of(below + 1) for below in range(layer)), EMBEDDINGS)
             jobs.append((PullRequest((Seed(Site("mid", layer), seed),), reads, cut), part.numpy()))
     passes: list[tuple[list[PullRequest], list[np.ndarray]]] = []
     for request, rows in jobs:  # requests share a pass (one sweep, each layer read once) while the rows fit

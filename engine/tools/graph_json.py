@@ -2,7 +2,8 @@
 
 Node ids follow circuit-tracer's conventions: ``E_{token}_{pos}`` for tokens, ``{layer}_{index}_{pos}`` for neurons,
 ``{n_layers + 1}_{token}_{pos}`` for logits; a neuron's ``feature`` is the Cantor pairing of (layer, index), its
-``feature_type`` ``mlp neuron``. There are no error nodes: the graph is exact. Details: docs/graphs.md, "The JSON"."""
+``feature_type`` ``mlp neuron``. An affine family's bias nodes are ``B_{layer}_{pos}`` (``feature_type`` ``bias``).
+There are no error nodes: the graph is exact. Details: docs/graphs.md, "The JSON"."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .graph_prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
 
 SCHEMA_VERSION = 1
 NEURON_TYPE = "mlp neuron"
+BIAS_TYPE = "bias"  # an affine family's constants of one layer at one position (docs/graphs.md, "Bias nodes")
 
 
 def cantor(x: int, y: int) -> int:
@@ -34,7 +36,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
                identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object;
     ``identity`` (e.g. the model's ``weights_sha256``) joins its ``metadata.info``."""
-    M, n = graph.n_neurons, graph.n_tokens
+    M, B, n = graph.n_neurons, graph.n_biases, graph.n_tokens
     kept = pruned if pruned is not None else prune(graph.adjacency, M, n, graph.logit_probabilities,
                                                    node_threshold, edge_threshold)
     nodes = _nodes(graph, kept)
@@ -42,16 +44,16 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
     targets, sources = np.nonzero(kept.edges)
     links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(graph.adjacency[t, s])}
              for t, s in zip(targets, sources, strict=True) if int(s) in ids and int(t) in ids]
-    receiving = np.r_[np.arange(M), M + n + np.arange(graph.n_logits)]
     kept_cols = kept.nodes.copy()
-    logit_rows = M + n + np.arange(graph.n_logits)
+    logit_rows = M + B + n + np.arange(graph.n_logits)
     carried = (graph.adjacency[logit_rows][:, kept_cols].sum(1) / np.where(graph.logit_values != 0,
                                                                            graph.logit_values, 1.0))
     metadata = {
         "slug": slug, "scan": model, "transcoder_list": [], "prompt_tokens": list(graph.tokens),
         "prompt": "".join(graph.tokens), "node_threshold": node_threshold, "schema_version": SCHEMA_VERSION,
         "info": {"generator": "detjac", "exact": True, "error_nodes": 0, "edge_threshold": edge_threshold,
-                 "completeness": graph.worst_completeness, "nodes_before_pruning": int(len(receiving) + n),
+                 "completeness": graph.worst_completeness, "nodes_before_pruning": int(graph.adjacency.shape[0]),
+                 "bias_nodes": B,
                  "active_neurons": graph.n_active, "logit_share_kept": [float(c) for c in carried],
                  **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)},
                  "model": model, **(identity or {})},
@@ -61,7 +63,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
 
 
 def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:
-    M, n, L = graph.n_neurons, graph.n_tokens, graph.n_layers
+    M, B, n, L = graph.n_neurons, graph.n_biases, graph.n_tokens, graph.n_layers
     out: dict[int, dict[str, Any]] = {}
     has_edge = kept.edges.any(axis=0) | kept.edges.any(axis=1)
     for i in np.nonzero(kept.nodes)[0].tolist():
@@ -74,14 +76,22 @@ def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:
                       "ctx_idx": pos, "feature_type": NEURON_TYPE, "jsNodeId": f"{layer}_{index}-0",
                       "clerp": graph.labels[i] if graph.labels else "", "influence": score,
                       "activation": float(graph.activations[i])}
-        elif i < M + n:
-            pos = i - M
+        elif i < M + B:
+            if not has_edge[i]:
+                continue
+            layer, pos = (int(v) for v in graph.biases[i - M])
+            where = "the final norm" if layer == L else f"layer {layer}"
+            out[i] = {"node_id": f"B_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
+                      "feature_type": BIAS_TYPE, "jsNodeId": f"B_{layer}-{pos}",
+                      "clerp": f"Bias: {where} at “{graph.tokens[pos]}”", "influence": score}
+        elif i < M + B + n:
+            pos = i - M - B
             token = graph.token_ids[pos]
             out[i] = {"node_id": f"E_{token}_{pos}", "feature": pos, "layer": "E", "ctx_idx": pos,
                       "feature_type": "embedding", "jsNodeId": f"E_{token}-{pos}", "clerp": graph.tokens[pos],
                       "influence": score}
         else:
-            k = i - M - n
+            k = i - M - B - n
             token, prob = graph.logit_ids[k], float(graph.logit_probabilities[k])
             out[i] = {"node_id": f"{L + 1}_{token}_{graph.position}", "feature": token, "layer": str(L + 1),
                       "ctx_idx": graph.position, "feature_type": "logit", "token_prob": prob,

@@ -118,14 +118,35 @@ def test_graph_with_ordinary_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "s.zarr").exists()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "qwen2", "bert"])
-def test_graph_on_a_family_without_neuron_definitions_is_one_line_and_writes_nothing(tmp_path, family):
+def test_graph_on_a_family_without_neuron_definitions_is_one_line_and_writes_nothing(tmp_path):
     from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
-    checkpoint = save_tiny_checkpoint(tmp_path / family, family)
+    checkpoint = save_tiny_checkpoint(tmp_path / "bert", "bert")
     prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
     result = invoke("run", str(checkpoint), str(prompts), "--out", str(tmp_path / "s.zarr"), "--graph")
     assert result.exit_code == 1
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "attribution graphs" in errors[0]
+    assert len(errors) == 1 and "attribution graphs" in errors[0] and "post-norm" in errors[0]
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_an_affine_familys_graph_keeps_its_bias_nodes_through_the_store(tmp_path):
+    from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
+
+    checkpoint = save_tiny_checkpoint(tmp_path / "gpt2", "gpt2")
+    prompts = write_prompts(tmp_path / "p.txt", ["The fog rolls over the bay and"])
+    out = tmp_path / "s.zarr"
+    result = invoke("run", str(checkpoint), str(prompts), "--out", str(out), "--graph", "--graph-max-nodes", "30")
+    assert result.exit_code == 0, result.output
+    prompt = next(iter(open_store(out)))
+    graph = prompt.graph()
+    kinds = {node["feature_type"] for node in graph["nodes"]}
+    assert {"mlp neuron", "bias", "embedding", "logit"} <= kinds
+    assert graph["metadata"]["info"]["completeness"] < 1e-12 and graph["metadata"]["info"]["bias_nodes"] > 0
+    tables = prompt.graph_arrays()
+    assert (tables["node_kind"] == 3).sum() == sum(node["feature_type"] == "bias" for node in graph["nodes"])
+    try:
+        from circuit_tracer.frontend.graph_models import Model
+    except ImportError:
+        pytest.skip("circuit-tracer is not installed (pip install --no-deps circuit-tracer==0.5.0)")
+    assert len(Model(**graph).nodes) == len(graph["nodes"])

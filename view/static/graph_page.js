@@ -140,7 +140,8 @@ const GraphPage = (() => {
     return links;
   }
 
-  // The nodes shown: a square per token, a circle per neuron, a diamond per logit; a click calls onClick(id).
+  // The nodes shown: a square per token, a circle per neuron, a diamond per logit, a triangle per bias node (an
+  // affine family's constants of a layer at a position); a click calls onClick(id).
   function nodeLayer(data, shown, L, sel, onClick) {
     const tokens = data.metadata.prompt_tokens;
     const nodes = svg("g", {class: "graph-nodes"});
@@ -149,7 +150,8 @@ const GraphPage = (() => {
       const {x, y} = L.at.get(n.id);
       const shape = n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
         : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
-          : svg("circle", {cx: x, cy: y, r: 4.5});
+          : n.type === "bias" ? svg("polygon", {points: `${x},${y - 5} ${x + 5},${y + 4} ${x - 5},${y + 4}`})
+            : svg("circle", {cx: x, cy: y, r: 4.5});
       const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
         (n.id === sel ? " selected" : ""), "data-id": n.id, tabindex: 0});
       g.append(shape, svg("title", {}, `${nodeLabel(n, tokens)} (${n.id})`));
