@@ -30,7 +30,9 @@ def main() -> None:
     import torch
 
     from detjac.engine import load_engine, return_freed_memory
-    from detjac.engine.tools import attribution as at
+    from detjac.engine.tools import graph_adjacency as adj
+    from detjac.engine.tools import graph_targets as at
+    from detjac.graph_settings import MAX_NODES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=1024)
@@ -38,7 +40,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--passes", type=int, default=2)
-    parser.add_argument("--max-nodes", type=int, default=at.MAX_NODES)
+    parser.add_argument("--max-nodes", type=int, default=MAX_NODES)
     args = parser.parse_args()
     return_freed_memory()
     engine = load_engine(str(gguf_path("smollm2")), streamed=True, dtype=getattr(torch, args.dtype),
@@ -50,18 +52,18 @@ def main() -> None:
     trace = engine.trace(ids)
     times["trace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    targets = at._logit_targets(engine, trace.output, at.MAX_LOGITS, at.LOGIT_PROBABILITY)
+    targets = at.logit_targets(engine, trace.output, at.MAX_LOGITS, at.LOGIT_PROBABILITY)
     acts = {layer: z for layer, z, _ in engine.neurons(trace)}
     times["neurons"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    chosen, n_active = at._rank(engine, trace, targets, acts, args.max_nodes)
+    chosen, n_active = at.rank_neurons(engine, trace, targets, acts, args.max_nodes)
     times["rank"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sites = at._sites(engine, trace, chosen, acts)
+    sites = adj.neuron_sites(engine, trace, chosen, acts)
     times["sites"] = time.perf_counter() - t0
     L = engine.n_layers
     top = chosen[np.argsort(-chosen[:, 0].numpy(), kind="stable")][:args.rows * args.passes]
-    passes = at._passes(top, targets, _subset(sites, chosen, top), args.rows, trace.n_tokens, L)
+    passes = adj.cut_pullbacks(top, targets, _subset(sites, chosen, top), args.rows, trace.n_tokens, L)
     t0 = time.perf_counter()
     rows_done, layer_rows = 0, 0
     for requests, _ in passes[:args.passes]:
@@ -90,14 +92,14 @@ def main() -> None:
 def _subset(sites, chosen, top):  # the read and write rows of the neurons in ``top`` (rows of ``chosen``)
     import torch
 
-    from detjac.engine.tools.attribution import _Sites
+    from detjac.engine.tools.graph_adjacency import Sites
 
     reads, writes = {}, {}
     for layer in {int(v) for v in top[:, 0]}:
         rows = (chosen[:, 0] == layer).nonzero().reshape(-1)
         keep = torch.tensor([bool(((top == chosen[r]).all(1)).any()) for r in rows.tolist()])
         reads[layer], writes[layer] = sites.reads[layer][keep], sites.writes[layer][keep]
-    return _Sites(reads, writes, sites.outputs, [])
+    return Sites(reads, writes, sites.outputs, [])
 
 
 if __name__ == "__main__":

@@ -1,2 +1,2 @@
 """Applications on one prompt's Jacobian: decoded singular triplets (``detjac jacobian``), the exactness report
-(``detjac demo``) and steering with a concept prompt (``detjac steer``)."""
+(``detjac demo``), steering with a concept prompt (``detjac steer``) and exact attribution graphs (``detjac graph``)."""

@@ -308,8 +308,8 @@ def test_under_a_budget_the_graph_is_the_same_and_its_passes_are_sized_by_what_t
     model = _model("llama")
     free = attribution_graph(InMemoryEngine(model), IDS, max_nodes=40)
     sizes: list[int] = []
-    sized = attribution._rows_per_pass
-    monkeypatch.setattr(attribution, "_rows_per_pass", lambda *a: sizes.append(sized(*a)) or sizes[-1])
+    sized = attribution.sized_rows
+    monkeypatch.setattr(attribution, "sized_rows", lambda *a: sizes.append(sized(*a)) or sizes[-1])
     roomy = StreamedEngine(model, max_memory="cpu=1GiB")
     own = 2**30 - roomy.sweep_memory(len(IDS))[0]  # the engine's own layer and trace, counted first
     for budget in (own + 2**18, 2**30):  # room for the graph and a few rows; for everything

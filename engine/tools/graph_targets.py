@@ -1,0 +1,106 @@
+"""The logit targets of an attribution graph and the ranking of its candidate neurons (:mod:`detjac.engine.tools.
+attribution`): each target as a vector ``w`` with ``w · y`` its demeaned logit, every neuron's total attribution to
+them from one pullback, and the neurons kept. Definitions: docs/graphs.md."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from detjac.tokens import token_texts as _texts
+
+from ..interface import Engine
+from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
+
+MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
+LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
+
+
+def token_texts(engine: Engine, ids: list[int]) -> list[str]:
+    """Each token id's text (``' Paris'``, :func:`detjac.tokens.token_texts`), or the id itself where the model has
+    no tokenizer."""
+    return _texts(engine.tokenizer, ids) or [str(i) for i in ids]
+
+
+@dataclass
+class LogitTargets:
+    ids: list[int]
+    probabilities: np.ndarray  # (K,)
+    vectors: torch.Tensor  # (K, d): value_k = vectors[k] @ y
+    values: torch.Tensor  # (K,)
+
+
+def logit_vectors(engine: Engine, y: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """(K, d) the vectors ``w_t`` with ``w_t · y`` the demeaned logit of each token of ``ids`` (see
+    :func:`logit_targets`)."""
+    return logit_targets(engine, y, len(ids), 1.0, ids).vectors
+
+
+def logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability: float,
+                   ids: list[int] | None = None) -> LogitTargets:
+    """The top logits until ``probability`` (at most ``max_logits``), each as a vector ``w`` with ``w · y`` its
+    demeaned logit: ``r_t W_U[t] - mean_v r_v W_U[v]``, ``r`` the final soft-cap's frozen ratio (1 without one)."""
+    W = engine.decoding_matrices()["unembedding"].to(device=y.device, dtype=y.dtype)  # (V, d)
+    with torch.no_grad():
+        raw = W @ y
+        logits = engine.logits(y).to(y.dtype)
+        ratio = torch.where(raw != 0, logits / torch.where(raw != 0, raw, torch.ones_like(raw)), torch.ones_like(raw))
+        probs = torch.softmax(logits.double(), dim=-1)
+        if ids is None:
+            top = torch.sort(probs, descending=True)
+            k = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(probability, dtype=torch.float64))) + 1
+            chosen = top.indices[:min(k, max_logits)]
+        else:
+            chosen = torch.as_tensor(ids, dtype=torch.long, device=y.device)
+        mean = (ratio @ W) / W.shape[0]  # (d,) the mean over the vocabulary, never a (V, d) temporary
+        vectors = ratio[chosen, None] * W[chosen] - mean
+    return LogitTargets([int(i) for i in chosen], probs[chosen].cpu().numpy(), vectors, vectors @ y)
+
+
+def logit_attribution(engine: Engine, trace: Any, vectors: torch.Tensor, acts: dict[int, torch.Tensor] | None = None
+                      ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Every neuron's total attribution to the logits ``vectors`` (K, d) (``value_k = vectors[k] · y``):
+    ``(layer, (K, n, n_neurons) act · ∂value_k/∂act)`` through every path of the detached model (nothing cut), one
+    layer at a time, from one pullback. By linearity, zeroing a set of neurons changes ``value_k`` by minus the sum
+    of their attributions in the detached model (what the graphs' faithfulness is measured against)."""
+    acts = acts if acts is not None else {layer: z for layer, z, _ in engine.neurons(trace)}
+    reads = tuple(neurons_of(layer) for layer in range(engine.n_layers))
+    for _, site, g in engine.pulls(trace, [PullRequest((Seed(OUTPUT, vectors),), reads)]):
+        yield site.layer, g * acts[site.layer][None]
+
+
+def rank_neurons(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int, torch.Tensor], max_nodes: int
+          ) -> tuple[torch.Tensor, int]:
+    """The ``max_nodes`` neurons with the largest total attribution to the logits (``sum_k p_k |act ·
+    ∂logit_k/∂act| / |logit_k|``, through every path), as (M, 3) (layer, index, position) sorted by layer,
+    position, index; and how many were active (nonzero, at or before the position)."""
+    p = trace.position
+    weights = torch.as_tensor(targets.probabilities, dtype=targets.values.dtype, device=targets.values.device)
+    weights = weights / targets.values.abs().clamp_min(torch.finfo(targets.values.dtype).tiny)
+    scores: dict[int, torch.Tensor] = {}
+    for layer, attr in logit_attribution(engine, trace, targets.vectors, acts):
+        scores[layer] = torch.einsum("k,knf->nf", weights, attr.abs())[:p + 1]
+    flat = torch.cat([scores[layer].reshape(-1) for layer in range(engine.n_layers)])
+    active = torch.cat([acts[layer][:p + 1].ne(0).reshape(-1) for layer in range(engine.n_layers)])
+    flat = torch.where(active, flat, torch.full_like(flat, -1.0))
+    n_active = int(active.sum())
+    keep = torch.topk(flat, min(max_nodes, n_active)).indices if n_active else flat.new_zeros(0, dtype=torch.long)
+    width = torch.tensor([scores[layer].numel() for layer in range(engine.n_layers)])
+    starts = torch.cumsum(width, 0) - width
+    layer = torch.searchsorted(starts, keep.cpu(), right=True) - 1
+    within = keep.cpu() - starts[layer]
+    n_neurons = torch.tensor([acts[layer_].shape[1] for layer_ in range(engine.n_layers)])
+    pos, index = within // n_neurons[layer], within % n_neurons[layer]
+    chosen = torch.stack([layer, index, pos], dim=1)
+    order = np.lexsort((chosen[:, 1].numpy(), chosen[:, 2].numpy(), chosen[:, 0].numpy()))
+    return chosen[torch.as_tensor(order, dtype=torch.long)], n_active
+
+
+def chosen_values(acts: dict[int, torch.Tensor], chosen: torch.Tensor) -> torch.Tensor:
+    if chosen.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack([acts[int(layer)][int(pos), int(index)] for layer, index, pos in chosen.tolist()])
