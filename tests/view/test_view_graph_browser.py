@@ -131,6 +131,31 @@ def test_the_thresholds_change_what_is_shown(browser, graph_served, graph):
     assert len(css(browser, "#graph-svg .link")) == len(graph["links"])
 
 
+def test_an_affine_familys_bias_nodes_are_drawn_and_shown(browser, tmp_path):
+    import torch
+
+    from detjac.engine import InMemoryEngine, attribution_graph, tiny_model, write_graph
+
+    model = tiny_model("gpt2", seed=3).to(torch.float64)
+    data = write_graph(attribution_graph(InMemoryEngine(model), [3, 17, 5, 42, 9, 11], max_nodes=20),
+                       tmp_path / "gpt2.json", model="tiny-gpt2", node_threshold=1.0, edge_threshold=1.0)
+    biases = [n for n in data["nodes"] if n["feature_type"] == "bias"]
+    assert biases
+    server = Served(tmp_path / "gpt2.json")
+    try:
+        browser.get(server.url)
+        wait_for(browser, "#graph-svg .node", len(data["nodes"]))
+        assert len(css(browser, "#graph-svg .node-bias polygon")) == len(biases)
+        bias = max(biases, key=lambda n: sum(abs(x["weight"]) for x in data["links"] if x["source"] == n["node_id"]))
+        css(browser, f'#graph-svg .node[data-id="{bias["node_id"]}"]')[0].click()
+        wait_for(browser, "#outgoing tbody tr")
+        assert css(browser, "#node-label")[0].text == bias["clerp"] and bias["clerp"].startswith("Bias: ")
+        outgoing = [x for x in data["links"] if x["source"] == bias["node_id"]]
+        assert len(css(browser, "#outgoing tbody tr")) == len(outgoing)
+    finally:
+        server.stop()
+
+
 def test_markup_in_token_texts_and_labels_is_shown_as_text(browser, graph, tmp_path):
     from selenium.common.exceptions import NoAlertPresentException
 
