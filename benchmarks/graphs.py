@@ -72,6 +72,19 @@ def one_case(model: str, tokens: int, dtype: str, engine_kind: str, budget: str 
     }
 
 
+def table(records: list[dict[str, Any]]) -> str:
+    """The records as the markdown table of docs/graphs.md."""
+    rows = ["| model | tokens | dtype | engine | seconds | peak RSS above model | nodes before → after pruning | links "
+            "| completeness (worst) | share of the top logit kept |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (r["model"], r["tokens"], r["dtype"] != "float64", r["engine"])):
+        engine = r["engine"] + (f" ({r['budget']})" if r.get("budget") else "")
+        rows.append(f"| {r['model']} | {r['tokens']} | {r['dtype']} | {engine} | {r['seconds']:.0f} | "
+                    f"{r['peak_mib_above_model'] / 1024:.2f} GiB | {r['nodes_before_pruning']:,} → "
+                    f"{r['nodes_after_pruning']:,} | {r['links_after_pruning']:,} | {r['completeness_worst']:.1e} | "
+                    f"{r['logit_share_kept'][0]:.2f} |")
+    return "\n".join(rows)
+
+
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["model"], r["tokens"], r["dtype"], r["engine"], r.get("budget"))
 
@@ -84,6 +97,7 @@ def main() -> None:
     parser.add_argument("--streamed", default=None, metavar="BUDGET",
                         help="Also run the layer-streamed engine under this --max-memory (e.g. cpu=2GiB).")
     parser.add_argument("--redo", action="store_true")
+    parser.add_argument("--table", action="store_true", help="Print the results as a markdown table and stop.")
     parser.add_argument("--one", nargs=5, metavar=("MODEL", "TOKENS", "DTYPE", "ENGINE", "BUDGET"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -92,6 +106,9 @@ def main() -> None:
         print(json.dumps(one_case(model, int(tokens), dtype, kind, None if budget == "-" else budget)))
         return
     records = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    if args.table:
+        print(table(records))
+        return
     done = {_key(r) for r in records}
     cases = [(m, t, d, "memory", None) for m in args.models for t in args.tokens for d in args.dtypes]
     if args.streamed:
