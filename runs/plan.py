@@ -144,11 +144,10 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
         layers, components = layers or "all", "to_output"
     from detjac.engine import check_layerwise_request
 
-    source = spec.model.source
     if layers is not None:
-        check_layerwise_request(source, components)
+        check_layerwise_request(spec.model.source, components)
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
-    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, source)
+    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model.source)
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
         from detjac.engine import check_graph_request
 

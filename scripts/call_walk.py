@@ -6,8 +6,10 @@ A ``sys.setprofile`` tracer (threads included: dask computes in its own) records
 often it runs (a loop over row blocks is one site). Comprehensions, generator expressions and lambdas count as the
 function that holds them. Printed per command: the distinct call sites, functions and modules, in all and on the
 orchestration path (every module outside ``detjac.engine``: cli/ -> runs/ -> store/ -> analysis/ and back; the
-engine's numerics are the engine's own business), those of them that cross from one module into another, and with
-``--list`` the path's call sites. A module's body running on import is not a call.
+engine's numerics are the engine's own business), those of them that cross from one module into another, how often
+the decisions of issue 51 run (MODEL resolved, ``--keep`` parsed, the exactness check, a prompt opened, a model
+matrix read: :data:`WATCHED`), and with ``--list`` the path's call sites. A module's body running on import is not a
+call, nor is generated code (a dataclass's ``__init__``).
 
 Usage::
 
@@ -28,6 +30,9 @@ from typing import Any
 
 ANONYMOUS = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")
 IMPORT = "<module>"  # a module's body running on import: not a call of the path
+# the decisions item by item: how often each runs (calls, not sites) in one command
+WATCHED = ("resolve_model", "select_gguf", "is_hub_id", "check_checkpoint_dir", "portable_location", "model_ref",
+           "parse_keep", "wants_streamed", "check_exact", "_check_exact", "ZarrStore.get", "ZarrStore.model_array")
 
 
 def use_checkout(root: Path) -> None:
@@ -55,11 +60,14 @@ class Walk:
     def __init__(self) -> None:
         self.sites: dict[tuple[str, str], None] = {}  # (caller, callee) in first-call order
         self.functions: dict[str, None] = {}
+        self.calls: dict[str, int] = {}  # function -> how often it ran
 
     @staticmethod
     def _name(frame: Any) -> str | None:
         """``module:function`` of a detjac frame (a comprehension's or lambda's: its holder's); None elsewhere."""
         while frame is not None:
+            if frame.f_code.co_filename.startswith("<"):  # generated code (a dataclass's __init__): not detjac's
+                return None
             module = frame.f_globals.get("__name__", "")
             if not (module == "detjac" or module.startswith("detjac.")):
                 return None
@@ -80,6 +88,7 @@ class Walk:
         while caller is not None and self._name(caller) is None:  # through library frames (click, dask) to detjac
             caller = caller.f_back
         self.functions.setdefault(callee)
+        self.calls[callee] = self.calls.get(callee, 0) + 1
         self.sites.setdefault((self._name(caller) if caller is not None else "<entry>", callee))
 
     def start(self) -> None:
@@ -110,6 +119,9 @@ def report(title: str, walk: Walk, listing: bool) -> None:
           f"{len({module_of(f) for f in path_functions}):3d} modules (outside detjac.engine)")
     crossing = [(a, b) for a, b in path_sites if module_of(a) != module_of(b)]
     print(f"  of which crossing:   {len(crossing):4d} call sites from one module into another")
+    watched = {f: n for f, n in walk.calls.items() if f.partition(":")[2] in WATCHED}
+    print("  decisions (calls):   " + (", ".join(f"{f.partition(':')[2]} {n}" for f, n in sorted(watched.items()))
+                                       or "none"))
     if listing:
         for caller, callee in path_sites:
             print(f"    {caller} -> {callee}")
