@@ -14,10 +14,10 @@ from .jobs import write_table
 from .spectra import decode, dimensionality, singular_values, stored_svd
 
 if TYPE_CHECKING:
-    from ..store import StoreReader
+    from ..store import StoredPrompt, StoreReader
 
 
-def _summary(store: StoreReader, prompt: Any, top: int, unembed: np.ndarray) -> dict[str, Any]:
+def _summary(store: StoreReader, prompt: StoredPrompt, top: int, unembed: np.ndarray) -> dict[str, Any]:
     s = singular_values(prompt)
     spec = stored_svd(prompt, 1, method="gram")
     ids, _ = decode(spec.U, unembed, top)

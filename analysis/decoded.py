@@ -81,8 +81,11 @@ class DecodeReport:
     written: list[Path]
 
 
-def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8) -> list[DecodedSpectrum]:
-    """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`)."""
+def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8,
+                   opened: jobs.OpenedPrompts | None = None) -> list[DecodedSpectrum]:
+    """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`);
+    ``opened``: the job's prompts, opened once."""
+    opened = jobs.OpenedPrompts(store) if opened is None else opened
     text = jobs.token_texts(store)
     tokenizer = jobs.stored_tokenizer(store)
     decoder = jobs.SpectrumDecoder(store)  # the matrices read and checked once for every prompt
@@ -92,7 +95,7 @@ def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8
 
     decoded = []
     for spec in spectra:
-        prompt = store.get(spec.prompt_id)
+        prompt = opened(spec.prompt_id)
         ids = decoder.decode(spec, top)
         triplets = []
         for i, sigma in enumerate(spec.S):
@@ -163,9 +166,10 @@ def decode_report(store: StoreReader, prompt_ids: Sequence[str], *, k: int = 5, 
     InvalidArgumentError
         For a target the store does not hold, or a token index out of range.
     """
+    opened = jobs.OpenedPrompts(store)  # each prompt opened once, for its triplets and its title
     spectra = jobs.svd(store, prompt_ids, k, token, method=method, power_iterations=power_iterations,
-                       target=target, progress=progress)
-    decoded = decode_spectra(store, spectra, top)
+                       target=target, progress=progress, opened=opened)
+    decoded = decode_spectra(store, spectra, top, opened)
     written = []
     if plot:
         written.append(plot_decoded([d.section() for d in decoded], plot))

@@ -69,18 +69,34 @@ def cached_spectrum(store: StoreReader, prompt: StoredPrompt, token: int | None)
     return s
 
 
+class OpenedPrompts:
+    """The prompts of one job, each opened (and its files checked) once, on first use, then kept for the job's other
+    steps (the triplets, then their decoding and titles)."""
+
+    def __init__(self, store: StoreReader) -> None:
+        self.store = store
+        self._opened: dict[str, StoredPrompt] = {}
+
+    def __call__(self, prompt_id: str) -> StoredPrompt:
+        if prompt_id not in self._opened:
+            self._opened[prompt_id] = self.store.get(prompt_id)
+        return self._opened[prompt_id]
+
+
 def svd(store: StoreReader, prompt_ids: Iterable[str], k: int = 8, token: int | None = None, *,
         method: str = "randomized", power_iterations: int = 6, oversample: int = 10, seed: int = 0,
-        target: str | None = None, progress: Any = None) -> list[Spectrum]:
+        target: str | None = None, progress: Any = None, opened: OpenedPrompts | None = None) -> list[Spectrum]:
     """Top-k triplets for each prompt (combined operator, or token ``token``; of the model output or of the
-    layerwise ``target``), kept in the store's analysis cache."""
+    layerwise ``target``), kept in the store's analysis cache. ``opened``: the job's prompts, opened once (a prompt
+    whose triplets are kept is not opened)."""
+    opened = OpenedPrompts(store) if opened is None else opened
     wanted = {"k": k, "method": method, "power_iterations": power_iterations, "oversample": oversample,
               "seed": seed}
     results = []
     for pid in prompt_ids:
         spec = read_svd(store.analyses, pid, token, target)
         if spec is None or spec.params != wanted:
-            spec = stored_svd(store.get(pid), k, token, method=method, power_iterations=power_iterations,
+            spec = stored_svd(opened(pid), k, token, method=method, power_iterations=power_iterations,
                               oversample=oversample, seed=seed, target=target)
             store.analyses.write(pid, result_name("svd", token, target), {"U": spec.U, "S": spec.S, "V": spec.V},
                                  {"params": wanted, "method": spec.method, "token": token, "target": target})
@@ -197,11 +213,14 @@ def token_id(store: StoreReader, text: str) -> int:
     return int(ids[0])
 
 
-def dims(store: StoreReader, prompt_ids: Iterable[str], progress: Any = None) -> list[dict[str, Any]]:
-    """Dimensionality (stable rank, participation ratio, n90, n99) per prompt: combined and per token."""
+def dims(store: StoreReader, prompt_ids: Iterable[str], progress: Any = None,
+         opened: OpenedPrompts | None = None) -> list[dict[str, Any]]:
+    """Dimensionality (stable rank, participation ratio, n90, n99) per prompt: combined and per token (``opened``:
+    the job's prompts, opened once)."""
+    opened = OpenedPrompts(store) if opened is None else opened
     rows = []
     for pid in prompt_ids:
-        prompt = store.get(pid)
+        prompt = opened(pid)
         for token in [None, *range(prompt.n_tokens)]:
             s = cached_spectrum(store, prompt, token)
             d = dimensionality(s)

@@ -15,7 +15,7 @@ from ..targets import COMPONENTS, Target
 from .spectra import dimensionality, operator_inputs, singular_values, stored_svd
 
 if TYPE_CHECKING:
-    from ..store import StoreReader
+    from ..store import StoredPrompt, StoreReader
 
 
 def lens(store: StoreReader, target: str | None = None) -> tuple[np.ndarray, bool]:
@@ -40,7 +40,7 @@ def token_rank(scores: np.ndarray, token: int) -> int:
     return int((scores > scores[token]).sum()) + 1
 
 
-def _targets(prompt: Any, targets: Sequence[str] | None) -> list[str]:
+def _targets(prompt: StoredPrompt, targets: Sequence[str] | None) -> list[str]:
     stored = prompt.layerwise_targets
     if not stored:
         raise InvalidArgumentError(f"Expected layerwise Jacobians with prompt {prompt.id}. Got none: run "
@@ -59,7 +59,7 @@ DENSE_BYTES = 256 * 2**20
 go through dask chunk by chunk."""
 
 
-def _in_memory(prompt: Any, target: str) -> np.ndarray | None:
+def _in_memory(prompt: StoredPrompt, target: str) -> np.ndarray | None:
     """The target's (rows, n, cols) Jacobian in float64 if it fits :data:`DENSE_BYTES`, read in one go; else None."""
     J = prompt.layerwise(target)  # lazy: only the shape is read here
     if J.size * 8 > DENSE_BYTES:
@@ -229,7 +229,8 @@ def targets_heatmap(store: StoreReader, prompt_id: str, targets: Sequence[str], 
             "tokens": list(prompt.attrs.get("tokens", [str(t) for t in prompt.array("token_ids")]))}
 
 
-def _per_token_u1(store: StoreReader, prompt: Any, target: str, J: Any, contributions: np.ndarray) -> np.ndarray:
+def _per_token_u1(store: StoreReader, prompt: StoredPrompt, target: str, J: Any,
+                  contributions: np.ndarray) -> np.ndarray:
     """Leading left singular vector of each token's ``J_k`` of ``target`` (n, rows), kept in the store.
 
     ``J`` is the target's (rows, n, cols) Jacobian, in memory (numpy) or lazy (dask); each vector is signed so that

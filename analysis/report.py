@@ -98,13 +98,14 @@ def report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = N
     out.mkdir(parents=True, exist_ok=True)
     jobs.require_full(store, "analyze report")
     ids = store.prompt_ids()
-    dims_rows = jobs.dims(store, ids, progress=progress)
-    spectra = jobs.svd(store, ids, k=1, method="gram")
+    opened = jobs.OpenedPrompts(store)  # each prompt opened once, for its spectra, its triplets and its row
+    dims_rows = jobs.dims(store, ids, progress=progress, opened=opened)
+    spectra = jobs.svd(store, ids, k=1, method="gram", opened=opened)
     text = jobs.token_texts(store)
     decoder = jobs.SpectrumDecoder(store)
     decoded_rows = []
     for spec in spectra:
-        prompt = store.get(spec.prompt_id)
+        prompt = opened(spec.prompt_id)
         left = decoder.decode(spec, top).left_ids[0]
         decoded_rows.append({"prompt_id": spec.prompt_id, "prompt": prompt.prompt,
                              "next_token": text(prompt.attrs["next_token_id"]),
@@ -120,15 +121,16 @@ def report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = N
                "prediction_in_u1_top": sum(r["u1_hit"] for r in decoded_rows) / max(1, len(decoded_rows)),
                "median_stable_rank_combined": float(np.median([r["stable_rank"] for r in combined])),
                "median_n90_combined": float(np.median([r["n90"] for r in combined])),
-               **_layerwise_section(store, ids, out, top, table_format),
+               **_layerwise_section(store, ids, out, top, table_format, opened),
                "files": sorted({p.name for p in out.iterdir()} | {"summary.json"})}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _layerwise_section(store: StoreReader, ids: list[str], out: Path, top: int, table_format: str) -> dict[str, Any]:
+def _layerwise_section(store: StoreReader, ids: list[str], out: Path, top: int, table_format: str,
+                       opened: jobs.OpenedPrompts) -> dict[str, Any]:
     """Layer tables and figures for the prompts stored with layerwise Jacobians; their summary figures."""
-    with_layers = [pid for pid in ids if store.get(pid).layerwise_targets]
+    with_layers = [pid for pid in ids if opened(pid).layerwise_targets]
     if not with_layers:
         return {}
     rows = layers.layer_table(store, with_layers, top=top)

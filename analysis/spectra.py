@@ -9,13 +9,16 @@ RAM and on a dask.distributed cluster when a client is active.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..singular import decode_top, orient
 from ..targets import Target
+
+if TYPE_CHECKING:
+    from ..store import StoredPrompt
 
 
 @dataclass(frozen=True)
@@ -32,19 +35,19 @@ class Spectrum:
     target: str | None = None  # a layerwise target (``layer.3``, ``mlp_local.0``, ...); None: the model output
 
 
-def _jacobian(prompt: Any, target: str | None) -> Any:
+def _jacobian(prompt: StoredPrompt, target: str | None) -> Any:
     """The stored (rows, token, cols) Jacobian of the model output or of a layerwise target, lazily."""
     return prompt.jacobian(lazy=True) if target is None else prompt.layerwise(target)
 
 
-def operator_inputs(prompt: Any, target: str | None) -> np.ndarray:
+def operator_inputs(prompt: StoredPrompt, target: str | None) -> np.ndarray:
     """What the Jacobian multiplies (token, cols): the input embeddings, a ``*_local`` target's layer inputs or a
     ``to_output`` target's layer outputs."""
     source = Target.parse(target).source_array if target is not None else None
     return prompt.layerwise(target, source) if source is not None else prompt.array("embeddings")
 
 
-def _output(prompt: Any, target: str | None) -> np.ndarray:
+def _output(prompt: StoredPrompt, target: str | None) -> np.ndarray:
     """What the Jacobian reconstructs (rows,)."""
     return prompt.array("output") if target is None else prompt.layerwise(target, "output")
 
@@ -70,7 +73,7 @@ def all_singular_values(A: np.ndarray) -> np.ndarray:
         return np.linalg.svd(A.T, compute_uv=False)
 
 
-def operator(prompt: Any, token: int | None, target: str | None = None) -> Any:
+def operator(prompt: StoredPrompt, token: int | None, target: str | None = None) -> Any:
     """Lazy dask array of ``J_k`` (rows, cols) or, for ``token=None``, ``[J_1 ... J_n]`` (rows, n * cols).
 
     ``target`` selects a stored layerwise Jacobian instead of the model output's.
@@ -84,7 +87,7 @@ def operator(prompt: Any, token: int | None, target: str | None = None) -> Any:
     return J[:, token % n, :]
 
 
-def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str = "randomized",
+def stored_svd(prompt: StoredPrompt, k: int = 8, token: int | None = None, *, method: str = "randomized",
                  power_iterations: int = 4, oversample: int = 10, seed: int = 0, target: str | None = None) -> Spectrum:
     """Top-``k`` singular triplets of a stored prompt's combined operator or of token ``token``'s ``J_k``
     (of the model output, or of the layerwise ``target``).
@@ -128,7 +131,7 @@ def stored_svd(prompt: Any, k: int = 8, token: int | None = None, *, method: str
     return Spectrum(prompt.id, token, U, S, V, method, params if method == "randomized" else {"k": k}, target)
 
 
-def low_rank_spectrum(prompt: Any, k: int, token: int | None) -> Spectrum:
+def low_rank_spectrum(prompt: StoredPrompt, k: int, token: int | None) -> Spectrum:
     """The top ``k`` of a low-rank prompt's stored triplets (``detjac run --keep rank:K``: computed when the prompt
     was run, the full Jacobian never stored); InvalidArgumentError when ``k`` exceeds the stored rank."""
     U, S, V = prompt.triplets(token)
@@ -158,7 +161,7 @@ def gram_spectrum(A: Any, k: int) -> np.ndarray:
     return _gram_triplets(A, k)[1]
 
 
-def _produced(prompt: Any, token: int | None, target: str | None = None) -> np.ndarray:
+def _produced(prompt: StoredPrompt, token: int | None, target: str | None = None) -> np.ndarray:
     """What the operator produced: ``sum_k J_k x_k`` for the combined operator (the output less an affine
     model's offset ``b``; layerwise targets come from the streamed engine, which has no offset), ``J_k x_k``
     for a token."""
@@ -176,7 +179,7 @@ def decode(vectors: np.ndarray, matrix: np.ndarray, top: int = 8) -> tuple[np.nd
     return decode_top(np.asarray(vectors, dtype=np.float64), np.asarray(matrix, dtype=np.float64), top)
 
 
-def singular_values(prompt: Any, token: int | None = None, target: str | None = None) -> np.ndarray:
+def singular_values(prompt: StoredPrompt, token: int | None = None, target: str | None = None) -> np.ndarray:
     """All singular values (exact): by LAPACK for an operator of :data:`IN_MEMORY` entries or fewer, else by a
     tall-and-skinny dask SVD of its transpose.
 

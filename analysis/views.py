@@ -15,10 +15,10 @@ from .layers import lens, target_spectrum
 from .spectra import operator, operator_inputs
 
 if TYPE_CHECKING:
-    from ..store import StoreReader
+    from ..store import StoredPrompt, StoreReader
 
 
-def _token_index(prompt: Any, token: int) -> int:
+def _token_index(prompt: StoredPrompt, token: int) -> int:
     n = prompt.n_tokens
     if not -n <= token < n:
         raise InvalidArgumentError(f"Expected a token index in [-{n}, {n}) for prompt {prompt.id}. Got {token}.")

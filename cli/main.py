@@ -149,9 +149,7 @@ def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, pro
         return
     from detjac.runs import RunOptions, run_one
 
-    pid = run_one(model, prompt, out, RunOptions(dtype=o.dtype, row_block=row_block, device=o.device,
-                                                 streamed=o.streamed, max_memory=o.max_memory, revision=o.revision,
-                                                 trust_remote_code=o.trust_remote_code), engine)
+    pid = run_one(model, prompt, out, RunOptions(row_block=row_block, **o.model_settings()), engine)
     click.echo(f"stored as prompt {pid} in {out}")
 
 
@@ -248,8 +246,7 @@ def demo(model: str, prompt: tuple[str, ...], plot: str, n_values: int, top: int
     engine = o.engine(source)
     tok = engine.tokenizer
     n_params = engine.parameter_count()
-    where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed or o.max_memory
-                                                                        else "")
+    where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed_engine else "")
     if source == "default":
         click.echo(f"default model: {DEFAULT_MODEL_DIR.name} (Llama, {n_params:,} parameters, trained on the GCIDE "
                    f"dictionary; model card: {DEFAULT_MODEL_DIR / 'README.md'}), {where}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.model_settings import ModelSettings
 from detjac.targets import OUTPUT
 
 if TYPE_CHECKING:
@@ -23,9 +24,7 @@ TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else 
 
 def gguf_file_option(func: Any) -> Any:
     """``--gguf-file NAME``: a GGUF file inside the folder or hub id MODEL."""
-    return click.option("--gguf-file", default=None, metavar="NAME",
-                        help="Load the GGUF file NAME inside the folder or hub id MODEL (e.g. a hub repository of "
-                             "quantized files); MODEL may also be a .gguf file itself.")(func)
+    return model_option("gguf_file")(func)
 
 
 def model_source(model: str, gguf_file: str | None, revision: str | None = None) -> str:
@@ -116,15 +115,10 @@ def _read_prompt_file(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class ModelOptions:
-    """How a one-prompt command loads MODEL: the options of :func:`model_options`."""
+class ModelOptions(ModelSettings):
+    """How a command loads MODEL: the options of :func:`model_options` (the
+    :class:`~detjac.model_settings.ModelSettings` every model-loading command shares, and ``--gguf-file``)."""
 
-    dtype: str = "float64"
-    device: str = "cpu"
-    streamed: bool = False
-    max_memory: str | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
     gguf_file: str | None = None
 
     def source(self, model: str) -> str:
@@ -134,15 +128,9 @@ class ModelOptions:
     def engine(self, source: str) -> Engine:
         """``source`` (MODEL as :meth:`source` gives it) loaded into the engine these options ask for (the
         layer-streamed one with ``--streamed`` or a budget), under its CPU budget."""
-        import torch
+        from detjac.engine import load_engine_with
 
-        from detjac.engine import honour_cpu_budget, load_engine
-
-        engine = load_engine(source, streamed=self.streamed or self.max_memory is not None,
-                             dtype=getattr(torch, self.dtype), device=self.device, max_memory=self.max_memory,
-                             revision=self.revision, trust_remote_code=self.trust_remote_code)
-        honour_cpu_budget(engine)
-        return engine
+        return load_engine_with(source, self)
 
     def refuse(self, command: str, why: str, **defaults: Any) -> None:
         """A UsageError when an option differs from ``defaults`` (name -> the only value ``command`` takes)."""
@@ -152,33 +140,55 @@ class ModelOptions:
             raise click.UsageError(f"Expected no {names} with {command}: {why}.")
 
 
+_MODEL_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # name -> (declarations, click settings)
+    "dtype": (("--dtype",), {"type": click.Choice(DTYPES), "default": "float64", "show_default": True,
+                             "help": "Compute dtype; float64 is the exactness mode."}),
+    "device": (("--device",), {"default": "cpu", "show_default": True, "help": "Torch device, e.g. cuda:0."}),
+    "streamed": (("--streamed",), {"is_flag": True,
+                                   "help": "The layer-streamed engine: one decoder layer's weights in memory at a "
+                                           "time (the same Jacobian, for models larger than memory)."}),
+    "max_memory": (("--max-memory",), {"default": None,
+                                       "help": "Memory budget per device, e.g. cpu=4GiB or cuda:0=8GiB,cpu=32GiB "
+                                               "(implies --streamed)."}),
+    "revision": (("--revision",), {"default": None,
+                                   "help": "Revision (branch, tag or commit) of a hub id MODEL [default: main]."}),
+    "trust_remote_code": (("--trust-remote-code",), {"is_flag": True,
+                                                     "help": "Allow the checkpoint's own Python code (off by "
+                                                             "default)."}),
+    "gguf_file": (("--gguf-file",), {"default": None, "metavar": "NAME",
+                                     "help": "Load the GGUF file NAME inside the folder or hub id MODEL (e.g. a hub "
+                                             "repository of quantized files); MODEL may also be a .gguf file "
+                                             "itself."}),
+}
+
+
+def model_option(name: str, **changes: Any) -> Any:
+    """One option of :func:`model_options` by its name (``dtype``, ``device``, ``streamed``, ``max_memory``,
+    ``revision``, ``trust_remote_code``, ``gguf_file``), with ``changes`` to its click settings (a command's own help
+    or default): for a command that places the options among its own and collapses them with
+    :func:`collect_model_options`."""
+    declarations, settings = _MODEL_OPTIONS[name]
+    return click.option(*declarations, **{**settings, **changes})
+
+
+def collect_model_options(func: Any) -> Any:
+    """The options of :func:`model_option` collapsed into the command's ``model_options`` argument (a
+    :class:`ModelOptions`); apply it above them."""
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, model_options=ModelOptions(**{k: kwargs.pop(k) for k in _MODEL_OPTIONS}), **kwargs)
+
+    return command
+
+
 def model_options(*, dtype: str = "float64") -> Any:
     """``--dtype``, ``--device``, ``--streamed``, ``--max-memory``, ``--revision``, ``--trust-remote-code`` and
     ``--gguf-file``, collapsed into the command's ``model_options`` argument (a :class:`ModelOptions`)."""
-    options = [
-        click.option("--dtype", type=click.Choice(DTYPES), default=dtype, show_default=True,
-                     help="Compute dtype; float64 is the exactness mode."),
-        click.option("--device", default="cpu", show_default=True, help="Torch device, e.g. cuda:0."),
-        click.option("--streamed", is_flag=True,
-                     help="The layer-streamed engine: one decoder layer's weights in memory at a time (the same "
-                          "Jacobian, for models larger than memory)."),
-        click.option("--max-memory", default=None,
-                     help="Memory budget per device, e.g. cpu=4GiB or cuda:0=8GiB,cpu=32GiB (implies --streamed)."),
-        click.option("--revision", default=None,
-                     help="Revision (branch, tag or commit) of a hub id MODEL [default: main]."),
-        click.option("--trust-remote-code", is_flag=True,
-                     help="Allow the checkpoint's own Python code (off by default)."),
-        gguf_file_option,
-    ]
-    keys = ("dtype", "device", "streamed", "max_memory", "revision", "trust_remote_code", "gguf_file")
 
     def decorate(func: Any) -> Any:
-        @functools.wraps(func)
-        def command(*args: Any, **kwargs: Any) -> Any:
-            return func(*args, model_options=ModelOptions(**{k: kwargs.pop(k) for k in keys}), **kwargs)
-
-        for option in reversed(options):
-            command = option(command)
+        command = collect_model_options(func)
+        for name in reversed(_MODEL_OPTIONS):
+            command = model_option(name, **({"default": dtype} if name == "dtype" else {}))(command)
         return command
 
     return decorate

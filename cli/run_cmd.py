@@ -13,10 +13,11 @@ import click
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
 from . import render
-from .options import DTYPES, gguf_file_option, model_source
+from .options import ModelOptions, collect_model_options, model_option
 
 
 @click.command()
+@collect_model_options
 @click.argument("model", type=click.Path())
 @click.argument("prompts", type=click.Path())
 @click.option("--out", "-o", required=True,
@@ -25,8 +26,7 @@ from .options import DTYPES, gguf_file_option, model_source
 @click.option("--prompts-format", type=click.Choice(["txt", "jsonl"]), default=None,
               help="How to read PROMPTS when its name does not say (.txt: one prompt per line; .jsonl, .ndjson: one "
                    "JSON object per line).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float64", show_default=True,
-              help="Compute dtype; bfloat16 results are stored as float32.")
+@model_option("dtype", help="Compute dtype; bfloat16 results are stored as float32.")
 @click.option("--row-block", type=click.IntRange(min=1), default=None,
               help="Jacobian rows per vmapped pullback and per stored chunk [default: 64, or sized to --max-memory].")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
@@ -73,10 +73,10 @@ from .options import DTYPES, gguf_file_option, model_source
               help="With --graph: keep the nodes that hold this share of the influence on the logits.")
 @click.option("--graph-edge-threshold", type=click.FloatRange(0, 1), default=EDGE_THRESHOLD, show_default=True,
               help="With --graph: keep the edges that hold this share of the influence.")
-@click.option("--streamed", is_flag=True,
+@model_option("streamed",
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")
-@click.option("--max-memory", default=None,
+@model_option("max_memory",
               help="Memory budget per device for the streamed engine, e.g. cpu=4GiB or cuda:0=8GiB,cpu=32GiB; "
                    "the row block is sized to fit.")
 @click.option("--quantize", type=click.Choice(("nf4", "fp4", "int8")), default=None,
@@ -87,11 +87,11 @@ from .options import DTYPES, gguf_file_option, model_source
                    "the cheaper by the cost model (see docs/engine.md, section Cost model).")
 @click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings (kept aside "
                                                 "until the new run stores a prompt; put back if it stores none).")
-@click.option("--device", default="cpu", show_default=True,
+@model_option("device",
               help="Torch device, e.g. cuda:0 (with --scheduler: each worker's own; dask-cuda gives each one GPU).")
-@click.option("--revision", default=None, help="Revision (branch, tag or commit) of a hub id MODEL [default: main].")
-@click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (off by default).")
-@gguf_file_option
+@model_option("revision")
+@model_option("trust_remote_code")
+@model_option("gguf_file")
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Spread the prompts over a LocalCluster of this many worker processes on this machine "
                    "(0: this process computes them all).")
@@ -100,7 +100,7 @@ from .options import DTYPES, gguf_file_option, model_source
                    "tcp://10.0.0.5:8786; each worker loads the model once and writes into the shared store.")
 @click.option("--memory-limit", default="auto", show_default=True,
               help="Memory limit per LocalCluster worker (--workers); auto shares this machine's memory.")
-def run(model: str, prompts: str, out: str, **settings: Any) -> None:
+def run(model: str, prompts: str, out: str, model_options: ModelOptions, **settings: Any) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl / .ndjson file ({"prompt": ...} or
@@ -153,9 +153,9 @@ def run(model: str, prompts: str, out: str, **settings: Any) -> None:
 
     settings["detach"] = not settings.pop("ordinary")
     prompts_format = settings.pop("prompts_format")
-    model = model_source(model, settings.pop("gguf_file"), settings["revision"])
     source = read_prompts(prompts, prompts_format) if prompts_format else prompts
-    outcome = run_corpus(model, source, out, RunOptions(**settings), log=click.echo)
+    options = RunOptions(**{**model_options.model_settings(), **settings}, gguf_file=model_options.gguf_file)
+    outcome = run_corpus(model, source, out, options, log=click.echo)  # MODEL resolved there, once
     render.echo_run_outcome(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)

@@ -74,7 +74,7 @@ def svd(model: str, prompt: str, model_options: ModelOptions, k: int, top: int, 
         from detjac.store import npz_target
 
         out = str(npz_target(out, force))  # before any work
-    streamed, dtype, device = o.streamed or o.max_memory is not None, o.dtype, o.device
+    streamed, dtype, device = o.streamed_engine, o.dtype, o.device
     t0 = time.perf_counter()
     model = o.source(model)
     engine = o.engine(model)

@@ -22,6 +22,7 @@ from .checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_m
 from .checkpoints.gguf import read_header as read_gguf_header
 from .checkpoints.hub import is_hub_id
 from .checkpoints.loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
+from .checkpoints.reference import ModelRef
 from .checkpoints.tiny import tiny_model, tiny_model_types
 from .detach.model import Linearized, linearized
 from .families import FAMILIES, family_for, supported_model_types
@@ -37,7 +38,7 @@ from .products.linear_operator import JacobianOperator, jacobian_operator
 from .products.logits import decoding_matrix, logit_jacobian, output_logits
 from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult, reconstruct
-from .selection import as_engine, check_layerwise_request, load_engine
+from .selection import as_engine, check_layerwise_request, load_engine, load_engine_with
 from .streamed.streamed_engine import StreamedEngine, StreamedResult
 from .tools.attribution import (
     AttributionGraph,

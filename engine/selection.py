@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from detjac.model_settings import wants_streamed
 
 from .checkpoints.loading import load_model
 from .inmemory.inmemory_engine import InMemoryEngine
 from .interface import Engine
 from .streamed.streamed_engine import StreamedEngine
+
+if TYPE_CHECKING:
+    from detjac.model_settings import ModelSettings
 
 
 def as_engine(model: Any, *, detach: bool = True, tokenizer: Any | None = None,
@@ -38,12 +43,30 @@ def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, devic
     import torch
 
     dtype = torch.float64 if dtype is None else dtype
-    if streamed or max_memory or quantize:
+    if wants_streamed(streamed, max_memory, quantize):
         return StreamedEngine(source, dtype=dtype, device=device, detach=detach, max_memory=max_memory,
                              quantize=quantize, revision=revision, trust_remote_code=trust_remote_code,
                              convention=convention)
     model = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
     return InMemoryEngine(model, detach=detach, convention=convention)
+
+
+def load_engine_with(source: Any, settings: ModelSettings, *, device: str | None = None) -> Engine:
+    """``source`` loaded into the engine ``settings`` ask for (see :func:`load_engine`), under this process's CPU
+    budget (:func:`detjac.engine.honour_cpu_budget`). ``device`` other than the settings' own loads there without the
+    memory budget, which names the settings' devices (a distributed run's client plans on the CPU)."""
+    import torch
+
+    from .memory import honour_cpu_budget
+
+    device = device or settings.device
+    engine = load_engine(source, streamed=settings.streamed_engine, dtype=getattr(torch, settings.dtype),
+                         device=device, detach=settings.detach,
+                         max_memory=settings.max_memory if device == settings.device else None,
+                         quantize=settings.quantize, revision=settings.revision,
+                         trust_remote_code=settings.trust_remote_code, convention=settings.convention)
+    honour_cpu_budget(engine)  # this process computes under a CPU budget: keep the resident set honest
+    return engine
 
 
 def check_layerwise_request(source: Any, components: str) -> None:

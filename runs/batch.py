@@ -7,12 +7,12 @@ dask.distributed cluster (``runs/cluster.py``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from detjac import __version__
-from detjac.errors import LinearizationError
 from detjac.store import NO_JACOBIAN
 
 from .description import RunDescription
@@ -21,82 +21,122 @@ from .prompts import PromptLine
 if TYPE_CHECKING:
     from detjac.engine import Engine, Plan, Trace
     from detjac.store import PromptWriter, StoreWriter
+    from detjac.targets import Target
 
 LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 power iterations)
 
 
-def parse_keep(keep: str) -> int | None:
-    """``full`` and ``none`` (no Jacobian: a ``--lens`` run) -> None; ``rank:K`` -> K (a positive integer); anything
-    else is an error."""
-    from detjac.errors import InvalidArgumentError
-
-    if keep in ("full", NO_JACOBIAN):
-        return None
-    kind, _, value = keep.partition(":")
-    if kind == "rank" and value.isdigit() and int(value) > 0:
-        return int(value)
-    raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none (with "
-                               f"--lens). Got {keep!r}.")
-
-
 def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine, ids: list[int], run: RunDescription,
-                 targets: list[Any], bar: Any, progress: bool = True, sums: Any = None) -> float:
-    """One prompt through ``engine`` into ``store``: the output's Jacobian and every layerwise ``targets``
-    Jacobian, block by block (or, in low-rank mode, the output's top triplets); returns the output's
-    reconstruction error. ``progress`` shows the engine's own bar of the forward pass (``bar`` alone counts the blocks).
+                 targets: list[Target], bar: Any, progress: bool = True, sums: Any = None) -> float:
+    """One prompt through ``engine`` into ``store``; returns the output's reconstruction error. ``progress`` shows the
+    engine's own bar of the forward pass (``bar`` alone counts the blocks).
 
-    A ``--lens`` run (``run.lens``): the ``to_output`` rows of the lens layers are not stored but their
-    target-position blocks collected (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the
-    output from its layer's states, and once the prompt is committed added to ``sums`` (a
-    :class:`detjac.analysis.lens.lens_sums.RunningSums`); with ``keep`` none the output's Jacobian is not computed
-    and the worst of those reconstruction errors is returned. A ``--graph`` run (``run.graph``) commits the prompt
-    with its attribution graph (:func:`graph_json`)."""
+    What the prompt produces decides how it is written: its whole Jacobian, block by block, with every layerwise
+    ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:func:`_write_swept`); or, with ``--keep rank:K``,
+    the output's top triplets (:func:`_write_low_rank`). A ``--graph`` run (``run.graph``) commits either with its
+    attribution graph (:func:`graph_json`)."""
+    graph = graph_json(engine, pid, ids, run) if run.graph else None
+    trace = engine.trace(ids, position=run.position, progress=progress)
+    prompt = _Prompt(store, engine, pid, item, ids, run, trace, int(engine.logits(trace.output).argmax()), graph)
+    if run.rank is not None:
+        assert not targets, "a low-rank run has no layerwise targets (refused by check_options)"
+        return _write_low_rank(prompt, run.rank, bar)
+    return _write_swept(prompt, targets, bar, sums)
+
+
+@dataclass
+class _Prompt:
+    """One prompt on its way into the store, and what every kind of prompt writes the same way."""
+
+    store: StoreWriter
+    engine: Engine
+    pid: str
+    item: PromptLine
+    ids: list[int]
+    run: RunDescription
+    trace: Trace
+    next_id: int  # the token the model predicts
+    graph: dict[str, Any] | None
+
+    @property
+    def storage(self) -> str:
+        return storage_dtype(self.run.dtype)
+
+    def begin(self, plan: Plan, *, rank: int | None = None, layerwise: dict[str, Any] | None = None,
+              jacobian: bool = True) -> Any:
+        """The staged prompt group (``store.begin``), shaped by ``plan`` and by what the prompt keeps."""
+        d = self.engine.d_model
+        return self.store.begin(self.pid, n_rows=d, n_tokens=len(self.ids), n_cols=d, dtype=self.storage,
+                                row_block=plan.row_block, rank=rank, layerwise=layerwise,
+                                shard_bytes=_shard_bytes(self.engine), jacobian=jacobian, graph=self.graph is not None)
+
+    def check(self, errors: dict[Target, float]) -> None:
+        """Refuse a detached float64 target whose reconstruction is not exact (:func:`detjac.exactness.check_exact`)."""
+        from detjac.exactness import check_exact
+
+        for t, e in errors.items():
+            check_exact(e, self.run.dtype, detached=self.run.detach, where=f"Prompt on line {self.item.line}: ",
+                        what="" if t.is_output else t.name)
+
+    def commit(self, writer: PromptWriter, error: float, extra: dict[str, Any]) -> None:
+        """The prompt's small arrays, its graph, and its attributes (with ``extra``), which make it visible."""
+        trace = self.trace
+        _write_small(writer, trace.embeddings, trace.output, self.ids, self.storage, trace.bias)
+        if self.graph is not None:
+            writer.write_graph(self.graph)
+        affine = {"affine": True} if trace.bias is not None else {}
+        writer.commit({**_prompt_attrs(self.engine.tokenizer, self.item, self.ids, self.next_id, error, self.run,
+                                       self.storage), **extra, **affine})
+
+
+def _write_swept(prompt: _Prompt, targets: list[Target], bar: Any, sums: Any) -> float:
+    """The output's Jacobian (unless ``--keep none``) and every layerwise ``targets`` Jacobian, block by block, with
+    each target's state (and source, when not the embeddings). A ``--lens`` run (``run.lens``): the ``to_output``
+    rows of the lens layers are not stored but their target-position blocks collected
+    (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the output from its layer's states, and
+    once the prompt is committed added to ``sums`` (a :class:`detjac.analysis.lens.lens_sums.RunningSums`); without
+    the output's Jacobian the worst of those reconstruction errors is returned."""
     from detjac.store import LayerwiseSpec
     from detjac.targets import OUTPUTS
 
     from .lens_run import SamePosition, lens_targets
 
-    storage = storage_dtype(run.dtype)
-    rank = parse_keep(run.keep)
+    engine, run, trace, storage = prompt.engine, prompt.run, prompt.trace, prompt.storage
     lens = lens_targets(run)
-    output = [OUTPUTS] if run.keep != NO_JACOBIAN else []
-    graph = graph_json(engine, pid, ids, run) if run.graph else None
-    trace = engine.trace(ids, position=run.position, progress=progress)
-    plan = engine.plan(trace, [*output, *targets, *lens], mode="reverse" if rank is not None else run.mode,
-                       row_block=run.row_block)
-    next_id = int(engine.logits(trace.output).argmax())
-    n, d = len(ids), engine.d_model
-    collected = SamePosition(lens, run.position, n, d) if lens else None
+    output = [OUTPUTS] if run.keeps_jacobian else []
+    plan = engine.plan(trace, [*output, *targets, *lens], mode=run.mode, row_block=run.row_block)
+    collected = SamePosition(lens, run.position, len(prompt.ids), engine.d_model) if lens else None
     specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block) for t in targets}
-    with store.begin(pid, n_rows=d, n_tokens=n, n_cols=d, dtype=storage, row_block=plan.row_block, rank=rank,
-                     layerwise=specs or None, shard_bytes=_shard_bytes(engine), jacobian=bool(output),
-                     graph=graph is not None) as writer:
-        if rank is None:
-            errors = _stream_full(engine, trace, plan, writer, storage, bar, collected)
-            extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
-        else:
-            errors, extra = _stream_low_rank(engine, trace, plan, writer, rank, LOW_RANK_PASSES, bar)
-        for t, e in errors.items():
-            if run.detach:
-                _check_exact(e, run.dtype, item, "" if t.is_output else t.name)
-            if not t.is_output and t not in lens:
-                writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
-                if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
-                    writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), storage))
+    with prompt.begin(plan, layerwise=specs or None, jacobian=bool(output)) as writer:
+        errors = _stream_full(engine, trace, plan, writer, storage, bar, collected)
+        extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
+        prompt.check(errors)
+        for t in targets:
+            writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
+            if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
+                writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), storage))
         error = errors[OUTPUTS] if output else max(errors[t] for t in lens)
         if lens:
             extra["lens"] = {t.name: errors[t] for t in lens}
         if not output:
             extra["keep"] = NO_JACOBIAN
-        _write_small(writer, trace.embeddings, trace.output, ids, storage, trace.bias)
-        if graph is not None:
-            writer.write_graph(graph)
-        affine = {"affine": True} if trace.bias is not None else {}
-        writer.commit({**_prompt_attrs(engine.tokenizer, item, ids, next_id, error, run, storage), **extra,
-                       **affine})
+        prompt.commit(writer, error, extra)
     if collected is not None and sums is not None:  # counted only once committed: see detjac.analysis.lens.lens_sums
-        sums.add(store, pid, collected.blocks)
+        sums.add(prompt.store, prompt.pid, collected.blocks)
     return error
+
+
+def _write_low_rank(prompt: _Prompt, rank: int, bar: Any) -> float:
+    """``--keep rank:K``: :data:`LOW_RANK_PASSES` sweeps of the output's row blocks through a subspace iteration;
+    only the top ``rank`` triplets are stored."""
+    from detjac.targets import OUTPUTS
+
+    plan = prompt.engine.plan(prompt.trace, [OUTPUTS], mode="reverse", row_block=prompt.run.row_block)
+    with prompt.begin(plan, rank=rank) as writer:
+        errors, extra = _stream_low_rank(prompt.engine, prompt.trace, plan, writer, rank, LOW_RANK_PASSES, bar)
+        prompt.check(errors)
+        prompt.commit(writer, errors[OUTPUTS], extra)
+    return errors[OUTPUTS]
 
 
 GRAPH_IDENTITY = ("config_sha256", "weights_sha256", "tokenizer_sha256")  # a stored graph's metadata.info names them
@@ -116,7 +156,7 @@ def graph_json(engine: Engine, pid: str, ids: list[int], run: RunDescription) ->
                       edge_threshold=settings["edge_threshold"], identity=identity)
 
 
-def _layerwise_attrs(errors: dict[Any, float], specs: dict[str, Any]) -> dict[str, Any]:
+def _layerwise_attrs(errors: dict[Target, float], specs: dict[str, Any]) -> dict[str, Any]:
     """The ``layerwise`` attribute of a prompt: each target's reconstruction error and mode (none: no attribute)."""
     if not specs:
         return {}
@@ -143,7 +183,7 @@ def _write_small(writer: PromptWriter, embeddings: Any, output: Any, ids: list[i
 
 
 def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, storage: str, bar: Any,
-                 collected: Any = None) -> dict[Any, float]:
+                 collected: Any = None) -> dict[Target, float]:
     """Every target's blocks to the writer as they come (a lens target's to ``collected`` instead); the
     reconstructions are accumulated on the way. Returns each target's reconstruction error (the output's with an
     affine model's offset added)."""
@@ -174,7 +214,7 @@ def _plus_bias(recon: Any, trace: Trace) -> Any:
 
 
 def _stream_low_rank(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, rank: int, passes: int,
-                     bar: Any) -> tuple[dict[Any, float], dict[str, Any]]:
+                     bar: Any) -> tuple[dict[Target, float], dict[str, Any]]:
     """``passes`` sweeps of the output's row blocks through a subspace iteration; only the triplets are stored."""
     import torch
 
@@ -197,15 +237,6 @@ def _stream_low_rank(engine: Engine, trace: Trace, plan: Plan, writer: PromptWri
         more = iteration.end_pass()
     attrs = writer.write_triplets(*iteration.finish())
     return {OUTPUTS: relative_error(_plus_bias(recon, trace), trace.output)}, {**attrs, "passes": passes}
-
-
-def _check_exact(error: float, dtype: str, item: PromptLine, what: str = "") -> None:
-    from detjac.exactness import FLOAT64_EXACTNESS_BOUND
-
-    if dtype == "float64" and not error < FLOAT64_EXACTNESS_BOUND:
-        of = f" of {what}" if what else ""
-        raise LinearizationError(f"Prompt on line {item.line}: float64 reconstruction error{of} {error:.3e} is above "
-                                 f"{FLOAT64_EXACTNESS_BOUND:.0e}; a nonlinearity escaped detaching.")
 
 
 def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int, error: float,

@@ -29,6 +29,7 @@ from .plan import Failure, LoadedModel, ModelSpec, PromptTask, RunPlan, RunSumma
 
 if TYPE_CHECKING:
     from detjac.store import StoreWriter
+    from detjac.targets import Target
 
 # Errors that come back the same on every worker: recorded at once, never retried.
 DETERMINISTIC = (PromptError, LinearizationError, InvalidArgumentError, UnsupportedModelError)
@@ -84,7 +85,7 @@ class ModelPlugin(WorkerPlugin):
                 try:
                     self._loaded = self.spec.load()
                 except Exception as exc:
-                    raise WorkerError(f"A worker could not load the model {self.spec.model!r} on "
+                    raise WorkerError(f"A worker could not load the model {self.spec.model.location!r} on "
                                       f"{self.spec.device}: {type(exc).__name__}: {exc}") from exc
                 self.loads += 1
                 self.load_seconds += time.perf_counter() - start
@@ -98,7 +99,7 @@ class PromptJob:
     store: str  # absolute path, the same on every worker (a shared file system)
     lease: str
     run: RunDescription
-    targets: list[Any]
+    targets: list[Target]
     plugin: str
     lens_flush: int = 1  # a --lens run: prompts between two flushes of a worker's sums
 

@@ -54,6 +54,17 @@ class RunDescription:
     lens: Mapping[str, Any] | None = None
     streamed: StreamedSettings | None = None
     graph: Mapping[str, Any] | None = None  # `--graph`: max_nodes, node_threshold, edge_threshold (None: no graph)
+    rank: int | None = field(init=False, repr=False, compare=False)  # ``keep`` parsed, once: rank:K's K, else None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rank", parse_keep(self.keep))
+
+    @property
+    def keeps_jacobian(self) -> bool:
+        """Whether each prompt keeps the output's Jacobian (whole or as triplets): all but ``--keep none``."""
+        from detjac.store import NO_JACOBIAN
+
+        return self.keep != NO_JACOBIAN
 
     @property
     def mode(self) -> str:
@@ -76,6 +87,21 @@ class RunDescription:
             out.update({"engine": "streamed", "layerwise": list(s.layerwise), "quantize": s.quantize, "mode": s.mode,
                         "max_memory": s.max_memory})
         return out
+
+
+def parse_keep(keep: str) -> int | None:
+    """``full`` and ``none`` (no Jacobian: a ``--lens`` run) -> None; ``rank:K`` -> K (a positive integer); anything
+    else is an error."""
+    from detjac.errors import InvalidArgumentError
+    from detjac.store import NO_JACOBIAN
+
+    if keep in ("full", NO_JACOBIAN):
+        return None
+    kind, _, value = keep.partition(":")
+    if kind == "rank" and value.isdigit() and int(value) > 0:
+        return int(value)
+    raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none (with "
+                               f"--lens). Got {keep!r}.")
 
 
 def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float) -> dict[str, Any]:

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
+    from detjac.engine import Engine, ModelRef
     from detjac.store import StoreWriter
+    from detjac.targets import Target
 
+from detjac.model_settings import ModelSettings
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .batch import storage_dtype, write_prompt
@@ -23,36 +25,26 @@ from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tok
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """How a process loads the run's model; pickled to every worker of a distributed run."""
+class ModelSpec(ModelSettings):
+    """How a process loads the run's model: the run's :class:`~detjac.model_settings.ModelSettings` (the streamed
+    engine decided already, by :func:`detjac.runs.run.check_options`) and the model, resolved once
+    (:class:`~detjac.engine.ModelRef`; a string is taken as given). Pickled to every worker of a distributed run."""
 
-    model: str  # "default", or a checkpoint folder (absolute, so that workers find it on a shared file system;
-    # a hub id's snapshot folder in the Hugging Face cache)
-    dtype: str = "float64"
-    device: str = "cpu"
-    streamed: bool = False  # the layer-streamed engine (a skeleton; one layer in memory at a time)
-    detach: bool = True
-    max_memory: str | None = None
-    quantize: str | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
-    convention: str | None = None  # the family's detach convention; None: its default
+    model: ModelRef
+
+    def __post_init__(self) -> None:
+        if not hasattr(self.model, "location"):  # a string: taken as given (the caller resolved it, or "default")
+            from detjac.engine import ModelRef
+
+            object.__setattr__(self, "model", ModelRef.as_given(self.model))
 
     def load(self, device: str | None = None) -> LoadedModel:
         """Load the engine on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
         does to plan, without the memory budget, which names the workers' devices)."""
-        import torch
+        from detjac.engine import load_engine_with
 
-        from detjac.engine import honour_cpu_budget, load_engine, resolve_model
-
-        source = resolve_model(self.model)
-        device = device or self.device
-        budget = self.max_memory if device == self.device else None
-        engine = load_engine(source, streamed=self.streamed, dtype=getattr(torch, self.dtype), device=device,
-                             detach=self.detach, max_memory=budget, quantize=self.quantize, revision=self.revision,
-                             trust_remote_code=self.trust_remote_code, convention=self.convention)
-        honour_cpu_budget(engine)  # this process computes under a CPU budget: keep the resident set honest
-        return LoadedModel(engine, source)
+        source = self.model.source
+        return LoadedModel(load_engine_with(source, self, device=device), source)
 
 
 @dataclass
@@ -113,7 +105,7 @@ class RunPlan:
     spec: ModelSpec
     loaded: LoadedModel
     run: RunDescription  # the store's run description (identity and settings)
-    targets: list[Any]  # layerwise targets (streamed engine)
+    targets: list[Target]  # layerwise targets (streamed engine)
     tasks: list[PromptTask]  # the unique prompts, in file order
     duplicates: int
 
@@ -150,17 +142,17 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     prompts = prompts_path if isinstance(prompts_path, PromptsFile) else read_prompts(prompts_path)
     if lens:
         layers, components = layers or "all", "to_output"
-    from detjac.engine import check_layerwise_request, resolve_model
+    from detjac.engine import check_layerwise_request
 
     if layers is not None:
-        check_layerwise_request(resolve_model(spec.model), components)
+        check_layerwise_request(spec.model.source, components)
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
-    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, resolve_model(spec.model))
+    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model.source)
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
         from detjac.engine import check_graph_request
 
         check_graph_request(loaded.engine, graph["max_nodes"])
-    targets: list[Any] = []
+    targets: list[Target] = []
     if layers is not None:
         from detjac.targets import layer_targets
 
@@ -185,7 +177,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     # the weight and tokenizer files' SHA-256s are part of the run's identity, as are the lens settings (None: no lens)
     run = replace(run, fingerprint=weights_identity(model_dir), lens=lens_settings, graph=graph,
                   streamed=StreamedSettings(tuple(t.name for t in targets), spec.quantize, mode, spec.max_memory)
-                  if spec.streamed else None)
+                  if spec.streamed_engine else None)
     tasks: dict[str, PromptTask] = {}
     duplicates = 0
     for item, tok in zip(prompts.prompts, tokenized, strict=True):
@@ -219,7 +211,7 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
         raise StoreMismatchError(" ".join([str(exc).removesuffix(advice), *named, *words]) + advice) from None
 
 
-def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Any],
+def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Target],
               bar: Any, progress: bool = True, sums: Any = None) -> float:
     """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
     its reconstruction error."""

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+from detjac.model_settings import ModelSettings, wants_streamed
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
+    from detjac.engine import Engine, ModelRef
     from detjac.store import StoreReader, StoreWriter
 
     from .plan import PromptTask, RunPlan, RunSummary
@@ -24,11 +25,14 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """How ``detjac run`` computes and stores: the command's options, by the same names.
+class RunOptions(ModelSettings):
+    """How ``detjac run`` computes and stores: the command's options, by the same names; how it loads the model
+    (``dtype``, ``device``, ``streamed``, ``max_memory``, ``quantize``, ...) are the
+    :class:`~detjac.model_settings.ModelSettings` every model-loading command shares.
 
     ``detach=False`` stores the ordinary Jacobian (``--ordinary``); ``convention`` picks the family's detach
-    convention (None: its default; recorded in the store's run attributes when another). ``workers`` (a LocalCluster
+    convention (None: its default; recorded in the store's run attributes when another); ``gguf_file`` names a GGUF
+    file inside the folder or hub id MODEL (``--gguf-file``). ``workers`` (a LocalCluster
     of that many processes) and ``scheduler`` (an existing cluster's address) exclude each
     other; with neither, this process computes every prompt. ``lens`` accumulates the lens at ``layers`` (default
     all) while computing, storing no layerwise Jacobian and, unless ``keep`` is ``full``, no Jacobian at all
@@ -37,25 +41,17 @@ class RunOptions:
     ``graph_node_threshold`` / ``graph_edge_threshold``; docs/graphs.md, "In the store").
     """
 
-    dtype: str = "float64"
     row_block: int | None = None
     max_tokens: int | None = None
     keep: str | None = None
-    detach: bool = True
     layers: str | None = None
     components: str = "layer"
-    streamed: bool = False
-    max_memory: str | None = None
-    quantize: str | None = None
     mode: str = "auto"
     force_new: bool = False
-    device: str = "cpu"
-    revision: str | None = None
-    trust_remote_code: bool = False
+    gguf_file: str | None = None
     workers: int = 0
     scheduler: str | None = None
     memory_limit: str = "auto"
-    convention: str | None = None
     lens: bool = False
     lens_flush: int = 1
     graph: bool = False
@@ -102,7 +98,7 @@ def check_options(options: RunOptions) -> RunOptions:
     from detjac.store import NO_JACOBIAN
     from detjac.targets import parse_components
 
-    from .batch import parse_keep
+    from .description import parse_keep
 
     o = replace(options, keep=options.keep or (NO_JACOBIAN if options.lens else "full"))
     parse_keep(o.keep)
@@ -113,7 +109,7 @@ def check_options(options: RunOptions) -> RunOptions:
                                    "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
     if o.graph:
         _check_graph_options(o)
-    streamed = o.streamed or o.lens or bool(o.layers or o.max_memory or o.quantize)
+    streamed = wants_streamed(o.streamed or o.lens or bool(o.layers), o.max_memory, o.quantize)
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
     if o.layers is not None:
@@ -159,14 +155,16 @@ def _check_lens_options(o: RunOptions) -> None:
     check_flush(o.lens_flush)
 
 
-def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOptions,
+def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, options: RunOptions,
                log: Log | None = None, engine: Engine | None = None) -> RunOutcome:
     """Detached Jacobians of ``model`` on every prompt of the file ``prompts``, into the store ``out``.
 
     Parameters
     ----------
-    model : str
-        A checkpoint folder, a Hugging Face hub id (``org/name``) or ``default``.
+    model : str or ModelRef
+        A checkpoint folder, a GGUF file, a Hugging Face hub id (``org/name``) or ``default`` (with
+        ``options.gguf_file``: a GGUF file inside it), resolved here once the options are checked; or a
+        :class:`~detjac.engine.ModelRef` resolved already.
     prompts : str, Path or PromptsFile
         A .txt (one prompt per line) or .jsonl file, or prompts already read (:mod:`detjac.runs.prompts`).
     out : str
@@ -190,14 +188,16 @@ def run_corpus(model: str, prompts: str | Path | Any, out: str, options: RunOpti
         See :func:`check_options`; PromptError, StoreError and the other DetjacErrors of planning
         and computing.
     """
+    from detjac.engine import ModelRef
+
     from .description import graph_settings
     from .plan import ModelSpec, open_run_store, prepare_run
 
     o = check_options(options)
-    spec = ModelSpec(model_ref(model, o.revision), o.dtype, o.device, o.streamed, o.detach, o.max_memory, o.quantize,
-                     o.revision, o.trust_remote_code, o.convention)
+    ref = model if isinstance(model, ModelRef) else ModelRef.resolve(model, o.gguf_file, o.revision)
+    spec = ModelSpec(ref, **o.model_settings())
     # A distributed run's client plans on the CPU; the workers compute on --device.
-    plan = prepare_run(model, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
+    plan = prepare_run(ref.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
                        load_device="cpu" if o.distributed else None, lens=o.lens, engine=engine,
                        graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold)
@@ -272,16 +272,10 @@ def plan_line(plan: RunPlan, summary: RunSummary, tasks: list[Any], prompts: str
 
 
 def model_ref(model: str, revision: str | None = None) -> str:
-    """A checkpoint folder as an absolute path (workers resolve it on their own file system), a hub id as its
-    snapshot folder in the Hugging Face cache (found, or downloaded, once, here); else unchanged."""
-    from detjac.engine import is_hub_id
+    """Where every process finds ``model`` (:attr:`detjac.engine.ModelRef.location`)."""
+    from detjac.engine import ModelRef
 
-    if is_hub_id(model):
-        from detjac.engine import check_checkpoint_dir
-
-        return str(check_checkpoint_dir(model, revision))
-    path = Path(model)
-    return str(path.resolve()) if path.is_dir() or path.is_file() else model  # a folder or a GGUF file
+    return ModelRef.resolve(model, revision=revision).location
 
 
 def _run_distributed(plan: RunPlan, store: StoreWriter, tasks: list[PromptTask], summary: RunSummary, o: RunOptions,

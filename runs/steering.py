@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from detjac.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from detjac.store import StoreReader
+    from detjac.store import StoredPrompt, StoreReader
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def concept_operator(store: StoreReader, prompt_id: str, layer: int, model: Any,
     return SteeringOperator.from_jacobian(layer, torch.from_numpy(J).to(model.dtype), prompt.prompt, method)
 
 
-def _method_jacobian(store: StoreReader, prompt: Any, layer: int, method: str) -> Any:
+def _method_jacobian(store: StoreReader, prompt: StoredPrompt, layer: int, method: str) -> Any:
     """(d, n, d) the stored operators a method steers with (see :func:`concept_operator`), float64."""
     import numpy as np
 

@@ -1,5 +1,5 @@
-"""The lazy façades (analysis/, runs/) declare under ``if TYPE_CHECKING:`` exactly the names their lazy map exports,
-from the same module, so that type checkers and go-to-definition see what ``__getattr__`` gives at run time."""
+"""The lazy façades (analysis/, runs/, view/) declare under ``if TYPE_CHECKING:`` exactly the names their lazy map
+exports, from the same module, so that type checkers and go-to-definition see what ``__getattr__`` gives at run time."""
 
 from __future__ import annotations
 
@@ -28,19 +28,19 @@ def _exports(tree: ast.Module) -> dict[str, str]:
     return ast.literal_eval(node.value)
 
 
-@pytest.mark.parametrize("package", ["analysis", "runs"])
+@pytest.mark.parametrize("package", ["analysis", "runs", "view"])
 def test_the_type_checking_block_declares_the_lazy_names(package: str) -> None:
     tree = ast.parse((ROOT / package / "__init__.py").read_text())
     exports = {k: v.removesuffix(f":{k}") for k, v in _exports(tree).items()}
     assert _declared(tree) == exports
 
 
-def test_the_runtime_names_are_the_declared_objects() -> None:
+@pytest.mark.parametrize("package", ["analysis", "runs", "view"])
+def test_the_runtime_names_are_the_declared_objects(package: str) -> None:
     import importlib
 
-    import detjac.analysis as analysis
-
-    tree = ast.parse((ROOT / "analysis" / "__init__.py").read_text())
+    facade = importlib.import_module(f"detjac.{package}")
+    tree = ast.parse((ROOT / package / "__init__.py").read_text())
     for name, target in _declared(tree).items():
         module, _, attr = target.partition(":")
-        assert getattr(analysis, name) is getattr(importlib.import_module(f"detjac.analysis.{module}"), attr or name)
+        assert getattr(facade, name) is getattr(importlib.import_module(f"detjac.{package}.{module}"), attr or name)

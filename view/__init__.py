@@ -9,7 +9,14 @@ computed with :mod:`detjac.analysis` (a graph: as ``detjac graph`` wrote it);
 CSS and JavaScript with hand-drawn SVG charts and graphs, nothing fetched from the network).
 """
 
+from typing import TYPE_CHECKING
+
 from detjac.facade import lazy_exports
+
+if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definition); imported lazily at run time
+    from .graph_file import GraphFile
+    from .server import make_server
+    from .static_export import export as export_static
 
 # for cli/ (each loads on first use)
 _EXPORTS = {"make_server": "server", "export_static": "static_export:export", "GraphFile": "graph_file"}

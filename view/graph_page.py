@@ -10,10 +10,13 @@ prompt of a store (``StoredPrompt.graph()``, where the store has one: :func:`sto
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 from .jsonable import jsonable
+
+if TYPE_CHECKING:
+    from ..store import StoredPrompt
 
 EMBEDDING, NEURON, LOGIT, BIAS = "embedding", "mlp neuron", "logit", "bias"
 NODE_TYPES = (EMBEDDING, NEURON, LOGIT, BIAS)
@@ -21,7 +24,7 @@ INFO_SHOWN = ("model", "family", "dtype", "n_layers", "exact", "error_nodes", "c
               "max_nodes", "active_neurons", "nodes_before_pruning", "logit_share_kept", "weights_sha256")
 
 
-def stored_graph(prompt: Any) -> dict[str, Any] | None:
+def stored_graph(prompt: StoredPrompt) -> dict[str, Any] | None:
     """The prompt's graph JSON when its store keeps one (``StoredPrompt.graph()``; None for a store or a reader
     without graphs)."""
     reader = getattr(prompt, "graph", None)

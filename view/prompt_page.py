@@ -42,7 +42,7 @@ def kind_of(target: str) -> str:
     return target.rpartition(".")[0]
 
 
-def layer_kinds(prompt: Any) -> list[str]:
+def layer_kinds(prompt: StoredPrompt) -> list[str]:
     """The kinds of the prompt's layerwise targets, in the store's order."""
     return list(dict.fromkeys(kind_of(t) for t in prompt.layerwise_targets))
 

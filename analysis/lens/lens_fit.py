@@ -19,7 +19,7 @@ from detjac.targets import TO_OUTPUT, Target
 from .jacobian_lens import lens_attrs, write_fitted
 
 if TYPE_CHECKING:
-    from detjac.store import StoreReader, StoreWriter
+    from detjac.store import StoredPrompt, StoreReader, StoreWriter
 
 _log = logging.getLogger(__name__)
 PARTIAL = "partial"  # lens/partial-<layer>-<digest>: sums over a set of prompts
@@ -55,7 +55,7 @@ def lens_layers(store: StoreReader, layers: Sequence[int] | None = None) -> list
     return wanted
 
 
-def same_position_operator(prompt: Any, layer: int) -> np.ndarray:
+def same_position_operator(prompt: StoredPrompt, layer: int) -> np.ndarray:
     """``T_p = dy_p / dh_{L,p}`` (d, d) in float64: the target position's block of the prompt's ``to_output.L``."""
     J = prompt.layerwise(f"{TO_OUTPUT}.{layer}")  # lazy (row, token, col): only the chunks holding token p are read
     p = int(prompt.attrs.get("position", -1)) % prompt.n_tokens

@@ -31,3 +31,4 @@ def resolve_model(source: str | Path, gguf_file: str | None = None, revision: st
     if str(source) == DEFAULT_MODEL_NAME and not Path(source).exists():
         return default_model_dir()
     return source
+

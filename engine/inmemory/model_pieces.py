@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from detjac.exactness import pieces_bound
+
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from ..interface import EngineStats
@@ -159,7 +161,7 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int) -> tuple[FrozenModel,
     output = hidden[position]
     got = frozen.push(x[None])[0] + (bias if bias is not None else 0)
     err = float((got - output).norm() / output.norm().clamp_min(torch.finfo(output.dtype).tiny))
-    bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(x.dtype, 5e-2)
+    bound = pieces_bound(x.dtype)
     if not err <= bound:
         raise NotAPiece(f"its pieces rebuild the model's output with relative error {err:.1e} (bound {bound:g})")
     return frozen, output, bias

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from detjac.exactness import pieces_bound
+
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from . import NotAPiece
@@ -375,10 +377,9 @@ def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: to
     """Check that the pieces rebuild the layer's (out, mid) from its input ``h`` (n, d); raises
     :class:`~detjac.engine.pieces.NotAPiece` saying what differs where they do not.
 
-    The bound is loose (1e-9 in float64, 1e-3 in float32, 5e-2 below): it catches a wrong wiring or an
-    unfolded factor, whose errors are of order one; exactness itself is what the tests prove.
+    The bound is :func:`detjac.exactness.pieces_bound` (loose: it catches a wrong wiring or an unfolded factor).
     """
-    bound = {torch.float64: 1e-9, torch.float32: 1e-3}.get(h.dtype, 5e-2)
+    bound = pieces_bound(h.dtype)
     with torch.no_grad():
         out_hat, mid_hat = (t[0] for t in push_layer(pieces, h[None], 0))
     for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from detjac.errors import InvalidArgumentError, LinearizationError
-from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
+from detjac.errors import InvalidArgumentError
+from detjac.exactness import check_exact, relative_error
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
 from ..interface import Engine, Prompt, Trace
@@ -143,12 +143,7 @@ class JacobianOperator:
         """The reconstruction error; raises :class:`LinearizationError` for a detached float64 operator above
         ``FLOAT64_EXACTNESS_BOUND`` (a nonlinearity escaped the detach rules)."""
         err = self.reconstruction_error()
-        if self.detached and self.dtype == torch.float64 and not err < FLOAT64_EXACTNESS_BOUND:
-            raise LinearizationError(
-                f"Expected the detached float64 operator to reconstruct the output exactly (relative error < "
-                f"{FLOAT64_EXACTNESS_BOUND:g}). Got {err:.3e}: a nonlinearity escaped the detach rules. "
-                "Please report this model."
-            )
+        check_exact(err, self.dtype, detached=self.detached)
         return err
 
     def _push(self, tangents: torch.Tensor) -> torch.Tensor:
