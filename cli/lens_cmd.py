@@ -122,7 +122,8 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     source = model_source(model, gguf_file)
     engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)
     wanted = _layers(layers)
-    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers))
+    # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
+    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
     info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary,
             "weights_sha256": weights_identity(resolve_model(source)).get("weights_sha256")}
     with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
@@ -151,6 +152,58 @@ def save_cmd(path: str, out: str, force: bool) -> None:
     click.echo(f"wrote {written}")
 
 
+@lens.command("export")
+@click.argument("lens_path", type=click.Path())
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="The matrices' dtype in the file (the reference's default is float16).")
+@click.option("--model", default=None,
+              help="The model the lens was fitted on (a folder, hub id, GGUF file or default): needed for a lens "
+                   "onto the final normed state (its rows are divided by the final norm's gain) or one that does not "
+                   "record the model's layer count.")
+@gguf_file_option
+@click.option("--force", is_flag=True, help="Replace OUT if it is a file.")
+def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_file: str | None, force: bool) -> None:
+    """Write a lens in the Jacobian-lens artifact format of the reference implementation and TransformerLens
+    (`JacobianLens.load`): one torch file {J, n_prompts, source_layers, d_model, metadata}, readable with
+    torch.load(weights_only=True); detjac's provenance under metadata["detjac"]. The last layer is left out
+    (the format's transport there is the identity).
+
+    \b
+    Examples:
+      detjac lens export texts.jlens texts.pt
+      detjac lens export fit.zarr gcide.pt --model default --dtype float32
+    """
+    from detjac.runs import export_lens, read_lens
+
+    found = read_lens(lens_path)
+    gain = n_layers = None
+    if model is not None:
+        import torch
+
+        from detjac.engine import load_engine, resolve_model
+
+        engine = load_engine(resolve_model(model_source(model, gguf_file)), streamed=True, dtype=torch.float64)
+        if engine.d_model != found.mean.shape[-1]:
+            raise click.UsageError(f"Expected the model the lens was fitted on (d_model {found.mean.shape[-1]}). Got "
+                                   f"{model}, of d_model {engine.d_model}.")
+        gain = engine.decoding_matrices(torch.float64).get("final_norm")
+        gain = None if gain is None else gain.numpy()
+        if gain is None and not found.before_norm:
+            raise click.UsageError(f"Expected a final norm with a plain gain in {model} to write a lens onto the final "
+                                   "normed state in the format. Got a norm without one (a centring LayerNorm).")
+        n_layers = engine.n_layers
+    elif found.info.get("n_layers") is None:
+        raise click.UsageError("Expected --model: the lens does not record the model's layer count, and the "
+                               "format leaves the last layer out.")
+    written = export_lens(found, out, dtype=dtype, force=force, gain=gain, n_layers=n_layers)
+    import torch
+
+    layers = torch.load(written, weights_only=True)["source_layers"]
+    click.echo(f"{found.kind} {found.info.get('estimator', 'same-position')} lens, layers {layers[0]}..{layers[-1]} "
+               f"({len(layers)}), {dtype}: written to {written}")
+
+
 @lens.command("apply")
 @click.argument("lens_path", type=click.Path())
 @prompt_options()
@@ -175,12 +228,12 @@ def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptio
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus"
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
-    from detjac.analysis import load_lens, plot_positions
-    from detjac.runs import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.analysis import plot_positions
+    from detjac.runs import check_lens_kinds, load_lens_engine, position_ranks, read_lens, score_prompt, unembedding
 
-    lenses = {"detached lens": load_lens(lens_path)}
+    lenses = {"detached lens": read_lens(lens_path)}
     if ordinary:
-        lenses["ordinary lens"] = load_lens(ordinary)
+        lenses["ordinary lens"] = read_lens(ordinary)
     check_lens_kinds(lenses)  # before the model loads
     o = model_options
     o.refuse("detjac lens apply", "a lens reads float64 states of the layer-streamed engine", dtype="float64")
@@ -237,11 +290,11 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     from pathlib import Path
 
     from detjac.analysis import lens_markdown as markdown
-    from detjac.analysis import load_lens, plot_agreement, write_table
+    from detjac.analysis import plot_agreement, write_table
     from detjac.analysis import summarize_lens as summarize
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs import check_lens_kinds, evaluate_lenses, load_lens_engine, read_prompts
+    from detjac.runs import check_lens_kinds, evaluate_lenses, load_lens_engine, read_lens, read_prompts
 
     if prompts_path is None:
         found = Path(__file__).resolve().parents[1] / HELDOUT
@@ -250,9 +303,9 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
                                        f"{HELDOUT} is only the default model's.")
         prompts_path = str(found)
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
-    lenses = {"detached lens": load_lens(lens_path)}
+    lenses = {"detached lens": read_lens(lens_path)}
     if ordinary:
-        lenses["ordinary lens"] = load_lens(ordinary)
+        lenses["ordinary lens"] = read_lens(ordinary)
     check_lens_kinds(lenses)  # before the model loads
     engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
     layers = [int(x) for x in lenses["detached lens"].layers]
