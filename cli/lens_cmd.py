@@ -52,9 +52,12 @@ def _layers(value: str | None) -> list[int] | None:
               help="With --estimator jlens: the texts, one per line.")
 @click.option("--ordinary", is_flag=True, help="With --estimator jlens: ordinary Jacobians (nothing detached).")
 @click.option("--force", is_flag=True, help="With --estimator jlens: replace the lens folder PATH if it exists.")
+@click.option("--bos/--no-bos", default=True, show_default=True,
+              help="With --estimator jlens: put the tokenizer's BOS token first when it does not (as TransformerLens' "
+                   "fit does).")
 @scheduler_options
 def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | None, gguf_file: str | None,
-            prompts_path: str | None, ordinary: bool, force: bool, workers: int, memory_limit: str,
+            prompts_path: str | None, ordinary: bool, force: bool, bos: bool, workers: int, memory_limit: str,
             scheduler: str | None) -> None:
     """Fit the lens of a store with to_output targets and keep it in the store (lens/fitted).
 
@@ -77,10 +80,11 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
       detjac lens fit texts-ordinary.jlens --estimator jlens --ordinary --model default --prompts texts.txt
     """
     if estimator == "jlens":
-        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force)
+        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force, bos)
         return
     given = [name for name, value in (("--model", model), ("--gguf-file", gguf_file), ("--prompts", prompts_path),
-                                      ("--ordinary", ordinary), ("--force", force)) if value]
+                                      ("--ordinary", ordinary), ("--force", force), ("--no-bos", not bos))
+             if value]
     if given:
         raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
                                "fitted from the store PATH).")
@@ -103,7 +107,7 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
 
 
 def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
-               ordinary: bool, force: bool) -> None:
+               ordinary: bool, force: bool, bos: bool = True) -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
 
     import torch
@@ -127,7 +131,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary,
             "weights_sha256": weights_identity(resolve_model(source)).get("weights_sha256")}
     with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
-        fitted = fit_jlens(engine, texts, chosen, info, progress=bar)
+        fitted = fit_jlens(engine, texts, chosen, info, bos=bos, progress=bar)
     written = save_lens(fitted, path, force=force)
     click.echo(f"{fitted.kind} jlens lens of {fitted.info['n_prompts']} texts ({fitted.info['skipped_prompts']} "
                f"too short), layers {', '.join(map(str, chosen))}: written to {written}")
@@ -150,6 +154,22 @@ def save_cmd(path: str, out: str, force: bool) -> None:
 
     written = save_lens(load_lens(path), out, force=force)
     click.echo(f"wrote {written}")
+
+
+def _lenses(lens_path: str, ordinary: str | None) -> dict:
+    """The lenses of ``lens apply/evaluate`` by role: LENS_PATH's named by its kind (a published lens is one of
+    ordinary Jacobians), and the --ordinary one; both checked to be of the kind their role names."""
+    from detjac.runs import check_lens_kinds, read_lens
+
+    first = read_lens(lens_path)
+    lenses = {f"{first.kind} lens": first}
+    if ordinary:
+        if first.kind == "ordinary":
+            raise click.UsageError(f"Expected --ordinary beside a lens of detached Jacobians. Got {lens_path}, a lens "
+                                   "of ordinary Jacobians itself.")
+        lenses["ordinary lens"] = read_lens(ordinary)
+    check_lens_kinds(lenses)  # before the model loads
+    return lenses
 
 
 @lens.command("export")
@@ -229,17 +249,14 @@ def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptio
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
     from detjac.analysis import plot_positions
-    from detjac.runs import check_lens_kinds, load_lens_engine, position_ranks, read_lens, score_prompt, unembedding
+    from detjac.runs import load_lens_engine, position_ranks, score_prompt, unembedding
 
-    lenses = {"detached lens": read_lens(lens_path)}
-    if ordinary:
-        lenses["ordinary lens"] = read_lens(ordinary)
-    check_lens_kinds(lenses)  # before the model loads
+    lenses = _lenses(lens_path, ordinary)
     o = model_options
     o.refuse("detjac lens apply", "a lens reads float64 states of the layer-streamed engine", dtype="float64")
     engine = load_lens_engine(o.source(model), list(lenses.values()), o.device, max_memory=o.max_memory,
                               revision=o.revision, trust_remote_code=o.trust_remote_code)
-    layers = [int(x) for x in lenses["detached lens"].layers]
+    layers = [int(x) for x in next(iter(lenses.values())).layers]
     W_U = unembedding(engine)
     st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)
     def decode(token: int) -> str:
@@ -294,7 +311,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     from detjac.analysis import summarize_lens as summarize
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs import check_lens_kinds, evaluate_lenses, load_lens_engine, read_lens, read_prompts
+    from detjac.runs import evaluate_lenses, load_lens_engine, read_prompts
 
     if prompts_path is None:
         found = Path(__file__).resolve().parents[1] / HELDOUT
@@ -303,12 +320,9 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
                                        f"{HELDOUT} is only the default model's.")
         prompts_path = str(found)
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
-    lenses = {"detached lens": read_lens(lens_path)}
-    if ordinary:
-        lenses["ordinary lens"] = read_lens(ordinary)
-    check_lens_kinds(lenses)  # before the model loads
+    lenses = _lenses(lens_path, ordinary)
     engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
-    layers = [int(x) for x in lenses["detached lens"].layers]
+    layers = [int(x) for x in next(iter(lenses.values())).layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)
     summary = summarize(rows)

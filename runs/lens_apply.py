@@ -179,17 +179,28 @@ def evaluate(engine: Engine, lenses: dict[str, Any], prompts: Sequence[str], lay
 JLENS_SKIP, JLENS_MAX_TOKENS = 16, 128  # the jlens estimator's valid positions: the first 16 and the last left out
 
 
+def jlens_token_ids(engine: Engine, prompt: Any, *, bos: bool = True, max_tokens: int = JLENS_MAX_TOKENS
+                    ) -> list[int]:
+    """The tokens a ``jlens`` fit reads of ``prompt``: the tokenizer's, with its BOS token put first when ``bos`` and
+    the tokenizer did not (TransformerLens' ``to_tokens`` default), cut at ``max_tokens``."""
+    ids = list(engine.token_ids(prompt))
+    bos_id = getattr(engine.tokenizer, "bos_token_id", None) if bos else None
+    if bos_id is not None and (not ids or ids[0] != bos_id):
+        ids = [int(bos_id), *ids]
+    return ids[:max_tokens]
+
+
 def jlens_prompt(engine: Engine, prompt: Any, layers: Sequence[int], *, skip: int = JLENS_SKIP,
-                 max_tokens: int = JLENS_MAX_TOKENS) -> dict[int, np.ndarray] | None:
+                 max_tokens: int = JLENS_MAX_TOKENS, bos: bool = True) -> dict[int, np.ndarray] | None:
     """One text's ``jlens`` estimate per layer, by the reference's conventions (TransformerLens 4.3.0
     ``JacobianLens.fit``): with ``V`` the valid positions ``skip .. n-2`` of the text cut at ``max_tokens``, the mean
     over source positions ``k`` in ``V`` of ``sum_{p' in V, p' >= k} dh_{final,p'} / dh_{L,k}`` (d, d), float64,
     where ``h_final`` is the last layer's output before the final norm; from the layer-streamed engine's pullback
     (exact for its model, detached or ordinary). Rows index the final block's output, columns layer ``L``'s output.
-    None when no position is valid."""
+    The text's tokens: :func:`jlens_token_ids`. None when no position is valid."""
     import torch
 
-    ids = engine.token_ids(prompt)[:max_tokens]
+    ids = jlens_token_ids(engine, prompt, bos=bos, max_tokens=max_tokens)
     n, d = len(ids), engine.d_model
     if n - 1 <= skip:
         return None
@@ -215,7 +226,8 @@ def texts_digest(texts: Sequence[str]) -> str:
 
 
 def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,
-              skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, progress: Any = None) -> Any:
+              skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, bos: bool = True,
+              progress: Any = None) -> Any:
     """The ``jlens`` lens of ``prompts``: per layer, the mean over texts of :func:`jlens_prompt` (texts with no
     source position left are not counted), with its element-wise second moment, as a
     :class:`~detjac.analysis.lens.Lens` (``info["estimator"] == "jlens"``).
@@ -228,7 +240,7 @@ def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], mod
     mean, second = np.zeros((len(layers), d, d)), np.zeros((len(layers), d, d))
     counted = 0
     for text in prompts:
-        est = jlens_prompt(engine, text, layers, skip=skip, max_tokens=max_tokens)
+        est = jlens_prompt(engine, text, layers, skip=skip, max_tokens=max_tokens, bos=bos)
         if est is not None:
             counted += 1
             for i, layer in enumerate(layers):
@@ -243,7 +255,7 @@ def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], mod
             "target": FINAL_BLOCK, "operator": "mean over texts and valid source positions k of "
             f"sum_{{p' valid, p' >= k}} dh_final,p'/dh_{{L,k}} (h_final: the last layer's output before the final "
             f"norm; valid: positions {skip} .. n-2 of the text cut at {max_tokens} tokens)",
-            "skip_first_positions": skip, "max_seq_len": max_tokens, "n_layers": engine.n_layers,
+            "skip_first_positions": skip, "max_seq_len": max_tokens, "bos": bos, "n_layers": engine.n_layers,
             "model": model_info, "n_prompts": counted,
             "skipped_prompts": len(prompts) - counted,
             "prompts_sha256": texts_digest(prompts),

@@ -106,7 +106,8 @@ def artifact_payload(lens: Lens, *, dtype: str = "float16", gain: np.ndarray | N
         "operator": info.get("operator"), "model": info.get("model"), "n_prompts": info.get("n_prompts"),
         "count": [int(c) for c in lens.count], "prompts_sha256": info.get("prompts_sha256"),
         "skipped_prompts": info.get("skipped_prompts"), "skip_first_positions": info.get("skip_first_positions"),
-        "max_seq_len": info.get("max_seq_len"), "n_layers": n_layers, "source": info.get("source"),
+        "max_seq_len": info.get("max_seq_len"), "bos": info.get("bos"), "n_layers": n_layers,
+        "source": info.get("source"),
         "left_out_layers": [int(x) for x in lens.layers if int(x) not in layers]}
     return {"J": J, "n_prompts": int(min(lens.count)), "source_layers": layers, "d_model": d,
             "metadata": {DETJAC_KEY: _plain(provenance)}}

@@ -161,3 +161,22 @@ def test_an_artifact_is_read_like_a_lens_folder_and_checked_against_the_model(tm
     torch.save({"J": {5: torch.eye(D)}, "n_prompts": 1, "d_model": D, "source_layers": [5]}, tmp_path / "deep.pt")
     with pytest.raises(InvalidArgumentError, match="layers \\[5\\]"):
         load_lens_engine("default", [read_lens(tmp_path / "deep.pt")])
+
+
+def test_a_published_lens_of_ordinary_jacobians_is_applied_and_evaluated(tmp_path) -> None:
+    """A reference artifact (no detjac metadata: a lens of ordinary Jacobians) is read by `lens apply` and
+    `lens evaluate` under its own kind; `--ordinary` beside it is refused by name."""
+    lens = _lens()
+    path = tmp_path / "published.pt"
+    torch.save({"J": {layer: torch.from_numpy(lens.operator(layer)).half() for layer in (0, 1, 2)}, "n_prompts": 9,
+                "source_layers": [0, 1, 2], "d_model": D}, path)
+    applied = CliRunner().invoke(main, ["lens", "apply", str(path), "--prompt", "Oak, n. A tree of", "--no-exact"])
+    assert applied.exit_code == 0, applied.output
+    assert applied.output.count("ordinary lens") == 3 and "detached lens" not in applied.output
+    prompts = tmp_path / "held.txt"
+    prompts.write_text("Oak, n. A tree of the genus\nWhale, n. A\n")
+    evaluated = CliRunner().invoke(main, ["lens", "evaluate", str(path), "--prompts", str(prompts), "--exact", "0"])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "ordinary lens" in evaluated.output
+    both = CliRunner().invoke(main, ["lens", "apply", str(path), "--ordinary", str(path), "--prompt", "Oak"])
+    assert both.exit_code == 2 and "Expected --ordinary beside a lens of detached Jacobians" in both.output
