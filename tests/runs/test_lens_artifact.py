@@ -180,3 +180,22 @@ def test_a_published_lens_of_ordinary_jacobians_is_applied_and_evaluated(tmp_pat
     assert "ordinary lens" in evaluated.output
     both = CliRunner().invoke(main, ["lens", "apply", str(path), "--ordinary", str(path), "--prompt", "Oak"])
     assert both.exit_code == 2 and "Expected --ordinary beside a lens of detached Jacobians" in both.output
+
+
+def test_export_of_a_same_position_lens_takes_the_gain_from_the_model(tmp_path) -> None:
+    from detjac.engine import load_engine, resolve_model
+
+    saved = save_lens(_lens(target="to_output", layers=(0, 3)), tmp_path / "same.lens")
+    out = tmp_path / "same.pt"
+    refused = CliRunner().invoke(main, ["lens", "export", str(saved), str(out)])
+    assert refused.exit_code == 1 and "final norm gain" in refused.output and "--model" in refused.output
+    done = CliRunner().invoke(main, ["lens", "export", str(saved), str(out), "--model", "default", "--dtype",
+                                     "float32"])
+    assert done.exit_code == 0, done.output
+    gain = load_engine(resolve_model("default"), streamed=True, dtype=torch.float64).decoding_matrices(
+        torch.float64)["final_norm"].numpy()
+    payload = torch.load(out, weights_only=True)
+    assert payload["source_layers"] == [0]  # layer 3, the model's last, left out
+    want = _lens(target="to_output", layers=(0, 3)).operator(0) / gain[:, None]
+    assert np.abs(payload["J"][0].double().numpy() - want).max() <= 1e-6 * np.abs(want).max()
+    assert payload["metadata"]["detjac"]["converted"].startswith("rows divided by the final norm's gain")
