@@ -24,6 +24,7 @@ def lens() -> None:
       detjac lens save fit.zarr gcide.lens
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus" --plot oak.png
       detjac lens evaluate gcide.lens --ordinary ordinary.zarr --limit 300 --out eval/
+      detjac lens export gcide.lens gcide.pt --model default   # the reference's artifact format
     """
 
 
@@ -240,6 +241,9 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
 def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptions, ordinary: str | None,
               exact: bool, plot: str | None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
+
+    LENS_PATH: a saved lens, a store with a fitted lens, a Jacobian-lens artifact or fit checkpoint file (.pt,
+    e.g. from `detjac lens export` or TransformerLens), or ORG/NAME:FILE from the local Hugging Face cache.
 
     The table gives, per layer and method, the rank of the model's own next-token prediction at the
     last position among the decoded logits, the relative error of the output read and its top tokens.
