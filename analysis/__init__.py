@@ -32,10 +32,12 @@ if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definitio
     from .layer_report import layer_report as layerwise_report
     from .layers import layer_table, targets_heatmap
     from .lens import (
+        FINAL_BLOCK,
         LENS_VERSION,
         Lens,
         RunningSums,
         check_lens_target,
+        lens_reading,
         load_lens,
         plot_agreement,
         plot_positions,
@@ -65,6 +67,7 @@ _EXPORTS = {
     "DecodedIds": "jobs",
     "dimensionality": "spectra",
     "dims_report": "jobs",
+    "FINAL_BLOCK": "lens",
     "fit_lens": "lens:fit",
     "jacobian_image": "views",
     "largest_columns": "views",
@@ -73,6 +76,7 @@ _EXPORTS = {
     "Lens": "lens",
     "lens_counted": "lens.lens_fit:counted",
     "lens_markdown": "lens:markdown",
+    "lens_reading": "lens",
     "lens_readings": "lens:readings",
     "LENS_VERSION": "lens",
     "load_lens": "lens",

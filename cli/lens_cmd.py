@@ -24,6 +24,7 @@ def lens() -> None:
       detjac lens save fit.zarr gcide.lens
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus" --plot oak.png
       detjac lens evaluate gcide.lens --ordinary ordinary.zarr --limit 300 --out eval/
+      detjac lens export gcide.lens gcide.pt --model default   # the reference's artifact format
     """
 
 
@@ -52,9 +53,12 @@ def _layers(value: str | None) -> list[int] | None:
               help="With --estimator jlens: the texts, one per line.")
 @click.option("--ordinary", is_flag=True, help="With --estimator jlens: ordinary Jacobians (nothing detached).")
 @click.option("--force", is_flag=True, help="With --estimator jlens: replace the lens folder PATH if it exists.")
+@click.option("--bos/--no-bos", default=True, show_default=True,
+              help="With --estimator jlens: put the tokenizer's BOS token first when it does not (as TransformerLens' "
+                   "fit does).")
 @scheduler_options
 def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | None, gguf_file: str | None,
-            prompts_path: str | None, ordinary: bool, force: bool, workers: int, memory_limit: str,
+            prompts_path: str | None, ordinary: bool, force: bool, bos: bool, workers: int, memory_limit: str,
             scheduler: str | None) -> None:
     """Fit the lens of a store with to_output targets and keep it in the store (lens/fitted).
 
@@ -77,10 +81,11 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
       detjac lens fit texts-ordinary.jlens --estimator jlens --ordinary --model default --prompts texts.txt
     """
     if estimator == "jlens":
-        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force)
+        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force, bos)
         return
     given = [name for name, value in (("--model", model), ("--gguf-file", gguf_file), ("--prompts", prompts_path),
-                                      ("--ordinary", ordinary), ("--force", force)) if value]
+                                      ("--ordinary", ordinary), ("--force", force), ("--no-bos", not bos))
+             if value]
     if given:
         raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
                                "fitted from the store PATH).")
@@ -103,7 +108,7 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
 
 
 def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
-               ordinary: bool, force: bool) -> None:
+               ordinary: bool, force: bool, bos: bool = True) -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
 
     import torch
@@ -122,11 +127,12 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     source = model_source(model, gguf_file)
     engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)
     wanted = _layers(layers)
-    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers))
+    # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
+    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
     info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary,
             "weights_sha256": weights_identity(resolve_model(source)).get("weights_sha256")}
     with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
-        fitted = fit_jlens(engine, texts, chosen, info, progress=bar)
+        fitted = fit_jlens(engine, texts, chosen, info, bos=bos, progress=bar)
     written = save_lens(fitted, path, force=force)
     click.echo(f"{fitted.kind} jlens lens of {fitted.info['n_prompts']} texts ({fitted.info['skipped_prompts']} "
                f"too short), layers {', '.join(map(str, chosen))}: written to {written}")
@@ -145,10 +151,79 @@ def save_cmd(path: str, out: str, force: bool) -> None:
     Example:
       detjac lens save fit.zarr gcide.lens
     """
-    from detjac.analysis import load_lens, save_lens
+    from detjac.analysis import save_lens
+    from detjac.runs import read_lens
 
-    written = save_lens(load_lens(path), out, force=force)
+    written = save_lens(read_lens(path), out, force=force)
     click.echo(f"wrote {written}")
+
+
+def _lenses(lens_path: str, ordinary: str | None) -> dict:
+    """The lenses of ``lens apply/evaluate`` by role: LENS_PATH's named by its kind (a published lens is one of
+    ordinary Jacobians), and the --ordinary one; both checked to be of the kind their role names."""
+    from detjac.runs import check_lens_kinds, read_lens
+
+    first = read_lens(lens_path)
+    lenses = {f"{first.kind} lens": first}
+    if ordinary:
+        if first.kind == "ordinary":
+            raise click.UsageError(f"Expected --ordinary beside a lens of detached Jacobians. Got {lens_path}, a lens "
+                                   "of ordinary Jacobians itself.")
+        lenses["ordinary lens"] = read_lens(ordinary)
+    check_lens_kinds(lenses)  # before the model loads
+    return lenses
+
+
+@lens.command("export")
+@click.argument("lens_path", type=click.Path())
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="The matrices' dtype in the file (the reference's default is float16).")
+@click.option("--model", default=None,
+              help="The model the lens was fitted on (a folder, hub id, GGUF file or default): needed for a lens "
+                   "onto the final normed state (its rows are divided by the final norm's gain) or one that does not "
+                   "record the model's layer count.")
+@gguf_file_option
+@click.option("--force", is_flag=True, help="Replace OUT if it is a file.")
+def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_file: str | None, force: bool) -> None:
+    """Write a lens in the Jacobian-lens artifact format of the reference implementation and TransformerLens
+    (`JacobianLens.load`): one torch file {J, n_prompts, source_layers, d_model, metadata}, readable with
+    torch.load(weights_only=True); detjac's provenance under metadata["detjac"]. The last layer is left out
+    (the format's transport there is the identity).
+
+    \b
+    Examples:
+      detjac lens export texts.jlens texts.pt
+      detjac lens export fit.zarr gcide.pt --model default --dtype float32
+    """
+    from detjac.runs import export_lens, read_lens
+
+    found = read_lens(lens_path)
+    gain = n_layers = None
+    if model is not None:
+        import torch
+
+        from detjac.engine import load_engine, resolve_model
+
+        engine = load_engine(resolve_model(model_source(model, gguf_file)), streamed=True, dtype=torch.float64)
+        if engine.d_model != found.mean.shape[-1]:
+            raise click.UsageError(f"Expected the model the lens was fitted on (d_model {found.mean.shape[-1]}). Got "
+                                   f"{model}, of d_model {engine.d_model}.")
+        gain = engine.decoding_matrices(torch.float64).get("final_norm")
+        gain = None if gain is None else gain.numpy()
+        if gain is None and not found.before_norm:
+            raise click.UsageError(f"Expected a final norm with a plain gain in {model} to write a lens onto the final "
+                                   "normed state in the format. Got a norm without one (a centring LayerNorm).")
+        n_layers = engine.n_layers
+    elif found.info.get("n_layers") is None:
+        raise click.UsageError("Expected --model: the lens does not record the model's layer count, and the "
+                               "format leaves the last layer out.")
+    written = export_lens(found, out, dtype=dtype, force=force, gain=gain, n_layers=n_layers)
+    import torch
+
+    layers = torch.load(written, weights_only=True)["source_layers"]
+    click.echo(f"{found.kind} {found.info.get('estimator', 'same-position')} lens, layers {layers[0]}..{layers[-1]} "
+               f"({len(layers)}), {dtype}: written to {written}")
 
 
 @lens.command("apply")
@@ -167,6 +242,9 @@ def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptio
               exact: bool, plot: str | None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
 
+    LENS_PATH: a saved lens, a store with a fitted lens, a Jacobian-lens artifact or fit checkpoint file (.pt,
+    e.g. from `detjac lens export` or TransformerLens), or ORG/NAME:FILE from the local Hugging Face cache.
+
     The table gives, per layer and method, the rank of the model's own next-token prediction at the
     last position among the decoded logits, the relative error of the output read and its top tokens.
 
@@ -175,18 +253,15 @@ def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptio
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus"
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
-    from detjac.analysis import load_lens, plot_positions
-    from detjac.runs import check_lens_kinds, load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.analysis import plot_positions
+    from detjac.runs import load_lens_engine, position_ranks, score_prompt, unembedding
 
-    lenses = {"detached lens": load_lens(lens_path)}
-    if ordinary:
-        lenses["ordinary lens"] = load_lens(ordinary)
-    check_lens_kinds(lenses)  # before the model loads
+    lenses = _lenses(lens_path, ordinary)
     o = model_options
     o.refuse("detjac lens apply", "a lens reads float64 states of the layer-streamed engine", dtype="float64")
     engine = load_lens_engine(o.source(model), list(lenses.values()), o.device, max_memory=o.max_memory,
                               revision=o.revision, trust_remote_code=o.trust_remote_code)
-    layers = [int(x) for x in lenses["detached lens"].layers]
+    layers = [int(x) for x in next(iter(lenses.values())).layers]
     W_U = unembedding(engine)
     st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)
     def decode(token: int) -> str:
@@ -237,11 +312,11 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     from pathlib import Path
 
     from detjac.analysis import lens_markdown as markdown
-    from detjac.analysis import load_lens, plot_agreement, write_table
+    from detjac.analysis import plot_agreement, write_table
     from detjac.analysis import summarize_lens as summarize
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs import check_lens_kinds, evaluate_lenses, load_lens_engine, read_prompts
+    from detjac.runs import evaluate_lenses, load_lens_engine, read_prompts
 
     if prompts_path is None:
         found = Path(__file__).resolve().parents[1] / HELDOUT
@@ -250,12 +325,9 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
                                        f"{HELDOUT} is only the default model's.")
         prompts_path = str(found)
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
-    lenses = {"detached lens": load_lens(lens_path)}
-    if ordinary:
-        lenses["ordinary lens"] = load_lens(ordinary)
-    check_lens_kinds(lenses)  # before the model loads
+    lenses = _lenses(lens_path, ordinary)
     engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
-    layers = [int(x) for x in lenses["detached lens"].layers]
+    layers = [int(x) for x in next(iter(lenses.values())).layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)
     summary = summarize(rows)

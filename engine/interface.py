@@ -301,6 +301,27 @@ class Engine(ABC):
             out[wanted[site]] = reduce(values) if reduce is not None else values
         return {layer: out[layer] for layer in layers}
 
+    def pull_final_block(self, trace: Trace, cotangents: torch.Tensor, layers: Sequence[int], positions: Sequence[int],
+                         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+        """``u`` (c, d) set at the last layer's output (the final norm's input, before the norm) at each of
+        ``positions`` at once, pulled back to the output of each layer in ``layers``: ``{L: (c, n, d)}`` with
+        ``[:, k] = sum_{p' in positions, p' >= k} u @ dh_{final,p'} / dh_{L,k}``. The per-text quantity of the
+        reference Jacobian lens (TransformerLens' ``JacobianLens.fit``: the target is the final block's output, the
+        cotangent is set at the valid positions only); ``reduce`` as in :meth:`pull_every_position`."""
+        n, d = trace.n_tokens, self.d_model
+        picked = sorted({int(p) for p in positions})
+        if not picked or picked[0] < 0 or picked[-1] >= n:
+            raise InvalidArgumentError(f"Expected target positions in [0, {n - 1}]. Got {list(positions)}.")
+        wanted = {input_of(layer_index(layer, self.n_layers) + 1): layer for layer in layers}
+        u = cotangents.to(device=self.device, dtype=self.dtype)
+        seed = u.new_zeros(u.shape[0], n, d)  # (c, n, d): u at the picked positions, 0 elsewhere
+        seed[:, picked] = u[:, None, :]
+        out: dict[int, torch.Tensor] = {}
+        request = PullRequest((Seed(input_of(self.n_layers), seed),), tuple(wanted))
+        for _, site, values in self.pulls(trace, [request]):
+            out[wanted[site]] = reduce(values) if reduce is not None else values
+        return {layer: out[layer] for layer in layers}
+
     @abstractmethod
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """``embedding`` (vocab, d_model), ``unembedding`` (vocab, d_model) and, where the final norm has one,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definitio
     from .fingerprint import model_identity, weights_identity
     from .lens_apply import check_lens_kinds, fit_jlens, load_lens_engine, position_ranks, score_prompt, unembedding
     from .lens_apply import evaluate as evaluate_lenses
+    from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
     from .prompts import read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import dask_scheduler
@@ -29,6 +30,8 @@ _EXPORTS = {
     "prepare_evaluation": "steering", "evaluate_steering": "steering", "check_lens_kinds": "lens_apply",
     "load_lens_engine": "lens_apply", "fit_jlens": "lens_apply", "score_prompt": "lens_apply",
     "position_ranks": "lens_apply", "unembedding": "lens_apply", "evaluate_lenses": "lens_apply:evaluate",
+    "read_lens": "lens_artifact", "export_lens": "lens_artifact", "artifact_lens": "lens_artifact",
+    "hub_lens_file": "lens_artifact",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

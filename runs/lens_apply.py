@@ -9,8 +9,8 @@ in :mod:`detjac.analysis.lens`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 class PromptStates:
     """One prompt through the model: ``states[L]`` (n, d) layer L's output, ``normed[L]`` (n, d) its final norm
     (each position's scale from its own vector), ``output`` (d,) ``y`` at ``position``, ``exact[L]`` (d, n, d) the
-    prompt's ``to_output.L`` Jacobian (empty without ``exact``), ``final`` (n, d) the final normed states."""
+    prompt's ``to_output.L`` Jacobian (empty without ``exact``), ``final`` (n, d) the final normed states,
+    ``norm`` the model's final norm on numpy vectors (..., d), each scale from its own vector."""
 
     token_ids: list[int]
     position: int
@@ -34,6 +35,7 @@ class PromptStates:
     output: np.ndarray
     final: np.ndarray
     exact: dict[int, np.ndarray]
+    norm: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
 
 
 def check_lens_kinds(lenses: dict[str, Any]) -> None:
@@ -98,12 +100,25 @@ def prompt_states(engine: Engine, prompt: Any, layers: Iterable[int], exact: boo
     states = {layer: trace.inputs[layer + 1] for layer in layers}
     out = PromptStates(list(trace.token_ids), trace.position, {k: as_np(v) for k, v in states.items()},
                        {k: as_np(trace.norm(v)) for k, v in states.items()}, as_np(trace.output),
-                       as_np(trace.norm(trace.inputs[engine.n_layers])), {})
+                       as_np(trace.norm(trace.inputs[engine.n_layers])), {}, final_norm(trace))
     if exact:
         targets = [Target(layer, "to_output") for layer in layers]
         jacobians = engine.assemble(trace, targets, engine.plan(trace, targets))
         out.exact = {t.layer: as_np(J) for t, J in jacobians.items()}
     return out
+
+
+def final_norm(trace: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """The final norm of ``trace``'s model on float64 numpy vectors (..., d), each with its scale from itself."""
+    import torch
+
+    def norm(v: np.ndarray) -> np.ndarray:
+        ref = trace.inputs[0]
+        with torch.no_grad():
+            out = trace.norm(torch.as_tensor(v, dtype=ref.dtype, device=ref.device))
+        return out.detach().to("cpu", torch.float64).numpy()
+
+    return norm
 
 
 def unembedding(engine: Engine) -> np.ndarray:
@@ -124,7 +139,7 @@ def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.nd
     rows = []
     for layer in layers:
         read = readings(lenses, layer, st.states[layer], st.normed[layer][st.position], st.position,
-                        st.exact.get(layer))
+                        st.exact.get(layer), st.norm)
         for method, result in score(read, W_U, st.output).items():
             rows.append({"layer": layer, "method": method, **result})
     return st, rows
@@ -133,10 +148,11 @@ def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.nd
 def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, layers: Sequence[int]
                    ) -> dict[str, np.ndarray]:
     """Per method (each lens, ``logit``), (layers, n) ranks of the model's own prediction at every position."""
-    from detjac.analysis import token_rank
+    from detjac.analysis import lens_reading, token_rank
 
     predicted = np.argmax(st.final @ W_U.T, axis=1)  # (n,)
-    reads = {name: lambda layer, lens=lens: lens.apply(layer, st.states[layer]) for name, lens in lenses.items()}
+    reads = {name: lambda layer, lens=lens: lens_reading(lens, layer, st.states[layer], st.norm)
+             for name, lens in lenses.items()}
     reads["logit"] = lambda layer: st.normed[layer]
     out = {}
     for method, read in reads.items():
@@ -160,27 +176,42 @@ def evaluate(engine: Engine, lenses: dict[str, Any], prompts: Sequence[str], lay
     return rows
 
 
-JLENS_SKIP, JLENS_MAX_TOKENS = 16, 128  # the jlens estimator's source positions: the first 16 and the last left out
+JLENS_SKIP, JLENS_MAX_TOKENS = 16, 128  # the jlens estimator's valid positions: the first 16 and the last left out
+
+
+def jlens_token_ids(engine: Engine, prompt: Any, *, bos: bool = True, max_tokens: int = JLENS_MAX_TOKENS
+                    ) -> list[int]:
+    """The tokens a ``jlens`` fit reads of ``prompt``: the tokenizer's, with its BOS token put first when ``bos`` and
+    the tokenizer did not (TransformerLens' ``to_tokens`` default), cut at ``max_tokens``."""
+    ids = list(engine.token_ids(prompt))
+    bos_id = getattr(engine.tokenizer, "bos_token_id", None) if bos else None
+    if bos_id is not None and (not ids or ids[0] != bos_id):
+        ids = [int(bos_id), *ids]
+    return ids[:max_tokens]
 
 
 def jlens_prompt(engine: Engine, prompt: Any, layers: Sequence[int], *, skip: int = JLENS_SKIP,
-                 max_tokens: int = JLENS_MAX_TOKENS) -> dict[int, np.ndarray] | None:
-    """One text's ``jlens`` estimate per layer (Gurnee et al.): the mean over source positions ``k`` of
-    ``sum_{p' >= k} dy_p' / dh_{L,k}`` (d, d), float64, from the layer-streamed engine's every-position pullback
-    (exact for its model, detached or ordinary). The text is cut at ``max_tokens``; the first ``skip`` positions and
-    the last are left out. None when no source position is left."""
+                 max_tokens: int = JLENS_MAX_TOKENS, bos: bool = True) -> dict[int, np.ndarray] | None:
+    """One text's ``jlens`` estimate per layer, by the reference's conventions (TransformerLens 4.3.0
+    ``JacobianLens.fit``): with ``V`` the valid positions ``skip .. n-2`` of the text cut at ``max_tokens``, the mean
+    over source positions ``k`` in ``V`` of ``sum_{p' in V, p' >= k} dh_{final,p'} / dh_{L,k}`` (d, d), float64,
+    where ``h_final`` is the last layer's output before the final norm; from the layer-streamed engine's pullback
+    (exact for its model, detached or ordinary). Rows index the final block's output, columns layer ``L``'s output.
+    The text's tokens: :func:`jlens_token_ids`. None when no position is valid."""
     import torch
 
-    ids = engine.token_ids(prompt)[:max_tokens]
+    ids = jlens_token_ids(engine, prompt, bos=bos, max_tokens=max_tokens)
     n, d = len(ids), engine.d_model
     if n - 1 <= skip:
         return None
     trace = engine.trace(ids)
     rows = max(1, min(d, (128 * 2**20) // (n * d * 8)))  # a block of cotangents ~128 MiB at one layer
     eye = torch.eye(d, dtype=engine.dtype)
+    valid = range(skip, n - 1)
     out = {layer: np.empty((d, d)) for layer in layers}
     for r0 in range(0, d, rows):
-        means = engine.pull_every_position(trace, eye[r0:r0 + rows], layers, reduce=lambda b: b[:, skip:n - 1].mean(1))
+        means = engine.pull_final_block(trace, eye[r0:r0 + rows], layers, valid,
+                                        reduce=lambda b: b[:, skip:n - 1].mean(1))
         for layer, mean in means.items():
             out[layer][r0:r0 + rows] = mean.to("cpu", torch.float64).numpy()
     return out
@@ -195,20 +226,21 @@ def texts_digest(texts: Sequence[str]) -> str:
 
 
 def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,
-              skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, progress: Any = None) -> Any:
+              skip: int = JLENS_SKIP, max_tokens: int = JLENS_MAX_TOKENS, bos: bool = True,
+              progress: Any = None) -> Any:
     """The ``jlens`` lens of ``prompts``: per layer, the mean over texts of :func:`jlens_prompt` (texts with no
     source position left are not counted), with its element-wise second moment, as a
     :class:`~detjac.analysis.lens.Lens` (``info["estimator"] == "jlens"``).
 
     Raises InvalidArgumentError when no text has a source position."""
     from detjac import __version__
-    from detjac.analysis import LENS_VERSION, Lens
+    from detjac.analysis import FINAL_BLOCK, LENS_VERSION, Lens
 
     d = engine.d_model
     mean, second = np.zeros((len(layers), d, d)), np.zeros((len(layers), d, d))
     counted = 0
     for text in prompts:
-        est = jlens_prompt(engine, text, layers, skip=skip, max_tokens=max_tokens)
+        est = jlens_prompt(engine, text, layers, skip=skip, max_tokens=max_tokens, bos=bos)
         if est is not None:
             counted += 1
             for i, layer in enumerate(layers):
@@ -220,9 +252,11 @@ def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], mod
         raise InvalidArgumentError(f"Expected texts longer than {skip + 1} tokens for the jlens estimator (it leaves "
                                    f"out the first {skip} positions and the last). Got {len(prompts)} shorter ones.")
     info = {"version": LENS_VERSION, "kind": "detached" if engine.detach else "ordinary", "estimator": "jlens",
-            "target": "every position", "operator": "mean over texts and source positions k of "
-            f"sum_{{p' >= k}} dy_p'/dh_{{L,k}} (first {skip} positions and the last left out, texts cut at "
-            f"{max_tokens} tokens)", "model": model_info, "n_prompts": counted,
+            "target": FINAL_BLOCK, "operator": "mean over texts and valid source positions k of "
+            f"sum_{{p' valid, p' >= k}} dh_final,p'/dh_{{L,k}} (h_final: the last layer's output before the final "
+            f"norm; valid: positions {skip} .. n-2 of the text cut at {max_tokens} tokens)",
+            "skip_first_positions": skip, "max_seq_len": max_tokens, "bos": bos, "n_layers": engine.n_layers,
+            "model": model_info, "n_prompts": counted,
             "skipped_prompts": len(prompts) - counted,
             "prompts_sha256": texts_digest(prompts),
             "detjac_version": __version__}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 LENS_KEY = "detjac_lens"  # the attribute describing a lens (in lens/fitted and in a saved lens)
 LENS_VERSION = 1
 FITTED = "fitted"  # lens/fitted: the lens of a store
+FINAL_BLOCK = "final_block"  # info["target"] of a lens onto the last layer's output before the final norm
 DIMS = {"mean": ("layer", "row", "col"), "second_moment": ("layer", "row", "col"), "count": ("layer",),
         "layer": ("layer",)}
 IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "weights_sha256", "dtype", "detach",
@@ -45,6 +47,12 @@ class Lens:
     def kind(self) -> str:
         """``detached`` or ``ordinary``: which Jacobians were averaged."""
         return str(self.info.get("kind"))
+
+    @property
+    def before_norm(self) -> bool:
+        """Whether the lens maps onto the last layer's output before the final norm (the reference ``jlens``
+        and its artifacts: a reading is ``norm(T̄ h)``), rather than onto the final normed state ``y``."""
+        return self.info.get("target") == FINAL_BLOCK
 
     def operator(self, layer: int) -> np.ndarray:
         """``T̄`` of ``layer`` (d, d); InvalidArgumentError for a layer the lens was not fitted at."""
@@ -174,13 +182,27 @@ def token_rank(logits: np.ndarray, token: int) -> int:
     return int((logits > logits[token]).sum()) + 1
 
 
+def lens_reading(lens: Lens, layer: int, states: np.ndarray, norm: Callable[[np.ndarray], np.ndarray]
+                 ) -> np.ndarray:
+    """What ``lens`` reads as the final normed state from layer ``layer``'s states (..., d): ``T̄ h``, passed
+    through the model's final norm ``norm`` (each vector's scale from itself) when the lens maps onto the final
+    block's output before the norm (:attr:`Lens.before_norm`)."""
+    read = lens.apply(layer, states)
+    return norm(read) if lens.before_norm else read
+
+
 def readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, normed: np.ndarray, position: int,
-             exact: np.ndarray | None) -> dict[str, np.ndarray]:
+             exact: np.ndarray | None, norm: Callable[[np.ndarray], np.ndarray] | None = None
+             ) -> dict[str, np.ndarray]:
     """What each method reads as the output at ``position`` from layer ``layer``'s states (n, d): every lens of
     ``lenses`` by its name, ``logit``, and (with ``exact``, the prompt's own (d, n, d) ``to_output`` Jacobian)
-    ``self`` and ``exact``; see the module docstring. ``normed`` (d,) is the final norm of ``states[position]``."""
+    ``self`` and ``exact``; see the module docstring. ``normed`` (d,) is the final norm of ``states[position]``;
+    ``norm`` the model's final norm, needed for a lens that maps before it (:func:`lens_reading`)."""
     h = states[position]
-    out = {name: lens.apply(layer, h) for name, lens in lenses.items()}
+    if norm is None and any(lens.before_norm for lens in lenses.values()):
+        raise InvalidArgumentError("Expected the model's final norm to read a lens that maps onto the final block's "
+                                   "output before it. Got none.")
+    out = {name: lens_reading(lens, layer, h, norm) for name, lens in lenses.items()}  # type: ignore[arg-type]
     out["logit"] = normed
     if exact is not None:
         out["self"] = exact[:, position, :] @ h

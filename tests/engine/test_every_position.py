@@ -1,8 +1,9 @@
-"""The every-position pullback, the per-text quantity of the Jacobian lens of Gurnee et al. (``jlens``): the
-cotangent set at the final normed state of every position at once, pulled back to a layer's output, gives for each
-source position k the sum ``sum_{p' >= k} dy_p' / dh_{L,k}``. Checked against an independent path: the same sum
-over the prompt's prefixes of their own ``to_output`` Jacobians (each prefix's last position is one ``p'``; a causal
-model computes its first positions alike whatever follows), detached and ordinary, for every causal family."""
+"""The every-position pullback: the cotangent set at the final normed state of every position at once, pulled back
+to a layer's output, gives for each source position k the sum ``sum_{p' >= k} dy_p' / dh_{L,k}``; and the pullback
+from the final block's output at chosen positions, the per-text quantity of the reference Jacobian lens (``jlens``).
+Checked against independent paths: the same sums over the prompt's prefixes of their own ``to_output`` Jacobians
+(each prefix's last position is one ``p'``; a causal model computes its first positions alike whatever follows),
+detached and ordinary, for every causal family; torch.autograd on the stock model for the ordinary final block."""
 
 from __future__ import annotations
 
@@ -55,9 +56,66 @@ def test_a_sweep_from_every_position_refuses_other_targets() -> None:
         sm.pull_every_position(trace, seed[:, 0], [sm.n_layers])
 
 
-def test_lens_fit_jlens_saves_the_mean_over_source_positions_of_the_sum_over_prefixes(tmp_path) -> None:
-    """`detjac lens fit --estimator jlens` on the default model: the saved lens is, per layer, the mean over source
-    positions 16..n-2 of the prefix sum (an independent path), and `lens evaluate` reads it."""
+def _final_block_over_prefixes(sm: StreamedEngine, ids: list[int], layer: int, valid: range) -> torch.Tensor:
+    """``mean_{k in valid} sum_{p' in valid, p' >= k} dh_final,p' / dh_{L,k}`` (d, d) by an independent path: each
+    prefix ``ids[:p' + 1]``'s own ``to_output`` Jacobian at its last position, taken back through the final norm
+    (``dy = diag(g s) dh_final`` for the RMSNorm with its scale ``s`` frozen: ``g s = norm(h) / h`` elementwise)."""
+    n, d, target = len(ids), sm.d_model, Target(layer, "to_output")
+    total = torch.zeros(d, n, d, dtype=torch.float64)
+    for end in valid:
+        prefix = ids[:end + 1]
+        trace = sm.trace(prefix)
+        h = trace.inputs[sm.n_layers][-1]
+        scale = trace.norm(h) / h  # (d,) g s
+        total[:, :end + 1] += sm.jacobians(prefix, [target])[target] / scale[:, None, None]
+    return total[:, valid.start:valid.stop].mean(1)
+
+
+def test_pull_final_block_is_the_ordinary_autograd_jacobian_of_the_last_layer_output() -> None:
+    """The ordinary engine's pullback from the final block's output at chosen positions equals torch.autograd on
+    the stock model (hooks on the layers' outputs): the reference lens's per-text quantity."""
+    model = tiny_model("llama", seed=7).to(torch.float64)
+    sm = StreamedEngine(model, dtype=torch.float64, detach=False)
+    ids = torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
+    valid = range(2, N_TOKENS - 1)
+    got = sm.pull_final_block(sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), [0], valid)[0]
+    outs = {}
+    hooks = [model.model.layers[i].register_forward_hook(
+        lambda mod, args, out, i=i: outs.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+        for i in (0, sm.n_layers - 1)]
+    try:
+        model.requires_grad_(False)
+        emb = model.get_input_embeddings()(torch.tensor([ids])).requires_grad_(True)
+
+        def final_from_layer0(h0: torch.Tensor) -> torch.Tensor:
+            outs.clear()
+            replace = model.model.layers[0].register_forward_hook(lambda mod, args, out: (h0,) if isinstance(
+                out, tuple) else h0)
+            try:
+                model(inputs_embeds=emb)
+            finally:
+                replace.remove()
+            return outs[sm.n_layers - 1][0]  # (n, d)
+
+        model(inputs_embeds=emb)
+        h0 = outs[0].detach().clone()
+        J = torch.autograd.functional.jacobian(final_from_layer0, h0)  # (n, d, 1, n, d)
+    finally:
+        for h in hooks:
+            h.remove()
+    mask = torch.zeros(N_TOKENS, dtype=torch.float64)
+    mask[list(valid)] = 1.0
+    want = torch.einsum("p,prqc->rqc", mask, J[:, :, 0])  # (d, n, d): the sum over the valid targets
+    # the stock norms compute in float32 (~1e-7): a wrong target or target positions would differ by O(1)
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+    assert got[:, -1].abs().max() == 0 and want[:, 2].abs().max() > 0.1 * want.abs().max()  # n-1 is no target
+
+
+def test_lens_fit_jlens_follows_the_reference_conventions(tmp_path) -> None:
+    """`detjac lens fit --estimator jlens` on the default model: the saved lens is, per layer, the reference's
+    estimator (target the final block's output before the final norm, valid positions 16 .. n-2 as targets and
+    as sources), checked against an independent path; the last layer is not fitted by default; `lens evaluate`
+    reads it through the final norm."""
     from click.testing import CliRunner
 
     from detjac.analysis.lens import load_lens
@@ -70,18 +128,18 @@ def test_lens_fit_jlens_saves_the_mean_over_source_positions_of_the_sum_over_pre
     prompts.write_text(text + "\n\nHi\n")  # the second text is too short: not counted
     out = tmp_path / "texts.jlens"
     result = CliRunner().invoke(main, ["lens", "fit", str(out), "--estimator", "jlens", "--model", "default",
-                                       "--prompts", str(prompts), "--layers", "0,-1"])
+                                       "--prompts", str(prompts)])
     assert result.exit_code == 0, result.output
     assert "1 texts (1 too short)" in result.output
     lens = load_lens(out)
-    assert lens.info["estimator"] == "jlens" and lens.kind == "detached" and list(lens.count) == [1, 1]
     sm = load_engine(resolve_model("default"), streamed=True, dtype=torch.float64)
+    assert lens.info["estimator"] == "jlens" and lens.kind == "detached" and lens.before_norm
+    assert list(lens.layers) == list(range(sm.n_layers - 1)) and list(lens.count) == [1] * (sm.n_layers - 1)
     ids = sm.token_ids(text)
     assert 20 < len(ids) < 128
-    for i, layer in enumerate([0, sm.n_layers - 1]):
-        assert list(lens.layers)[i] == layer
-        ref = _over_prefixes(sm, ids, layer)[:, 16:len(ids) - 1].mean(1).numpy()
-        assert abs(lens.mean[i] - ref).max() <= 1e-12 * abs(ref).max()
+    for layer in (0, sm.n_layers - 2):
+        ref = _final_block_over_prefixes(sm, ids, layer, range(16, len(ids) - 1)).numpy()
+        assert abs(lens.operator(layer) - ref).max() <= 1e-10 * abs(ref).max()
     again = CliRunner().invoke(main, ["lens", "fit", str(out), "--estimator", "jlens", "--model", "default",
                                       "--prompts", str(prompts)])
     assert again.exit_code == 1 and "--force replaces it" in again.output
