@@ -150,13 +150,9 @@ class StreamedEngine(Engine):
     @property
     def cost(self) -> CostModel:
         """The cost model at this engine's shapes and compute-device budget."""
-        text = self.config.get_text_config()
-        heads = int(text.num_attention_heads)
-        hd = int(getattr(text, "head_dim", None) or self.d_model // heads)
-        kv = int(getattr(text, "num_key_value_heads", None) or heads) * hd
-        return CostModel(self.d_model, self.ffn, self.n_layers, self.dtype.itemsize, self.layer_bytes(),
-                         self.detach, self.memory_budget(device_key(self.device)), device_key(self.device),
-                         heads, heads * hd, kv, self.adjoint.sizing())
+        return CostModel.of(self.config, self.dtype.itemsize, self.layer_bytes(), detach=self.detach,
+                            budget=self.memory_budget(device_key(self.device)), device=device_key(self.device),
+                            sweeps=self.adjoint.sizing())
 
     def memory_budget(self, device: str) -> int | None:
         return self.budgets.get(device_key(device))
