@@ -121,6 +121,17 @@ class CostModel:
             return None
         return max(0, self.budget - 2 * self.layer_bytes - self.block_bytes(n, 0))
 
+    def spare_bytes(self, n: int, plan: Plan | None = None) -> int:
+        """What the budget leaves at ``n`` tokens beside two layers (one in use, one read ahead), the trace, a
+        layer's crossing and the plan's blocks (None: the forward pass alone): the decoded layers kept across passes
+        (:class:`~detjac.engine.streamed.prefetch.LayerFeed`). Without a budget: 0, none kept."""
+        budget = self.vector_budget(n)
+        if budget is None:
+            return 0
+        vectors = 0 if plan is None else max(plan.row_block * len(plan.reverse) if plan.reverse else 0,
+                                             plan.token_block * self.d_model if plan.forward else 0)
+        return max(0, budget - vectors * self.vector_bytes(n))
+
     def forward_vectors(self, n: int, token_block: int) -> float:
         """Forward mode's vectors per layer, in units of n positions: a block of tokens ``k0:k1`` carries
         ``(k1 - k0) * d`` tangents over positions ``k0:`` only (causal truncation, detached models)."""

@@ -133,6 +133,7 @@ class StreamedEngine(Engine):
                 yield
             finally:
                 self._linear_depth = 0
+                self.skeleton.feed.drain()  # no read running once the engine returns
 
     # -- what every engine provides -------------------------------------------------------
 
@@ -162,6 +163,7 @@ class StreamedEngine(Engine):
         from . import tracing
 
         ids = self.token_ids(prompt)
+        self.skeleton.feed.keep(self.cost.spare_bytes(len(ids)))
         with self._linear():
             st = tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
         st.norm = self._norm
@@ -184,6 +186,7 @@ class StreamedEngine(Engine):
         st = _streamed(trace)
         plan = plan if plan is not None else self.plan(st, targets)
         d, n = self.d_model, st.n_tokens
+        self.skeleton.feed.keep(self.cost.spare_bytes(n, plan))
         bar = progress_bar(None, progress, "blocks", "block", total=plan.n_blocks)
         try:
             with self._linear():
