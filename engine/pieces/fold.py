@@ -23,7 +23,8 @@ import torch
 from detjac.errors import InvalidArgumentError
 
 FOLD_MODES = ("auto", "always", "never")
-_mode = ["auto"]  # the policy in force (folding() sets it for a block of code)
+_mode = ["auto"]
+FOLD_CHUNK_BYTES = 32 * 2**20  # the scaled W_a of a few positions at once (their folds are one GEMM)  # the policy in force (folding() sets it for a block of code)
 
 
 def mlp_flops(d: int, f: int, rows: int, folded: bool) -> int:
@@ -61,13 +62,17 @@ def folding(mode: str) -> Iterator[None]:
 def plus_folded(acc: torch.Tensor, rows: Any, rhs: torch.Tensor) -> torch.Tensor:
     """``acc`` (B, m, d) plus, at each position ``p``, ``x[:, p] @ (W_a diag(g_p) W_b)`` where ``rows`` is the
     :class:`~detjac.engine.pieces.layer.GatedRows` of ``x`` (B, m, d), ``W_a`` (d, f), ``g`` (m, f) and ``rhs`` is
-    ``W_b`` (f, d); a new tensor (``x`` may be ``acc`` itself)."""
+    ``W_b`` (f, d); a new tensor (``x`` may be ``acc`` itself). Positions go a few at a time (at most
+    :data:`FOLD_CHUNK_BYTES` of scaled ``W_a``), their folds as one GEMM and the block's products as one batched
+    GEMM."""
     x, weight, gate = rows.x, rows.weight, rows.gate
+    b, m, d = x.shape
+    f = weight.shape[1]
+    k = max(1, FOLD_CHUNK_BYTES // (d * f * x.element_size()))  # positions per chunk
     out = acc.clone()
-    scaled = torch.empty_like(weight)  # (d, f): W_a diag(g_p), reused
-    folded = weight.new_empty(weight.shape[0], rhs.shape[1])  # (d, d): F_p, reused
-    for p in range(x.shape[1]):
-        torch.mul(weight, gate[p], out=scaled)
-        torch.mm(scaled, rhs, out=folded)
-        out[:, p] += x[:, p] @ folded
+    for p0 in range(0, m, k):
+        p1 = min(m, p0 + k)
+        scaled = weight[None] * gate[p0:p1, None, :]  # (c, d, f): W_a diag(g_p)
+        folded = torch.mm(scaled.reshape(-1, f), rhs).view(p1 - p0, d, -1)  # (c, d, d): F_p
+        out[:, p0:p1] += torch.bmm(x[:, p0:p1].transpose(0, 1), folded).transpose(0, 1)
     return out
