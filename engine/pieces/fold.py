@@ -23,8 +23,8 @@ import torch
 from detjac.errors import InvalidArgumentError
 
 FOLD_MODES = ("auto", "always", "never")
-_mode = ["auto"]
-FOLD_CHUNK_BYTES = 32 * 2**20  # the scaled W_a of a few positions at once (their folds are one GEMM)  # the policy in force (folding() sets it for a block of code)
+_mode = ["auto"]  # the policy in force (folding() sets it for a block of code)
+FOLD_CHUNK_BYTES = 32 * 2**20  # the scaled W_a of a few positions at once (their folds are one GEMM)
 
 
 def mlp_flops(d: int, f: int, rows: int, folded: bool) -> int:
