@@ -15,6 +15,7 @@ they arrive. Details: docs/engine.md, "Reading ahead"."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -28,24 +29,25 @@ THREAD_NAME = "detjac-layer-reader"
 
 
 class Pending:
-    """One layer being read by a background thread; :meth:`result` waits for it and raises the thread's error."""
+    """One layer's read, run by a :class:`Worker`; :meth:`result` waits for it and raises the read's error."""
 
     def __init__(self, layer: int, work: Callable[[], Any], finish: Callable[[Any], tuple[Tensors, int]]) -> None:
-        self.layer, self._finish = layer, finish
+        self.layer, self._work, self._finish = layer, work, finish
         self._value: Any = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work,), name=f"{THREAD_NAME}-{layer}", daemon=True)
-        self._thread.start()
+        self._done = threading.Event()
 
-    def _run(self, work: Callable[[], Any]) -> None:
+    def run(self) -> None:
         try:
-            self._value = work()
+            self._value = self._work()
         except BaseException as e:  # handed to the caller by result()
             self._error = e
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
-        """Until the thread has ended."""
-        self._thread.join()
+        """Until the read has ended."""
+        self._done.wait()
 
     def result(self) -> tuple[Tensors, int]:
         self.wait()
@@ -54,22 +56,56 @@ class Pending:
         return self._finish(self._value)
 
 
+class Worker:
+    """One background thread running reads one after another, started at the first and stopped by :meth:`stop`.
+    One thread for all of a call's reads, not one per read: the C allocator then serves every read from one arena,
+    where the memory of the layers released reads again (a thread per read spread them over many arenas, and the
+    process held several times the layers' size)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Pending) -> Pending:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+            self._thread.start()
+        self._queue.put(job)
+        return job
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job.run()
+
+    def stop(self) -> None:
+        """After the reads submitted, end the thread and wait for it."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
 class LayerReader(Protocol):
     """How a layer's tensors reach the compute device, started in the background: ``start`` returns what has
     ``layer``, ``wait()`` (until the read has ended) and ``result()`` (the tensors and the bytes read; raises the
-    read's error)."""
+    read's error); ``stop`` ends any thread the reader runs (after its reads)."""
 
     def start(self, layer: int) -> Any: ...
+
+    def stop(self) -> None: ...
 
 
 class ThreadReader:
     """``read`` (to the compute device) in a background thread: any device."""
 
     def __init__(self, read: Read) -> None:
-        self.read = read
+        self.read, self.worker = read, Worker()
 
     def start(self, layer: int) -> Pending:
-        return Pending(layer, lambda: self.read(layer), lambda value: value)
+        return self.worker.submit(Pending(layer, lambda: self.read(layer), lambda value: value))
+
+    def stop(self) -> None:
+        self.worker.stop()
 
 
 class SyncReader:
@@ -81,6 +117,9 @@ class SyncReader:
 
     def start(self, layer: int) -> Deferred:
         return Deferred(layer, self.read)
+
+    def stop(self) -> None:
+        pass
 
 
 class Deferred:
@@ -101,8 +140,11 @@ class CudaReader:
     stream with ``non_blocking=True``; the compute stream waits for the copy's event before it uses the tensors."""
 
     def __init__(self, read_host: Read, device: torch.device) -> None:
-        self.read_host, self.device = read_host, device
+        self.read_host, self.device, self.worker = read_host, device, Worker()
         self.stream = torch.cuda.Stream(device=device)
+
+    def stop(self) -> None:
+        self.worker.stop()
 
     def start(self, layer: int) -> Pending:
         def work() -> tuple[Tensors, int, Any]:
@@ -121,7 +163,7 @@ class CudaReader:
                 t.record_stream(compute)  # the allocator may not reuse them before the compute stream is done
             return out, nbytes
 
-        return Pending(layer, work, finish)
+        return self.worker.submit(Pending(layer, work, finish))
 
 
 class LayerFeed:
@@ -159,7 +201,11 @@ class LayerFeed:
             else:
                 self.stats.layers_prefetched += 1
             self.pending = None
-            tensors, nbytes = pending.result()
+            try:
+                tensors, nbytes = pending.result()
+            except BaseException:
+                self.reader.stop()  # no thread left behind the error
+                raise
             self.stats.bytes_read += nbytes
         self.stats.weight_wait_seconds += time.perf_counter() - t0
         self.in_use[i] = _nbytes(tensors)
@@ -183,11 +229,13 @@ class LayerFeed:
             self.kept.pop(max(self.kept))
 
     def drain(self) -> None:
-        """Wait for the read in flight to end (its result stays for the next :meth:`get`); the wait counts."""
+        """Wait for the read in flight to end (its result stays for the next :meth:`get`) and end the reader's
+        thread; the wait counts."""
+        t0 = time.perf_counter()
         if self.pending is not None:
-            t0 = time.perf_counter()
             self.pending.wait()
-            self.stats.weight_wait_seconds += time.perf_counter() - t0
+        self.reader.stop()
+        self.stats.weight_wait_seconds += time.perf_counter() - t0
 
     def drop(self) -> None:
         """Wait for the read in flight to end and forget it (its error too): a wrong guess, or an error elsewhere."""
@@ -195,6 +243,11 @@ class LayerFeed:
             pending, self.pending = self.pending, None
             pending.wait()
             self.stats.layers_read_unused += 1
+
+    def abort(self) -> None:
+        """After an error: forget the read in flight and end the reader's thread."""
+        self.drop()
+        self.reader.stop()
 
     def _next(self, i: int) -> int:
         """The layer the sweep most likely asks for after ``i``."""

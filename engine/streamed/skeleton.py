@@ -163,7 +163,7 @@ class Skeleton:
         try:
             yield
         except BaseException:
-            self.feed.drop()  # no read left running behind an error
+            self.feed.abort()  # no read left running behind an error
             raise
         finally:
             self.release_layer(i)

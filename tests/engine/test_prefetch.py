@@ -82,25 +82,21 @@ def test_a_budget_keeps_decoded_layers_across_passes_and_counts_the_one_in_fligh
     assert not sm.skeleton.feed.kept
 
 
-class _Failing:
+def _failing(inner: prefetch.ThreadReader, bad: int) -> prefetch.ThreadReader:
     """A reader whose thread raises on one layer."""
 
-    def __init__(self, inner: prefetch.ThreadReader, bad: int) -> None:
-        self.inner, self.bad = inner, bad
+    def read(layer: int):  # type: ignore[no-untyped-def]
+        if layer == bad:
+            raise CheckpointError(f"Expected layer {layer} readable. Got a truncated file.")
+        return inner.read(layer)
 
-    def start(self, layer: int) -> prefetch.Pending:
-        def work():  # type: ignore[no-untyped-def]
-            if layer == self.bad:
-                raise CheckpointError(f"Expected layer {layer} readable. Got a truncated file.")
-            return self.inner.read(layer)
-
-        return prefetch.Pending(layer, work, lambda v: v)
+    return prefetch.ThreadReader(read)
 
 
 def test_an_error_in_the_reader_thread_is_raised_in_the_caller_and_no_thread_is_left(llama_checkpoint: Path,
                                                                                      prompt_ids: list[int]) -> None:
     sm = StreamedEngine(llama_checkpoint, dtype=torch.float64)
-    sm.skeleton.feed.reader = _Failing(sm.skeleton.feed.reader, bad=1)
+    sm.skeleton.feed.reader = _failing(sm.skeleton.feed.reader, bad=1)
     with pytest.raises(CheckpointError, match="Expected layer 1 readable"):
         sm.jacobians(prompt_ids, ["output"], row_block=16)
     assert not _readers() and not sm.stats.resident
@@ -113,15 +109,11 @@ def test_an_error_while_a_layer_computes_leaves_no_read_running(llama_checkpoint
     release = threading.Event()
     inner = sm.skeleton.feed.reader
 
-    class Slow:
-        def start(self, layer: int) -> prefetch.Pending:
-            def work():  # type: ignore[no-untyped-def]
-                release.wait(timeout=30)
-                return inner.read(layer)
+    def slow(layer: int):  # type: ignore[no-untyped-def]
+        release.wait(timeout=30)
+        return inner.read(layer)
 
-            return prefetch.Pending(layer, work, lambda v: v)
-
-    sm.skeleton.feed.reader = Slow()
+    sm.skeleton.feed.reader = prefetch.ThreadReader(slow)
     release.set()  # the first (synchronous) read must not block
     with pytest.raises(RuntimeError, match="boom"):
         with sm.skeleton.layer(0):
