@@ -96,13 +96,17 @@ class LayerReader(Protocol):
 
 
 class ThreadReader:
-    """``read`` (to the compute device) in a background thread: any device."""
+    """``read`` (to the compute device) in a background thread: any device. With ``alloc``, the layer's tensors
+    are made in the caller's thread and ``read(layer, into)`` fills them."""
 
-    def __init__(self, read: Read) -> None:
-        self.read, self.worker = read, Worker()
+    def __init__(self, read: Callable[..., tuple[Tensors, int]], alloc: Callable[[int], Tensors] | None = None
+                 ) -> None:
+        self.read, self.alloc, self.worker = read, alloc, Worker()
 
     def start(self, layer: int) -> Pending:
-        return self.worker.submit(Pending(layer, lambda: self.read(layer), lambda value: value))
+        into = self.alloc(layer) if self.alloc is not None else None
+        work = (lambda: self.read(layer)) if into is None else (lambda: self.read(layer, into))
+        return self.worker.submit(Pending(layer, work, lambda value: value))
 
     def stop(self) -> None:
         self.worker.stop()
@@ -274,9 +278,10 @@ def _nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def make_reader(read: Read, read_host: Read, device: torch.device, quantize: str | None) -> LayerReader:
+def make_reader(read: Callable[..., tuple[Tensors, int]], read_host: Read, device: torch.device,
+                quantize: str | None, alloc: Callable[[int], Tensors] | None = None) -> LayerReader:
     """:class:`CudaReader` for a CUDA device (a quantize round trip runs on the device: then :class:`ThreadReader`),
-    else :class:`ThreadReader`."""
+    else :class:`ThreadReader` (``alloc``: see there)."""
     if device.type == "cuda" and quantize is None:
         return CudaReader(read_host, device)
-    return ThreadReader(read)
+    return ThreadReader(read, alloc)

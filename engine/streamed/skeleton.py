@@ -56,9 +56,16 @@ class Skeleton:
         self.ffn = int(getattr(text, "intermediate_size", 4 * self.d_model))
         self._materialize(self._slots["norm"], f"{self.decoder_path}.norm.")
         self.feed = LayerFeed(self.n_layers, make_reader(
-            lambda i: self._read(self._layer_prefix(i), self._slots[i], self.device),
+            lambda i, into=None: self._read(self._layer_prefix(i), self._slots[i], self.device, into),
             lambda i: self._read(self._layer_prefix(i), self._slots[i], torch.device("cpu")),
-            self.device, quantize), self.stats)
+            self.device, quantize, None if isinstance(source, ModuleWeights) else self._empty), self.stats)
+
+    def _empty(self, i: int) -> dict[str, torch.Tensor]:
+        """Uninitialized tensors for layer ``i``'s parameters in the compute dtype and device, made by the caller's
+        thread so that the layers a reader thread fills are the caller's memory (freed and reused where it
+        allocates; made by the reader, they were freed into its allocator arena and the process grew)."""
+        return {rel: torch.empty(m._parameters[a].shape, dtype=self.dtype, device=self.device)
+                for rel, (m, a) in self._slots[i].items()}
 
     def _layer_prefix(self, i: int) -> str:
         return f"{self.decoder_path}.layers.{i}."
@@ -85,10 +92,11 @@ class Skeleton:
         self._slots["norm"] = _param_slots(decoder.norm)
         return model
 
-    def _read(self, prefix: str, slots: dict[str, tuple[nn.Module, str]], device: torch.device
-              ) -> tuple[dict[str, torch.Tensor], int]:
-        """The tensors of one subtree in the compute dtype on ``device``, and the bytes read from the source (run by
-        a reader thread: it changes nothing of the skeleton's)."""
+    def _read(self, prefix: str, slots: dict[str, tuple[nn.Module, str]], device: torch.device,
+              into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+        """The tensors of one subtree in the compute dtype on ``device`` (copied into ``into``'s where given and a
+        conversion is needed), and the bytes read from the source (run by a reader thread: it changes nothing of the
+        skeleton's)."""
         nbytes = 0
         if self.source.quantized:
             from ..checkpoints.quantized import dequantize_layer
@@ -108,7 +116,11 @@ class Skeleton:
                 plain[rel] = t
         out = {}
         for rel, (module, attr) in slots.items():
-            t = plain[rel].to(device=device, dtype=self.dtype)
+            src = plain[rel]
+            if into is not None and rel in into and (src.dtype != self.dtype or src.device != device):
+                t = into[rel].copy_(src)
+            else:
+                t = src.to(device=device, dtype=self.dtype)
             if self.quantize is not None and attr == "weight" and isinstance(module, nn.Linear):
                 from ..checkpoints.quantized import quantize_roundtrip
 

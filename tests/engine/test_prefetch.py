@@ -28,9 +28,9 @@ def _spy_reads(sm: StreamedEngine) -> list[tuple[int, str]]:
     reader = sm.skeleton.feed.reader
     real = reader.read
 
-    def read(i: int):  # type: ignore[no-untyped-def]
+    def read(i: int, *into):  # type: ignore[no-untyped-def]
         seen.append((i, threading.current_thread().name))
-        return real(i)
+        return real(i, *into)
 
     reader.read = read
     return seen
@@ -85,12 +85,12 @@ def test_a_budget_keeps_decoded_layers_across_passes_and_counts_the_one_in_fligh
 def _failing(inner: prefetch.ThreadReader, bad: int) -> prefetch.ThreadReader:
     """A reader whose thread raises on one layer."""
 
-    def read(layer: int):  # type: ignore[no-untyped-def]
+    def read(layer: int, *into):  # type: ignore[no-untyped-def]
         if layer == bad:
             raise CheckpointError(f"Expected layer {layer} readable. Got a truncated file.")
-        return inner.read(layer)
+        return inner.read(layer, *into)
 
-    return prefetch.ThreadReader(read)
+    return prefetch.ThreadReader(read, inner.alloc)
 
 
 def test_an_error_in_the_reader_thread_is_raised_in_the_caller_and_no_thread_is_left(llama_checkpoint: Path,
@@ -109,11 +109,11 @@ def test_an_error_while_a_layer_computes_leaves_no_read_running(llama_checkpoint
     release = threading.Event()
     inner = sm.skeleton.feed.reader
 
-    def slow(layer: int):  # type: ignore[no-untyped-def]
+    def slow(layer: int, *into):  # type: ignore[no-untyped-def]
         release.wait(timeout=30)
-        return inner.read(layer)
+        return inner.read(layer, *into)
 
-    sm.skeleton.feed.reader = prefetch.ThreadReader(slow)
+    sm.skeleton.feed.reader = prefetch.ThreadReader(slow, inner.alloc)
     release.set()  # the first (synchronous) read must not block
     with pytest.raises(RuntimeError, match="boom"):
         with sm.skeleton.layer(0):
