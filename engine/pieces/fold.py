@@ -40,6 +40,13 @@ def fold_pays(d: int, f: int, rows: int) -> bool:
     return mlp_flops(d, f, rows, True) < mlp_flops(d, f, rows, False)
 
 
+def fold_bytes(d: int, f: int, rows: int, n: int, itemsize: int) -> int:
+    """Scratch bytes of :func:`plus_folded` beside a block of ``rows`` vectors over ``n`` positions: a few
+    positions' scaled ``W_a``, their folds and their products."""
+    k = min(n, max(1, FOLD_CHUNK_BYTES // (d * f * itemsize)))
+    return k * (d * f + d * d + rows * d) * itemsize
+
+
 @contextmanager
 def folding(mode: str) -> Iterator[None]:
     """Fold gated MLPs ``always``, ``never`` or where it pays (``auto``, the default) inside the block (tests and

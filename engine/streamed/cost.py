@@ -15,7 +15,7 @@ from detjac.targets import DEFAULT_ROW_BLOCK, Target
 from ..interface import Plan
 from ..memory import format_bytes
 from ..pieces import layer as pieces
-from ..pieces.fold import fold_pays
+from ..pieces.fold import fold_bytes, fold_pays
 
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
@@ -103,6 +103,8 @@ class CostModel:
                     pieces.MIN_CHUNK_ROWS * f * self.itemsize)  # the MLP's intermediate, a chunk at a time
         if vectors is not None:
             chunk = min(chunk, vectors * n * f * self.itemsize)
+            if self.folds(vectors):  # the folded MLP's scratch instead of the intermediate's chunk
+                chunk = max(chunk, fold_bytes(d, f, vectors, n, self.itemsize))
         return self.itemsize * (forward + self.heads * n * n + 2 * n * f) + self.layer_bytes + chunk
 
     def trace_bytes(self, n: int) -> int:

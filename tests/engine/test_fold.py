@@ -117,6 +117,9 @@ def test_the_cost_model_chooses_one_whole_block_only_for_short_prompts() -> None
     cost = CostModel(576, 1536, 30, 8, 28 * 2**20, heads=9, q=576, kv=192)
     assert cost.folds(576) and not cost.folds(64)
     assert cost.whole_block(8) and cost.whole_block(32) and not cost.whole_block(128)  # 512 MiB a block
+    # a block that folds counts the fold's scratch (a few positions' d x f and d x d matrices) instead of the chunk
+    held, unfolded = cost.layer_bytes_held(8, 576), cost.layer_bytes_held(8, 64)
+    assert held - unfolded >= fold.fold_bytes(576, 1536, 576, 8, 8) - 8 * 64 * 8 * 1536 > 0
     assert not CostModel(576, 1536, 30, 8, 0, sweeps="autograd").folds(576)
     assert not CostModel(576, 1536, 30, 8, 0, detach=False).folds(576)
 
