@@ -10,12 +10,20 @@ reference
 memory
     detjac's in-memory engine (what ``detjac run`` uses by default): trace, then every row block.
 streamed
-    detjac's layer-streamed engine (``--streamed``), one decoder layer resident at a time, explicit sweeps.
+    detjac's layer-streamed engine (``--streamed``), one decoder layer resident at a time, explicit sweeps, the next
+    layer read ahead in a background thread.
+budgeted
+    the layer-streamed engine under ``--max-memory cpu=300MiB`` (decoded layers kept across passes where the budget
+    leaves room).
+memory_unfolded, streamed_sync
+    baselines of the two levers, measured under the same load: the in-memory engine with its MLPs never folded
+    (``folding("never")``), the streamed engine reading each layer in the caller's thread when asked (``SyncReader``).
 
 Each (model, tokens, dtype, method) runs in a fresh process: the model is loaded, a 2-token prompt is run
 first (kernels, allocator), the peak RSS is reset, then the timed run from the forward pass to the last row;
-reported are seconds, peak RSS above the loaded model, and the largest difference from the reference's J
-(relative to its largest entry). ``--rates`` adds, for every method, the FLOPs of its matrix products and the
+reported are seconds, peak RSS above the loaded model, the seconds the streamed engine waited on weights
+(``EngineStats.weight_wait_seconds``), and the largest difference from the reference's J (relative to its largest
+entry). ``--rates`` adds, for every method, the FLOPs of its matrix products and the
 share of torch.matmul's rate the run reached on them: every matrix product of one more (untimed) run is
 recorded and replayed alone on random operands of the same layouts (``gemm_share``); ``matmul share = replay
 seconds / run seconds`` (1.0: the run is nothing but its GEMMs at torch.matmul's speed); and the FLOP-model
@@ -45,7 +53,8 @@ from real_paths import NAMES, cpu_name, gguf_path
 from streamed import matmul_flops, peak_mib, reset_peak
 
 RESULTS = Path(__file__).parent / "results" / "real_speed.json"
-METHODS = ("reference", "memory", "streamed")
+METHODS = ("reference", "memory", "streamed", "budgeted", "memory_unfolded", "streamed_sync")
+BUDGET = "cpu=300MiB"
 # Written for this benchmark: an ordinary English paragraph, long enough for 128 tokens in both tokenizers.
 TEXT = ("The old harbour town sits where the river meets the sea, and for three hundred years its people have "
         "lived from fishing, trade and the slow work of building ships. In the morning the market fills with "
@@ -80,14 +89,22 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
     import torch
 
     from detjac.engine import linearized, load_engine
+    from detjac.engine.pieces import fold
     from detjac.targets import OUTPUTS
 
     torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
     path = gguf_path(model)
     t0 = time.perf_counter()
-    engine = load_engine(path, streamed=method == "streamed", dtype=dtype)
+    streamed = method in ("streamed", "budgeted", "streamed_sync")
+    engine = load_engine(path, streamed=streamed, dtype=dtype, max_memory=BUDGET if method == "budgeted" else None)
     load_s = time.perf_counter() - t0
+    if method == "streamed_sync":
+        from detjac.engine.streamed.prefetch import SyncReader
+
+        feed = engine.skeleton.feed
+        feed.reader = SyncReader(feed.reader.read)
+    mode = "never" if method == "memory_unfolded" else "auto"
     ids = _ids(engine, n)
 
     if method == "reference":
@@ -99,12 +116,14 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
                     vectorize=True)
     else:
         def run(prompt: list[int]) -> Any:
-            trace = engine.trace(prompt)
-            return engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
+            with fold.folding(mode):
+                trace = engine.trace(prompt)
+                return engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
 
     run(ids[:2])
     stats = getattr(engine, "stats", None)
     read_before = getattr(stats, "bytes_read", 0)
+    waited_before = getattr(stats, "weight_wait_seconds", 0.0)
     base = reset_peak()
     t0 = time.perf_counter()
     jac = run(ids)
@@ -116,7 +135,13 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
                               "n_tokens": len(ids), "token_ids": ids}
     if method != "reference":
         record["bytes_read"] = getattr(stats, "bytes_read", 0) - read_before  # the timed run's weight reads
-        record["row_block"] = engine.plan(engine.trace(ids), [OUTPUTS]).row_block
+        record["waited_on_weights"] = getattr(stats, "weight_wait_seconds", 0.0) - waited_before
+        record["row_block"] = row_block = engine.plan(engine.trace(ids), [OUTPUTS]).row_block
+        c = engine.config.get_text_config()
+        record["folded"] = method != "memory_unfolded" and fold.fold_pays(c.hidden_size, c.intermediate_size,
+                                                                          row_block)
+        for key in ("layers_prefetched", "layers_kept", "layers_read_unused"):
+            record[key] = getattr(stats, key, 0)
     if rates:
         from gemm_share import gemm_flops, record_gemms, replay_seconds
 
@@ -141,21 +166,23 @@ def _key(model: str, n: int, dtype: str, method: str) -> str:
     return f"{model}/{n}/{dtype}/{method}"
 
 
-def _load() -> dict[str, Any]:
-    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"cases": {}}
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {"cases": {}}
 
 
-def _save(results: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
+def _save(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(tmp, RESULTS)
+    os.replace(tmp, path)
 
 
 def _table(results: dict[str, Any]) -> str:
     cases = results["cases"]
-    lines = [f"{'model':<8} {'tokens':>6} {'dtype':<8} {'reference':>10} {'memory':>16} {'streamed':>16} "
-             f"{'peak MiB ref/mem/str':>22} {'GEMM GFLOP ref/mem/str':>24} {'matmul share':>17}"]
+    shown = ("memory", "streamed", "budgeted", "memory_unfolded", "streamed_sync")
+    lines = [f"{'model':<8} {'tokens':>6} {'dtype':<8} {'reference':>10} "
+             + " ".join(f"{m:>16}" for m in shown)
+             + f" {'waited s str/bud/sync':>22} {'peak MiB ref/mem/str/bud':>25} {'matmul share':>17}"]
     for model in NAMES:
         for n in sorted({c["n"] for c in cases.values() if c["model"] == model}):
             for dtype in ("float32", "float64"):
@@ -164,14 +191,15 @@ def _table(results: dict[str, Any]) -> str:
                 if ref is None:
                     continue
                 cells = [f"{c['seconds']:7.2f} ({c['seconds'] / ref['seconds']:.2f}x)" if c else "-"
-                         for c in (got["memory"], got["streamed"])]
-                peaks = "/".join(f"{c['peak_mib']:.0f}" if c else "-" for c in got.values())
-                flops = "/".join(f"{c['gemm_flops'] / 1e9:.0f}" if c and "gemm_flops" in c else "-"
-                                 for c in got.values())
+                         for c in (got[m] for m in shown)]
+                waited = "/".join(f"{c['waited_on_weights']:.2f}" if c and "waited_on_weights" in c else "-"
+                                  for c in (got["streamed"], got["budgeted"], got["streamed_sync"]))
+                peaks = "/".join(f"{c['peak_mib']:.0f}" if c else "-"
+                                 for c in (got[m] for m in ("reference", "memory", "streamed", "budgeted")))
                 shares = "/".join(f"{c['matmul_share']:.2f}" if c and "matmul_share" in c else "-"
-                                  for c in got.values())
-                lines.append(f"{model:<8} {n:>6} {dtype:<8} {ref['seconds']:10.2f} {cells[0]:>16} {cells[1]:>16} "
-                             f"{peaks:>22} {flops:>24} {shares:>17}")
+                                  for c in (got[m] for m in ("reference", "memory", "streamed")))
+                lines.append(f"{model:<8} {n:>6} {dtype:<8} {ref['seconds']:10.2f} "
+                             + " ".join(f"{c:>16}" for c in cells) + f" {waited:>22} {peaks:>25} {shares:>17}")
     return "\n".join(lines)
 
 
@@ -185,6 +213,8 @@ def main() -> None:
     p.add_argument("--rates", action="store_true", help="also record and replay each run's GEMMs (two more runs)")
     p.add_argument("--redo", action="store_true", help="recompute cases already in the results")
     p.add_argument("--table", action="store_true", help="print the results table and stop")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the results file (default: %(default)s)")
+    p.add_argument("--note", help="a note stored with the results (e.g. what else ran on the machine)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "detjac-real-speed",
                    help="folder for the Jacobians compared (the references are kept for reruns)")
     p.add_argument("--child", nargs=5, metavar=("MODEL", "N", "DTYPE", "METHOD", "OUT"), help=argparse.SUPPRESS)
@@ -193,7 +223,9 @@ def main() -> None:
         model, n, dtype, method, out = args.child
         print(json.dumps(child(model, int(n), dtype, method, args.threads, args.rates, out)))
         return
-    results = _load()
+    results = _load(args.results)
+    if args.note:
+        results["note"] = args.note
     if args.table:
         print(_table(results))
         return
@@ -231,7 +263,7 @@ def main() -> None:
                              if "max_rel_diff_from_reference" in record else ""), flush=True)
                     if method in pending:  # a reference run only as the comparison's baseline is not kept
                         results["cases"][key] = record
-                        _save(results)
+                        _save(results, args.results)
     print(_table(results))
 
 

@@ -114,6 +114,13 @@ class EngineStats:
     suffix_layers: int = 0  # forward-mode layer sweeps run on a suffix of the positions (causal truncation)
     pulled_suffix_layers: int = 0  # reverse-mode layer pullbacks from the outputs of a suffix of the positions
     explicit_layers: int = 0  # layer sweeps by explicit matmuls (detjac.engine.streamed.adjoint), not torch.func
+    # reading ahead (detjac.engine.streamed.prefetch): seconds the engine waited on weights; loads served by a read
+    # started ahead, by a layer kept from an earlier pass; reads started ahead and not used; most layers held at once
+    weight_wait_seconds: float = 0.0
+    layers_prefetched: int = 0
+    layers_kept: int = 0
+    layers_read_unused: int = 0
+    max_layers_held: int = 0
 
 
 class Engine(ABC):

@@ -24,7 +24,7 @@ from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
 from ..pullback import EMBEDDINGS, PullRequest, Site, neuron_activations, pulls
 from ..pullback import OUTPUT as OUTPUT_SITE
-from ..streamed.cost import MODES, check_request
+from ..streamed.cost import MODES, CostModel, check_request
 from .model_pieces import FrozenModel
 from .rows import JacobianStream, stream_jacobian
 
@@ -126,9 +126,17 @@ class InMemoryEngine(Engine):
                 "targets need the layer-streamed engine (detjac run --layers, or StreamedEngine)."
             )
         check_request("reverse", row_block, token_block)
-        rows = row_block or DEFAULT_ROW_BLOCK
+        rows = row_block or (self.d_model if self._whole_block(trace) else DEFAULT_ROW_BLOCK)
         return Plan([OUTPUTS] if targets else [], [], rows, 1, float(self.d_model), 0.0,
                     -(-self.d_model // rows) if targets else 0, 0)
+
+    def _whole_block(self, trace: Trace) -> bool:
+        """Whether the explicit sweeps take all d rows in one block (:meth:`~detjac.engine.streamed.cost.CostModel.
+        whole_block`: then the MLPs fold; otherwise DEFAULT_ROW_BLOCK rows, today's path)."""
+        if not isinstance(trace, InMemoryTrace) or trace.frozen is None:
+            return False
+        cost = CostModel.of(self.model.config, trace.embeddings.element_size(), 0)
+        return cost.d_model == self.d_model and cost.whole_block(trace.n_tokens)
 
     def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
                progress: bool = False) -> Iterator[JacobianBlock]:

@@ -19,6 +19,7 @@ from detjac.exactness import pieces_bound
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from . import NotAPiece
+from .fold import fold_pays, plus_folded
 
 # a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
 # least MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
@@ -209,10 +210,13 @@ Core = Mlp | Attention
 def plus(acc: torch.Tensor, sa: int, product: Product, own: bool = False) -> tuple[torch.Tensor, int]:
     """``acc`` (B, n - sa, d), positions sa:, plus a core's result ``lhs @ rhs`` (B · (n - s), d), positions s:,
     as positions min(sa, s):, the sum done by the GEMM itself (``addmm``); ``own``: ``acc`` may be added into.
-    ``lhs`` may be :class:`GatedRows` (made and added a chunk at a time)."""
+    ``lhs`` may be :class:`GatedRows` (made and added a chunk at a time, or folded into one d × d matrix per
+    position where :func:`~detjac.engine.pieces.fold.fold_pays` says so)."""
     lhs, rhs, s = product
     b, m, d = acc.shape
     if isinstance(lhs, GatedRows):
+        if s == sa and fold_pays(lhs.weight.shape[0], lhs.weight.shape[1], b):  # priced per layer and block
+            return plus_folded(acc, lhs, rhs), sa
         if s == sa:
             return _plus_chunks(acc, lhs, rhs, own), sa
         lhs = lhs.full()

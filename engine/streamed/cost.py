@@ -15,6 +15,7 @@ from detjac.targets import DEFAULT_ROW_BLOCK, Target
 from ..interface import Plan
 from ..memory import format_bytes
 from ..pieces import layer as pieces
+from ..pieces.fold import fold_bytes, fold_pays
 
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
@@ -59,9 +60,30 @@ class CostModel:
     kv: int | None = None
     sweeps: str = "explicit"  # how a block crosses a layer: explicit or autograd (the ordinary Jacobian: autograd)
 
+    @classmethod
+    def of(cls, config: Any, itemsize: int, layer_bytes: int, **kw: Any) -> CostModel:
+        """The cost model of a transformers ``config`` (hidden, MLP and head widths read from its text config);
+        ``kw``: the other fields."""
+        text = config.get_text_config()
+        d, heads = int(text.hidden_size), int(text.num_attention_heads)
+        hd = int(getattr(text, "head_dim", None) or d // heads)
+        kv = int(getattr(text, "num_key_value_heads", None) or heads) * hd
+        ffn = int(getattr(text, "intermediate_size", None) or 4 * d)
+        return cls(d, ffn, int(text.num_hidden_layers), itemsize, layer_bytes, heads=heads, q=heads * hd, kv=kv, **kw)
+
     @property
     def explicit(self) -> bool:
         return self.sweeps == "explicit" and self.detach
+
+    def folds(self, rows: int) -> bool:
+        """Whether a block of ``rows`` vectors crosses each gated MLP folded into one d × d matrix per position
+        (:func:`~detjac.engine.pieces.fold.fold_pays`: fewer FLOPs; explicit sweeps only)."""
+        return self.explicit and fold_pays(self.d_model, self.ffn, rows)
+
+    def whole_block(self, n: int) -> bool:
+        """Whether all d rows should go in one block at ``n`` tokens without a budget: they fold (fewer FLOPs than
+        any smaller blocks) and fit in :data:`UNBUDGETED_BLOCK_BYTES`."""
+        return self.folds(self.d_model) and self.d_model * self.vector_bytes(n) <= UNBUDGETED_BLOCK_BYTES
 
     def vector_bytes(self, n: int) -> int:
         """Bytes one vector of the block costs while it crosses one layer at ``n`` tokens."""
@@ -81,6 +103,8 @@ class CostModel:
                     pieces.MIN_CHUNK_ROWS * f * self.itemsize)  # the MLP's intermediate, a chunk at a time
         if vectors is not None:
             chunk = min(chunk, vectors * n * f * self.itemsize)
+            if self.folds(vectors):  # the folded MLP's scratch instead of the intermediate's chunk
+                chunk = max(chunk, fold_bytes(d, f, vectors, n, self.itemsize))
         return self.itemsize * (forward + self.heads * n * n + 2 * n * f) + self.layer_bytes + chunk
 
     def trace_bytes(self, n: int) -> int:
@@ -98,6 +122,17 @@ class CostModel:
         if self.budget is None:
             return None
         return max(0, self.budget - 2 * self.layer_bytes - self.block_bytes(n, 0))
+
+    def spare_bytes(self, n: int, plan: Plan | None = None) -> int:
+        """What the budget leaves at ``n`` tokens beside two layers (one in use, one read ahead), the trace, a
+        layer's crossing and the plan's blocks (None: the forward pass alone): the decoded layers kept across passes
+        (:class:`~detjac.engine.streamed.prefetch.LayerFeed`). Without a budget: 0, none kept."""
+        budget = self.vector_budget(n)
+        if budget is None:
+            return 0
+        vectors = 0 if plan is None else max(plan.row_block * len(plan.reverse) if plan.reverse else 0,
+                                             plan.token_block * self.d_model if plan.forward else 0)
+        return max(0, budget - vectors * self.vector_bytes(n))
 
     def forward_vectors(self, n: int, token_block: int) -> float:
         """Forward mode's vectors per layer, in units of n positions: a block of tokens ``k0:k1`` carries

@@ -18,6 +18,7 @@ from torch import nn
 from ..checkpoints.weights import ModuleWeights, WeightSource
 from ..interface import EngineStats
 from ..products.decode import RowBlocks, final_norm_gain
+from .prefetch import LayerFeed, make_reader
 
 Slots = dict[str, tuple[nn.Module, str]]
 
@@ -54,6 +55,20 @@ class Skeleton:
         self.d_model = int(text.hidden_size)
         self.ffn = int(getattr(text, "intermediate_size", 4 * self.d_model))
         self._materialize(self._slots["norm"], f"{self.decoder_path}.norm.")
+        self.feed = LayerFeed(self.n_layers, make_reader(
+            lambda i, into=None: self._read(self._layer_prefix(i), self._slots[i], self.device, into),
+            lambda i: self._read(self._layer_prefix(i), self._slots[i], torch.device("cpu")),
+            self.device, quantize, None if isinstance(source, ModuleWeights) else self._empty), self.stats)
+
+    def _empty(self, i: int) -> dict[str, torch.Tensor]:
+        """Uninitialized tensors for layer ``i``'s parameters in the compute dtype and device, made by the caller's
+        thread so that the layers a reader thread fills are the caller's memory (freed and reused where it
+        allocates; made by the reader, they were freed into its allocator arena and the process grew)."""
+        return {rel: torch.empty(m._parameters[a].shape, dtype=self.dtype, device=self.device)
+                for rel, (m, a) in self._slots[i].items()}
+
+    def _layer_prefix(self, i: int) -> str:
+        return f"{self.decoder_path}.layers.{i}."
 
     def _build(self, cls: type, config: Any) -> nn.Module:
         """The model with every parameter on the meta device; buffers (rotary tables) are real."""
@@ -77,8 +92,12 @@ class Skeleton:
         self._slots["norm"] = _param_slots(decoder.norm)
         return model
 
-    def _read(self, prefix: str, slots: dict[str, tuple[nn.Module, str]]) -> dict[str, torch.Tensor]:
-        """The tensors of one subtree in the compute dtype and on the compute device."""
+    def _read(self, prefix: str, slots: dict[str, tuple[nn.Module, str]], device: torch.device,
+              into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+        """The tensors of one subtree in the compute dtype on ``device`` (copied into ``into``'s where given and a
+        conversion is needed), and the bytes read from the source (run by a reader thread: it changes nothing of the
+        skeleton's)."""
+        nbytes = 0
         if self.source.quantized:
             from ..checkpoints.quantized import dequantize_layer
 
@@ -87,26 +106,36 @@ class Skeleton:
             stored_prefix = key[: len(key) - len(first)]
             raw = {k[len(stored_prefix):]: self.source.read(k) for k in self.source.names()
                    if k.startswith(stored_prefix)}
-            self.stats.bytes_read += sum(t.numel() * t.element_size() for t in raw.values())
+            nbytes += sum(t.numel() * t.element_size() for t in raw.values())
             plain = dequantize_layer(raw, self.dtype)
         else:
             plain = {}
             for rel in slots:
                 t = self.source.read(self.source.resolve(prefix + rel))
-                self.stats.bytes_read += t.numel() * t.element_size()
+                nbytes += t.numel() * t.element_size()
                 plain[rel] = t
         out = {}
         for rel, (module, attr) in slots.items():
-            t = plain[rel].to(device=self.device, dtype=self.dtype)
+            src = plain[rel]
+            if into is not None and rel in into and (src.dtype != self.dtype or src.device != device):
+                t = into[rel].copy_(src)
+            else:
+                t = src.to(device=device, dtype=self.dtype)
             if self.quantize is not None and attr == "weight" and isinstance(module, nn.Linear):
                 from ..checkpoints.quantized import quantize_roundtrip
 
                 t = quantize_roundtrip(t, self.quantize)
             out[rel] = t
-        return out
+        return out, nbytes
 
     def _materialize(self, slots: dict[str, tuple[nn.Module, str]], prefix: str) -> None:
-        for rel, t in self._read(prefix, slots).items():
+        tensors, nbytes = self._read(prefix, slots, self.device)
+        self.stats.bytes_read += nbytes
+        self._assign(slots, tensors)
+
+    @staticmethod
+    def _assign(slots: dict[str, tuple[nn.Module, str]], tensors: dict[str, torch.Tensor]) -> None:
+        for rel, t in tensors.items():
             module, attr = slots[rel]
             module._parameters[attr] = nn.Parameter(t, requires_grad=False)
 
@@ -118,15 +147,20 @@ class Skeleton:
                                                     requires_grad=False)
 
     def load_layer(self, i: int) -> None:
-        """Materialize decoder layer ``i`` on the compute device."""
-        self._materialize(self._slots[i], f"{self.decoder_path}.layers.{i}.")
+        """Materialize decoder layer ``i`` on the compute device (read ahead, or kept from an earlier pass, where
+        the :class:`~detjac.engine.streamed.prefetch.LayerFeed` has it)."""
+        self._assign(self._slots[i], self.feed.get(i))
         self.stats.layers_loaded += 1
         self.stats.resident.add(i)
         self.stats.max_resident_layers = max(self.stats.max_resident_layers, len(self.stats.resident))
 
     def release_layer(self, i: int) -> None:
-        """Put layer ``i``'s parameters back on the meta device (their memory is freed)."""
+        """Put layer ``i``'s parameters back on the meta device (their memory is freed, or kept for the next pass
+        where the feed's budget has room)."""
+        tensors = {rel: m._parameters[a].data for rel, (m, a) in self._slots[i].items()}
         self._release(self._slots[i])
+        if all(t.device.type != "meta" for t in tensors.values()):
+            self.feed.give_back(i, tensors)
         self.stats.resident.discard(i)
 
     def layer_bytes(self) -> int:
@@ -140,6 +174,9 @@ class Skeleton:
         self.load_layer(i)
         try:
             yield
+        except BaseException:
+            self.feed.abort()  # no read left running behind an error
+            raise
         finally:
             self.release_layer(i)
 

@@ -133,6 +133,7 @@ class StreamedEngine(Engine):
                 yield
             finally:
                 self._linear_depth = 0
+                self.skeleton.feed.drain()  # no read running once the engine returns
 
     # -- what every engine provides -------------------------------------------------------
 
@@ -150,13 +151,9 @@ class StreamedEngine(Engine):
     @property
     def cost(self) -> CostModel:
         """The cost model at this engine's shapes and compute-device budget."""
-        text = self.config.get_text_config()
-        heads = int(text.num_attention_heads)
-        hd = int(getattr(text, "head_dim", None) or self.d_model // heads)
-        kv = int(getattr(text, "num_key_value_heads", None) or heads) * hd
-        return CostModel(self.d_model, self.ffn, self.n_layers, self.dtype.itemsize, self.layer_bytes(),
-                         self.detach, self.memory_budget(device_key(self.device)), device_key(self.device),
-                         heads, heads * hd, kv, self.adjoint.sizing())
+        return CostModel.of(self.config, self.dtype.itemsize, self.layer_bytes(), detach=self.detach,
+                            budget=self.memory_budget(device_key(self.device)), device=device_key(self.device),
+                            sweeps=self.adjoint.sizing())
 
     def memory_budget(self, device: str) -> int | None:
         return self.budgets.get(device_key(device))
@@ -172,6 +169,7 @@ class StreamedEngine(Engine):
         from . import tracing
 
         ids = self.token_ids(prompt)
+        self.skeleton.feed.keep(self.cost.spare_bytes(len(ids)))
         with self._linear():
             st = tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
         st.norm = self._norm
@@ -194,6 +192,7 @@ class StreamedEngine(Engine):
         st = _streamed(trace)
         plan = plan if plan is not None else self.plan(st, targets)
         d, n = self.d_model, st.n_tokens
+        self.skeleton.feed.keep(self.cost.spare_bytes(n, plan))
         bar = progress_bar(None, progress, "blocks", "block", total=plan.n_blocks)
         try:
             with self._linear():
