@@ -57,10 +57,9 @@ class Pending:
 
 
 class Worker:
-    """One background thread running reads one after another, started at the first and stopped by :meth:`stop`.
-    One thread for all of a call's reads, not one per read: the C allocator then serves every read from one arena,
-    where the memory of the layers released reads again (a thread per read spread them over many arenas, and the
-    process held several times the layers' size)."""
+    """One background thread running reads one after another, started at the first and stopped by :meth:`stop`:
+    one thread for all of a call's reads, not one per read (the layers' tensors themselves can be made in the
+    caller's thread, :class:`ThreadReader`'s ``alloc``)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
