@@ -42,10 +42,11 @@ def test_ordinary_jacobian_does_not_reconstruct(family_model, prompt_ids):
 
 
 def test_result_independent_of_row_block(family_model, prompt_ids):
-    ref = detached_jacobian(family_model, prompt_ids, row_block=32)
-    for rb in (1, 5, 64):
+    ref = detached_jacobian(family_model, prompt_ids, row_block=32)  # every row in one block: the MLPs fold
+    scale = ref.jacobian.abs().max()
+    for rb in (1, 5, 64):  # to float64 rounding: a folded MLP sums in another order
         other = detached_jacobian(family_model, prompt_ids, row_block=rb)
-        assert (other.jacobian - ref.jacobian).abs().max() <= 1e-14
+        assert (other.jacobian - ref.jacobian).abs().max() <= 1e-13 * scale
 
 
 def test_stream_yields_blocks_in_order(prompt_ids):
