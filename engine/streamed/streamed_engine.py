@@ -275,7 +275,11 @@ class StreamedEngine(Engine):
         """The skeleton's own modules, outside the detached wrappers, one layer at a time."""
         from . import tracing
 
-        st = tracing.trace(self.skeleton, LayerSteps(self.skeleton, self.family, False), list(token_ids), position)
+        try:
+            st = tracing.trace(self.skeleton, LayerSteps(self.skeleton, self.family, False), list(token_ids),
+                               position)
+        finally:
+            self.skeleton.feed.drain()  # no read running once the engine returns (outside _linear's)
         return self.logits(st.output)
 
     def record(self, plan: Plan) -> dict[str, Any]:
@@ -286,8 +290,12 @@ class StreamedEngine(Engine):
     # -- memory -------------------------------------------------------------------------
 
     def load_layer(self, i: int) -> None:
-        """Materialize decoder layer ``i`` on the compute device."""
-        self.skeleton.load_layer(i)
+        """Materialize decoder layer ``i`` on the compute device (then :meth:`release_layer`; no layer is read
+        ahead behind a call from outside the engine)."""
+        try:
+            self.skeleton.load_layer(i)
+        finally:
+            self.skeleton.feed.drain()
 
     def release_layer(self, i: int) -> None:
         """Put layer ``i``'s parameters back on the meta device (their memory is freed)."""

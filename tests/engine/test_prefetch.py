@@ -135,3 +135,13 @@ def test_a_wrong_guess_is_dropped_and_the_asked_layer_read(llama_checkpoint: Pat
     sm.skeleton.feed.drain()
     assert [i for i, _ in seen] == [0, 1, 0, 1]
     assert sm.stats.layers_read_unused == 1 and sm.stats.layers_prefetched == 0 and not sm.stats.resident
+
+
+def test_the_stock_forward_and_a_layer_loaded_from_outside_leave_no_read_running(llama_checkpoint: Path,
+                                                                                prompt_ids: list[int]) -> None:
+    sm = StreamedEngine(llama_checkpoint, dtype=torch.float64)
+    logits = sm.stock_logits(prompt_ids, len(prompt_ids) - 1)  # the skeleton's own modules, outside _linear
+    assert torch.isfinite(logits).all() and not _readers()
+    sm.load_layer(0)
+    sm.release_layer(0)
+    assert not _readers()
