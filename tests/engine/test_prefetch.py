@@ -18,8 +18,21 @@ from detjac.targets import OUTPUTS
 EXACT = 1e-12
 
 
+_BEFORE: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_before() -> None:
+    """The reader threads alive before each test (left by code that drove a skeleton's layers directly, outside the
+    engine's calls): what the test's own engine leaves is counted against them."""
+    _BEFORE.clear()
+    _BEFORE.update(t for t in threading.enumerate() if t.name.startswith(prefetch.THREAD_NAME))
+
+
 def _readers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(prefetch.THREAD_NAME) and t.is_alive()]
+    """The reader threads alive now that were not before the test."""
+    return [t for t in threading.enumerate()
+            if t.name.startswith(prefetch.THREAD_NAME) and t.is_alive() and t not in _BEFORE]
 
 
 def _spy_reads(sm: StreamedEngine) -> list[tuple[int, str]]:
