@@ -159,6 +159,12 @@ class Layout:
         """The final norm's bias node (the last bias node)."""
         return self.M + self.B - 1
 
+    @classmethod
+    def of(cls, chosen: torch.Tensor, targets: LogitTargets, sites: Sites, n: int, L: int) -> Layout:
+        """The layout of a graph of ``chosen`` neurons and ``targets``: bias nodes (every layer at every position,
+        then the final norm's: :func:`bias_nodes`) where ``sites`` hold an affine family's constants."""
+        return cls(chosen.shape[0], (L * n + 1) if sites.layer_bias else 0, n, len(targets.ids))
+
     def receiving(self, rows: np.ndarray) -> np.ndarray:
         """Adjacency rows (neurons, logits) -> positions in the (M + K,) per-receiving-node arrays."""
         return np.where(rows < self.M, rows, rows - self.B - self.n)
@@ -170,8 +176,8 @@ def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int,
     output (= its MLP's output, the MLPs being cut), at the embeddings, and for an affine family at the first
     layer's input (the constants before it)."""
     n, L = trace.n_tokens, engine.n_layers
-    affine = bool(sites.layer_bias)
-    at = Layout(chosen.shape[0], (L * n + 1) if affine else 0, n, len(targets.ids))
+    at = Layout.of(chosen, targets, sites, n, L)
+    affine = at.B > 0
     A = np.zeros((at.size, at.size))
     total = np.zeros(at.M + at.K)  # each receiving node's incoming edges over every source of the model
     columns = {layer: (chosen[:, 0] == layer).nonzero().reshape(-1) for layer in range(L)}
@@ -236,8 +242,8 @@ def cut_pullbacks(chosen: torch.Tensor, targets: LogitTargets, sites: Sites, row
     """The cut pullbacks, grouped into passes of at most ``rows_per_pass`` rows: the logits first (seeded at the
     output), then the chosen neurons a layer at a time (seeded with their read rows at the layer's mid residual,
     reading the outputs of the layers below; an affine family's also the first layer's input)."""
-    M, K, affine = chosen.shape[0], len(targets.ids), bool(sites.layer_bias)
-    at = Layout(M, (L * n + 1) if affine else 0, n, K)
+    at = Layout.of(chosen, targets, sites, n, L)
+    K, affine = at.K, at.B > 0
     cut = frozenset({"mlp"})
     start = (input_of(0),) if affine else ()
     jobs: list[tuple[PullRequest, np.ndarray]] = []
