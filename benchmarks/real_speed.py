@@ -20,19 +20,19 @@ memory_unfolded, streamed_sync
     (``folding("never")``), the streamed engine reading each layer in the caller's thread when asked (``SyncReader``).
 
 Each (model, tokens, dtype, method) runs in a fresh process: the model is loaded, a 2-token prompt is run
-first (kernels, allocator), the peak RSS is reset, then the timed run from the forward pass to the last row;
-reported are seconds, peak RSS above the loaded model, the seconds the streamed engine waited on weights
-(``EngineStats.weight_wait_seconds``), and the largest difference from the reference's J (relative to its largest
-entry). ``--rates`` adds, for every method, the FLOPs of its matrix products and the
-share of torch.matmul's rate the run reached on them: every matrix product of one more (untimed) run is
-recorded and replayed alone on random operands of the same layouts (``gemm_share``); ``matmul share = replay
-seconds / run seconds`` (1.0: the run is nothing but its GEMMs at torch.matmul's speed); and the FLOP-model
+first (kernels, allocator), the peak RSS is reset, then ``--repeat`` timed runs from the forward pass to the
+last row; reported are the median seconds (and every run's), peak RSS above the loaded model, the seconds the
+streamed engine waited on weights (``EngineStats.weight_wait_seconds``, median), and the largest difference from
+the reference's J (relative to its largest entry). ``--rates`` adds, for every method, the FLOPs of its matrix
+products and the share of torch.matmul's rate the run reached on them: every matrix product of one more (untimed)
+run is recorded and replayed alone on random operands of the same layouts (``gemm_share``); ``matmul share =
+replay seconds / run seconds`` (1.0: the run is nothing but its GEMMs at torch.matmul's speed); and the FLOP-model
 rate against one 2048^2 product.
 
 Results go to ``benchmarks/results/real_speed.json``, one record per case as it finishes; a rerun skips the
 cases already there (``--redo`` recomputes them). Never a timed assertion: a report.
 
-    .venv/bin/python benchmarks/real_speed.py                          # every case: about an hour on 2 cores
+    .venv/bin/python benchmarks/real_speed.py                          # every case: hours on 2 cores
     .venv/bin/python benchmarks/real_speed.py --models smollm2 --tokens 8 --dtypes float64 --rates
 """
 
@@ -85,7 +85,10 @@ def _flops(cfg: Any, n: int) -> float:
     return whole * layers - (whole - sweep_flops(shape, n, d, 1, queries=1))
 
 
-def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates: bool, out: str) -> dict[str, Any]:
+def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates: bool, repeat: int,
+          out: str) -> dict[str, Any]:
+    import statistics
+
     import torch
 
     from detjac.engine import linearized, load_engine
@@ -123,19 +126,23 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
     run(ids[:2])
     stats = getattr(engine, "stats", None)
     read_before = getattr(stats, "bytes_read", 0)
-    waited_before = getattr(stats, "weight_wait_seconds", 0.0)
     base = reset_peak()
-    t0 = time.perf_counter()
-    jac = run(ids)
-    seconds = time.perf_counter() - t0
+    runs, waits = [], []
+    for _ in range(repeat):
+        waited = getattr(stats, "weight_wait_seconds", 0.0)
+        t0 = time.perf_counter()
+        jac = run(ids)
+        runs.append(time.perf_counter() - t0)
+        waits.append(getattr(stats, "weight_wait_seconds", 0.0) - waited)
+    seconds = statistics.median(runs)
     peak = peak_mib() - base
     torch.save(jac, out)
-    record: dict[str, Any] = {"seconds": seconds, "peak_mib": peak, "load_seconds": load_s,
+    record: dict[str, Any] = {"seconds": seconds, "runs": runs, "peak_mib": peak, "load_seconds": load_s,
                               "jacobian_mib": jac.numel() * jac.element_size() / 2**20,
                               "n_tokens": len(ids), "token_ids": ids}
     if method != "reference":
-        record["bytes_read"] = getattr(stats, "bytes_read", 0) - read_before  # the timed run's weight reads
-        record["waited_on_weights"] = getattr(stats, "weight_wait_seconds", 0.0) - waited_before
+        record["bytes_read"] = (getattr(stats, "bytes_read", 0) - read_before) // repeat  # one timed run's reads
+        record["waited_on_weights"] = statistics.median(waits)
         record["row_block"] = row_block = engine.plan(engine.trace(ids), [OUTPUTS]).row_block
         c = engine.config.get_text_config()
         record["folded"] = method != "memory_unfolded" and fold.fold_pays(c.hidden_size, c.intermediate_size,
@@ -179,10 +186,12 @@ def _save(results: dict[str, Any], path: Path) -> None:
 
 def _table(results: dict[str, Any]) -> str:
     cases = results["cases"]
+    rated = any("matmul_share" in c for c in cases.values())  # --rates was given for some case
     shown = ("memory", "streamed", "budgeted", "memory_unfolded", "streamed_sync")
     lines = [f"{'model':<8} {'tokens':>6} {'dtype':<8} {'reference':>10} "
              + " ".join(f"{m:>16}" for m in shown)
-             + f" {'waited s str/bud/sync':>22} {'peak MiB ref/mem/str/bud':>25} {'matmul share':>17}"]
+             + f" {'str/bud vs mem':>15} {'waited s str/bud/sync':>22} {'peak MiB ref/mem/str/bud':>25}"
+             + (f" {'matmul share':>17}" if rated else "")]
     for model in NAMES:
         for n in sorted({c["n"] for c in cases.values() if c["model"] == model}):
             for dtype in ("float32", "float64"):
@@ -196,12 +205,46 @@ def _table(results: dict[str, Any]) -> str:
                                   for c in (got["streamed"], got["budgeted"], got["streamed_sync"]))
                 peaks = "/".join(f"{c['peak_mib']:.0f}" if c else "-"
                                  for c in (got[m] for m in ("reference", "memory", "streamed", "budgeted")))
+                mem = got["memory"]
+                vs_memory = "/".join(f"{c['seconds'] / mem['seconds']:.2f}x" if c and mem else "-"
+                                     for c in (got["streamed"], got["budgeted"]))
                 shares = "/".join(f"{c['matmul_share']:.2f}" if c and "matmul_share" in c else "-"
                                   for c in (got[m] for m in ("reference", "memory", "streamed")))
                 lines.append(f"{model:<8} {n:>6} {dtype:<8} {ref['seconds']:10.2f} "
-                             + " ".join(f"{c:>16}" for c in cells) + f" {waited:>22} {peaks:>25} {shares:>17}")
+                             + " ".join(f"{c:>16}" for c in cells)
+                             + f" {vs_memory:>15} {waited:>22} {peaks:>25}" + (f" {shares:>17}" if rated else ""))
     return "\n".join(lines)
 
+
+def _measure(model: str, n: int, dtype: str, pending: list[str], args: argparse.Namespace,
+             results: dict[str, Any]) -> None:
+    """Each pending method in a fresh process (``args.repeat`` timed runs there, the median kept), compared with
+    the reference's J; each record is saved as it finishes."""
+    ref_file = args.work / f"{model}-{n}-{dtype}-reference.pt"  # kept: the baseline of later reruns
+    runs = [m for m in METHODS if m in pending]
+    if "reference" not in runs and not ref_file.is_file():
+        runs.insert(0, "reference")
+    for method in runs:
+        key = _key(model, n, dtype, method)
+        out = ref_file if method == "reference" else args.work / f"{method}.pt"
+        cmd = [sys.executable, __file__, "--threads", str(args.threads), "--repeat", str(args.repeat),
+               *(["--rates"] if args.rates else []), "--child", model, str(n), dtype, method, str(out)]
+        print(f"{time.strftime('%H:%M:%S')} {key} ...", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{key} failed:\n{proc.stderr[-3000:]}")
+        record = json.loads(proc.stdout.strip().splitlines()[-1])
+        record.update({"model": model, "n": n, "dtype": dtype, "method": method})
+        if method != "reference":
+            record["max_rel_diff_from_reference"] = _compare(str(ref_file), str(out))
+            out.unlink()
+        print(f"  median {record['seconds']:.2f} s of " + ", ".join(f"{r:.2f}" for r in record["runs"])
+              + f", peak +{record['peak_mib']:.0f} MiB"
+              + (f", max diff {record['max_rel_diff_from_reference']:.1e}"
+                 if "max_rel_diff_from_reference" in record else ""), flush=True)
+        if method in pending:  # a reference run only as the comparison's baseline is not kept
+            results["cases"][key] = record
+            _save(results, args.results)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,6 +254,8 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rates", action="store_true", help="also record and replay each run's GEMMs (two more runs)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs of each case (in its fresh process, after "
+                   "the warm-up); the median is reported (default: %(default)s)")
     p.add_argument("--redo", action="store_true", help="recompute cases already in the results")
     p.add_argument("--table", action="store_true", help="print the results table and stop")
     p.add_argument("--results", type=Path, default=RESULTS, help="the results file (default: %(default)s)")
@@ -221,7 +266,7 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         model, n, dtype, method, out = args.child
-        print(json.dumps(child(model, int(n), dtype, method, args.threads, args.rates, out)))
+        print(json.dumps(child(model, int(n), dtype, method, args.threads, args.rates, args.repeat, out)))
         return
     results = _load(args.results)
     if args.note:
@@ -240,30 +285,7 @@ def main() -> None:
                 if not pending:
                     print(f"{model}/{n}/{dtype}: already measured", flush=True)
                     continue
-                ref_file = args.work / f"{model}-{n}-{dtype}-reference.pt"  # kept: the baseline of later reruns
-                runs = [m for m in METHODS if m in pending]
-                if "reference" not in runs and not ref_file.is_file():
-                    runs.insert(0, "reference")
-                for method in runs:
-                    key = _key(model, n, dtype, method)
-                    out = ref_file if method == "reference" else args.work / f"{method}.pt"
-                    cmd = [sys.executable, __file__, "--threads", str(args.threads),
-                           *(["--rates"] if args.rates else []), "--child", model, str(n), dtype, method, str(out)]
-                    print(f"{key} ...", flush=True)
-                    proc = subprocess.run(cmd, capture_output=True, text=True)
-                    if proc.returncode != 0:
-                        raise SystemExit(f"{key} failed:\n{proc.stderr[-3000:]}")
-                    record = json.loads(proc.stdout.strip().splitlines()[-1])
-                    record.update({"model": model, "n": n, "dtype": dtype, "method": method})
-                    if method != "reference":
-                        record["max_rel_diff_from_reference"] = _compare(str(ref_file), str(out))
-                        out.unlink()
-                    print(f"  {record['seconds']:.2f} s, peak +{record['peak_mib']:.0f} MiB"
-                          + (f", max diff {record['max_rel_diff_from_reference']:.1e}"
-                             if "max_rel_diff_from_reference" in record else ""), flush=True)
-                    if method in pending:  # a reference run only as the comparison's baseline is not kept
-                        results["cases"][key] = record
-                        _save(results, args.results)
+                _measure(model, n, dtype, pending, args, results)
     print(_table(results))
 
 

@@ -76,6 +76,20 @@ def runners(model: str, dtype: Any) -> dict[str, Any]:
             **{name: engine_run(engine) for name, engine in engines.items()}}
 
 
+def table(results: dict[str, Any]) -> str:
+    """Each case's medians: seconds, ratio to the reference and, for the streamed engine, seconds waited on weights."""
+    methods = [m for m in METHODS if any(m in c["methods"] for c in results["cases"].values())]
+    lines = [f"{'case':<20} " + " ".join(f"{m:>16}" for m in methods) + "  waited s str/sync/bud"]
+    for key, case in results["cases"].items():
+        got = case["methods"]
+        cells = [f"{got[m]['median_seconds']:6.2f} ({got[m]['ratio_to_reference']:.2f}x)" if m in got else "-"
+                 for m in methods]
+        waited = "/".join(f"{got[m]['waited_on_weights']:.2f}" if m in got else "-"
+                          for m in ("streamed", "streamed_sync", "budgeted"))
+        lines.append(f"{key:<20} " + " ".join(f"{c:>16}" for c in cells) + f"  {waited}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
@@ -85,7 +99,11 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--note", help="a note stored with the results (e.g. what else ran on the machine)")
+    p.add_argument("--table", action="store_true", help="print the results table and stop")
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(RESULTS.read_text())))
+        return
     import torch
 
     torch.set_num_threads(args.threads)
