@@ -459,8 +459,9 @@ def _lens_evaluation(out: Path) -> dict[str, Any]:
 
 
 def _fitted_on(lens: Path, texts: Path) -> bool:
-    """Whether ``lens`` is a complete saved lens fitted on exactly the lines of ``texts`` (a stopped run resumes
-    after its last finished fit; a lens is written sealed, so a partial one does not load)."""
+    """Whether ``lens`` is a complete saved ``jlens`` of today's conventions (onto the final block's output) fitted on
+    exactly the lines of ``texts`` (a stopped run resumes after its last finished fit; a lens is written sealed, so a
+    partial one does not load)."""
     from detjac.analysis.lens import load_lens
     from detjac.errors import DetjacError
     from detjac.runs.lens_apply import texts_digest
@@ -472,7 +473,8 @@ def _fitted_on(lens: Path, texts: Path) -> bool:
         info = load_lens(lens).info
     except (DetjacError, OSError):  # unfinished or damaged: fit it again (`lens fit --force` replaces it)
         return False
-    return info.get("prompts_sha256") == texts_digest([p.text for p in read_prompts(texts, "txt").prompts])
+    same_texts = info.get("prompts_sha256") == texts_digest([p.text for p in read_prompts(texts, "txt").prompts])
+    return same_texts and info.get("target") == "final_block"  # a lens of the conventions before is fitted again
 
 
 def _stored_prompts(path: Path) -> int:

@@ -164,7 +164,8 @@ def test_layerwise_output_agrees_with_the_float64_record():
 
 def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_path):
     """A stopped lens part resumes after its last finished ``jlens`` fit: a saved lens of exactly the fit texts is
-    kept; one of other texts, a damaged one or none is fitted again."""
+    kept; one of other texts or of the conventions before (onto the final normed state), a damaged one or none is
+    fitted again."""
     import hashlib
 
     import numpy as np
@@ -175,10 +176,13 @@ def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_pa
     texts.write_text("The first text\n\nThe second text\n", encoding="utf-8")  # a blank line is not a text
     digest = hashlib.sha256(json.dumps(["The first text", "The second text"]).encode()).hexdigest()
     eye = np.eye(3)[None]
-    lens = Lens(np.array([0]), eye, eye, np.array([2]), {"version": LENS_VERSION, "kind": "detached",
-                                                          "estimator": "jlens", "prompts_sha256": digest})
-    kept = save_lens(lens, tmp_path / "kept.jlens")
+    info = {"version": LENS_VERSION, "kind": "detached", "estimator": "jlens", "prompts_sha256": digest,
+            "target": "final_block"}
+    kept = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), info), tmp_path / "kept.jlens")
     assert findings._fitted_on(kept, texts)
+    before = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), {**info, "target": "to_output"}),
+                       tmp_path / "before.jlens")
+    assert not findings._fitted_on(before, texts)  # the estimator's conventions before: fitted again
     assert not findings._fitted_on(tmp_path / "absent.jlens", texts)
     other = tmp_path / "other.txt"
     other.write_text("Another text\n", encoding="utf-8")
