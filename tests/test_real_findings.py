@@ -180,7 +180,7 @@ def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_pa
             "target": "final_block"}
     kept = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), info), tmp_path / "kept.jlens")
     assert findings._fitted_on(kept, texts)
-    before = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), {**info, "target": "to_output"}),
+    before = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), {**info, "target": "every position"}),
                        tmp_path / "before.jlens")
     assert not findings._fitted_on(before, texts)  # the estimator's conventions before: fitted again
     assert not findings._fitted_on(tmp_path / "absent.jlens", texts)
