@@ -246,6 +246,7 @@ def _measure(model: str, n: int, dtype: str, pending: list[str], args: argparse.
             results["cases"][key] = record
             _save(results, args.results)
 
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(NAMES))
@@ -264,6 +265,8 @@ def main() -> None:
                    help="folder for the Jacobians compared (the references are kept for reruns)")
     p.add_argument("--child", nargs=5, metavar=("MODEL", "N", "DTYPE", "METHOD", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.repeat < 1:
+        p.error(f"expected --repeat of 1 or more; got {args.repeat}")
     if args.child:
         model, n, dtype, method, out = args.child
         print(json.dumps(child(model, int(n), dtype, method, args.threads, args.rates, args.repeat, out)))

@@ -82,8 +82,8 @@ def table(results: dict[str, Any]) -> str:
     lines = [f"{'case':<20} " + " ".join(f"{m:>16}" for m in methods) + "  waited s str/sync/bud"]
     for key, case in results["cases"].items():
         got = case["methods"]
-        cells = [f"{got[m]['median_seconds']:6.2f} ({got[m]['ratio_to_reference']:.2f}x)" if m in got else "-"
-                 for m in methods]
+        cells = [(f"{got[m]['median_seconds']:6.2f}" + (f" ({got[m]['ratio_to_reference']:.2f}x)"
+                  if got[m]["ratio_to_reference"] is not None else "")) if m in got else "-" for m in methods]
         waited = "/".join(f"{got[m]['waited_on_weights']:.2f}" if m in got else "-"
                           for m in ("streamed", "streamed_sync", "budgeted"))
         lines.append(f"{key:<20} " + " ".join(f"{c:>16}" for c in cells) + f"  {waited}")
