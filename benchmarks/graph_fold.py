@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from graphs import _ids
 from real_paths import NAMES, cpu_name, gguf_path
-from real_speed import TEXT
 
 RESULTS = Path(__file__).parent / "results" / "graph_fold.json"
 
@@ -40,7 +40,7 @@ def one(model: str, tokens: int, dtype: str, rows: int, mode: str, out: str) -> 
 
     torch.set_num_threads(os.cpu_count() or 1)
     engine = load_engine(str(gguf_path(model)), dtype=getattr(torch, dtype))
-    ids = list(engine.tokenizer(TEXT, add_special_tokens=True)["input_ids"][:tokens])
+    ids = _ids(engine, tokens)
     counts = {"folded": 0, "crossed": 0}
     pays = layer.fold_pays
 
