@@ -44,9 +44,12 @@ results file.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +71,45 @@ def load_results() -> dict[str, Any]:
     return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
 
 
-def save_results(results: dict[str, Any]) -> None:
-    """Written under a temporary name and renamed: a kill leaves the previous complete file."""
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_name(RESULTS.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-    os.replace(tmp, RESULTS)
+@contextmanager
+def _flock(path: Path, *, wait: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` (created if absent) for the block; with ``wait=False`` yields False at
+    once when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_results(results: dict[str, Any], name: str, key: str | None = None) -> None:
+    """Model ``name``'s entry (or only its ``key``) merged into the file as it is on disk now, under a lock, then
+    written under a temporary name and renamed: a process running another model at the same time keeps what it
+    wrote, and a kill leaves the previous complete file."""
+    with _flock(RESULTS.with_name(RESULTS.name + ".lock")):
+        on_disk = load_results()
+        if key is None:
+            on_disk[name] = results[name]
+        else:
+            on_disk.setdefault(name, {})[key] = results[name][key]
+        tmp = RESULTS.with_name(RESULTS.name + ".tmp")
+        tmp.write_text(json.dumps(on_disk, indent=1, ensure_ascii=False) + "\n")
+        os.replace(tmp, RESULTS)
+
+
+@contextmanager
+def model_lock(name: str) -> Iterator[None]:
+    """One process at a time runs a model's parts: two would each save their own copy of its entry."""
+    with _flock(RESULTS.with_name(f"{RESULTS.name}.{name}.lock"), wait=False) as held:
+        if not held:
+            raise SystemExit(f"another process is running {name} on {RESULTS}; wait for it, or run another model")
+        yield
 
 
 def model_results(results: dict[str, Any], name: str) -> dict[str, Any]:
@@ -188,7 +224,7 @@ def run_records(name: str, limit: int | None) -> None:
         else:
             entry["prompts"].append(got)
             add_time(entry, "records", seconds, 1)
-        save_results(results)
+        save_results(results, name)
         rows = entry["prompts"]
         hits = sum(r["u1_hit"] for r in rows)
         print(f"{name} records {len(rows) + len(entry['skipped'])}/{len(done) + len(todo)} "
@@ -251,7 +287,7 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
                                    "emergence": emergence, "seconds": seconds,
                                    "seconds_jacobians": seconds_jacobians, "host": host()})
         add_time(entry, "layerwise", seconds, 1)
-        save_results(results)
+        save_results(results, name)
         print(f"{name} layerwise {len(entry['layerwise'])}/{len(chosen)} [{k + 1} this run] {seconds:6.1f} s, "
               f"{len(rec['token_ids'])} tokens, emergence at layer {emergence}", flush=True)
 
@@ -278,7 +314,7 @@ def run_example(name: str) -> None:
                         "recon_detached": float(res.reconstruction_error), "combined": decoded(expl.combined),
                         "per_token": [decoded(op) for op in expl.per_token]}
     add_time(entry, "example", time.perf_counter() - t0, 1)
-    save_results(results)
+    save_results(results, name)
     print(f"{name} example: {len(res.token_ids)} tokens, reconstruction {res.reconstruction_error:.1e}")
 
 
@@ -416,7 +452,7 @@ def run_steering(name: str, layers: list[float], count: int, work: Path) -> None
             table = evaluate_steering(session, evaluation, STRENGTHS, progress=False)
             steering["grid"].append({"method": method, "layer": layer, "rows": table.rows})
             add_time(entry, "steering", time.perf_counter() - t0, 1)
-            save_results(results)
+            save_results(results, name)
             shares = ", ".join(f"{r['strength']:g}: {r['share_with_concept']:.2f}" for r in table.rows)
             print(f"{name} steering {method} layer {layer}: share with a concept word by strength {shares}",
                   flush=True)
@@ -529,7 +565,7 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
         got = _evaluate_lens(path, lenses["detached"], lenses["ordinary"], eval_file, work / f"{name}-{estimator}-eval")
         add_time(entry, f"lens evaluate {estimator}", time.perf_counter() - t0, len(records))
         done[estimator] = {"dtype": "float32" if estimator == "same-position" else "float64", **got}
-        save_results(results)
+        save_results(results, name)
         print(f"{name} lens {estimator}: {len(got['summary'])} rows of lens_summary.csv kept, and the ranks of "
               f"{len(got['predicted'])} prompts", flush=True)
 
@@ -680,6 +716,7 @@ def print_summary(results: dict[str, Any]) -> None:
         if not entry:
             continue
         s = entry["summary"] = summary(entry)
+        save_results(results, name, "summary")
         print(f"{name}: {s['prompts']} prompts ({s['skipped']} skipped for length)")
         if s["prompts"]:
             for key in ("recon_detached", "recon_ordinary"):
@@ -716,7 +753,6 @@ def print_summary(results: dict[str, Any]) -> None:
             # The mean pools every session that added to it; `machine` is only the last one's (see by_host).
             print(f"  time {part}: {t['seconds'] / max(1, t['count']):.1f} s each over {t['count']} "
                   f"(last added on {t['machine']})")
-    save_results(results)
 
 
 def print_tables(part: str, names: Any) -> None:
@@ -765,18 +801,19 @@ def main() -> None:
             print(f"wrote {args.plot}")
         return
     for name in args.model or NAMES:
-        for part in args.part or ("example", "records", "layerwise", "steering", "lens"):
-            if part == "records":
-                run_records(name, args.limit)
-            elif part == "layerwise":
-                run_layerwise(name, args.layer_prompts, args.limit)
-            elif part == "lens":
-                run_lens(name, args.lens_fit, args.lens_eval, args.work)
-            elif part == "steering":
-                run_steering(name, [float(f) for f in args.steering_layers.split(",")], args.steering_prompts,
-                             args.work)
-            else:
-                run_example(name)
+        with model_lock(name):
+            for part in args.part or ("example", "records", "layerwise", "steering", "lens"):
+                if part == "records":
+                    run_records(name, args.limit)
+                elif part == "layerwise":
+                    run_layerwise(name, args.layer_prompts, args.limit)
+                elif part == "lens":
+                    run_lens(name, args.lens_fit, args.lens_eval, args.work)
+                elif part == "steering":
+                    run_steering(name, [float(f) for f in args.steering_layers.split(",")], args.steering_prompts,
+                                 args.work)
+                else:
+                    run_example(name)
     print_summary(load_results())
 
 

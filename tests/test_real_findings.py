@@ -229,3 +229,27 @@ def test_docs_lens_page_shows_the_measured_comparison(findings):
     for name in measured:
         table = findings.lens_markdown(results[name]["lens"])
         assert table in page, f"docs/lens.md does not show {name}'s lens comparison as measured; paste:\n{table}"
+
+
+def test_saving_one_model_keeps_what_another_process_saved(findings, tmp_path, monkeypatch):
+    """Two processes, one per model, each holding a stale copy of the file: each save merges only its own model's
+    entry (or, for the summary, only that key), and a second process on the same model is refused."""
+    monkeypatch.setattr(findings, "RESULTS", tmp_path / "real_models.json")
+    mine, theirs = findings.load_results(), findings.load_results()
+    findings.model_results(mine, "smollm2")["prompts"].append({"index": 0})
+    findings.model_results(theirs, "gemma3")["prompts"].append({"index": 5})
+    findings.save_results(mine, "smollm2")
+    findings.save_results(theirs, "gemma3")  # its copy has no smollm2: the file's is kept
+    mine["smollm2"]["prompts"].append({"index": 1})
+    findings.save_results(mine, "smollm2")
+    theirs["smollm2"] = {"summary": {"prompts": 2}, "prompts": []}
+    findings.save_results(theirs, "smollm2", "summary")
+    got = json.loads(findings.RESULTS.read_text())
+    assert got["smollm2"]["prompts"] == [{"index": 0}, {"index": 1}]
+    assert got["smollm2"]["summary"] == {"prompts": 2}
+    assert got["gemma3"]["prompts"] == [{"index": 5}]
+    with findings.model_lock("smollm2"), pytest.raises(SystemExit, match="another process is running smollm2"):
+        with findings.model_lock("smollm2"):
+            pass
+    with findings.model_lock("gemma3"), findings.model_lock("smollm2"):
+        pass
