@@ -31,8 +31,9 @@ lens
 Results: ``benchmarks/results/real_models.json`` (per model: ``prompts``, ``layerwise``, ``example``, ``steering``,
 ``lens``, ``summary``, ``timing``); ``--summary`` recomputes the summary and prints it. Every record names the CPU
 that computed it (``host``; the summary's ``by_host`` groups them): times and the last bits of float64 results
-depend on it. Progress goes to stdout, one line per prompt. Run one process at a time: each rewrites the whole
-results file.
+depend on it. Progress goes to stdout, one line per prompt. The two models can run in two processes at once
+(each save merges only its own model's entry into the file); a second process on a model already running is
+refused.
 
     .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~35 s a prompt
     .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
