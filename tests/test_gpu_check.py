@@ -1,0 +1,92 @@
+"""``benchmarks/gpu_check.py --dry-run``: the prepared GPU call runs its every step on the CPU at tiny shapes, so it
+cannot rot before a GPU is lent; its JSON holds what the GPU run will fill, and its figures are right."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    out, tmp = tmp_path_factory.mktemp("gpu"), tmp_path_factory.mktemp("checkpoints")
+    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--tmp", str(tmp)],
+                         capture_output=True, text=True, timeout=900)
+    assert got.returncode == 0, got.stdout[-4000:] + got.stderr[-4000:]
+    return out, json.loads((out / "gpu.json").read_text()), got.stdout
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_step_and_says_how_far_it_got(dry):
+    out, report, stdout = dry
+    assert report["dry_run"] is True and report["device"] == "cpu"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert list(report["steps"]) == [name for name, _ in module.STEPS]
+    assert {s["status"] for s in report["steps"].values()} == {"done"}, report["steps"]
+    log = (out / "gpu.log").read_text()
+    for name, _ in module.STEPS:
+        assert f"{name}: done" in stdout
+    assert "exactness llama: float64" in log  # the worker's progress reaches the log, timestamped
+    assert set(report["goals"]) == {"70b_peak_gpu_le_8gib", "70b_16_tokens_float32_le_120s",
+                                    "70b_16_tokens_float64_le_300s", "8b_share_of_matmul_ge_0.5",
+                                    "svd_1024_tokens_le_300s"}
+
+
+@pytest.mark.slow
+def test_the_dry_run_figures_are_right(dry):
+    _, report, _ = dry
+    steps = {name: s["result"] for name, s in report["steps"].items()}
+    assert steps["exactness"]["all_exact"] and len(steps["exactness"]["models"]) == 7
+    for row in steps["exactness"]["models"].values():
+        assert row["float32"]["rel_error_vs_cpu_float64"] < 1e-4
+    for name in ("8b-16-f64", "70b-16-f64", "8b-64-f64"):
+        assert steps[name]["reconstruction_error"] < 1e-12, name
+    for name in ("8b-16-f32", "70b-16-f32", "8b-64-f32"):
+        assert steps[name]["reconstruction_error"] < 1e-5, name
+    for name, r in steps.items():
+        if "jacobian_s" in r:  # the budget ladder: the too-small budget refused with the engine's reason
+            assert r["row_blocks"] >= 2 and len(r["seconds_per_block"]) == r["row_blocks"], name
+            assert "Expected a memory budget" in r["refused_budgets"][0]["refused"]
+    assert "extrapolated_80_layers" in steps["70b-16-f32"]
+    assert steps["svd-1024"]["converged"] and steps["svd-1024"]["max_residual"] < 1e-4
+    assert steps["reference"]["runs"][0]["rel_diff_vs_detjac"] < 1e-5  # the paper's method gives the same J
+    assert steps["cli"]["returncode"] == 0 and steps["cli"]["store_gib"] > 0
+
+
+@pytest.mark.slow
+def test_a_step_cut_short_is_killed_and_the_next_runs_in_a_new_worker(tmp_path):
+    """A step past its time is killed (its worker with it) and marked cut_short, keeping what it wrote; the next
+    step starts a new worker; gpu.json stays complete JSON."""
+    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--tmp",
+                          str(tmp_path / "ckpt"), "--only", "exactness,machine", "--step-timeout-s", "6"],
+                         capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "gpu.json").read_text())
+    assert report["steps"]["exactness"]["status"] == "cut_short", got.stdout[-3000:]
+    assert report["steps"]["exactness"]["seconds"] < 20
+    assert report["steps"]["machine"]["status"] in ("done", "cut_short")  # a new worker's start takes seconds
+
+
+def test_steps_with_no_time_left_are_skipped_saying_so(tmp_path):
+    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--budget-s", "10"],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    report = json.loads((tmp_path / "gpu.json").read_text())
+    assert {s["status"] for s in report["steps"].values()} == {"skipped"}
+    assert "left of the 10 s budget" in report["steps"]["machine"]["why"]
+    assert report["goals"]["svd_1024_tokens_le_300s"] is None  # nothing measured, nothing judged
+
+
+def test_unknown_steps_are_refused_naming_the_known_ones(tmp_path):
+    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "gpu"],
+                         capture_output=True, text=True)
+    assert got.returncode == 2 and "expected steps among machine, exactness" in got.stderr
