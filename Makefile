@@ -31,7 +31,7 @@ BROWSER = command -v chromedriver >/dev/null 2>&1 \
 	     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 	|| echo "chromium/chromedriver not installed (apt-get install chromium chromium-driver): the browser tests will be skipped"
 
-.PHONY: demo test install clean docs ct-frontend-libs FORCE
+.PHONY: demo test install clean docs ct-frontend-libs gpu-wheels FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,3 +75,9 @@ clean:
 ct-frontend-libs:
 	mkdir -p .cache/circuit-tracer-frontend && cd .cache/circuit-tracer-frontend && npm install --prefix . --no-audit \
 	  --no-fund --no-save d3@7.9.0 d3-collection@1.0.7 d3-jetpack@2.3.0 dagre@0.8.5 pako@2.1.0 npyjs@0.6.0
+
+# The wheels a GPU machine without network needs on top of its own packages (zarr, dask, gguf, ... and detjac's own,
+# built from this tree) into .gpu-wheels/; scripts/gpu_install.sh installs them there. GPU_WHEELS_PYTHON picks the
+# pip that downloads and builds them (default .venv/bin/python).
+gpu-wheels:
+	bash scripts/gpu_wheels.sh
