@@ -101,6 +101,8 @@ if [[ ${#detjac_wheels[@]} -ne 1 ]]; then
     echo "gpu_wheels.sh: detjac's wheel was not built into $OUT" >&2
     exit 1
 fi
+# the sources it was built from: gpu_install.sh refuses a wheel built from other code than the tree it runs in
+"$PY" "$ROOT/scripts/gpu_source_digest.py" "$ROOT" >"$OUT/detjac-source.sha256"
 
 ls -l "$OUT"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}' | sed "s|$OUT/||"
 total=$(find "$OUT" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
