@@ -55,16 +55,19 @@ evals = json.load(open(eval_file))
 model = TransformerBridge.boot_transformers(folder, device="cpu", dtype=torch.float32)
 model.eval()
 result = {"fit_tokens": [model.to_tokens(t)[0, :128].tolist() for t in texts]}
-import os
-timing = tl_pt + ".seconds"
-if os.path.exists(tl_pt) and os.path.exists(timing):  # fitted by an earlier run
+import hashlib, os
+digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+fitted = tl_pt + ".fit.json"  # the texts' digest and the fit's seconds, written once the lens is saved
+kept = json.load(open(fitted)) if os.path.exists(tl_pt) and os.path.exists(fitted) else {}
+if kept.get("texts_sha256") == digest:  # fitted on these texts by an earlier run
     lens = JacobianLens.load(tl_pt)
 else:
     t0 = time.perf_counter()
-    lens = JacobianLens.fit(model, texts, corpus="factbook-lens-16", show_progress=False)
+    lens = JacobianLens.fit(model, texts, corpus=f"factbook-lens-{len(texts)}", show_progress=False)
     lens.save(tl_pt, dtype=torch.float32)
-    open(timing, "w").write(str(time.perf_counter() - t0))
-result["fit_seconds"] = float(open(timing).read())
+    kept = {"texts_sha256": digest, "seconds": time.perf_counter() - t0}
+    json.dump(kept, open(fitted, "w"))
+result["fit_seconds"] = kept["seconds"]
 result["metadata"] = lens.metadata
 if detjac_pt == "-":  # the fit only
     json.dump(result, open(out, "w"))
