@@ -671,11 +671,15 @@ def main() -> None:
     p.add_argument("--skip", default="", help="comma-separated steps to leave out")
     p.add_argument("--tmp", default=None, help="where the checkpoints go (default /tmp/detjac-gpu-check)")
     p.add_argument("--table", type=Path, help="print the docs table of this gpu.json, then stop")
+    p.add_argument("--plans", action="store_true", help="print the planner's row blocks per budget, then stop")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--step-timeout-s", type=float, default=None, help=argparse.SUPPRESS)  # the tests' cut
     args = p.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
+        return
+    if args.plans:
+        print(plans())
         return
     if args.out is None:
         p.error("--out DIR is required")
@@ -740,6 +744,40 @@ def main() -> None:
     say(f"wrote {result_file}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     if failed:
         sys.exit(1)
+
+
+PLAN_BUDGETS_GIB = (8, 16, 24, 60)
+
+
+def plans() -> str:
+    """What the layer-streamed engine's planner (the same cost model, no weights needed) makes of the 8B and 70B
+    shapes on a CUDA device: row blocks × rows of the output's J per budget, or "refused" where one layer (held
+    twice while the next is read) and one vector do not fit. A markdown table (docs/user-guide.md shows it)."""
+    from detjac.engine import Target
+    from detjac.engine.checkpoints.tiny import tiny_config
+    from detjac.engine.streamed.cost import CostModel
+    from detjac.errors import InvalidArgumentError
+
+    lines = ["| shape | dtype | tokens | one layer GiB | " + " | ".join(f"{b} GiB" for b in PLAN_BUDGETS_GIB) + " |",
+             "|---|---|---|---|" + "---|" * len(PLAN_BUDGETS_GIB)]
+    for label, cfg in (("Llama-3.1-8B", LLAMA31_8B), ("Llama-3.3-70B", {**LLAMA33_70B, "num_hidden_layers": 80})):
+        config = tiny_config("llama", **{k: v for k, v in cfg.items() if k != "model_type"})
+        d, f, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+        q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+        params = 2 * d * q + 2 * d * kv + 3 * d * f + 2 * d  # q, o, k, v, the MLP's three, two norms
+        for dtype, itemsize in (("bfloat16", 2), ("float32", 4), ("float64", 8)):
+            for tokens in (16, 64):
+                cells = []
+                for gib in PLAN_BUDGETS_GIB:
+                    cost = CostModel.of(config, itemsize, params * itemsize, budget=gib * 2**30, device="cuda")
+                    try:
+                        plan = cost.plan(tokens, [Target(-1, "output")], mode="reverse")
+                        cells.append(f"{plan.n_row_blocks} × {plan.row_block}")
+                    except InvalidArgumentError:
+                        cells.append("refused")
+                lines.append(f"| {label} | {dtype} | {tokens} | {params * itemsize / 2**30:.2f} | "
+                             + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(report: dict[str, Any]) -> str:

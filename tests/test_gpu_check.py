@@ -90,3 +90,11 @@ def test_unknown_steps_are_refused_naming_the_known_ones(tmp_path):
     got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "gpu"],
                          capture_output=True, text=True)
     assert got.returncode == 2 and "expected steps among machine, exactness" in got.stderr
+
+
+def test_the_user_guide_shows_the_planners_table_as_printed():
+    """docs/user-guide.md's budget table is what ``gpu_check.py --plans`` prints (the engine's own cost model)."""
+    got = subprocess.run([sys.executable, str(SCRIPT), "--plans"], capture_output=True, text=True, check=True)
+    page = (SCRIPT.parent.parent / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    assert got.stdout.strip() in page, "run benchmarks/gpu_check.py --plans and paste its table into the GPU section"
+    assert "| Llama-3.3-70B | float32 | 16 | 3.19 | refused | 4 × 2048 |" in got.stdout
