@@ -14,11 +14,15 @@ exactness      the shipped default model and tiny random configs of six families
                olmo2, qwen3_moe), the in-memory engine: float64 on the device against float64 on the CPU (relative
                to the largest entry; ``exact`` is <= 1e-12), the device's own reconstruction error, and float32
                with TF32 off and on against the same CPU float64 J
+checkpoint-8b, checkpoint-70b
+               the random bf16 checkpoints of the two shapes below written under ``--tmp`` (a rerun with the same
+               ``--tmp`` finds them and skips the write)
 8b-16-f32      Llama-3.1-8B's shape (random bf16 weights, all 32 layers, written by the script), the layer-streamed
                engine, the output's J at 16 tokens in float32, under the smallest of 8, 12, 16, 24, 32, 48 and 60 GiB
                (``--max-memory <device>=...``) that the engine takes (those it refuses are kept with its reason):
                seconds, seconds per layer per row block, achieved TFLOP/s against ``torch.matmul`` of the sweep's
-               GEMM shape in the same process, peak GPU memory (the allocator's; the driver's, sampled per row
+               GEMM shape in the same process (the TFLOP/s count the unfolded sweep's FLOPs: where the MLP folds,
+               it does fewer), peak GPU memory (the allocator's; the driver's, sampled per row
                block), host RSS, bytes read and copied host to device, the reconstruction error of the J
 70b-16-f32     Llama-3.3-70B's shape, 3 of its 80 layers (embeddings tied: the output's J never reads the
                unembedding), the same; each layer's time per row block, extrapolated to 80 layers (one layer in
@@ -106,7 +110,8 @@ def sizes(dry: bool) -> dict[str, Any]:
 
 # The steps in order, each with the longest it may take on an H100 (seconds; ten times that in the dry run).
 STEPS: list[tuple[str, float]] = [
-    ("machine", 40), ("exactness", 60), ("8b-16-f32", 150), ("70b-16-f32", 90), ("svd-1024", 120),
+    ("machine", 40), ("exactness", 60), ("checkpoint-8b", 120), ("8b-16-f32", 90), ("checkpoint-70b", 60),
+    ("70b-16-f32", 90), ("svd-1024", 120),
     ("70b-16-f64", 90), ("8b-16-f64", 100), ("reference", 120), ("70b-16-bf16", 60), ("cli", 90),
     ("8b-64-f32", 120), ("8b-64-f64", 120),
 ]
@@ -372,13 +377,11 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     forward_s = meter.now() - t0
     plan = engine.plan(trace, [target], mode="reverse")
     rows_block = plan.row_block
-    gemm = (min(rows_block * tokens, 65536), cfg["hidden_size"], cfg["intermediate_size"])
-    rate = matmul_rate(dtype, args.device, *gemm)
     out.put(shape=which, layers=L, d_model=d, tokens=tokens, dtype=dtype_name, max_memory=budget, init_s=init_s,
-            forward_s=forward_s, row_block=rows_block, row_blocks=plan.n_row_blocks, matmul_gemm=list(gemm),
-            matmul_tflops_same_shape=rate, layer_gib=engine.skeleton.layer_bytes() / 2**30)
+            forward_s=forward_s, row_block=rows_block, row_blocks=plan.n_row_blocks,
+            layer_gib=engine.skeleton.layer_bytes() / 2**30)
     say(f"{which} {tokens} tokens {dtype_name}: forward {forward_s:.2f} s; {plan.n_row_blocks} row blocks of "
-        f"{rows_block}; matmul {gemm} {rate:.1f} TFLOP/s")
+        f"{rows_block}")
     jac = torch.empty(d, tokens, d, dtype=dtype)
     per_block: list[float] = []
     stats = engine.stats
@@ -397,18 +400,24 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
         say(f"{which} {tokens} {dtype_name}: row block {k}/{plan.n_row_blocks} {per_block[-1]:.2f} s")
         spans.append({})
     jacobian_s = meter.now() - t_start
+    peaks = meter.peaks()  # before the matmul below allocates its own operands
+    # the rate of the sweep's widest GEMM shape, (rows × n, d) @ (d, ffn), in this process (rows capped: memory)
+    gemm = (min(rows_block * tokens, 16384), cfg["hidden_size"], cfg["intermediate_size"])
+    rate = matmul_rate(dtype, args.device, *gemm)
     loads = stats.layers_loaded - loaded0
-    moved = (loads - (stats.layers_kept - kept0)) * engine.skeleton.layer_bytes()
+    moved = (stats.layers_loaded - stats.layers_kept) * engine.skeleton.layer_bytes()  # the forward pass's too
     flops = sweep_flops(cfg, tokens, d, L - 1) + sweep_flops(cfg, tokens, d, 1, queries=1)
     emb = trace.embeddings.to("cpu", torch.float64)
     recon = relative_error(reconstruct(jac.double(), emb), trace.output.to("cpu", torch.float64))
     row: dict[str, Any] = {
         "jacobian_s": jacobian_s, "seconds_per_prompt": forward_s + jacobian_s,
         "seconds_per_layer_per_row_block": jacobian_s / L / plan.n_row_blocks,
+        "matmul_gemm": list(gemm), "matmul_tflops_same_shape": rate,
         "sweep_tflops": flops / jacobian_s / 1e12, "share_of_matmul": flops / jacobian_s / 1e12 / rate,
-        "layer_loads": loads, "layers_kept": stats.layers_kept - kept0, "gib_read": (stats.bytes_read - read0) / 2**30,
+        "folded": engine.cost.folds(rows_block), "layer_loads": loads, "layers_kept": stats.layers_kept - kept0,
+        "gib_read": (stats.bytes_read - read0) / 2**30,
         "gib_host_to_device": moved / 2**30 if meter.cuda else 0.0, "weight_wait_s": stats.weight_wait_seconds,
-        "reconstruction_error": recon, "finite": bool(torch.isfinite(jac).all()), **meter.peaks(),
+        "reconstruction_error": recon, "finite": bool(torch.isfinite(jac).all()), **peaks,
     }
     if which == "70b":  # 80 layers: the middle layers' time scales with the depth; the top one is pulled once
         per_middle = _middle(spans, L)
@@ -420,7 +429,7 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
         }
     out.put(**row)
     say(f"{which} {tokens} {dtype_name}: J {jacobian_s:.1f} s, {row['sweep_tflops']:.1f} TFLOP/s "
-        f"({row['share_of_matmul']:.2f} of matmul), reconstruction {recon:.1e}, peaks {meter.peaks()}")
+        f"({row['share_of_matmul']:.2f} of matmul {gemm} at {rate:.1f}), reconstruction {recon:.1e}, peaks {peaks}")
     if which == "8b" and tokens == s["short"] and dtype_name == "float32":
         torch.save({"ids": ids, "jacobian": jac}, Path(args.tmp) / f"j8b{'-dry' if args.dry_run else ''}.pt")
 
@@ -541,6 +550,11 @@ def run_step(name: str, args: argparse.Namespace, out: Partial) -> None:
         return step_cli(args, out)
     if name == "reference":
         return step_reference(args, out)
+    if name.startswith("checkpoint-"):
+        t0 = time.perf_counter()
+        folder = checkpoint(args, name.removeprefix("checkpoint-"))
+        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        return out.put(folder=str(folder), gib=size / 2**30, seconds=time.perf_counter() - t0)
     which, length, dt = name.split("-")
     s = sizes(args.dry_run)
     return step_streamed(args, out, which, s["short"] if length == "16" else s["long"],
