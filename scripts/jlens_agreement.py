@@ -19,7 +19,7 @@ What it does (each step kept in ``--work`` and reused when run again):
    matrices' relative difference (max |ΔJ| / max |J| and Frobenius), the tokens each side fitted on, and the share
    of (prompt, layer) readings whose ordered top 10 agree.
 
-    .venv/bin/python scripts/jlens_agreement.py                    # about 20-30 minutes on 2 quiet CPU cores
+    .venv/bin/python scripts/jlens_agreement.py                    # about 45 minutes on 2 CPU cores (fits kept)
     .venv/bin/python scripts/jlens_agreement.py --model default    # the shipped default model: a few minutes
 
 Not part of ``make test``. On a machine whose cores are shared, ``OMP_NUM_THREADS=1`` keeps torch's threads from
