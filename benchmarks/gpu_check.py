@@ -687,7 +687,7 @@ def main() -> None:
     p.add_argument("--table", type=Path, help="print the docs table of this gpu.json, then stop")
     p.add_argument("--plans", action="store_true", help="print the planner's row blocks per budget, then stop")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--step-timeout-s", type=float, default=None, help=argparse.SUPPRESS)  # the tests' cut
+    p.add_argument("--step-timeout-s", default="", help=argparse.SUPPRESS)  # the tests' cut: NAME=SECONDS,...
     args = p.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
@@ -710,6 +710,7 @@ def main() -> None:
     unknown = sorted((set(chosen) | skipped) - set(names))
     if unknown:
         p.error(f"expected steps among {', '.join(names)}; got {', '.join(unknown)}")
+    cuts = {k: float(v) for k, v in (item.split("=") for item in args.step_timeout_s.split(",") if item)}
     budget = args.budget_s if args.budget_s is not None else (600.0 if args.dry_run else BUDGET_S)
     deadline = time.monotonic() + budget
     result_file, log_file = args.out / "gpu.json", args.out / "gpu.log"
@@ -736,7 +737,7 @@ def main() -> None:
                     say(f"{name}: skipped, {max(left, 0):.0f} s left")
                     save()
                     continue
-                timeout = min(cap * (10 if args.dry_run else 1), left, args.step_timeout_s or left)
+                timeout = min(cap * (10 if args.dry_run else 1), left, cuts.get(name, left))
                 partial = args.out / f"step-{name}.json"
                 partial.unlink(missing_ok=True)
                 say(f"{name}: started (at most {timeout:.0f} s)")
