@@ -321,7 +321,7 @@ def _dry_budget(folder: Path, dtype: Any, tokens: int) -> str:
 
 
 def _budget(device: str, amount: str) -> str:
-    return f"cpu={amount}" if device == "cpu" else f"{device}={amount},cpu=64GiB"
+    return f"cpu={amount}" if device == "cpu" else f"{device}={amount}"  # the issue's --max-memory cuda:0=8GiB
 
 
 def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: int, dtype_name: str) -> None:
