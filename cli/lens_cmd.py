@@ -9,7 +9,15 @@ from __future__ import annotations
 import click
 
 from . import render
-from .options import ModelOptions, gguf_file_option, model_options, model_source, prompt_options, scheduler_options
+from .options import (
+    ModelOptions,
+    gguf_file_option,
+    model_option,
+    model_options,
+    model_source,
+    prompt_options,
+    scheduler_options,
+)
 
 
 @click.group()
@@ -56,10 +64,12 @@ def _layers(value: str | None) -> list[int] | None:
 @click.option("--bos/--no-bos", default=True, show_default=True,
               help="With --estimator jlens: put the tokenizer's BOS token first when it does not (as TransformerLens' "
                    "fit does).")
+@model_option("device", default=None, show_default=False,
+              help="With --estimator jlens: the torch device the model runs on, e.g. cuda:0 [default: cpu].")
 @scheduler_options
 def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | None, gguf_file: str | None,
-            prompts_path: str | None, ordinary: bool, force: bool, bos: bool, workers: int, memory_limit: str,
-            scheduler: str | None) -> None:
+            prompts_path: str | None, ordinary: bool, force: bool, bos: bool, device: str | None, workers: int,
+            memory_limit: str, scheduler: str | None) -> None:
     """Fit the lens of a store with to_output targets and keep it in the store (lens/fitted).
 
     Per layer: the mean of the prompts' same-position operators, their element-wise second moment and
@@ -79,12 +89,14 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
       detjac lens fit /shared/fit.zarr --scheduler tcp://10.0.0.5:8786
       detjac lens fit texts.jlens --estimator jlens --model default --prompts texts.txt
       detjac lens fit texts-ordinary.jlens --estimator jlens --ordinary --model default --prompts texts.txt
+      detjac lens fit big.jlens --estimator jlens --model ./Llama-3.1-70B --prompts texts.txt --device cuda:0
     """
     if estimator == "jlens":
-        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force, bos)
+        _fit_jlens(path, layers, model, gguf_file, prompts_path, ordinary, force, bos, device or "cpu")
         return
     given = [name for name, value in (("--model", model), ("--gguf-file", gguf_file), ("--prompts", prompts_path),
-                                      ("--ordinary", ordinary), ("--force", force), ("--no-bos", not bos))
+                                      ("--ordinary", ordinary), ("--force", force), ("--no-bos", not bos),
+                                      ("--device", device))
              if value]
     if given:
         raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
@@ -108,7 +120,7 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
 
 
 def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
-               ordinary: bool, force: bool, bos: bool = True) -> None:
+               ordinary: bool, force: bool, bos: bool = True, device: str = "cpu") -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
 
     import torch
@@ -125,7 +137,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     check_lens_target(path, force)  # before the model loads and the texts run
     texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
     source = model_source(model, gguf_file)
-    engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary)
+    engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary, device=device)
     wanted = _layers(layers)
     # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
     chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
@@ -295,8 +307,9 @@ HELDOUT = "benchmarks/data/heldout_prompts.txt"
               help="Compute the exact per-prompt map (d pullbacks each) for the first N prompts only [default: all].")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Folder for lens_rows.csv, lens_summary.csv, lens_summary.md and lens_agreement.png.")
+@model_option("device")
 def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: str | None, prompts_path: str | None,
-                 limit: int | None, exact: int | None, out: str | None) -> None:
+                 limit: int | None, exact: int | None, out: str | None, device: str) -> None:
     """Per layer, top-1 / top-10 agreement with the model's own prediction and the relative error of the output
     read, over held-out prompts, for the detached lens, the ordinary lens, the logit lens and the exact map.
 
@@ -326,7 +339,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
         prompts_path = str(found)
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
     lenses = _lenses(lens_path, ordinary)
-    engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()))
+    engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()), device)
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)

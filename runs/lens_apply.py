@@ -206,7 +206,7 @@ def jlens_prompt(engine: Engine, prompt: Any, layers: Sequence[int], *, skip: in
         return None
     trace = engine.trace(ids)
     rows = max(1, min(d, (128 * 2**20) // (n * d * 8)))  # a block of cotangents ~128 MiB at one layer
-    eye = torch.eye(d, dtype=engine.dtype)
+    eye = torch.eye(d, dtype=engine.dtype, device=engine.device)
     valid = range(skip, n - 1)
     out = {layer: np.empty((d, d)) for layer in layers}
     for r0 in range(0, d, rows):

@@ -128,7 +128,7 @@ def test_lens_fit_jlens_follows_the_reference_conventions(tmp_path) -> None:
     prompts.write_text(text + "\n\nHi\n")  # the second text is too short: not counted
     out = tmp_path / "texts.jlens"
     result = CliRunner().invoke(main, ["lens", "fit", str(out), "--estimator", "jlens", "--model", "default",
-                                       "--prompts", str(prompts)])
+                                       "--prompts", str(prompts), "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "1 texts (1 too short)" in result.output
     lens = load_lens(out)
@@ -145,5 +145,15 @@ def test_lens_fit_jlens_follows_the_reference_conventions(tmp_path) -> None:
     assert again.exit_code == 1 and "--force replaces it" in again.output
     wrong = CliRunner().invoke(main, ["lens", "fit", str(tmp_path / "s.zarr"), "--prompts", str(prompts)])
     assert wrong.exit_code == 2 and "only with --estimator jlens" in wrong.output
-    evaluated = CliRunner().invoke(main, ["lens", "evaluate", str(out), "--prompts", str(prompts), "--exact", "0"])
+    wrong = CliRunner().invoke(main, ["lens", "fit", str(tmp_path / "s.zarr"), "--device", "cpu"])
+    assert wrong.exit_code == 2 and "--device only with --estimator jlens" in wrong.output
+    evaluated = CliRunner().invoke(main, ["lens", "evaluate", str(out), "--prompts", str(prompts), "--exact", "0",
+                                          "--device", "cpu"])
     assert evaluated.exit_code == 0, evaluated.output
+    if not torch.cuda.is_available():  # a device this PyTorch lacks: one line, nothing written
+        for args in (["fit", str(tmp_path / "gpu.jlens"), "--estimator", "jlens", "--model", "default", "--prompts",
+                      str(prompts)], ["evaluate", str(out), "--prompts", str(prompts)]):
+            refused = CliRunner().invoke(main, ["lens", *args, "--device", "cuda:0"])
+            assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+            assert refused.output.startswith("Error: Expected a device this PyTorch can compute on")
+        assert not (tmp_path / "gpu.jlens").exists()
