@@ -173,11 +173,15 @@ class CostModel:
             if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
                 row_block = -(-d // -(-d // row_block))
         if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
+            vectors = n_rev if rev else d
+            total = 2 * self.layer_bytes + self.block_bytes(n, 0) + vectors * self.vector_bytes(n)
             raise InvalidArgumentError(
-                f"Expected a memory budget that holds one layer ({format_bytes(self.layer_bytes)}) and at least "
-                f"{n_rev if rev else d} vector{'s' if (n_rev if rev else d) > 1 else ''} of "
-                f"{format_bytes(self.vector_bytes(n))}. Got {format_bytes(self.budget)} for {self.device}: raise "
-                "--max-memory."
+                f"Expected a memory budget that holds two layers ({format_bytes(self.layer_bytes)} each: the one in "
+                f"use and the next, read ahead), the trace and what a layer's crossing holds at {n} "
+                f"token{'s' if n != 1 else ''} ({format_bytes(self.block_bytes(n, 0))}) and at least {vectors} "
+                f"vector{'s' if vectors > 1 else ''} "
+                f"of {format_bytes(self.vector_bytes(n))}: {format_bytes(total)} in all. Got "
+                f"{format_bytes(self.budget)} for {self.device}: raise --max-memory."
             )
         row_block, token_block = max(1, row_block), max(1, token_block)
         return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,

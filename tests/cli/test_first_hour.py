@@ -391,6 +391,7 @@ def test_a_budget_too_small_is_told_in_units_that_show_the_numbers():
     assert [format_bytes(n) for n in (512, 3 * 2**10, 2**20, int(1.5 * 2**30))] == ["512 B", "3.0 KiB", "1.0 MiB",
                                                                                  "1.50 GiB"]
     result = invoke("jacobian", "default", "-p", "The cat", "--max-memory", "cpu=1MiB")
-    assert result.exit_code == 1 and "Expected a memory budget that holds one layer" in result.output
+    assert result.exit_code == 1 and "Expected a memory budget that holds two layers" in result.output
+    assert "read ahead" in result.output and " in all. Got 1.0 MiB" in result.output
     assert " 0.0 MiB" not in result.output and "0.00 GiB" not in result.output
     assert re.search(r"Got 1\.0 MiB for cpu", result.output), result.output
