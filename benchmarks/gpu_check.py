@@ -612,8 +612,9 @@ class Worker:
                 continue
             sys.stdout.write(line)
             sys.stdout.flush()
-            self.log.write(line)
-            self.log.flush()
+            if not self.log.closed:  # the parent closes the log once the last step is done
+                self.log.write(line)
+                self.log.flush()
         self.answers.put(None)  # the worker's output ended: it exited
 
     def run(self, name: str, timeout: float) -> str:
