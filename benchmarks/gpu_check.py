@@ -158,14 +158,13 @@ class Meter:
         return time.perf_counter()
 
     def reset(self) -> None:
+        from streamed import reset_peak
+
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
             self.torch.cuda.empty_cache()
             self.torch.cuda.reset_peak_memory_stats(self.device)
-        try:  # the peak resident set (VmHWM) starts again from the current one: steps share the worker process
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
+        reset_peak()  # the peak resident set starts again from the current one: steps share the worker process
         self.driver_peak = 0
         self.sample()
 
@@ -186,32 +185,12 @@ class Meter:
         return out
 
 
-def matmul_rate(dtype: Any, device: str, m: int, k: int, n: int, *, tf32: bool = False, repeat: int = 5) -> float:
-    """TFLOP/s of ``(m, k) @ (k, n)`` in ``dtype`` (best of ``repeat`` after a warm-up)."""
-    import torch
-
-    meter = Meter(device)
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        a = torch.randn(m, k, device=device).to(dtype)
-        b = torch.randn(k, n, device=device).to(dtype)
-        torch.matmul(a, b)
-        best = float("inf")
-        for _ in range(repeat):
-            t0 = meter.now()
-            torch.matmul(a, b)
-            best = min(best, meter.now() - t0)
-        return 2 * m * k * n / best / 1e12
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def step_machine(args: argparse.Namespace, out: Partial) -> None:
     import platform
 
     import torch
     import transformers
+    from streamed import matmul_flops
 
     s = sizes(args.dry_run)
     info: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -230,11 +209,9 @@ def step_machine(args: argparse.Namespace, out: Partial) -> None:
     say(f"machine: {json.dumps(info)}")
     size = s["matmul"]
     rates = {}
-    import torch as t
-
-    for name, dtype, tf32 in (("bfloat16", t.bfloat16, False), ("float32", t.float32, False),
-                              ("float32_tf32", t.float32, True), ("float64", t.float64, False)):
-        rates[name] = matmul_rate(dtype, args.device, size, size, size, tf32=tf32)
+    for name, dtype, tf32 in (("bfloat16", torch.bfloat16, False), ("float32", torch.float32, False),
+                              ("float32_tf32", torch.float32, True), ("float64", torch.float64, False)):
+        rates[name] = matmul_flops(dtype, args.device, size, tf32=tf32) / 1e12
         out.put(matmul_tflops={**rates}, matmul_size=size)
         say(f"matmul {size}^3 {name}: {rates[name]:.1f} TFLOP/s")
 
@@ -327,7 +304,7 @@ def _budget(device: str, amount: str) -> str:
 def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: int, dtype_name: str) -> None:
     """The output's J at ``tokens`` tokens on the ``which`` shape, layer-streamed under the budget."""
     import torch
-    from streamed import sweep_flops
+    from streamed import matmul_flops, sweep_flops
 
     from detjac.engine import StreamedEngine, Target, reconstruct, relative_error
     from detjac.errors import InvalidArgumentError
@@ -403,7 +380,7 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     peaks = meter.peaks()  # before the matmul below allocates its own operands
     # the rate of the sweep's widest GEMM shape, (rows × n, d) @ (d, ffn), in this process (rows capped: memory)
     gemm = (min(rows_block * tokens, 16384), cfg["hidden_size"], cfg["intermediate_size"])
-    rate = matmul_rate(dtype, args.device, *gemm)
+    rate = matmul_flops(dtype, args.device, shape=gemm) / 1e12
     loads = stats.layers_loaded - loaded0
     moved = (stats.layers_loaded - stats.layers_kept) * engine.skeleton.layer_bytes()  # the forward pass's too
     flops = sweep_flops(cfg, tokens, d, L - 1) + sweep_flops(cfg, tokens, d, 1, queries=1)
@@ -508,8 +485,10 @@ def step_reference(args: argparse.Namespace, out: Partial) -> None:
     out.put(load_s=meter.now() - t0, dtype="float32")
     runs: list[dict[str, Any]] = []
     saved = Path(args.tmp) / f"j8b{'-dry' if args.dry_run else ''}.pt"
+    ours = torch.load(saved) if saved.is_file() else None  # the 8b-16-f32 step's ids and J
     for n in s["reference_lengths"]:
-        ids = torch.load(saved)["ids"] if saved.is_file() and n == s["short"] else _ids(s["8b"]["vocab_size"], n)
+        compared = ours is not None and n == s["short"]
+        ids = ours["ids"] if compared else _ids(s["8b"]["vocab_size"], n)
         meter.reset()
         row: dict[str, Any] = {"tokens": n}
         try:
@@ -520,9 +499,9 @@ def step_reference(args: argparse.Namespace, out: Partial) -> None:
                     lambda e: lin.decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, -1],
                     x, vectorize=True)
                 row.update(seconds=meter.now() - t1, **meter.peaks())
-            if saved.is_file() and n == s["short"]:
-                ours = torch.load(saved)["jacobian"].double()
-                row["rel_diff_vs_detjac"] = float((jac.cpu().double() - ours).abs().max() / ours.abs().max())
+            if compared:
+                theirs, mine = jac.cpu().double(), ours["jacobian"].double()
+                row["rel_diff_vs_detjac"] = float((theirs - mine).abs().max() / mine.abs().max())
             del jac
         except torch.cuda.OutOfMemoryError as err:
             row.update(out_of_memory=True, error=str(err).splitlines()[0][:300], **meter.peaks())

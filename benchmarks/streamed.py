@@ -117,19 +117,26 @@ def _torch() -> Any:
     return torch
 
 
-def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int = 5) -> float:
-    """FLOP/s of one square ``torch.matmul`` (best of ``repeat``)."""
+def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int = 5, *,
+                 shape: tuple[int, int, int] | None = None, tf32: bool = False) -> float:
+    """FLOP/s of one ``torch.matmul`` (best of ``repeat``): square ``size``, or ``(m, k) @ (k, n)`` for
+    ``shape=(m, k, n)``; ``tf32`` lets a CUDA float32 product use TF32 (restored afterwards)."""
     torch = _torch()
-    a = torch.randn(size, size, dtype=dtype, device=device)
-    b = torch.randn(size, size, dtype=dtype, device=device)
-    best = float("inf")
-    for _ in range(repeat + 1):
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best
+    m, k, n = shape or (size, size, size)
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    before, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
+    try:
+        best = float("inf")
+        for _ in range(repeat + 1):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    return 2 * m * k * n / best
 
 
 def reset_peak() -> float:
