@@ -1,5 +1,5 @@
 """The walk of one prompt through detjac: which detjac functions ``detjac run`` (one prompt, the shipped model) and
-``detjac analyze svd`` (the store it wrote) call, and across which modules.
+``detjac analyze svd`` (the store it wrote) and ``detjac graph`` (one prompt) call, and across which modules.
 
 A ``sys.setprofile`` tracer (threads included: dask computes in its own) records every call whose callee lives in a
 ``detjac`` module, as a call site: (calling detjac function, called detjac function). A call site counts once however
@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         walk = Walk()
         invoke(cli.main, ["analyze", "svd", store], walk)
         report("detjac analyze svd run.zarr", walk, args.list)
+        walk = Walk()
+        graph = str(Path(tmp) / "graph.json")
+        invoke(cli.main, ["graph", "default", "-p", "Kitten, n. A young cat", "--out", graph], walk)
+        report("detjac graph default -p 'Kitten, n. A young cat' --out graph.json", walk, args.list)
 
 
 if __name__ == "__main__":
