@@ -1,6 +1,8 @@
 """GGUF tensors read and dequantized by the model's parameter names (:class:`GGUFWeights`): one tensor (or row
 range) at a time, each checked to have the shape the model expects and finite values. Exact for the weights as
-dequantized, not for the model the file was quantized from (docs/engine.md, "GGUF files")."""
+dequantized, not for the model the file was quantized from (docs/engine.md, "GGUF files"). The block types of
+:mod:`~detjac.engine.checkpoints.gguf_blocks` are decoded there, in torch; any other type the ``gguf`` package
+decodes, by its numpy decoder."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from torch import nn
 
 from detjac.errors import CheckpointError
 
+from .gguf_blocks import BLOCK_TYPES
+from .gguf_blocks import dequantize as dequantize_blocks
 from .gguf_header import GGUFTensor, read_header
 from .gguf_names import model_tensor_names
 from .weights import WeightSource, read_exact
@@ -97,8 +101,11 @@ class GGUFWeights(WeightSource):
             begin, n, start, stop = tensor.begin, tensor.nbytes, 0, 1
         raw = np.frombuffer(read_exact(self.path, begin, n), dtype=np.uint8)
         shape = (stop - start, *tensor.shape[1:]) if len(tensor.shape) > 1 else tensor.shape
-        values = dequantize(_as_blocks(raw, tensor), GGMLQuantizationType(tensor.ggml_type))
-        values = np.asarray(values, dtype=np.float32).reshape(shape)
+        if tensor.type_name in BLOCK_TYPES:  # decoded in torch (gguf_blocks), equal to the gguf package's decoder
+            values = dequantize_blocks(torch.from_numpy(raw.copy()), tensor.type_name, shape).numpy()
+        else:  # a type only the gguf package decodes (on the CPU)
+            values = dequantize(_as_blocks(raw, tensor), GGMLQuantizationType(tensor.ggml_type))
+            values = np.asarray(values, dtype=np.float32).reshape(shape)
         values = self._processor.process(weights=values, name=tensor.name).weights
         if not np.isfinite(values).all():  # else reported much later as a Jacobian that does not reconstruct
             raise CheckpointError(f"Expected finite weights in tensor {tensor.name} of the GGUF file {self.path}. "
