@@ -50,6 +50,7 @@ from .tools.attribution import (
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
+from .tools.qk import QKAttribution, qk_attribution, residual_decomposition
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import Explanation, explain, explain_summed
 
@@ -66,6 +67,7 @@ __all__ = [
     "StreamedResult",
     "Target",
     "PullRequest",
+    "QKAttribution",
     "Seed",
     "Site",
     "as_engine",
@@ -84,6 +86,7 @@ __all__ = [
     "load_engine",
     "load_model",
     "operator_svd",
+    "qk_attribution",
     "stream_jacobian",
     "supported_model_types",
     "write_graph",
