@@ -14,6 +14,7 @@ from detjac.errors import DetjacError
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .analyze_cmds import analyze
+from .attention_cmd import attention
 from .graph_cmd import graph
 from .lens_cmd import lens
 from .options import ModelOptions, deprecated_model_option, model_options, out_option, prompt_options
@@ -281,6 +282,7 @@ for _view in VIEW_COMMANDS:  # analyze columns | image | path
 main.add_command(steer)
 main.add_command(svd)
 main.add_command(graph)
+main.add_command(attention)
 main.add_command(view)
 main.add_command(lens)
 

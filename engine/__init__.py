@@ -50,7 +50,7 @@ from .tools.attribution import (
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
-from .tools.qk import QKAttribution, qk_attribution, residual_decomposition
+from .tools.qk import QKAttribution, qk_attribution, residual_decomposition, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import Explanation, explain, explain_summed
 

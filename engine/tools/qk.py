@@ -15,9 +15,11 @@ docs/graphs.md, "Why a head attends where it does"."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,10 +33,11 @@ from ..inmemory.model_pieces import freeze_model
 from ..inmemory.rows import prompt_position
 from ..interface import Engine, Prompt
 from ..pieces import NotAPiece
+from .graph_json import _atomic_write  # one writer of JSON files written aside, then renamed
 from .qk_path import Captured, QkPath, attention_child
 from .qk_residual import Components, residual_components
 
-__all__ = ["QKAttribution", "qk_attribution", "residual_decomposition"]
+__all__ = ["QKAttribution", "qk_attribution", "residual_decomposition", "write_qk"]
 
 BIAS = "bias"  # the name of an affine family's query- or key-side constant
 CHUNK = 32  # components run through the query and key path at a time
@@ -151,6 +154,28 @@ def qk_attribution(engine_or_model: Any, prompt: Prompt, layer: int, head: int, 
     texts = token_texts(tokenizer, ids) or [f"<{t}>" for t in ids]
     return QKAttribution(layer, head, i, list(ids), texts, keys, [n[i] for n in names[0]], residual_error,
                          score_error, info)
+
+
+def write_qk(result: QKAttribution, out: str | Path, *, force: bool = False,
+             model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the attribution's JSON (:meth:`QKAttribution.to_dict`, ``model`` merged into its model identity) to
+    ``out`` (written aside, then renamed); return the JSON object.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``out`` is not a ``.json`` path, or exists and ``force`` is not set.
+    """
+    path = Path(out)
+    if path.suffix != ".json":
+        raise InvalidArgumentError(f"Expected an output path ending in .json. Got {str(out)!r}.")
+    if path.exists() and not force:
+        raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
+    data = result.to_dict()
+    data["model"] = {**data["model"], **(model or {})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps(data))
+    return data
 
 
 def residual_decomposition(engine_or_model: Any, prompt: Prompt, layer: int, *, neurons: int = 0,
