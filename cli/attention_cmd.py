@@ -64,7 +64,7 @@ def attention(model: str, prompt: str, model_options: ModelOptions, layer: int, 
 def _echo(res: Any, model: str, top: int) -> None:
     info, tokens, i = res.info["model"], res.tokens, res.query_position
     click.echo(f"model        {model} ({info['family']}, {info['dtype']}); {len(tokens)} tokens")
-    click.echo(f"head         layer {res.layer} head {res.head}, query {i} {tokens[i]!r}; "
+    click.echo(f"attention    layer {res.layer} head {res.head}, query {i} {tokens[i]!r}; "
                f"{len(res.query_components)} components a side")
     click.echo(f"exactness    terms vs score {res.score_error:.1e}, components vs residual {res.residual_error:.1e}")
     click.echo(f"{'key':>5}  {'token':<16} {'p':>7} {'score':>10}")
