@@ -29,7 +29,7 @@ STOCK = "detjac_test_stock_qk"
 CASES = ((2, 1, -1), (1, 3, 6))  # (layer, head, query): a sliding layer's window ends before the last query
 SCORE_BOUND = 1e-12  # |sum of terms - stock score|, relative to the largest |score|
 PROBABILITY_BOUND = 1e-12  # against the stock probabilities, norms in float64
-FLOAT32_NORM_BOUND = 1e-5  # against the stock probabilities with its own norms (float32 inside: ~1e-7 measured)
+FLOAT32_NORM_BOUND = 1e-6  # against the stock model as it ships (norms, softmax float32 inside: <= 1.5e-7 measured)
 
 
 def _rms64(module: torch.nn.Module) -> Any:
