@@ -63,8 +63,10 @@ def mlp_parts(mlp: Any, mid: torch.Tensor, neurons: int, layer: int) -> tuple[to
         top = writes.norm(dim=-1).topk(min(neurons, live.numel())).indices
         parts[:top.numel(), p] = writes[top]
         rest[p, live[top]] = 0
-        idle = sorted(set(range(width)) - set(live.tolist()))[:neurons - top.numel()]  # zero: fill the slots
-        for k, i in enumerate(live[top].tolist() + idle):
+        chosen = live[top].tolist()
+        if len(chosen) < neurons:  # fewer neurons with a value than slots: zero ones fill the rest
+            chosen += sorted(set(range(width)) - set(live.tolist()))[:neurons - len(chosen)]
+        for k, i in enumerate(chosen):
             names[k][p] = f"M{layer}.{i}"
     parts[neurons] = mlp.output(rest)
     return parts, names
