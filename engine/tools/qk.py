@@ -263,7 +263,7 @@ def _forward(lin: Any, x: torch.Tensor, layer: int) -> tuple[Any, list[torch.Ten
     finally:
         for h in handles:
             h.remove()
-    module, hidden, args, kwargs = calls[layer]
+    module, _, args, kwargs = calls[layer]
     return frozen, [calls[j][1] for j in range(layer + 1)], (module, args, kwargs)
 
 
