@@ -243,8 +243,10 @@ class DimsReport:
 def require_full(store: StoreReader, what: str) -> None:
     """InvalidArgumentError before any work when ``store`` is low-rank (``--keep rank:K``) and ``what`` needs every
     singular value: the message names the analyses that read its triplets and the run that gives the rest."""
-    keep = str(store.run.get("keep", "full"))
-    if keep.startswith("rank:"):
+    from ..store import Keep
+
+    keep = Keep.of_run(store.run)
+    if keep.low_rank:
         raise InvalidArgumentError(
             f"Expected a store with full Jacobians for {what}: it needs every singular value (stable rank, energy "
             f"ranks). Got {store.path}, a low-rank store (--keep {keep}: each prompt's top singular triplets only; "

@@ -41,9 +41,10 @@ DEFAULT_K = 5
 def default_k(store: object) -> int:
     """The default number of triplets: :data:`DEFAULT_K`, or fewer where a low-rank store keeps fewer (a default is
     never an error)."""
-    keep = str(getattr(store, "run", {}).get("keep", "full"))
-    rank = keep.removeprefix("rank:")
-    return min(DEFAULT_K, int(rank)) if keep.startswith("rank:") and rank.isdigit() else DEFAULT_K
+    from detjac.store import Keep
+
+    rank = Keep.of_run(getattr(store, "run", {})).rank
+    return DEFAULT_K if rank is None else min(DEFAULT_K, rank)
 
 
 @analyze.command("svd")
