@@ -1,6 +1,6 @@
 """Singular vectors decoded to tokens (``detjac analyze svd|decode``): as records, a figure and a table.
 
-:func:`decode_report` runs :func:`detjac.analysis.jobs.svd` (triplets kept in the store and
+:func:`decode_report` runs :func:`detjac.analysis.jobs.prompt_svds` (triplets kept in the store and
 reused for the same parameters), decodes every triplet with
 :func:`detjac.analysis.jobs.decode_spectrum` (left vectors through the unembedding, or for a
 layerwise target through the final norm's gain and the unembedding; right vectors through
@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..targets import OUTPUT
-from ..tokens import token_texts
+from ..tokens import piece, token_labels
 from . import jobs
 from .plots import plot_decoded
 from .spectra import Spectrum
@@ -86,12 +87,12 @@ def decode_spectra(store: StoreReader, spectra: Sequence[Spectrum], top: int = 8
     """Decode each spectrum's triplets to their ``top`` tokens (see :func:`detjac.analysis.jobs.decode_spectrum`);
     ``opened``: the job's prompts, opened once."""
     opened = jobs.OpenedPrompts(store) if opened is None else opened
-    text = jobs.token_texts(store)
-    tokenizer = jobs.stored_tokenizer(store)
+    tokenizer = jobs.stored_tokenizer(store)  # read and checked once for the job
+    text = partial(piece, tokenizer)
     decoder = jobs.SpectrumDecoder(store)  # the matrices read and checked once for every prompt
 
     def texts(token_ids: Sequence[int]) -> tuple[str, ...]:
-        return tuple(token_texts(tokenizer, token_ids) or map(str, token_ids))
+        return tuple(token_labels(tokenizer, token_ids))
 
     decoded = []
     for spec in spectra:
@@ -167,7 +168,7 @@ def decode_report(store: StoreReader, prompt_ids: Sequence[str], *, k: int = 5, 
         For a target the store does not hold, or a token index out of range.
     """
     opened = jobs.OpenedPrompts(store)  # each prompt opened once, for its triplets and its title
-    spectra = jobs.svd(store, prompt_ids, k, token, method=method, power_iterations=power_iterations,
+    spectra = jobs.prompt_svds(store, prompt_ids, k, token, method=method, power_iterations=power_iterations,
                        target=target, progress=progress, opened=opened)
     decoded = decode_spectra(store, spectra, top, opened)
     written = []

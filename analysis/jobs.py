@@ -7,14 +7,16 @@ when one is active, else dask's default) runs the array work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..singular import decode_blocks
 from ..tokens import piece
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
 
@@ -40,7 +42,7 @@ def _kept(cache: AnalysisCache, prompt_id: str, kind: str, token: int | None, ta
 
 def read_svd(cache: AnalysisCache, prompt_id: str, token: int | None, target: str | None = None, *,
              n_tokens: int | None = None) -> Spectrum | None:
-    """The triplets :func:`svd` kept in ``cache`` for this operator (its parameters in ``params``), or None; with
+    """The triplets :func:`prompt_svds` kept in ``cache`` for this operator (its parameters in ``params``), or None; with
     ``n_tokens``, also those kept under the token's index counted from the other end."""
     found = _kept(cache, prompt_id, "svd", token, target, n_tokens)
     if found is None:
@@ -83,7 +85,7 @@ class OpenedPrompts:
         return self._opened[prompt_id]
 
 
-def svd(store: StoreReader, prompt_ids: Iterable[str], k: int = 8, token: int | None = None, *,
+def prompt_svds(store: StoreReader, prompt_ids: Iterable[str], k: int = 8, token: int | None = None, *,
         method: str = "randomized", power_iterations: int = 6, oversample: int = 10, seed: int = 0,
         target: str | None = None, progress: Any = None, opened: OpenedPrompts | None = None) -> list[Spectrum]:
     """Top-k triplets for each prompt (combined operator, or token ``token``; of the model output or of the
@@ -159,14 +161,13 @@ class SpectrumDecoder:
     def decode(self, spec: Spectrum, top: int = 8) -> DecodedIds:
         """The ``top`` tokens of each of ``spec``'s singular vectors."""
         left_ids, left_scores = decode(spec.U, self.unembedding(spec.target), top)
-        if spec.token is None:
-            energy = (spec.V**2).sum(axis=1)  # (n_tokens, k)
-            where = energy.argmax(axis=0)  # (k,)
-            right = spec.V[where, :, np.arange(spec.V.shape[-1])].T  # (cols, k)
-            shares = energy[where, np.arange(len(where))] / energy.sum(axis=0)
+        k = spec.V.shape[-1]
+        if spec.token is None:  # V (n_tokens, col, k): the columns of [J_1 ... J_n]'s right vectors, token by token
+            V = np.asarray(spec.V, dtype=np.float64).reshape(-1, k)  # (n_tokens * col, k)
+            right_ids, right_scores, where, shares = decode_blocks(V, spec.V.shape[0], self.embedding(), top)
         else:
-            right, where, shares = spec.V, np.full(spec.V.shape[-1], spec.token), np.ones(spec.V.shape[-1])
-        right_ids, right_scores = decode(right, self.embedding(), top)
+            right_ids, right_scores = decode(spec.V, self.embedding(), top)
+            where, shares = np.full(k, spec.token), np.ones(k)
         return DecodedIds(left_ids, left_scores, right_ids, right_scores, where.tolist(), shares.tolist())
 
 
@@ -186,12 +187,10 @@ def stored_tokenizer(store: StoreReader) -> Any:
     return Tokenizer.from_str(data.decode("utf-8"))
 
 
-def token_texts(store: StoreReader) -> Any:
-    """A function id -> text from the tokenizer kept in the store (ids as text without one)."""
-    tok = stored_tokenizer(store)
-    if tok is None:
-        return str
-    return lambda i: piece(tok, int(i))
+def piece_reader(store: StoreReader) -> Callable[[int], str]:
+    """A function id -> the token's quoted text (:func:`detjac.tokens.piece`) by the tokenizer kept in the store,
+    read once (the id as text without one)."""
+    return partial(piece, stored_tokenizer(store))
 
 
 def token_id(store: StoreReader, text: str) -> int:
@@ -243,8 +242,10 @@ class DimsReport:
 def require_full(store: StoreReader, what: str) -> None:
     """InvalidArgumentError before any work when ``store`` is low-rank (``--keep rank:K``) and ``what`` needs every
     singular value: the message names the analyses that read its triplets and the run that gives the rest."""
-    keep = str(store.run.get("keep", "full"))
-    if keep.startswith("rank:"):
+    from ..store import Keep
+
+    keep = Keep.of_run(store.run)
+    if keep.low_rank:
         raise InvalidArgumentError(
             f"Expected a store with full Jacobians for {what}: it needs every singular value (stable rank, energy "
             f"ranks). Got {store.path}, a low-rank store (--keep {keep}: each prompt's top singular triplets only; "

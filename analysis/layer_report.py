@@ -25,7 +25,7 @@ TABLE_FORMATS = ("csv", "parquet")
 
 @dataclass(frozen=True)
 class LayerReport:
-    """What :func:`layer_report` computed and wrote.
+    """What :func:`layerwise_report` computed and wrote.
 
     ``rows`` are :func:`detjac.analysis.layers.layer_table`'s (one per prompt and target),
     ``emerged`` :func:`detjac.analysis.layers.emergence`'s (one per prompt and component);
@@ -42,7 +42,7 @@ class LayerReport:
     targets: str = ""  # which targets were used, normed or not (:func:`detjac.analysis.layers.targets_used`)
 
 
-def layer_report(store: StoreReader, prompt_ids: Sequence[str], out: str | Path, *, k: int = 4, top: int = 10,
+def layerwise_report(store: StoreReader, prompt_ids: Sequence[str], out: str | Path, *, k: int = 4, top: int = 10,
                  token: str | None = None, component: str = "layer", heatmaps: int = 4,
                  table_format: str = "csv", progress: Any = None) -> LayerReport:
     """Layerwise decomposition of ``prompt_ids``: the layer table, emergence, and their tables and figures.
@@ -87,7 +87,7 @@ def layer_report(store: StoreReader, prompt_ids: Sequence[str], out: str | Path,
     if table_format not in TABLE_FORMATS:
         raise InvalidArgumentError(f"Expected table_format 'csv' or 'parquet'. Got {table_format!r}.")
     tracked = None if token is None else jobs.token_id(store, token)
-    text = jobs.token_texts(store)
+    text = jobs.piece_reader(store)
     rows = layers.layer_table(store, prompt_ids, k=k, top=top, token=tracked, progress=progress)
     heats = [layers.token_heatmap(store, pid, component, token=tracked) for pid in list(prompt_ids)[:heatmaps]]
     emerged = layers.emergence(rows)

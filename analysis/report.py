@@ -85,7 +85,7 @@ def plot_decoded_table(rows: list[dict[str, Any]], path: Path, limit: int = 12) 
     plt.close(fig)
 
 
-def report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = None,
+def analysis_report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = None,
            table_format: str = "csv") -> dict[str, Any]:
     """Run dims and a Gram SVD over every prompt (results kept in the store) and write the report to ``out``.
 
@@ -100,8 +100,8 @@ def report(store: StoreReader, out: str | Path, top: int = 10, progress: Any = N
     ids = store.prompt_ids()
     opened = jobs.OpenedPrompts(store)  # each prompt opened once, for its spectra, its triplets and its row
     dims_rows = jobs.dims(store, ids, progress=progress, opened=opened)
-    spectra = jobs.svd(store, ids, k=1, method="gram", opened=opened)
-    text = jobs.token_texts(store)
+    spectra = jobs.prompt_svds(store, ids, k=1, method="gram", opened=opened)
+    text = jobs.piece_reader(store)
     decoder = jobs.SpectrumDecoder(store)
     decoded_rows = []
     for spec in spectra:

@@ -19,14 +19,14 @@ explicit
 Time (32 and 128 tokens by default): the three run interleaved in one process, ``--repeats`` times,
 each time from the trace (the reference from its forward pass) to the last row; reported are the
 medians, the median of the per-repeat ratios to the reference, and two fractions of ``torch.matmul``'s
-rate that the sweeps reach on the FLOP model of ``streamed.sweep_flops``, each measured just before or
+rate that the sweeps reach on the FLOP model of ``detjac.engine.streamed.flops.sweep_flops``, each measured just before or
 just after the run it is paired with (on a shared machine the rate itself moves by 2x):
 
 square
-    against one 2048² product (``streamed.matmul_flops``);
+    against one 2048² product (``detjac.engine.streamed.flops.matmul_flops``);
 shapes
     against ``torch.matmul`` on exactly the GEMMs the method ran: every matrix product of one whole
-    run is recorded once (``gemm_share.record_gemms``) and replayed alone on random operands of the
+    run is recorded once (``detjac.engine.streamed.gemm_share.record_gemms``) and replayed alone on random operands of the
     same layouts after each timed run. ``square = shape factor x shapes``, the shape factor being the
     rate on those shapes over the square product's: the gap splits into "GEMM shape" and the rest
     (element-wise work, copies, Python), whose share of the time is ``1 - gemm_share``.
@@ -57,15 +57,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gemm_share import gemm_flops, record_gemms, replay_seconds, shape_table
-from matrix_free import MODEL, QUICK  # the same random Llama as the matrix-free benchmark
-from streamed import SMALL, matmul_flops, peak_mib, reset_peak, sweep_flops
+from detjac.engine.streamed.flops import matmul_flops, sweep_flops
+from detjac.engine.streamed.gemm_share import gemm_flops, record_gemms, replay_seconds, shape_table
+from detjac.machine import peak_mib, reset_peak
 
+# The same random Llamas as benchmarks/matrix_free.py (MODEL, QUICK) and benchmarks/streamed.py (SMALL, "the issue's").
+MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=4, head_dim=64, vocab_size=1000)
+QUICK = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, vocab_size=1000)
+ISSUE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, head_dim=64, vocab_size=4096)
 RESULTS = Path(__file__).parent / "results" / "adjoint_sweeps.json"
 ROW_BLOCK = 64
 METHODS = ("reference", "autograd", "explicit")
 SWEEPS = ("autograd", "explicit")
-MODELS = {"small": MODEL, "issue": {k: v for k, v in SMALL.items() if k != "model_type"}}
+MODELS = {"small": MODEL, "issue": ISSUE}
 MEMORY_POINTS = {"explicit": ["128:64", "512:16", "512:64", "1024:16", "1024:64"],
                  "autograd": ["128:64", "512:16", "512:64"]}
 
@@ -199,7 +206,8 @@ def child_memory(cfg: dict[str, Any], n: int, method: str, threads: int, rows: i
 def child_profile(cfg: dict[str, Any], n: int, method: str, threads: int, blocks: int) -> dict[str, Any]:
     """``torch.profiler`` on ``blocks`` row blocks (after one warm-up): the ops' own CPU time by kind."""
     import torch
-    from gemm_share import profile_kinds
+
+    from detjac.engine.streamed.gemm_share import profile_kinds
 
     from detjac.engine import StreamedEngine
 

@@ -68,9 +68,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # streamed.py: the random checkpoint writer, the sweep's FLOP count
-
 SCHEMA = 1
 BUDGET_S = 420.0
 RESERVE_S = 8.0  # left at the end for the last gpu.json
@@ -158,7 +155,7 @@ class Meter:
         return time.perf_counter()
 
     def reset(self) -> None:
-        from streamed import reset_peak
+        from detjac.machine import reset_peak
 
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
@@ -174,7 +171,7 @@ class Meter:
             self.driver_peak = max(self.driver_peak, total - free)
 
     def peaks(self) -> dict[str, float]:
-        from streamed import peak_mib
+        from detjac.machine import peak_mib
 
         out = {"host_rss_peak_gib": peak_mib() / 1024}
         if self.cuda:
@@ -190,7 +187,8 @@ def step_machine(args: argparse.Namespace, out: Partial) -> None:
 
     import torch
     import transformers
-    from streamed import matmul_flops
+
+    from detjac.engine.streamed.flops import matmul_flops
 
     s = sizes(args.dry_run)
     info: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -263,7 +261,8 @@ def checkpoint(args: argparse.Namespace, which: str) -> Path:
     """The random bf16 checkpoint of ``which`` ("8b" or "70b") under ``--tmp``, written once and reused (a marker
     file holds its config); the default model's tokenizer copied in, so ``detjac run`` can read text."""
     import torch
-    from streamed import write_random_checkpoint
+
+    from detjac.engine.checkpoints.random_weights import write_random_checkpoint
 
     cfg = sizes(args.dry_run)[which]
     folder = Path(args.tmp) / f"{which}{'-dry' if args.dry_run else ''}"
@@ -304,9 +303,9 @@ def _budget(device: str, amount: str) -> str:
 def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: int, dtype_name: str) -> None:
     """The output's J at ``tokens`` tokens on the ``which`` shape, layer-streamed under the budget."""
     import torch
-    from streamed import matmul_flops, sweep_flops
 
     from detjac.engine import StreamedEngine, Target, reconstruct, relative_error
+    from detjac.engine.streamed.flops import matmul_flops, sweep_flops
     from detjac.errors import InvalidArgumentError
 
     s = sizes(args.dry_run)

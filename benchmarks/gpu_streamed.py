@@ -42,7 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from streamed import peak_mib, sweep_flops, write_random_checkpoint
+from detjac.engine.checkpoints.random_weights import write_random_checkpoint
+from detjac.engine.streamed.flops import sweep_flops
+from detjac.machine import peak_mib
 
 TOKENS = 32
 LLAMA3_70B_LAYERS = 80

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from real_paths import NAMES, cpu_name, gguf_path
+
+from detjac.machine import cpu_name
+from detjac.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_faithfulness.json"
 PROMPTS = Path(__file__).parent / "data" / "factbook_prompts.jsonl"
@@ -127,14 +129,14 @@ def main() -> None:
     from detjac.engine import load_engine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(NAMES), choices=NAMES)
+    parser.add_argument("--models", nargs="+", default=list(SHIPPED), choices=SHIPPED)
     parser.add_argument("--prompts", type=int, default=50)
     args = parser.parse_args()
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for model in args.models:
         entry = data.setdefault(model, {"records": []})
         done = {r["prompt"] for r in entry["records"]}
-        engine = load_engine(str(gguf_path(model)), dtype=torch.float64)
+        engine = load_engine(str(shipped_gguf(model)), dtype=torch.float64)
         rng = np.random.default_rng(len(done))
         for i, text in enumerate(_prompts(args.prompts)):
             if text in done:

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graphs import _ids
-from real_paths import NAMES, cpu_name, gguf_path
+from detjac.machine import cpu_name
+from detjac.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_fold.json"
+TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as graphs.py
 
 
 def one(model: str, tokens: int, dtype: str, rows: int, mode: str, out: str) -> dict[str, Any]:
@@ -39,8 +40,8 @@ def one(model: str, tokens: int, dtype: str, rows: int, mode: str, out: str) -> 
     from detjac.engine.pieces import fold, layer
 
     torch.set_num_threads(os.cpu_count() or 1)
-    engine = load_engine(str(gguf_path(model)), dtype=getattr(torch, dtype))
-    ids = _ids(engine, tokens)
+    engine = load_engine(str(shipped_gguf(model)), dtype=getattr(torch, dtype))
+    ids = list(engine.tokenizer(TEXT, add_special_tokens=True)["input_ids"][:tokens])  # as graphs.py
     counts = {"folded": 0, "crossed": 0}
     pays = layer.fold_pays
 
@@ -66,7 +67,7 @@ def one(model: str, tokens: int, dtype: str, rows: int, mode: str, out: str) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", choices=NAMES)
+    p.add_argument("--model", default="smollm2", choices=SHIPPED)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cases", default="128:auto,1024:never,1024:auto",

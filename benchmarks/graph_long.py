@@ -18,11 +18,11 @@ import json
 import time
 from pathlib import Path
 
-from real_paths import cpu_name, gguf_path
-from real_speed import TEXT
-from streamed import peak_mib, reset_peak
+from detjac.machine import cpu_name, peak_mib, reset_peak
+from detjac.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_long.json"
+TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES)
     args = parser.parse_args()
     return_freed_memory()
-    engine = load_engine(str(gguf_path("smollm2")), streamed=True, dtype=getattr(torch, args.dtype),
+    engine = load_engine(str(shipped_gguf("smollm2")), streamed=True, dtype=getattr(torch, args.dtype),
                          max_memory=args.max_memory)
     ids = engine.tokenizer(TEXT * 20, add_special_tokens=True)["input_ids"][:args.tokens]
     base = reset_peak()

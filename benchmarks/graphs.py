@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from real_paths import NAMES, cpu_name, gguf_path
-from real_speed import TEXT
-from streamed import peak_mib, reset_peak
+from detjac.machine import cpu_name, peak_mib, reset_peak
+from detjac.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graphs.json"
+TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py
 
 
 def _ids(engine: Any, n: int) -> list[int]:
@@ -47,7 +47,7 @@ def one_case(model: str, tokens: int, dtype: str, engine_kind: str, budget: str 
     from detjac.engine import attribution_graph, graph_dict, load_engine
 
     torch.set_num_threads(os.cpu_count() or 1)
-    path = gguf_path(model)
+    path = shipped_gguf(model)
     engine = load_engine(str(path), streamed=engine_kind == "streamed", dtype=getattr(torch, dtype),
                          max_memory=budget)
     attribution_graph(engine, _ids(engine, 2), max_nodes=8)  # warm-up
@@ -91,7 +91,7 @@ def _key(r: dict[str, Any]) -> tuple[Any, ...]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(NAMES), choices=NAMES)
+    parser.add_argument("--models", nargs="+", default=list(SHIPPED), choices=SHIPPED)
     parser.add_argument("--tokens", nargs="+", type=int, default=[16, 64])
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"])
     parser.add_argument("--streamed", default=None, metavar="BUDGET",

@@ -23,13 +23,13 @@ PROMPTS = ["The bridge out of Marin is the", "Whale, n. (Zool.) Any aquatic mamm
 
 REPORT = """
 import json, sys, time
-from detjac.analysis import layers
-from detjac.analysis.layer_report import layer_report
+from detjac.analysis import layers, layerwise_report
 from detjac.store import open_store
+
 layers.DENSE_BYTES = int(sys.argv[3])
 start, cpu = time.perf_counter(), time.process_time()
 s = open_store(sys.argv[1])
-rows = layer_report(s, s.prompt_ids(), sys.argv[2]).rows
+rows = layerwise_report(s, s.prompt_ids(), sys.argv[2]).rows
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "rows": rows}))
 """
 

@@ -33,10 +33,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FIT_CODE = """
 import json, resource, sys, time
-from detjac.analysis.lens.lens_fit import fit
+from detjac.analysis import fit_lens
 from detjac.store import open_store
+
 start = time.perf_counter()
-fit(open_store(sys.argv[1]), chunk=int(sys.argv[2]))
+fit_lens(open_store(sys.argv[1]), chunk=int(sys.argv[2]))
 print(json.dumps({"fit_seconds": time.perf_counter() - start}))
 """
 

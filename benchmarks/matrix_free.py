@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamed import peak_mib
+from detjac.machine import peak_mib
 
 RESULTS = Path(__file__).parent / "results" / "matrix_free.json"
 MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,

@@ -54,9 +54,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from real_paths import NAMES, cpu_name, gguf_path
-
 from detjac.analysis.lens.lens_eval import wilson
+from detjac.machine import cpu_name
+from detjac.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
 PROMPTS = HERE / "data" / "factbook_prompts.jsonl"
@@ -214,7 +214,7 @@ def run_records(name: str, limit: int | None) -> None:
         print(f"{name} records: all {len(done)} prompts done")
         return
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model = load_model(gguf_path(name), dtype=torch.float64)
+    model = load_model(shipped_gguf(name), dtype=torch.float64)
     W_U = model_decoding_matrices(model)["unembedding"]
     for count, (index, item) in enumerate(todo[:limit] if limit else todo):
         t0 = time.perf_counter()
@@ -268,7 +268,7 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
         print(f"{name} layerwise: the first {len(chosen)} records done")
         return
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    engine = load_engine(gguf_path(name), streamed=True, dtype=torch.float32)
+    engine = load_engine(shipped_gguf(name), streamed=True, dtype=torch.float32)
     W_U = engine.decoding_matrices(torch.float32)["unembedding"]
     targets = [Target(layer, "layer_normed") for layer in range(engine.n_layers)] + [OUTPUTS]
     for k, rec in enumerate(todo[:limit] if limit else todo):
@@ -301,7 +301,7 @@ def run_example(name: str) -> None:
 
     results = load_results()
     entry = model_results(results, name)
-    model = load_model(gguf_path(name), dtype=torch.float64)
+    model = load_model(shipped_gguf(name), dtype=torch.float64)
     t0 = time.perf_counter()
     res = detached_jacobian(model, EXAMPLE)
     expl = explain(res, model, k=3, top=TOP)
@@ -419,7 +419,7 @@ def run_steering(name: str, layers: list[float], count: int, work: Path) -> None
     entry = model_results(results, name)
     steering = entry.setdefault("steering", {"concept": CONCEPT, "words": CONCEPT_WORDS, "strengths": STRENGTHS,
                                              "grid": []})
-    path = gguf_path(name)
+    path = shipped_gguf(name)
     if "layers" not in steering:
         from detjac.engine.checkpoints.gguf import gguf_config
 
@@ -531,7 +531,7 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     results = load_results()
     entry = model_results(results, name)
     done = entry.setdefault("lens", {"fit_prompts": fit_count})
-    path = gguf_path(name)
+    path = shipped_gguf(name)
     work.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     fit_file, eval_file = work / "lens_fit.txt", work / f"{name}-lens-eval.txt"
@@ -680,7 +680,7 @@ def plot_layers(results: dict[str, Any], out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = [(name, results[name]["summary"]["layerwise"]) for name in NAMES
+    models = [(name, results[name]["summary"]["layerwise"]) for name in SHIPPED
               if "layerwise" in results.get(name, {}).get("summary", {})]
     if not models:
         return None
@@ -712,7 +712,7 @@ def plot_layers(results: dict[str, Any], out: Path) -> Path | None:
 
 
 def print_summary(results: dict[str, Any]) -> None:
-    for name in NAMES:
+    for name in SHIPPED:
         entry = results.get(name)
         if not entry:
             continue
@@ -768,14 +768,14 @@ def print_tables(part: str, names: Any) -> None:
         else:
             from detjac.engine.checkpoints.gguf import gguf_tokenizer
 
-            table = example_markdown(results[name]["example"], gguf_tokenizer(gguf_path(name)))
+            table = example_markdown(results[name]["example"], gguf_tokenizer(shipped_gguf(name)))
         print(f"{name}:\n\n{table}\n")
 
 
 def main() -> None:
     global RESULTS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=NAMES, action="append", help="default: both")
+    p.add_argument("--model", choices=SHIPPED, action="append", help="default: both")
     p.add_argument("--part", choices=("records", "layerwise", "example", "steering", "lens"), action="append")
     p.add_argument("--limit", type=int, help="stop after this many new prompts per model and part")
     p.add_argument("--layer-prompts", type=int, default=40, help="layerwise: the first this many records")
@@ -793,7 +793,7 @@ def main() -> None:
     args = p.parse_args()
     RESULTS = args.results
     if args.lens_table or args.example_table:
-        print_tables("lens" if args.lens_table else "example", args.model or NAMES)
+        print_tables("lens" if args.lens_table else "example", args.model or SHIPPED)
         return
     if args.summary:
         results = load_results()
@@ -801,7 +801,7 @@ def main() -> None:
         if args.plot and plot_layers(results, args.plot):
             print(f"wrote {args.plot}")
         return
-    for name in args.model or NAMES:
+    for name in args.model or SHIPPED:
         with model_lock(name):
             for part in args.part or ("example", "records", "layerwise", "steering", "lens"):
                 if part == "records":

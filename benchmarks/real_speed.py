@@ -49,20 +49,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from real_paths import NAMES, cpu_name, gguf_path
-from streamed import matmul_flops, peak_mib, reset_peak
+from detjac.engine.streamed.flops import matmul_flops
+from detjac.machine import cpu_name, peak_mib, reset_peak
+from detjac.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "real_speed.json"
 METHODS = ("reference", "memory", "streamed", "budgeted", "memory_unfolded", "streamed_sync")
 BUDGET = "cpu=300MiB"
-# Written for this benchmark: an ordinary English paragraph, long enough for 128 tokens in both tokenizers.
-TEXT = ("The old harbour town sits where the river meets the sea, and for three hundred years its people have "
-        "lived from fishing, trade and the slow work of building ships. In the morning the market fills with "
-        "crates of herring and cod, baskets of apples from the valley farms, and bread still warm from the ovens "
-        "behind the church. Children walk to the school on the hill while their parents open the shops along "
-        "the quay. In winter the storms close the harbour for weeks, and the town waits, mends its nets and "
-        "tells the stories of the great flood that once carried the bridge away. When spring returns, the "
-        "first boats leave before dawn, and the whole town comes down to the water to watch them go.")
+# Written for the real-model benchmarks: an ordinary English paragraph, long enough for 128 tokens in both tokenizers.
+TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()
 
 
 def _ids(engine: Any, n: int) -> list[int]:
@@ -74,7 +69,7 @@ def _ids(engine: Any, n: int) -> list[int]:
 
 def _flops(cfg: Any, n: int) -> float:
     """FLOP model of pulling all d rows back through every layer (``streamed.sweep_flops``, GQA widths)."""
-    from streamed import sweep_flops
+    from detjac.engine.streamed.flops import sweep_flops
 
     c = cfg.get_text_config()
     shape = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
@@ -97,7 +92,7 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
 
     torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
-    path = gguf_path(model)
+    path = shipped_gguf(model)
     t0 = time.perf_counter()
     streamed = method in ("streamed", "budgeted", "streamed_sync")
     engine = load_engine(path, streamed=streamed, dtype=dtype, max_memory=BUDGET if method == "budgeted" else None)
@@ -150,7 +145,7 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
         for key in ("layers_prefetched", "layers_kept", "layers_read_unused"):
             record[key] = getattr(stats, key, 0)
     if rates:
-        from gemm_share import gemm_flops, record_gemms, replay_seconds
+        from detjac.engine.streamed.gemm_share import gemm_flops, record_gemms, replay_seconds
 
         calls = record_gemms(lambda: run(ids))
         replay = replay_seconds(calls)
@@ -192,7 +187,7 @@ def _table(results: dict[str, Any]) -> str:
              + " ".join(f"{m:>16}" for m in shown)
              + f" {'str/bud vs mem':>15} {'waited s str/bud/sync':>22} {'peak MiB ref/mem/str/bud':>25}"
              + (f" {'matmul share':>17}" if rated else "")]
-    for model in NAMES:
+    for model in SHIPPED:
         for n in sorted({c["n"] for c in cases.values() if c["model"] == model}):
             for dtype in ("float32", "float64"):
                 got = {m: cases.get(_key(model, n, dtype, m)) for m in METHODS}
@@ -249,7 +244,7 @@ def _measure(model: str, n: int, dtype: str, pending: list[str], args: argparse.
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(NAMES))
+    p.add_argument("--models", default=",".join(SHIPPED))
     p.add_argument("--tokens", default="8,32,128")
     p.add_argument("--dtypes", default="float32,float64")
     p.add_argument("--methods", default=",".join(METHODS))

@@ -30,11 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from real_paths import cpu_name, gguf_path
-from real_speed import BUDGET, TEXT
-from streamed import peak_mib, reset_peak
+from detjac.machine import cpu_name, peak_mib, reset_peak
+from detjac.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "real_speed_ab.json"
+BUDGET = "cpu=300MiB"  # as real_speed.py
+TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py
 METHODS = ("reference", "memory", "memory_unfolded", "memory_64", "streamed", "streamed_sync", "budgeted")
 
 
@@ -47,7 +48,7 @@ def runners(model: str, dtype: Any) -> dict[str, Any]:
     from detjac.engine.streamed.prefetch import SyncReader
     from detjac.targets import OUTPUTS
 
-    path = gguf_path(model)
+    path = shipped_gguf(model)
     mem = load_engine(path, dtype=dtype)
     engines = {"streamed": load_engine(path, streamed=True, dtype=dtype),
                "streamed_sync": load_engine(path, streamed=True, dtype=dtype),
@@ -109,7 +110,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from detjac.engine import load_engine
 
-    tok = load_engine(gguf_path(args.model), streamed=True).tokenizer
+    tok = load_engine(shipped_gguf(args.model), streamed=True).tokenizer
     ids = list(tok(TEXT, add_special_tokens=True)["input_ids"][:args.tokens])
     run = runners(args.model, getattr(torch, args.dtype))
     methods = [m for m in METHODS if m in args.methods.split(",")]

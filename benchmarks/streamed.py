@@ -14,7 +14,7 @@ compare
     as they come. Reported: time ratio (detjac / reference), peak RSS above the loaded
     weights and its ratio, max |difference| of the two Jacobians, and efficiency: the
     achieved FLOP/s of detjac's row sweeps divided by ``torch.matmul``'s FLOP/s measured
-    in the same process (FLOP model in :func:`sweep_flops`). The reference runs with 4 KiB pages
+    in the same process (FLOP model: :func:`detjac.engine.streamed.flops.sweep_flops`). The reference runs with 4 KiB pages
     and with huge pages (``THP_MEM_ALLOC_ENABLE``; the faster is the baseline). detjac runs twice:
     as ``detjac run --streamed`` does (huge pages, row blocks of 64), and under a CPU
     ``--max-memory`` of two layers plus ``BUDGET_SHARE`` of the reference's peak above the
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -52,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from detjac.machine import peak_mib, reset_peak
 
 RESULTS = Path(__file__).parent / "results" / "streamed.json"
 BUDGET_SHARE = 0.1  # the budgeted run's --max-memory: two layers plus this share of the reference's peak above weights
@@ -68,42 +69,6 @@ OOC = dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hid
            tie_word_embeddings=True)
 
 
-def peak_mib() -> float:
-    """This process's peak resident set (VmHWM), MiB.
-
-    Not ``getrusage``'s ``ru_maxrss``: Linux carries that over from the parent through
-    fork and exec, so a child started by a parent that once held more would report the
-    parent's peak.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere: KiB (Linux) / bytes (macOS)
-
-
-def sweep_flops(cfg: dict[str, Any], n: int, rows: int, layers: int, queries: int | None = None) -> float:
-    """FLOPs of pulling ``rows`` vectors of ``n`` positions back through ``layers`` layers.
-
-    Per vector and layer: the transposed value, output, up and down projections
-    (``2 n (d kv + d q + 2 d f)``, q/kv the widths of all query/key-value heads) and the
-    transposed frozen-probability products (``2 n^2 q``). A layer pulled back from the outputs of
-    its last ``queries`` positions only (the top layer in reverse mode: its cotangents are zero
-    before the target position) does the value projection over all n positions and the rest over
-    ``queries``: ``2 n d kv + 2 queries (d q + 2 d f) + 2 queries n q``. Norm scales, the gate product and
-    the per-layer recomputed forward are not counted (they are O(n d) per vector or O(1)
-    in the number of vectors).
-    """
-    d, f = cfg["hidden_size"], cfg["intermediate_size"]
-    q = cfg["num_attention_heads"] * cfg["head_dim"]
-    kv = cfg["num_key_value_heads"] * cfg["head_dim"]
-    m = n if queries is None else queries
-    per = 2 * n * d * kv + 2 * m * (d * q + 2 * d * f) + 2 * m * n * q
-    return float(per * rows * layers)
-
-
 def _model(cfg: dict[str, Any], n: int) -> Any:
     from detjac.engine.checkpoints.tiny import tiny_model
 
@@ -115,44 +80,6 @@ def _torch() -> Any:
     import torch
 
     return torch
-
-
-def matmul_flops(dtype: Any, device: str = "cpu", size: int = 2048, repeat: int = 5, *,
-                 shape: tuple[int, int, int] | None = None, tf32: bool = False) -> float:
-    """FLOP/s of one ``torch.matmul`` (best of ``repeat``): square ``size``, or ``(m, k) @ (k, n)`` for
-    ``shape=(m, k, n)``; ``tf32`` lets a CUDA float32 product use TF32 (restored afterwards)."""
-    torch = _torch()
-    m, k, n = shape or (size, size, size)
-    a = torch.randn(m, k, dtype=dtype, device=device)
-    b = torch.randn(k, n, dtype=dtype, device=device)
-    before, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
-    try:
-        best = float("inf")
-        for _ in range(repeat + 1):
-            t0 = time.perf_counter()
-            torch.matmul(a, b)
-            if device != "cpu":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-    return 2 * m * k * n / best
-
-
-def reset_peak() -> float:
-    """Reset this process's peak resident set to its current one (Linux ``clear_refs``) and return it, MiB.
-
-    Measuring "peak above a base" against an old high-water mark would hide every run that stays
-    below what building the model once needed. Where the reset is not allowed: the old high-water mark.
-    """
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return peak_mib()
 
 
 # -- children -------------------------------------------------------------------------------
@@ -199,6 +126,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     torch = _torch()
     from detjac.engine import StreamedEngine, Target, honour_cpu_budget
     from detjac.engine.streamed.cost import depth
+    from detjac.engine.streamed.flops import matmul_flops, sweep_flops
     from detjac.runs.batch import _shard_bytes
     from detjac.store import create_store
 
@@ -352,6 +280,8 @@ def section_layerwise(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 
 
 def section_ooc(tmp: Path, quick: bool) -> dict[str, Any]:
+    from detjac.engine.checkpoints.random_weights import write_random_checkpoint
+
     torch = _torch()
     cfg = {**OOC, "num_hidden_layers": 4} if quick else OOC
     folder = tmp / "ooc-model"
@@ -364,48 +294,6 @@ def section_ooc(tmp: Path, quick: bool) -> dict[str, Any]:
     print(json.dumps(res), flush=True)
     shutil.rmtree(folder, ignore_errors=True)
     return res
-
-
-def write_random_checkpoint(folder: Path, cfg: dict[str, Any], dtype: Any, shard_gib: float = 2.0) -> int:
-    """A random checkpoint of ``cfg`` as safetensors shards, built one tensor at a time (never all in memory)."""
-    torch = _torch()
-    from accelerate import init_empty_weights
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
-
-    from detjac.engine.checkpoints.tiny import tiny_config
-
-    config = tiny_config(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
-    with init_empty_weights():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    folder.mkdir(parents=True, exist_ok=True)
-    config.dtype = dtype
-    config.save_pretrained(folder)
-    gen = torch.Generator().manual_seed(0)
-    # one random pool, sliced at random offsets: billions of normal samples would take minutes
-    pool = (torch.randn(1 << 24, generator=gen) * 0.02).to(dtype)
-    shard: dict[str, Any] = {}
-    size = index = total = 0
-    weight_map: dict[str, str] = {}
-    names = [n for n, _ in skeleton.named_parameters()]  # tied weights once
-    for name, p in skeleton.named_parameters():
-        if name.endswith("norm.weight"):
-            t = torch.ones(p.shape, dtype=dtype)
-        else:
-            n = p.numel()
-            start = int(torch.randint(0, pool.numel(), (1,), generator=gen))
-            t = pool.roll(-start).repeat(-(-n // pool.numel()))[:n].reshape(p.shape).clone()
-        shard[name] = t
-        size += t.numel() * t.element_size()
-        if size >= shard_gib * 2**30 or name == names[-1]:
-            file = f"model-{index:05d}.safetensors"
-            save_file(shard, str(folder / file), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, file))
-            total += size
-            shard, size, index = {}, 0, index + 1
-    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1) + "\n")
-    return total
 
 
 def main() -> None:
@@ -431,10 +319,11 @@ def main() -> None:
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for section in args.sections:
-            if section == "gpu":
-                from gpu_streamed import run_gpu  # noqa: PLC0415 - CUDA machines only
-
-                results["gpu"] = run_gpu()
+            if section == "gpu":  # CUDA machines only: benchmarks/gpu_streamed.py, in its own process
+                out = Path(tmp) / "gpu_streamed.json"
+                subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_streamed.py")), "--out", str(out)],
+                               check=True)
+                results["gpu"] = json.loads(out.read_text())
             else:
                 results[section] = {"compare": section_compare, "layerwise": section_layerwise,
                                     "ooc": section_ooc}[section](Path(tmp), args.quick)

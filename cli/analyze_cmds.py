@@ -41,9 +41,10 @@ DEFAULT_K = 5
 def default_k(store: object) -> int:
     """The default number of triplets: :data:`DEFAULT_K`, or fewer where a low-rank store keeps fewer (a default is
     never an error)."""
-    keep = str(getattr(store, "run", {}).get("keep", "full"))
-    rank = keep.removeprefix("rank:")
-    return min(DEFAULT_K, int(rank)) if keep.startswith("rank:") and rank.isdigit() else DEFAULT_K
+    from detjac.store import Keep
+
+    rank = Keep.of_run(getattr(store, "run", {})).rank
+    return DEFAULT_K if rank is None else min(DEFAULT_K, rank)
 
 
 @analyze.command("svd")
@@ -242,7 +243,7 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
       detjac analyze layers lw.zarr --out layers/
       detjac analyze layers lw.zarr --token " tree" --component mlp --format parquet
     """
-    from detjac.analysis import layerwise_report as layer_report
+    from detjac.analysis import layerwise_report
     from detjac.progress import tqdm
     from detjac.runs import dask_scheduler
     from detjac.store import open_store
@@ -251,7 +252,7 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
     ids = list(prompt_ids) or store.prompt_ids()
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
             tqdm(total=len(ids), desc="layers", unit="prompt") as bar:
-        report = layer_report(store, ids, out_dir, k=k, top=top, token=token_text, component=component,
+        report = layerwise_report(store, ids, out_dir, k=k, top=top, token=token_text, component=component,
                               heatmaps=heatmaps, table_format=table_format, progress=bar)
     render.echo_layer_report(report)
 
@@ -302,7 +303,7 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     Example:
       detjac analyze report run.zarr --out report/ --workers 2
     """
-    from detjac.analysis import analysis_report as report
+    from detjac.analysis import analysis_report
     from detjac.analysis import require_full
     from detjac.progress import tqdm
     from detjac.runs import dask_scheduler
@@ -312,7 +313,7 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     require_full(store, "analyze report")  # before the bar
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
             tqdm(total=len(store), desc="report", unit="prompt") as bar:
-        summary = report(store, out_dir, top, progress=bar, table_format=table_format)
+        summary = analysis_report(store, out_dir, top, progress=bar, table_format=table_format)
     click.echo(f"{summary['prompts']} prompts: prediction among the top-{top} tokens of u_1 in "
                f"{summary['prediction_in_u1_top']:.0%}; median stable rank of [J_1 ... J_n] "
                f"{summary['median_stable_rank_combined']:.2f}, median n90 {summary['median_n90_combined']:.0f}")

@@ -101,16 +101,15 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
     if given:
         raise click.UsageError(f"Expected {', '.join(given)} only with --estimator jlens (the same-position lens is "
                                "fitted from the store PATH).")
-    from detjac.analysis import fit_lens as fit
-    from detjac.analysis import load_lens, relative_spread
+    from detjac.analysis import fit_lens, load_lens, relative_spread
     from detjac.progress import tqdm
     from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
     store = open_store(path)
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo):
-        report = fit(store, _layers(layers), chunk=chunk,
-                     progress=lambda total: tqdm(total=total, desc="lens fit", unit="task"))
+        report = fit_lens(store, _layers(layers), chunk=chunk,
+                          progress=lambda total: tqdm(total=total, desc="lens fit", unit="task"))
     fitted = load_lens(path)
     click.echo(f"{fitted.kind} lens of {fitted.info['n_prompts']} prompts, layers "
                f"{', '.join(map(str, report['layers']))}: {report['tasks']} tasks now, "
@@ -324,9 +323,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     """
     from pathlib import Path
 
-    from detjac.analysis import lens_markdown as markdown
-    from detjac.analysis import plot_agreement, write_table
-    from detjac.analysis import summarize_lens as summarize
+    from detjac.analysis import lens_markdown, plot_agreement, summarize_lens, write_table
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
     from detjac.runs import evaluate_lenses, load_lens_engine, read_prompts
@@ -343,8 +340,8 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)
-    summary = summarize(rows)
-    table = markdown(summary)
+    summary = summarize_lens(rows)
+    table = lens_markdown(summary)
     click.echo(table)
     if out:
         folder = Path(out)

@@ -65,10 +65,10 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
     from detjac.progress import tqdm
-    from detjac.view import export_static as export
+    from detjac.view import export_static
 
     with tqdm(desc="export", unit="page") as bar:
-        written = export(store, out, prompt_ids, progress=bar)
+        written = export_static(store, out, prompt_ids, progress=bar)
     click.echo(f"wrote {len(written)} files to {out}; open {out.rstrip('/')}/index.html in a browser")
 
 

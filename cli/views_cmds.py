@@ -41,13 +41,13 @@ def columns_cmd(path: str, prompt_id: str | None, target: str, tokens: tuple[int
     """
     from pathlib import Path
 
-    from detjac.analysis import largest_columns, plot_columns, token_texts, write_table
+    from detjac.analysis import largest_columns, piece_reader, plot_columns, write_table
     from detjac.store import open_store
 
     store = open_store(path)
     pid = _prompt(store, prompt_id)
     rows = largest_columns(store, pid, target=parse_target(target), tokens=list(tokens) or None, count=count, top=top)
-    text, prompt = token_texts(store), store.get(pid)
+    text, prompt = piece_reader(store), store.get(pid)
     labels = list(prompt.attrs.get("tokens") or [])
     for r in rows:
         click.echo(f"token {r['token']:>3} col {r['column']:>5} norm {r['norm']:>9.4g}  "
@@ -105,13 +105,13 @@ def path_cmd(path: str, prompt_id: str | None, kind: str, top: int, out_dir: str
     """
     from pathlib import Path
 
-    from detjac.analysis import plot_path, singular_path, token_texts, write_table
+    from detjac.analysis import piece_reader, plot_path, singular_path, write_table
     from detjac.store import open_store
 
     store = open_store(path)
     pid = _prompt(store, prompt_id)
     data = singular_path(store, pid, kind=kind, top=top)
-    text = token_texts(store)
+    text = piece_reader(store)
     rows = [{"prompt_id": pid, "target": f"{kind}.{layer}", "layer": layer,
              **{f"u{i + 1}_projection": float(data["projections"][j, i]) for i in range(data["k"])},
              "u1_decoded": data["decoded"][j][0].tolist()} for j, layer in enumerate(data["layers"])]

@@ -1,5 +1,6 @@
-"""The ``graph-metadata.json`` index circuit-tracer's server reads: the graphs of a folder, one metadata object each
-(torch-free; written by ``detjac graph --out`` and ``detjac store export``).
+"""Graph JSON files and the ``graph-metadata.json`` index circuit-tracer's server reads (the graphs of a folder, one
+metadata object each): :func:`write_graph_file` is the one writer of both, for ``detjac graph --out`` (the engine's
+:func:`~detjac.engine.write_graph`) and ``detjac store export`` (the store's ``export_graph``). Torch-free.
 
 Its server answers ``/graph_data/SLUG.json`` from the folder, so a graph's file is named after its slug
 (:func:`slug_of`)."""
@@ -7,6 +8,7 @@ Its server answers ``/graph_data/SLUG.json`` from the folder, so a graph's file 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +35,46 @@ def updated_index(folder: str | Path, metadata: dict[str, Any]) -> str:
     slug = metadata.get("slug")
     kept = [g for g in graphs if isinstance(g, dict) and g.get("slug") != slug]
     return json.dumps({"graphs": [*kept, metadata]}, indent=1)
+
+
+def write_graph_file(path: str | Path, graph: dict[str, Any]) -> Path:
+    """Write the graph JSON object ``graph`` to ``path`` and list its ``metadata`` in the index beside it.
+
+    Each file is written beside itself, flushed to disk and renamed into place: a kill or a full disk leaves the
+    previous file (or none), never a truncated one.
+
+    Parameters
+    ----------
+    path : str or Path
+        The graph's ``.json`` file, in an existing folder (checked by the caller).
+    graph : dict
+        A graph JSON object (circuit-tracer's schema), its ``metadata.slug`` already set.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    OSError
+        The file system refused a write; nothing half-written is left.
+    """
+    path = Path(path)
+    _replace_text(path, json.dumps(graph))
+    _replace_text(path.parent / INDEX_NAME, updated_index(path.parent, graph["metadata"]))
+    return path
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """``path`` now holds ``text`` (UTF-8), or still what it held: the text goes to a temporary file first."""
+    aside = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(aside, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(aside, path)
+    except BaseException:
+        aside.unlink(missing_ok=True)
+        raise

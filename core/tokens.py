@@ -39,6 +39,12 @@ def token_texts(tokenizer: Any, ids: Iterable[int]) -> list[str] | None:
     return None if tokenizer is None else [token_text(tokenizer, i) for i in ids]
 
 
+def token_labels(tokenizer: Any, ids: Iterable[int]) -> list[str]:
+    """The texts of several tokens (:func:`token_texts`), or their ids as text without a tokenizer."""
+    ids = list(ids)
+    return token_texts(tokenizer, ids) or [str(i) for i in ids]
+
+
 def piece(tokenizer: Any, token_id: int) -> str:
     """A token as its quoted text (or its id without a tokenizer)."""
     return repr(token_text(tokenizer, token_id)) if tokenizer is not None else str(token_id)

@@ -19,7 +19,7 @@ from detjac.exactness import FLOAT64_EXACTNESS_BOUND, relative_error
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
 
 from .checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, load_default_model, resolve_model
-from .checkpoints.gguf import read_header as read_gguf_header
+from .checkpoints.gguf import read_gguf_header
 from .checkpoints.hub import hub_cache_dir, is_hub_id
 from .checkpoints.loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
 from .checkpoints.reference import ModelRef

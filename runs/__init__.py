@@ -10,28 +10,23 @@ from typing import TYPE_CHECKING
 
 from detjac.facade import lazy_exports
 
-if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definition); imported lazily at run time
+if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
     from .description import RunDescription
     from .export import check_npz_path, save_result
     from .fingerprint import model_identity, weights_identity
-    from .lens_apply import check_lens_kinds, fit_jlens, load_lens_engine, position_ranks, score_prompt, unembedding
-    from .lens_apply import evaluate as evaluate_lenses
+    from .lens_apply import (
+        check_lens_kinds,
+        evaluate_lenses,
+        fit_jlens,
+        load_lens_engine,
+        position_ranks,
+        score_prompt,
+        unembedding,
+    )
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
     from .prompts import read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import dask_scheduler
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
-_EXPORTS = {
-    "RunDescription": "description", "RunOptions": "run", "run_corpus": "run", "run_one": "run",
-    "read_prompts": "prompts", "dask_scheduler": "scheduler", "check_npz_path": "export", "save_result": "export",
-    "weights_identity": "fingerprint", "model_identity": "fingerprint", "load_concept": "steering",
-    "steer_prompt": "steering",
-    "prepare_evaluation": "steering", "evaluate_steering": "steering", "check_lens_kinds": "lens_apply",
-    "load_lens_engine": "lens_apply", "fit_jlens": "lens_apply", "score_prompt": "lens_apply",
-    "position_ranks": "lens_apply", "unembedding": "lens_apply", "evaluate_lenses": "lens_apply:evaluate",
-    "read_lens": "lens_artifact", "export_lens": "lens_artifact", "artifact_lens": "lens_artifact",
-    "hub_lens_file": "lens_artifact",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -13,6 +13,7 @@ from detjac import __version__
 
 if TYPE_CHECKING:
     from detjac.engine import Engine
+    from detjac.store import Keep
 
 AUTO = "auto"  # the stored row_block of a run whose engine sizes its own blocks
 
@@ -41,7 +42,7 @@ class RunDescription:
     config_sha256: str
     family: str
     dtype: str
-    keep: str
+    keep: Keep  # --keep's text is parsed into it (:meth:`detjac.store.Keep.parse`) when it is given as text
     detach: bool
     position: int
     detach_rules: tuple[str, ...]
@@ -54,17 +55,21 @@ class RunDescription:
     lens: Mapping[str, Any] | None = None
     streamed: StreamedSettings | None = None
     graph: Mapping[str, Any] | None = None  # `--graph`: max_nodes, node_threshold, edge_threshold (None: no graph)
-    rank: int | None = field(init=False, repr=False, compare=False)  # ``keep`` parsed, once: rank:K's K, else None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rank", parse_keep(self.keep))
+        from detjac.store import Keep
+
+        object.__setattr__(self, "keep", Keep.parse(self.keep))
+
+    @property
+    def rank(self) -> int | None:
+        """``--keep rank:K``'s K, else None."""
+        return self.keep.rank
 
     @property
     def keeps_jacobian(self) -> bool:
         """Whether each prompt keeps the output's Jacobian (whole or as triplets): all but ``--keep none``."""
-        from detjac.store import NO_JACOBIAN
-
-        return self.keep != NO_JACOBIAN
+        return self.keep.jacobian
 
     @property
     def mode(self) -> str:
@@ -76,7 +81,7 @@ class RunDescription:
         out: dict[str, Any] = {
             "model_id": self.model_id, "model_path": self.model_path, "revision": self.revision,
             "model_type": self.model_type, "config_sha256": self.config_sha256, "dtype": self.dtype,
-            "keep": self.keep, "detach": self.detach, "position": self.position, "target": self.target,
+            "keep": str(self.keep), "detach": self.detach, "position": self.position, "target": self.target,
             "family": self.family, "detach_rules": list(self.detach_rules), "convention": self.convention,
             "row_block": AUTO if self.row_block is None else self.row_block, "max_tokens": self.max_tokens,
             "detjac_version": self.detjac_version, **self.fingerprint, "lens": self.lens}
@@ -89,21 +94,6 @@ class RunDescription:
         return out
 
 
-def parse_keep(keep: str) -> int | None:
-    """``full`` and ``none`` (no Jacobian: a ``--lens`` run) -> None; ``rank:K`` -> K (a positive integer); anything
-    else is an error."""
-    from detjac.errors import InvalidArgumentError
-    from detjac.store import NO_JACOBIAN
-
-    if keep in ("full", NO_JACOBIAN):
-        return None
-    kind, _, value = keep.partition(":")
-    if kind == "rank" and value.isdigit() and int(value) > 0:
-        return int(value)
-    raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none (with "
-                               f"--lens). Got {keep!r}.")
-
-
 def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float) -> dict[str, Any]:
     """The ``graph`` of a ``--graph`` run's description: what its prompts' attribution graphs were computed with."""
     return {"max_nodes": int(max_nodes), "node_threshold": float(node_threshold),
@@ -111,7 +101,7 @@ def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float)
 
 
 def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                 row_block: int | None, max_tokens: int, keep: str = "full", convention: str | None = None
+                 row_block: int | None, max_tokens: int, keep: Keep | str = "full", convention: str | None = None
                  ) -> RunDescription:
     """The description of a run of ``engine`` (loaded from ``model_arg``, found at ``model_dir``). ``convention`` is
     the family's detach convention when it is not its default (None: the default, which leaves prompt ids as they

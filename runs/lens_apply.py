@@ -131,16 +131,15 @@ def unembedding(engine: Engine) -> np.ndarray:
 def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.ndarray, layers: Sequence[int],
                  exact: bool = True) -> tuple[PromptStates, list[dict[str, Any]]]:
     """One prompt's rows: per layer and method, the rank of the model's prediction at the target position and the
-    relative error of the output read (:func:`detjac.analysis.lens.score`)."""
-    from detjac.analysis import lens_readings as readings
-    from detjac.analysis import score_lens as score
+    relative error of the output read (:func:`detjac.analysis.score_lens`)."""
+    from detjac.analysis import lens_readings, score_lens
 
     st = prompt_states(engine, prompt, layers, exact)
     rows = []
     for layer in layers:
-        read = readings(lenses, layer, st.states[layer], st.normed[layer][st.position], st.position,
+        read = lens_readings(lenses, layer, st.states[layer], st.normed[layer][st.position], st.position,
                         st.exact.get(layer), st.norm)
-        for method, result in score(read, W_U, st.output).items():
+        for method, result in score_lens(read, W_U, st.output).items():
             rows.append({"layer": layer, "method": method, **result})
     return st, rows
 
@@ -162,7 +161,7 @@ def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, la
     return out
 
 
-def evaluate(engine: Engine, lenses: dict[str, Any], prompts: Sequence[str], layers: Sequence[int], *,
+def evaluate_lenses(engine: Engine, lenses: dict[str, Any], prompts: Sequence[str], layers: Sequence[int], *,
              exact: int | None = None, progress: Any = None) -> list[dict[str, Any]]:
     """Rows of :func:`score_prompt` over ``prompts`` (each with its ``prompt`` index); the exact per-prompt map
     (``self``, ``exact``) for the first ``exact`` prompts only (None: all; 0: none)."""

@@ -66,16 +66,16 @@ def check_lens_store(stored: dict[str, Any], wanted: dict[str, Any], path: Any) 
 def uncounted(store: StoreWriter, run: RunDescription, ids: set[str]) -> set[str]:
     """The committed prompts among ``ids`` that some lens layer's partials do not count (all for a store whose run
     is not a --lens run: none)."""
-    from detjac.analysis import lens_counted as counted
+    from detjac.analysis import lens_counted
 
     layers = [t.layer for t in lens_targets(run)]
-    return ids - counted(store, layers, ids) if layers and ids else set()
+    return ids - lens_counted(store, layers, ids) if layers and ids else set()
 
 
 def finish(store: StoreWriter, run: RunDescription) -> dict[str, Any] | None:
     """Merge the partials into ``lens/fitted`` when every committed prompt is counted; returns the fit's report,
     or ``{"uncounted": n}`` (the run was interrupted or a worker died: run again), or None for another run."""
-    from detjac.analysis import fit_lens as fit
+    from detjac.analysis import fit_lens
 
     ids = set(store.prompt_ids())
     if not lens_targets(run) or not ids:
@@ -83,7 +83,7 @@ def finish(store: StoreWriter, run: RunDescription) -> dict[str, Any] | None:
     missing = uncounted(store, run, ids)
     if missing:
         return {"uncounted": len(missing)}
-    return fit(store)
+    return fit_lens(store)
 
 
 def running_sums(run: RunDescription, flush_every: int) -> Any:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, ModelRef
-    from detjac.store import StoreWriter
+    from detjac.store import Keep, StoreWriter
     from detjac.targets import Target
 
 from detjac.model_settings import ModelSettings
@@ -124,7 +124,7 @@ class RunPlan:
 
 
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
-                max_tokens: int | None, keep: str, layers: str | None = None, components: str = "layer",
+                max_tokens: int | None, keep: Keep | str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
                 lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.

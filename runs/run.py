@@ -17,7 +17,7 @@ from detjac.model_settings import ModelSettings, wants_streamed
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, ModelRef
-    from detjac.store import StoreReader, StoreWriter
+    from detjac.store import Keep, StoreReader, StoreWriter
 
     from .plan import PromptTask, RunPlan, RunSummary
 
@@ -43,7 +43,7 @@ class RunOptions(ModelSettings):
 
     row_block: int | None = None
     max_tokens: int | None = None
-    keep: str | None = None
+    keep: Keep | str | None = None  # --keep's text; check_options parses it into a Keep
     layers: str | None = None
     components: str = "layer"
     mode: str = "auto"
@@ -95,16 +95,13 @@ def check_options(options: RunOptions) -> RunOptions:
         ``components``, a low-rank ``keep`` or a ``lens_flush`` below 1; ``keep`` none without ``lens``; ``graph``
         with ``detach`` False (``--ordinary``), or graph settings out of range.
     """
-    from detjac.store import NO_JACOBIAN
+    from detjac.store import NO_JACOBIAN, Keep
     from detjac.targets import parse_components
 
-    from .description import parse_keep
-
-    o = replace(options, keep=options.keep or (NO_JACOBIAN if options.lens else "full"))
-    parse_keep(o.keep)
+    o = replace(options, keep=Keep.parse(options.keep or (NO_JACOBIAN if options.lens else "full")))
     if o.lens:
         _check_lens_options(o)
-    elif o.keep == NO_JACOBIAN:
+    elif not o.keep.jacobian:
         raise InvalidArgumentError("Expected --keep none with --lens only (the prompts' Jacobians then go into the "
                                    "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
     if o.graph:
@@ -114,7 +111,7 @@ def check_options(options: RunOptions) -> RunOptions:
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
     if o.layers is not None:
         parse_components(o.components)  # an unknown component is refused before any model loads
-    if o.layers is not None and o.keep != "full" and not o.lens:
+    if o.layers is not None and not o.keep.full and not o.lens:
         raise InvalidArgumentError(f"Expected --keep full with --layers (layerwise Jacobians are stored whole). "
                                    f"Got --keep {o.keep}.")
     if not streamed and o.mode != "auto":
@@ -149,7 +146,7 @@ def _check_lens_options(o: RunOptions) -> None:
         raise InvalidArgumentError(f"Expected --lens without --components (it sums dy/dh_L, the to_output target, at "
                                    f"the --layers given, all by default, and stores no layerwise Jacobian). Got "
                                    f"--components {o.components}.")
-    if o.keep.startswith("rank"):
+    if o.keep.low_rank:
         raise InvalidArgumentError(f"Expected --keep none (the default with --lens) or full with --lens. Got --keep "
                                    f"{o.keep}: the low-rank sketch sweeps the output alone, without the layers' rows.")
     check_flush(o.lens_flush)

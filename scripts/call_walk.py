@@ -32,7 +32,7 @@ ANONYMOUS = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")
 IMPORT = "<module>"  # a module's body running on import: not a call of the path
 # the decisions item by item: how often each runs (calls, not sites) in one command
 WATCHED = ("resolve_model", "select_gguf", "is_hub_id", "check_checkpoint_dir", "portable_location", "model_ref",
-           "parse_keep", "wants_streamed", "check_exact", "_check_exact", "ZarrStore.get", "ZarrStore.model_array")
+           "Keep.parse", "wants_streamed", "check_exact", "_check_exact", "ZarrStore.get", "ZarrStore.model_array")
 
 
 def use_checkout(root: Path) -> None:

@@ -113,13 +113,11 @@ def hf_folder(work: Path, model: str) -> Path:
         return folder
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from real_paths import gguf_path
-
     from detjac.engine import load_engine
     from detjac.engine.checkpoints.gguf import load_gguf_model
+    from detjac.shipped import shipped_gguf
 
-    path = gguf_path("smollm2")
+    path = shipped_gguf("smollm2")
     load_gguf_model(path, dtype=torch.float32).save_pretrained(folder)
     load_engine(str(path), streamed=True, dtype=torch.float32).tokenizer.save_pretrained(folder)
     return folder

@@ -13,12 +13,10 @@ was trained on (``scripts/corpus.py``; kept in ``~/.cache/detjac/corpus``).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
-from train_default_model import heldout_prompts as entry_prefixes  # noqa: E402  (the same prefix rule)
+import corpus  # scripts/, this script's folder, is first on the path of `python scripts/lens_prompts.py`
+from train_default_model import heldout_prompts as entry_prefixes  # the same prefix rule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -43,18 +43,21 @@ def on_config(config: Any) -> Any:
 
 
 # Pages whose examples the build runs, putting each command's output, as produced, under it
-# (scripts/doc_examples.py; the test suite runs the same examples and builds with DETJAC_DOCS_EXECUTE=false).
+# (tests/doc_examples.py; the test suite runs the same examples and builds with DETJAC_DOCS_EXECUTE=false).
 EXECUTED_PAGES = ("user-guide.md", "lens.md")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if os.environ.get("DETJAC_DOCS_EXECUTE", "true").lower() == "false" or page.file.src_uri not in EXECUTED_PAGES:
         return markdown
+    import subprocess
     import sys
-    import tempfile
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from doc_examples import with_outputs
-
-    with tempfile.TemporaryDirectory() as folder:
-        return with_outputs(f"docs/{page.file.src_uri}", markdown, Path(folder))
+    # run by the test suite's example runner, in its own process (a script imports no test module)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "doc_examples.py"), "--with-outputs",
+                           f"docs/{page.file.src_uri}"], input=markdown, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"Expected the examples of docs/{page.file.src_uri} to run. Got exit status "
+                           f"{done.returncode}:\n{done.stderr[-4000:]}")
+    sys.stderr.write(done.stderr)
+    return done.stdout

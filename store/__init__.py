@@ -20,7 +20,7 @@ from .backend.zarr_create import create_store
 from .backend.zarr_prompt import ZarrPrompt, verify_prompt
 from .backend.zarr_store import ZarrStore, attach_store, open_store
 from .backend.zarr_writer import ZarrPromptWriter
-from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, model_differences, now, prompt_id, read_root
+from .format import FORMAT_VERSION, NO_JACOBIAN, Keep, SHARD_BYTES, model_differences, now, prompt_id, read_root
 from .integrity import INTEGRITY, damage_reason
 from .reader import StoreReader, VerifyResult
 from .stored_prompt import LayerwiseSpec, PromptWriter, StoredPrompt
@@ -33,6 +33,7 @@ __all__ = [
     "FORMAT_VERSION",
     "AnalysisCache",
     "JacobianStore",
+    "Keep",
     "LayerwiseSpec",
     "MemoryAnalyses",
     "PromptWriter",

@@ -9,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import StoreFormatError
+from ..errors import InvalidArgumentError, StoreFormatError
 from .integrity import INTEGRITY, attrs_digest
 
 FORMAT_VERSION = 2
@@ -66,6 +68,63 @@ OPTIONAL_ARRAYS = ("bias",)  # only affine models' prompts: the offset b of y = 
 
 EVERY_CHUNK = {"write_empty_chunks": True}  # all-zero chunks are written too: an absent chunk is a lost one
 SHARD_BYTES = 16 * 2**20  # jacobian shards hold as many row blocks as fit in this many bytes (at least one)
+
+
+@dataclass(frozen=True)
+class Keep:
+    """What a run keeps of each prompt's output Jacobian (``detjac run --keep``), parsed once from its text.
+
+    ``full`` (the Jacobian, ``rank`` None), ``rank:K`` (the top ``K`` singular triplets, ``rank`` K) or ``none``
+    (nothing: a ``--lens`` run's prompts, ``jacobian`` False). ``str(keep)`` is the text a store records.
+    """
+
+    rank: int | None = None
+    jacobian: bool = True
+
+    @classmethod
+    def parse(cls, text: str | Keep) -> Keep:
+        """The ``--keep`` text as a :class:`Keep` (a :class:`Keep` is returned as it is).
+
+        Raises
+        ------
+        InvalidArgumentError
+            Anything but ``full``, ``none`` or ``rank:K`` with ``K`` a positive integer.
+        """
+        if isinstance(text, Keep):
+            return text
+        if text in ("full", NO_JACOBIAN):
+            return cls(jacobian=text == "full")
+        kind, _, value = str(text).partition(":")
+        if kind == "rank" and value.isdigit() and int(value) > 0:
+            return cls(rank=int(value))
+        raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none "
+                                   f"(with --lens). Got {text!r}.")
+
+    @classmethod
+    def of_run(cls, run: Mapping[str, Any]) -> Keep:
+        """The keep of a store's run description (``full`` where it records none)."""
+        return cls.parse(run.get("keep") or "full")
+
+    @classmethod
+    def of_prompt(cls, attrs: Mapping[str, Any]) -> Keep:
+        """The keep of one stored prompt, from the attributes committed with it: a low-rank prompt records its
+        ``keep`` and ``rank``, a ``--lens`` prompt ``keep`` none, a full one neither."""
+        if "rank" in attrs:
+            return cls.parse(attrs.get("keep") or f"rank:{int(attrs['rank'])}")
+        return cls(jacobian=attrs.get("keep") != NO_JACOBIAN)
+
+    @property
+    def low_rank(self) -> bool:
+        """Whether triplets are kept instead of the Jacobian (``rank:K``)."""
+        return self.rank is not None
+
+    @property
+    def full(self) -> bool:
+        """Whether the whole Jacobian is kept."""
+        return self.jacobian and self.rank is None
+
+    def __str__(self) -> str:
+        return f"rank:{self.rank}" if self.rank is not None else "full" if self.jacobian else NO_JACOBIAN
 
 
 def now() -> str:

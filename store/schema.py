@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exactness import DTYPE_BOUND
+from .format import Keep
 
 
 def _int(value: Any) -> bool:
@@ -30,6 +31,14 @@ def _number(value: Any) -> bool:
 
 
 def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _keep(value: Any) -> bool:
+    try:
+        Keep.parse(value)
+    except ValueError:
+        return False
     return isinstance(value, str)
 
 
@@ -61,7 +70,7 @@ CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "dtype": (f"one of {', '.join(DTYPE_BOUND)}", lambda v: isinstance(v, str) and v in DTYPE_BOUND),
     "storage_dtype": ("float64 or float32", lambda v: v in ("float64", "float32")),
     "position": ("an integer", _int),
-    "keep": ("text", _text),
+    "keep": ("full, none or rank:K (Keep)", _keep),
     "rank": ("a positive integer", _count),
     "passes": ("a positive integer", _count),
     "combined_frobenius_sq": ("a finite number >= 0", _number),

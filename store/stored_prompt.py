@@ -9,12 +9,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from ..errors import StoreError
-from .format import NO_JACOBIAN
+from .format import Keep
 from .subspace import Triplets
 
 
@@ -185,16 +186,21 @@ class StoredPrompt(ABC):
         except ValueError:
             return None
 
+    @cached_property
+    def keep(self) -> Keep:
+        """What the prompt keeps of its Jacobian, read once from its attributes (:meth:`Keep.of_prompt`)."""
+        return Keep.of_prompt(self.attrs)
+
     @property
     def low_rank(self) -> bool:
         """Whether the prompt was stored in low-rank mode (``--keep rank:K``): triplets, no Jacobian."""
-        return "rank" in self.attrs
+        return self.keep.low_rank
 
     @property
     def without_jacobian(self) -> bool:
         """Whether the prompt keeps no Jacobian at all (``--keep none``: a ``detjac run --lens`` prompt, whose
         Jacobians went into the store's lens sums): its small arrays and attributes only."""
-        return self.attrs.get("keep") == NO_JACOBIAN
+        return not self.keep.jacobian
 
     @property
     def prompt(self) -> str:
@@ -207,7 +213,7 @@ class StoredPrompt(ABC):
 
     def __repr__(self) -> str:
         a = self.attrs
-        kind = (f"low-rank {a.get('keep', 'rank')}" if self.low_rank else "no Jacobian (lens run)"
+        kind = (f"low-rank {self.keep}" if self.low_rank else "no Jacobian (lens run)"
                 if self.without_jacobian else "full")
         layers = f", {len(self.layerwise_targets)} layerwise" if self.layerwise_targets else ""
         text = self.prompt if len(self.prompt) <= 40 else self.prompt[:37] + "..."

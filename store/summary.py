@@ -168,9 +168,9 @@ def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: boo
         ``out`` is not a new ``.json`` file (without ``force``), or the prompt was stored without a graph.
     """
     from detjac.errors import InvalidArgumentError
-    from detjac.graph_index import INDEX_NAME, slug_of, updated_index
+    from detjac.graph_index import slug_of, write_graph_file
 
-    from .backend.disk import json_target, write_text
+    from .backend.disk import disk_refusal, json_target
 
     target = json_target(out, force)
     graph = store.get(prompt_id).graph()
@@ -178,6 +178,5 @@ def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: boo
         raise InvalidArgumentError(f"Expected a prompt stored with its attribution graph (`detjac run --graph`). Got "
                                    f"prompt {prompt_id}, stored without one; nothing was written.")
     graph["metadata"] = {**graph["metadata"], "slug": slug_of(target)}
-    written = write_text(target, json.dumps(graph))
-    write_text(target.parent / INDEX_NAME, updated_index(target.parent, graph["metadata"]))
-    return written
+    with disk_refusal(f"write {target}"):
+        return write_graph_file(target, graph)

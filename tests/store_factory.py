@@ -43,7 +43,7 @@ import numpy as np
 
 from detjac import __version__
 from detjac.exactness import relative_error
-from detjac.store import JacobianStore, LayerwiseSpec, create_store, open_store, prompt_id
+from detjac.store import JacobianStore, Keep, LayerwiseSpec, create_store, open_store, prompt_id
 from detjac.store.subspace import SubspaceIteration
 from detjac.targets import Target
 
@@ -144,14 +144,16 @@ def synthetic_model(d_model: int = 8, vocab: int = 40, *, seed: int = 0, final_n
                           tokenizer)
 
 
-def parse_keep(keep: str) -> int | None:
-    """``full`` -> None, ``rank:K`` -> K (the ``--keep`` syntax of ``detjac run``)."""
-    kind, _, value = keep.partition(":")
-    if keep == "full":
-        return None
-    if kind == "rank" and value.isdigit() and int(value) > 0:
-        return int(value)
-    raise ValueError(f"Expected keep 'full' or 'rank:K'. Got {keep!r}.")
+def factory_rank(keep: str) -> int | None:
+    """``full`` -> None, ``rank:K`` -> K (parsed by :meth:`detjac.store.Keep.parse`); the factory writes no
+    ``--keep none`` (lens) prompts."""
+    try:
+        parsed = Keep.parse(keep)
+    except ValueError:
+        parsed = Keep(jacobian=False)
+    if not parsed.jacobian:
+        raise ValueError(f"Expected keep 'full' or 'rank:K'. Got {keep!r}.")
+    return parsed.rank
 
 
 def storage_dtype(dtype: str) -> str:
@@ -265,7 +267,7 @@ def write_prompt(store: JacobianStore, model: SyntheticModel, run: dict[str, Any
     object) is kept as the prompt's attribution graph, as a ``--graph`` run keeps it.
     """
     storage = storage_dtype(run["dtype"])
-    rank = parse_keep(run["keep"])
+    rank = factory_rank(run["keep"])
     row_block, d, n = run["row_block"], model.d_model, truth.n_tokens
     J, x, y = (a.astype(storage) for a in (truth.jacobian, truth.embeddings, truth.output))
     bias = truth.bias.astype(storage) if truth.bias is not None else None
@@ -394,7 +396,7 @@ def make_store(path: str | Path, *, prompts: int | Sequence[str] = 2, d_model: i
     """
     model = model or synthetic_model(d_model, vocab, seed=seed, final_norm=final_norm, tokenizer=tokenizer)
     names = [Target.parse(t, n_layers).name for t in targets]
-    rank = parse_keep(keep)
+    rank = factory_rank(keep)
     if names and (rank is not None or affine):
         raise ValueError("Expected layerwise targets in full mode of a linear model (as the streamed engine). "
                          f"Got keep={keep!r}, affine={affine}.")

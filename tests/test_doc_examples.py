@@ -1,22 +1,19 @@
 """The documentation cannot drift from the code: every Python snippet and CLI example of the pages runs against the
-shipped default model (``scripts/doc_examples.py`` finds and runs them), every command line names only options its
+shipped default model (``tests/doc_examples.py`` finds and runs them), every command line names only options its
 command has, the files a command's comment says it writes are written, and a block the pages do not run says why."""
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import click
 import pytest
+from doc_examples import PAGES, command_options, examples, run_page
+
+from detjac.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from doc_examples import PAGES, command_options, examples, run_page  # noqa: E402
-
-from detjac.cli.main import main  # noqa: E402
 
 INLINE = re.compile(r"`(detjac [^`]+)`")
 

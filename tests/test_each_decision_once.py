@@ -73,6 +73,18 @@ def test_keep_is_parsed_once_into_the_run_description():
         described("rank:0")
 
 
+def test_keep_has_one_type_parsed_once():
+    from detjac.store import Keep
+
+    for text in ("full", "none", "rank:4"):
+        assert str(Keep.parse(text)) == text and Keep.parse(Keep.parse(text)) == Keep.parse(text)
+    assert Keep.parse("rank:4") == Keep(rank=4) and Keep.of_run({}).full and not Keep.of_run({"keep": "none"}).jacobian
+    assert Keep.of_prompt({"keep": "rank:3", "rank": 2}).rank == 3 and Keep.of_prompt({"rank": 2}).low_rank
+    assert Keep.of_prompt({}).full and not Keep.of_prompt({"keep": "none"}).jacobian
+    with pytest.raises(InvalidArgumentError, match="Got 'rank:x'"):
+        Keep.parse("rank:x")
+
+
 def test_a_job_opens_each_prompt_once():
     from detjac.analysis.jobs import OpenedPrompts
 

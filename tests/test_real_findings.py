@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,10 @@ RESULTS = BENCH / "results" / "real_models.json"
 
 @pytest.fixture(scope="module")
 def findings():
-    sys.path.insert(0, str(BENCH))  # real_findings imports its sibling real_paths
-    try:
-        spec = importlib.util.spec_from_file_location("real_findings", BENCH / "real_findings.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+    spec = importlib.util.spec_from_file_location("real_findings", BENCH / "real_findings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_left_spectrum_is_the_svd(findings):

@@ -13,12 +13,9 @@ from typing import TYPE_CHECKING
 
 from detjac.facade import lazy_exports
 
-if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definition); imported lazily at run time
+if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
     from .graph_file import GraphFile
     from .server import make_server
-    from .static_export import export as export_static
+    from .static_export import export_static
 
-# for cli/ (each loads on first use)
-_EXPORTS = {"make_server": "server", "export_static": "static_export:export", "GraphFile": "graph_file"}
-__all__ = sorted(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..analysis import layer_table, targets_heatmap, token_texts
+from ..analysis import layer_table, piece_reader, targets_heatmap
 from .jsonable import jsonable
 from .prompt_page import kind_of, layer_kinds, token_pieces
 
@@ -24,7 +24,7 @@ def layers_payload(view: ReadOnlyStore, prompt_id: str, kind: str) -> dict[str, 
     targets = [t for t in prompt.layerwise_targets if kind_of(t) == kind]
     rows = layer_table(view, [prompt_id], k=LAYERS_K, top=LAYERS_TOP, targets=targets)
     heat = targets_heatmap(view, prompt_id, targets)
-    text = token_texts(view)
+    text = piece_reader(view)
     errors = prompt.attrs.get("layerwise") or {}
     return jsonable({
         "id": prompt_id, "kind": kind, "kinds": layer_kinds(prompt), "top": LAYERS_TOP, "k": LAYERS_K,

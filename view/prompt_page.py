@@ -18,10 +18,10 @@ from ..analysis import (
     decode_spectrum,
     dimensionality,
     low_rank_spectrum,
+    piece_reader,
     prompt_svds,
     read_spectrum,
     read_svd,
-    token_texts,
 )
 from ..errors import DetjacError
 from ..singular import decode_top
@@ -79,7 +79,7 @@ def prediction(view: ReadOnlyStore, prompt: StoredPrompt) -> dict[str, Any]:
     full = np.asarray(W, dtype=np.float64) @ y  # (vocab,)
     peak = full.max()
     log_total = peak + np.log(np.exp(full - peak).sum())
-    text = token_texts(view)
+    text = piece_reader(view)
     top = [{"id": int(t), "text": text(int(t)), "logit": float(s), "p": float(np.exp(s - log_total))}
            for t, s in zip(ids[0], logits[0], strict=True)]
     return {"top": top, "how": "softmax(W_U y): the stored output y through the stored unembedding W_U"}
@@ -158,7 +158,7 @@ def operator_payload(view: ReadOnlyStore, prompt_id: str, token: int | None) -> 
     prompt = view.get(prompt_id)
     spec, source = _triplets(view, prompt, token)
     ids = decode_spectrum(view, spec, SVD_TOP)
-    text = token_texts(view)
+    text = piece_reader(view)
     if token is None:
         energy = (np.asarray(spec.V, dtype=np.float64) ** 2).sum(axis=1)  # (n_tokens, k)
         shares = energy / np.where(energy.sum(axis=0) > 0, energy.sum(axis=0), 1.0)

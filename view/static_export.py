@@ -28,7 +28,7 @@ def data_file(key: str) -> str:
     return f"data/{key.replace('/', '.')}.js"
 
 
-def export(store: StoreReader | GraphFile, out: str | Path, prompt_ids: Sequence[str] | None = None,
+def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: Sequence[str] | None = None,
            progress: Any = None) -> list[Path]:
     """Write the snapshot of ``store`` (of ``prompt_ids`` only, when given) into the folder ``out``.
 

@@ -9,17 +9,17 @@ from .jacobian_lens import (
     Lens,
     check_lens_target,
     lens_reading,
+    lens_readings,
     load_lens,
-    readings,
     relative_spread,
     save_lens,
-    score,
+    score_lens,
     token_rank,
 )
-from .lens_eval import markdown, plot_agreement, plot_positions, summarize, wilson
-from .lens_fit import fit
+from .lens_eval import lens_markdown, plot_agreement, plot_positions, summarize_lens, wilson
+from .lens_fit import fit_lens, lens_counted
 from .lens_sums import RunningSums
 
-__all__ = ["FINAL_BLOCK", "FITTED", "LENS_VERSION", "Lens", "RunningSums", "check_lens_target", "fit", "lens_reading",
-           "load_lens", "markdown", "plot_agreement", "plot_positions", "readings", "relative_spread", "save_lens",
-           "score", "summarize", "token_rank", "wilson"]
+__all__ = ["FINAL_BLOCK", "FITTED", "LENS_VERSION", "Lens", "RunningSums", "check_lens_target", "fit_lens",
+           "lens_counted", "lens_markdown", "lens_reading", "lens_readings", "load_lens", "plot_agreement",
+           "plot_positions", "relative_spread", "save_lens", "score_lens", "summarize_lens", "token_rank", "wilson"]

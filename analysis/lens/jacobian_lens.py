@@ -191,7 +191,7 @@ def lens_reading(lens: Lens, layer: int, states: np.ndarray, norm: Callable[[np.
     return norm(read) if lens.before_norm else read
 
 
-def readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, normed: np.ndarray, position: int,
+def lens_readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, normed: np.ndarray, position: int,
              exact: np.ndarray | None, norm: Callable[[np.ndarray], np.ndarray] | None = None
              ) -> dict[str, np.ndarray]:
     """What each method reads as the output at ``position`` from layer ``layer``'s states (n, d): every lens of
@@ -210,7 +210,7 @@ def readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, normed: np
     return out
 
 
-def score(readings_: dict[str, np.ndarray], unembedding: np.ndarray, output: np.ndarray) -> dict[str, dict[str, Any]]:
+def score_lens(readings_: dict[str, np.ndarray], unembedding: np.ndarray, output: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per method: ``rank`` of the model's prediction ``argmax W_U y`` in ``W_U ŷ``, ``error`` ``‖ŷ−y‖/‖y‖``,
     ``top`` the 5 top decoded token ids."""
     predicted = int(np.argmax(unembedding @ output))

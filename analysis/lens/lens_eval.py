@@ -1,5 +1,5 @@
 """Tables and figures of the lens: summaries with 95 % intervals (Wilson for agreement rates, a normal interval
-for the mean error) of :func:`~detjac.analysis.lens.jacobian_lens.score`'s rows, and PNG figures. Torch-free.
+for the mean error) of :func:`~detjac.analysis.lens.jacobian_lens.score_lens`'s rows, and PNG figures. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def wilson(hits: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))  # at 0 or n hits rounding would step outside
 
 
-def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def summarize_lens(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (layer, method): prompts ``n``, ``top1`` and ``top10`` agreement with their Wilson intervals, the mean
     relative error with a normal 95 % interval, its median and maximum."""
     groups: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
@@ -45,7 +45,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(summary: Sequence[Mapping[str, Any]]) -> str:
+def lens_markdown(summary: Sequence[Mapping[str, Any]]) -> str:
     """The summary as a Markdown table (what docs/lens.md shows)."""
     lines = ["| layer | method | n | top-1 agreement (95 % CI) | top-10 agreement (95 % CI) | relative error, mean "
              "(95 % CI) | median |", "|---|---|---|---|---|---|---|"]

@@ -128,7 +128,7 @@ def partials(store: StoreWriter, layer: int, valid: set[str]) -> list[tuple[str,
     return chosen
 
 
-def counted(store: StoreWriter, layers: Sequence[int], valid: set[str]) -> set[str]:
+def lens_counted(store: StoreWriter, layers: Sequence[int], valid: set[str]) -> set[str]:
     """The prompts among ``valid`` that partials count at every one of ``layers``."""
     out = set(valid)
     for layer in layers:
@@ -207,7 +207,7 @@ def merge(store: StoreWriter, layer: int, valid: set[str]) -> tuple[np.ndarray, 
 
 def check_counted(store: StoreWriter, layers: Sequence[int], ids: Sequence[str]) -> None:
     """InvalidArgumentError unless partials count every prompt of a ``--lens`` store at every one of ``layers``."""
-    missing = sorted(set(ids) - counted(store, layers, set(ids)))
+    missing = sorted(set(ids) - lens_counted(store, layers, set(ids)))
     if missing:
         raise InvalidArgumentError(
             f"Expected every prompt of the --lens store {store.path} counted in its lens sums. Got {len(missing)} of "
@@ -216,7 +216,7 @@ def check_counted(store: StoreWriter, layers: Sequence[int], ids: Sequence[str])
             "them.")
 
 
-def fit(store: StoreWriter, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT_CHUNK,
+def fit_lens(store: StoreWriter, layers: Sequence[int] | None = None, *, chunk: int = DEFAULT_CHUNK,
         progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Fit the lens of ``store`` (see the module docstring) and write it to ``lens/fitted``.
 

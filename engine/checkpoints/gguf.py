@@ -1,6 +1,6 @@
 """GGUF checkpoints (llama.cpp's one-file format) as a model source: config, tokenizer and weights.
 
-The façade of the GGUF modules: :mod:`.gguf_header` (:func:`read_header` checks a file before anything is loaded),
+The façade of the GGUF modules: :mod:`.gguf_header` (:func:`read_gguf_header` checks a file before anything is loaded),
 :mod:`.gguf_names` (the header's claims against the tensor table; parameter names), :mod:`.gguf_dequant`
 (:class:`GGUFWeights` reads and dequantizes one tensor or row at a time) and :mod:`.gguf_tokenizer`. Exact for the
 weights as dequantized, not for the model the file was quantized from. Details and scope of exactness:
@@ -19,12 +19,12 @@ from torch import nn
 from detjac.errors import CheckpointError, UnsupportedModelError
 
 from .gguf_dequant import GGUFWeights
-from .gguf_header import GGUF_MAGIC, GGUF_SUFFIX, GGUFHeader, GGUFTensor, _read_header, _stat, read_header
+from .gguf_header import GGUF_MAGIC, GGUF_SUFFIX, GGUFHeader, GGUFTensor, _read_header, _stat, read_gguf_header
 from .gguf_names import check_claims
 from .gguf_tokenizer import check_tokenizer, gguf_tokenizer
 
 __all__ = ["GGUFHeader", "GGUFTensor", "GGUFWeights", "gguf_config", "gguf_path", "gguf_tokenizer", "is_gguf",
-           "load_gguf_model", "looks_like_gguf", "read_header", "select_gguf"]
+           "load_gguf_model", "looks_like_gguf", "read_gguf_header", "select_gguf"]
 
 
 def is_gguf(source: Any) -> bool:
@@ -116,7 +116,7 @@ def gguf_config(path: Path) -> Any:
     Raises
     ------
     CheckpointError
-        A damaged file (see :func:`read_header`).
+        A damaged file (see :func:`read_gguf_header`).
     UnsupportedModelError
         An architecture transformers cannot read from GGUF, or one detjac has no family for.
     """

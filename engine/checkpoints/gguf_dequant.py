@@ -17,7 +17,7 @@ from detjac.errors import CheckpointError
 
 from .gguf_blocks import BLOCK_TYPES
 from .gguf_blocks import dequantize as dequantize_blocks
-from .gguf_header import GGUFTensor, read_header
+from .gguf_header import GGUFTensor, read_gguf_header
 from .gguf_names import model_tensor_names
 from .weights import WeightSource, read_exact
 
@@ -38,7 +38,7 @@ class GGUFWeights(WeightSource):
     Parameters
     ----------
     path
-        The GGUF file (checked by :func:`read_header`).
+        The GGUF file (checked by :func:`read_gguf_header`).
     model
         The model built from the file's config (on the meta device is enough): its parameter names are mapped to
         the file's tensors by transformers' GGUF name map.
@@ -48,7 +48,7 @@ class GGUFWeights(WeightSource):
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         self.path = Path(path)
-        self.header = read_header(self.path)
+        self.header = read_gguf_header(self.path)
         config = model.config.to_dict()
         self._processor = TENSOR_PROCESSORS.get(self.header.architecture, TensorProcessor)(config=config)
         self._by_model = model_tensor_names(model, self.header, self._processor)

@@ -1,4 +1,4 @@
-"""Reading a GGUF file's header and tensor table (:func:`read_header`), checked before anything is built from it:
+"""Reading a GGUF file's header and tensor table (:func:`read_gguf_header`), checked before anything is built from it:
 the magic and version, every metadata value's type and finiteness, the alignment, each tensor's byte range and
 quantization type, and a tokenizer. Reads no tensor data; nothing here imports torch or transformers."""
 
@@ -51,7 +51,7 @@ class GGUFTensor:
 
 @dataclass(frozen=True)
 class GGUFHeader:
-    """What :func:`read_header` found: the scalar metadata (arrays only counted), the tensor table and where the
+    """What :func:`read_gguf_header` found: the scalar metadata (arrays only counted), the tensor table and where the
     tensor data starts."""
 
     path: Path
@@ -68,7 +68,7 @@ class GGUFHeader:
         return dict(sorted(Counter(t.type_name for t in self.tensors.values()).items()))
 
 
-def read_header(path: str | Path) -> GGUFHeader:
+def read_gguf_header(path: str | Path) -> GGUFHeader:
     """Parse and check a GGUF file's header and tensor table, reading no tensor data.
 
     Raises
@@ -92,7 +92,7 @@ def _stat(path: Path) -> tuple[int, int]:
 
 @lru_cache(maxsize=8)
 def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
-    """:func:`read_header`, remembered while the file's size and modification time are unchanged (commands read
+    """:func:`read_gguf_header`, remembered while the file's size and modification time are unchanged (commands read
     one header several times: config, tokenizer, weights, identity)."""
     try:
         with open(path, "rb") as f:

@@ -8,7 +8,7 @@ from typing import Any
 
 from detjac.errors import CheckpointError
 
-from .gguf_header import GGUFHeader, read_header
+from .gguf_header import GGUFHeader, read_gguf_header
 from .quiet import quiet_tokenizer
 
 TOKENIZER_MODEL = "tokenizer.ggml.model"
@@ -47,5 +47,5 @@ def gguf_tokenizer(path: Path) -> Any:
     """The tokenizer transformers builds from the GGUF file's tokenizer metadata."""
     from transformers import AutoTokenizer
 
-    check_tokenizer(read_header(path))
+    check_tokenizer(read_gguf_header(path))
     return quiet_tokenizer(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))

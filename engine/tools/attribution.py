@@ -17,6 +17,7 @@ import numpy as np
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.graph_settings import MAX_NODES
+from detjac.tokens import token_labels
 
 from ..interface import Engine, Prompt
 from .graph_adjacency import adjacency, bias_nodes, neuron_sites, sized_rows
@@ -28,11 +29,9 @@ from .graph_targets import (
     logit_targets,
     logit_vectors,
     rank_neurons,
-    token_texts,
 )
 
-__all__ = ["AttributionGraph", "attribution_graph", "check_graph_request", "logit_attribution", "logit_vectors",
-           "token_texts"]
+__all__ = ["AttributionGraph", "attribution_graph", "check_graph_request", "logit_attribution", "logit_vectors"]
 
 @dataclass
 class AttributionGraph:
@@ -164,8 +163,8 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     ids = list(trace.token_ids)
     graph_labels = sites.labels
     return AttributionGraph(
-        token_ids=ids, tokens=token_texts(engine, ids), position=p, n_layers=engine.n_layers,
-        logit_ids=targets.ids, logit_tokens=token_texts(engine, targets.ids),
+        token_ids=ids, tokens=token_labels(engine.tokenizer, ids), position=p, n_layers=engine.n_layers,
+        logit_ids=targets.ids, logit_tokens=token_labels(engine.tokenizer, targets.ids),
         logit_probabilities=targets.probabilities, logit_values=targets.values.cpu().double().numpy(),
         neurons=chosen.cpu().numpy(), activations=chosen_values(acts, chosen).cpu().double().numpy(),
         adjacency=graph[0], completeness=graph[1], kept_share=graph[2], n_active=n_active, labels=graph_labels,

@@ -12,10 +12,11 @@ import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.progress import progress_bar
+from detjac.tokens import token_labels
 
 from ..interface import Engine
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of
-from .graph_targets import LogitTargets, chosen_values, token_texts
+from .graph_targets import LogitTargets, chosen_values
 
 ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)
 LABEL_TOKENS = 3  # tokens in a neuron's label, each way
@@ -273,6 +274,6 @@ def cut_pullbacks(chosen: torch.Tensor, targets: LogitTargets, sites: Sites, row
 def readable(engine: Engine, ids: list[int]) -> str:
     """The first :data:`LABEL_TOKENS` of ``ids`` whose text is whole (not a fragment of a multi-byte character),
     quoted; the first ones whatever they are when none is."""
-    texts = token_texts(engine, ids)
+    texts = token_labels(engine.tokenizer, ids)
     whole = [t for t in texts if t.strip() and t.isprintable() and "\ufffd" not in t] or texts
     return " ".join(repr(t) for t in whole[:LABEL_TOKENS])

@@ -7,16 +7,13 @@ There are no error nodes: the graph is exact. Details: docs/graphs.md, "The JSON
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from detjac.errors import InvalidArgumentError
-from detjac.graph_index import INDEX_NAME, slug_of, updated_index
+from detjac.graph_index import slug_of, write_graph_file
 
 from .attribution import AttributionGraph
 from .graph_prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
@@ -121,17 +118,5 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
     data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold,
                       identity=identity)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps(data))
-    _atomic_write(path.parent / INDEX_NAME, updated_index(path.parent, data["metadata"]))
+    write_graph_file(path, data)
     return data
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

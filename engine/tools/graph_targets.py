@@ -11,19 +11,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from detjac.tokens import token_texts as _texts
-
 from ..interface import Engine
 from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
 
 MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
-
-
-def token_texts(engine: Engine, ids: list[int]) -> list[str]:
-    """Each token id's text (``' Paris'``, :func:`detjac.tokens.token_texts`), or the id itself where the model has
-    no tokenizer."""
-    return _texts(engine.tokenizer, ids) or [str(i) for i in ids]
 
 
 @dataclass

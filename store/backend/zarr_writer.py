@@ -286,7 +286,7 @@ class ZarrPromptWriter(PromptWriter):
             for name, (values, dims) in arrays.items():
                 fmt.put_array(self._group, name, values.astype(self.dtype), dims)
         self._written.add("triplets")
-        return {"keep": f"rank:{self.rank}", "rank": int(combined.S.shape[0]),
+        return {"keep": str(fmt.Keep(rank=self.rank)), "rank": int(combined.S.shape[0]),
                 "combined_frobenius_sq": combined.frobenius_sq, "combined_residual_sq": combined.residual_sq,
                 "combined_captured": combined.captured}
 

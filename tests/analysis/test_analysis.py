@@ -53,13 +53,13 @@ def test_randomized_svd_matches_numpy(real_store):
 
 def test_results_are_written_back_and_reused(real_store):
     pid = real_store.prompt_ids()[0]
-    first = jobs.svd(real_store, [pid], k=3)[0]
+    first = jobs.prompt_svds(real_store, [pid], k=3)[0]
     arrays, attrs = real_store.read_analysis(pid, "svd_combined")
     assert np.array_equal(arrays["S"], first.S) and attrs["params"]["power_iterations"] == 6
-    again = jobs.svd(real_store, [pid], k=3)
+    again = jobs.prompt_svds(real_store, [pid], k=3)
     assert real_store.read_analysis(pid, "svd_combined")[1]["written_at"] == attrs["written_at"]
     assert np.array_equal(again[0].S, first.S)
-    jobs.svd(real_store, [pid], k=4)  # other parameters: recomputed and replaced
+    jobs.prompt_svds(real_store, [pid], k=4)  # other parameters: recomputed and replaced
     assert real_store.read_analysis(pid, "svd_combined")[0]["S"].shape == (4,)
 
 
@@ -84,7 +84,7 @@ def test_decoding_returns_a_planted_direction(tmp_path):
             w.write_array("token_ids", np.arange(n))
             w.commit({"prompt": "planted", "n_tokens": n, "reconstruction_error": 0.0, "dtype": "float64"})
     store = open_store(tmp_path / "s.zarr")
-    decoded = jobs.decode_spectrum(store, jobs.svd(store, [P], k=2)[0], top=3)
+    decoded = jobs.decode_spectrum(store, jobs.prompt_svds(store, [P], k=2)[0], top=3)
     assert decoded.left_ids[0, 0] == out_token and decoded.right_ids[0, 0] == in_token
     assert decoded.right_tokens[0] == position and decoded.right_shares[0] > 0.99
     assert decoded["left_ids"] is decoded.left_ids  # the former dict's keys still read (view/)
@@ -94,13 +94,13 @@ def test_one_decoder_reads_the_matrices_once_for_every_prompt(real_store, monkey
     from detjac.analysis.decoded import decode_spectra
 
     store = open_store(real_store.path)
-    spectra = jobs.svd(store, store.prompt_ids(), k=2)
+    spectra = jobs.prompt_svds(store, store.prompt_ids(), k=2)
     reads: list[str] = []
     model_array = type(store).model_array
     monkeypatch.setattr(type(store), "model_array", lambda self, name: reads.append(name) or model_array(self, name))
     decoded = decode_spectra(store, spectra, top=3)
     assert len(spectra) == 2 and sorted(reads) == ["embedding", "unembedding"]
-    text = jobs.token_texts(store)
+    text = jobs.piece_reader(store)
     for spec, got in zip(spectra, decoded, strict=True):  # the same tokens as a decoder of its own per prompt
         alone = jobs.decode_spectrum(store, spec, 3)
         assert [t.right_token for t in got.triplets] == alone.right_tokens

@@ -8,7 +8,7 @@ import pytest
 from planted import P0, P1, planted_store
 
 from detjac.analysis import layers
-from detjac.analysis.layer_report import layer_report
+from detjac.analysis.layer_report import layerwise_report
 from detjac.errors import InvalidArgumentError
 
 
@@ -19,7 +19,7 @@ def store(tmp_path):
 
 def test_the_report_finds_the_planted_layer_and_writes_every_file(store, tmp_path):
     out = tmp_path / "L"
-    report = layer_report(store, [P0, P1], out, k=2, top=1, token="id:31", heatmaps=1)
+    report = layerwise_report(store, [P0, P1], out, k=2, top=1, token="id:31", heatmaps=1)
     assert report.rows == layers.layer_table(store, [P0, P1], k=2, top=1, token=31)  # reused from the store
     assert report.emerged == layers.emergence(report.rows)
     by = {(e["prompt_id"], e["component"]): e for e in report.emerged}
@@ -40,7 +40,7 @@ def test_the_report_finds_the_planted_layer_and_writes_every_file(store, tmp_pat
 def test_parquet_tables_and_the_prediction_tracked_by_default(store, tmp_path):
     import pyarrow.parquet as pq
 
-    report = layer_report(store, [P0], tmp_path / "L", k=2, top=1, heatmaps=0, table_format="parquet")
+    report = layerwise_report(store, [P0], tmp_path / "L", k=2, top=1, heatmaps=0, table_format="parquet")
     assert [p.name for p in report.written] == ["layers.parquet", "emergence.parquet", "layer_dims.png",
                                                 "emergence.png"]
     rows = pq.read_table(tmp_path / "L" / "layers.parquet").to_pylist()
@@ -50,11 +50,11 @@ def test_parquet_tables_and_the_prediction_tracked_by_default(store, tmp_path):
 
 def test_errors_name_what_was_expected(store, tmp_path):
     with pytest.raises(InvalidArgumentError, match="Expected table_format 'csv' or 'parquet'. Got 'xlsx'"):
-        layer_report(store, [P0], tmp_path / "L", table_format="xlsx")
+        layerwise_report(store, [P0], tmp_path / "L", table_format="xlsx")
     with pytest.raises(InvalidArgumentError, match=r"Expected id:N with 0 <= N < 50. Got 'id:99'"):
-        layer_report(store, [P0], tmp_path / "L", token="id:99")
+        layerwise_report(store, [P0], tmp_path / "L", token="id:99")
     with pytest.raises(InvalidArgumentError, match="Expected a tokenizer in the store"):
-        layer_report(store, [P0], tmp_path / "L", token=" tree")
+        layerwise_report(store, [P0], tmp_path / "L", token=" tree")
     with pytest.raises(InvalidArgumentError, match="Expected stored attn.L targets"):
-        layer_report(store, [P0], tmp_path / "L", component="attn")
+        layerwise_report(store, [P0], tmp_path / "L", component="attn")
     assert not (tmp_path / "L").exists()  # nothing written before the errors

@@ -161,9 +161,9 @@ def test_layers_refuses_a_store_without_layerwise_jacobians(tmp_path):
 
 
 def test_report_includes_the_layerwise_section(layer_store, tmp_path):
-    from detjac.analysis.report import report
+    from detjac.analysis.report import analysis_report
 
-    summary = report(layer_store, tmp_path / "R", top=10, table_format="parquet")
+    summary = analysis_report(layer_store, tmp_path / "R", top=10, table_format="parquet")
     assert summary["layerwise_prompts"] == 1 and 0 <= summary["prediction_emerges_in_u1"] <= 1
     assert {"layers.parquet", "emergence.parquet", "dims.parquet", "emergence.png"} <= set(summary["files"])
     assert jobs.token_id(layer_store, "id:5") == 5

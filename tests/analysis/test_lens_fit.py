@@ -35,7 +35,7 @@ def numpy_lens(synthetic, layer):
 
 def test_fitted_mean_equals_the_numpy_mean_of_the_stored_operators(synthetic):
     store = synthetic.open()
-    report = lens_fit.fit(store, chunk=3)
+    report = lens_fit.fit_lens(store, chunk=3)
     assert report["layers"] == [0, 1] and report["count"] == [7, 7] and report["tasks"] == 6
     lens = lenses.load_lens(synthetic.path)
     assert lens.kind == "detached" and lens.info["n_prompts"] == 7
@@ -54,22 +54,22 @@ def test_fitted_mean_equals_the_numpy_mean_of_the_stored_operators(synthetic):
 
 def test_a_second_fit_reuses_the_partials_and_only_new_layers_are_computed(synthetic):
     store = synthetic.open()
-    first = lens_fit.fit(store, layers=[-1], chunk=2)
+    first = lens_fit.fit_lens(store, layers=[-1], chunk=2)
     assert first["layers"] == [1] and first["tasks"] == 4
-    again = lens_fit.fit(store, chunk=2)
+    again = lens_fit.fit_lens(store, chunk=2)
     assert again["tasks"] == 4 and again["reused"] == 7  # layer 0 computed, layer 1 reused
 
 
 def test_a_store_without_to_output_targets_names_the_run_options(tmp_path):
     plain = make_store(tmp_path / "p.zarr", prompts=2, targets=("layer.0",))
     with pytest.raises(InvalidArgumentError, match="--layers all --components to_output"):
-        lens_fit.fit(plain.open())
+        lens_fit.fit_lens(plain.open())
     with pytest.raises(InvalidArgumentError, match="Expected layers with stored to_output targets"):
-        lens_fit.fit(make_store(tmp_path / "q.zarr", prompts=2, targets=("to_output.0",)).open(), layers=[1])
+        lens_fit.fit_lens(make_store(tmp_path / "q.zarr", prompts=2, targets=("to_output.0",)).open(), layers=[1])
 
 
 def test_save_load_and_a_damaged_lens_is_refused(synthetic, tmp_path):
-    lens_fit.fit(synthetic.open())
+    lens_fit.fit_lens(synthetic.open())
     lens = lenses.load_lens(synthetic.path)
     saved = lenses.save_lens(lens, tmp_path / "shared" / "gcide.lens")
     back = lenses.load_lens(saved)
@@ -85,7 +85,7 @@ def test_save_load_and_a_damaged_lens_is_refused(synthetic, tmp_path):
 
 
 def test_save_force_replaces_a_saved_lens_and_nothing_else(synthetic, tmp_path):
-    lens_fit.fit(synthetic.open())
+    lens_fit.fit_lens(synthetic.open())
     lens = lenses.load_lens(synthetic.path)
     saved = lenses.save_lens(lens, tmp_path / "a.lens")
     assert lenses.save_lens(lens, saved, force=True) == saved and lenses.load_lens(saved).info == lens.info
@@ -117,7 +117,7 @@ def slow(*args):
     time.sleep(0.5)
     return name
 lens_fit.fit_partial = slow
-lens_fit.fit(open_store(sys.argv[1]), chunk=1)
+lens_fit.fit_lens(open_store(sys.argv[1]), chunk=1)
 """
 
 
@@ -133,9 +133,9 @@ def test_a_fit_killed_mid_way_resumes_to_the_same_lens(synthetic, tmp_path):
     assert all(line.startswith("partial-") for line in committed)
     store = open_store(synthetic.path)
     assert store.read_lens(lenses.FITTED) is None
-    resumed = lens_fit.fit(store, chunk=1)
+    resumed = lens_fit.fit_lens(store, chunk=1)
     assert resumed["reused"] >= 3 and resumed["tasks"] == 14 - resumed["reused"]
-    lens_fit.fit(open_store(copy), chunk=1)
+    lens_fit.fit_lens(open_store(copy), chunk=1)
     a, b = lenses.load_lens(synthetic.path), lenses.load_lens(copy)
     assert np.abs(a.mean - b.mean).max() < 1e-13 and np.array_equal(a.count, b.count)
     assert np.abs(a.second_moment - b.second_moment).max() < 1e-13
@@ -148,11 +148,11 @@ def test_a_fit_is_refused_while_another_process_writes_the_store(synthetic):
     held = lock.acquire(synthetic.path)  # as a running `detjac run --lens` or another fit holds it
     try:
         with pytest.raises(StoreError, match=r"Expected no other writer on .* Got one running \(pid "):
-            lens_fit.fit(synthetic.open(), chunk=3)
+            lens_fit.fit_lens(synthetic.open(), chunk=3)
         assert [n for n in synthetic.open().lens_names()] == []  # refused before any partial was written
     finally:
         lock.release(held)
-    assert lens_fit.fit(synthetic.open(), chunk=3)["count"] == [7, 7]
+    assert lens_fit.fit_lens(synthetic.open(), chunk=3)["count"] == [7, 7]
     assert lock.holder(synthetic.path) is None  # released by the fit
 
 
@@ -165,7 +165,7 @@ def test_overlapping_partials_left_by_writers_at_once_are_repaired_by_the_next_f
             lens_fit.write_partial(store, layer, part, sum(blocks), sum(b * b for b in blocks))
     with pytest.raises(Exception, match="they would be counted twice. `detjac lens fit STORE` repairs this"):
         lens_fit.partials(store, 0, set(ids))  # a reader only reports it
-    report = lens_fit.fit(synthetic.open(), chunk=2)
+    report = lens_fit.fit_lens(synthetic.open(), chunk=2)
     assert report["count"] == [7, 7]
     lens = lenses.load_lens(synthetic.path)
     for i, layer in enumerate((0, 1)):

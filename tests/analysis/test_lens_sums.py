@@ -48,7 +48,7 @@ def test_a_new_process_never_recounts_what_partials_already_count(store):
     second.add(store, "a", blocks(1))  # a retried prompt whose sums another process already wrote
     second.add(store, "b", blocks(2))
     assert sorted(map(tuple, partial_ids(store, 0))) == [("a",), ("b",)]
-    assert lens_fit.counted(store, [0, 1], {"a", "b", "c"}) == {"a", "b"}
+    assert lens_fit.lens_counted(store, [0, 1], {"a", "b", "c"}) == {"a", "b"}
 
 
 def test_overlapping_partials_are_refused_by_name(store):

@@ -188,7 +188,7 @@ def test_an_option_a_command_cannot_honour_is_refused_by_name():
 def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_path: Path):
     """Issue 54, item 1: an engine's result, ``explain`` on an engine, a stored prompt and the CLI turn ids into the
     same text; a result's tokens are text (they join back into the prompt), never ids or byte-level BPE pieces."""
-    from detjac.analysis import token_texts
+    from detjac.analysis import piece_reader
     from detjac.engine import jacobian
 
     prompt = "Bread, n. An article"
@@ -209,7 +209,7 @@ def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_pa
     store = open_store(out)
     attrs = store.get(store.prompt_ids()[0]).attrs
     assert attrs["tokens"] == res.tokens and attrs["next_token"] == res.next_token
-    text = token_texts(store)
+    text = piece_reader(store)
     assert [text(i) for i in res.token_ids] == [repr(t) for t in res.tokens]
     cli = invoke("jacobian", "default", "-p", prompt, "--k", "1")
     assert f"tokens      {len(res.tokens)}: " + " ".join(map(repr, res.tokens)) in cli.output

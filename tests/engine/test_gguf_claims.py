@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from detjac.engine.checkpoints.gguf import GGUFWeights, gguf_config, gguf_tokenizer, read_header
+from detjac.engine.checkpoints.gguf import GGUFWeights, gguf_config, gguf_tokenizer, read_gguf_header
 from detjac.errors import CheckpointError
 
 D, HEADS, KV, FF, VOCAB = 8, 2, 1, 16, 6
@@ -99,7 +99,7 @@ def test_a_crafted_alignment_is_named(tmp_path, method, value):
     path = write_llama(tmp_path / "align.gguf", extra=[("general.alignment", method, value)])
     got = "an array of 2 values" if isinstance(value, list) else repr(value)
     with pytest.raises(CheckpointError) as info:
-        read_header(path)
+        read_gguf_header(path)
     assert str(info.value).startswith("Expected general.alignment to be a power of two up to 1048576 in the GGUF")
     assert str(info.value).endswith(f"Got {got}.")
 
@@ -131,7 +131,7 @@ def test_a_non_finite_setting_is_named_as_such(tmp_path, key):
     path = write_llama(tmp_path / "nan.gguf", {key: math.nan})
     with pytest.raises(CheckpointError, match=r"Expected llama\.\S+ to be a finite number in the GGUF file .* "
                                               r"Got nan\."):
-        read_header(path)
+        read_gguf_header(path)
 
 
 def test_a_non_finite_weight_is_named_when_read(tmp_path):
@@ -147,5 +147,5 @@ def test_not_a_gguf_is_said_once(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"PK\x03\x04 a zip, not a model")
     with pytest.raises(CheckpointError) as info:
-        read_header(bad)
+        read_gguf_header(bad)
     assert str(info.value).startswith("Expected a GGUF file (it begins with") and "readable" not in str(info.value)

@@ -14,7 +14,7 @@ from real_models import smollm2_path
 
 from detjac.cli.main import main
 from detjac.engine import load_model
-from detjac.engine.checkpoints.gguf import is_gguf, read_header, select_gguf
+from detjac.engine.checkpoints.gguf import is_gguf, read_gguf_header, select_gguf
 from detjac.errors import CheckpointError, UnsupportedModelError
 
 
@@ -51,7 +51,7 @@ def test_a_file_that_is_not_a_gguf_is_named_so(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"PK\x03\x04 a zip, not a model")
     with pytest.raises(CheckpointError, match=r"begins with b'PK\\x03\\x04', so it is not a GGUF file"):
-        read_header(bad)
+        read_gguf_header(bad)
     refused([str(bad)], tmp_path, "so it is not a GGUF file")
 
 
@@ -62,7 +62,7 @@ def test_a_quantization_type_the_gguf_package_cannot_dequantize_is_named(tmp_pat
         "token_embd.weight": (np.zeros((3, 4), np.float32), GGMLQuantizationType.F32),
         "blk.0.attn_q.weight": (np.zeros((4, 4), np.int8), GGMLQuantizationType.I8)})
     with pytest.raises(CheckpointError, match=r"can dequantize in .*i8.gguf\. Got I8 in 1 tensors \(blk.0.attn_q"):
-        read_header(path)
+        read_gguf_header(path)
 
 
 def test_a_gguf_without_a_tokenizer_is_refused(tmp_path):
@@ -75,7 +75,7 @@ def test_a_gguf_without_a_tokenizer_is_refused(tmp_path):
 @pytest.mark.parametrize(("arch", "error"), [("mamba", UnsupportedModelError), ("nosucharch", UnsupportedModelError)])
 def test_an_architecture_without_a_family_is_refused_by_name(tmp_path, arch, error):
     path = write_gguf(tmp_path / f"{arch}.gguf", arch=arch)
-    assert read_header(path).architecture == arch
+    assert read_gguf_header(path).architecture == arch
     with pytest.raises(error, match=arch):
         load_model(path)
 
@@ -83,15 +83,15 @@ def test_an_architecture_without_a_family_is_refused_by_name(tmp_path, arch, err
 def test_truncated_files_are_refused_where_they_end(tmp_path):
     real = smollm2_path()
     data = real.read_bytes()
-    first = min(t.begin for t in read_header(real).tensors.values())
+    first = min(t.begin for t in read_gguf_header(real).tensors.values())
     header_cut = tmp_path / "header.gguf"
     header_cut.write_bytes(data[: first // 2])
     with pytest.raises(CheckpointError, match="end inside its header \\(a truncated file\\?\\)"):
-        read_header(header_cut)
+        read_gguf_header(header_cut)
     data_cut = tmp_path / "data.gguf"
     data_cut.write_bytes(data[: len(data) - 1000])
     with pytest.raises(CheckpointError, match=r"Got \d+ bytes, but tensor \S+ ends at byte \d+ \(a truncated"):
-        read_header(data_cut)
+        read_gguf_header(data_cut)
     refused([str(data_cut)], tmp_path, "a truncated file?")
 
 

@@ -247,11 +247,11 @@ def test_a_store_records_the_gguf_identity_and_refuses_another_file(tmp_path):
     from click.testing import CliRunner
 
     from detjac.cli.main import main
-    from detjac.engine.checkpoints.gguf import read_header
+    from detjac.engine.checkpoints.gguf import read_gguf_header
     from detjac.store import open_store
 
     first = shutil.copy(smollm2_path(), tmp_path / "a.gguf")
-    header = read_header(first)
+    header = read_gguf_header(first)
     second = tmp_path / "b.gguf"
     data = bytearray(first.read_bytes())
     data[header.tensors["blk.29.ffn_down.weight"].begin + 7] ^= 0x10  # one quantized block's bits, another model

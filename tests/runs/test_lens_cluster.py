@@ -21,10 +21,10 @@ def test_a_two_worker_fit_equals_the_one_process_fit(tmp_path):
 
     copy = tmp_path / "copy.zarr"
     shutil.copytree(synthetic.path, copy)
-    lens_fit.fit(open_store(copy), chunk=2)
+    lens_fit.fit_lens(open_store(copy), chunk=2)
     with dask_client(2, None, "1GiB") as client:
         assert len(client.nthreads()) == 2
-        lens_fit.fit(open_store(synthetic.path), chunk=2)
+        lens_fit.fit_lens(open_store(synthetic.path), chunk=2)
     a, b = lenses.load_lens(synthetic.path), lenses.load_lens(copy)
     # two worker processes sum the partials in another order than one process: equal within float64 rounding
     assert np.abs(a.mean - b.mean).max() <= 1e-12 * np.abs(a.mean).max()

@@ -25,7 +25,7 @@ def fitted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lens")
     store = run_default(folder, PROMPTS[:2], "fit.zarr", "--layers", "0,-1", "--components", "to_output",
                         "--row-block", "256")
-    lens_fit.fit(store)
+    lens_fit.fit_lens(store)
     return folder, store
 
 

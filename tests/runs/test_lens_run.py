@@ -39,7 +39,7 @@ def routes(tmp_path_factory, llama_checkpoint):
     folder = tmp_path_factory.mktemp("lensrun")
     prompts = write_prompts(folder / "p.txt", LINES)
     run_ok(llama_checkpoint, prompts, "--out", folder / "stored.zarr", "--layers", "all", "--components", "to_output")
-    lens_fit.fit(open_store(folder / "stored.zarr"), chunk=4)
+    lens_fit.fit_lens(open_store(folder / "stored.zarr"), chunk=4)
     result = run_ok(llama_checkpoint, prompts, "--out", folder / "lens.zarr", "--lens", "--lens-flush", "4")
     return folder, prompts, result.output
 
@@ -76,7 +76,7 @@ def test_the_run_lens_equals_the_stored_route_lens(routes):
     assert "operator" not in " ".join(Pages(store).keys())  # the viewer shows no operator page it cannot fill
     assert [n for n in store.lens_names() if n.startswith("partial")] == sorted(
         lens_fit.partial_name(layer, store.prompt_ids()) for layer in (0, 1, 2))  # one per layer after the merge
-    again = lens_fit.fit(store)  # `detjac lens fit` on a --lens store merges, computes nothing
+    again = lens_fit.fit_lens(store)  # `detjac lens fit` on a --lens store merges, computes nothing
     assert again["tasks"] == 0 and again["count"] == [len(LINES)] * 3
     assert_same_lens(stored, lenses.load_lens(folder / "lens.zarr"))
 
@@ -109,7 +109,7 @@ def test_committed_prompts_whose_sums_were_lost_are_recomputed_and_counted_once(
     assert result.exit_code == 3 and f"lens: {len(LINES)} committed prompts are not counted" in result.output
     assert len(open_store(out)) == len(LINES) and not open_store(out).lens_names()
     with pytest.raises(InvalidArgumentError, match=f"Got {len(LINES)} of {len(LINES)} not counted"):
-        lens_fit.fit(open_store(out))
+        lens_fit.fit_lens(open_store(out))
     result = run_ok(llama_checkpoint, prompts, "--out", out, "--lens")
     assert f"0 already in {out}; {len(LINES)} to compute" in result.output
     assert_same_lens(lenses.load_lens(folder / "stored.zarr"), lenses.load_lens(out))

@@ -36,12 +36,12 @@ def gone_pid() -> int:
 
 @pytest.mark.parametrize("inside", ["", "analysis/pages", "prompts/new"])
 def test_an_export_into_the_store_it_shows_is_refused(synthetic, inside):
-    from detjac.view.static_export import export
+    from detjac.view.static_export import export_static
 
     before = store_snapshot(synthetic.path)
     target = synthetic.path / inside if inside else synthetic.path
     with pytest.raises(InvalidArgumentError, match="Expected a folder outside the store to export to"):
-        export(open_store(synthetic.path), target)
+        export_static(open_store(synthetic.path), target)
     link = synthetic.path.parent / "link"
     link.symlink_to(synthetic.path / "analysis", target_is_directory=True)
     result = CliRunner().invoke(main, ["view", str(synthetic.path), "--export", str(link / "pages")])

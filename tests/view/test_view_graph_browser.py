@@ -16,7 +16,7 @@ from view_helpers import INJECTED, INSTALL, Served, browser_missing, kept_by_thr
 
 from detjac.store import open_store
 from detjac.view.server import make_server
-from detjac.view.static_export import export
+from detjac.view.static_export import export_static
 
 if browser_missing():  # one line in the summary for the whole module, never a silent pass
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)
@@ -206,7 +206,7 @@ def test_a_stored_graph_is_a_tab_of_its_prompt_live_and_in_the_export(browser, l
     finally:
         server.shutdown()
         server.server_close()
-    export(store, tmp_path / "pages", [pid, other])
+    export_static(store, tmp_path / "pages", [pid, other])
     browser.get((tmp_path / "pages" / "index.html").as_uri() + f"#/prompt/{pid}")
     wait_for(browser, '#tabs a[data-tab="graph"]')[0].click()
     wait_for(browser, "#graph-svg .node", len(graph["nodes"]))

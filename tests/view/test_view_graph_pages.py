@@ -20,7 +20,7 @@ from detjac.view.graph_file import GraphFile
 from detjac.view.graph_page import graph_payload
 from detjac.view.pages import NotFound, Pages
 from detjac.view.server import make_server
-from detjac.view.static_export import export
+from detjac.view.static_export import export_static
 
 
 def store_files(path):
@@ -74,7 +74,7 @@ def test_a_stored_graph_is_linked_from_its_prompt_and_exported(layered_store, gr
         pages.data(f"prompt/{without}/graph")
     keys = list(pages.keys())
     assert f"prompt/{with_graph}/graph" in keys and f"prompt/{without}/graph" not in keys
-    written = export(store, tmp_path / "pages", [with_graph, without])
+    written = export_static(store, tmp_path / "pages", [with_graph, without])
     script = (tmp_path / "pages" / "data" / f"prompt.{with_graph}.graph.js").read_text()
     assert tmp_path / "pages" / "data" / f"prompt.{with_graph}.graph.js" in written
     assert json.loads(script.removeprefix(f'detjacData("prompt/{with_graph}/graph", ').removesuffix(");\n")) == \

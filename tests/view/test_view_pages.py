@@ -25,7 +25,7 @@ from detjac.errors import InvalidArgumentError, StoreError
 from detjac.store import create_store, open_store
 from detjac.view.pages import NotFound, Pages
 from detjac.view.server import is_loopback, make_server
-from detjac.view.static_export import data_file, export
+from detjac.view.static_export import data_file, export_static
 
 
 def store_files(path):
@@ -244,9 +244,9 @@ def test_the_export_refuses_a_folder_in_use_and_unknown_prompts(layered_store, t
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "notes.txt").write_text("mine")
     with pytest.raises(InvalidArgumentError, match="Expected a new or empty folder to export to. Got .* not empty"):
-        export(layered_store.open(), tmp_path / "one")
+        export_static(layered_store.open(), tmp_path / "one")
     with pytest.raises(InvalidArgumentError, match="Expected complete prompts of .* Got nope"):
-        export(layered_store.open(), tmp_path / "two", ["nope"])
+        export_static(layered_store.open(), tmp_path / "two", ["nope"])
     assert not (tmp_path / "two").exists()  # refused before anything is written
     result = CliRunner().invoke(main, ["view", str(layered_store.path), "--prompt", pid])
     assert result.exit_code == 2 and "--prompt-id applies to --export only" in result.output
@@ -310,5 +310,5 @@ def test_an_export_the_disk_refuses_midway_leaves_nothing_and_says_so_in_one_lin
     monkeypatch.setattr(Path, "write_text", full_disk)
     out = tmp_path / "snap"
     with pytest.raises(StoreError, match=r"Expected to write the snapshot into .*snap\. Got No space left on device"):
-        export(layered_store.open(), out)
+        export_static(layered_store.open(), out)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the folder nor the one written aside

@@ -1,6 +1,7 @@
 """Where a sweep's time goes: its GEMMs replayed alone, and a profile by kind of op.
 
-Used by ``adjoint_sweeps.py`` to split the gap between a sweep's rate and ``torch.matmul``'s in two:
+Used by ``benchmarks/adjoint_sweeps.py`` and ``benchmarks/real_speed.py`` to split the gap between a sweep's rate
+and ``torch.matmul``'s (:mod:`.flops`) in two:
 
 - :func:`record_gemms` runs a function once under a ``TorchDispatchMode`` and records every matrix
   product it runs at the ATen level (``mm``, ``addmm``, ``bmm``, ``baddbmm``, in place or not) with its

@@ -14,7 +14,9 @@ shipped model, a CUDA device becomes the CPU, ...), in a fresh folder holding th
 (:func:`sandbox`). ``detjac`` commands run in this process (click's runner: torch is imported once); other
 commands (``head``) through the shell.
 
-    .venv/bin/python scripts/doc_examples.py docs/user-guide.md         # run one page's examples, say how each went
+    .venv/bin/python tests/doc_examples.py docs/user-guide.md         # run one page's examples, say how each went
+    .venv/bin/python tests/doc_examples.py --with-outputs docs/lens.md < docs/lens.md   # the page as the docs build
+                                                                                        # publishes it (mkdocs_hooks)
 """
 
 from __future__ import annotations
@@ -131,8 +133,7 @@ def substitute(text: str) -> str:
 def sandbox(folder: Path) -> Iterator[Path]:
     """A working folder holding what the pages' examples read, with a Hugging Face cache in which the hub ids the
     pages name resolve (offline) to the shipped model; the environment is put back afterwards."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from hub_cache import fabricate_hub_cache
+    from hub_cache import fabricate_hub_cache  # beside this file: tests/ is on the path of pytest and of its runs
 
     from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 
@@ -160,7 +161,6 @@ def sandbox(folder: Path) -> Iterator[Path]:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(saved)
-        sys.path.remove(str(ROOT / "tests"))
 
 
 @dataclass
@@ -411,6 +411,11 @@ def with_outputs(page: str, text: str, folder: Path, log: object = progress_line
 def main() -> None:
     import tempfile
 
+    if sys.argv[1:2] == ["--with-outputs"]:  # the docs build's hook: the page's markdown in, with outputs out
+        page = sys.argv[2]
+        with tempfile.TemporaryDirectory() as tmp:
+            sys.stdout.write(with_outputs(page, sys.stdin.read(), Path(tmp)))
+        return
     pages = sys.argv[1:] or PAGES
     failed = 0
     for page in pages:
