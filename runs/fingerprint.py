@@ -13,6 +13,8 @@ import os
 import re
 from pathlib import Path
 
+from detjac.aside import write_file
+
 # The files a checkpoint's weights are read from (the loaders prefer safetensors; .bin when there are none).
 SAFETENSORS = ("*.safetensors", "*.safetensors.index.json")
 PICKLES = ("*.bin", "*.bin.index.json")
@@ -126,9 +128,7 @@ class DigestCache:
             return
         with contextlib.suppress(OSError):
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
-            os.replace(tmp, self.file)
+            write_file(self.file, lambda handle: handle.write(json.dumps(self.entries, indent=0, sort_keys=True)), "w")
 
 
 def weights_fingerprint(folder: str | Path, cache: DigestCache | None = None) -> dict[str, str]:

@@ -25,12 +25,12 @@ top tokens); that holds for an RMSNorm without centring, not for a LayerNorm tha
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from detjac.aside import write_file
 from detjac.errors import InvalidArgumentError, StoreFormatError
 
 if TYPE_CHECKING:
@@ -130,13 +130,7 @@ def export_lens(lens: Lens, out: str | Path, *, dtype: str = "float16", force: b
                                        f"{'symbolic link' if out.is_symlink() else 'folder'}; nothing was written.")
     payload = artifact_payload(lens, dtype=dtype, gain=gain, n_layers=n_layers)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return write_file(out, lambda handle: torch.save(payload, handle))  # a new file under an unpredictable name
 
 
 def _load(path: Path) -> Any:

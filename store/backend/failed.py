@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from detjac.errors import StoreError
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
-from .disk import disk_refusal
+from .disk import disk_refusal, new_folder
 
 
 def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
@@ -24,11 +23,12 @@ def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
 
     folder = refuse_links(store_path, fmt.FAILED)
     final = folder / check_prompt_id(prompt_id)
-    tmp = folder / f".{prompt_id}.tmp-{secrets.token_hex(4)}"
-    with disk_refusal(f"record the failure of prompt {prompt_id} in {store_path}",
-                      lambda: shutil.rmtree(tmp, ignore_errors=True)):
+    what = f"record the failure of prompt {prompt_id} in {store_path}"
+    with disk_refusal(what):
         if not (folder / "zarr.json").is_file():
             zarr.open_group(str(folder), mode="a", zarr_format=3)
+        tmp = new_folder(final)  # new, under an unpredictable name: never a link planted there
+    with disk_refusal(what, lambda: shutil.rmtree(tmp, ignore_errors=True)):
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         record = {**attrs, "failed_at": fmt.now()}
         group.attrs.update({**record, INTEGRITY: {"attrs_sha256": attrs_digest(record), "files": {}}})

@@ -199,3 +199,16 @@ def test_export_of_a_same_position_lens_takes_the_gain_from_the_model(tmp_path) 
     want = _lens(target="to_output", layers=(0, 3)).operator(0) / gain[:, None]
     assert np.abs(payload["J"][0].double().numpy() - want).max() <= 1e-6 * np.abs(want).max()
     assert payload["metadata"]["detjac"]["converted"].startswith("rows divided by the final norm's gain")
+
+
+def test_export_never_writes_through_a_link_planted_at_a_temporary_name(tmp_path) -> None:
+    import os
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    out = tmp_path / "l.pt"
+    for planted in (f".l.pt.{os.getpid()}.tmp", f".l.pt.tmp-{os.getpid()}"):
+        (tmp_path / planted).symlink_to(victim)
+    export_lens(_lens(), out)
+    assert victim.read_text() == "precious" and not out.is_symlink()
+    assert read_lens(out).layers.tolist() == [0, 1, 2]

@@ -1,0 +1,97 @@
+"""Files and folders written beside their destination under an unpredictable name, then renamed into place.
+
+The one home of detjac's temporary names (torch-free, dependency-free). A temporary entry is always created new and
+exclusively (``mkstemp`` / ``mkdtemp`` in the destination's folder): a name another user could guess and plant a
+symbolic link at would make a write follow that link and overwrite whatever it points to. Names keep the writer's
+process id, ``.NAME.tmp-<pid>-<random>`` (``old`` for an entry being replaced), so what a killed writer left is
+recognised and removed later (:func:`aside_pid`); the random part makes the name unpredictable. The final rename
+replaces a link at the destination itself and never writes through it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+_ASIDE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)(?:-[A-Za-z0-9_]+)?")
+
+
+def aside_prefix(path: Path, kind: str = "tmp") -> str:
+    """The start of the temporary names of ``path``, ``.NAME.<kind>-<pid>-`` (``kind`` is ``tmp`` or ``old``)."""
+    return f".{path.name}.{kind}-{os.getpid()}-"
+
+
+def aside_pid(name: str, of: str | None = None) -> int | None:
+    """The process id in the temporary name ``name`` (``.NAME.tmp-<pid>[-<random>]``, or ``old``), None when
+    ``name`` is not one (or is one of another destination than ``of``)."""
+    match = _ASIDE.fullmatch(name)
+    if match is None or (of is not None and match["name"] != of):
+        return None
+    return int(match["pid"])
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush one file or folder to disk (for a folder: its entries, e.g. a rename in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | Path, write: Callable[[Any], Any], mode: str = "wb") -> Path:
+    """``write`` an open handle of a new file beside ``path``, synced, then renamed onto ``path``.
+
+    Parameters
+    ----------
+    path : str or Path
+        The destination file; its folder must exist. A link there is replaced, never written through.
+    write : callable
+        Called with the open handle (binary for ``mode="wb"``, UTF-8 text for ``"w"``).
+    mode : str
+        ``"wb"`` or ``"w"``.
+
+    Returns
+    -------
+    Path
+        ``path``. Raises what ``write`` or the file system raises, with the temporary file removed.
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=aside_prefix(path), suffix="")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def new_folder(path: str | Path, kind: str = "tmp") -> Path:
+    """A new, empty folder beside ``path`` under an unpredictable name (``.NAME.<kind>-<pid>-<random>``), created
+    exclusively; renaming a folder onto it (``os.rename``) replaces it."""
+    path = Path(path)
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=aside_prefix(path, kind)))
+
+
+@contextmanager
+def folder_aside(path: str | Path) -> Iterator[Path]:
+    """A new folder beside ``path`` (:func:`new_folder`) to build ``path`` in; removed when the block raises. The
+    block renames it into place itself."""
+    tmp = new_folder(path)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
