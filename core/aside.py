@@ -10,6 +10,7 @@ replaces a link at the destination itself and never writes through it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -19,7 +20,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+            errno.EPERM: "permission denied"}
+
 _ASIDE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)(?:-[A-Za-z0-9_]+)?")
+
+
+def reason_of(exc: OSError) -> str:
+    """Why the file system refused a write, in words for the common errnos (disk full, quota, read-only, permission
+    denied), else the error's own text."""
+    return _REASONS.get(exc.errno or 0, exc.strerror or str(exc))
 
 
 def aside_prefix(path: Path, kind: str = "tmp") -> str:
@@ -66,7 +77,7 @@ def write_file(path: str | Path, write: Callable[[Any], Any], mode: str = "wb") 
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=aside_prefix(path), suffix="")
     tmp = Path(name)
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -95,3 +106,19 @@ def folder_aside(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def keep_elsewhere(path: str | Path, data: bytes) -> Path | None:
+    """Keep ``data``, which could not be written to ``path``, in a new file of the system's temporary folder (named
+    after ``path``); None where that fails too. For results that took long to compute (a graph)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix="detjac-kept-", suffix=f"-{Path(path).name}")
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError:
+        Path(name).unlink(missing_ok=True)
+        return None
+    return Path(name)

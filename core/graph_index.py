@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .safe_json import read_json
+
 INDEX_NAME = "graph-metadata.json"
 
 
@@ -25,7 +27,7 @@ def updated_index(folder: str | Path, metadata: dict[str, Any]) -> str:
     graphs: list[Any] = []
     if index_path.is_file():
         try:
-            loaded = json.loads(index_path.read_text(encoding="utf-8"))
+            loaded = read_json(index_path)
         except (OSError, ValueError):
             loaded = None
         if isinstance(loaded, dict) and isinstance(loaded.get("graphs"), list):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError, StoreError
+from ..safe_json import read_json
 
 INTEGRITY = "integrity"  # the attribute holding a group's seal
 PROMPT_ID = re.compile(r"[0-9a-f]{16}")
@@ -178,9 +179,7 @@ def is_chunk_key(key: str) -> bool:
 def read_attrs(folder: Path) -> dict[str, Any]:
     """The attributes of the zarr group at ``folder``, parsed from its ``zarr.json`` (raises CorruptError)."""
     try:
-        meta = json.loads((folder / "zarr.json").read_text())
-    except RecursionError:
-        raise CorruptError("unreadable zarr.json: values nested too deep to read") from None
+        meta = read_json(folder / "zarr.json")
     except (OSError, ValueError) as exc:
         raise CorruptError(f"unreadable zarr.json: {exc}") from exc
     attrs = meta.get("attributes") if isinstance(meta, dict) else None

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from detjac.errors import InvalidArgumentError
+from detjac.aside import keep_elsewhere, reason_of
+from detjac.errors import InvalidArgumentError, OutputError
 from detjac.graph_index import INDEX_NAME, slug_of, updated_index
 
 from .attribution import AttributionGraph
@@ -120,9 +121,17 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
     slug = slug or slug_of(path)
     data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold,
                       identity=identity)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps(data))
-    _atomic_write(path.parent / INDEX_NAME, updated_index(path.parent, data["metadata"]))
+    text, kept = json.dumps(data), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, text)
+        kept = path
+        _atomic_write(path.parent / INDEX_NAME, updated_index(path.parent, data["metadata"]))
+    except OSError as exc:  # a full disk: the graph took long to compute, so it is kept where there is room
+        kept = kept or keep_elsewhere(path, text.encode())
+        raise OutputError(f"Expected to write the graph to {path} and list it in {INDEX_NAME}. Got {reason_of(exc)}; "
+                          + (f"the graph is kept in {kept}." if kept else "it could not be kept elsewhere either.")
+                          ) from exc
     return data
 
 

@@ -5,7 +5,6 @@ removal, ``.npz`` files written aside, and ``OSError`` turned into a StoreError 
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -13,13 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from detjac.aside import aside_pid, fsync_dir, new_folder, write_file
+from detjac.aside import aside_pid, fsync_dir, new_folder, reason_of, write_file
 from detjac.errors import StoreError
-
-_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
-            errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-            errno.EPERM: "permission denied"}
-
 
 def disk_error(exc: OSError, what: str) -> StoreError:
     """The StoreError to raise when ``what`` (e.g. ``"commit prompt 3f2a..."``) failed with ``exc``.
@@ -37,7 +31,7 @@ def disk_error(exc: OSError, what: str) -> StoreError:
         "Could not <what>: <reason>. Nothing half-written is visible; ...", with the common
         errnos (disk full, quota, read-only, permissions) in words.
     """
-    reason = _REASONS.get(exc.errno or 0, str(exc))
+    reason = reason_of(exc)
     return StoreError(f"Could not {what}: {reason}. Nothing half-written is visible; fix this and re-run to resume.")
 
 

@@ -4,13 +4,13 @@ renamed into place, and removed when the prompt is committed (``docs/store-forma
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from detjac.errors import StoreError
+from detjac.safe_json import read_json
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
@@ -47,7 +47,7 @@ def read_all(store_path: Path) -> dict[str, dict[str, Any]]:
         if not PROMPT_ID.fullmatch(entry.name) or entry.is_symlink() or not meta.is_file():
             continue  # temporary names; anything else is reported by verify
         try:
-            attrs = json.loads(meta.read_text()).get("attributes", {})
+            attrs = read_json(meta).get("attributes", {})
         except (OSError, ValueError, AttributeError) as exc:
             raise StoreError(f"Expected a readable failure record at {meta}. Got: {exc}.") from exc
         records[entry.name] = {k: v for k, v in attrs.items() if k != INTEGRITY}

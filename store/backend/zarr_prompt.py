@@ -141,9 +141,9 @@ class ZarrPrompt(StoredPrompt):
         return xr.open_zarr(self.path, consolidated="consolidated_metadata" in self._metadata())
 
     def _metadata(self) -> dict[str, Any]:
-        import json
+        from detjac.safe_json import read_json
 
-        return json.loads((self.path / "zarr.json").read_text())
+        return read_json(self.path / "zarr.json")
 
     def graph(self) -> dict[str, Any] | None:
         read = self._graph_group()

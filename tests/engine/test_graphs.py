@@ -3,6 +3,8 @@ cut model, both engines alike, the pullback primitive's refusals, and bad input 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -378,3 +380,33 @@ def test_without_a_budget_the_machine_s_available_memory_bounds_the_graph(monkey
     assert "Got 1000000000000, which needs" in str(refused.value)
     g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=_most(refused))
     assert g.n_neurons == _most(refused)
+
+
+# -- writing a graph -------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_keeps_the_computed_graph_and_says_where(tmp_path, monkeypatch):
+    import errno
+    import json
+
+    from detjac.engine import write_graph
+    from detjac.engine.tools import graph_json
+    from detjac.errors import OutputError
+
+    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=20)
+    (tmp_path / "graph-metadata.json").write_text("[" * 100_000 + "]" * 100_000)  # unreadable: started anew
+    write_graph(g, tmp_path / "g.json", model="tiny")
+    assert [e["slug"] for e in json.loads((tmp_path / "graph-metadata.json").read_text())["graphs"]] == ["g"]
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(graph_json, "_atomic_write", full)
+    with pytest.raises(OutputError, match=r"Expected to write the graph to .*h\.json.* Got the disk is full; the graph "
+                                          r"is kept in (\S+)\.$") as caught:
+        write_graph(g, tmp_path / "h.json", model="tiny")
+    kept = str(caught.value).rsplit("kept in ", 1)[1].removesuffix(".")
+    try:
+        assert json.loads(open(kept).read())["metadata"]["slug"] == "h" and not (tmp_path / "h.json").exists()
+    finally:
+        os.unlink(kept)
