@@ -159,15 +159,34 @@ def _matrices(found: Any, key: str, path: Path) -> dict[int, Any]:
             got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise StoreFormatError(f"Expected {key}[{layer}] to be a square (d_model, d_model) tensor in {path}. "
                                    f"Got {got}.")
-        if not m.is_floating_point() or not bool(torch.isfinite(m).all()):
-            bad = int((~torch.isfinite(m)).sum()) if m.is_floating_point() else m.numel()
-            raise StoreFormatError(f"Expected finite floating-point values in {key}[{layer}] of {path}. Got "
-                                   f"{bad} non-finite values (dtype {str(m.dtype).removeprefix('torch.')}).")
+        _check_values(m, f"{key}[{layer}]", path)
         out[int(layer)] = m
     shapes = sorted({tuple(m.shape) for m in out.values()})
     if len(shapes) > 1:
         raise StoreFormatError(f"Expected every matrix of {key!r} in {path} of one shape. Got {shapes}.")
     return out
+
+
+def _check_values(m: Any, name: str, path: Path) -> None:
+    """Refuse the tensor ``name`` unless it holds its values: not on the meta device, real floating point, and as
+    many bytes of storage as values (a stride-0 ``expand`` of one number passes ``weights_only`` and would
+    materialize gigabytes: checked before any value is read), all finite."""
+    import torch
+
+    shape, dtype = tuple(m.shape), str(m.dtype).removeprefix("torch.")
+    if m.device.type == "meta":
+        raise StoreFormatError(f"Expected {name} of {path} to hold values. Got a meta-device tensor {shape}, which "
+                               "has none.")
+    if not m.is_floating_point():
+        raise StoreFormatError(f"Expected real floating-point values in {name} of {path}. Got dtype {dtype}.")
+    stored = m.untyped_storage().nbytes() - m.storage_offset() * m.element_size()
+    if stored < m.numel() * m.element_size():
+        raise StoreFormatError(f"Expected {name} of {path} to store each of its values. Got {shape} ({m.numel()} "
+                               f"values) over {max(stored, 0)} bytes of storage (strides {tuple(m.stride())}), "
+                               f"which would expand to {m.numel() * 8 / 2**30:.1f} GiB in float64.")
+    if not bool(torch.isfinite(m).all()):
+        raise StoreFormatError(f"Expected finite values in {name} of {path}. Got {int((~torch.isfinite(m)).sum())} "
+                               f"non-finite values (dtype {dtype}).")
 
 
 def _count(payload: dict[str, Any], key: str, path: Path) -> int:

@@ -124,7 +124,15 @@ class Opaque:  # a pickled object: torch.load(weights_only=True) must refuse to 
     ({"J": {"a": torch.eye(D)}, "n_prompts": 2, "d_model": D}, "Expected layer indices"),
     ({"weights": torch.eye(D)}, "Expected a Jacobian-lens artifact .* Got \\['weights'\\]"),
     ({"J": {0: Opaque()}, "n_prompts": 2, "d_model": D}, "readable by torch.load\\(weights_only=True\\)"),
-], ids=["no-count", "d_model", "source-layers", "non-finite", "not-square", "sizes", "layer-key", "keys", "pickle"])
+    ({"J": {0: torch.zeros(1, 1).expand(30000, 30000)}, "n_prompts": 2, "d_model": 30000},
+     "Got \\(30000, 30000\\) \\(900000000 values\\) over 4 bytes of storage \\(strides \\(0, 0\\)\\), which would "
+     "expand to 6.7 GiB"),
+    ({"J": {0: torch.eye(D), 1: torch.zeros(D).expand(D, D)}, "n_prompts": 2, "d_model": D}, "over 1024 bytes"),
+    ({"J": {0: torch.empty(D, D, device="meta")}, "n_prompts": 2, "d_model": D}, "Got a meta-device tensor"),
+    ({"J": {0: torch.eye(D, dtype=torch.int64)}, "n_prompts": 2, "d_model": D}, "floating-point .* Got dtype int64"),
+    ({"J": {0: torch.eye(D, dtype=torch.complex64)}, "n_prompts": 2, "d_model": D}, "Got dtype complex64"),
+], ids=["no-count", "d_model", "source-layers", "non-finite", "not-square", "sizes", "layer-key", "keys", "pickle",
+        "stride-0", "stride-0-row", "meta", "int", "complex"])
 def test_a_malformed_artifact_is_refused_in_one_line(tmp_path, payload, message) -> None:
     path = tmp_path / "bad.pt"
     torch.save(payload, path)
