@@ -220,3 +220,25 @@ def test_export_never_writes_through_a_link_planted_at_a_temporary_name(tmp_path
     export_lens(_lens(), out)
     assert victim.read_text() == "precious" and not out.is_symlink()
     assert read_lens(out).layers.tolist() == [0, 1, 2]
+
+
+def test_a_hub_lens_never_leaves_the_cache(tmp_path, monkeypatch) -> None:
+    data = export_lens(_lens(), tmp_path / "x.pt", dtype="float32").read_bytes()
+    cache = tmp_path / "hub"
+    snapshot = fabricate_hub_cache(cache, "someorg/lens", tmp_path, files={"lens.pt": data})
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "lens.pt").write_bytes(data)  # what an escape would read
+    with pytest.raises(InvalidArgumentError, match=r"Expected a revision of someorg/lens .* Got '\.\./\.\./\.\./outside'"):
+        read_lens("someorg/lens@../../../outside:lens.pt")
+    refs = cache / "models--someorg--lens" / "refs"
+    (refs / "evil").write_text("../../../outside")
+    with pytest.raises(CheckpointError, match=r"Expected a commit hash \(40 hexadecimal digits\) in .*evil\. Got "
+                                              r"'\.\./\.\./\.\./outside'"):
+        read_lens("someorg/lens@evil:lens.pt")
+    (snapshot / "linked.pt").symlink_to(outside / "lens.pt")  # the variant: a snapshot entry linking out
+    with pytest.raises(CheckpointError, match="inside its folder of the Hugging Face cache .* Got a link to"):
+        read_lens("someorg/lens:linked.pt")
+    assert read_lens(f"someorg/lens@{snapshot.name}:lens.pt").layers.tolist() == [0, 1, 2]  # a commit still works
