@@ -129,6 +129,20 @@ def check_seal(folder: Path, attrs: dict[str, Any], *, hashes: bool) -> None:
             raise CorruptError(f"file {rel} changed since commit (its SHA-256 differs)")
 
 
+def check_hashes(folder: Path, attrs: dict[str, Any], prefix: str) -> None:
+    """Raise CorruptError unless every file its seal lists under ``prefix`` (e.g. ``graph/``) of the group at
+    ``folder`` has the SHA-256 it was committed with: what :func:`check_seal` without ``hashes`` leaves out, for
+    arrays whose chunks an equal-sized swap (another array's, another prompt's) would otherwise pass."""
+    for rel, entry in sorted(check_attrs_seal(folder, attrs)["files"].items()):
+        if rel.startswith(prefix) and not is_metadata(rel):
+            sha = _entry(entry, rel)[1]
+            path = folder / rel
+            if path.is_symlink() or not path.is_file():
+                raise CorruptError(f"missing file {rel}")
+            if file_digest(path) != sha:
+                raise CorruptError(f"file {rel} changed since commit (its SHA-256 differs)")
+
+
 def check_attrs_seal(folder: Path, attrs: dict[str, Any]) -> dict[str, Any]:
     """The group's integrity record, once its attributes are checked against the SHA-256 it holds (raises
     CorruptError); the files are :func:`check_seal`'s part."""

@@ -16,7 +16,8 @@ from detjac.targets import Target
 
 from .. import format as fmt
 from ..graph_tables import check_tables, graph_json
-from ..integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
+from ..integrity import (CorruptError, check_attrs_seal, check_hashes, check_name, check_seal, damage_reason,
+                         read_attrs)
 from ..reader import VerifyResult
 from ..schema import attrs_problem
 from ..stored_prompt import StoredPrompt
@@ -160,8 +161,21 @@ class ZarrPrompt(StoredPrompt):
         """The graph group's arrays (every chunk decoded and checked) and attributes; None without a graph."""
         if fmt.GRAPH not in self._group.group_keys():
             return None
+        if self.store.sealed:  # every chunk's SHA-256 before any is decoded: an equal-sized swap never reads back
+            try:
+                check_hashes(self.path, self.attrs, f"{fmt.GRAPH}/")
+            except CorruptError as exc:
+                raise CorruptError(f"Expected an intact graph of prompt {self.id} in {self.store.path}. Got a damaged "
+                                   f"one: {exc}. `detjac store verify` checks every prompt.") from exc
         group = self._group[fmt.GRAPH]
-        return self._checked(lambda: ({name: group[name][...] for name in group.array_keys()}, dict(group.attrs)))
+
+        def read() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+            try:
+                return {name: group[name][...] for name in group.array_keys()}, dict(group.attrs)
+            except ValueError as exc:  # a chunk of another length than its array's metadata says (resealed)
+                raise StoreError(f"a chunk that does not decode to its array's shape ({exc})") from exc
+
+        return self._checked(read)
 
     def _checked(self, read: Any) -> Any:
         """``read()``, a damaged graph's StoreError raised as a CorruptError naming the prompt."""
