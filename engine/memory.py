@@ -6,7 +6,6 @@ whole process, so the engine never calls it: the application that owns the proce
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -163,18 +162,3 @@ def return_freed_memory() -> None:
     except OSError:
         pass
 
-
-def available_memory() -> int | None:
-    """Bytes of memory this machine can still give without swapping (``MemAvailable`` of ``/proc/meminfo``, else
-    free pages from ``sysconf``); None where neither is known. What bounds a working set no budget was given for."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, AttributeError):
-        return None

@@ -33,7 +33,9 @@ def sized_rows(engine: Engine, n: int, max_nodes: int, max_logits: int, acts: di
     for every row), else :data:`ROWS_PER_PASS` without a budget. Refuses, before any pullback, a ``max_nodes`` whose
     graph the budget cannot hold beside one row -- without a budget, one the machine's available memory cannot hold
     -- naming the largest ``max_nodes`` that fits (:func:`refuse_nodes`), which is then accepted."""
-    from ..memory import available_memory, device_key
+    from detjac import machine
+
+    from ..memory import device_key
 
     left, per_row = engine.sweep_memory(n)
     itemsize, d = engine.dtype.itemsize, engine.d_model
@@ -53,7 +55,7 @@ def sized_rows(engine: Engine, n: int, max_nodes: int, max_logits: int, acts: di
     if device != "cpu":  # the adjacency is the CPU's, the rest the device's
         cpu, named = engine.memory_budget("cpu"), True
         if cpu is None:
-            cpu, named = available_memory(), False
+            cpu, named = machine.available_memory(), False
         if cpu is not None and graph(max_nodes) > cpu:
             where = f"the CPU budget ({cpu / 2**20:.0f} MiB)" if named else \
                 f"this machine's available memory ({cpu / 2**20:.0f} MiB; --max-memory cpu=... sets a budget)"
@@ -61,7 +63,7 @@ def sized_rows(engine: Engine, n: int, max_nodes: int, max_logits: int, acts: di
         need = lambda m: max(held(m), 3 * values) + per_row  # noqa: E731
     else:
         need = lambda m: max(held(m) + graph(m), 3 * values) + per_row  # noqa: E731
-    limit = left if left is not None else available_memory()
+    limit = left if left is not None else machine.available_memory()
     if limit is not None and need(max_nodes) > limit:
         if values + per_row > limit:
             raise InvalidArgumentError(

@@ -372,9 +372,9 @@ def test_pruning_holds_no_more_than_the_budget_counts():
 
 
 def test_without_a_budget_the_machine_s_available_memory_bounds_the_graph(monkeypatch):
-    from detjac.engine import memory
+    from detjac import machine
 
-    monkeypatch.setattr(memory, "available_memory", lambda: 12 * 2**20)
+    monkeypatch.setattr(machine, "available_memory", lambda: 12 * 2**20)
     with pytest.raises(InvalidArgumentError, match="this machine's available memory .* at most \\d+ fit") as refused:
         attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=10**12)
     assert "Got 1000000000000, which needs" in str(refused.value)
