@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
+from .claimed import check_claimed
 from .disk import clear_aside_in, disk_refusal, fsync_tree, new_folder
 
 
@@ -87,8 +88,16 @@ def read_sealed(path: Path, what: str, *, sealed: bool = True, arrays: bool = Tr
     attrs.pop(INTEGRITY, None)
     if not arrays:
         return {}, attrs
+    try:
+        check_claimed(path, what)  # read whole: what the arrays' metadata claims must agree and fit, first
+    except CorruptError as exc:
+        raise CorruptError(f"Expected an intact {what}. Got a damaged one: {exc}. {hint}") from exc
     group = open_group(path, what, None if sealed else sparse_any)
-    return {key: group[key][...] for key in group.array_keys()}, attrs
+    try:
+        return {key: group[key][...] for key in group.array_keys()}, attrs
+    except ValueError as exc:  # a chunk of another length than its array's metadata says (resealed)
+        raise CorruptError(f"Expected an intact {what}. Got a damaged one: a chunk that does not decode to its "
+                           f"array's shape ({exc}). {hint}") from exc
 
 
 def remove_sealed(folder: Path, name: str) -> None:

@@ -19,6 +19,7 @@ from ..graph_tables import check_tables, graph_json
 from ..integrity import (CorruptError, check_attrs_seal, check_hashes, check_name, check_seal, damage_reason,
                          read_attrs)
 from ..reader import VerifyResult
+from .claimed import check_claimed, prompt_bounds
 from ..schema import attrs_problem
 from ..stored_prompt import StoredPrompt
 
@@ -70,6 +71,9 @@ class ZarrPrompt(StoredPrompt):
         self.path, self.id, self.store = path, path.name, store
         self.attrs = checked_attrs(path, store)
         what = f"prompt {self.id} in {store.path}"
+        n_tokens = self.attrs.get("n_tokens")
+        if type(n_tokens) is int:  # shapes the metadata claims, against the prompt and the model, before any read
+            check_claimed(path, what, *prompt_bounds(path, n_tokens), whole=False)
         self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
 
     def _full(self) -> Any:
@@ -161,6 +165,8 @@ class ZarrPrompt(StoredPrompt):
         """The graph group's arrays (every chunk decoded and checked) and attributes; None without a graph."""
         if fmt.GRAPH not in self._group.group_keys():
             return None
+        check_claimed(self.path / fmt.GRAPH, f"the graph of prompt {self.id} in {self.store.path}",
+                      at_most=prompt_bounds(self.path, self.n_tokens)[1])  # read whole: it must fit
         if self.store.sealed:  # every chunk's SHA-256 before any is decoded: an equal-sized swap never reads back
             try:
                 check_hashes(self.path, self.attrs, f"{fmt.GRAPH}/")
