@@ -8,14 +8,12 @@ There are no error nodes: the graph is exact. Details: docs/graphs.md, "The JSON
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from detjac.aside import keep_elsewhere, reason_of
+from detjac.aside import keep_elsewhere, reason_of, write_file
 from detjac.errors import InvalidArgumentError, OutputError
 from detjac.graph_index import INDEX_NAME, slug_of, updated_index
 
@@ -136,11 +134,4 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file(path, lambda handle: handle.write(text), "w")  # a new file under an unpredictable name, renamed
