@@ -33,6 +33,7 @@ import numpy as np
 
 from detjac.aside import write_file
 from detjac.errors import InvalidArgumentError, StoreFormatError
+from detjac.revisions import cached_commit, check_inside
 
 if TYPE_CHECKING:
     from detjac.analysis import Lens
@@ -248,10 +249,6 @@ def artifact_lens(path: str | Path) -> Lens:
     return Lens(np.asarray(layers, dtype=np.int64), mean, second, np.full(len(layers), count, dtype=np.int64), info)
 
 
-_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")  # a branch, tag or commit, as the hub names them
-_COMMIT = re.compile(r"[0-9a-f]{40}")  # what refs/<revision> holds, and names a snapshot
-
-
 def hub_lens_file(spec: str) -> Path | None:
     """The cached file of ``org/name:path/in/repo`` (optionally ``org/name@revision:path``) in the local Hugging
     Face cache, resolved offline (``refs/<revision>`` then ``snapshots/<commit>/<path>``); None when ``spec`` is
@@ -265,21 +262,15 @@ def hub_lens_file(spec: str) -> Path | None:
     repo_id, revision, filename = match.group(1), match.group(2) or "main", match.group(3)
     if ".." in Path(filename).parts or filename.startswith("/"):
         raise InvalidArgumentError(f"Expected a file path inside the repository {repo_id}. Got {filename!r}.")
-    if not _REVISION.fullmatch(revision) or ".." in revision.split("/"):
-        raise InvalidArgumentError(f"Expected a revision of {repo_id} (a branch, tag or commit: letters, digits, "
-                                   f"'._-/', no '..'). Got {revision!r}.")
     cache = hub_cache_dir()
     repo = cache / ("models--" + repo_id.replace("/", "--"))
-    ref = repo / "refs" / revision
-    commit = ref.read_text(errors="replace").strip()[:100] if ref.is_file() else revision
-    if ref.is_file() and not _COMMIT.fullmatch(commit):
-        raise CheckpointError(f"Expected a commit hash (40 hexadecimal digits) in {ref}. Got {commit!r}.")
-    found = repo / "snapshots" / commit / filename  # a revision without a refs file names a commit, or nothing
-    if _COMMIT.fullmatch(commit) and found.exists() and not found.resolve().is_relative_to(repo.resolve()):
-        raise CheckpointError(f"Expected {filename} of {repo_id} inside its folder of the Hugging Face cache "
-                              f"{repo}. Got a link to {found.resolve()}; nothing was read.")
-    if not _COMMIT.fullmatch(commit) or not found.is_file():
-        got = f"no such file in snapshot {commit}" if repo.is_dir() else f"no {repo.name}"
+    commit = cached_commit(repo, repo_id, revision)  # a name, and a refs file that holds a commit hash
+    found = repo / "snapshots" / (commit or "") / filename
+    if commit is not None and found.exists():
+        check_inside(found, repo, f"{filename} of {repo_id}")
+    if commit is None or not found.is_file():
+        got = f"no such file in snapshot {commit}" if commit else "no such revision" if repo.is_dir() else \
+            f"no {repo.name}"
         raise CheckpointError(f"Expected {filename} of {repo_id} (revision {revision}) in the Hugging Face cache "
                               f"{cache}. Got {got}: fetch it with `hf download {repo_id} {filename} --revision "
                               f"{revision}` (detjac reads lenses from the cache only).")
