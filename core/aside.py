@@ -24,7 +24,7 @@ _REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is e
             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
             errno.EPERM: "permission denied"}
 
-_ASIDE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)(?:-[A-Za-z0-9_]+)?")
+KINDS = ("tmp", "old")  # what :func:`aside_pid` recognises by default: entries being written, or being replaced
 
 
 def reason_of(exc: OSError) -> str:
@@ -38,10 +38,11 @@ def aside_prefix(path: Path, kind: str = "tmp") -> str:
     return f".{path.name}.{kind}-{os.getpid()}-"
 
 
-def aside_pid(name: str, of: str | None = None) -> int | None:
-    """The process id in the temporary name ``name`` (``.NAME.tmp-<pid>[-<random>]``, or ``old``), None when
-    ``name`` is not one (or is one of another destination than ``of``)."""
-    match = _ASIDE.fullmatch(name)
+def aside_pid(name: str, of: str | None = None, kinds: tuple[str, ...] = KINDS) -> int | None:
+    """The process id in the temporary name ``name`` (``.NAME.<kind>-<pid>[-<random>]``, ``kind`` one of
+    ``kinds``), None when ``name`` is not one (or is one of another destination than ``of``)."""
+    match = re.fullmatch(rf"\.(?P<name>.+)\.(?:{'|'.join(map(re.escape, kinds))})-(?P<pid>[0-9]+)(?:-[A-Za-z0-9_]+)?",
+                         name)
     if match is None or (of is not None and match["name"] != of):
         return None
     return int(match["pid"])

@@ -177,8 +177,11 @@ def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> Path
         held = lock.acquire(path)  # refuse to replace a store that another writer is using
         try:
             aside = replaced_name(path)
-            shutil.rmtree(aside, ignore_errors=True)
-            os.rename(path, aside)  # kept until the new run holds a prompt (store/backend/replace.py)
+            try:
+                os.rename(path, aside)  # kept until the new run holds a prompt (store/backend/replace.py)
+            except BaseException:
+                aside.rmdir()
+                raise
             fsync_dir(path.parent)
         finally:
             lock.release(held)

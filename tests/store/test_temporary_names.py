@@ -12,6 +12,7 @@ import pytest
 from store_factory import make_store
 
 from detjac.aside import aside_pid, write_file
+from detjac.store import create_store
 from detjac.store.backend.disk import aside_entries, write_npz
 from detjac.store.backend.sealed import write_sealed
 from detjac.view.static_export import export
@@ -20,7 +21,8 @@ from detjac.view.static_export import export
 def _plant(folder, name, victim):
     """Links at every name a writer of ``name`` in ``folder`` used to choose, all to ``victim``."""
     pid = os.getpid()
-    for planted in (f".{name}.tmp-{pid}", f".{name}.{pid}.tmp", f".{name}.old-{pid}", f".{name}.{pid}"):
+    for planted in (f".{name}.tmp-{pid}", f".{name}.{pid}.tmp", f".{name}.old-{pid}", f".{name}.{pid}",
+                    f".{name}.replaced-{pid}"):
         (folder / planted).symlink_to(victim)
 
 
@@ -57,6 +59,9 @@ def test_a_store_and_a_snapshot_are_never_built_through_a_planted_link(tmp_path)
     store = make_store(tmp_path / "s.zarr", prompts=1)
     export(store.open(), tmp_path / "snap")
     assert list(victim.iterdir()) == []
+    other = {**store.run, "model_id": "other"}  # the variant: --force-new sets the old store aside
+    with create_store(store.path, other, force_new=True, model_data=lambda: store.model.model_data("float64")):
+        assert list(victim.iterdir()) == []
     assert (tmp_path / "snap" / "index.html").is_file() and not (tmp_path / "snap").is_symlink()
 
 
