@@ -13,10 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +55,18 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``; 0o022 where that is not there)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def write_file(path: str | Path, write: Callable[[Any], Any], mode: str = "wb") -> Path:
     """``write`` an open handle of a new file beside ``path``, synced, then renamed onto ``path``.
 
@@ -78,6 +88,7 @@ def write_file(path: str | Path, write: Callable[[Any], Any], mode: str = "wb") 
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=aside_prefix(path), suffix="")
     tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would have made it (mkstemp makes it the owner's only)
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as handle:
             write(handle)
             handle.flush()
@@ -94,19 +105,9 @@ def new_folder(path: str | Path, kind: str = "tmp") -> Path:
     """A new, empty folder beside ``path`` under an unpredictable name (``.NAME.<kind>-<pid>-<random>``), created
     exclusively; renaming a folder onto it (``os.rename``) replaces it."""
     path = Path(path)
-    return Path(tempfile.mkdtemp(dir=path.parent, prefix=aside_prefix(path, kind)))
-
-
-@contextmanager
-def folder_aside(path: str | Path) -> Iterator[Path]:
-    """A new folder beside ``path`` (:func:`new_folder`) to build ``path`` in; removed when the block raises. The
-    block renames it into place itself."""
-    tmp = new_folder(path)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=aside_prefix(path, kind)))
+    os.chmod(folder, 0o777 & ~_umask())  # as mkdir() would have made it (mkdtemp makes it the owner's only)
+    return folder
 
 
 def keep_elsewhere(path: str | Path, data: bytes) -> Path | None:

@@ -76,3 +76,16 @@ def test_what_a_killed_writer_left_is_listed(tmp_path):
     dead = tmp_path / ".svd.tmp-999999999-abcdefgh"
     dead.mkdir()
     assert aside_entries(tmp_path) == [dead]
+
+
+def test_what_is_written_aside_has_the_permissions_open_and_mkdir_give(tmp_path):
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        write_file(tmp_path / "f.txt", lambda handle: handle.write("x"), "w")
+        store = make_store(tmp_path / "s.zarr", prompts=1)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "f.txt").stat().st_mode) == 0o644
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o755
