@@ -28,7 +28,8 @@ def claimed_arrays(folder: Path) -> dict[str, tuple[tuple[int, ...], tuple[str |
     shape), from its ``zarr.json`` alone. Raises CorruptError for metadata that does not state a shape of sizes."""
     found = {}
     for here, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (Path(here) / d).is_symlink())
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "c"  # "c": an array's chunks
+                         and not (Path(here) / d).is_symlink())
         if "zarr.json" not in names or Path(here) == folder:
             continue
         rel = Path(here).relative_to(folder).as_posix()
