@@ -161,20 +161,29 @@ def _matrices(found: Any, key: str, path: Path) -> dict[int, Any]:
             got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise StoreFormatError(f"Expected {key}[{layer}] to be a square (d_model, d_model) tensor in {path}. "
                                    f"Got {got}.")
-        _check_values(m, f"{key}[{layer}]", path)
+        _check_stored(m, f"{key}[{layer}]", path)
         out[int(layer)] = m
     shapes = sorted({tuple(m.shape) for m in out.values()})
     if len(shapes) > 1:
         raise StoreFormatError(f"Expected every matrix of {key!r} in {path} of one shape. Got {shapes}.")
+    storages = {m.untyped_storage().data_ptr(): m.untyped_storage().nbytes() for m in out.values()}
+    claimed = sum(m.numel() * m.element_size() for m in out.values())
+    if claimed > sum(storages.values()):  # views of one storage: each passes, together they would expand
+        raise StoreFormatError(f"Expected the matrices of {key!r} in {path} to store each of their values. Got "
+                               f"{len(out)} matrices ({claimed} bytes) over {len(storages)} storage"
+                               f"{'s' * (len(storages) > 1)} of {sum(storages.values())} bytes.")
+    for layer, m in out.items():
+        if not bool(torch.isfinite(m).all()):
+            raise StoreFormatError(f"Expected finite values in {key}[{layer}] of {path}. Got "
+                                   f"{int((~torch.isfinite(m)).sum())} non-finite values "
+                                   f"(dtype {str(m.dtype).removeprefix('torch.')}).")
     return out
 
 
-def _check_values(m: Any, name: str, path: Path) -> None:
+def _check_stored(m: Any, name: str, path: Path) -> None:
     """Refuse the tensor ``name`` unless it holds its values: not on the meta device, real floating point, and as
     many bytes of storage as values (a stride-0 ``expand`` of one number passes ``weights_only`` and would
-    materialize gigabytes: checked before any value is read), all finite."""
-    import torch
-
+    materialize gigabytes). Reads no value."""
     shape, dtype = tuple(m.shape), str(m.dtype).removeprefix("torch.")
     if m.device.type == "meta":
         raise StoreFormatError(f"Expected {name} of {path} to hold values. Got a meta-device tensor {shape}, which "
@@ -186,9 +195,6 @@ def _check_values(m: Any, name: str, path: Path) -> None:
         raise StoreFormatError(f"Expected {name} of {path} to store each of its values. Got {shape} ({m.numel()} "
                                f"values) over {max(stored, 0)} bytes of storage (strides {tuple(m.stride())}), "
                                f"which would expand to {m.numel() * 8 / 2**30:.1f} GiB in float64.")
-    if not bool(torch.isfinite(m).all()):
-        raise StoreFormatError(f"Expected finite values in {name} of {path}. Got {int((~torch.isfinite(m)).sum())} "
-                               f"non-finite values (dtype {dtype}).")
 
 
 def _count(payload: dict[str, Any], key: str, path: Path) -> int:

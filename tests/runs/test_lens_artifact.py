@@ -129,10 +129,12 @@ class Opaque:  # a pickled object: torch.load(weights_only=True) must refuse to 
      "expand to 6.7 GiB"),
     ({"J": {0: torch.eye(D), 1: torch.zeros(D).expand(D, D)}, "n_prompts": 2, "d_model": D}, "over 1024 bytes"),
     ({"J": {0: torch.empty(D, D, device="meta")}, "n_prompts": 2, "d_model": D}, "Got a meta-device tensor"),
+    ({"J": dict.fromkeys(range(50), torch.eye(D)), "n_prompts": 2, "d_model": D},
+     f"Got 50 matrices \\({50 * D * D * 4} bytes\\) over 1 storage of {D * D * 4} bytes"),
     ({"J": {0: torch.eye(D, dtype=torch.int64)}, "n_prompts": 2, "d_model": D}, "floating-point .* Got dtype int64"),
     ({"J": {0: torch.eye(D, dtype=torch.complex64)}, "n_prompts": 2, "d_model": D}, "Got dtype complex64"),
 ], ids=["no-count", "d_model", "source-layers", "non-finite", "not-square", "sizes", "layer-key", "keys", "pickle",
-        "stride-0", "stride-0-row", "meta", "int", "complex"])
+        "stride-0", "stride-0-row", "meta", "shared", "int", "complex"])
 def test_a_malformed_artifact_is_refused_in_one_line(tmp_path, payload, message) -> None:
     path = tmp_path / "bad.pt"
     torch.save(payload, path)
