@@ -216,7 +216,8 @@ def load_model(
                 )
         except pickle.UnpicklingError as exc:  # a .bin with objects weights_only refuses: never executed
             raise CheckpointError(f"Expected weights that torch.load(weights_only=True) reads in {path}. Got a pickled "
-                                  f"file that holds other objects ({_refused_object(exc)}); it was not loaded.") from None
+                                  f"file that holds other objects ({_refused_object(exc)}); it was not loaded."
+                                  ) from None
         _check_loading_info(path, info)
         model.to(device)
     model.eval()
@@ -252,7 +253,7 @@ def load_tokenizer(path: Path, revision: str | None = None, trust_remote_code: b
 
 
 def _refused_object(exc: Exception) -> str:
-    """What ``torch.load(weights_only=True)`` refused, from its message (e.g. "Unsupported global: GLOBAL os.system")."""
+    """What ``torch.load(weights_only=True)`` refused, from its message ("... unsupported GLOBAL posix.getcwd ...")."""
     lines = [line.strip() for line in str(exc).splitlines() if "nsupported" in line or "GLOBAL" in line]
     return (lines[0] if lines else type(exc).__name__)[:200]
 

@@ -1,5 +1,6 @@
-"""A store replaced by ``--force-new`` is kept aside (``.NAME.replaced-<pid>-<random>``) until the new run holds a prompt, and
-put back otherwise, also by the next writer after a kill (``docs/store-format.md``, "Replacing a store").
+"""A store replaced by ``--force-new`` is kept aside (``.NAME.replaced-<pid>-<random>``) until the new run holds a
+prompt, and put back otherwise, also by the next writer after a kill (``docs/store-format.md``, "Replacing a
+store").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Sealed groups written whole and replaced atomically (analysis results, lens groups): built as
-``.<name>.tmp-<pid>-<random>`` (``detjac.aside``), sealed, flushed and renamed into place; read back only if every file matches its seal
+``.<name>.tmp-<pid>-<random>`` (``detjac.aside``), sealed, flushed and renamed into place; read back only if every
+file matches its seal
 (``docs/store-format.md``, "Integrity"). Nothing here imports torch.
 """
 

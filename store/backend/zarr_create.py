@@ -1,5 +1,5 @@
-"""The zarr backend, creating a store: built as ``.NAME.tmp-<pid>-<random>`` and renamed into place; ``--force-new`` keeps the
-old store aside until the new one holds a prompt (:mod:`.replace`); deletions rename aside first
+"""The zarr backend, creating a store: built as ``.NAME.tmp-<pid>-<random>`` and renamed into place; ``--force-new``
+keeps the old store aside until the new one holds a prompt (:mod:`.replace`); deletions rename aside first
 (``docs/store-format.md``, "Replacing a store").
 """
 

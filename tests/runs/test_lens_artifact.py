@@ -233,7 +233,7 @@ def test_a_hub_lens_never_leaves_the_cache(tmp_path, monkeypatch) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "lens.pt").write_bytes(data)  # what an escape would read
-    with pytest.raises(InvalidArgumentError, match=r"Expected a revision of someorg/lens .* Got '\.\./\.\./\.\./outside'"):
+    with pytest.raises(InvalidArgumentError, match=r"Expected a revision of someorg/lens .* Got '(\.\./){3}outside'"):
         read_lens("someorg/lens@../../../outside:lens.pt")
     refs = cache / "models--someorg--lens" / "refs"
     (refs / "evil").write_text("../../../outside")

@@ -79,8 +79,8 @@ def test_graph_tables_claiming_1e11_rows_are_refused_before_reading(store):
                  "node_probability", "node_label"):
         _claim(folder / "graph" / name, [6])
     reseal(folder)
-    with pytest.raises(CorruptError, match="Got graph/node_kind claiming shape \\[7\\]: its node dimension has 7, other "
-                                           "arrays have 6"):
+    with pytest.raises(CorruptError, match="Got graph/node_kind claiming shape \\[7\\]: its node dimension has 7, "
+                                           "other arrays have 6"):
         open_store(path).get(pid)
 
 

@@ -145,8 +145,8 @@ def test_equal_sized_chunks_swapped_within_a_prompt_never_read_back(graph_store)
     assert chunks[0].stat().st_size == chunks[1].stat().st_size  # what a size check cannot see
     _swap(*chunks)
     for read in ("graph", "graph_arrays"):
-        with pytest.raises(CorruptError, match=f"Expected an intact graph of prompt {pid} .* file graph/node_feature/c/0 "
-                                               "changed since commit"):
+        with pytest.raises(CorruptError, match=f"Expected an intact graph of prompt {pid} .* file "
+                                               "graph/node_feature/c/0 changed since commit"):
             getattr(open_store(store.path).get(pid), read)()
     exported = CliRunner().invoke(main, ["analyze", "graphs", str(store.path)])
     assert exported.exit_code == 1 and "changed since commit" in exported.output and "Traceback" not in exported.output

@@ -65,8 +65,8 @@ def test_a_store_and_a_snapshot_are_never_built_through_a_planted_link(tmp_path)
     assert (tmp_path / "snap" / "index.html").is_file() and not (tmp_path / "snap").is_symlink()
 
 
-@pytest.mark.parametrize(("name", "pid"), [(".s.zarr.tmp-12", 12), (".s.zarr.old-7-ab_3xQ9z", 7), (".s.zarr.tmp-", None),
-                                           ("s.zarr.tmp-3", None)])
+@pytest.mark.parametrize(("name", "pid"), [(".s.zarr.tmp-12", 12), (".s.zarr.old-7-ab_3xQ9z", 7),
+                                           (".s.zarr.tmp-", None), ("s.zarr.tmp-3", None)])
 def test_the_writer_of_a_temporary_name_is_recognised(name, pid):
     assert aside_pid(name) == pid
     assert aside_pid(name, "other") is None

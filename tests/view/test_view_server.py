@@ -203,7 +203,8 @@ def _slow_read(port: int, path: str) -> tuple[int, int]:
         time.sleep(0.008)
     sock.close()
     head, _, body = raw.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     return length, len(body)
 
 
