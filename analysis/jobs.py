@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..aside import reason_of, write_file
+from ..errors import InvalidArgumentError, OutputError
 from ..singular import decode_blocks
 from ..tokens import piece
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
@@ -267,25 +268,32 @@ def write_table(rows: list[dict[str, Any]], path: Any) -> Path:
 
     List values (e.g. decoded token ids) become Parquet lists, and space-separated text in CSV; a
     Parquet column whose values mix text and numbers (``token``: "combined" or an index) is text.
+    Written beside ``path`` and renamed (:func:`detjac.aside.write_file`): a full disk is an OutputError and
+    leaves no file, never an empty or truncated one.
     """
     path = Path(path)
     if not rows:
         raise InvalidArgumentError(f"Expected rows to write to {path}. Got none.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
 
-        types = {key: {type(r[key]) for r in rows if r[key] is not None} for key in rows[0]}
-        mixed = {key for key, kinds in types.items() if str in kinds and len(kinds) > 1}
-        pq.write_table(pa.Table.from_pylist([{k: str(v) if k in mixed else v for k, v in r.items()} for r in rows]),
-                       path)
-        return path
+            types = {key: {type(r[key]) for r in rows if r[key] is not None} for key in rows[0]}
+            mixed = {key for key, kinds in types.items() if str in kinds and len(kinds) > 1}
+            table = pa.Table.from_pylist([{k: str(v) if k in mixed else v for k, v in r.items()} for r in rows])
+            return write_file(path, lambda handle: pq.write_table(table, handle))
+        return write_file(path, lambda handle: _write_csv(rows, handle), "w")
+    except OSError as exc:
+        raise OutputError(f"Expected to write the table {path}. Got {reason_of(exc)}; nothing was written there."
+                          ) from exc
+
+
+def _write_csv(rows: list[dict[str, Any]], handle: Any) -> None:
     import csv
 
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({k: " ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in r.items()}
-                         for r in rows)
-    return path
+    writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows({k: " ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in r.items()}
+                     for r in rows)

@@ -49,3 +49,12 @@ class PromptsFileError(DetjacError, ValueError):
 
 class WorkerError(DetjacError, RuntimeError):
     """A worker of a distributed run cannot do its part: load the model, or reach the store."""
+
+
+class UnreadableJSONError(DetjacError, ValueError):
+    """Text that should be JSON is not, or holds what no detjac file does: values nested too deep for the parser,
+    an integer of more digits than any count, a non-finite number (``detjac.safe_json``)."""
+
+
+class OutputError(DetjacError, OSError):
+    """An output file (a graph JSON, a table) cannot be written: the disk is full, read-only, ..."""

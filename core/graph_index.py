@@ -8,9 +8,12 @@ Its server answers ``/graph_data/SLUG.json`` from the folder, so a graph's file 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from .aside import keep_elsewhere, reason_of, write_file
+from .errors import OutputError
+from .safe_json import read_json
 
 INDEX_NAME = "graph-metadata.json"
 
@@ -27,7 +30,7 @@ def updated_index(folder: str | Path, metadata: dict[str, Any]) -> str:
     graphs: list[Any] = []
     if index_path.is_file():
         try:
-            loaded = json.loads(index_path.read_text(encoding="utf-8"))
+            loaded = read_json(index_path)
         except (OSError, ValueError):
             loaded = None
         if isinstance(loaded, dict) and isinstance(loaded.get("graphs"), list):
@@ -57,24 +60,25 @@ def write_graph_file(path: str | Path, graph: dict[str, Any]) -> Path:
 
     Raises
     ------
-    OSError
-        The file system refused a write; nothing half-written is left.
+    OutputError
+        The file system refused a write (a full disk): nothing half-written is left, and the graph, which may have
+        taken long to compute, is kept where there is room (the message says where).
     """
     path = Path(path)
-    _replace_text(path, json.dumps(graph))
-    _replace_text(path.parent / INDEX_NAME, updated_index(path.parent, graph["metadata"]))
+    text, kept = json.dumps(graph), None
+    try:
+        replace_text(path, text)
+        kept = path
+        replace_text(path.parent / INDEX_NAME, updated_index(path.parent, graph["metadata"]))
+    except OSError as exc:
+        kept = kept or keep_elsewhere(path, text.encode())
+        raise OutputError(f"Expected to write the graph to {path} and list it in {INDEX_NAME}. Got {reason_of(exc)}; "
+                          + (f"the graph is kept in {kept}." if kept else "it could not be kept elsewhere either.")
+                          ) from exc
     return path
 
 
-def _replace_text(path: Path, text: str) -> None:
-    """``path`` now holds ``text`` (UTF-8), or still what it held: the text goes to a temporary file first."""
-    aside = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(aside, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(aside, path)
-    except BaseException:
-        aside.unlink(missing_ok=True)
-        raise
+def replace_text(path: str | Path, text: str) -> None:
+    """``path`` now holds ``text`` (UTF-8), or still what it held: the text goes to a new file under an
+    unpredictable name beside it (:func:`detjac.aside.write_file`), then is renamed into place."""
+    write_file(path, lambda handle: handle.write(text), "w")

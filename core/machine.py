@@ -1,10 +1,12 @@
-"""This machine and this process as benchmarks and checks record them: the CPU's name and the process's peak
-resident memory (Linux ``/proc``, with portable fallbacks). Standard library only, so every layer and every
-benchmark can import it."""
+"""This machine and this process as benchmarks and checks record them: the CPU's name, the process's peak
+resident memory, and the memory left to a working set no budget was given for (a graph's adjacency, arrays a file
+claims) (Linux ``/proc``, with portable fallbacks). Standard library only, so every layer and every benchmark can
+import it."""
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import resource
 from pathlib import Path
@@ -52,3 +54,19 @@ def reset_peak() -> float:
     except OSError:
         pass
     return peak_mib()
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give without swapping (``MemAvailable`` of ``/proc/meminfo``, else
+    free pages from ``sysconf``); None where neither is known."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -161,3 +161,4 @@ def return_freed_memory() -> None:
             libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: blocks >= 1 MiB are mmapped, freed at once
     except OSError:
         pass
+

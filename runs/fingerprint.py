@@ -13,6 +13,9 @@ import os
 import re
 from pathlib import Path
 
+from detjac.aside import write_file
+from detjac.safe_json import parse_json, read_json
+
 # The files a checkpoint's weights are read from (the loaders prefer safetensors; .bin when there are none).
 SAFETENSORS = ("*.safetensors", "*.safetensors.index.json")
 PICKLES = ("*.bin", "*.bin.index.json")
@@ -75,7 +78,7 @@ def _tensor_spans(f: object, size: int) -> list[tuple[int, int]]:
     evenly spaced samples and the whole-file hash still stand)."""
     try:
         n = int.from_bytes(f.read(8), "little")  # type: ignore[attr-defined]
-        header = json.loads(f.read(n)) if 0 < n <= min(size, 2**27) else {}  # type: ignore[attr-defined]
+        header = parse_json(f.read(n)) if 0 < n <= min(size, 2**27) else {}  # type: ignore[attr-defined]
         ranges = [v["data_offsets"] for k, v in header.items() if k != "__metadata__"]
         return [(8 + n + a + offset, SAMPLE_BLOCK) for a, b in ranges for offset in (0, max(0, b - a - SAMPLE_BLOCK))]
     except (ValueError, TypeError, KeyError, AttributeError):
@@ -98,7 +101,7 @@ class DigestCache:
     def __init__(self, folder: Path | None = None) -> None:
         self.file = (folder or cache_dir()) / CACHE_FILE
         try:
-            entries = json.loads(self.file.read_text())
+            entries = read_json(self.file)
         except (OSError, ValueError):
             entries = {}
         self.entries: dict[str, dict[str, object]] = entries if isinstance(entries, dict) else {}
@@ -126,9 +129,7 @@ class DigestCache:
             return
         with contextlib.suppress(OSError):
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
-            os.replace(tmp, self.file)
+            write_file(self.file, lambda handle: handle.write(json.dumps(self.entries, indent=0, sort_keys=True)), "w")
 
 
 def weights_fingerprint(folder: str | Path, cache: DigestCache | None = None) -> dict[str, str]:

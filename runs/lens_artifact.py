@@ -25,13 +25,15 @@ top tokens); that holds for an RMSNorm without centring, not for a LayerNorm tha
 from __future__ import annotations
 
 import json
-import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from detjac.aside import write_file
 from detjac.errors import InvalidArgumentError, StoreFormatError
+from detjac.revisions import cached_commit, check_inside
 
 if TYPE_CHECKING:
     from detjac.analysis import Lens
@@ -130,13 +132,7 @@ def export_lens(lens: Lens, out: str | Path, *, dtype: str = "float16", force: b
                                        f"{'symbolic link' if out.is_symlink() else 'folder'}; nothing was written.")
     payload = artifact_payload(lens, dtype=dtype, gain=gain, n_layers=n_layers)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return write_file(out, lambda handle: torch.save(payload, handle))  # a new file under an unpredictable name
 
 
 def _load(path: Path) -> Any:
@@ -165,15 +161,40 @@ def _matrices(found: Any, key: str, path: Path) -> dict[int, Any]:
             got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise StoreFormatError(f"Expected {key}[{layer}] to be a square (d_model, d_model) tensor in {path}. "
                                    f"Got {got}.")
-        if not m.is_floating_point() or not bool(torch.isfinite(m).all()):
-            bad = int((~torch.isfinite(m)).sum()) if m.is_floating_point() else m.numel()
-            raise StoreFormatError(f"Expected finite floating-point values in {key}[{layer}] of {path}. Got "
-                                   f"{bad} non-finite values (dtype {str(m.dtype).removeprefix('torch.')}).")
+        _check_stored(m, f"{key}[{layer}]", path)
         out[int(layer)] = m
     shapes = sorted({tuple(m.shape) for m in out.values()})
     if len(shapes) > 1:
         raise StoreFormatError(f"Expected every matrix of {key!r} in {path} of one shape. Got {shapes}.")
+    storages = {m.untyped_storage().data_ptr(): m.untyped_storage().nbytes() for m in out.values()}
+    claimed = sum(m.numel() * m.element_size() for m in out.values())
+    if claimed > sum(storages.values()):  # views of one storage: each passes, together they would expand
+        raise StoreFormatError(f"Expected the matrices of {key!r} in {path} to store each of their values. Got "
+                               f"{len(out)} matrices ({claimed} bytes) over {len(storages)} storage"
+                               f"{'s' * (len(storages) > 1)} of {sum(storages.values())} bytes.")
+    for layer, m in out.items():
+        if not bool(torch.isfinite(m).all()):
+            raise StoreFormatError(f"Expected finite values in {key}[{layer}] of {path}. Got "
+                                   f"{int((~torch.isfinite(m)).sum())} non-finite values "
+                                   f"(dtype {str(m.dtype).removeprefix('torch.')}).")
     return out
+
+
+def _check_stored(m: Any, name: str, path: Path) -> None:
+    """Refuse the tensor ``name`` unless it holds its values: not on the meta device, real floating point, and as
+    many bytes of storage as values (a stride-0 ``expand`` of one number passes ``weights_only`` and would
+    materialize gigabytes). Reads no value."""
+    shape, dtype = tuple(m.shape), str(m.dtype).removeprefix("torch.")
+    if m.device.type == "meta":
+        raise StoreFormatError(f"Expected {name} of {path} to hold values. Got a meta-device tensor {shape}, which "
+                               "has none.")
+    if not m.is_floating_point():
+        raise StoreFormatError(f"Expected real floating-point values in {name} of {path}. Got dtype {dtype}.")
+    stored = m.untyped_storage().nbytes() - m.storage_offset() * m.element_size()
+    if stored < m.numel() * m.element_size():
+        raise StoreFormatError(f"Expected {name} of {path} to store each of its values. Got {shape} ({m.numel()} "
+                               f"values) over {max(stored, 0)} bytes of storage (strides {tuple(m.stride())}), "
+                               f"which would expand to {m.numel() * 8 / 2**30:.1f} GiB in float64.")
 
 
 def _count(payload: dict[str, Any], key: str, path: Path) -> int:
@@ -238,8 +259,6 @@ def hub_lens_file(spec: str) -> Path | None:
     """The cached file of ``org/name:path/in/repo`` (optionally ``org/name@revision:path``) in the local Hugging
     Face cache, resolved offline (``refs/<revision>`` then ``snapshots/<commit>/<path>``); None when ``spec`` is
     not of that form. CheckpointError when the repository, revision or file is not in the cache."""
-    import re
-
     from detjac.engine import hub_cache_dir, is_hub_id
     from detjac.errors import CheckpointError
 
@@ -251,11 +270,13 @@ def hub_lens_file(spec: str) -> Path | None:
         raise InvalidArgumentError(f"Expected a file path inside the repository {repo_id}. Got {filename!r}.")
     cache = hub_cache_dir()
     repo = cache / ("models--" + repo_id.replace("/", "--"))
-    ref = repo / "refs" / revision
-    commit = ref.read_text().strip() if ref.is_file() else revision
-    found = repo / "snapshots" / commit / filename
-    if not found.is_file():
-        got = f"no such file in snapshot {commit}" if repo.is_dir() else f"no {repo.name}"
+    commit = cached_commit(repo, repo_id, revision)  # a name, and a refs file that holds a commit hash
+    found = repo / "snapshots" / (commit or "") / filename
+    if commit is not None and found.exists():
+        check_inside(found, repo, f"{filename} of {repo_id}")
+    if commit is None or not found.is_file():
+        got = f"no such file in snapshot {commit}" if commit else "no such revision" if repo.is_dir() else \
+            f"no {repo.name}"
         raise CheckpointError(f"Expected {filename} of {repo_id} (revision {revision}) in the Hugging Face cache "
                               f"{cache}. Got {got}: fetch it with `hf download {repo_id} {filename} --revision "
                               f"{revision}` (detjac reads lenses from the cache only).")

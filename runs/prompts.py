@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from detjac.errors import PromptError, PromptsFileError
+from detjac.safe_json import parse_json
 
 
 @dataclass(frozen=True)
@@ -80,15 +81,11 @@ def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
     return PromptsFile(path, prompts, blank)
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name}, which standard JSON does not have (other zarr readers would fail on the store)")
-
-
 def _parse_jsonl_line(path: Path, number: int, raw: str) -> PromptLine:
     try:
-        record = json.loads(raw, parse_constant=_refuse_constant)
+        record = parse_json(raw)
     except ValueError as exc:
-        raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got invalid JSON: {exc}.") from exc
+        raise PromptsFileError(f"Expected a JSON object on line {number} of {path}. Got {exc}.") from exc
     key = "prompt" if isinstance(record, dict) and "prompt" in record else "text"
     value = record.get(key) if isinstance(record, dict) else None
     if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):

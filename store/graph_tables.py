@@ -93,10 +93,37 @@ def check_tables(arrays: dict[str, np.ndarray]) -> list[int]:
     kinds = arrays["node_kind"].tolist()
     if any(k not in (NEURON, TOKEN, LOGIT, BIAS) for k in kinds):
         raise StoreError(f"Expected node kinds 0 to 3 ({', '.join(KINDS)}). Got {sorted(set(kinds))}.")
+    _check_codes(arrays)
     ends = np.r_[arrays["link_source"], arrays["link_target"]]
     if ends.size and (ends.min() < 0 or ends.max() >= n):
         raise StoreError(f"Expected links between the graph's {n} nodes. Got one to node {int(ends.max())}.")
     return kinds
+
+
+def _check_codes(arrays: dict[str, np.ndarray]) -> None:
+    """Refuse node rows whose columns contradict each other (what a swap of two equal-sized arrays gives): a
+    neuron's feature is the Cantor code of its (layer, index), both non-negative; a token's feature is its
+    position; a logit's feature is its token id and its probability is in [0, 1]; a bias has feature and index -1."""
+    kind, layer, index = arrays["node_kind"], arrays["node_layer"], arrays["node_index"]
+    feature, position, prob = arrays["node_feature"], arrays["node_position"], arrays["node_probability"]
+    neuron, token, logit, bias = (kind == NEURON), (kind == TOKEN), (kind == LOGIT), (kind == BIAS)
+    with np.errstate(over="ignore"):
+        code = (layer + index) * (layer + index + 1) // 2 + index
+    wrong = {
+        "neurons with a negative layer or index, or a feature that is not the code of its (layer, index)":
+            neuron & ((layer < 0) | (index < 0) | (feature != code)),
+        "tokens whose feature is not their position": token & (feature != position),
+        "logits whose feature is not their token, or with a probability outside [0, 1]":
+            logit & ((feature != index) | ~((prob >= 0) & (prob <= 1))),
+        "biases with a feature or index other than -1": bias & ((feature != -1) | (index != -1)),
+        "nodes at a negative position": position < 0,
+    }
+    for what, rows in wrong.items():
+        if rows.any():
+            first = int(np.flatnonzero(rows)[0])
+            raise StoreError(f"Expected node columns that agree with each other. Got {int(rows.sum())} {what} "
+                             f"(first: row {first}, layer {int(layer[first])}, index {int(index[first])}, feature "
+                             f"{int(feature[first])}).")
 
 
 def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError, StoreError
+from ..safe_json import read_json
 
 INTEGRITY = "integrity"  # the attribute holding a group's seal
 PROMPT_ID = re.compile(r"[0-9a-f]{16}")
@@ -128,6 +129,20 @@ def check_seal(folder: Path, attrs: dict[str, Any], *, hashes: bool) -> None:
             raise CorruptError(f"file {rel} changed since commit (its SHA-256 differs)")
 
 
+def check_hashes(folder: Path, attrs: dict[str, Any], prefix: str) -> None:
+    """Raise CorruptError unless every file its seal lists under ``prefix`` (e.g. ``graph/``) of the group at
+    ``folder`` has the SHA-256 it was committed with: what :func:`check_seal` without ``hashes`` leaves out, for
+    arrays whose chunks an equal-sized swap (another array's, another prompt's) would otherwise pass."""
+    for rel, entry in sorted(check_attrs_seal(folder, attrs)["files"].items()):
+        if rel.startswith(prefix) and not is_metadata(rel):
+            sha = _entry(entry, rel)[1]
+            path = folder / rel
+            if path.is_symlink() or not path.is_file():
+                raise CorruptError(f"missing file {rel}")
+            if file_digest(path) != sha:
+                raise CorruptError(f"file {rel} changed since commit (its SHA-256 differs)")
+
+
 def check_attrs_seal(folder: Path, attrs: dict[str, Any]) -> dict[str, Any]:
     """The group's integrity record, once its attributes are checked against the SHA-256 it holds (raises
     CorruptError); the files are :func:`check_seal`'s part."""
@@ -178,9 +193,7 @@ def is_chunk_key(key: str) -> bool:
 def read_attrs(folder: Path) -> dict[str, Any]:
     """The attributes of the zarr group at ``folder``, parsed from its ``zarr.json`` (raises CorruptError)."""
     try:
-        meta = json.loads((folder / "zarr.json").read_text())
-    except RecursionError:
-        raise CorruptError("unreadable zarr.json: values nested too deep to read") from None
+        meta = read_json(folder / "zarr.json")
     except (OSError, ValueError) as exc:
         raise CorruptError(f"unreadable zarr.json: {exc}") from exc
     attrs = meta.get("attributes") if isinstance(meta, dict) else None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..safe_json import read_json
 from .graph_page import graph_payload
 from .pages import NotFound
 
@@ -27,8 +27,8 @@ class GraphFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw = read_json(self.path)
+        except (OSError, ValueError) as exc:
             raise InvalidArgumentError(f"Expected a graph JSON file written by `detjac graph`. Got {self.path}, "
                                        f"which cannot be read as JSON ({exc}).") from exc
         self.graph = graph_payload(raw, str(self.path))

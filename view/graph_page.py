@@ -31,15 +31,22 @@ def stored_graph(prompt: StoredPrompt) -> dict[str, Any] | None:
     return reader() if callable(reader) else None
 
 
+MAX_LAYERS = 100_000  # far more layers than any model has
+
+
 def _row(layer: Any, where: str) -> int:
     """The node's row, bottom up: 0 for the tokens (layer ``E``), ``layer + 1`` for a numbered layer (neurons of
     layer l; the logits sit at ``n_layers + 1``)."""
     if str(layer) == "E":
         return 0
     try:
-        return int(layer) + 1
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"Expected a node layer 'E' or a number in {where}. Got {layer!r}.") from None
+        row = -1 if isinstance(layer, str) and len(layer) > 12 else int(layer) + 1  # never a 5,000-digit int()
+    except (TypeError, ValueError, OverflowError):
+        row = -1
+    if not 0 <= row <= MAX_LAYERS:
+        raise InvalidArgumentError(f"Expected a node layer 'E' or a number from 0 to {MAX_LAYERS - 1} in {where}. "
+                                   f"Got {str(layer)[:40]!r}.")
+    return row
 
 
 def _number(value: Any) -> float | None:

@@ -49,6 +49,10 @@ def is_loopback(host: str) -> bool:
 # Connections: a request's line and headers must arrive within this many seconds, and at most this many are
 # served at once (more are closed at once): half-open connections cannot hold threads for ever.
 REQUEST_TIMEOUT_S = 10.0
+# A body is sent a chunk at a time: the socket's timeout bounds each ``sendall`` as a whole, so one of a large body
+# (a graph of 500 MB) to a slow or busy reader would be cut short midway under a full Content-Length. Per chunk, it
+# is an idle timeout: a reader that takes nothing for REQUEST_TIMEOUT_S is dropped, a slow one is served whole.
+SEND_CHUNK = 64 * 1024
 MAX_CONNECTIONS = 64
 QUIET_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
@@ -156,7 +160,9 @@ class ViewHandler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         if body:
-            self.wfile.write(data)
+            view = memoryview(data)
+            for start in range(0, len(view), SEND_CHUNK):  # the socket's timeout applies to each chunk
+                self.wfile.write(view[start:start + SEND_CHUNK])
 
 
 def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: int = 0) -> ViewServer:

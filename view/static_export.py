@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..aside import new_folder
 from ..errors import InvalidArgumentError, StoreError
 from .assets import ASSETS, asset, index_html
 from .graph_file import GraphFile
@@ -72,16 +73,17 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
     keys = list(pages.keys(chosen))
     if progress is not None:
         progress.total = len(keys)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # written aside, renamed whole: never half a snapshot
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = new_folder(out)  # written aside (new, unpredictable name: no planted link), renamed whole
         written = _write(pages, keys, chosen, tmp, progress)
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.rename(tmp, out)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise StoreError(f"Expected to write the snapshot into {out}. Got {exc.strerror or exc} "
                          f"({type(exc).__name__}); nothing was left there.") from exc
     return [out / path.relative_to(tmp) for path in written]

@@ -18,6 +18,7 @@ import numpy as np
 
 from detjac.errors import InvalidArgumentError, StoreFormatError
 from detjac.exactness import relative_error
+from detjac.safe_json import read_json
 
 if TYPE_CHECKING:
     from detjac.store import StoreReader, StoreWriter
@@ -115,8 +116,7 @@ def load_lens(path: str | Path) -> Lens:
     from detjac.store import read_sealed
 
     path = Path(path)
-    if (path / "zarr.json").is_file() and "detjac_store" in json.loads((path / "zarr.json").read_text()).get(
-            "attributes", {}):
+    if (path / "zarr.json").is_file() and "detjac_store" in _attributes(path):
         from detjac.store import open_store
 
         found = open_store(path).read_lens(FITTED)
@@ -129,6 +129,15 @@ def load_lens(path: str | Path) -> Lens:
         raise StoreFormatError(f"Expected a detjac lens (a zarr folder written by `detjac lens save`) or a store "
                                f"with a fitted lens at {path}. Got no zarr.json there.")
     return _as_lens(*found, str(path))
+
+
+def _attributes(path: Path) -> dict[str, Any]:
+    """The attributes in ``path/zarr.json`` (StoreFormatError where they cannot be read)."""
+    try:
+        attrs = read_json(path / "zarr.json").get("attributes", {})
+    except (OSError, ValueError, AttributeError) as exc:
+        raise StoreFormatError(f"Expected a readable zarr.json in {path}. Got {exc}.") from None
+    return attrs if isinstance(attrs, dict) else {}
 
 
 def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
@@ -164,7 +173,7 @@ def _saved_lens_at(path: Path) -> str | None:
     if not path.is_dir():
         return "a file"
     try:
-        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+        attrs = read_json(path / "zarr.json").get("attributes", {})
     except (OSError, ValueError, AttributeError):
         attrs = None
     if isinstance(attrs, dict) and "detjac_store" in attrs:

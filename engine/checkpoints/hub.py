@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from detjac.errors import CheckpointError
+from detjac.revisions import cached_commit, check_inside
 
 # A repository id as the hub accepts it: one namespace, one name, neither starting with '.' or '-'.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -69,14 +70,17 @@ def resolve_hub_id(repo_id: str, revision: str | None = None) -> Path:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     cache, rev = hub_cache_dir(), revision or "main"
+    cached_commit(repo_folder(repo_id, cache), repo_id, rev)  # never a path outside the cache (detjac.revisions)
     try:
-        return Path(snapshot_download(repo_id, revision=rev, cache_dir=cache, local_files_only=True,
-                                      allow_patterns=DOWNLOAD_PATTERNS))
+        found = Path(snapshot_download(repo_id, revision=rev, cache_dir=cache, local_files_only=True,
+                                       allow_patterns=DOWNLOAD_PATTERNS))
     except HFValidationError as exc:
         raise CheckpointError(f"Expected a checkpoint folder or a Hugging Face model id (org/name). Got "
                               f"{repo_id!r}: {exc}") from None
     except (LocalEntryNotFoundError, OSError) as exc:  # IncompleteSnapshotError is an OSError too
         cached_error: Exception = exc
+    else:
+        return check_inside(found, repo_folder(repo_id, cache), f"the snapshot of {repo_id} at {rev}")
     if hub_offline():
         raise _not_found(repo_id, rev, cache, "HF_HUB_OFFLINE is set, so nothing is downloaded") from cached_error
     try:
@@ -97,13 +101,16 @@ def resolve_hub_file(repo_id: str, filename: str, revision: str | None = None) -
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     cache, rev = hub_cache_dir(), revision or "main"
+    cached_commit(repo_folder(repo_id, cache), repo_id, rev)  # never a path outside the cache (detjac.revisions)
     try:
-        return Path(hf_hub_download(repo_id, filename, revision=rev, cache_dir=cache, local_files_only=True))
+        found = Path(hf_hub_download(repo_id, filename, revision=rev, cache_dir=cache, local_files_only=True))
     except HFValidationError as exc:
         raise CheckpointError(f"Expected a checkpoint folder or a Hugging Face model id (org/name). Got "
                               f"{repo_id!r}: {exc}") from None
     except (LocalEntryNotFoundError, OSError) as exc:
         cached_error: Exception = exc
+    else:
+        return check_inside(found, repo_folder(repo_id, cache), f"{filename} of {repo_id} at {rev}")
     if hub_offline():
         raise _not_found(repo_id, rev, cache, "HF_HUB_OFFLINE is set, so nothing is downloaded",
                          filename) from cached_error

@@ -7,6 +7,7 @@ safetensors are preferred, and transformers loads any ``.bin`` with ``weights_on
 from __future__ import annotations
 
 import json
+import pickle
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -207,11 +208,16 @@ def load_model(
             with torch.device("meta"):
                 skeleton = auto.from_config(config, **extra)
             check_shapes(skeleton, SafetensorsWeights(path, raw_config), f"a checkpoint in {path}")
-        with _quiet_transformers():  # its "Loading weights" bar, on every load, says nothing a user can act on
-            model, info = auto.from_pretrained(
-                path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
-                trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
-            )
+        try:
+            with _quiet_transformers():  # its "Loading weights" bar, on every load, says nothing a user can act on
+                model, info = auto.from_pretrained(
+                    path, config=config, revision=revision, dtype=dtype or "auto", output_loading_info=True,
+                    trust_remote_code=trust_remote_code, use_safetensors=_has_safetensors(path), **extra,
+                )
+        except pickle.UnpicklingError as exc:  # a .bin with objects weights_only refuses: never executed
+            raise CheckpointError(f"Expected weights that torch.load(weights_only=True) reads in {path}. Got a pickled "
+                                  f"file that holds other objects ({_refused_object(exc)}); it was not loaded."
+                                  ) from None
         _check_loading_info(path, info)
         model.to(device)
     model.eval()
@@ -244,6 +250,12 @@ def load_tokenizer(path: Path, revision: str | None = None, trust_remote_code: b
     except Exception as exc:  # noqa: BLE001 - tokenizers raise their own types (Exception, ValueError, ...)
         raise CheckpointError(f"Expected a readable tokenizer in {path} (tokenizer.json, tokenizer_config.json, "
                               f"...). Got {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def _refused_object(exc: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused, from its message ("... unsupported GLOBAL posix.getcwd ...")."""
+    lines = [line.strip() for line in str(exc).splitlines() if "nsupported" in line or "GLOBAL" in line]
+    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 @contextmanager

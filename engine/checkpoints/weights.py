@@ -6,7 +6,6 @@ way. Details: docs/engine.md, "Model sources"."""
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from detjac.errors import CheckpointError
+from detjac.safe_json import parse_json
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -50,7 +50,7 @@ def _read_header(path: Path) -> dict[str, _Entry]:
             (size,) = struct.unpack("<Q", f.read(8))
             if size > min(MAX_HEADER_BYTES, size_on_disk - 8):
                 raise ValueError(f"a header of {size} bytes in a file of {size_on_disk}")
-            header = json.loads(f.read(size))
+            header = parse_json(f.read(size))
     except (OSError, ValueError, struct.error) as exc:
         raise CheckpointError(f"Expected a readable safetensors file at {path}. Got: {exc}") from None
     if not isinstance(header, dict):

@@ -4,6 +4,7 @@ Definitions: docs/graphs.md, "How it is computed"."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from detjac.tokens import token_labels
 
 from ..interface import Engine
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of
+from .graph_prune import prune_bytes
 from .graph_targets import LogitTargets, chosen_values
 
 ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)
@@ -23,52 +25,75 @@ LABEL_TOKENS = 3  # tokens in a neuron's label, each way
 
 
 def sized_rows(engine: Engine, n: int, max_nodes: int, max_logits: int, acts: dict[int, torch.Tensor],
-                   rows: int | None) -> int:
+               rows: int | None) -> int:
     """Adjacency rows per pass, counted with everything else the graph holds against the memory budget: the
     engine's own needs (:meth:`~detjac.engine.Engine.sweep_memory`: a layer read in, the trace), every layer's
     neuron values and MLP output, the chosen neurons' read and write rows, the adjacency (float64, square in the
-    nodes, on the CPU) and each row's cotangents while it crosses a layer. ``rows`` (the caller's) if given, else all
-    the budget holds (at most one pass for every row), else :data:`ROWS_PER_PASS` without a budget. Refuses, before
-    any pullback, a ``max_nodes`` whose graph the budget cannot hold beside one row."""
+    nodes, biases included, on the CPU) with what pruning holds beside it (:func:`prune_bytes`) and each row's
+    cotangents while it crosses a layer. ``rows`` (the caller's) if given, else all the budget holds (at most one pass
+    for every row), else :data:`ROWS_PER_PASS` without a budget. Refuses, before any pullback, a ``max_nodes`` whose
+    graph the budget cannot hold beside one row -- without a budget, one the machine's available memory cannot hold
+    -- naming the largest ``max_nodes`` that fits (:func:`refuse_nodes`), which is then accepted."""
+    from detjac import machine
+
     from ..memory import device_key
 
     left, per_row = engine.sweep_memory(n)
     itemsize, d = engine.dtype.itemsize, engine.d_model
     per_row += 2 * n * d * itemsize  # the adjacency's products of a row's cotangents
     values = sum(z.numel() for z in acts.values()) * itemsize
-    held = values + len(acts) * n * d * itemsize + 2 * max_nodes * d * itemsize  # + ranking's scores, transient
-    size = max_nodes + n + max_logits
-    adjacency = size * size * 8
+    neurons = sum(z.numel() for z in acts.values())  # no more can be chosen, whatever max_nodes says
+    others = len(bias_nodes(engine, n, 0)) + n + max_logits
+
+    def held(m: int) -> int:  # + ranking's scores, transient
+        return values + len(acts) * n * d * itemsize + 2 * min(m, neurons) * d * itemsize
+
+    def graph(m: int) -> int:  # the adjacency and what pruning holds beside it
+        size = min(m, neurons) + others
+        return size * size * 8 + prune_bytes(size)
+
     device = device_key(engine.device)
     if device != "cpu":  # the adjacency is the CPU's, the rest the device's
-        cpu = engine.memory_budget("cpu")
-        if cpu is not None and adjacency > cpu:
-            refuse_nodes(max_nodes, n, max_logits, cpu, 0, f"the CPU budget ({cpu / 2**20:.0f} MiB)")
-        adjacency = 0
-    if left is None:
-        return rows or ROWS_PER_PASS
-    fixed = max(held + adjacency, 3 * values)  # ranking holds the values, their scores and a flat copy
-    if fixed + per_row > left:
-        if values + per_row > left:
+        cpu, named = engine.memory_budget("cpu"), True
+        if cpu is None:
+            cpu, named = machine.available_memory(), False
+        if cpu is not None and graph(max_nodes) > cpu:
+            where = f"the CPU budget ({cpu / 2**20:.0f} MiB)" if named else \
+                f"this machine's available memory ({cpu / 2**20:.0f} MiB; --max-memory cpu=... sets a budget)"
+            refuse_nodes(max_nodes, lambda m: graph(m) <= cpu, graph, where)
+        need = lambda m: max(held(m), 3 * values) + per_row  # noqa: E731
+    else:
+        need = lambda m: max(held(m) + graph(m), 3 * values) + per_row  # noqa: E731
+    limit = left if left is not None else machine.available_memory()
+    if limit is not None and need(max_nodes) > limit:
+        if values + per_row > limit:
             raise InvalidArgumentError(
                 f"Expected a memory budget that holds the graph's neuron values beside one adjacency row at {n} "
-                f"tokens ({(values + per_row) / 2**20:.0f} MiB on {device}). Got {left / 2**20:.0f} MiB left once "
-                f"the engine's layer and trace are counted."
+                f"tokens ({(values + per_row) / 2**20:.0f} MiB on {device}). Got {limit / 2**20:.0f} MiB "
+                + ("left once the engine's layer and trace are counted." if left is not None else
+                   "available on this machine (--max-memory sets a budget).")
             )
-        refuse_nodes(max_nodes, n, max_logits, left, held - 2 * max_nodes * d * itemsize + per_row,
-                      f"the {device} budget left once the engine's layer and trace are counted "
-                      f"({left / 2**20:.0f} MiB)")
-    return rows or max(1, min((left - fixed) // per_row, max_nodes + max_logits))
+        where = (f"the {device} budget left once the engine's layer and trace are counted ({left / 2**20:.0f} MiB)"
+                 if left is not None else f"this machine's available memory ({limit / 2**20:.0f} MiB; "
+                 "--max-memory sets a budget)")
+        refuse_nodes(max_nodes, lambda m: need(m) <= limit, need, where)
+    if left is None:
+        return rows or ROWS_PER_PASS
+    return rows or max(1, min((left - need(max_nodes) + per_row) // per_row, max_nodes + max_logits))
 
 
-def refuse_nodes(max_nodes: int, n: int, max_logits: int, budget: int, beside: int, where: str) -> None:
-    """Refuse ``max_nodes``, naming how many fit in ``budget`` bytes beside ``beside`` bytes of the rest."""
-    size = max_nodes + n + max_logits
-    fits = max(int((max(budget - beside, 0) / 8) ** 0.5) - n - max_logits, 0)
+def refuse_nodes(max_nodes: int, fits: Callable[[int], bool], need: Callable[[int], int], where: str) -> None:
+    """Refuse ``max_nodes``, naming the largest number of nodes for which ``fits`` holds (``fits`` grows false with
+    the nodes: the number named is then accepted) and what ``need`` says each takes."""
+    low, high = 0, max_nodes  # fits(low) or low == 0; not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    most = low if fits(low) else 0
     raise InvalidArgumentError(
-        f"Expected a --max-nodes whose adjacency fits in {where} beside the rest of the graph "
-        f"({beside / 2**20:.0f} MiB: neuron values, MLP outputs, one row). Got {max_nodes}: {size} nodes take "
-        f"{size * size * 8 / 2**20:.0f} MiB; at most {fits} fit."
+        f"Expected a --max-nodes whose graph fits in {where}: the adjacency and what pruning holds beside it, with "
+        f"the neuron values, MLP outputs and one row. Got {max_nodes}, which needs {need(max_nodes) / 2**20:.0f} MiB; "
+        + (f"at most {most} fit." if most else "none fit.")
     )
 
 
@@ -234,7 +259,7 @@ def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int,
     scale = np.maximum(np.abs(all_values), np.finfo(np.float64).tiny)
     completeness = np.abs(total - all_values) / scale
     receiving = np.r_[np.arange(at.M), at.logits + np.arange(at.K)]
-    kept_share = A[receiving].sum(1) / np.where(all_values != 0, all_values, 1.0)
+    kept_share = A.sum(1)[receiving] / np.where(all_values != 0, all_values, 1.0)
     return A, completeness, kept_share
 
 

@@ -24,10 +24,23 @@ class Pruned:
     cumulative: np.ndarray  # (N,) the share of total influence held by the nodes at least as influential
 
 
+PRUNE_BYTES_PER_ENTRY = 18  # what pruning holds beside the adjacency, per entry (see :func:`prune_bytes`)
+_CHUNK = 1 << 16  # scores summed per step when a threshold is sought
+
+
+def prune_bytes(size: int) -> int:
+    """Bytes :func:`prune` holds at its peak beside the ``(size, size)`` float64 adjacency itself: one normalised
+    copy (the edge scores, 8 bytes an entry), their sorted copy (8) and two masks (1 each), plus the scores' vectors
+    and a threshold's running sums (a chunk's)."""
+    return PRUNE_BYTES_PER_ENTRY * size * size + 128 * size + 2 * 8 * min(_CHUNK + 1, size * size) + 1024
+
+
 def normalised(adjacency: np.ndarray) -> np.ndarray:
-    """``|A|`` with each row (a target's incoming edges) scaled to sum to 1 (rows of zeros stay zero)."""
+    """``|A|`` with each row (a target's incoming edges) scaled to sum to 1 (rows of zeros stay zero); one new
+    array, scaled in place."""
     a = np.abs(adjacency)
-    return a / np.maximum(a.sum(axis=1, keepdims=True), 1e-10)
+    a /= np.maximum(a.sum(axis=1, keepdims=True), 1e-10)
+    return a
 
 
 def influence(a: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -43,13 +56,21 @@ def influence(a: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def threshold(scores: np.ndarray, keep: float) -> float:
-    """The score above which the highest scores hold ``keep`` of their total."""
+    """The score above which the highest scores hold ``keep`` of their total. Holds one sorted copy of ``scores``;
+    the running share is summed a chunk at a time, each chunk continuing the previous one's last sum, so it is the
+    sequential ``cumsum`` to the last bit."""
     ordered = np.sort(scores)[::-1]
     total = ordered.sum()
     if total <= 0:
         return float(ordered[-1]) if ordered.size else 0.0
-    cumulative = np.cumsum(ordered) / total
-    return float(ordered[min(int(np.searchsorted(cumulative, keep)), ordered.size - 1)])
+    carry = ordered.dtype.type(0)
+    for start in range(0, ordered.size, _CHUNK):
+        cumulative = np.cumsum(np.concatenate([[carry], ordered[start:start + _CHUNK]]))[1:]
+        carry = cumulative[-1]
+        cumulative /= total
+        if cumulative[-1] >= keep:
+            return float(ordered[start + int(np.searchsorted(cumulative, keep))])
+    return float(ordered[-1])
 
 
 def prune(adjacency: np.ndarray, n_neurons: int, n_tokens: int, logit_probabilities: np.ndarray,
@@ -69,16 +90,21 @@ def prune(adjacency: np.ndarray, n_neurons: int, n_tokens: int, logit_probabilit
     fixed = size - n_logits - n_tokens  # tokens and logits from here on
     weights = np.zeros(size)
     weights[size - n_logits:] = logit_probabilities
-    node_score = influence(normalised(adjacency), weights)
+    a = normalised(adjacency)  # one (N, N) array at a time beside the adjacency: prune_bytes counts them
+    node_score = influence(a, weights)
+    del a
     nodes = node_score >= threshold(node_score, node_threshold)
     nodes[fixed:] = True
-    kept = adjacency.copy()
-    kept[~nodes] = 0
-    kept[:, ~nodes] = 0
-    a = normalised(kept)
-    edge_score = a * (influence(a, weights) + weights)[:, None]
-    edges = edge_score >= threshold(edge_score.ravel(), edge_threshold)
-    edges &= kept != 0
+    a = np.abs(adjacency)  # the kept nodes' edges, normalised, then scaled into the edge scores in place
+    a[~nodes] = 0
+    a[:, ~nodes] = 0
+    nonzero = a != 0
+    a /= np.maximum(a.sum(axis=1, keepdims=True), 1e-10)
+    a *= (influence(a, weights) + weights)[:, None]
+    edges = a >= threshold(a.ravel(), edge_threshold)
+    del a
+    edges &= nonzero
+    del nonzero
     while True:  # neurons with no edge out, or none in, go; which may strand others
         before = nodes.copy()
         edges[~nodes] = False

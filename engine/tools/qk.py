@@ -33,7 +33,7 @@ from ..inmemory.model_pieces import freeze_model
 from ..inmemory.rows import prompt_position
 from ..interface import Engine, Prompt
 from ..pieces import NotAPiece
-from detjac.graph_index import _replace_text  # files written aside, then renamed
+from detjac.graph_index import replace_text  # files written aside, then renamed
 from .qk_path import Captured, QkPath, attention_child
 from .qk_residual import Components, residual_components
 
@@ -174,7 +174,7 @@ def write_qk(result: QKAttribution, out: str | Path, *, force: bool = False,
     data = result.to_dict()
     data["model"] = {**data["model"], **(model or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_text(path, json.dumps(data))
+    replace_text(path, json.dumps(data))
     return data
 
 

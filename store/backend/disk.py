@@ -5,21 +5,15 @@ removal, ``.npz`` files written aside, and ``OSError`` turned into a StoreError 
 
 from __future__ import annotations
 
-import errno
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from detjac.aside import aside_pid, fsync_dir, new_folder, reason_of, write_file
 from detjac.errors import StoreError
-
-_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
-            errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-            errno.EPERM: "permission denied"}
-
 
 def disk_error(exc: OSError, what: str) -> StoreError:
     """The StoreError to raise when ``what`` (e.g. ``"commit prompt 3f2a..."``) failed with ``exc``.
@@ -37,7 +31,7 @@ def disk_error(exc: OSError, what: str) -> StoreError:
         "Could not <what>: <reason>. Nothing half-written is visible; ...", with the common
         errnos (disk full, quota, read-only, permissions) in words.
     """
-    reason = _REASONS.get(exc.errno or 0, str(exc))
+    reason = reason_of(exc)
     return StoreError(f"Could not {what}: {reason}. Nothing half-written is visible; fix this and re-run to resume.")
 
 
@@ -66,15 +60,6 @@ def disk_refusal(what: str, undo: Callable[[], None] | None = None) -> Iterator[
         raise disk_error(exc, what) from exc
 
 
-def fsync_dir(path: str | Path) -> None:
-    """Flush one file or folder to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(path: Path) -> None:
     """Flush every file and folder under ``path`` (so a rename publishes data that is on disk)."""
     for folder, _, files in os.walk(path):
@@ -95,20 +80,20 @@ def alive(pid: int) -> bool:
 
 
 def discard_folder(path: Path, store: Path | None = None) -> None:
-    """Delete the folder ``path`` crash-safely: rename it aside (``.NAME.old-<pid>``, NAME the name of ``store``,
-    by default ``path`` itself), then delete that.
+    """Delete the folder ``path`` crash-safely: rename it aside (``.NAME.old-<pid>-<random>``, NAME the name of
+    ``store``, by default ``path`` itself), then delete that.
 
     A kill between the two leaves the aside folder, which :func:`clear_aside` of that store removes later; never a
     half-deleted folder under the original name.
     """
-    aside = path.with_name(f".{(store or path).name}.old-{os.getpid()}")
-    shutil.rmtree(aside, ignore_errors=True)
-    os.rename(path, aside)
+    aside = new_folder(path.with_name((store or path).name), "old")  # new, empty: the rename replaces it
+    try:
+        os.rename(path, aside)
+    except BaseException:
+        aside.rmdir()
+        raise
     fsync_dir(path.parent)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-_ASIDE = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)")
 
 
 def aside_entries(folder: Path, dead_only: bool = True) -> list[Path]:
@@ -116,8 +101,8 @@ def aside_entries(folder: Path, dead_only: bool = True) -> list[Path]:
     being written, one being replaced), of processes that are gone (``dead_only``) or any; never a symlink."""
     if not folder.is_dir() or folder.is_symlink():
         return []
-    return sorted(p for p in folder.iterdir() if (m := _ASIDE.fullmatch(p.name)) and not p.is_symlink()
-                  and not (dead_only and alive(int(m["pid"]))))
+    return sorted(p for p in folder.iterdir() if (pid := aside_pid(p.name)) is not None and not p.is_symlink()
+                  and not (dead_only and alive(pid)))
 
 
 def clear_aside_in(folder: Path) -> None:
@@ -130,8 +115,8 @@ def clear_aside(path: Path) -> None:
     """Remove what killed writers left beside the store ``path``: ``.NAME.tmp-<pid>`` (a store being created) and
     ``.NAME.old-<pid>`` (one being replaced), for processes that are gone."""
     for stale in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not alive(int(pid)) and not stale.is_symlink():
+        pid = aside_pid(stale.name, path.name)
+        if pid is not None and not alive(pid) and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -184,19 +169,10 @@ def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -
 
 
 def _write_aside(path: Path, mode: str, write: Callable[[Any], Any]) -> Path:
-    """``write`` an open handle of a file beside ``path``, synced, then renamed into place; a refusal of the file
-    system is a :func:`disk_error`, and nothing half-written stays."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """``write`` an open handle of a file beside ``path`` (a new file under an unpredictable name,
+    :func:`detjac.aside.write_file`), synced, then renamed into place; a refusal of the file system is a
+    :func:`disk_error`, and nothing half-written stays."""
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise disk_error(exc, f"write {path}") from exc
-        raise
-    return path
+        return write_file(path, write, mode)
+    except OSError as exc:
+        raise disk_error(exc, f"write {path}") from exc

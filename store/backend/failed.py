@@ -4,18 +4,17 @@ renamed into place, and removed when the prompt is committed (``docs/store-forma
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
 
 from detjac.errors import StoreError
+from detjac.safe_json import read_json
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, PROMPT_ID, attrs_digest, check_prompt_id, check_seal, read_attrs, refuse_links
-from .disk import disk_refusal
+from .disk import disk_refusal, new_folder
 
 
 def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
@@ -24,11 +23,12 @@ def record(store_path: Path, prompt_id: str, attrs: dict[str, Any]) -> None:
 
     folder = refuse_links(store_path, fmt.FAILED)
     final = folder / check_prompt_id(prompt_id)
-    tmp = folder / f".{prompt_id}.tmp-{secrets.token_hex(4)}"
-    with disk_refusal(f"record the failure of prompt {prompt_id} in {store_path}",
-                      lambda: shutil.rmtree(tmp, ignore_errors=True)):
+    what = f"record the failure of prompt {prompt_id} in {store_path}"
+    with disk_refusal(what):
         if not (folder / "zarr.json").is_file():
             zarr.open_group(str(folder), mode="a", zarr_format=3)
+        tmp = new_folder(final)  # new, under an unpredictable name: never a link planted there
+    with disk_refusal(what, lambda: shutil.rmtree(tmp, ignore_errors=True)):
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         record = {**attrs, "failed_at": fmt.now()}
         group.attrs.update({**record, INTEGRITY: {"attrs_sha256": attrs_digest(record), "files": {}}})
@@ -47,7 +47,7 @@ def read_all(store_path: Path) -> dict[str, dict[str, Any]]:
         if not PROMPT_ID.fullmatch(entry.name) or entry.is_symlink() or not meta.is_file():
             continue  # temporary names; anything else is reported by verify
         try:
-            attrs = json.loads(meta.read_text()).get("attributes", {})
+            attrs = read_json(meta).get("attributes", {})
         except (OSError, ValueError, AttributeError) as exc:
             raise StoreError(f"Expected a readable failure record at {meta}. Got: {exc}.") from exc
         records[entry.name] = {k: v for k, v in attrs.items() if k != INTEGRITY}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detjac.errors import StoreError
+from detjac.safe_json import parse_json
 
 from .. import format as fmt
 from .disk import disk_error
@@ -95,7 +96,7 @@ def holder(path: Path) -> dict[str, Any] | None:
     except OSError:
         return None
     try:
-        record = json.loads(text) if text.strip() else None
+        record = parse_json(text) if text.strip() else None
     except ValueError:
         return None
     if isinstance(record, dict) and file.name != fmt.LOCK:

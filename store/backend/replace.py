@@ -1,5 +1,6 @@
-"""A store replaced by ``--force-new`` is kept aside (``.NAME.replaced-<pid>``) until the new run holds a prompt, and
-put back otherwise, also by the next writer after a kill (``docs/store-format.md``, "Replacing a store").
+"""A store replaced by ``--force-new`` is kept aside (``.NAME.replaced-<pid>-<random>``) until the new run holds a
+prompt, and put back otherwise, also by the next writer after a kill (``docs/store-format.md``, "Replacing a
+store").
 """
 
 from __future__ import annotations
@@ -7,14 +8,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from detjac.aside import aside_pid, new_folder
+
 from .. import format as fmt
 from ..integrity import PROMPT_ID
+
 from .disk import alive, discard_folder, fsync_dir
 
 
 def replaced_name(path: Path) -> Path:
-    """Where this process's ``--force-new`` keeps the store it replaces."""
-    return path.with_name(f".{path.name}.replaced-{os.getpid()}")
+    """Where this process's ``--force-new`` keeps the store it replaces: a new, empty folder beside it under an
+    unpredictable name (``.NAME.replaced-<pid>-<random>``), which the rename of the store replaces."""
+    return new_folder(path, "replaced")
 
 
 def has_prompts(path: Path) -> bool:
@@ -43,7 +48,7 @@ def settle_replaced(path: Path) -> list[Path]:
     restored = []
     asides = [p for p in path.parent.glob(f".{path.name}.replaced-*") if not p.is_symlink()]
     for aside in sorted(asides, key=lambda p: p.stat().st_mtime):
-        pid = aside.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not alive(int(pid)) and restore_or_drop(path, aside):
+        pid = aside_pid(aside.name, path.name, ("replaced",))
+        if pid is not None and not alive(pid) and restore_or_drop(path, aside):
             restored.append(aside)
     return restored[-1:]

@@ -1,5 +1,6 @@
 """Sealed groups written whole and replaced atomically (analysis results, lens groups): built as
-``.<name>.tmp-<pid>``, sealed, flushed and renamed into place; read back only if every file matches its seal
+``.<name>.tmp-<pid>-<random>`` (``detjac.aside``), sealed, flushed and renamed into place; read back only if every
+file matches its seal
 (``docs/store-format.md``, "Integrity"). Nothing here imports torch.
 """
 
@@ -14,7 +15,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..integrity import INTEGRITY, CorruptError, check_name, check_seal, read_attrs, refuse_links, seal
-from .disk import clear_aside_in, disk_refusal, fsync_tree
+from .claimed import check_claimed
+from .disk import clear_aside_in, disk_refusal, fsync_tree, new_folder
 
 
 def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any], what: str,
@@ -46,20 +48,22 @@ def write_sealed(folder: Path, name: str, arrays: dict[str, np.ndarray], attrs: 
     check_name(name, "a group name")
     final = refuse_links(folder, name)
     clear_aside_in(folder)  # what killed writes left here (their processes are gone)
-    tmp = folder / f".{name}.tmp-{os.getpid()}"
-    old = folder / f".{name}.old-{os.getpid()}"
+    with disk_refusal(what):
+        tmp = new_folder(final)  # new, under an unpredictable name: never a link planted there
     with disk_refusal(what, lambda: shutil.rmtree(tmp, ignore_errors=True)):
-        shutil.rmtree(tmp, ignore_errors=True)
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         for key, values in arrays.items():
             fmt.put_array(group, check_name(key, "an array name"), values, (dims or {}).get(key))
         group.attrs.update({**attrs, "written_at": fmt.now()})
         group.attrs.update({INTEGRITY: seal(tmp, read_attrs(tmp))})
         fsync_tree(tmp)
+        old = None
         if final.exists():
+            old = new_folder(final, "old")
             os.rename(final, old)
         os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -85,8 +89,16 @@ def read_sealed(path: Path, what: str, *, sealed: bool = True, arrays: bool = Tr
     attrs.pop(INTEGRITY, None)
     if not arrays:
         return {}, attrs
+    try:
+        check_claimed(path, what)  # read whole: what the arrays' metadata claims must agree and fit, first
+    except CorruptError as exc:
+        raise CorruptError(f"Expected an intact {what}. Got a damaged one: {exc}. {hint}") from exc
     group = open_group(path, what, None if sealed else sparse_any)
-    return {key: group[key][...] for key in group.array_keys()}, attrs
+    try:
+        return {key: group[key][...] for key in group.array_keys()}, attrs
+    except ValueError as exc:  # a chunk of another length than its array's metadata says (resealed)
+        raise CorruptError(f"Expected an intact {what}. Got a damaged one: a chunk that does not decode to its "
+                           f"array's shape ({exc}). {hint}") from exc
 
 
 def remove_sealed(folder: Path, name: str) -> None:
@@ -94,8 +106,7 @@ def remove_sealed(folder: Path, name: str) -> None:
     final = refuse_links(folder, check_name(name, "a group name"))
     if not final.exists():
         return
-    aside = folder / f".{name}.old-{os.getpid()}"
-    shutil.rmtree(aside, ignore_errors=True)
     with disk_refusal(f"remove {final}"):
+        aside = new_folder(final, "old")
         os.rename(final, aside)
     shutil.rmtree(aside, ignore_errors=True)

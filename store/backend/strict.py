@@ -5,12 +5,13 @@ where zarr would read the fill value or raise a bare ``ValueError`` inside a das
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from zarr.storage import LocalStore
+
+from detjac.safe_json import read_json
 
 from ..integrity import CorruptError, is_chunk_key, refuse_links
 
@@ -59,7 +60,7 @@ class StrictLocalStore(LocalStore):
         known = self.__dict__.setdefault("_layouts", {})
         if array not in known:
             try:
-                meta = json.loads((Path(self.root) / array / "zarr.json").read_text())
+                meta = read_json(Path(self.root) / array / "zarr.json")
             except (OSError, ValueError) as exc:
                 raise CorruptError(f"Expected the metadata of array {array or '.'} of {self.what}. Got an unreadable "
                                    f"one: {exc}") from exc

@@ -1,5 +1,5 @@
-"""The zarr backend, creating a store: built as ``.NAME.tmp-<pid>`` and renamed into place; ``--force-new`` keeps the
-old store aside until the new one holds a prompt (:mod:`.replace`); deletions rename aside first
+"""The zarr backend, creating a store: built as ``.NAME.tmp-<pid>-<random>`` and renamed into place; ``--force-new``
+keeps the old store aside until the new one holds a prompt (:mod:`.replace`); deletions rename aside first
 (``docs/store-format.md``, "Replacing a store").
 """
 
@@ -20,7 +20,7 @@ from .. import format as fmt
 from ..integrity import file_digest
 from ..location import store_path
 from . import lock
-from .disk import clear_aside, discard_folder, disk_error, fsync_dir, fsync_tree
+from .disk import clear_aside, discard_folder, disk_error, fsync_dir, fsync_tree, new_folder
 from .replace import replaced_name, restore_or_drop, settle_replaced
 from .zarr_store import ZarrStore
 
@@ -74,8 +74,10 @@ def _new_store(path: Path, run: dict[str, Any], arrays: dict[str, Any] | None = 
     """Create the store under a temporary name and rename it into place."""
     import zarr
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp = new_folder(path)  # new, under an unpredictable name: never a link planted there
+    except OSError as exc:
+        raise disk_error(exc, f"create the store {path}") from exc
     try:
         root = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         root.create_group(fmt.PROMPTS)
@@ -175,8 +177,11 @@ def _replace_or_resume(path: Path, run: dict[str, Any], force_new: bool) -> Path
         held = lock.acquire(path)  # refuse to replace a store that another writer is using
         try:
             aside = replaced_name(path)
-            shutil.rmtree(aside, ignore_errors=True)
-            os.rename(path, aside)  # kept until the new run holds a prompt (store/backend/replace.py)
+            try:
+                os.rename(path, aside)  # kept until the new run holds a prompt (store/backend/replace.py)
+            except BaseException:
+                aside.rmdir()
+                raise
             fsync_dir(path.parent)
         finally:
             lock.release(held)

@@ -16,8 +16,10 @@ from detjac.targets import Target
 
 from .. import format as fmt
 from ..graph_tables import check_tables, graph_json
-from ..integrity import CorruptError, check_attrs_seal, check_name, check_seal, damage_reason, read_attrs
+from ..integrity import (CorruptError, check_attrs_seal, check_hashes, check_name, check_seal, damage_reason,
+                         read_attrs)
 from ..reader import VerifyResult
+from .claimed import check_claimed, prompt_bounds
 from ..schema import attrs_problem
 from ..stored_prompt import StoredPrompt
 
@@ -69,6 +71,9 @@ class ZarrPrompt(StoredPrompt):
         self.path, self.id, self.store = path, path.name, store
         self.attrs = checked_attrs(path, store)
         what = f"prompt {self.id} in {store.path}"
+        n_tokens = self.attrs.get("n_tokens")
+        if type(n_tokens) is int:  # shapes the metadata claims, against the prompt and the model, before any read
+            check_claimed(path, what, *prompt_bounds(path, n_tokens), whole=False)
         self._group = open_group(path, what, None if store.sealed else sparse_layerwise)
 
     def _full(self) -> Any:
@@ -141,9 +146,9 @@ class ZarrPrompt(StoredPrompt):
         return xr.open_zarr(self.path, consolidated="consolidated_metadata" in self._metadata())
 
     def _metadata(self) -> dict[str, Any]:
-        import json
+        from detjac.safe_json import read_json
 
-        return json.loads((self.path / "zarr.json").read_text())
+        return read_json(self.path / "zarr.json")
 
     def graph(self) -> dict[str, Any] | None:
         read = self._graph_group()
@@ -160,8 +165,23 @@ class ZarrPrompt(StoredPrompt):
         """The graph group's arrays (every chunk decoded and checked) and attributes; None without a graph."""
         if fmt.GRAPH not in self._group.group_keys():
             return None
+        check_claimed(self.path / fmt.GRAPH, f"the graph of prompt {self.id} in {self.store.path}",
+                      at_most=prompt_bounds(self.path, self.n_tokens)[1])  # read whole: it must fit
+        if self.store.sealed:  # every chunk's SHA-256 before any is decoded: an equal-sized swap never reads back
+            try:
+                check_hashes(self.path, self.attrs, f"{fmt.GRAPH}/")
+            except CorruptError as exc:
+                raise CorruptError(f"Expected an intact graph of prompt {self.id} in {self.store.path}. Got a damaged "
+                                   f"one: {exc}. `detjac store verify` checks every prompt.") from exc
         group = self._group[fmt.GRAPH]
-        return self._checked(lambda: ({name: group[name][...] for name in group.array_keys()}, dict(group.attrs)))
+
+        def read() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+            try:
+                return {name: group[name][...] for name in group.array_keys()}, dict(group.attrs)
+            except ValueError as exc:  # a chunk of another length than its array's metadata says (resealed)
+                raise StoreError(f"a chunk that does not decode to its array's shape ({exc})") from exc
+
+        return self._checked(read)
 
     def _checked(self, read: Any) -> Any:
         """``read()``, a damaged graph's StoreError raised as a CorruptError naming the prompt."""

@@ -84,3 +84,22 @@ def test_a_store_without_graphs_is_refused(tmp_path):
         recurring_neurons(open_store(made.path))
     result = CliRunner().invoke(main, ["analyze", "graphs", str(made.path)])
     assert result.exit_code == 1 and "detjac run --graph" in result.output
+
+
+@pytest.mark.parametrize("name", ["neurons.csv", "neurons.parquet"])
+def test_a_full_disk_leaves_no_table_and_says_so_in_one_line(store, tmp_path, monkeypatch, name):
+    import errno
+
+    import pyarrow.parquet as pq
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    st, _ = store
+    monkeypatch.setattr(csv.DictWriter, "writerows", full)  # the disk fills while the rows are written
+    monkeypatch.setattr(pq, "write_table", full)
+    result = CliRunner().invoke(main, ["analyze", "graphs", str(st.path), "--table", str(tmp_path / name)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"Expected to write the table {tmp_path / name}. Got the disk is full; nothing was written there." in \
+        result.output.replace("\n", " ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.zarr"]

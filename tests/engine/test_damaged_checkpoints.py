@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import struct
 from pathlib import Path
@@ -18,6 +19,11 @@ from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 from detjac.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
+
+
+class _Call:
+    def __reduce__(self):
+        return (os.getcwd, ())
 
 
 def damaged(tmp_path: Path, how: str) -> Path:
@@ -45,6 +51,9 @@ def damaged(tmp_path: Path, how: str) -> Path:
         key = "model.layers.1.mlp.up_proj.weight"
         tensors[key] = tensors[key][:-1].clone()
         save_file(tensors, weights, metadata={"format": "pt"})
+    elif how == "pickle":  # a .bin whose pickle calls a function: refused by weights_only, never run
+        weights.unlink()
+        (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Call(), protocol=2))
     elif how == "tokenizer":
         (folder / "tokenizer.json").write_text('{"version": "1.0", "model": tru')
     else:
@@ -63,6 +72,8 @@ def damaged(tmp_path: Path, how: str) -> Path:
     ("offsets", r"Expected model\.norm\.weight in .* to span \d+ bytes \(shape \(257,\), F32\)"),
     ("shape", r"Got 1 of another shape: model\.layers\.1\.mlp\.up_proj\.weight \(703, 256\) \(checkpoint\) != "
               r"\(704, 256\) \(config\)"),
+    ("pickle", r"Expected weights that torch\.load\(weights_only=True\) reads in .*Got a pickled file that holds "
+               r"other objects \(.*getcwd.*\); it was not loaded"),
     ("tokenizer", r"Expected a readable tokenizer in .*tokenizer \(tokenizer\.json, .*\)\. Got \w+Error: "),
     ('hidden_size="256"', r"Expected hidden_size in .*config\.json to be a positive integer\. Got '256' \(str\)"),
     ("num_hidden_layers=0", r"Expected num_hidden_layers in .* to be a positive integer\. Got 0 \(int\)"),
@@ -73,6 +84,8 @@ def damaged(tmp_path: Path, how: str) -> Path:
     ("max_position_embeddings=1000000000000", r"Expected max_position_embeddings .* at most 16777216"),
 ])
 def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path: Path, how: str, message: str, streamed: bool) -> None:
+    if how == "pickle" and streamed:
+        message = r"Expected \*\.safetensors weights .* for the layer-streamed engine"
     folder = damaged(tmp_path, how.split("=")[0] if "=" not in how else how)
     with pytest.raises(CheckpointError, match=message) as caught:
         load_engine(folder, streamed=streamed)

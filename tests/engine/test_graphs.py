@@ -3,6 +3,8 @@ cut model, both engines alike, the pullback primitive's refusals, and bad input 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -297,8 +299,8 @@ def test_bad_settings_and_prompts_are_refused_before_any_work():
         attribution_graph(engine, IDS, logit_probability=1.5)
     with pytest.raises(PromptError):
         attribution_graph(engine, [])
-    budgeted = StreamedEngine(engine.model, max_memory="cpu=64MiB")
-    with pytest.raises(InvalidArgumentError, match="--max-nodes whose adjacency fits .* Got 7500: .* at most \\d+ fit"):
+    budgeted = StreamedEngine(engine.model, max_memory="cpu=24MiB")  # not all 1,440 neurons' graph
+    with pytest.raises(InvalidArgumentError, match="--max-nodes whose graph fits .* Got 7500, .* at most \\d+ fit"):
         attribution_graph(budgeted, IDS)
 
 
@@ -316,6 +318,95 @@ def test_under_a_budget_the_graph_is_the_same_and_its_passes_are_sized_by_what_t
         g = attribution_graph(StreamedEngine(model, max_memory=f"cpu={budget}B"), IDS, max_nodes=40)
         assert np.abs(g.adjacency - free.adjacency).max() <= 1e-12 * np.abs(free.adjacency).max()
     assert 1 <= sizes[0] < sizes[1] == 40 + 10  # a small budget: fewer rows a pass; a large one: every row at once
-    with pytest.raises(InvalidArgumentError, match="--max-nodes whose adjacency fits in the cpu budget left .* "
-                                                   "Got 2000: .* at most \\d+ fit"):
+    with pytest.raises(InvalidArgumentError, match="--max-nodes whose graph fits in the cpu budget left .* "
+                                                   "Got 2000, .* at most \\d+ fit"):
         attribution_graph(StreamedEngine(model, max_memory=f"cpu={own + 2**18}B"), IDS, max_nodes=2000)
+
+
+# -- memory: the graph's whole working set, bounded ------------------------------------------------------------
+
+
+def _most(error) -> int:
+    import re
+
+    return int(re.search(r"at most (\d+) fit", str(error.value))[1])
+
+
+class _Reached(Exception):
+    """The work got past the budget's check to the adjacency's pullbacks."""
+
+
+def _reached(*args):
+    raise _Reached
+
+
+def test_a_refusal_names_a_number_of_nodes_that_is_then_accepted(monkeypatch):
+    from detjac.engine.tools import attribution
+
+    model = _model("llama")
+    calls: list[int] = []
+    monkeypatch.setattr(attribution, "adjacency", lambda *a: calls.append(1) or _reached())
+    with pytest.raises(InvalidArgumentError, match="Got 1000, which needs .* MiB; at most \\d+ fit") as refused:
+        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, max_nodes=1000)
+    most = _most(refused)
+    assert 0 < most < 1000 and not calls  # refused before any pullback
+    with pytest.raises(_Reached):  # accepted: the work goes on to the adjacency
+        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, max_nodes=most)
+    with pytest.raises(InvalidArgumentError, match=f"Got {most + 1}, .* at most {most} fit"):
+        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, max_nodes=most + 1)
+
+
+def test_pruning_holds_no_more_than_the_budget_counts():
+    import tracemalloc
+
+    from detjac.engine.tools.graph_prune import prune, prune_bytes
+
+    rng = np.random.default_rng(0)
+    for size in (40, 700):
+        adjacency = np.tril(rng.standard_normal((size, size)), -1)
+        tracemalloc.start()
+        prune(adjacency, size - 15, 10, rng.dirichlet(np.ones(5)))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak <= prune_bytes(size) < 3 * 8 * size * size + 2**20  # ~2 copies, not the ~5 it once held
+
+
+def test_without_a_budget_the_machine_s_available_memory_bounds_the_graph(monkeypatch):
+    from detjac import machine
+
+    monkeypatch.setattr(machine, "available_memory", lambda: 12 * 2**20)
+    with pytest.raises(InvalidArgumentError, match="this machine's available memory .* at most \\d+ fit") as refused:
+        attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=10**12)
+    assert "Got 1000000000000, which needs" in str(refused.value)
+    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=_most(refused))
+    assert g.n_neurons == _most(refused)
+
+
+# -- writing a graph -------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_keeps_the_computed_graph_and_says_where(tmp_path, monkeypatch):
+    import errno
+    import json
+
+    from detjac.engine import write_graph
+    from detjac import graph_index
+    from detjac.errors import OutputError
+
+    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=20)
+    (tmp_path / "graph-metadata.json").write_text("[" * 100_000 + "]" * 100_000)  # unreadable: started anew
+    write_graph(g, tmp_path / "g.json", model="tiny")
+    assert [e["slug"] for e in json.loads((tmp_path / "graph-metadata.json").read_text())["graphs"]] == ["g"]
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(graph_index, "replace_text", full)
+    with pytest.raises(OutputError, match=r"Expected to write the graph to .*h\.json.* Got the disk is full; the graph "
+                                          r"is kept in (\S+)\.$") as caught:
+        write_graph(g, tmp_path / "h.json", model="tiny")
+    kept = str(caught.value).rsplit("kept in ", 1)[1].removesuffix(".")
+    try:
+        assert json.loads(open(kept).read())["metadata"]["slug"] == "h" and not (tmp_path / "h.json").exists()
+    finally:
+        os.unlink(kept)

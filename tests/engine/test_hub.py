@@ -73,6 +73,22 @@ def test_missing_id_or_revision_names_the_fetch_command(hub: Path) -> None:
         check_checkpoint_dir(REPO, revision="v2")
 
 
+def test_a_revision_or_a_refs_file_never_leads_outside_the_cache(hub: Path, tmp_path: Path) -> None:
+    from detjac.errors import InvalidArgumentError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")  # what an escape would load
+    with pytest.raises(InvalidArgumentError, match=r"Expected a revision of .* Got '\.\./\.\./\.\./outside'"):
+        check_checkpoint_dir(REPO, revision="../../../outside")
+    refs = hub.parent.parent / "refs"
+    (refs / "evil").write_text("../../../../outside")  # the variant: a refs file that names a path
+    with pytest.raises(CheckpointError, match=r"Expected a commit hash \(40 hexadecimal digits\) in .*evil\. Got "
+                                              r"'\.\./\.\./\.\./\.\./outside'"):
+        check_checkpoint_dir(REPO, revision="evil")
+    assert check_checkpoint_dir(REPO) == hub  # main is untouched
+
+
 def test_cli_takes_a_hub_id_and_explains_a_missing_one(hub: Path) -> None:
     runner = CliRunner()
     ok = runner.invoke(main, ["jacobian", REPO, "-p", PROMPT, "--k", "1", "--top", "1"])

@@ -57,6 +57,17 @@ def test_nan_and_infinity_in_a_prompts_file_are_refused_naming_the_line(tmp_path
             read_prompts(path)
 
 
+def test_json_a_parser_cannot_hold_in_a_prompts_line_is_refused_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    for bad, got in (("[" * 100_000 + "]" * 100_000, "values nested too deep to read"),
+                     ('{"prompt": "a", "seed": ' + "7" * 5000 + "}", "an integer of 5000 digits"),
+                     ('{"prompt": "a", "score": 1e400}', "the number 1e400, which is not finite")):
+        path.write_text('{"prompt": "fine"}\n' + bad + "\n")
+        with pytest.raises(PromptsFileError, match=f"on line 2 of .*Got {got}") as caught:
+            read_prompts(path)
+        assert "\n" not in str(caught.value)
+
+
 def test_prompt_lines_end_at_newlines_only_and_the_format_comes_from_the_name(tmp_path: Path) -> None:
     odd = "one\x0cform feed\x85next line\u2028line separator\u2029paragraph\ra lone CR"  # none of these ends a line
     txt = tmp_path / "p.txt"

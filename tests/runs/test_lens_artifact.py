@@ -124,7 +124,17 @@ class Opaque:  # a pickled object: torch.load(weights_only=True) must refuse to 
     ({"J": {"a": torch.eye(D)}, "n_prompts": 2, "d_model": D}, "Expected layer indices"),
     ({"weights": torch.eye(D)}, "Expected a Jacobian-lens artifact .* Got \\['weights'\\]"),
     ({"J": {0: Opaque()}, "n_prompts": 2, "d_model": D}, "readable by torch.load\\(weights_only=True\\)"),
-], ids=["no-count", "d_model", "source-layers", "non-finite", "not-square", "sizes", "layer-key", "keys", "pickle"])
+    ({"J": {0: torch.zeros(1, 1).expand(30000, 30000)}, "n_prompts": 2, "d_model": 30000},
+     "Got \\(30000, 30000\\) \\(900000000 values\\) over 4 bytes of storage \\(strides \\(0, 0\\)\\), which would "
+     "expand to 6.7 GiB"),
+    ({"J": {0: torch.eye(D), 1: torch.zeros(D).expand(D, D)}, "n_prompts": 2, "d_model": D}, "over 1024 bytes"),
+    ({"J": {0: torch.empty(D, D, device="meta")}, "n_prompts": 2, "d_model": D}, "Got a meta-device tensor"),
+    ({"J": dict.fromkeys(range(50), torch.eye(D)), "n_prompts": 2, "d_model": D},
+     f"Got 50 matrices \\({50 * D * D * 4} bytes\\) over 1 storage of {D * D * 4} bytes"),
+    ({"J": {0: torch.eye(D, dtype=torch.int64)}, "n_prompts": 2, "d_model": D}, "floating-point .* Got dtype int64"),
+    ({"J": {0: torch.eye(D, dtype=torch.complex64)}, "n_prompts": 2, "d_model": D}, "Got dtype complex64"),
+], ids=["no-count", "d_model", "source-layers", "non-finite", "not-square", "sizes", "layer-key", "keys", "pickle",
+        "stride-0", "stride-0-row", "meta", "shared", "int", "complex"])
 def test_a_malformed_artifact_is_refused_in_one_line(tmp_path, payload, message) -> None:
     path = tmp_path / "bad.pt"
     torch.save(payload, path)
@@ -199,3 +209,38 @@ def test_export_of_a_same_position_lens_takes_the_gain_from_the_model(tmp_path) 
     want = _lens(target="to_output", layers=(0, 3)).operator(0) / gain[:, None]
     assert np.abs(payload["J"][0].double().numpy() - want).max() <= 1e-6 * np.abs(want).max()
     assert payload["metadata"]["detjac"]["converted"].startswith("rows divided by the final norm's gain")
+
+
+def test_export_never_writes_through_a_link_planted_at_a_temporary_name(tmp_path) -> None:
+    import os
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    out = tmp_path / "l.pt"
+    for planted in (f".l.pt.{os.getpid()}.tmp", f".l.pt.tmp-{os.getpid()}"):
+        (tmp_path / planted).symlink_to(victim)
+    export_lens(_lens(), out)
+    assert victim.read_text() == "precious" and not out.is_symlink()
+    assert read_lens(out).layers.tolist() == [0, 1, 2]
+
+
+def test_a_hub_lens_never_leaves_the_cache(tmp_path, monkeypatch) -> None:
+    data = export_lens(_lens(), tmp_path / "x.pt", dtype="float32").read_bytes()
+    cache = tmp_path / "hub"
+    snapshot = fabricate_hub_cache(cache, "someorg/lens", tmp_path, files={"lens.pt": data})
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "lens.pt").write_bytes(data)  # what an escape would read
+    with pytest.raises(InvalidArgumentError, match=r"Expected a revision of someorg/lens .* Got '(\.\./){3}outside'"):
+        read_lens("someorg/lens@../../../outside:lens.pt")
+    refs = cache / "models--someorg--lens" / "refs"
+    (refs / "evil").write_text("../../../outside")
+    with pytest.raises(CheckpointError, match=r"Expected a commit hash \(40 hexadecimal digits\) in .*evil\. Got "
+                                              r"'\.\./\.\./\.\./outside'"):
+        read_lens("someorg/lens@evil:lens.pt")
+    (snapshot / "linked.pt").symlink_to(outside / "lens.pt")  # the variant: a snapshot entry linking out
+    with pytest.raises(CheckpointError, match="inside its folder of the Hugging Face cache .* Got a link to"):
+        read_lens("someorg/lens:linked.pt")
+    assert read_lens(f"someorg/lens@{snapshot.name}:lens.pt").layers.tolist() == [0, 1, 2]  # a commit still works

@@ -129,3 +129,55 @@ def test_a_removed_graph_array_is_damage(graph_store):
     (folder / "graph" / "link_target" / "c" / "0").unlink()
     verify = CliRunner().invoke(main, ["store", "verify", str(store.path)])
     assert verify.exit_code == 1 and f"CORRUPT {pid}: missing file graph/link_target/c/0" in verify.output
+
+
+def _swap(a, b):
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+def test_equal_sized_chunks_swapped_within_a_prompt_never_read_back(graph_store):
+    store, written = graph_store
+    pid = sorted(written)[0]
+    graph = store.path / "prompts" / pid / "graph"
+    chunks = [graph / name / "c" / "0" for name in ("node_index", "node_feature")]
+    assert chunks[0].stat().st_size == chunks[1].stat().st_size  # what a size check cannot see
+    _swap(*chunks)
+    for read in ("graph", "graph_arrays"):
+        with pytest.raises(CorruptError, match=f"Expected an intact graph of prompt {pid} .* file "
+                                               "graph/node_feature/c/0 changed since commit"):
+            getattr(open_store(store.path).get(pid), read)()
+    exported = CliRunner().invoke(main, ["analyze", "graphs", str(store.path)])
+    assert exported.exit_code == 1 and "changed since commit" in exported.output and "Traceback" not in exported.output
+    reseal(graph.parent)  # behind a seal made anew: the columns contradict each other
+    with pytest.raises(CorruptError, match="Expected node columns that agree with each other. Got 4 neurons with .* "
+                                           "a feature that is not the code of its"):
+        open_store(store.path).get(pid).graph()
+
+
+def test_a_chunk_swapped_between_prompts_never_reads_back(tmp_path):
+    graphs = iter([NEURONS, [(0, 2, 1), (1, 4, 2), (1, 6, 3), (0, 1, 0)]])  # other neurons, as many
+    made = make_store(tmp_path / "g.zarr", prompts=2, graphs=lambda truth: synthetic_graph(truth, next(graphs)))
+    chunks = [made.path / "prompts" / pid / "graph" / "node_feature" / "c" / "0" for pid in sorted(made.prompts)]
+    assert chunks[0].read_bytes() != chunks[1].read_bytes() and chunks[0].stat().st_size == chunks[1].stat().st_size
+    _swap(*chunks)
+    for pid in sorted(made.prompts):
+        with pytest.raises(CorruptError, match="file graph/node_feature/c/0 changed since commit"):
+            open_store(made.path).get(pid).graph()
+
+
+def test_a_chunk_of_another_node_count_is_one_line(tmp_path):
+    from store_helpers import reseal as reseal_group
+
+    graphs = iter([NEURONS, NEURONS[:2]])
+    made = make_store(tmp_path / "g.zarr", prompts=2, graphs=lambda truth: synthetic_graph(truth, next(graphs)))
+    big, small = sorted(made.prompts)
+    folder = made.path / "prompts" / big
+    (folder / "graph" / "node_kind" / "c" / "0").write_bytes(
+        (made.path / "prompts" / small / "graph" / "node_kind" / "c" / "0").read_bytes())
+    with pytest.raises(CorruptError, match="changed since commit|has \\d+ bytes"):
+        open_store(made.path).get(big).graph()
+    reseal_group(folder)  # resealed: the chunk decodes to fewer values than its array's shape
+    with pytest.raises(CorruptError, match="a chunk that does not decode to its array's shape"):
+        open_store(made.path).get(big).graph()

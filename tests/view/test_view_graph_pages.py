@@ -48,9 +48,19 @@ def test_a_file_that_is_not_a_graph_is_refused_in_one_line(graph_file, tmp_path)
     graph = json.loads(graph_file.read_text())
     cases = {"not-json.json": "{nodes", "no-links.json": json.dumps({"nodes": []}),
              "stray-link.json": json.dumps({**graph, "links": [{"source": "E_1_0", "target": "nowhere", "weight": 1}]}),
-             "no-position.json": json.dumps({**graph, "nodes": [{"node_id": "x", "layer": "E"}]})}
+             "no-position.json": json.dumps({**graph, "nodes": [{"node_id": "x", "layer": "E"}]}),
+             "deep.json": "[" * 100_000 + "]" * 100_000,
+             "infinite.json": json.dumps({**graph, "nodes": [{"node_id": "x", "layer": 1, "ctx_idx": 0}]}).replace(
+                 '"layer": 1', '"layer": Infinity'),
+             "digits.json": json.dumps({**graph, "nodes": [{"node_id": "x", "layer": 1, "ctx_idx": 0}]}).replace(
+                 '"layer": 1', '"layer": ' + "7" * 5000),
+             "huge-layer.json": json.dumps({**graph, "nodes": [{"node_id": "x", "layer": 1e300, "ctx_idx": 0}]}),
+             "digit-string.json": json.dumps({**graph, "nodes": [{"node_id": "x", "layer": "7" * 4000, "ctx_idx": 0}]})}
     expected = {"not-json.json": "cannot be read as JSON", "no-links.json": "an object with 'metadata', 'nodes'",
-                "stray-link.json": "to join two of its nodes", "no-position.json": "a ctx_idx"}
+                "stray-link.json": "to join two of its nodes", "no-position.json": "a ctx_idx",
+                "deep.json": "values nested too deep to read", "infinite.json": "Infinity, which standard JSON",
+                "digits.json": "an integer of 5000 digits", "huge-layer.json": "Expected a node layer 'E' or a number",
+                "digit-string.json": "Expected a node layer 'E' or a number"}
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
         with pytest.raises(InvalidArgumentError, match=expected[name]):

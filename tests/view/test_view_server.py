@@ -175,3 +175,56 @@ def test_a_store_replaced_under_a_running_viewer_is_read_anew(tmp_path):
         from detjac.store import open_store
 
         assert get(server, key) == (200, json.loads(json.dumps(Pages(open_store(second.path)).data(key))))
+
+
+class _BigPages:
+    """Pages whose one key is a JSON body of a few MB."""
+
+    def refresh(self) -> bool:
+        return False
+
+    def data(self, key: str) -> dict:
+        return {"blob": "x" * (8 << 20)}
+
+
+def _slow_read(port: int, path: str) -> tuple[int, int]:
+    """(Content-Length, bytes read) of ``path``, read 32 KiB at a time with pauses (a slow reader)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+    sock.settimeout(10)
+    raw = b""
+    while True:
+        piece = sock.recv(32 * 1024)
+        if not piece:
+            break
+        raw += piece
+        time.sleep(0.008)
+    sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    return length, len(body)
+
+
+def test_a_large_body_to_slow_readers_at_once_is_sent_whole(monkeypatch):
+    readers = 2
+    monkeypatch.setattr(view_server.ViewHandler, "timeout", 0.4)  # far less than the whole body takes
+    server = view_server.ViewServer(_BigPages(), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        got: list[tuple[int, int]] = []
+        threads = [threading.Thread(target=lambda: got.append(_slow_read(server.port, "/api/big")))
+                   for _ in range(readers)]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert time.perf_counter() - started > 0.4  # the reads took longer than the timeout
+        assert len(got) == readers and all(length == read > 8 << 20 for length, read in got), got
+    finally:
+        server.shutdown()
+        server.server_close()
