@@ -15,7 +15,7 @@ from detjac.aside import aside_pid, write_file
 from detjac.store import create_store
 from detjac.store.backend.disk import aside_entries, write_npz
 from detjac.store.backend.sealed import write_sealed
-from detjac.view.static_export import export
+from detjac.view.static_export import export_static
 
 
 def _plant(folder, name, victim):
@@ -57,7 +57,7 @@ def test_a_store_and_a_snapshot_are_never_built_through_a_planted_link(tmp_path)
     _plant(tmp_path, "s.zarr", victim)
     _plant(tmp_path, "snap", victim)
     store = make_store(tmp_path / "s.zarr", prompts=1)
-    export(store.open(), tmp_path / "snap")
+    export_static(store.open(), tmp_path / "snap")
     assert list(victim.iterdir()) == []
     other = {**store.run, "model_id": "other"}  # the variant: --force-new sets the old store aside
     with create_store(store.path, other, force_new=True, model_data=lambda: store.model.model_data("float64")):
