@@ -16,7 +16,14 @@ from detjac.targets import DEFAULT_ROW_BLOCK
 from .analyze_cmds import analyze
 from .graph_cmd import graph
 from .lens_cmd import lens
-from .options import ModelOptions, deprecated_model_option, model_options, out_option, prompt_options
+from .options import (
+    ModelOptions,
+    deprecated_model_option,
+    model_argument,
+    model_options,
+    out_option,
+    prompt_options,
+)
 from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
@@ -25,7 +32,7 @@ from .view_cmd import view
 from .views_cmds import VIEW_COMMANDS
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
+    from detjac.engine import Engine, ModelRef
 
 # Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
 # more get transparent huge pages where the kernel allows them (THP "madvise" or "always"). The sweeps allocate
@@ -66,7 +73,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options()
 @model_options()
 @click.option("--row-block", type=click.IntRange(min=1), default=DEFAULT_ROW_BLOCK, show_default=True,
@@ -77,7 +84,7 @@ def main() -> None:
               help="Decoded tokens per singular vector (left and right share a line, so fewer than demo's).")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).")
-def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
+def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
              out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
@@ -111,12 +118,12 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
         from detjac.runs import check_npz_path
 
         check_npz_path(out, force)  # before any work
-    model, dtype = model_options.source(model), model_options.dtype
+    dtype = model_options.dtype
     engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
     tok = engine.tokenizer
     rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
     res = rep.detached
-    click.echo(f"model       {model} ({res.family}, {dtype}; target: position {res.position})")
+    click.echo(f"model       {model.name} ({res.family}, {dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
     encoder = engine.family.encoder  # no LM head: scores against the word embeddings
@@ -138,14 +145,14 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
         _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
 
 
-def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, row_block: int,
+def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int,
                    engine: Engine, o: ModelOptions, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""
     if out.lower().endswith(".npz"):
         from detjac.runs import save_result
 
-        click.echo(f"wrote {save_result(res, out, model=model, tokens=pieces, force=force)}")
+        click.echo(f"wrote {save_result(res, out, model=model.name, tokens=pieces, force=force)}")
         return
     from detjac.runs import RunOptions, run_one
 
@@ -206,7 +213,7 @@ def _family_check(tokens: int) -> None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options(required=False, multiple=True)
 @click.option("--plot", type=click.Path(dir_okay=False), default="detjac-demo-spectra.png", show_default=True,
               help="Where to write the singular value spectra (.png, .svg or .pdf).")
@@ -217,7 +224,7 @@ def _family_check(tokens: int) -> None:
               help="Decoded tokens per singular vector (left and right each get a line).")
 @deprecated_model_option
 @model_options()
-def demo(model: str, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
+def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
          model_options: ModelOptions) -> None:
     """The main job on the shipped default model, offline: a small Llama trained on a dictionary
     (or on MODEL: a checkpoint folder, a hub id or a GGUF file).
@@ -239,11 +246,11 @@ def demo(model: str, prompt: tuple[str, ...], plot: str, n_values: int, top: int
 
     from .render import echo_explanation, echo_prediction, piece
 
-    source, o, prompts = model_options.source(model), model_options, prompt
+    source, o, prompts = model.name, model_options, prompt
     if source != "default" and not prompts:
         raise click.UsageError("Expected --prompt with a MODEL other than default: the built-in prompts are "
                                "dictionary entries for the default model.")
-    engine = o.engine(source)
+    engine = o.engine(model)
     tok = engine.tokenizer
     n_params = engine.parameter_count()
     where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed_engine else "")

@@ -17,14 +17,14 @@ if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definitio
     from .lens_apply import check_lens_kinds, fit_jlens, load_lens_engine, position_ranks, score_prompt, unembedding
     from .lens_apply import evaluate as evaluate_lenses
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
-    from .prompts import read_prompts
+    from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import dask_scheduler
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
 _EXPORTS = {
     "RunDescription": "description", "RunOptions": "run", "run_corpus": "run", "run_one": "run",
-    "read_prompts": "prompts", "dask_scheduler": "scheduler", "check_npz_path": "export", "save_result": "export",
+    "read_prompts": "prompts", "check_prompts_path": "prompts", "dask_scheduler": "scheduler", "check_npz_path": "export", "save_result": "export",
     "weights_identity": "fingerprint", "model_identity": "fingerprint", "load_concept": "steering",
     "steer_prompt": "steering",
     "prepare_evaluation": "steering", "evaluate_steering": "steering", "check_lens_kinds": "lens_apply",

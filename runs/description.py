@@ -111,16 +111,14 @@ def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float)
 
 
 def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                 row_block: int | None, max_tokens: int, keep: str = "full", convention: str | None = None
-                 ) -> RunDescription:
-    """The description of a run of ``engine`` (loaded from ``model_arg``, found at ``model_dir``). ``convention`` is
-    the family's detach convention when it is not its default (None: the default, which leaves prompt ids as they
-    were)."""
-    from detjac.engine import is_hub_id
-
+                 row_block: int | None, max_tokens: int, keep: str = "full", convention: str | None = None, *,
+                 hub: bool = False) -> RunDescription:
+    """The description of a run of ``engine`` (loaded from ``model_arg``, found at ``model_dir``; ``hub``: a hub id,
+    :attr:`detjac.engine.ModelRef.kind`). ``convention`` is the family's detach convention when it is not its default
+    (None: the default, which leaves prompt ids as they were)."""
     config_sha = config_digest(engine.config, model_dir)
     family = engine.family
-    hub = is_hub_id(model_arg)  # the id names the model; model_path, its snapshot folder, names the commit
+    # a hub id names the model; model_path, its snapshot folder, names the commit
     return RunDescription(
         model_id=model_dir.name if model_dir is not None and not hub else model_arg,
         model_path=str(model_dir.resolve()) if model_dir is not None else model_arg, revision=revision,
