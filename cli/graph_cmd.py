@@ -62,7 +62,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, progress=True)
     identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
-    data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold,
+    data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
+                       edge_threshold=edge_threshold,
                        force=force, identity={k: v for k, v in identity.items() if isinstance(v, str)})
     nodes = data["nodes"]
     neurons = sum(1 for n in nodes if n["feature_type"] == "mlp neuron")

@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definitio
 
 _EXPORTS = {
     "RunDescription": "description", "RunOptions": "run", "run_corpus": "run", "run_one": "run",
-    "read_prompts": "prompts", "check_prompts_path": "prompts", "dask_scheduler": "scheduler", "check_npz_path": "export", "save_result": "export",
+    "read_prompts": "prompts", "check_prompts_path": "prompts", "dask_scheduler": "scheduler",
+    "check_npz_path": "export", "save_result": "export",
     "weights_identity": "fingerprint", "model_identity": "fingerprint", "load_concept": "steering",
     "steer_prompt": "steering",
     "prepare_evaluation": "steering", "evaluate_steering": "steering", "check_lens_kinds": "lens_apply",

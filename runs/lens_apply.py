@@ -48,8 +48,9 @@ def check_lens_kinds(lenses: dict[str, Any]) -> None:
                                        f"{lens.kind} Jacobians ({lens.info.get('source') or 'a saved lens'}).")
 
 
-def load_lens_engine(model: ModelRef | str, lenses: Sequence[Any], device: str = "cpu", *, max_memory: str | None = None,
-                     revision: str | None = None, trust_remote_code: bool = False) -> Any:
+def load_lens_engine(model: ModelRef | str, lenses: Sequence[Any], device: str = "cpu", *,
+                     max_memory: str | None = None, revision: str | None = None,
+                     trust_remote_code: bool = False) -> Any:
     """The float64 layer-streamed engine of ``model`` (a :class:`~detjac.engine.ModelRef`; a string is resolved into
     one), checked against the
     lenses: same hidden size, fitted layers within the model, the lens's config SHA-256 (when the checkpoint

@@ -24,8 +24,8 @@ from .gguf_header import GGUFHeader, GGUFTensor, _read_header, _stat, read_heade
 from .gguf_names import check_claims
 from .gguf_tokenizer import check_tokenizer, gguf_tokenizer
 
-__all__ = ["GGUFHeader", "GGUFTensor", "GGUFWeights", "gguf_config", "gguf_path", "gguf_tokenizer", "is_gguf",
-           "load_gguf_model", "looks_like_gguf", "read_header", "select_gguf"]
+__all__ = ["GGUFHeader", "GGUFTensor", "GGUFWeights", "gguf_config", "gguf_in", "gguf_path", "gguf_tokenizer",
+           "is_gguf", "load_gguf_model", "looks_like_gguf", "read_header", "select_gguf"]
 
 
 def gguf_path(source: str | Path, gguf_file: str | None = None) -> Path:
@@ -50,16 +50,24 @@ def gguf_path(source: str | Path, gguf_file: str | None = None) -> Path:
 
 def select_gguf(source: str | Path, gguf_file: str, revision: str | None = None) -> Path:
     """The GGUF file ``gguf_file`` inside the folder ``source``, or in the hub repository ``source`` (``org/name``:
-    from the Hugging Face cache, else downloaded when online; see :mod:`detjac.engine.checkpoints.hub`).
+    from the Hugging Face cache, else downloaded when online; see :mod:`detjac.engine.checkpoints.hub`): MODEL with
+    ``--gguf-file``, resolved as every MODEL is (:meth:`~detjac.engine.ModelRef.resolve`).
 
     Raises
     ------
     CheckpointError
         No such file (the folder's GGUF files are named), or a hub file not in the cache while offline.
     """
-    from .hub import is_hub_id, resolve_hub_file
+    from .reference import ModelRef
 
-    if is_hub_id(source):
+    return ModelRef.resolve(source, gguf_file, revision).source
+
+
+def gguf_in(source: str | Path, gguf_file: str, revision: str | None, hub: bool) -> Path:
+    """The GGUF file ``gguf_file`` inside the folder, or the hub repository (``hub``), ``source``."""
+    if hub:
+        from .hub import resolve_hub_file
+
         _check_file_name(gguf_file)
         return resolve_hub_file(str(source), gguf_file, revision)
     return gguf_path(source, gguf_file)

@@ -140,8 +140,8 @@ def load_model(
         :mod:`detjac.engine.checkpoints.gguf`), a Hugging Face hub id (``org/name``: the cache's snapshot, see
         :mod:`detjac.engine.checkpoints.hub`), or an already-loaded ``PreTrainedModel``.
     dtype
-        Parameter dtype: a torch dtype or its name (``"float32"``). float64 (the default) is the exactness mode; ``None`` keeps the
-        checkpoint's (or the given model's) dtype (float32 for a GGUF).
+        Parameter dtype: a torch dtype or its name (``"float32"``). float64 (the default) is the exactness mode;
+        ``None`` keeps the checkpoint's (or the given model's) dtype (float32 for a GGUF).
     device
         Device to place the model on.
     revision, trust_remote_code

@@ -44,9 +44,9 @@ class ModelRef:
             is not there."""
         kind, text = model_kind(model, gguf_file), str(model)
         if gguf_file is not None:
-            from .gguf import select_gguf
+            from .gguf import gguf_in
 
-            file = select_gguf(model, gguf_file, revision)
+            file = gguf_in(model, gguf_file, revision, hub=kind == "hub")
             return cls(str(file), str(Path(file).resolve()), revision, "gguf")
         if kind == "hub":
             return cls(text, str(resolve_hub_id(text, revision)), revision, kind)

@@ -1,0 +1,39 @@
+"""Issue 67, item 6: a mistyped MODEL, prompts file or ``--max-memory`` is refused as the command line is parsed,
+before torch or transformers is imported (it took 4-16 s, their import time, to say so)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import sys
+from click.testing import CliRunner
+from detjac.cli.main import main
+for args in {cases!r}:
+    result = CliRunner().invoke(main, args)
+    print(result.exit_code, result.output.strip().splitlines()[-1])
+print("heavy:", sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
+    missing = str(tmp_path / "missing")
+    cases = [["jacobian", missing, "-p", "x"],
+             ["svd", missing + ".ggfu", "-p", "x"],
+             ["graph", missing + ".gguf", "-p", "x", "--out", str(tmp_path / "g.json")],
+             ["jacobian", "-p", "x", "--max-memory", "4GB"],
+             ["run", "default", missing + ".txt", "--out", str(tmp_path / "s.zarr")],
+             ["lens", "apply", "x.lens", "-p", "x", "--model", missing]]
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(cases=cases)], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0] == f"1 Error: Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {missing!r}, " \
+                     "which does not exist."
+    assert "which does not exist (a GGUF file's name ends in .gguf)" in out[1]
+    assert out[2] == f"1 Error: Expected a GGUF file at {missing}.gguf. Got no such file."
+    assert out[3] == "1 Error: Expected --max-memory as DEVICE=SIZE[,DEVICE=SIZE] (e.g. cuda:0=8GiB,cpu=32GiB). " \
+                     "Got '4GB'."
+    assert out[4] == f"1 Error: Expected a prompts file at {missing}.txt. Got no such file."
+    assert out[5].startswith("1 Error: Expected a Hugging Face checkpoint directory") and missing in out[5]
+    assert out[6] == "heavy: []", out
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "g.json").exists()
