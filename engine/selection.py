@@ -83,7 +83,9 @@ def _load(ref: ModelRef, s: ModelSettings, dtype: Any, device: str, streamed: bo
                               quantize=s.quantize, revision=s.revision, trust_remote_code=s.trust_remote_code,
                               convention=s.convention)
     model = load_model(ref, dtype=dtype, device=device, revision=s.revision, trust_remote_code=s.trust_remote_code)
-    return InMemoryEngine(model, detach=s.detach, convention=s.convention)
+    engine = InMemoryEngine(model, detach=s.detach, convention=s.convention)
+    engine.model_ref = ref  # what print(engine) names
+    return engine
 
 
 def check_layerwise_request(source: Any, components: str) -> None:

@@ -96,6 +96,7 @@ class StreamedEngine(Engine):
             )
         ref = source if isinstance(source, nn.Module) else ModelRef.of(source, revision)  # a string: resolved once
         gguf = isinstance(ref, ModelRef) and ref.is_gguf
+        self.model_ref, self.streamed = (ref if isinstance(ref, ModelRef) else None), True  # for print(engine)
         config, cls, raw, self.path = model_class(ref, revision, trust_remote_code)
         source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
         self.family = streamable_family(config)

@@ -1,5 +1,6 @@
 """Issue 67, item 6: a mistyped MODEL, prompts file or ``--max-memory`` is refused as the command line is parsed,
-before torch or transformers is imported (it took 4-16 s, their import time, to say so)."""
+before torch or transformers is imported (it took 4-16 s, their import time, to say so); ``view`` of a file that is
+neither a store nor a graph JSON names both."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
              ["graph", missing + ".gguf", "-p", "x", "--out", str(tmp_path / "g.json")],
              ["jacobian", "-p", "x", "--max-memory", "4GB"],
              ["run", "default", missing + ".txt", "--out", str(tmp_path / "s.zarr")],
-             ["lens", "apply", "x.lens", "-p", "x", "--model", missing]]
+             ["lens", "apply", "x.lens", "-p", "x", "--model", missing],
+             ["view", str(tmp_path / "blank.txt")]]
+    (tmp_path / "blank.txt").write_text("\n")
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(cases=cases)], capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out[0] == f"1 Error: Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {missing!r}, " \
@@ -35,5 +38,7 @@ def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
                      "Got '4GB'."
     assert out[4] == f"1 Error: Expected a prompts file at {missing}.txt. Got no such file."
     assert out[5].startswith("1 Error: Expected a Hugging Face checkpoint directory") and missing in out[5]
-    assert out[6] == "heavy: []", out
+    assert out[6] == (f"1 Error: Expected a detjac store (a folder) or a graph JSON file (*.json, from `detjac graph`) "
+                      f"at {tmp_path / 'blank.txt'}. Got a file of neither kind.")  # issue 67, item 9
+    assert out[7] == "heavy: []", out
     assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "g.json").exists()
