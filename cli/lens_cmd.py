@@ -38,7 +38,7 @@ def lens() -> None:
       detjac lens save fit.zarr gcide.lens
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus" --plot oak.png
       detjac lens evaluate gcide.lens --ordinary ordinary.zarr --limit 300 --out eval/
-      detjac lens export gcide.lens gcide.pt --model default   # the reference's artifact format
+      detjac lens export gcide.lens gcide.pt    # the reference's artifact format (the lens records its model)
     """
 
 
@@ -146,7 +146,8 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     wanted = _layers(layers)
     # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
     chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
-    info = {"model_id": ref.name, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary,
+    info = {"model_id": ref.name, "model_path": ref.location, "model_type": engine.config.model_type,
+            "dtype": "float64", "detach": not ordinary,
             "weights_sha256": weights_identity(ref.source).get("weights_sha256")}
     with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
         fitted = fit_jlens(engine, texts, chosen, info, bos=bos, progress=bar)
@@ -197,9 +198,9 @@ def _lenses(lens_path: str, ordinary: str | None) -> dict:
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
               help="The matrices' dtype in the file (the reference's default is float16).")
 @model_ref_option(default=None,
-                  help="The model the lens was fitted on (a folder, hub id, GGUF file or default): needed for a lens "
-                       "onto the final normed state (its rows are divided by the final norm's gain) or one that does "
-                       "not record the model's layer count.")
+                  help="The model the lens was fitted on (a folder, hub id, GGUF file or default) [default: the one "
+                       "the lens records]: read for a lens onto the final normed state (its rows are divided by the "
+                       "final norm's gain) or one that does not record the model's layer count.")
 @gguf_file_option
 @click.option("--force", is_flag=True, help="Replace OUT if it is a file.")
 def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_file: str | None, force: bool) -> None:
@@ -213,10 +214,12 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
       detjac lens export texts.jlens texts.pt
       detjac lens export fit.zarr gcide.pt --model default --dtype float32
     """
-    from detjac.runs import export_lens, read_lens
+    from detjac.runs import export_lens, read_lens, recorded_model
 
     found = read_lens(lens_path)
     gain = n_layers = None
+    if model is None and gguf_file is None and (not found.before_norm or found.info.get("n_layers") is None):
+        model = recorded_model(found)  # a lens carries its model: --model only overrides it
     if model is not None:
         import torch
 
@@ -233,8 +236,8 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
                                    "normed state in the format. Got a norm without one (a centring LayerNorm).")
         n_layers = engine.n_layers
     elif found.info.get("n_layers") is None:
-        raise click.UsageError("Expected --model: the lens does not record the model's layer count, and the "
-                               "format leaves the last layer out.")
+        raise click.UsageError("Expected --model: the lens records neither the model's layer count nor a model "
+                               "found on this machine, and the format leaves the last layer out.")
     written = export_lens(found, out, dtype=dtype, force=force, gain=gain, n_layers=n_layers)
     import torch
 
@@ -246,7 +249,8 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
 @lens.command("apply")
 @click.argument("lens_path", type=click.Path())
 @prompt_options()
-@model_ref_option(default="default", help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
+@model_ref_option(default=None, help="The model the lens was fitted on (a folder, hub id, GGUF file or default) "
+                                    "[default: the one the lens records, else default].")
 @model_option("device")
 @model_option("max_memory")
 @model_option("revision")
@@ -259,7 +263,7 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
               help="Also the prompt's own exact map (its to_output Jacobians: d pullbacks).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Layer x position heatmaps of the rank of the model's prediction (PNG).")
-def apply_cmd(lens_path: str, prompt: str, model: ModelRef, model_options: ModelOptions, ordinary: str | None,
+def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options: ModelOptions, ordinary: str | None,
               exact: bool, plot: str | None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
 
@@ -275,10 +279,11 @@ def apply_cmd(lens_path: str, prompt: str, model: ModelRef, model_options: Model
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
     from detjac.analysis import plot_positions
-    from detjac.runs import load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.runs import load_lens_engine, position_ranks, recorded_model, score_prompt, unembedding
 
     lenses = _lenses(lens_path, ordinary)
     o = model_options  # float64 and layer-streamed, always: a lens reads the exact states
+    model = model or o.resolve(recorded_model(next(iter(lenses.values()))) or "default")  # the lens's own model
     engine = load_lens_engine(model, list(lenses.values()), o.device, max_memory=o.max_memory,
                               revision=o.revision, trust_remote_code=o.trust_remote_code)
     layers = [int(x) for x in next(iter(lenses.values())).layers]

@@ -14,7 +14,15 @@ if TYPE_CHECKING:  # the names as tools see them (type checkers, go-to-definitio
     from .description import RunDescription
     from .export import check_npz_path, save_result
     from .fingerprint import model_identity, weights_identity
-    from .lens_apply import check_lens_kinds, fit_jlens, load_lens_engine, position_ranks, score_prompt, unembedding
+    from .lens_apply import (
+        check_lens_kinds,
+        fit_jlens,
+        load_lens_engine,
+        position_ranks,
+        recorded_model,
+        score_prompt,
+        unembedding,
+    )
     from .lens_apply import evaluate as evaluate_lenses
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
     from .prompts import check_prompts_path, read_prompts
@@ -29,7 +37,8 @@ _EXPORTS = {
     "weights_identity": "fingerprint", "model_identity": "fingerprint", "load_concept": "steering",
     "steer_prompt": "steering",
     "prepare_evaluation": "steering", "evaluate_steering": "steering", "check_lens_kinds": "lens_apply",
-    "load_lens_engine": "lens_apply", "fit_jlens": "lens_apply", "score_prompt": "lens_apply",
+    "load_lens_engine": "lens_apply", "recorded_model": "lens_apply", "fit_jlens": "lens_apply",
+    "score_prompt": "lens_apply",
     "position_ranks": "lens_apply", "unembedding": "lens_apply", "evaluate_lenses": "lens_apply:evaluate",
     "read_lens": "lens_artifact", "export_lens": "lens_artifact", "artifact_lens": "lens_artifact",
     "hub_lens_file": "lens_artifact",

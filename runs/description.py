@@ -54,6 +54,7 @@ class RunDescription:
     lens: Mapping[str, Any] | None = None
     streamed: StreamedSettings | None = None
     graph: Mapping[str, Any] | None = None  # `--graph`: max_nodes, node_threshold, edge_threshold (None: no graph)
+    n_layers: int | None = None  # the model's layer count (not part of the identity): a lens fitted here records it
     rank: int | None = field(init=False, repr=False, compare=False)  # ``keep`` parsed, once: rank:K's K, else None
 
     def __post_init__(self) -> None:
@@ -82,6 +83,8 @@ class RunDescription:
             "detjac_version": self.detjac_version, **self.fingerprint, "lens": self.lens}
         if self.graph is not None:  # absent otherwise: the runs description of a store without graphs is unchanged
             out["graph"] = dict(self.graph)
+        if self.n_layers is not None:
+            out["n_layers"] = self.n_layers
         if self.streamed is not None:
             s = self.streamed
             out.update({"engine": "streamed", "layerwise": list(s.layerwise), "quantize": s.quantize, "mode": s.mode,
@@ -125,7 +128,7 @@ def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revisio
         model_type=engine.config.model_type, config_sha256=config_sha, family=family.name, dtype=dtype, keep=keep,
         detach=engine.detach, position=family.default_position,
         detach_rules=tuple(family.describe(convention)) if engine.detach else (), convention=convention,
-        row_block=row_block, max_tokens=max_tokens)
+        row_block=row_block, max_tokens=max_tokens, n_layers=int(engine.n_layers))
 
 
 # What a loaded config records of how this engine loaded it, not of the model: the in-memory engine's config says

@@ -48,6 +48,18 @@ def check_lens_kinds(lenses: dict[str, Any]) -> None:
                                        f"{lens.kind} Jacobians ({lens.info.get('source') or 'a saved lens'}).")
 
 
+def recorded_model(lens: Any) -> str | None:
+    """The model ``lens`` records (``info["model"]["model_path"]``: where it was found when the lens was fitted, or
+    ``default``) when it is found on this machine, else None: a lens carries its model, so ``lens apply`` and
+    ``lens export`` need no ``--model`` (:func:`load_lens_engine` still checks its digests against the lens's)."""
+    path = (lens.info.get("model") or {}).get("model_path")
+    if not isinstance(path, str) or not path:
+        return None
+    from pathlib import Path
+
+    return path if path == "default" or Path(path).exists() else None
+
+
 def load_lens_engine(model: ModelRef | str, lenses: Sequence[Any], device: str = "cpu", *,
                      max_memory: str | None = None, revision: str | None = None,
                      trust_remote_code: bool = False) -> Any:
