@@ -16,13 +16,22 @@ if TYPE_CHECKING:
     from detjac.engine import ModelRef
 
 
+def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
+    """``--out``: a new .json file (or one ``--force``, read first, replaces), checked before torch is imported."""
+    if not out.lower().endswith(".json"):
+        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.")
+    if Path(out).exists() and not ctx.params.get("force"):
+        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).")
+    return out
+
+
 @click.command("graph")
 @model_argument()
 @prompt_options()
 @model_options()
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), callback=_check_out,
               help="Write the graph JSON here (a .json file; graph-metadata.json is updated beside it).")
-@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--force", is_flag=True, is_eager=True, help="Overwrite --out if it exists.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=MAX_NODES, show_default=True,
               help="Neurons that enter the adjacency, ranked by their total attribution to the logits.")
 @click.option("--node-threshold", type=click.FloatRange(0, 1), default=NODE_THRESHOLD, show_default=True,
@@ -53,11 +62,6 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     """
     from detjac.engine import attribution_graph, write_graph
     from detjac.runs import model_identity
-
-    if not out.lower().endswith(".json"):
-        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
-    if Path(out).exists() and not force:
-        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).", param_hint="--out")
     engine = model_options.engine(model)
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, progress=True)

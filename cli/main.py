@@ -18,6 +18,7 @@ from .graph_cmd import graph
 from .lens_cmd import lens
 from .options import (
     ModelOptions,
+    check_npz_out,
     deprecated_model_option,
     model_argument,
     model_options,
@@ -86,7 +87,8 @@ def main() -> None:
               help="Also compute the ordinary Jacobian, whose reconstruction error (order 1) is the contrast that "
                    "shows the detached one is exact; --no-ordinary skips that second pass and halves the time.")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
-            "folder (created or resumed, as `detjac run` writes it).")
+            "folder (created or resumed, as `detjac run` writes it).",
+            check=lambda out, force: check_npz_out(out, force) if out.lower().endswith(".npz") else None)
 def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
              ordinary: bool, out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
@@ -122,10 +124,6 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
 
     from .render import piece
 
-    if out is not None and out.lower().endswith(".npz"):
-        from detjac.runs import check_npz_path
-
-        check_npz_path(out, force)  # before any work
     dtype = model_options.dtype
     engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
     tok = engine.tokenizer

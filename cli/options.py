@@ -239,14 +239,28 @@ def model_options(*, dtype: str = "float64") -> Any:
     return decorate
 
 
-def out_option(help: str) -> Any:
-    """``--out/-o PATH`` (what it writes: ``help``) and ``--force`` (replace it)."""
+def out_option(help: str, check: Any = None) -> Any:
+    """``--out/-o PATH`` (what it writes: ``help``) and ``--force`` (replace it); ``check(out, force)`` refuses an
+    ``--out`` it cannot write as the command line is parsed (``--force`` is read first), before torch is imported."""
+
+    def checked(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and check is not None:
+            check(value, bool(ctx.params.get("force")))
+        return value
 
     def decorate(func: Any) -> Any:
-        func = click.option("--force", is_flag=True, help="With --out: replace the file if it exists.")(func)
-        return click.option("--out", "-o", "out", default=None, help=help)(func)
+        func = click.option("--force", is_flag=True, is_eager=True,
+                            help="With --out: replace the file if it exists.")(func)
+        return click.option("--out", "-o", "out", default=None, help=help, callback=checked)(func)
 
     return decorate
+
+
+def check_npz_out(out: str, force: bool) -> None:
+    """An ``--out`` .npz file that can be written: its folder exists, and it is new or ``--force`` replaces it."""
+    from detjac.store import npz_target
+
+    npz_target(out, force)
 
 
 _SCHEDULER_OPTIONS = [

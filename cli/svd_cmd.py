@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import ModelOptions, model_argument, model_options, out_option, prompt_options
+from .options import ModelOptions, check_npz_out, model_argument, model_options, out_option, prompt_options
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, JacobianOperator, ModelRef
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
               help="Target position [default: the last token; [CLS] (0) for encoders].")
 @click.option("--compare", is_flag=True,
               help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
-@out_option("Write U, S, V, the residuals and the token ids to this .npz file.")
+@out_option("Write U, S, V, the residuals and the token ids to this .npz file.", check=check_npz_out)
 def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
         position: int | None, compare: bool, out: str | None, force: bool) -> None:

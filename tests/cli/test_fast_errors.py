@@ -1,6 +1,6 @@
-"""Issue 67, item 6: a mistyped MODEL, prompts file or ``--max-memory`` is refused as the command line is parsed,
-before torch or transformers is imported (it took 4-16 s, their import time, to say so); ``view`` of a file that is
-neither a store nor a graph JSON names both."""
+"""Issue 67, item 6: a mistyped MODEL, prompts file, ``--out`` or ``--max-memory`` is refused as the command line is
+parsed, before torch or transformers is imported (it took 4-16 s, their import time, to say so); ``view`` of a file
+that is neither a store nor a graph JSON names both."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
              ["jacobian", "-p", "x", "--max-memory", "4GB"],
              ["run", "default", missing + ".txt", "--out", str(tmp_path / "s.zarr")],
              ["lens", "apply", "x.lens", "-p", "x", "--model", missing],
-             ["view", str(tmp_path / "blank.txt")]]
+             ["view", str(tmp_path / "blank.txt")],
+             ["graph", "-p", "x", "--out", str(tmp_path / "g.txt")],
+             ["jacobian", "-p", "x", "--out", missing + "/x.npz"]]
     (tmp_path / "blank.txt").write_text("\n")
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(cases=cases)], capture_output=True, text=True,
                          check=True).stdout.splitlines()
@@ -40,5 +42,8 @@ def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
     assert out[5].startswith("1 Error: Expected a Hugging Face checkpoint directory") and missing in out[5]
     assert out[6] == (f"1 Error: Expected a detjac store (a folder) or a graph JSON file (*.json, from `detjac graph`) "
                       f"at {tmp_path / 'blank.txt'}. Got a file of neither kind.")  # issue 67, item 9
-    assert out[7] == "heavy: []", out
+    assert out[7] == f"2 Error: Invalid value for '--out' / '-o': Expected a path ending in .json. Got " \
+                     f"{str(tmp_path / 'g.txt')!r}."
+    assert out[8] == f"1 Error: Expected an existing folder for {missing}/x.npz. Got none at {missing}."
+    assert out[9] == "heavy: []", out
     assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "g.json").exists()
