@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else CSV."
 
+
 class ModelArgument(click.ParamType):
     """MODEL: ``default``, a GGUF file, a checkpoint folder or a hub id, checked for what it names before anything
     heavy is imported (:func:`detjac.model_names.model_kind`: a mistyped path is refused in a fraction of a second).
@@ -75,6 +76,7 @@ def resolve_model_ref(model: str, gguf_file: str | None = None, revision: str | 
     from detjac.engine import ModelRef
 
     return ModelRef.resolve(model, gguf_file, revision)
+
 
 def prompt_id_option(*, multiple: bool, help: str) -> Any:
     """``--prompt-id ID``: a stored prompt's id, into the command's ``prompt_ids`` (a tuple, with ``multiple``) or
