@@ -17,35 +17,16 @@ import torch
 from torch import nn
 
 from detjac.errors import CheckpointError, UnsupportedModelError
-from detjac.model_names import is_gguf, looks_like_gguf, missing_gguf
+from detjac.model_names import is_gguf, looks_like_gguf
 
 from .gguf_dequant import GGUFWeights
 from .gguf_header import GGUFHeader, GGUFTensor, _read_header, _stat, read_header
 from .gguf_names import check_claims
 from .gguf_tokenizer import check_tokenizer, gguf_tokenizer
+from .reference import ModelRef, gguf_in, gguf_path
 
 __all__ = ["GGUFHeader", "GGUFTensor", "GGUFWeights", "gguf_config", "gguf_in", "gguf_path", "gguf_tokenizer",
            "is_gguf", "load_gguf_model", "looks_like_gguf", "read_header", "select_gguf"]
-
-
-def gguf_path(source: str | Path, gguf_file: str | None = None) -> Path:
-    """The GGUF file that ``source`` (a file, or a folder holding ``gguf_file``) names, checked to exist.
-
-    Raises
-    ------
-    CheckpointError
-        The file does not exist, or ``gguf_file`` is not a plain file name inside the folder.
-    """
-    base = Path(source).expanduser()
-    if gguf_file is not None:
-        _check_file_name(gguf_file)
-        if not base.is_dir():
-            raise CheckpointError(f"Expected a folder (or hub id) holding {gguf_file} with --gguf-file. Got "
-                                  f"{str(source)!r}, which is not a folder.")
-        base = base / gguf_file
-    if not base.is_file():
-        raise missing_gguf(base)
-    return base
 
 
 def select_gguf(source: str | Path, gguf_file: str, revision: str | None = None) -> Path:
@@ -58,26 +39,7 @@ def select_gguf(source: str | Path, gguf_file: str, revision: str | None = None)
     CheckpointError
         No such file (the folder's GGUF files are named), or a hub file not in the cache while offline.
     """
-    from .reference import ModelRef
-
     return ModelRef.resolve(source, gguf_file, revision).source
-
-
-def gguf_in(source: str | Path, gguf_file: str, revision: str | None, hub: bool) -> Path:
-    """The GGUF file ``gguf_file`` inside the folder, or the hub repository (``hub``), ``source``."""
-    if hub:
-        from .hub import resolve_hub_file
-
-        _check_file_name(gguf_file)
-        return resolve_hub_file(str(source), gguf_file, revision)
-    return gguf_path(source, gguf_file)
-
-
-def _check_file_name(gguf_file: str) -> None:
-    """Refuse a ``--gguf-file`` that is a path rather than a file name (it could reach outside the folder)."""
-    if Path(gguf_file).name != gguf_file or gguf_file in ("", ".", ".."):
-        raise CheckpointError(f"Expected --gguf-file to name a file inside the model folder (a plain file name "
-                              f"such as model.Q4_K_M.gguf). Got {gguf_file!r}.")
 
 
 def gguf_config(path: Path) -> Any:

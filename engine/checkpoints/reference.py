@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from detjac.model_names import DEFAULT_MODEL_NAME, model_kind
+from detjac.errors import CheckpointError
+from detjac.model_names import DEFAULT_MODEL_NAME, missing_gguf, model_kind
 
-from .hub import resolve_hub_id
+from .hub import resolve_hub_file, resolve_hub_id
 from .names import default_model_dir
 
 
@@ -44,8 +45,6 @@ class ModelRef:
             is not there."""
         kind, text = model_kind(model, gguf_file), str(model)
         if gguf_file is not None:
-            from .gguf import gguf_in
-
             file = gguf_in(model, gguf_file, revision, hub=kind == "hub")
             return cls(str(file), str(Path(file).resolve()), revision, "gguf")
         if kind == "hub":
@@ -69,3 +68,49 @@ class ModelRef:
     def is_gguf(self) -> bool:
         """Whether it is a GGUF file (its config, tokenizer and weights read from the one file)."""
         return self.kind == "gguf"
+
+
+def gguf_path(source: str | Path, gguf_file: str | None = None) -> Path:
+    """The GGUF file that ``source`` (a file, or a folder holding ``gguf_file``) names, checked to exist.
+
+    Raises
+    ------
+    CheckpointError
+        The file does not exist, or ``gguf_file`` is not a plain file name inside the folder.
+    """
+    base = Path(source).expanduser()
+    if gguf_file is not None:
+        _check_file_name(gguf_file)
+        if not base.is_dir():
+            raise CheckpointError(f"Expected a folder (or hub id) holding {gguf_file} with --gguf-file. Got "
+                                  f"{str(source)!r}, which is not a folder.")
+        base = base / gguf_file
+    if not base.is_file():
+        raise missing_gguf(base)
+    return base
+
+
+def gguf_in(source: str | Path, gguf_file: str, revision: str | None, hub: bool) -> Path:
+    """The GGUF file ``gguf_file`` inside the folder, or the hub repository (``hub``), ``source``."""
+    if hub:
+        _check_file_name(gguf_file)
+        return resolve_hub_file(str(source), gguf_file, revision)
+    return gguf_path(source, gguf_file)
+
+
+def _check_file_name(gguf_file: str) -> None:
+    """Refuse a ``--gguf-file`` that is a path rather than a file name (it could reach outside the folder)."""
+    if Path(gguf_file).name != gguf_file or gguf_file in ("", ".", ".."):
+        raise CheckpointError(f"Expected --gguf-file to name a file inside the model folder (a plain file name "
+                              f"such as model.Q4_K_M.gguf). Got {gguf_file!r}.")
+
+
+def resolve_model(source: str | Path, gguf_file: str | None = None, revision: str | None = None) -> str | Path:
+    """The Python API's shorthand for a MODEL's path: ``"default"`` names the shipped model's folder (unless a folder
+    of that name exists); with ``gguf_file``, the GGUF file of that name inside the folder or hub id ``source`` (as
+    :meth:`ModelRef.resolve` finds it); else ``source`` unchanged."""
+    if gguf_file is not None:
+        return ModelRef.resolve(source, gguf_file, revision).source
+    if str(source) == DEFAULT_MODEL_NAME and not Path(source).exists():
+        return default_model_dir()
+    return source
