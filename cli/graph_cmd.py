@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
-from .options import ModelOptions, model_options, prompt_options
+from .options import ModelOptions, model_argument, model_options, prompt_options
+
+if TYPE_CHECKING:
+    from detjac.engine import ModelRef
+
+
+def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
+    """``--out``: a new .json file (or one ``--force``, read first, replaces), checked before torch is imported."""
+    if not out.lower().endswith(".json"):
+        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.")
+    if Path(out).exists() and not ctx.params.get("force"):
+        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).")
+    return out
 
 
 @click.command("graph")
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options()
 @model_options()
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), callback=_check_out,
               help="Write the graph JSON here (a .json file; graph-metadata.json is updated beside it).")
-@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--force", is_flag=True, is_eager=True, help="Overwrite --out if it exists.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=MAX_NODES, show_default=True,
               help="Neurons that enter the adjacency, ranked by their total attribution to the logits.")
 @click.option("--node-threshold", type=click.FloatRange(0, 1), default=NODE_THRESHOLD, show_default=True,
@@ -29,7 +42,7 @@ from .options import ModelOptions, model_options, prompt_options
               help="Adjacency rows pulled back together (memory grows with it) [default: 128, or what "
                    "--max-memory allows].")
 @click.option("--slug", default=None, help="The graph's name in the frontend [default: the --out file's stem].")
-def graph(model: str, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
+def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
           node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
 
@@ -47,24 +60,19 @@ def graph(model: str, prompt: str, model_options: ModelOptions, out: str, force:
       detjac graph model.gguf -p "..." --out g.json --streamed --max-memory cpu=2GiB
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
-    from detjac.engine import attribution_graph, resolve_model, write_graph
+    from detjac.engine import attribution_graph, write_graph
     from detjac.runs import model_identity
-
-    if not out.lower().endswith(".json"):
-        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
-    if Path(out).exists() and not force:
-        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).", param_hint="--out")
-    source = model_options.source(model)
-    engine = model_options.engine(source)
+    engine = model_options.engine(model)
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, progress=True)
-    identity = model_identity(resolve_model(source))  # the weights' SHA-256, as a store's run records it
-    data = write_graph(g, out, model=model, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold,
+    identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
+    data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
+                       edge_threshold=edge_threshold,
                        force=force, identity={k: v for k, v in identity.items() if isinstance(v, str)})
     nodes = data["nodes"]
     neurons = sum(1 for n in nodes if n["feature_type"] == "mlp neuron")
     top = ", ".join(f"{t!r} p={p:.3f}" for t, p in zip(g.logit_tokens[:3], g.logit_probabilities[:3], strict=False))
-    click.echo(f"model        {model} ({g.info['family']}, {g.info['dtype']}); {g.n_tokens} tokens")
+    click.echo(f"model        {model.name} ({g.info['family']}, {g.info['dtype']}); {g.n_tokens} tokens")
     click.echo(f"logits       {g.n_logits}: {top}{' ...' if g.n_logits > 3 else ''}")
     click.echo(f"neurons      {g.n_active} active, {g.n_neurons} ranked into the adjacency, {neurons} kept")
     click.echo(f"completeness {g.worst_completeness:.1e} (worst |sum of incoming edges - value| / |value|)")

@@ -6,18 +6,24 @@ Each command parses, calls one function of :mod:`detjac.analysis.lens.lens_fit`,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from . import render
 from .options import (
     ModelOptions,
+    collect_model_options,
     gguf_file_option,
     model_option,
-    model_options,
-    model_source,
+    model_ref_option,
     prompt_options,
+    resolve_model_ref,
     scheduler_options,
 )
+
+if TYPE_CHECKING:
+    from detjac.engine import ModelRef
 
 
 @click.group()
@@ -32,7 +38,7 @@ def lens() -> None:
       detjac lens save fit.zarr gcide.lens
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus" --plot oak.png
       detjac lens evaluate gcide.lens --ordinary ordinary.zarr --limit 300 --out eval/
-      detjac lens export gcide.lens gcide.pt --model default   # the reference's artifact format
+      detjac lens export gcide.lens gcide.pt    # the reference's artifact format (the lens records its model)
     """
 
 
@@ -54,8 +60,7 @@ def _layers(value: str | None) -> list[int] | None:
               show_default=True,
               help="same-position: the mean of a store's dy_p/dh_{L,p}. jlens: Gurnee et al.'s estimator, computed "
                    "from --model on --prompts and saved as the lens folder PATH.")
-@click.option("--model", default=None, help="With --estimator jlens: the model (a folder, hub id, GGUF file or "
-                                            "default).")
+@model_ref_option(default=None, help="With --estimator jlens: the model (a folder, hub id, GGUF file or default).")
 @gguf_file_option
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --estimator jlens: the texts, one per line.")
@@ -125,7 +130,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     import torch
 
     from detjac.analysis import check_lens_target, relative_spread, save_lens
-    from detjac.engine import load_engine, resolve_model
+    from detjac.engine import load_engine
     from detjac.progress import tqdm
     from detjac.runs import fit_jlens, read_prompts, weights_identity
     from detjac.targets import layer_index
@@ -135,13 +140,14 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
                                "texts).")
     check_lens_target(path, force)  # before the model loads and the texts run
     texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
-    source = model_source(model, gguf_file)
-    engine = load_engine(resolve_model(source), streamed=True, dtype=torch.float64, detach=not ordinary, device=device)
+    ref = resolve_model_ref(model, gguf_file)
+    engine = load_engine(ref, streamed=True, dtype=torch.float64, detach=not ordinary, device=device)
     wanted = _layers(layers)
     # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
     chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
-    info = {"model_id": source, "model_type": engine.config.model_type, "dtype": "float64", "detach": not ordinary,
-            "weights_sha256": weights_identity(resolve_model(source)).get("weights_sha256")}
+    info = {"model_id": ref.name, "model_path": ref.location, "model_type": engine.config.model_type,
+            "dtype": "float64", "detach": not ordinary,
+            "weights_sha256": weights_identity(ref.source).get("weights_sha256")}
     with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
         fitted = fit_jlens(engine, texts, chosen, info, bos=bos, progress=bar)
     written = save_lens(fitted, path, force=force)
@@ -190,10 +196,10 @@ def _lenses(lens_path: str, ordinary: str | None) -> dict:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
               help="The matrices' dtype in the file (the reference's default is float16).")
-@click.option("--model", default=None,
-              help="The model the lens was fitted on (a folder, hub id, GGUF file or default): needed for a lens "
-                   "onto the final normed state (its rows are divided by the final norm's gain) or one that does not "
-                   "record the model's layer count.")
+@model_ref_option(default=None,
+                  help="The model the lens was fitted on (a folder, hub id, GGUF file or default) [default: the one "
+                       "the lens records]: read for a lens onto the final normed state (its rows are divided by the "
+                       "final norm's gain) or one that does not record the model's layer count.")
 @gguf_file_option
 @click.option("--force", is_flag=True, help="Replace OUT if it is a file.")
 def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_file: str | None, force: bool) -> None:
@@ -207,16 +213,18 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
       detjac lens export texts.jlens texts.pt
       detjac lens export fit.zarr gcide.pt --model default --dtype float32
     """
-    from detjac.runs import export_lens, read_lens
+    from detjac.runs import export_lens, read_lens, recorded_model
 
     found = read_lens(lens_path)
     gain = n_layers = None
+    if model is None and gguf_file is None and (not found.before_norm or found.info.get("n_layers") is None):
+        model = recorded_model(found)  # a lens carries its model: --model only overrides it
     if model is not None:
         import torch
 
-        from detjac.engine import load_engine, resolve_model
+        from detjac.engine import load_engine
 
-        engine = load_engine(resolve_model(model_source(model, gguf_file)), streamed=True, dtype=torch.float64)
+        engine = load_engine(resolve_model_ref(model, gguf_file), streamed=True, dtype=torch.float64)
         if engine.d_model != found.mean.shape[-1]:
             raise click.UsageError(f"Expected the model the lens was fitted on (d_model {found.mean.shape[-1]}). Got "
                                    f"{model}, of d_model {engine.d_model}.")
@@ -227,8 +235,8 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
                                    "normed state in the format. Got a norm without one (a centring LayerNorm).")
         n_layers = engine.n_layers
     elif found.info.get("n_layers") is None:
-        raise click.UsageError("Expected --model: the lens does not record the model's layer count, and the "
-                               "format leaves the last layer out.")
+        raise click.UsageError("Expected --model: the lens records neither the model's layer count nor a model "
+                               "found on this machine, and the format leaves the last layer out.")
     written = export_lens(found, out, dtype=dtype, force=force, gain=gain, n_layers=n_layers)
     import torch
 
@@ -240,16 +248,21 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
 @lens.command("apply")
 @click.argument("lens_path", type=click.Path())
 @prompt_options()
-@click.option("--model", default="default", show_default=True,
-              help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
-@model_options()
+@model_ref_option(default=None, help="The model the lens was fitted on (a folder, hub id, GGUF file or default) "
+                                    "[default: the one the lens records, else default].")
+@model_option("device")
+@model_option("max_memory")
+@model_option("revision")
+@model_option("trust_remote_code")
+@model_option("gguf_file")
+@collect_model_options
 @click.option("--ordinary", "ordinary", type=click.Path(), default=None,
               help="Also an ordinary-Jacobian lens (a store fitted from `detjac run --ordinary`, or a saved lens).")
 @click.option("--exact/--no-exact", default=True, show_default=True,
               help="Also the prompt's own exact map (its to_output Jacobians: d pullbacks).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Layer x position heatmaps of the rank of the model's prediction (PNG).")
-def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptions, ordinary: str | None,
+def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options: ModelOptions, ordinary: str | None,
               exact: bool, plot: str | None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
 
@@ -265,12 +278,12 @@ def apply_cmd(lens_path: str, prompt: str, model: str, model_options: ModelOptio
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
     from detjac.analysis import plot_positions
-    from detjac.runs import load_lens_engine, position_ranks, score_prompt, unembedding
+    from detjac.runs import load_lens_engine, position_ranks, recorded_model, score_prompt, unembedding
 
     lenses = _lenses(lens_path, ordinary)
-    o = model_options
-    o.refuse("detjac lens apply", "a lens reads float64 states of the layer-streamed engine", dtype="float64")
-    engine = load_lens_engine(o.source(model), list(lenses.values()), o.device, max_memory=o.max_memory,
+    o = model_options  # float64 and layer-streamed, always: a lens reads the exact states
+    model = model or o.resolve(recorded_model(next(iter(lenses.values()))) or "default")  # the lens's own model
+    engine = load_lens_engine(model, list(lenses.values()), o.device, max_memory=o.max_memory,
                               revision=o.revision, trust_remote_code=o.trust_remote_code)
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     W_U = unembedding(engine)
@@ -295,8 +308,7 @@ HELDOUT = "benchmarks/data/heldout_prompts.txt"
 @click.argument("lens_path", type=click.Path())
 @click.option("--ordinary", "ordinary", type=click.Path(), default=None,
               help="The ordinary-Jacobian lens fitted on the same prompts (a store or a saved lens).")
-@click.option("--model", default="default", show_default=True,
-              help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
+@model_ref_option(default="default", help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
 @gguf_file_option
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help=f"Held-out prompts, one per line [default for the default model: {HELDOUT}, prefixes of "
@@ -336,7 +348,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
         prompts_path = str(found)
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
     lenses = _lenses(lens_path, ordinary)
-    engine = load_lens_engine(model_source(model, gguf_file), list(lenses.values()), device)
+    engine = load_lens_engine(resolve_model_ref(model, gguf_file), list(lenses.values()), device)
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)

@@ -17,7 +17,15 @@ from .analyze_cmds import analyze
 from .attention_cmd import attention
 from .graph_cmd import graph
 from .lens_cmd import lens
-from .options import ModelOptions, deprecated_model_option, model_options, out_option, prompt_options
+from .options import (
+    ModelOptions,
+    check_npz_out,
+    deprecated_model_option,
+    model_argument,
+    model_options,
+    out_option,
+    prompt_options,
+)
 from .run_cmd import run
 from .steer_cmd import steer
 from .store_cmds import store
@@ -26,7 +34,7 @@ from .view_cmd import view
 from .views_cmds import VIEW_COMMANDS
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
+    from detjac.engine import Engine, ModelRef
 
 # Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
 # more get transparent huge pages where the kernel allows them (THP "madvise" or "always"). The sweeps allocate
@@ -67,7 +75,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options()
 @model_options()
 @click.option("--row-block", type=click.IntRange(min=1), default=DEFAULT_ROW_BLOCK, show_default=True,
@@ -76,10 +84,14 @@ def main() -> None:
               help="Singular values of the summed operator to show (one line each).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
               help="Decoded tokens per singular vector (left and right share a line, so fewer than demo's).")
+@click.option("--ordinary/--no-ordinary", default=True, show_default=True,
+              help="Also compute the ordinary Jacobian, whose reconstruction error (order 1) is the contrast that "
+                   "shows the detached one is exact; --no-ordinary skips that second pass and halves the time.")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
-            "folder (created or resumed, as `detjac run` writes it).")
-def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
-             out: str | None, force: bool) -> None:
+            "folder (created or resumed, as `detjac run` writes it).",
+            check=lambda out, force: check_npz_out(out, force) if out.lower().endswith(".npz") else None)
+def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
+             ordinary: bool, out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
     MODEL is a local Hugging Face checkpoint folder, a hub id (org/name, read from the Hugging
@@ -93,6 +105,10 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
     operator sum_k J_k with the tokens its singular vectors decode to (left vectors
     through the unembedding, right vectors through the input embedding).
 
+    The ordinary Jacobian is computed by default (--ordinary): its reconstruction error, of
+    order 1, is the contrast that shows the detached one is exact. It is a second pass of
+    the same cost; --no-ordinary skips it. Each pass shows its own labelled progress bar.
+
     \b
     Examples:
       detjac jacobian --prompt "Kitten, n. A young"            # the default model
@@ -103,21 +119,18 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
       detjac jacobian -p "Kitten, n. A young" --out kitten.npz  # numpy.load("kitten.npz")["jacobian"]
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
       detjac jacobian -p "Kitten, n. A young" --streamed        # one layer in memory at a time
+      detjac jacobian -p "Kitten, n. A young" --no-ordinary     # the detached Jacobian alone: half the time
     """
     from detjac.engine import KeptEngine, exactness_report, explain_summed
 
     from .render import piece
 
-    if out is not None and out.lower().endswith(".npz"):
-        from detjac.runs import check_npz_path
-
-        check_npz_path(out, force)  # before any work
-    model, dtype = model_options.source(model), model_options.dtype
+    dtype = model_options.dtype
     engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
     tok = engine.tokenizer
-    rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
+    rep = exactness_report(engine, prompt, row_block=row_block, ordinary=ordinary, progress=True)
     res = rep.detached
-    click.echo(f"model       {model} ({res.family}, {dtype}; target: position {res.position})")
+    click.echo(f"model       {model.name} ({res.family}, {dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
     encoder = engine.family.encoder  # no LM head: scores against the word embeddings
@@ -125,8 +138,8 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
     click.echo(f"{label} {piece(tok, res.next_token_id)} (id {res.next_token_id}, "
                f"p={float(probs[res.next_token_id]):.3f}); reconstruction argmax "
                f"{'agrees' if rep.argmax_agrees else 'DIFFERS'}")
-    ordinary = rep.ordinary.reconstruction_error if rep.ordinary else float("nan")
-    click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {ordinary:.3e}")
+    contrast = f"{rep.ordinary.reconstruction_error:.3e}" if rep.ordinary else "not computed (--no-ordinary)"
+    click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {contrast}")
     click.echo(f"max |logit - stock logit|  {rep.stock_logit_diff:.3e}   ({rep.seconds:.2f} s)")
     summed = explain_summed(res, engine, n_values, top)
     click.echo("top singular values of sum_k J_k, with decoded tokens:")
@@ -139,14 +152,14 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
         _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
 
 
-def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: str, prompt: str, row_block: int,
+def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int,
                    engine: Engine, o: ModelOptions, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""
     if out.lower().endswith(".npz"):
         from detjac.runs import save_result
 
-        click.echo(f"wrote {save_result(res, out, model=model, tokens=pieces, force=force)}")
+        click.echo(f"wrote {save_result(res, out, model=model.name, tokens=pieces, force=force)}")
         return
     from detjac.runs import RunOptions, run_one
 
@@ -207,7 +220,7 @@ def _family_check(tokens: int) -> None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options(required=False, multiple=True)
 @click.option("--plot", type=click.Path(dir_okay=False), default="detjac-demo-spectra.png", show_default=True,
               help="Where to write the singular value spectra (.png, .svg or .pdf).")
@@ -218,7 +231,7 @@ def _family_check(tokens: int) -> None:
               help="Decoded tokens per singular vector (left and right each get a line).")
 @deprecated_model_option
 @model_options()
-def demo(model: str, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
+def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
          model_options: ModelOptions) -> None:
     """The main job on the shipped default model, offline: a small Llama trained on a dictionary
     (or on MODEL: a checkpoint folder, a hub id or a GGUF file).
@@ -240,11 +253,11 @@ def demo(model: str, prompt: tuple[str, ...], plot: str, n_values: int, top: int
 
     from .render import echo_explanation, echo_prediction, piece
 
-    source, o, prompts = model_options.source(model), model_options, prompt
+    source, o, prompts = model.name, model_options, prompt
     if source != "default" and not prompts:
         raise click.UsageError("Expected --prompt with a MODEL other than default: the built-in prompts are "
                                "dictionary entries for the default model.")
-    engine = o.engine(source)
+    engine = o.engine(model)
     tok = engine.tokenizer
     n_params = engine.parameter_count()
     where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed_engine else "")

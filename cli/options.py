@@ -12,28 +12,71 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from detjac.model_settings import ModelSettings
+from detjac.model_settings import DTYPES, ModelSettings, parse_budgets
 from detjac.targets import OUTPUT
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
-
-DTYPES = ("float64", "float32", "bfloat16")
+    from detjac.engine import Engine, ModelRef
 
 TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else CSV."
+
+
+class ModelArgument(click.ParamType):
+    """MODEL: ``default``, a GGUF file, a checkpoint folder or a hub id, checked for what it names before anything
+    heavy is imported (:func:`detjac.model_names.model_kind`: a mistyped path is refused in a fraction of a second).
+    The command's model options then resolve it, once, into a :class:`~detjac.engine.ModelRef`
+    (:func:`collect_model_options`)."""
+
+    name = "model"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from detjac.model_names import model_kind
+
+        if isinstance(value, str):
+            model_kind(value)  # a CheckpointError: one line, from the CLI's one place for them
+        return value
+
+
+def model_argument(*, required: bool = False) -> Any:
+    """The MODEL argument of every model-loading command (``default`` when omitted, unless ``required``)."""
+    if required:
+        return click.argument("model", type=ModelArgument())
+    return click.argument("model", type=ModelArgument(), default="default", required=False)
+
+
+def model_ref_option(*, default: str | None, help: str) -> Any:
+    """``--model MODEL`` of the lens commands (which take a lens first): checked as MODEL is
+    (:class:`ModelArgument`)."""
+    return click.option("--model", type=ModelArgument(), default=default, show_default=default is not None, help=help)
+
+
+def check_budget(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--max-memory``'s syntax, checked as it is parsed (before torch is imported)."""
+    parse_budgets(value)
+    return value
+
+
+def check_prompts(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A prompts file that exists, checked as it is parsed (before torch is imported)."""
+    if value is not None:
+        from detjac.runs import check_prompts_path
+
+        check_prompts_path(value)
+    return value
+
 
 def gguf_file_option(func: Any) -> Any:
     """``--gguf-file NAME``: a GGUF file inside the folder or hub id MODEL."""
     return model_option("gguf_file")(func)
 
 
-def model_source(model: str, gguf_file: str | None, revision: str | None = None) -> str:
-    """MODEL as the loaders take it: with ``--gguf-file``, the path of that GGUF file (a hub id's, in the cache)."""
-    if gguf_file is None:
-        return model
-    from detjac.engine import resolve_model
+def resolve_model_ref(model: str, gguf_file: str | None = None, revision: str | None = None) -> ModelRef:
+    """MODEL (with ``--gguf-file`` and ``--revision``) resolved into the :class:`~detjac.engine.ModelRef` every
+    loader takes: the one place the CLI resolves it."""
+    from detjac.engine import ModelRef
 
-    return str(resolve_model(model, gguf_file, revision))
+    return ModelRef.resolve(model, gguf_file, revision)
+
 
 def prompt_id_option(*, multiple: bool, help: str) -> Any:
     """``--prompt-id ID``: a stored prompt's id, into the command's ``prompt_ids`` (a tuple, with ``multiple``) or
@@ -121,16 +164,16 @@ class ModelOptions(ModelSettings):
 
     gguf_file: str | None = None
 
-    def source(self, model: str) -> str:
-        """MODEL as the loaders take it (with ``--gguf-file``: that file's path)."""
-        return model_source(model, self.gguf_file, self.revision)
+    def resolve(self, model: str) -> ModelRef:
+        """MODEL resolved with these options' ``--gguf-file`` and ``--revision`` (:func:`resolve_model_ref`)."""
+        return resolve_model_ref(model, self.gguf_file, self.revision)
 
-    def engine(self, source: str) -> Engine:
-        """``source`` (MODEL as :meth:`source` gives it) loaded into the engine these options ask for (the
-        layer-streamed one with ``--streamed`` or a budget), under its CPU budget."""
+    def engine(self, model: ModelRef) -> Engine:
+        """``model`` loaded into the engine these options ask for (the layer-streamed one with ``--streamed`` or a
+        budget), under its CPU budget."""
         from detjac.engine import load_engine_with
 
-        return load_engine_with(source, self)
+        return load_engine_with(model, self)
 
     def refuse(self, command: str, why: str, **defaults: Any) -> None:
         """A UsageError when an option differs from ``defaults`` (name -> the only value ``command`` takes)."""
@@ -147,7 +190,7 @@ _MODEL_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # name ->
     "streamed": (("--streamed",), {"is_flag": True,
                                    "help": "The layer-streamed engine: one decoder layer's weights in memory at a "
                                            "time (the same Jacobian, for models larger than memory)."}),
-    "max_memory": (("--max-memory",), {"default": None,
+    "max_memory": (("--max-memory",), {"default": None, "callback": check_budget,
                                        "help": "Memory budget per device, e.g. cpu=4GiB or cuda:0=8GiB,cpu=32GiB "
                                                "(implies --streamed)."}),
     "revision": (("--revision",), {"default": None,
@@ -173,10 +216,14 @@ def model_option(name: str, **changes: Any) -> Any:
 
 def collect_model_options(func: Any) -> Any:
     """The options of :func:`model_option` collapsed into the command's ``model_options`` argument (a
-    :class:`ModelOptions`); apply it above them."""
+    :class:`ModelOptions`), and its MODEL (when given) resolved with them into a :class:`~detjac.engine.ModelRef`,
+    once, here; apply it above them."""
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, model_options=ModelOptions(**{k: kwargs.pop(k) for k in _MODEL_OPTIONS}), **kwargs)
+        options = ModelOptions(**{k: kwargs.pop(k) for k in _MODEL_OPTIONS if k in kwargs})
+        if isinstance(kwargs.get("model"), str):
+            kwargs["model"] = options.resolve(kwargs["model"])
+        return func(*args, model_options=options, **kwargs)
 
     return command
 
@@ -194,14 +241,28 @@ def model_options(*, dtype: str = "float64") -> Any:
     return decorate
 
 
-def out_option(help: str) -> Any:
-    """``--out/-o PATH`` (what it writes: ``help``) and ``--force`` (replace it)."""
+def out_option(help: str, check: Any = None) -> Any:
+    """``--out/-o PATH`` (what it writes: ``help``) and ``--force`` (replace it); ``check(out, force)`` refuses an
+    ``--out`` it cannot write as the command line is parsed (``--force`` is read first), before torch is imported."""
+
+    def checked(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and check is not None:
+            check(value, bool(ctx.params.get("force")))
+        return value
 
     def decorate(func: Any) -> Any:
-        func = click.option("--force", is_flag=True, help="With --out: replace the file if it exists.")(func)
-        return click.option("--out", "-o", "out", default=None, help=help)(func)
+        func = click.option("--force", is_flag=True, is_eager=True,
+                            help="With --out: replace the file if it exists.")(func)
+        return click.option("--out", "-o", "out", default=None, help=help, callback=checked)(func)
 
     return decorate
+
+
+def check_npz_out(out: str, force: bool) -> None:
+    """An ``--out`` .npz file that can be written: its folder exists, and it is new or ``--force`` replaces it."""
+    from detjac.store import npz_target
+
+    npz_target(out, force)
 
 
 _SCHEDULER_OPTIONS = [

@@ -6,20 +6,23 @@ The run itself is :func:`detjac.runs.run.run_corpus`; this module parses, calls 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
 from . import render
-from .options import ModelOptions, collect_model_options, model_option
+from .options import ModelOptions, check_prompts, collect_model_options, model_argument, model_option
+
+if TYPE_CHECKING:
+    from detjac.engine import ModelRef
 
 
 @click.command()
 @collect_model_options
-@click.argument("model", type=click.Path())
-@click.argument("prompts", type=click.Path())
+@model_argument(required=True)
+@click.argument("prompts", type=click.Path(), callback=check_prompts)
 @click.option("--out", "-o", required=True,
               help="Store folder (created, or resumed): a path or a file:// URL; with --scheduler, on a file system "
                    "every worker mounts at the same path.")
@@ -100,7 +103,7 @@ from .options import ModelOptions, collect_model_options, model_option
                    "tcp://10.0.0.5:8786; each worker loads the model once and writes into the shared store.")
 @click.option("--memory-limit", default="auto", show_default=True,
               help="Memory limit per LocalCluster worker (--workers); auto shares this machine's memory.")
-def run(model: str, prompts: str, out: str, model_options: ModelOptions, **settings: Any) -> None:
+def run(model: ModelRef, prompts: str, out: str, model_options: ModelOptions, **settings: Any) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl / .ndjson file ({"prompt": ...} or
@@ -155,7 +158,7 @@ def run(model: str, prompts: str, out: str, model_options: ModelOptions, **setti
     prompts_format = settings.pop("prompts_format")
     source = read_prompts(prompts, prompts_format) if prompts_format else prompts
     options = RunOptions(**{**model_options.model_settings(), **settings}, gguf_file=model_options.gguf_file)
-    outcome = run_corpus(model, source, out, options, log=click.echo)  # MODEL resolved there, once
+    outcome = run_corpus(model, source, out, options, log=click.echo)
     render.echo_run_outcome(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)

@@ -5,14 +5,27 @@ The steering runs in :mod:`detjac.runs.steering`; this module parses, calls it a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from . import render
-from .options import TABLE_HELP, ModelOptions, model_options, parse_concept_source, parse_strengths, prompt_options
+from .options import (
+    TABLE_HELP,
+    ModelOptions,
+    model_argument,
+    model_options,
+    parse_concept_source,
+    parse_strengths,
+    prompt_options,
+)
+
+if TYPE_CHECKING:
+    from detjac.engine import ModelRef
 
 
 @click.command("steer")
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @click.option("--concept-from", "concept", required=True,
               help="STORE:PROMPT_ID of a concept prompt stored with `--layers` (its layer.L Jacobian; "
                    "layer_normed.L or layer.L with --method paper).")
@@ -33,7 +46,7 @@ from .options import TABLE_HELP, ModelOptions, model_options, parse_concept_sour
                    "cumulatively, half the strength, added to layer L's input at every position).")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
 @model_options(dtype="float32")
-def steer(model: str, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
+def steer(model: ModelRef, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
           strengths: str, concept_tokens: str | None, max_new_tokens: int, method: str, table_path: str | None,
           model_options: ModelOptions) -> None:
     """Steer MODEL's generation with a concept prompt's layer-L detached Jacobians.
@@ -69,7 +82,7 @@ def steer(model: str, concept: str, layer: int, strength: float, prompt: str | N
              max_memory=None)
     store_path, pid = parse_concept_source(concept)
     values = parse_strengths(strengths) if prompts_file is not None else []
-    session = load_concept(o.source(model), store_path, pid, layer, dtype=o.dtype, device=o.device, method=method,
+    session = load_concept(model, store_path, pid, layer, dtype=o.dtype, device=o.device, method=method,
                            revision=o.revision, trust_remote_code=o.trust_remote_code)
     op = session.operator
     click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer} "

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import ModelOptions, model_options, out_option, prompt_options
+from .options import ModelOptions, check_npz_out, model_argument, model_options, out_option, prompt_options
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, JacobianOperator
+    from detjac.engine import Engine, JacobianOperator, ModelRef
 
 
 @click.command("svd")
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options()
 @model_options()
 @click.option("--k", "k", type=click.IntRange(min=1), default=16, show_default=True,
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
               help="Target position [default: the last token; [CLS] (0) for encoders].")
 @click.option("--compare", is_flag=True,
               help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
-@out_option("Write U, S, V, the residuals and the token ids to this .npz file.")
-def svd(model: str, prompt: str, model_options: ModelOptions, k: int, top: int, method: str, block: int,
+@out_option("Write U, S, V, the residuals and the token ids to this .npz file.", check=check_npz_out)
+def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
         position: int | None, compare: bool, out: str | None, force: bool) -> None:
     """Top singular triplets of MODEL's detached Jacobian on one prompt, without forming it.
@@ -76,12 +76,11 @@ def svd(model: str, prompt: str, model_options: ModelOptions, k: int, top: int, 
         out = str(npz_target(out, force))  # before any work
     streamed, dtype, device = o.streamed_engine, o.dtype, o.device
     t0 = time.perf_counter()
-    model = o.source(model)
     engine = o.engine(model)
     op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
     n, d = op.n_tokens, op.d_model
     where = f"{device}, layers streamed one at a time" if streamed else device
-    click.echo(f"model       {model} ({dtype}, {where}); target: position {op.position} of {n} tokens")
+    click.echo(f"model       {model.name} ({dtype}, {where}); target: position {op.position} of {n} tokens")
     click.echo(f"operator    J = [J_1 ... J_n]: {d} x {n * d}, applied by products (never formed: "
                f"{d * n * d * op.dtype.itemsize / 2**20:.1f} MiB if it were)")
     err = op.check()
@@ -98,7 +97,7 @@ def svd(model: str, prompt: str, model_options: ModelOptions, k: int, top: int, 
     if compare:
         _compare(op, result)
     if out is not None:
-        _save(out, op, result, model, text)
+        _save(out, op, result, model.name, text)
 
 
 def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> None:

@@ -10,7 +10,23 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TextIO
+
+_LABEL: ContextVar[str] = ContextVar("detjac_progress_label", default="")
+
+
+@contextmanager
+def labelled(label: str) -> Iterator[None]:
+    """Bars made inside the block carry ``label`` before their own description (``detached Jacobian: row blocks``):
+    a caller that runs the same pass twice (the detached and the ordinary Jacobian) tells the two apart on screen,
+    without the engine that draws the bars knowing."""
+    token = _LABEL.set(label)
+    try:
+        yield
+    finally:
+        _LABEL.reset(token)
 
 
 def on_terminal(stream: Any = None) -> bool:
@@ -24,7 +40,11 @@ def on_terminal(stream: Any = None) -> bool:
 
 def tqdm(iterable: Iterable[Any] | None = None, *, desc: str | None = None, unit: str = "it",
          total: int | None = None, leave: bool = True, disable: bool = False) -> Any:
-    """A progress bar with tqdm's interface: tqdm's own on a terminal (or when disabled), else a :class:`PlainBar`."""
+    """A progress bar with tqdm's interface: tqdm's own on a terminal (or when disabled), else a :class:`PlainBar`;
+    labelled by an enclosing :func:`labelled`."""
+    label = _LABEL.get()
+    if label:
+        desc = f"{label}: {desc}" if desc else label
     if disable or on_terminal():
         from tqdm import tqdm as terminal_bar  # not tqdm.auto: in a kernel it wants ipywidgets (TqdmWarning)
 

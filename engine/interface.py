@@ -158,6 +158,13 @@ class Engine(ABC):
     d_model: int
     stats: EngineStats
 
+    def __repr__(self) -> str:  # the model (as load_engine took it, else its config's path), family, dtype, ...
+        ref, kind = getattr(self, "model_ref", None), "layer-streamed" if getattr(self, "streamed", 0) else "in memory"
+        name = ref.name if ref is not None else getattr(self.config, "name_or_path", "") or "a loaded model"
+        return (f"<{type(self).__name__} of {name!r}: {self.family.name}, {str(self.dtype).removeprefix('torch.')}, "
+                f"{self.device}, {kind}, {'detached' if self.detach else 'ordinary'}, {self.n_layers} layers, "
+                f"d_model {self.d_model}>")
+
     @property
     @abstractmethod
     def tokenizer(self) -> Any | None:

@@ -1,4 +1,5 @@
-"""Memory budgets: the ``--max-memory`` syntax, device names, and the allocator setting a CPU budget needs.
+"""Memory budgets: the ``--max-memory`` syntax, device names and compute dtypes, and the allocator setting a CPU budget
+needs.
 
 Budgets are written as accelerate writes them (``"cuda:0=8GiB,cpu=32GiB"``). :func:`return_freed_memory` acts on the
 whole process, so the engine never calls it: the application that owns the process does. Details: docs/engine.md,
@@ -6,14 +7,9 @@ whole process, so the engine never calls it: the application that owns the proce
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from detjac.errors import InvalidArgumentError
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
 
 def format_bytes(n_bytes: float) -> str:
     """A size in the largest binary unit it fills (``512 B``, ``3.0 KiB``, ``1.0 MiB``, ``1.50 GiB``), so that a
@@ -43,19 +39,14 @@ def parse_memory(text: str | None) -> dict[str, int]:
     InvalidArgumentError
         Text that is not ``DEVICE=SIZE[,DEVICE=SIZE]``, or a device named twice.
     """
-    if text is None or not text.strip():
-        return {}
+    from detjac.model_settings import parse_budgets
+
     budgets: dict[str, int] = {}
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*([a-z]+(?::\d+)?)\s*=\s*([\d.]+)\s*([KMGT]i?B|B)?\s*", part, flags=re.IGNORECASE)
-        if m is None:
-            raise InvalidArgumentError(
-                f"Expected --max-memory as DEVICE=SIZE[,DEVICE=SIZE] (e.g. cuda:0=8GiB,cpu=32GiB). Got {text!r}."
-            )
-        device = device_key(m.group(1))
+    for name, size in parse_budgets(text):
+        device = device_key(name)
         if device in budgets:
             raise InvalidArgumentError(f"Expected each device once in --max-memory. Got {device} twice in {text!r}.")
-        budgets[device] = int(float(m.group(2)) * _UNITS[(m.group(3) or "").upper()])
+        budgets[device] = size
     return budgets
 
 
@@ -75,6 +66,22 @@ def device_key(device: Any) -> str:
     except RuntimeError:
         raise InvalidArgumentError(f"Expected a torch device such as cpu, cuda or cuda:1. Got {device!r}.") from None
     return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The torch dtype every model source computes in: ``"float32"``, ``"torch.float32"`` or ``torch.float32`` (one
+    parse, :func:`detjac.model_settings.dtype_name`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A string that names no compute dtype, or a value that is not a dtype.
+    """
+    import torch
+
+    from detjac.model_settings import dtype_name
+
+    return getattr(torch, dtype_name(dtype))
 
 
 CUDA_BUILD = ('make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" '

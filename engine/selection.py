@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from detjac.model_settings import wants_streamed
+from detjac.model_settings import ModelSettings
 
 from .checkpoints.loading import load_model
+from .checkpoints.reference import ModelRef
 from .inmemory.inmemory_engine import InMemoryEngine
 from .interface import Engine
 from .streamed.streamed_engine import StreamedEngine
-
-if TYPE_CHECKING:
-    from detjac.model_settings import ModelSettings
 
 
 def as_engine(model: Any, *, detach: bool = True, tokenizer: Any | None = None,
@@ -26,46 +24,67 @@ def as_engine(model: Any, *, detach: bool = True, tokenizer: Any | None = None,
 def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, device: str = "cpu",
                 detach: bool = True, max_memory: str | dict[str, int] | None = None, quantize: str | None = None,
                 revision: str | None = None, trust_remote_code: bool = False, convention: str | None = None) -> Engine:
-    """Load a checkpoint folder into an engine: the layer-streamed one when ``streamed`` (or a memory budget, or
-    quantizing on load, which only it does), else the in-memory one.
+    """Load a model into an engine: the layer-streamed one when ``streamed`` (or a memory budget, or quantizing on
+    load, which only it does: :func:`detjac.model_settings.wants_streamed`), else the in-memory one.
 
     Parameters
     ----------
     source
-        A checkpoint folder or a Hugging Face hub id ``org/name`` (see :func:`load_model`).
+        What to load, as the CLI's MODEL takes it: ``"default"`` (the shipped model), a GGUF file (``*.gguf``, its
+        weights dequantized to ``dtype``), a checkpoint folder, a Hugging Face hub id ``org/name`` (from the cache, or
+        downloaded), or a :class:`~detjac.engine.ModelRef` already resolved. A string is resolved here, once.
     dtype
-        Compute dtype (default float64, the exactness mode).
+        Compute dtype, a torch dtype or its name (``"float64"``, ``"float32"``, ``"bfloat16"``); default float64,
+        the exactness mode.
     max_memory
         Budgets per device (``"cuda:0=8GiB,cpu=32GiB"``); the streamed engine sizes its blocks to them.
     convention
         The family's detach convention (None: its default); refused with the valid ones when it has no such.
-    """
-    import torch
 
-    dtype = torch.float64 if dtype is None else dtype
-    if wants_streamed(streamed, max_memory, quantize):
-        return StreamedEngine(source, dtype=dtype, device=device, detach=detach, max_memory=max_memory,
-                             quantize=quantize, revision=revision, trust_remote_code=trust_remote_code,
+    Returns
+    -------
+    Engine
+        ``print(engine)`` names the model, its family, dtype, device and whether it is streamed.
+
+    Raises
+    ------
+    CheckpointError
+        ``source`` names nothing loadable (the message says what was expected).
+    InvalidArgumentError
+        A dtype, budget or convention that is not one.
+    """
+    settings = ModelSettings(device=device, streamed=streamed, max_memory=max_memory,  # type: ignore[arg-type]
+                             revision=revision, trust_remote_code=trust_remote_code, detach=detach, quantize=quantize,
                              convention=convention)
-    model = load_model(source, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code)
-    return InMemoryEngine(model, detach=detach, convention=convention)
+    return _load(ModelRef.of(source, revision), settings, "float64" if dtype is None else dtype, device,
+                 settings.streamed_engine, max_memory)
 
 
 def load_engine_with(source: Any, settings: ModelSettings, *, device: str | None = None) -> Engine:
-    """``source`` loaded into the engine ``settings`` ask for (see :func:`load_engine`), under this process's CPU
-    budget (:func:`detjac.engine.honour_cpu_budget`). ``device`` other than the settings' own loads there without the
-    memory budget, which names the settings' devices (a distributed run's client plans on the CPU)."""
-    import torch
-
+    """``source`` (a :class:`~detjac.engine.ModelRef`) loaded into the engine ``settings`` ask for (see
+    :func:`load_engine`), under this process's CPU budget (:func:`detjac.engine.honour_cpu_budget`). ``device`` other
+    than the settings' own loads there without the memory budget, which names the settings' devices (a distributed
+    run's client plans on the CPU)."""
     from .memory import honour_cpu_budget
 
     device = device or settings.device
-    engine = load_engine(source, streamed=settings.streamed_engine, dtype=getattr(torch, settings.dtype),
-                         device=device, detach=settings.detach,
-                         max_memory=settings.max_memory if device == settings.device else None,
-                         quantize=settings.quantize, revision=settings.revision,
-                         trust_remote_code=settings.trust_remote_code, convention=settings.convention)
+    engine = _load(ModelRef.of(source, settings.revision), settings, settings.dtype, device, settings.streamed_engine,
+                   settings.max_memory if device == settings.device else None)
     honour_cpu_budget(engine)  # this process computes under a CPU budget: keep the resident set honest
+    return engine
+
+
+def _load(ref: ModelRef, s: ModelSettings, dtype: Any, device: str, streamed: bool,
+          max_memory: str | dict[str, int] | None) -> Engine:
+    """``ref`` loaded into the engine chosen already (``streamed``), in ``dtype`` (a torch dtype or its name: the
+    loaders read it, :func:`detjac.engine.memory.compute_dtype`)."""
+    if streamed:
+        return StreamedEngine(ref, dtype=dtype, device=device, detach=s.detach, max_memory=max_memory,
+                              quantize=s.quantize, revision=s.revision, trust_remote_code=s.trust_remote_code,
+                              convention=s.convention)
+    model = load_model(ref, dtype=dtype, device=device, revision=s.revision, trust_remote_code=s.trust_remote_code)
+    engine = InMemoryEngine(model, detach=s.detach, convention=s.convention)
+    engine.model_ref = ref  # what print(engine) names
     return engine
 
 
@@ -89,7 +108,7 @@ def check_layerwise_request(source: Any, components: str) -> None:
     from .families import family_for
 
     names = parse_components(components)
-    _, raw = read_checkpoint(source)
+    _, raw = read_checkpoint(ModelRef.of(source))
     family = family_for(SimpleNamespace(model_type=raw.get("model_type")))
     needs_output = [c for c in names if Target(0, c.removesuffix("_local")).base == TO_OUTPUT
                     or Target(0, c.removesuffix("_local")).normed]

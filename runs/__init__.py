@@ -20,11 +20,12 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
         fit_jlens,
         load_lens_engine,
         position_ranks,
+        recorded_model,
         score_prompt,
         unembedding,
     )
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
-    from .prompts import read_prompts
+    from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import dask_scheduler
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt

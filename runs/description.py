@@ -55,6 +55,7 @@ class RunDescription:
     lens: Mapping[str, Any] | None = None
     streamed: StreamedSettings | None = None
     graph: Mapping[str, Any] | None = None  # `--graph`: max_nodes, node_threshold, edge_threshold (None: no graph)
+    n_layers: int | None = None  # the model's layer count (not part of the identity): a lens fitted here records it
 
     def __post_init__(self) -> None:
         from detjac.store import Keep
@@ -87,6 +88,8 @@ class RunDescription:
             "detjac_version": self.detjac_version, **self.fingerprint, "lens": self.lens}
         if self.graph is not None:  # absent otherwise: the runs description of a store without graphs is unchanged
             out["graph"] = dict(self.graph)
+        if self.n_layers is not None:
+            out["n_layers"] = self.n_layers
         if self.streamed is not None:
             s = self.streamed
             out.update({"engine": "streamed", "layerwise": list(s.layerwise), "quantize": s.quantize, "mode": s.mode,
@@ -101,23 +104,21 @@ def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float)
 
 
 def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,
-                 row_block: int | None, max_tokens: int, keep: Keep | str = "full", convention: str | None = None
-                 ) -> RunDescription:
-    """The description of a run of ``engine`` (loaded from ``model_arg``, found at ``model_dir``). ``convention`` is
-    the family's detach convention when it is not its default (None: the default, which leaves prompt ids as they
-    were)."""
-    from detjac.engine import is_hub_id
-
+                 row_block: int | None, max_tokens: int, keep: Keep | str = "full", convention: str | None = None, *,
+                 hub: bool = False) -> RunDescription:
+    """The description of a run of ``engine`` (loaded from ``model_arg``, found at ``model_dir``; ``hub``: a hub id,
+    :attr:`detjac.engine.ModelRef.kind`). ``convention`` is the family's detach convention when it is not its default
+    (None: the default, which leaves prompt ids as they were)."""
     config_sha = config_digest(engine.config, model_dir)
     family = engine.family
-    hub = is_hub_id(model_arg)  # the id names the model; model_path, its snapshot folder, names the commit
+    # a hub id names the model; model_path, its snapshot folder, names the commit
     return RunDescription(
         model_id=model_dir.name if model_dir is not None and not hub else model_arg,
         model_path=str(model_dir.resolve()) if model_dir is not None else model_arg, revision=revision,
         model_type=engine.config.model_type, config_sha256=config_sha, family=family.name, dtype=dtype, keep=keep,
         detach=engine.detach, position=family.default_position,
         detach_rules=tuple(family.describe(convention)) if engine.detach else (), convention=convention,
-        row_block=row_block, max_tokens=max_tokens)
+        row_block=row_block, max_tokens=max_tokens, n_layers=int(engine.n_layers))
 
 
 # What a loaded config records of how this engine loaded it, not of the model: the in-memory engine's config says

@@ -18,7 +18,7 @@ import numpy as np
 from detjac.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
+    from detjac.engine import Engine, ModelRef
 
 
 @dataclass
@@ -48,26 +48,39 @@ def check_lens_kinds(lenses: dict[str, Any]) -> None:
                                        f"{lens.kind} Jacobians ({lens.info.get('source') or 'a saved lens'}).")
 
 
-def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu", *, max_memory: str | None = None,
-                     revision: str | None = None, trust_remote_code: bool = False) -> Any:
-    """The float64 layer-streamed engine of ``model`` (``default``: the shipped model), checked against the
+def recorded_model(lens: Any) -> str | None:
+    """The model ``lens`` records (``info["model"]["model_path"]``: where it was found when the lens was fitted, or
+    ``default``) when it is found on this machine, else None: a lens carries its model, so ``lens apply`` and
+    ``lens export`` need no ``--model`` (:func:`load_lens_engine` still checks its digests against the lens's)."""
+    path = (lens.info.get("model") or {}).get("model_path")
+    if not isinstance(path, str) or not path:
+        return None
+    from pathlib import Path
+
+    return path if path == "default" or Path(path).exists() else None
+
+
+def load_lens_engine(model: ModelRef | str, lenses: Sequence[Any], device: str = "cpu", *,
+                     max_memory: str | None = None, revision: str | None = None,
+                     trust_remote_code: bool = False) -> Any:
+    """The float64 layer-streamed engine of ``model`` (a :class:`~detjac.engine.ModelRef`; a string is resolved into
+    one), checked against the
     lenses: same hidden size, fitted layers within the model, the lens's config SHA-256 (when the checkpoint
     folder has a ``config.json``) and its weights SHA-256 (when both the lens and the model have one: the same
     config with other weights is another model)."""
     import hashlib
-    from pathlib import Path
 
     import torch
 
-    from detjac.engine import load_engine, resolve_model
+    from detjac.engine import ModelRef, load_engine
 
     from .fingerprint import weights_identity
 
-    source = resolve_model(model)
-    config = Path(source) / "config.json"
+    ref = ModelRef.of(model, revision)
+    source, model = ref.source, ref.name
+    config = source / "config.json"
     digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
-    local = Path(source).is_dir() or Path(source).is_file()
-    weights = weights_identity(source).get("weights_sha256") if local else None
+    weights = weights_identity(source).get("weights_sha256")
     for lens in lenses:
         fitted = lens.info.get("model", {}).get("weights_sha256")
         if weights and fitted and fitted != weights:
@@ -75,7 +88,7 @@ def load_lens_engine(model: str, lenses: Sequence[Any], device: str = "cpu", *, 
                 f"Expected a lens fitted on the weights of {model} (SHA-256 {weights[:12]}…). Got one fitted on "
                 f"weights {fitted[:12]}… ({lens.info.get('model', {}).get('model_id')}): another model, even if "
                 "its config is the same.")
-    engine = load_engine(source, streamed=True, dtype=torch.float64, device=device, max_memory=max_memory,
+    engine = load_engine(ref, streamed=True, dtype=torch.float64, device=device, max_memory=max_memory,
                          revision=revision, trust_remote_code=trust_remote_code)
     for lens in lenses:
         d, layers = lens.mean.shape[-1], [int(x) for x in lens.layers]

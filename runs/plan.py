@@ -28,31 +28,36 @@ from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tok
 class ModelSpec(ModelSettings):
     """How a process loads the run's model: the run's :class:`~detjac.model_settings.ModelSettings` (the streamed
     engine decided already, by :func:`detjac.runs.run.check_options`) and the model, resolved once
-    (:class:`~detjac.engine.ModelRef`; a string is taken as given). Pickled to every worker of a distributed run."""
+    (:class:`~detjac.engine.ModelRef`; a string is resolved into one, once). Pickled to every worker of a distributed
+    run."""
 
     model: ModelRef
 
     def __post_init__(self) -> None:
-        if not hasattr(self.model, "location"):  # a string: taken as given (the caller resolved it, or "default")
+        if not hasattr(self.model, "location"):  # a string: the Python API's, resolved once, here
             from detjac.engine import ModelRef
 
-            object.__setattr__(self, "model", ModelRef.as_given(self.model))
+            object.__setattr__(self, "model", ModelRef.of(self.model, self.revision))
 
     def load(self, device: str | None = None) -> LoadedModel:
         """Load the engine on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
         does to plan, without the memory budget, which names the workers' devices)."""
         from detjac.engine import load_engine_with
 
-        source = self.model.source
-        return LoadedModel(load_engine_with(source, self, device=device), source)
+        return LoadedModel(load_engine_with(self.model, self, device=device), self.model)
 
 
 @dataclass
 class LoadedModel:
-    """An engine and the checkpoint folder (or the model id) it was loaded from."""
+    """An engine and the model it was loaded from."""
 
     engine: Engine
-    source: Any
+    model: ModelRef
+
+    @property
+    def source(self) -> Path:
+        """The checkpoint folder or GGUF file it was read from."""
+        return self.model.source
 
     @property
     def tokenizer(self) -> Any:
@@ -145,9 +150,9 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     from detjac.engine import check_layerwise_request
 
     if layers is not None:
-        check_layerwise_request(spec.model.source, components)
+        check_layerwise_request(spec.model, components)
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
-    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model.source)
+    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model)
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
         from detjac.engine import check_graph_request
 
@@ -161,8 +166,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     tokenized = tokenize_each(prompts, loaded.engine.prompt_model(), loaded.tokenizer, limit)
     if not lenient:
         check_tokenized(prompts, tokenized, limit)
-    source = loaded.source
-    model_dir = Path(source) if Path(source).is_dir() or Path(source).is_file() else None  # a folder or a GGUF file
+    model_dir = loaded.source  # a folder or a GGUF file
     lens_settings = None
     if lens:  # the lens layers' to_output rows are summed, never stored
         from .lens_run import lens_description
@@ -173,7 +177,8 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
         row_block = min(row_block, engine.d_model)
     run = describe_run(engine, model_arg, model_dir, spec.revision, spec.dtype,
                        row_block or (None if spec.max_memory else DEFAULT_ROW_BLOCK), limit, keep,
-                       None if engine.convention == engine.family.conventions[0] else engine.convention)
+                       None if engine.convention == engine.family.conventions[0] else engine.convention,
+                       hub=spec.model.kind == "hub")
     # the weight and tokenizer files' SHA-256s are part of the run's identity, as are the lens settings (None: no lens)
     run = replace(run, fingerprint=weights_identity(model_dir), lens=lens_settings, graph=graph,
                   streamed=StreamedSettings(tuple(t.name for t in targets), spec.quantize, mode, spec.max_memory)
@@ -225,8 +230,7 @@ def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any],
 
     storage = getattr(torch, storage_dtype(dtype))
     arrays = loaded.engine.decoding_rows(storage)
-    source = loaded.source
-    tok_file = Path(source) / "tokenizer.json" if Path(source).is_dir() else None
+    tok_file = None if loaded.model.is_gguf else loaded.source / "tokenizer.json"
     if tok_file is not None and tok_file.is_file():
         return arrays, {"tokenizer.json": tok_file.read_bytes()}
     backend = getattr(loaded.tokenizer, "backend_tokenizer", None)  # a GGUF's, built from its metadata

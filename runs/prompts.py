@@ -41,6 +41,17 @@ class PromptsFile:
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl"}  # by suffix; any other needs the format named
 
 
+def check_prompts_path(path: str | Path) -> Path:
+    """``path`` as a prompts file that exists (PromptsFileError otherwise): checked by the CLI as it parses, before
+    anything heavy is imported, and by :func:`read_prompts`."""
+    path = Path(path)
+    if not path.exists():
+        raise PromptsFileError(f"Expected a prompts file at {path}. Got no such file.")
+    if not path.is_file():
+        raise PromptsFileError(f"Expected a prompts file at {path}. Got a folder.")
+    return path
+
+
 def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
     """Prompts of a ``.txt`` (one per line) or ``.jsonl`` / ``.ndjson`` (``{"prompt": ..., ...}`` per line) file;
     ``fmt`` (``"txt"`` or ``"jsonl"``) reads a file of another name.
@@ -49,11 +60,7 @@ def read_prompts(path: str | Path, fmt: str | None = None) -> PromptsFile:
     it. A UTF-8 byte-order mark is dropped. Blank lines are skipped and counted. Raises PromptsFileError for a missing,
     unreadable, empty or malformed file (naming the line), or a name whose format is not known.
     """
-    path = Path(path)
-    if not path.exists():
-        raise PromptsFileError(f"Expected a prompts file at {path}. Got no such file.")
-    if not path.is_file():
-        raise PromptsFileError(f"Expected a prompts file at {path}. Got a folder.")
+    path = check_prompts_path(path)
     kind = fmt or FORMATS.get(path.suffix.lower())
     if kind not in ("txt", "jsonl"):
         raise PromptsFileError(f"Expected a prompts file named .txt (one prompt per line) or .jsonl / .ndjson (one "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
-from detjac.model_settings import ModelSettings, wants_streamed
+from detjac.model_settings import ModelSettings
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, ModelRef
@@ -63,6 +63,11 @@ class RunOptions(ModelSettings):
     def distributed(self) -> bool:
         return self.scheduler is not None or self.workers > 0
 
+    @property
+    def layerwise(self) -> bool:
+        """A lens or ``--layers``: targets only the layer-streamed engine computes (it is then implied)."""
+        return self.lens or bool(self.layers)
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -106,7 +111,7 @@ def check_options(options: RunOptions) -> RunOptions:
                                    "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
     if o.graph:
         _check_graph_options(o)
-    streamed = wants_streamed(o.streamed or o.lens or bool(o.layers), o.max_memory, o.quantize)
+    streamed = o.streamed_engine
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
     if o.layers is not None:
@@ -191,7 +196,7 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     from .plan import ModelSpec, open_run_store, prepare_run
 
     o = check_options(options)
-    ref = model if isinstance(model, ModelRef) else ModelRef.resolve(model, o.gguf_file, o.revision)
+    ref = model if isinstance(model, ModelRef) else ModelRef.resolve(model, o.gguf_file, o.revision)  # the API's
     spec = ModelSpec(ref, **o.model_settings())
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(ref.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
@@ -246,7 +251,7 @@ def recorded_worst_error(store: StoreReader) -> float | None:
     return max(errors, default=None)
 
 
-def run_one(model: str, prompt: str, out: str, options: RunOptions, engine: Engine | None = None) -> str:
+def run_one(model: str | ModelRef, prompt: str, out: str, options: RunOptions, engine: Engine | None = None) -> str:
     """One prompt (text) into the store ``out`` (created, or resumed), as ``detjac run`` would store it from a
     file holding that line, with ``engine`` when given (see :func:`run_corpus`); returns its prompt id."""
     from detjac.store import open_store, prompt_id

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from detjac.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from detjac.engine import ModelRef
     from detjac.store import StoredPrompt, StoreReader
 
 
@@ -128,7 +129,7 @@ def _method_jacobian(store: StoreReader, prompt: StoredPrompt, layer: int, metho
     return J if gain is None else gain[:, None, None] * J
 
 
-def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int, *, dtype: str = "float32",
+def load_concept(model: ModelRef | str, store_path: str | Path, prompt_id: str, layer: int, *, dtype: str = "float32",
                  device: str = "cpu", method: str = "detjac", revision: str | None = None,
                  trust_remote_code: bool = False) -> ConceptSession:
     """Load ``model`` (a checkpoint folder or ``default``) and the ``method``'s operator of ``prompt_id`` in the store.
@@ -140,13 +141,14 @@ def load_concept(model: str, store_path: str | Path, prompt_id: str, layer: int,
     """
     import torch
 
-    from detjac.engine import check_method, get_tokenizer, load_model, resolve_model
+    from detjac.engine import ModelRef, check_method, get_tokenizer, load_model
     from detjac.store import open_store
 
     check_method(method)  # before the model loads
-    source, store = resolve_model(model), open_store(store_path)
-    check_same_model(store, source, model)
-    lm = load_model(source, dtype=getattr(torch, dtype), device=device, revision=revision,
+    ref, store = ModelRef.of(model, revision), open_store(store_path)
+    model = ref.name
+    check_same_model(store, ref.source, model)
+    lm = load_model(ref, dtype=getattr(torch, dtype), device=device, revision=revision,
                     trust_remote_code=trust_remote_code)
     tok = get_tokenizer(lm)
     if tok is None:

@@ -31,8 +31,9 @@ from typing import Any
 ANONYMOUS = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")
 IMPORT = "<module>"  # a module's body running on import: not a call of the path
 # the decisions item by item: how often each runs (calls, not sites) in one command
-WATCHED = ("resolve_model", "select_gguf", "is_hub_id", "check_checkpoint_dir", "portable_location", "model_ref",
-           "Keep.parse", "wants_streamed", "check_exact", "_check_exact", "ZarrStore.get", "ZarrStore.model_array")
+WATCHED = ("model_kind", "ModelRef.resolve", "resolve_model", "select_gguf", "is_hub_id", "check_checkpoint_dir",
+           "portable_location", "model_ref", "Keep.parse", "wants_streamed", "check_exact", "_check_exact",
+           "ZarrStore.get", "ZarrStore.model_array")
 
 
 def use_checkout(root: Path) -> None:

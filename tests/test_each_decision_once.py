@@ -1,7 +1,9 @@
-"""Issue 51, items 6-8: each decision has one home, which these tests hold to its contract (no model is loaded)."""
+"""Issue 51, items 6-8, and issue 63, items 3-4: each decision has one home, which these tests hold to its contract
+(no model is loaded, except the shipped default one's config)."""
 
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import fields
 from pathlib import Path
@@ -12,12 +14,92 @@ from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import check_exact, pieces_bound
 from detjac.model_settings import ModelSettings, wants_streamed
 
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = ("core", "engine", "store", "analysis", "runs", "view", "cli")
+
+
+def calls_of(names: set[str]) -> dict[str, set[str]]:
+    """File (relative to the repository) -> the functions among ``names`` it calls (by name or as an attribute)."""
+    found: dict[str, set[str]] = {}
+    for folder in LIBRARY:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                    if name in names:
+                        found.setdefault(str(path.relative_to(ROOT)), set()).add(name)
+    return found
+
 
 def test_the_streamed_engine_is_implied_in_one_place():
     assert not wants_streamed(False, None, None)
     assert wants_streamed(True) and wants_streamed(False, "cpu=1GiB") and wants_streamed(False, None, "nf4")
+    assert wants_streamed(False, layerwise=True)
     assert not wants_streamed(False, "", None)  # an empty budget asks for nothing, as load_engine has always read it
     assert ModelSettings(max_memory="cpu=1GiB").streamed_engine and not ModelSettings().streamed_engine
+    # every loader and the run read ModelSettings.streamed_engine; nothing else decides
+    assert calls_of({"wants_streamed"}) == {"core/model_settings.py": {"wants_streamed"}}
+
+
+def test_a_run_with_layerwise_targets_implies_the_streamed_engine_through_the_settings():
+    from detjac.runs.run import RunOptions, check_options
+
+    assert RunOptions(lens=True).streamed_engine and RunOptions(layers="0").streamed_engine
+    assert not RunOptions().streamed_engine
+    assert check_options(RunOptions(layers="all", components="layer")).streamed
+
+
+def test_what_a_model_names_is_asked_in_one_place():
+    """Whether MODEL is ``default``, a GGUF file, a folder or a hub id is decided by model_names.model_kind, called by
+    ModelRef.resolve (and by the CLI's MODEL argument, to refuse a mistyped path before torch is imported); the
+    loaders read ModelRef.kind."""
+    asked = calls_of({"model_kind", "is_gguf", "is_hub_id", "looks_like_gguf", "resolve_model", "portable_location"})
+    assert asked == {
+        "core/model_names.py": {"is_gguf", "is_hub_id", "looks_like_gguf"},  # model_kind itself
+        "engine/checkpoints/reference.py": {"model_kind"},  # ModelRef.resolve, and a ModelRef built by hand
+        "cli/options.py": {"model_kind"},  # the MODEL argument's early check
+        "runs/lens_artifact.py": {"is_hub_id"},  # a lens named ORG/NAME:FILE (a lens, not a MODEL)
+    }, asked
+
+
+def test_a_model_ref_is_not_resolved_again_below_its_boundary(monkeypatch):
+    import detjac.engine.checkpoints.reference as reference
+    from detjac.engine import DEFAULT_MODEL_DIR, ModelRef, check_checkpoint_dir
+
+    ref = ModelRef.resolve("default")
+    assert ref.kind == "default" and ModelRef.of(ref) is ref
+
+    def asked_again(*args: object, **kwargs: object) -> str:
+        raise AssertionError("MODEL resolved again")
+
+    monkeypatch.setattr(reference, "model_kind", asked_again)
+    assert check_checkpoint_dir(ref) == DEFAULT_MODEL_DIR
+    with pytest.raises(AssertionError, match="resolved again"):
+        ModelRef.of("default")  # a string is resolved (the Python API's entry), which is what the check catches
+
+
+def test_the_cli_turns_model_into_a_model_ref_once(tmp_path):
+    import click
+    from click.testing import CliRunner
+
+    from detjac.cli.options import model_argument, model_options
+    from detjac.engine import ModelRef
+
+    got = []
+
+    @click.command()
+    @model_argument()
+    @model_options()
+    def command(model: ModelRef, model_options: object) -> None:
+        got.append(model)
+
+    (tmp_path / "ckpt").mkdir()
+    assert CliRunner().invoke(command, [str(tmp_path / "ckpt")]).exit_code == 0
+    assert CliRunner().invoke(command, []).exit_code == 0
+    assert got == [ModelRef(str(tmp_path / "ckpt"), str((tmp_path / "ckpt").resolve()), None, "folder"),
+                   ModelRef("default", "default", None, "default")]
+    assert [r.kind for r in got] == ["folder", "default"]
 
 
 def test_the_model_settings_are_defined_once_and_extended():
@@ -42,7 +124,7 @@ def test_a_model_reference_is_resolved_once_and_kept_portable(tmp_path):
     assert ref.location == str((tmp_path / "ckpt").resolve()) and ref.name == str(tmp_path / "ckpt" / ".." / "ckpt")
     default = ModelRef.resolve("default")
     assert default.location == "default" and Path(default.source) == DEFAULT_MODEL_DIR  # each process finds its own
-    assert ModelSpec("default").model == ModelRef("default", "default")  # a string is taken as given
+    assert ModelSpec("default").model == ModelRef("default", "default")  # a string is resolved, once, there
     assert ModelSpec(ref).model is ref
 
 
@@ -99,3 +181,31 @@ def test_a_job_opens_each_prompt_once():
     opened = OpenedPrompts(store)  # type: ignore[arg-type]
     assert opened("a") is opened("a") and opened("b") is not opened("a")
     assert store.opened == ["a", "b"]
+
+
+def test_a_dtype_is_read_one_way_by_every_model_source(tmp_path, monkeypatch):
+    """Issue 67, item 2: ``load_engine(gguf, dtype="float32")`` reached the GGUF loader as a string and crashed."""
+    import torch
+
+    import detjac.engine.checkpoints.gguf as gguf
+    from detjac.engine import load_engine
+
+    seen = []
+
+    class Loaded(Exception):
+        pass
+
+    def dequantize(source: Path, *, dtype: object, device: object = "cpu") -> None:
+        seen.append(dtype)
+        raise Loaded
+
+    monkeypatch.setattr(gguf, "load_gguf_model", dequantize)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    for spelling in ("float32", "torch.float32", torch.float32):
+        with pytest.raises(Loaded):
+            load_engine(str(tmp_path / "m.gguf"), dtype=spelling)
+    assert seen == [torch.float32] * 3
+    for streamed in (False, True):
+        assert load_engine("default", dtype="float32", streamed=streamed).dtype == torch.float32
+    with pytest.raises(InvalidArgumentError, match="Expected a dtype among float64, float32, bfloat16"):
+        load_engine("default", dtype="fp32")

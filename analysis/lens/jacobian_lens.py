@@ -29,7 +29,7 @@ FITTED = "fitted"  # lens/fitted: the lens of a store
 FINAL_BLOCK = "final_block"  # info["target"] of a lens onto the last layer's output before the final norm
 DIMS = {"mean": ("layer", "row", "col"), "second_moment": ("layer", "row", "col"), "count": ("layer",),
         "layer": ("layer",)}
-IDENTITY = ("model_id", "model_type", "config_sha256", "revision", "weights_sha256", "dtype", "detach",
+IDENTITY = ("model_id", "model_path", "model_type", "config_sha256", "revision", "weights_sha256", "dtype", "detach",
             "convention", "quantize", "position")
 
 
@@ -83,7 +83,8 @@ def lens_attrs(store: StoreReader, ids: list[str]) -> dict[str, Any]:
     return {LENS_KEY: {
         "version": LENS_VERSION, "kind": "detached" if run.get("detach", True) else "ordinary",
         "target": "to_output", "operator": "mean over prompts of dy_p/dh_{L,p}, p the target position",
-        "model": {key: run.get(key) for key in IDENTITY}, "source": str(store.path), "n_prompts": len(ids),
+        "model": {key: run.get(key) for key in IDENTITY}, "n_layers": run.get("n_layers"),  # the lens carries its model
+        "source": str(store.path), "n_prompts": len(ids),
         "prompts_sha256": hashlib.sha256(json.dumps(sorted(ids)).encode()).hexdigest(),
         "detjac_version": __version__}}
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from .loading import load_model
-from .names import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, default_model_dir, resolve_model
+from .names import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, default_model_dir
+from .reference import resolve_model
 
 # Dictionary-style prompts, the register the model was trained on.
 DEMO_PROMPTS = (

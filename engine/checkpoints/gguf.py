@@ -17,97 +17,29 @@ import torch
 from torch import nn
 
 from detjac.errors import CheckpointError, UnsupportedModelError
+from detjac.model_names import is_gguf, looks_like_gguf
 
 from .gguf_dequant import GGUFWeights
-from .gguf_header import GGUF_MAGIC, GGUF_SUFFIX, GGUFHeader, GGUFTensor, _read_header, _stat, read_gguf_header
+from .gguf_header import GGUFHeader, GGUFTensor, _read_header, _stat, read_gguf_header
 from .gguf_names import check_claims
 from .gguf_tokenizer import check_tokenizer, gguf_tokenizer
+from .reference import ModelRef, gguf_in, gguf_path
 
-__all__ = ["GGUFHeader", "GGUFTensor", "GGUFWeights", "gguf_config", "gguf_path", "gguf_tokenizer", "is_gguf",
-           "load_gguf_model", "looks_like_gguf", "read_gguf_header", "select_gguf"]
-
-
-def is_gguf(source: Any) -> bool:
-    """Whether ``source`` names a GGUF file: a path ending in ``.gguf``, or an existing file that starts with the
-    GGUF magic bytes."""
-    if not isinstance(source, str | Path):
-        return False
-    path = Path(source).expanduser()
-    if path.suffix.lower() == GGUF_SUFFIX:
-        return True
-    if not path.is_file():
-        return False
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
-        return False
-
-
-def looks_like_gguf(source: Any) -> bool:
-    """Whether ``source``'s suffix looks like a mistyped ``.gguf`` (``.ggfu``, ``.guf``, ``.gguff``): one letter
-    changed, added, dropped or two swapped, or made of g, u and f alone. For messages: such a name meant a file."""
-    if not isinstance(source, str | Path):
-        return False
-    suffix = Path(source).suffix.lower().lstrip(".")
-    return bool(suffix) and (_edits(suffix, GGUF_SUFFIX[1:]) <= 1 or set(suffix) == set("guf"))
-
-
-def _edits(a: str, b: str) -> int:
-    """Edits (insert, delete, substitute, swap two neighbours) that turn ``a`` into ``b``."""
-    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
-    for i in range(1, len(a) + 1):
-        for j in range(1, len(b) + 1):
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
-    return d[len(a)][len(b)]
-
-
-def gguf_path(source: str | Path, gguf_file: str | None = None) -> Path:
-    """The GGUF file that ``source`` (a file, or a folder holding ``gguf_file``) names, checked to exist.
-
-    Raises
-    ------
-    CheckpointError
-        The file does not exist, or ``gguf_file`` is not a plain file name inside the folder.
-    """
-    base = Path(source).expanduser()
-    if gguf_file is not None:
-        _check_file_name(gguf_file)
-        if not base.is_dir():
-            raise CheckpointError(f"Expected a folder (or hub id) holding {gguf_file} with --gguf-file. Got "
-                                  f"{str(source)!r}, which is not a folder.")
-        base = base / gguf_file
-    if not base.is_file():
-        found = sorted(p.name for p in base.parent.glob("*.gguf")) if base.parent.is_dir() else []
-        raise CheckpointError(f"Expected a GGUF file at {base}. Got no such file"
-                              + (f" (the folder holds {', '.join(found[:5])})." if found else "."))
-    return base
+__all__ = ["GGUFHeader", "GGUFTensor", "GGUFWeights", "gguf_config", "gguf_in", "gguf_path", "gguf_tokenizer",
+           "is_gguf", "load_gguf_model", "looks_like_gguf", "read_gguf_header", "select_gguf"]
 
 
 def select_gguf(source: str | Path, gguf_file: str, revision: str | None = None) -> Path:
     """The GGUF file ``gguf_file`` inside the folder ``source``, or in the hub repository ``source`` (``org/name``:
-    from the Hugging Face cache, else downloaded when online; see :mod:`detjac.engine.checkpoints.hub`).
+    from the Hugging Face cache, else downloaded when online; see :mod:`detjac.engine.checkpoints.hub`): MODEL with
+    ``--gguf-file``, resolved as every MODEL is (:meth:`~detjac.engine.ModelRef.resolve`).
 
     Raises
     ------
     CheckpointError
         No such file (the folder's GGUF files are named), or a hub file not in the cache while offline.
     """
-    from .hub import is_hub_id, resolve_hub_file
-
-    if is_hub_id(source):
-        _check_file_name(gguf_file)
-        return resolve_hub_file(str(source), gguf_file, revision)
-    return gguf_path(source, gguf_file)
-
-
-def _check_file_name(gguf_file: str) -> None:
-    """Refuse a ``--gguf-file`` that is a path rather than a file name (it could reach outside the folder)."""
-    if Path(gguf_file).name != gguf_file or gguf_file in ("", ".", ".."):
-        raise CheckpointError(f"Expected --gguf-file to name a file inside the model folder (a plain file name "
-                              f"such as model.Q4_K_M.gguf). Got {gguf_file!r}.")
+    return ModelRef.resolve(source, gguf_file, revision).source
 
 
 def gguf_config(path: Path) -> Any:

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from detjac.errors import CheckpointError
+from detjac.model_names import GGUF_MAGIC
 
-GGUF_MAGIC = b"GGUF"
-GGUF_SUFFIX = ".gguf"
 _VERSIONS = (2, 3)
 # fixed-size metadata value types: id -> struct format (u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

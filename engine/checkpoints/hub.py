@@ -7,27 +7,16 @@ Face hub"."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from detjac.errors import CheckpointError
 from detjac.revisions import cached_commit, check_inside
+from detjac.model_names import is_hub_id  # noqa: F401  (what a MODEL names: decided there)
 
-# A repository id as the hub accepts it: one namespace, one name, neither starting with '.' or '-'.
-_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 # What loading a model reads: config, tokenizer, safetensors weights (never pickles, never other formats).
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
-
-
-def is_hub_id(source: object) -> bool:
-    """Whether ``source`` names a Hub repository rather than a local folder: ``org/name``, not a path that exists."""
-    if not isinstance(source, str) or not _HUB_ID.fullmatch(source):
-        return False
-    if ".." in source or "--" in source or source.endswith(".git"):
-        return False
-    return not Path(source).exists()
 
 
 def hub_cache_dir() -> Path:

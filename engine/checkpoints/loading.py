@@ -24,9 +24,7 @@ if TYPE_CHECKING:
 from detjac.errors import CheckpointError, PromptError
 
 from ..families import family_for
-from .gguf import is_gguf, looks_like_gguf
-from .hub import is_hub_id, resolve_hub_id
-from .names import resolve_model
+from .reference import ModelRef
 from .quiet import quiet_tokenizer
 from .weights import SafetensorsWeights, check_shapes, safetensors_shapes, tensors_error
 
@@ -37,7 +35,7 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 _TOKENIZERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
 
-def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
+def check_checkpoint_dir(path: ModelRef | str | Path, revision: str | None = None) -> Path:
     """Return the checkpoint directory ``path`` names, else raise: ``path`` itself, or the Hugging Face cache's
     snapshot folder of a hub id (``org/name``, at ``revision``; see :mod:`detjac.engine.checkpoints.hub`).
 
@@ -50,35 +48,19 @@ def check_checkpoint_dir(path: str | Path, revision: str | None = None) -> Path:
     return read_checkpoint(path, revision)[0]
 
 
-def read_checkpoint(path: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
+def read_checkpoint(model: ModelRef | str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
     """The checked checkpoint directory and its parsed config.json (see :func:`check_checkpoint_dir`); for a GGUF
     file, the file and the config transformers reads from it (see :mod:`detjac.engine.checkpoints.gguf`).
-    ``"default"`` names the shipped model, as on the command line
-    (:func:`detjac.engine.checkpoints.default.resolve_model`)."""
-    path = resolve_model(path)
-    if is_gguf(path):
+    ``model`` is a :class:`ModelRef`; a string or path (``"default"`` names the shipped model, as on the command line)
+    is resolved first, once (:meth:`ModelRef.of`)."""
+    ref = ModelRef.of(model, revision)
+    if ref.is_gguf:
         from .gguf import gguf_config, gguf_path
 
-        file = gguf_path(path)
+        file = gguf_path(ref.source)
         return file, gguf_config(file).to_dict()
-    if is_hub_id(path):
-        path = resolve_hub_id(str(path), revision)
-    p = Path(path).expanduser()
-    if not p.exists():
-        if looks_like_gguf(path):  # a mistyped .gguf: the user meant a file
-            raise CheckpointError(
-                f"Expected a GGUF file (*.gguf), a Hugging Face checkpoint directory or a hub id (org/name). Got "
-                f"{str(path)!r}, which does not exist (a GGUF file's name ends in .gguf)."
-            )
-        raise CheckpointError(
-            f"Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {str(path)!r}, which does "
-            "not exist."
-        )
-    if not p.is_dir():
-        raise CheckpointError(
-            f"Expected a Hugging Face checkpoint directory or a GGUF file (*.gguf). Got {str(path)!r}, which is a "
-            "file but not a GGUF."
-        )
+    p = ref.source
+    path = ref.name if ref.kind == "folder" else str(p)  # as the user wrote it, or where it was found
     if not (p / "config.json").is_file():
         raise CheckpointError(
             f"Expected a Hugging Face checkpoint directory containing config.json. Got "
@@ -140,7 +122,7 @@ def check_config_sizes(path: Path, config: dict[str, Any], shapes: dict[str, tup
 
 
 def load_model(
-    source: str | Path | nn.Module,
+    source: ModelRef | str | Path | nn.Module,
     *,
     dtype: torch.dtype | None = torch.float64,
     device: str | torch.device = "cpu",
@@ -154,12 +136,13 @@ def load_model(
     Parameters
     ----------
     source
-        A local checkpoint directory, a GGUF file (its weights dequantized into a plain model, see
+        A :class:`ModelRef` (a string or path is resolved into one, once); it names a local checkpoint directory, a
+        GGUF file (its weights dequantized into a plain model, see
         :mod:`detjac.engine.checkpoints.gguf`), a Hugging Face hub id (``org/name``: the cache's snapshot, see
         :mod:`detjac.engine.checkpoints.hub`), or an already-loaded ``PreTrainedModel``.
     dtype
-        Parameter dtype. float64 (the default) is the exactness mode; ``None`` keeps the
-        checkpoint's (or the given model's) dtype (float32 for a GGUF).
+        Parameter dtype: a torch dtype or its name (``"float32"``). float64 (the default) is the exactness mode;
+        ``None`` keeps the checkpoint's (or the given model's) dtype (float32 for a GGUF).
     device
         Device to place the model on.
     revision, trust_remote_code
@@ -178,25 +161,27 @@ def load_model(
     UnsupportedModelError
         The model's family has no detach rules.
     """
-    from ..memory import check_device
+    from ..memory import check_device, compute_dtype
 
     device = check_device(device)  # before anything loads: one line naming the devices this PyTorch has
+    dtype = None if dtype is None else compute_dtype(dtype)  # "float32" as well as torch.float32, for every source
+    ref = None if isinstance(source, nn.Module) else ModelRef.of(source, revision)
     if isinstance(source, nn.Module):
         model = source
         family_for(model.config)
         if dtype is not None:
             model.to(dtype=dtype)
         model.to(device)
-    elif is_gguf(source):
+    elif ref is not None and ref.is_gguf:
         from .gguf import gguf_tokenizer, load_gguf_model
 
-        model = load_gguf_model(source, dtype=dtype or torch.float32, device=device)
+        model = load_gguf_model(ref.source, dtype=dtype or torch.float32, device=device)
         if tokenizer is None:
-            tokenizer = gguf_tokenizer(Path(source))
+            tokenizer = gguf_tokenizer(ref.source)
     else:
         from transformers import AutoModel, AutoModelForCausalLM
 
-        path, raw_config = read_checkpoint(source, revision)  # refuses an unsupported family first
+        path, raw_config = read_checkpoint(ref, revision)  # refuses an unsupported family first
         config = parse_config(path, revision, trust_remote_code)
         family = family_for(config)  # remote code may declare its own model_type: check the parsed config too
         auto = AutoModel if family.encoder else AutoModelForCausalLM  # an encoder has no causal LM head

@@ -91,6 +91,7 @@ class InMemoryEngine(Engine):
         text = model.config.get_text_config()
         self.n_layers, self.d_model = int(text.num_hidden_layers), int(text.hidden_size)
         self.stats = EngineStats()
+        self.model_ref: Any = None  # the ModelRef load_engine loaded it from (what print(engine) names)
         self._tokenizer = tokenizer if tokenizer is not None else get_tokenizer(model)
 
     @property

@@ -11,19 +11,21 @@ from torch import nn
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
-from ..checkpoints.gguf import is_gguf
 from ..checkpoints.loading import read_checkpoint
+from ..checkpoints.reference import ModelRef
 from ..families import family_for
 
 
-def model_class(source: Any, revision: str | None, trust_remote_code: bool) -> tuple[Any, type, Any, Path | None]:
-    """(config, model class, raw config.json or None, checkpoint folder or None) of a checkpoint or loaded model."""
+def model_class(source: ModelRef | nn.Module, revision: str | None,
+                trust_remote_code: bool) -> tuple[Any, type, Any, Path | None]:
+    """(config, model class, raw config.json or None, checkpoint folder or GGUF file, or None) of a checkpoint or
+    loaded model."""
     if isinstance(source, nn.Module):
         return source.config, type(source), None, None
     from transformers import AutoModelForCausalLM
 
     path, raw = read_checkpoint(source, revision)
-    if is_gguf(path):
+    if source.is_gguf:
         from ..checkpoints.gguf import gguf_config
 
         config = gguf_config(path)
@@ -60,16 +62,17 @@ def check_quantize(quantize: str | None, already: str | None) -> None:
         )
 
 
-def load_tokenizer(source: Any, revision: str | None, trust_remote_code: bool) -> Any | None:
+def load_tokenizer(source: Path | nn.Module, gguf: bool, revision: str | None, trust_remote_code: bool) -> Any | None:
+    """The tokenizer of a loaded model, a GGUF file (``gguf``) or a checkpoint folder (as :func:`model_class` found
+    them)."""
     if isinstance(source, nn.Module):
         from ..checkpoints.loading import get_tokenizer
 
         return get_tokenizer(source)
-    path = Path(source).expanduser()
-    if is_gguf(path):
+    if gguf:
         from ..checkpoints.gguf import gguf_tokenizer
 
-        return gguf_tokenizer(path)
+        return gguf_tokenizer(source)
     from ..checkpoints.loading import load_tokenizer
 
-    return load_tokenizer(path, revision, trust_remote_code)
+    return load_tokenizer(source, revision, trust_remote_code)

@@ -19,11 +19,12 @@ from detjac.errors import InvalidArgumentError
 from detjac.progress import progress_bar
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
 
+from ..checkpoints.reference import ModelRef
 from ..checkpoints.sources import open_source
 from ..checkpoints.weights import check_complete, check_shapes
 from ..detach.model import linearized
 from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
-from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
+from ..memory import budgets_of, check_device, compute_dtype, device_key, parse_memory, return_freed_memory
 from ..pullback import PullRequest, Site, neuron_activations, pulls
 from . import passes as sweeps
 from .adjoint import make_adjoint
@@ -43,13 +44,14 @@ class StreamedEngine(Engine):
     Parameters
     ----------
     source
-        A checkpoint folder with safetensors shards (weights are read layer by layer and
+        A :class:`~detjac.engine.ModelRef` (a string or path is resolved into one, once) naming a checkpoint folder
+        with safetensors shards (weights are read layer by layer and
         never all held), a GGUF file (each layer's tensors read and dequantized as it is
         streamed in, see :mod:`detjac.engine.checkpoints.gguf`), a Hugging Face hub id (its snapshot in the cache, see
         :mod:`detjac.engine.checkpoints.hub`), or a loaded model (its tensors are used in place; with another
         ``device`` or ``dtype`` one layer at a time is copied).
     dtype
-        Compute dtype; float64 is the exactness mode.
+        Compute dtype, a torch dtype or its name (``"float32"``); float64 is the exactness mode.
     device
         Where layers are computed (``cpu``, ``cuda``, ``cuda:1``).
     detach
@@ -77,12 +79,13 @@ class StreamedEngine(Engine):
         Budgets without the compute device, a bad ``quantize`` or ``sweeps``, or a convention the family lacks.
     """
 
-    def __init__(self, source: str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
+    def __init__(self, source: ModelRef | str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu", detach: bool = True,
                  max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
                  revision: str | None = None, trust_remote_code: bool = False,
                  tokenizer: Any | None = None, convention: str | None = None, sweeps: str | None = None) -> None:
-        self.dtype, self.device, self.detach = dtype, torch.device(check_device(device)), detach
+        self.dtype, self.device, self.detach = compute_dtype(dtype), torch.device(check_device(device)), detach
+        dtype = self.dtype
         self.budgets = budgets_of(max_memory)
         for budgeted in self.budgets:  # a budget for a device this machine lacks: said before anything loads
             check_device(budgeted)
@@ -91,15 +94,18 @@ class StreamedEngine(Engine):
                 f"Expected a memory budget for the compute device {device_key(self.device)}. "
                 f"Got budgets for {', '.join(self.budgets)} only."
             )
-        config, cls, raw, self.path = model_class(source, revision, trust_remote_code)
+        ref = source if isinstance(source, nn.Module) else ModelRef.of(source, revision)  # a string: resolved once
+        gguf = isinstance(ref, ModelRef) and ref.is_gguf
+        self.model_ref, self.streamed = (ref if isinstance(ref, ModelRef) else None), True  # for print(engine)
+        config, cls, raw, self.path = model_class(ref, revision, trust_remote_code)
         source = source if self.path is None else self.path  # a hub id: the cache's snapshot folder
         self.family = streamable_family(config)
         self.convention = self.family.check_convention(convention)
         self.config = config
-        weights = open_source(source, raw, config)
+        weights = open_source(source, raw, config, gguf=gguf)
         check_quantize(quantize, weights.quantized or weights.packed)
         self.quantize = quantize
-        self._tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, revision,
+        self._tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, gguf, revision,
                                                                                 trust_remote_code)
         self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
                                  quantize=quantize)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+from detjac.progress import labelled
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from ..interface import Engine, Prompt
@@ -43,13 +44,18 @@ class ExactnessReport:
 
 def exactness_report(model: Engine | PreTrainedModel, prompt: Prompt, *, row_block: int = DEFAULT_ROW_BLOCK,
                      ordinary: bool = True, tokenizer: Any | None = None, progress: bool = False) -> ExactnessReport:
-    """Compute the detached (and ordinary) Jacobian of ``prompt`` with an engine (or a loaded model, in the in-memory
-    engine) and compare with the unmodified model."""
+    """Compute the detached (and, with ``ordinary``, the ordinary) Jacobian of ``prompt`` with an engine (or a loaded
+    model, in the in-memory engine) and compare with the unmodified model; with ``progress``, one bar per pass,
+    labelled ``detached Jacobian`` and ``ordinary Jacobian``."""
     engine = as_engine(model, tokenizer=tokenizer)
     t0 = time.perf_counter()
-    det = jacobian(engine, prompt, row_block=row_block, progress=progress)
+    with labelled("detached Jacobian"):  # one labelled bar per pass: the two passes' bars are told apart
+        det = jacobian(engine, prompt, row_block=row_block, progress=progress)
     seconds = time.perf_counter() - t0
-    ordi = jacobian(engine.ordinary(), prompt, row_block=row_block, progress=progress) if ordinary else None
+    ordi = None
+    if ordinary:
+        with labelled("ordinary Jacobian"):
+            ordi = jacobian(engine.ordinary(), prompt, row_block=row_block, progress=progress)
     stock = engine.stock_logits(det.token_ids, det.position)
     diff = float((stock.to(det.logits.dtype) - det.logits).abs().max())
     return ExactnessReport(det, ordi, diff, int(stock.argmax()) == det.reconstructed_next_token_id, seconds)

@@ -84,3 +84,16 @@ def test_demo_runs_on_the_shipped_model(tmp_path):
     assert len(re.findall(r"right \[at .*, \d+% of \|v\|\^2\] -> ", out)) == 6
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
     assert str(plot) in out
+
+
+def test_an_engine_says_what_it_holds():
+    """Issue 67, item 9: ``print(engine)`` named only the class and an address; ``help(load_engine)`` left out GGUF
+    files and ``default``."""
+    from detjac.engine import KeptEngine, load_engine
+
+    engine = load_engine("default", dtype="float32")
+    assert repr(engine) == ("<InMemoryEngine of 'default': Llama, float32, cpu, in memory, detached, 4 layers, "
+                            "d_model 256>")
+    assert repr(KeptEngine(engine)).startswith("<KeptEngine of 'default': Llama, float32, cpu, in memory")
+    assert "layer-streamed, ordinary" in repr(load_engine("default", streamed=True, detach=False))
+    assert all(word in load_engine.__doc__ for word in ('"default"', "GGUF file", "hub id", "checkpoint folder"))

@@ -84,3 +84,28 @@ def test_a_lens_is_refused_on_other_weights_and_in_the_wrong_role(fitted, tmp_pa
     save_file(tensors, weights, metadata={"format": "pt"})
     refused = CliRunner().invoke(main, ["lens", "apply", str(saved), "--model", str(other), "--prompt", PROMPTS[3]])
     assert refused.exit_code == 1 and "another model, even if its config is the same" in refused.output
+
+
+def test_a_lens_carries_its_model(fitted, tmp_path):
+    """Issue 67, item 8: the lens records the model's layer count and where the model is, so `lens export` needs no
+    --model (it was "Expected --model: the lens does not record the model's layer count") and `lens apply` defaults
+    to the lens's own model, not to `default`."""
+    import torch
+
+    from detjac.engine import DEFAULT_MODEL_DIR
+    from detjac.runs import read_lens, recorded_model
+
+    _, store = fitted
+    saved = tmp_path / "carried.lens"
+    assert CliRunner().invoke(main, ["lens", "save", str(store.path), str(saved)]).exit_code == 0
+    lens = read_lens(str(saved))
+    assert lens.info["n_layers"] == 4 and recorded_model(lens) == str(DEFAULT_MODEL_DIR)
+    out = CliRunner().invoke(main, ["lens", "export", str(saved), str(tmp_path / "c.pt")])
+    assert out.exit_code == 0, out.output
+    payload = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert payload["source_layers"] == [0]  # layers 0 and 3 fitted: the last of 4 is left out, as the format wants
+    provenance = payload["metadata"]["detjac"]
+    assert provenance["n_layers"] == 4 and provenance["model"]["model_path"] == str(DEFAULT_MODEL_DIR)
+    assert read_lens(str(tmp_path / "c.pt")).info["n_layers"] == 4  # and the artifact carries it back
+    gone = {**lens.info, "model": {**lens.info["model"], "model_path": str(tmp_path / "moved")}}
+    assert recorded_model(type(lens)(lens.layers, lens.mean, lens.second_moment, lens.count, gone)) is None
