@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import ModelOptions, model_options, prompt_options
+from .options import ModelOptions, model_argument, model_options, out_option, prompt_options
+
+if TYPE_CHECKING:
+    from detjac.engine import ModelRef
+
+
+def _check_out(out: str, force: bool) -> None:
+    """``--out``: a new .json file (or one ``--force`` replaces), checked before torch is imported."""
+    if not out.lower().endswith(".json"):
+        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
+    if Path(out).exists() and not force:
+        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).", param_hint="--out")
 
 
 @click.command("attention")
-@click.argument("model", type=click.Path(), default="default", required=False)
+@model_argument()
 @prompt_options()
 @model_options()
 @click.option("--layer", type=int, required=True, help="The attention layer (0-based).")
@@ -20,12 +31,10 @@ from .options import ModelOptions, model_options, prompt_options
               help="The query position (negative: from the end) [default: the last].")
 @click.option("--neurons", type=int, default=0, show_default=True,
               help="Split each MLP into its N neurons writing the most at each position and a remainder.")
-@click.option("--out", "-o", default=None, type=click.Path(dir_okay=False),
-              help="Write every term as JSON here (a .json file).")
-@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@out_option("Write every term as JSON here (a .json file).", check=_check_out)
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True,
               help="Terms printed for each of the three most attended keys.")
-def attention(model: str, prompt: str, model_options: ModelOptions, layer: int, head: int, query: int | None,
+def attention(model: ModelRef, prompt: str, model_options: ModelOptions, layer: int, head: int, query: int | None,
               neurons: int, out: str | None, force: bool, top: int) -> None:
     """Exact QK attribution of one attention head at one query position.
 
@@ -42,21 +51,16 @@ def attention(model: str, prompt: str, model_options: ModelOptions, layer: int, 
       detjac attention -p "Copper, n. A common metal" --layer 3 --head 1 --out qk.json
       detjac attention model.gguf -p "The capital of France is" --layer 10 --head 4 --neurons 5
     """
-    from detjac.engine import qk_attribution, resolve_model, write_qk
+    from detjac.engine import qk_attribution, write_qk
     from detjac.runs import model_identity
 
-    if out is not None and not out.lower().endswith(".json"):
-        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
-    if out is not None and Path(out).exists() and not force:
-        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).", param_hint="--out")
     model_options.refuse("detjac attention", "a QK attribution needs the whole model in memory", streamed=False,
                          max_memory=None)
-    source = model_options.source(model)
-    res = qk_attribution(model_options.engine(source), prompt, layer, head, query=query, neurons=neurons)
-    _echo(res, model, top)
+    res = qk_attribution(model_options.engine(model), prompt, layer, head, query=query, neurons=neurons)
+    _echo(res, model.name, top)
     if out is not None:
-        identity = {k: v for k, v in model_identity(resolve_model(source)).items() if isinstance(v, str)}
-        data = write_qk(res, out, force=force, model={"source": model, **identity})
+        identity = {k: v for k, v in model_identity(model.source).items() if isinstance(v, str)}
+        data = write_qk(res, out, force=force, model={"source": model.name, **identity})
         click.echo(f"wrote        {out} ({len(data['keys'])} keys, {sum(len(k['terms']) for k in data['keys'])} "
                    "terms)")
 
