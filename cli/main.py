@@ -112,7 +112,9 @@ def jacobian(model: str, prompt: str, model_options: ModelOptions, row_block: in
 
         check_npz_path(out, force)  # before any work
     model, dtype = model_options.source(model), model_options.dtype
-    engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
+    engine = model_options.engine(model)
+    if out is not None and not out.lower().endswith(".npz"):
+        engine = KeptEngine(engine)  # --out run.zarr stores what it computed
     tok = engine.tokenizer
     rep = exactness_report(engine, prompt, row_block=row_block, progress=True)
     res = rep.detached

@@ -19,7 +19,7 @@ from detjac.exactness import pieces_bound
 
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
-from ..interface import EngineStats
+from ..types import EngineStats
 from ..pieces import NotAPiece
 from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, norm_piece, push_layer
 from ..pieces.record import LayerRecord, record_layer

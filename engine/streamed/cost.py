@@ -12,7 +12,7 @@ from typing import Any
 from detjac.errors import InvalidArgumentError
 from detjac.targets import DEFAULT_ROW_BLOCK, Target
 
-from ..interface import Plan
+from ..types import Plan
 from ..memory import format_bytes
 from ..pieces import layer as pieces
 from ..pieces.fold import fold_bytes, fold_pays

@@ -11,7 +11,7 @@ import torch
 from detjac.exactness import relative_error
 from detjac.targets import Target
 
-from ..interface import Plan
+from ..types import Plan
 from ..result import reconstruct
 from .tracing import StreamedTrace
 

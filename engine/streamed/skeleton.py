@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..checkpoints.weights import ModuleWeights, WeightSource
-from ..interface import EngineStats
+from ..types import EngineStats
 from ..products.decode import RowBlocks, final_norm_gain
 from .prefetch import LayerFeed, make_reader
 

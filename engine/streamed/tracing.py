@@ -17,7 +17,7 @@ from detjac.progress import progress_bar
 from detjac.targets import RESID_MID, Target
 
 from ..detach.wrappers import AttentionReplay
-from ..interface import Trace
+from ..types import Trace
 from ..pieces.runner import run_layer
 from .skeleton import Skeleton
 

@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 from detjac.targets import DEFAULT_ROW_BLOCK
 
-from ..interface import Engine, Prompt
-from ..jacobian import jacobian
+from ..interface import Engine
+from ..types import Prompt
+from ..verbs import jacobian
 from ..result import JacobianResult
 from ..selection import as_engine
 
