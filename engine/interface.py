@@ -149,8 +149,8 @@ class Engine(ABC):
 
     def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
         """``J^T u`` of the output's Jacobian: (c, d_model) output directions -> (c, n_tokens, d_model)."""
-        read = {site: values for _, site, values in self.pulls(trace, [PullRequest((Seed(OUTPUT, cotangents),),
-                                                                                     (EMBEDDINGS,))])}
+        u = cotangents.to(device=self.device, dtype=self.dtype)
+        read = {site: values for _, site, values in self.pulls(trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])}
         return read[EMBEDDINGS]
 
     @abstractmethod

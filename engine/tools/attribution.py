@@ -4,10 +4,10 @@ error nodes.
 With attention probabilities, norm scales and every MLP's gate frozen, each MLP neuron ``z = gate · (W_up norm(r))``
 is linear in the residual stream, and the model is linear in the input embeddings and the neurons. An edge
 ``a -> b`` is ``act(a) · ∂value(b)/∂act(a)`` with every MLP's output held at its neurons (the direct effect), so each
-node's incoming edges over all sources sum to its value exactly. :func:`attribution_graph` computes the graph with the
-pullback primitive (:mod:`detjac.engine.pullback`), from the prompt's one trace (:func:`graph_of_trace`, which
-:func:`detjac.engine.prompt_pass` calls): one pullback per logit ranks every neuron, then one cut pullback per
-kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
+node's incoming edges over all sources sum to its value exactly. :func:`graph_of_trace` computes the graph from the
+prompt's one trace (:func:`detjac.engine.prompt_pass` calls it; :func:`detjac.engine.attribution_graph` is the verb)
+with the pullback primitive (:mod:`detjac.engine.pullback`): one pullback per logit ranks every neuron, then one cut
+pullback per kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
 
 from __future__ import annotations
 
