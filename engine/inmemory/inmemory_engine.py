@@ -20,7 +20,6 @@ from ..checkpoints.loading import get_tokenizer
 from ..detach.model import linearized
 from ..families import family_for
 from ..interface import Engine
-from ..verbs import DeprecatedVerbs
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
@@ -28,6 +27,7 @@ from ..pullback import EMBEDDINGS, PullRequest, Site, check_pull
 from ..pullback import OUTPUT as OUTPUT_SITE
 from ..streamed.cost import MODES, CostModel, check_request
 from ..types import EngineStats, JacobianBlock, Plan, Prompt, Trace
+from ..verbs import DeprecatedVerbs
 from .model_pieces import FrozenModel
 from .rows import JacobianStream, trace_model
 
@@ -104,7 +104,7 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
         """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
         family, the offset ``b``); the first fallback from explicit to autograd warns."""
         s = trace_model(self.model, prompt, detach=self.detach, position=position, tokenizer=self.tokenizer,
-                            convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
+                        convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
         self._warned = self._warned or s.fallback is not None  # said once per engine
         if s.frozen is not None:
             s.frozen.stats = self.stats

@@ -23,10 +23,10 @@ from ..checkpoints.loading import parse_prompt
 from ..detach.factors import FactorTape
 from ..detach.model import linearized
 from ..families import family_for
-from ..types import JacobianBlock
 from ..pieces import NotAPiece
 from ..pieces.runner import chosen_sweeps
 from ..result import reconstruct
+from ..types import JacobianBlock
 from .model_pieces import FrozenModel, freeze_model
 
 

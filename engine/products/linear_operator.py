@@ -16,9 +16,9 @@ from detjac.exactness import check_exact, relative_error
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
 from ..interface import Engine
-from ..types import Prompt, Trace
 from ..selection import as_engine
 from ..streamed.cost import check_positive
+from ..types import Prompt, Trace
 
 
 @dataclass

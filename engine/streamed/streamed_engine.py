@@ -23,9 +23,9 @@ from ..checkpoints.sources import open_source
 from ..checkpoints.weights import check_complete, check_shapes
 from ..detach.model import linearized
 from ..interface import Engine
-from ..verbs import DeprecatedVerbs
 from ..memory import budgets_of, check_device, device_key, parse_memory, return_freed_memory
 from ..types import JacobianBlock, Plan, Prompt, Trace
+from ..verbs import DeprecatedVerbs
 from . import passes as sweeps
 from .adjoint import make_adjoint
 from .cost import CostModel

@@ -12,10 +12,10 @@ if TYPE_CHECKING:
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from ..interface import Engine
-from ..types import Prompt
-from ..verbs import jacobian
 from ..result import JacobianResult
 from ..selection import as_engine
+from ..types import Prompt
+from ..verbs import jacobian
 
 
 @dataclass(frozen=True)

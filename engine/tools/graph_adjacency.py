@@ -14,9 +14,9 @@ from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.progress import progress_bar
 
 from ..interface import Engine
-from .neurons import neurons, residual_ends
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of
 from .graph_targets import LogitTargets, chosen_values, token_texts
+from .neurons import neurons, residual_ends
 
 ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)
 LABEL_TOKENS = 3  # tokens in a neuron's label, each way

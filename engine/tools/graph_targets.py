@@ -14,8 +14,8 @@ import torch
 from detjac.tokens import token_texts as _texts
 
 from ..interface import Engine
-from .neurons import neurons
 from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
+from .neurons import neurons
 
 MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
