@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from detjac.exactness import relative_error
+from detjac import exactness
 from detjac.targets import OUTPUTS, Target
 
 from .interface import Engine
@@ -119,7 +119,8 @@ def prompt_pass(engine: Engine, prompt: Prompt, targets: Sequence[Target] = (OUT
     into: BlockSink = whole if whole is not None else sink  # type: ignore[assignment]
     with into.open(products):
         products.reconstructions = _sweep(engine, trace, products.plan, into, progress and sink is None)
-        products.errors = {t: relative_error(r, trace.value(t)) for t, r in products.reconstructions.items()}
+        errors = {t: exactness.relative_error(r, trace.value(t)) for t, r in products.reconstructions.items()}
+        products.errors = errors
         into.finish(products)
     if whole is not None:
         products.jacobians = whole.jacobians
