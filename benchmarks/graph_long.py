@@ -29,7 +29,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from detjac.engine import load_engine, return_freed_memory
+    from detjac.engine import load_engine, neurons, return_freed_memory
     from detjac.engine.tools import graph_adjacency as adj
     from detjac.engine.tools import graph_targets as at
     from detjac.graph_settings import MAX_NODES
@@ -53,7 +53,7 @@ def main() -> None:
     times["trace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     targets = at.logit_targets(engine, trace.output, at.MAX_LOGITS, at.LOGIT_PROBABILITY)
-    acts = {layer: z for layer, z, _ in engine.neurons(trace)}
+    acts = {layer: z for layer, z, _ in neurons(engine, trace)}
     times["neurons"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     chosen, n_active = at.rank_neurons(engine, trace, targets, acts, args.max_nodes)

@@ -86,7 +86,7 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
 
     import torch
 
-    from detjac.engine import linearized, load_engine
+    from detjac.engine import assemble, linearized, load_engine
     from detjac.engine.pieces import fold
     from detjac.targets import OUTPUTS
 
@@ -116,7 +116,7 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
         def run(prompt: list[int]) -> Any:
             with fold.folding(mode):
                 trace = engine.trace(prompt)
-                return engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
+                return assemble(engine, trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
 
     run(ids[:2])
     stats = getattr(engine, "stats", None)

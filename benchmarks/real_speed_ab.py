@@ -43,7 +43,7 @@ def runners(model: str, dtype: Any) -> dict[str, Any]:
     """One function of the token ids per method, each returning (J, seconds waited on weights)."""
     import torch
 
-    from detjac.engine import linearized, load_engine
+    from detjac.engine import assemble, linearized, load_engine
     from detjac.engine.pieces import fold
     from detjac.engine.streamed.prefetch import SyncReader
     from detjac.targets import OUTPUTS
@@ -68,7 +68,7 @@ def runners(model: str, dtype: Any) -> dict[str, Any]:
             waited = getattr(stats, "weight_wait_seconds", 0.0)
             with fold.folding(mode):
                 trace = engine.trace(ids)
-                J = engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS], row_block=rows))[OUTPUTS]
+                J = assemble(engine, trace, [OUTPUTS], engine.plan(trace, [OUTPUTS], row_block=rows))[OUTPUTS]
             return J, getattr(stats, "weight_wait_seconds", 0.0) - waited
         return run
 

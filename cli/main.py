@@ -126,7 +126,9 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
     from .render import piece
 
     dtype = model_options.dtype
-    engine = KeptEngine(model_options.engine(model))  # --out stores what it computed
+    engine = model_options.engine(model)
+    if out is not None and not out.lower().endswith(".npz"):
+        engine = KeptEngine(engine)  # --out run.zarr stores what it computed
     tok = engine.tokenizer
     rep = exactness_report(engine, prompt, row_block=row_block, ordinary=ordinary, progress=True)
     res = rep.detached

@@ -120,8 +120,10 @@ def _compare(op: Any, result: Any) -> None:
     """Form J by row blocks with the same engine, take its full SVD and compare (the check products avoid)."""
     import torch
 
+    from detjac.engine import jacobian
+
     t0 = time.perf_counter()
-    J = op.engine.jacobian(op.token_ids, position=op.position).jacobian
+    J = jacobian(op.engine, op.token_ids, position=op.position).jacobian
     S = torch.linalg.svdvals(J.reshape(J.shape[0], -1))[: result.S.shape[0]].to(result.S.device)
     rel = float(((result.S - S).abs() / S).max())
     click.echo(f"compare     formed J and its full SVD in {time.perf_counter() - t0:.1f} s: max relative "

@@ -3,8 +3,9 @@
 The façade of the engine layer: runs/, cli/ and users import from here, never from its modules
 (tests/test_layering.py). Two engines implement :class:`Engine`: :class:`InMemoryEngine` (a loaded model)
 and :class:`StreamedEngine` (one layer in memory at a time); :func:`load_engine` picks one from the user's
-options, :func:`as_engine` wraps a loaded model, and :func:`jacobian` is the one verb that computes a
-prompt's Jacobian on either. The folders: docs/engine.md, "Layout".
+options, :func:`as_engine` wraps a loaded model; :func:`prompt_pass` computes every product of one prompt from one
+trace, and :func:`jacobian` (the one Jacobian entry point) and :func:`attribution_graph` are its verbs. The folders:
+docs/engine.md, "Layout".
 
 >>> from detjac.engine import attribution_graph, load_engine, jacobian
 >>> engine = load_engine("default")                                         # doctest: +SKIP
@@ -24,35 +25,34 @@ from .checkpoints.hub import hub_cache_dir, is_hub_id
 from .checkpoints.loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
 from .checkpoints.reference import ModelRef
 from .checkpoints.tiny import tiny_model, tiny_model_types
+from .deprecated import detached_jacobian, stream_jacobian
 from .detach.model import Linearized, linearized
 from .families import FAMILIES, family_for, supported_model_types
 from .inmemory.inmemory_engine import InMemoryEngine
-from .inmemory.rows import JacobianStream, stream_jacobian
-from .interface import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
-from .jacobian import detached_jacobian, jacobian
+from .inmemory.rows import JacobianStream
+from .interface import Engine
 from .kept import KeptEngine
 from .memory import honour_cpu_budget, parse_memory, return_freed_memory
 from .products.decode import SingularTriplets, decode_blocks, decode_top, dense_svd, final_norm_gain
 from .products.lanczos import OperatorSVD, operator_svd
 from .products.linear_operator import JacobianOperator, jacobian_operator
 from .products.logits import decoding_matrix, logit_jacobian, output_logits
+from .prompt_products import BlockSink, PromptProducts, assemble, prompt_pass
 from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult, reconstruct
 from .selection import as_engine, check_layerwise_request, load_engine, load_engine_with
 from .streamed.streamed_engine import StreamedEngine, StreamedResult
-from .tools.attribution import (
-    AttributionGraph,
-    attribution_graph,
-    check_graph_request,
-    logit_attribution,
-    logit_vectors,
-)
+from .tools.attribution import AttributionGraph, GraphRequest, check_graph_request, logit_attribution, logit_vectors
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
+from .tools.lens_pulls import pull_every_position, pull_final_block
+from .tools.neurons import neurons, residual_ends
 from .tools.qk import QKAttribution, qk_attribution, residual_decomposition, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import Explanation, explain, explain_summed
+from .types import EngineStats, JacobianBlock, Plan, Prompt, Trace
+from .verbs import attribution_graph, jacobian
 
 # What a user needs. The other names imported above are what the layers above (runs/, cli/) use, importable
 # from here for them and for scripts written against earlier versions.
@@ -75,7 +75,6 @@ __all__ = [
     "check_graph_request",
     "decode_top",
     "dense_svd",
-    "detached_jacobian",
     "exactness_report",
     "explain",
     "family_for",
@@ -86,8 +85,8 @@ __all__ = [
     "load_engine",
     "load_model",
     "operator_svd",
+    "prompt_pass",
     "qk_attribution",
-    "stream_jacobian",
     "supported_model_types",
     "write_graph",
 ]

@@ -145,6 +145,24 @@ def neuron_activations(walk: Walk, layers: Sequence[int]) -> Iterator[tuple[int,
             yield i, layer.activations(), layer.mlp()
 
 
+def check_pull(requests: Sequence[PullRequest], have: frozenset[str], detach: bool) -> None:
+    """Refuse, by name and before any work, requests an engine cannot honour: ``have`` is its
+    :attr:`~detjac.engine.Engine.pullback_sites`, ``detach`` whether its Jacobian is detached (which says why).
+
+    Raises
+    ------
+    InvalidArgumentError
+        The sites or cut it lacks, and why.
+    """
+    wanted = {s.site.kind for r in requests for s in r.seeds} | {x.kind for r in requests for x in r.reads} | {
+        f"cut:{c}" for r in requests for c in r.cut}
+    missing = sorted(wanted - have)
+    if missing:
+        why = "the Jacobian is not detached" if not detach else "the autograd sweeps were chosen"
+        raise InvalidArgumentError(f"Expected pull requests this engine honours ({', '.join(sorted(have))}). Got "
+                                   f"{', '.join(missing)}, which it cannot: {why}.")
+
+
 def check_request(request: PullRequest, n_layers: int, n_tokens: int) -> None:
     """Refuse a malformed request by name (sites unknown or out of range, rows that disagree, no reads).
 

@@ -7,7 +7,8 @@ dask.distributed cluster (``runs/cluster.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from .description import RunDescription
 from .prompts import PromptLine
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, Plan, Trace
+    from detjac.engine import AttributionGraph, Engine, JacobianBlock, PromptProducts
     from detjac.store import PromptWriter, StoreWriter
     from detjac.targets import Target
 
@@ -28,47 +29,65 @@ LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 p
 
 def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine, ids: list[int], run: RunDescription,
                  targets: list[Target], bar: Any, progress: bool = True, sums: Any = None) -> float:
-    """One prompt through ``engine`` into ``store``; returns the output's reconstruction error. ``progress`` shows the
-    engine's own bar of the forward pass (``bar`` alone counts the blocks).
+    """One prompt through ``engine`` into ``store`` by one :func:`detjac.engine.prompt_pass` (one trace); returns the
+    output's reconstruction error. ``progress`` shows the engine's own bar of the forward pass (``bar`` alone counts
+    the blocks).
 
     What the prompt produces decides how it is written: its whole Jacobian, block by block, with every layerwise
-    ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:func:`_write_swept`); or, with ``--keep rank:K``,
-    the output's top triplets (:func:`_write_low_rank`). A ``--graph`` run (``run.graph``) commits either with its
-    attribution graph (:func:`graph_json`)."""
-    graph = graph_json(engine, pid, ids, run) if run.graph else None
-    trace = engine.trace(ids, position=run.position, progress=progress)
-    prompt = _Prompt(store, engine, pid, item, ids, run, trace, int(engine.logits(trace.output).argmax()), graph)
+    ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:class:`_Swept`); or, with ``--keep rank:K``,
+    the output's top triplets (:class:`_LowRank`). A ``--graph`` run (``run.graph``) commits either with its
+    attribution graph (:func:`graph_json`), computed on the same trace."""
+    from detjac.engine import GraphRequest, prompt_pass
+    from detjac.targets import OUTPUTS
+
+    from .lens_run import lens_targets
+
+    graph = GraphRequest(max_nodes=run.graph["max_nodes"]) if run.graph else None
+    sink: _Prompt
     if run.rank is not None:
         assert not targets, "a low-rank run has no layerwise targets (refused by check_options)"
-        return _write_low_rank(prompt, run.rank, bar)
-    return _write_swept(prompt, targets, bar, sums)
+        sink, wanted, mode = _LowRank(store, engine, pid, item, ids, run, bar), [OUTPUTS], "reverse"
+    else:
+        lens = lens_targets(run)
+        sink = _Swept(store, engine, pid, item, ids, run, bar, targets, lens)
+        wanted, mode = [*([OUTPUTS] if run.keeps_jacobian else []), *targets, *lens], run.mode
+    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=graph,
+                sink=sink, progress=progress)
+    if isinstance(sink, _Swept) and sink.collected is not None and sums is not None:
+        sums.add(store, pid, sink.collected.blocks)  # counted only once committed: see detjac.analysis.lens.lens_sums
+    return sink.error
 
 
-@dataclass
 class _Prompt:
-    """One prompt on its way into the store, and what every kind of prompt writes the same way."""
+    """One prompt on its way into the store (a :class:`detjac.engine.BlockSink`), and what every kind of prompt
+    writes the same way."""
 
-    store: StoreWriter
-    engine: Engine
-    pid: str
-    item: PromptLine
-    ids: list[int]
-    run: RunDescription
-    trace: Trace
-    next_id: int  # the token the model predicts
-    graph: dict[str, Any] | None
+    def __init__(self, store: StoreWriter, engine: Engine, pid: str, item: PromptLine, ids: list[int],
+                 run: RunDescription, bar: Any) -> None:
+        self.store, self.engine, self.pid, self.item, self.ids, self.run, self.bar = (store, engine, pid, item, ids,
+                                                                                     run, bar)
+        self.writer: Any = None
+        self.error = float("nan")
 
     @property
     def storage(self) -> str:
         return storage_dtype(self.run.dtype)
 
-    def begin(self, plan: Plan, *, rank: int | None = None, layerwise: dict[str, Any] | None = None,
-              jacobian: bool = True) -> Any:
-        """The staged prompt group (``store.begin``), shaped by ``plan`` and by what the prompt keeps."""
-        d = self.engine.d_model
-        return self.store.begin(self.pid, n_rows=d, n_tokens=len(self.ids), n_cols=d, dtype=self.storage,
-                                row_block=plan.row_block, rank=rank, layerwise=layerwise,
-                                shard_bytes=_shard_bytes(self.engine), jacobian=jacobian, graph=self.graph is not None)
+    @contextmanager
+    def begin(self, products: PromptProducts, *, rank: int | None = None, layerwise: dict[str, Any] | None = None,
+              jacobian: bool = True) -> Iterator[None]:
+        """The staged prompt group (``store.begin``), shaped by the plan and by what the prompt keeps."""
+        d, plan = self.engine.d_model, products.plan
+        assert plan is not None  # the prompt pass plans before it opens a sink
+        with self.store.begin(self.pid, n_rows=d, n_tokens=len(self.ids), n_cols=d, dtype=self.storage,
+                              row_block=plan.row_block, rank=rank, layerwise=layerwise,
+                              shard_bytes=_shard_bytes(self.engine), jacobian=jacobian,
+                              graph=products.graph is not None) as writer:
+            self.writer = writer
+            yield
+
+    def more(self) -> bool:
+        return False
 
     def check(self, errors: dict[Target, float]) -> None:
         """Refuse a detached float64 target whose reconstruction is not exact (:func:`detjac.exactness.check_exact`)."""
@@ -78,78 +97,114 @@ class _Prompt:
             check_exact(e, self.run.dtype, detached=self.run.detach, where=f"Prompt on line {self.item.line}: ",
                         what="" if t.is_output else t.name)
 
-    def commit(self, writer: PromptWriter, error: float, extra: dict[str, Any]) -> None:
+    def commit(self, products: PromptProducts, error: float, extra: dict[str, Any]) -> None:
         """The prompt's small arrays, its graph, and its attributes (with ``extra``), which make it visible."""
-        trace = self.trace
+        trace, writer = products.trace, self.writer
+        self.error = error
         _write_small(writer, trace.embeddings, trace.output, self.ids, self.storage, trace.bias)
-        if self.graph is not None:
-            writer.write_graph(self.graph)
+        if products.graph is not None:
+            writer.write_graph(graph_json(products.graph, self.pid, self.run))
         affine = {"affine": True} if trace.bias is not None else {}
-        writer.commit({**_prompt_attrs(self.engine.tokenizer, self.item, self.ids, self.next_id, error, self.run,
+        next_id = int(self.engine.logits(trace.output).argmax())  # the token the model predicts
+        writer.commit({**_prompt_attrs(self.engine.tokenizer, self.item, self.ids, next_id, error, self.run,
                                        self.storage), **extra, **affine})
 
 
-def _write_swept(prompt: _Prompt, targets: list[Target], bar: Any, sums: Any) -> float:
+class _Swept(_Prompt):
     """The output's Jacobian (unless ``--keep none``) and every layerwise ``targets`` Jacobian, block by block, with
     each target's state (and source, when not the embeddings). A ``--lens`` run (``run.lens``): the ``to_output``
     rows of the lens layers are not stored but their target-position blocks collected
     (:class:`detjac.runs.lens_run.SamePosition`), each checked to rebuild the output from its layer's states, and
-    once the prompt is committed added to ``sums`` (a :class:`detjac.analysis.lens.lens_sums.RunningSums`); without
-    the output's Jacobian the worst of those reconstruction errors is returned."""
-    from detjac.store import LayerwiseSpec
-    from detjac.targets import OUTPUTS
+    once the prompt is committed added to the run's sums (a :class:`detjac.analysis.lens.lens_sums.RunningSums`);
+    without the output's Jacobian the worst of those reconstruction errors is the prompt's."""
 
-    from .lens_run import SamePosition, lens_targets
+    def __init__(self, store: StoreWriter, engine: Engine, pid: str, item: PromptLine, ids: list[int],
+                 run: RunDescription, bar: Any, targets: list[Target], lens: list[Target]) -> None:
+        from .lens_run import SamePosition
 
-    engine, run, trace, storage = prompt.engine, prompt.run, prompt.trace, prompt.storage
-    lens = lens_targets(run)
-    output = [OUTPUTS] if run.keeps_jacobian else []
-    plan = engine.plan(trace, [*output, *targets, *lens], mode=run.mode, row_block=run.row_block)
-    collected = SamePosition(lens, run.position, len(prompt.ids), engine.d_model) if lens else None
-    specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block) for t in targets}
-    with prompt.begin(plan, layerwise=specs or None, jacobian=bool(output)) as writer:
-        errors = _stream_full(engine, trace, plan, writer, storage, bar, collected)
-        extra: dict[str, Any] = {**_layerwise_attrs(errors, specs), **engine.record(plan)}
-        prompt.check(errors)
-        for t in targets:
-            writer.write_layerwise(t.name, "output", _numpy(trace.value(t), storage))
+        super().__init__(store, engine, pid, item, ids, run, bar)
+        self.targets, self.lens = targets, lens
+        self.collected = SamePosition(lens, run.position, len(ids), engine.d_model) if lens else None
+        self.specs: dict[str, Any] = {}
+
+    def open(self, products: PromptProducts) -> Any:
+        from detjac.store import LayerwiseSpec
+
+        plan = products.plan
+        assert plan is not None
+        self.specs = {t.name: LayerwiseSpec(t.layer, t.component, t.local, plan.mode(t), plan.token_block)
+                      for t in self.targets}
+        # ``bar`` counts the blocks: the engine's own block bar would count them again, beside it, on another clock.
+        self.bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
+        return self.begin(products, layerwise=self.specs or None, jacobian=self.run.keeps_jacobian)
+
+    def take(self, b: JacobianBlock) -> None:
+        if self.collected is not None and b.target in self.collected.index:
+            self.collected.take(b)
+        else:
+            name = "jacobian" if b.target.is_output else b.target.name
+            self.writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, self.storage))
+        self.bar.update()
+
+    def finish(self, products: PromptProducts) -> None:
+        from detjac.targets import OUTPUTS
+
+        errors, trace, plan = products.errors, products.trace, products.plan
+        assert plan is not None
+        extra: dict[str, Any] = {**_layerwise_attrs(errors, self.specs), **self.engine.record(plan)}
+        self.check(errors)
+        for t in self.targets:
+            self.writer.write_layerwise(t.name, "output", _numpy(trace.value(t), self.storage))
             if t.source_array is not None:  # what the Jacobian multiplies, when not the input embeddings
-                writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), storage))
-        error = errors[OUTPUTS] if output else max(errors[t] for t in lens)
-        if lens:
-            extra["lens"] = {t.name: errors[t] for t in lens}
+                self.writer.write_layerwise(t.name, t.source_array, _numpy(trace.source(t), self.storage))
+        output = self.run.keeps_jacobian
+        error = errors[OUTPUTS] if output else max(errors[t] for t in self.lens)
+        if self.lens:
+            extra["lens"] = {t.name: errors[t] for t in self.lens}
         if not output:
             extra["keep"] = NO_JACOBIAN
-        prompt.commit(writer, error, extra)
-    if collected is not None and sums is not None:  # counted only once committed: see detjac.analysis.lens.lens_sums
-        sums.add(prompt.store, prompt.pid, collected.blocks)
-    return error
+        self.commit(products, error, extra)
 
 
-def _write_low_rank(prompt: _Prompt, rank: int, bar: Any) -> float:
+class _LowRank(_Prompt):
     """``--keep rank:K``: :data:`LOW_RANK_PASSES` sweeps of the output's row blocks through a subspace iteration;
     only the top ``rank`` triplets are stored."""
-    from detjac.targets import OUTPUTS
 
-    plan = prompt.engine.plan(prompt.trace, [OUTPUTS], mode="reverse", row_block=prompt.run.row_block)
-    with prompt.begin(plan, rank=rank) as writer:
-        errors, extra = _stream_low_rank(prompt.engine, prompt.trace, plan, writer, rank, LOW_RANK_PASSES, bar)
-        prompt.check(errors)
-        prompt.commit(writer, errors[OUTPUTS], extra)
-    return errors[OUTPUTS]
+    def open(self, products: PromptProducts) -> Any:
+        from detjac.store import SubspaceIteration
+
+        plan = products.plan
+        assert plan is not None and self.run.rank is not None
+        n, d = products.trace.embeddings.shape
+        self.iteration = SubspaceIteration(self.engine.d_model, n, d, self.run.rank, passes=LOW_RANK_PASSES)
+        self.bar.reset(total=plan.n_row_blocks * LOW_RANK_PASSES)
+        return self.begin(products, rank=self.run.rank)
+
+    def take(self, b: JacobianBlock) -> None:
+        self.iteration.update(b.start, b.stop, _numpy(b.values, "float64"))
+        self.bar.update()
+
+    def more(self) -> bool:
+        return bool(self.iteration.end_pass())
+
+    def finish(self, products: PromptProducts) -> None:
+        from detjac.targets import OUTPUTS
+
+        attrs = self.writer.write_triplets(*self.iteration.finish())
+        self.check(products.errors)
+        self.commit(products, products.errors[OUTPUTS], {**attrs, "passes": LOW_RANK_PASSES})
 
 
 GRAPH_IDENTITY = ("config_sha256", "weights_sha256", "tokenizer_sha256")  # a stored graph's metadata.info names them
 
 
-def graph_json(engine: Engine, pid: str, ids: list[int], run: RunDescription) -> dict[str, Any]:
-    """The prompt's attribution graph as a ``--graph`` run stores it: :func:`detjac.engine.graph_dict` of
-    :func:`detjac.engine.attribution_graph` with the run's graph settings, the prompt id as its slug, the run's
-    ``model_id`` as its model and the run's model digests (:data:`GRAPH_IDENTITY`) in its ``metadata.info``."""
-    from detjac.engine import attribution_graph, graph_dict
+def graph_json(graph: AttributionGraph, pid: str, run: RunDescription) -> dict[str, Any]:
+    """The prompt's attribution graph as a ``--graph`` run stores it: :func:`detjac.engine.graph_dict` of the graph
+    computed with the run's graph settings, the prompt id as its slug, the run's ``model_id`` as its model and the
+    run's model digests (:data:`GRAPH_IDENTITY`) in its ``metadata.info``."""
+    from detjac.engine import graph_dict
 
     settings = dict(run.graph or {})
-    graph = attribution_graph(engine, ids, max_nodes=settings["max_nodes"])
     described = run.as_dict()
     identity = {key: described[key] for key in GRAPH_IDENTITY if isinstance(described.get(key), str)}
     return graph_dict(graph, slug=pid, model=run.model_id, node_threshold=settings["node_threshold"],
@@ -180,63 +235,6 @@ def _write_small(writer: PromptWriter, embeddings: Any, output: Any, ids: list[i
     writer.write_array("token_ids", np.asarray(ids, dtype=np.int64))
     if bias is not None:  # an affine model: y = sum_k J_k x_k + bias
         writer.write_array("bias", _numpy(bias, storage))
-
-
-def _stream_full(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, storage: str, bar: Any,
-                 collected: Any = None) -> dict[Target, float]:
-    """Every target's blocks to the writer as they come (a lens target's to ``collected`` instead); the
-    reconstructions are accumulated on the way. Returns each target's reconstruction error (the output's with an
-    affine model's offset added)."""
-    import torch
-
-    from detjac.exactness import relative_error
-
-    targets = plan.reverse + plan.forward
-    recon = {t: torch.zeros_like(trace.value(t)) for t in targets}
-    bar.reset(total=plan.n_row_blocks * len(plan.reverse) + plan.n_token_blocks * len(plan.forward))
-    # ``bar`` counts the blocks: the engine's own block bar would count them again, beside it, on another clock.
-    for b in engine.blocks(trace, targets, plan, progress=False):
-        x = trace.source(b.target)[b.token_start:b.token_stop]
-        recon[b.target][b.start:b.stop] += torch.einsum("rtc,tc->r", b.values, x)
-        if collected is not None and b.target in collected.index:
-            collected.take(b)
-        else:
-            name = "jacobian" if b.target.is_output else b.target.name
-            writer.write_block(name, b.start, b.stop, b.token_start, b.token_stop, _numpy(b.values, storage))
-        bar.update()
-    return {t: relative_error(_plus_bias(recon[t], trace) if t.is_output else recon[t], trace.value(t))
-            for t in targets}
-
-
-def _plus_bias(recon: Any, trace: Trace) -> Any:
-    """``sum_k J_k x_k`` plus the offset of an affine model (linear models have none)."""
-    return recon + trace.bias if trace.bias is not None else recon
-
-
-def _stream_low_rank(engine: Engine, trace: Trace, plan: Plan, writer: PromptWriter, rank: int, passes: int,
-                     bar: Any) -> tuple[dict[Target, float], dict[str, Any]]:
-    """``passes`` sweeps of the output's row blocks through a subspace iteration; only the triplets are stored."""
-    import torch
-
-    from detjac.exactness import relative_error
-    from detjac.store import SubspaceIteration
-    from detjac.targets import OUTPUTS
-
-    n, d = trace.embeddings.shape
-    iteration = SubspaceIteration(engine.d_model, n, d, rank, passes=passes)
-    recon = torch.empty_like(trace.output)
-    bar.reset(total=plan.n_row_blocks * passes)
-    more = True
-    while more:
-        first_pass = iteration.pass_index == 0
-        for block in engine.blocks(trace, [OUTPUTS], plan):
-            if first_pass:  # the rows are the same in every pass
-                recon[block.start:block.stop] = torch.einsum("rtc,tc->r", block.values, trace.embeddings)
-            iteration.update(block.start, block.stop, _numpy(block.values, "float64"))
-            bar.update()
-        more = iteration.end_pass()
-    attrs = writer.write_triplets(*iteration.finish())
-    return {OUTPUTS: relative_error(_plus_bias(recon, trace), trace.output)}, {**attrs, "passes": passes}
 
 
 def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int, error: float,

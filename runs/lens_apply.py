@@ -105,6 +105,7 @@ def prompt_states(engine: Engine, prompt: Any, layers: Iterable[int], exact: boo
     """Run ``prompt`` through ``engine`` (a :class:`~detjac.engine.StreamedEngine`) at ``layers``."""
     import torch
 
+    from detjac.engine import assemble
     from detjac.targets import Target
 
     trace = engine.trace(prompt)
@@ -116,7 +117,7 @@ def prompt_states(engine: Engine, prompt: Any, layers: Iterable[int], exact: boo
                        as_np(trace.norm(trace.inputs[engine.n_layers])), {}, final_norm(trace))
     if exact:
         targets = [Target(layer, "to_output") for layer in layers]
-        jacobians = engine.assemble(trace, targets, engine.plan(trace, targets))
+        jacobians = assemble(engine, trace, targets, engine.plan(trace, targets))
         out.exact = {t.layer: as_np(J) for t, J in jacobians.items()}
     return out
 
@@ -212,6 +213,8 @@ def jlens_prompt(engine: Engine, prompt: Any, layers: Sequence[int], *, skip: in
     The text's tokens: :func:`jlens_token_ids`. None when no position is valid."""
     import torch
 
+    from detjac.engine import pull_final_block
+
     ids = jlens_token_ids(engine, prompt, bos=bos, max_tokens=max_tokens)
     n, d = len(ids), engine.d_model
     if n - 1 <= skip:
@@ -222,8 +225,8 @@ def jlens_prompt(engine: Engine, prompt: Any, layers: Sequence[int], *, skip: in
     valid = range(skip, n - 1)
     out = {layer: np.empty((d, d)) for layer in layers}
     for r0 in range(0, d, rows):
-        means = engine.pull_final_block(trace, eye[r0:r0 + rows], layers, valid,
-                                        reduce=lambda b: b[:, skip:n - 1].mean(1))
+        means = pull_final_block(engine, trace, eye[r0:r0 + rows], layers, valid,
+                                 reduce=lambda b: b[:, skip:n - 1].mean(1))
         for layer, mean in means.items():
             out[layer][r0:r0 + rows] = mean.to("cpu", torch.float64).numpy()
     return out

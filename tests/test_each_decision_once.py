@@ -209,3 +209,13 @@ def test_a_dtype_is_read_one_way_by_every_model_source(tmp_path, monkeypatch):
         assert load_engine("default", dtype="float32", streamed=streamed).dtype == torch.float32
     with pytest.raises(InvalidArgumentError, match="Expected a dtype among float64, float32, bfloat16"):
         load_engine("default", dtype="fp32")
+
+
+def test_a_prompts_reconstruction_errors_are_computed_in_the_prompt_pass_only():
+    """Issue 63, item 2: the prompt pass accumulates every target's reconstruction from its blocks and computes the
+    error; a run's batch and the Jacobian verb read them from its products instead of computing their own."""
+    root = Path(__file__).resolve().parents[1]
+    for path in ("runs/batch.py", "engine/verbs.py"):
+        text = (root / path).read_text(encoding="utf-8")
+        assert "relative_error" not in text and "einsum" not in text and "reconstruct(" not in text, path
+    assert "relative_error(" in (root / "engine" / "prompt_products.py").read_text(encoding="utf-8")

@@ -7,6 +7,7 @@ One linearized forward pass per prompt; rows, ``J^T u`` and ``J v`` by its expli
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +19,17 @@ from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target
 from ..checkpoints.loading import get_tokenizer
 from ..detach.model import linearized
 from ..families import family_for
-from ..interface import Engine, EngineStats, JacobianBlock, Plan, Prompt, Trace
+from ..interface import Engine
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
-from ..pullback import EMBEDDINGS, PullRequest, Site, neuron_activations, pulls
+from ..pullback import EMBEDDINGS, PullRequest, Site, check_pull
 from ..pullback import OUTPUT as OUTPUT_SITE
 from ..streamed.cost import MODES, CostModel, check_request
+from ..types import EngineStats, JacobianBlock, Plan, Prompt, Trace
+from ..verbs import DeprecatedVerbs
 from .model_pieces import FrozenModel
-from .rows import JacobianStream, stream_jacobian
+from .rows import JacobianStream, trace_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -46,7 +49,7 @@ class InMemoryTrace(Trace):
     transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
 
 
-class InMemoryEngine(Engine):
+class InMemoryEngine(DeprecatedVerbs, Engine):
     """A loaded model behind the :class:`~detjac.engine.interface.Engine` interface.
 
     Parameters
@@ -92,24 +95,17 @@ class InMemoryEngine(Engine):
         self.n_layers, self.d_model = int(text.num_hidden_layers), int(text.hidden_size)
         self.stats = EngineStats()
         self.model_ref: Any = None  # the ModelRef load_engine loaded it from (what print(engine) names)
-        self._tokenizer = tokenizer if tokenizer is not None else get_tokenizer(model)
-
-    @property
-    def tokenizer(self) -> Any | None:
-        return self._tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else get_tokenizer(model)
 
     @property
     def explicit_sweeps(self) -> bool:
         return self.sweeps == "explicit"
 
-    def prompt_model(self) -> Any:
-        return self.model
-
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
         """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
         family, the offset ``b``); the first fallback from explicit to autograd warns."""
-        s = stream_jacobian(self.model, prompt, detach=self.detach, position=position, tokenizer=self._tokenizer,
-                            convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
+        s = trace_model(self.model, prompt, detach=self.detach, position=position, tokenizer=self.tokenizer,
+                        convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
         self._warned = self._warned or s.fallback is not None  # said once per engine
         if s.frozen is not None:
             s.frozen.stats = self.stats
@@ -147,19 +143,24 @@ class InMemoryEngine(Engine):
             for r in _stream(trace).rows(plan.row_block, progress):
                 yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
 
-    def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
-        """``J^T u``: (c, d) -> (c, n, d), one explicit sweep down or one vmapped pullback."""
-        return _stream(trace).pull(cotangents)
+    @contextmanager
+    def walk(self, trace: Trace) -> Iterator[FrozenModel]:
+        """The trace's frozen pieces of the whole model (explicit sweeps), refused by name where there are none."""
+        frozen = _in_memory(trace).frozen
+        if frozen is None:
+            raise InvalidArgumentError("Expected a trace with the model's explicit pieces. Got one whose sweeps went "
+                                       f"through torch.func: {_stream(trace).fallback or 'chosen'}.")
+        with torch.no_grad():
+            yield frozen
 
     def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
-        """The frozen pieces of the whole model as the sweep's walk (explicit sweeps); on the autograd path only
-        the output's cotangents read at the embeddings, by the kept pullback."""
-        self.check_pull(requests)
+        """The walk's sweep (explicit sweeps); on the autograd path only the output's cotangents read at the
+        embeddings, by the kept pullback."""
         t = _in_memory(trace)
         if t.frozen is not None:
-            with torch.no_grad():
-                yield from pulls(t.frozen, requests)
+            yield from super().pulls(trace, requests)
             return
+        check_pull(requests, self.pullback_sites, self.detach)
         for j, request in enumerate(requests):
             if any(s.site != OUTPUT_SITE for s in request.seeds) or set(request.reads) != {EMBEDDINGS}:
                 raise InvalidArgumentError(
@@ -169,21 +170,6 @@ class InMemoryEngine(Engine):
                     f"{', '.join(r.name for r in request.reads)}."
                 )
             yield j, EMBEDDINGS, _stream(trace).pull(torch.stack([s.values for s in request.seeds]).sum(0))
-
-    def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
-        yield from neuron_activations(self._frozen(trace), range(self.n_layers) if layers is None else layers)
-
-    def residual_ends(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._frozen(trace).residual_ends()
-
-    def _frozen(self, trace: Trace) -> FrozenModel:
-        """The trace's explicit pieces, refused by name where there are none."""
-        self.check_neurons()
-        frozen = _in_memory(trace).frozen
-        if frozen is None:
-            raise InvalidArgumentError("Expected a trace with the model's explicit pieces for its neurons. Got one "
-                                       f"whose sweeps fell back to torch.func: {_stream(trace).fallback}.")
-        return frozen
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
@@ -214,10 +200,6 @@ class InMemoryEngine(Engine):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return output_logits(self.model, hidden)
-
-    def ordinary(self) -> InMemoryEngine:
-        return InMemoryEngine(self.model, detach=False, tokenizer=self._tokenizer, forward=self.forward,
-                              convention=self.convention, sweeps=self.sweeps)
 
     def stock_logits(self, token_ids: Sequence[int], position: int) -> torch.Tensor:
         ids = torch.tensor([list(token_ids)], device=self.device)

@@ -19,12 +19,12 @@ from detjac.exactness import pieces_bound
 
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
-from ..interface import EngineStats
 from ..pieces import NotAPiece
 from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, norm_piece, push_layer
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, sweep
+from ..types import EngineStats
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Row-block Jacobians of the (detached) forward pass: :func:`stream_jacobian`.
+"""Row-block Jacobians of the (detached) forward pass: :func:`trace_model`.
 
 One forward pass, then rows block by block (:class:`JacobianStream`), by the explicit pieces or vmapped
 ``torch.func.vjp``; an affine family's offset ``b`` comes from a replay on zero inputs
@@ -23,10 +23,10 @@ from ..checkpoints.loading import parse_prompt
 from ..detach.factors import FactorTape
 from ..detach.model import linearized
 from ..families import family_for
-from ..interface import JacobianBlock
 from ..pieces import NotAPiece
 from ..pieces.runner import chosen_sweeps
 from ..result import reconstruct
+from ..types import JacobianBlock
 from .model_pieces import FrozenModel, freeze_model
 
 
@@ -126,7 +126,7 @@ def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.
     return ids, position
 
 
-def stream_jacobian(
+def trace_model(
     model: PreTrainedModel,
     prompt: str | Sequence[int] | torch.Tensor,
     *,

@@ -15,9 +15,10 @@ from detjac.errors import InvalidArgumentError
 from detjac.exactness import check_exact, relative_error
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
-from ..interface import Engine, Prompt, Trace
+from ..interface import Engine
 from ..selection import as_engine
 from ..streamed.cost import check_positive
+from ..types import Prompt, Trace
 
 
 @dataclass

@@ -12,10 +12,10 @@ from typing import Any
 from detjac.errors import InvalidArgumentError
 from detjac.targets import DEFAULT_ROW_BLOCK, Target
 
-from ..interface import Plan
 from ..memory import format_bytes
 from ..pieces import layer as pieces
 from ..pieces.fold import fold_bytes, fold_pays
+from ..types import Plan
 
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).

@@ -15,9 +15,9 @@ from detjac.errors import InvalidArgumentError
 from detjac.progress import progress_bar
 from detjac.targets import OUTPUTS, RESID_MID, Target
 
-from ..interface import JacobianBlock
 from ..pullback import EMBEDDINGS, EVERY_POSITION, LayerPull, PullRequest, Seed, Site, input_of, pulls
 from ..pullback import OUTPUT as OUTPUT_SITE
+from ..types import JacobianBlock
 from .adjoint import AutogradAdjoint
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace

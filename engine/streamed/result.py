@@ -11,8 +11,8 @@ import torch
 from detjac.exactness import relative_error
 from detjac.targets import Target
 
-from ..interface import Plan
 from ..result import reconstruct
+from ..types import Plan
 from .tracing import StreamedTrace
 
 

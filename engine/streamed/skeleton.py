@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from ..checkpoints.weights import ModuleWeights, WeightSource
-from ..interface import EngineStats
 from ..products.decode import RowBlocks, final_norm_gain
+from ..types import EngineStats
 from .prefetch import LayerFeed, make_reader
 
 Slots = dict[str, tuple[nn.Module, str]]

@@ -23,9 +23,10 @@ from ..checkpoints.reference import ModelRef
 from ..checkpoints.sources import open_source
 from ..checkpoints.weights import check_complete, check_shapes
 from ..detach.model import linearized
-from ..interface import Engine, JacobianBlock, Plan, Prompt, Trace
+from ..interface import Engine
 from ..memory import budgets_of, check_device, compute_dtype, device_key, parse_memory, return_freed_memory
-from ..pullback import PullRequest, Site, neuron_activations, pulls
+from ..types import JacobianBlock, Plan, Prompt, Trace
+from ..verbs import DeprecatedVerbs
 from . import passes as sweeps
 from .adjoint import make_adjoint
 from .cost import CostModel
@@ -38,7 +39,7 @@ __all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedEngine", "Stre
            "layer_targets", "parse_memory", "return_freed_memory"]
 
 
-class StreamedEngine(Engine):
+class StreamedEngine(DeprecatedVerbs, Engine):
     """A causal LM whose decoder layers are materialized one at a time.
 
     Parameters
@@ -105,7 +106,7 @@ class StreamedEngine(Engine):
         weights = open_source(source, raw, config, gguf=gguf)
         check_quantize(quantize, weights.quantized or weights.packed)
         self.quantize = quantize
-        self._tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, gguf, revision,
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, gguf, revision,
                                                                                 trust_remote_code)
         self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
                                  quantize=quantize)
@@ -142,10 +143,6 @@ class StreamedEngine(Engine):
                 self.skeleton.feed.drain()  # no read running once the engine returns
 
     # -- what every engine provides -------------------------------------------------------
-
-    @property
-    def tokenizer(self) -> Any | None:
-        return self._tokenizer
 
     @property
     def explicit_sweeps(self) -> bool:
@@ -223,32 +220,12 @@ class StreamedEngine(Engine):
                                       tangent=tangents, adjoint=self.adjoint)
         return block.values.T
 
-    def pull(self, trace: Trace, cotangents: torch.Tensor) -> torch.Tensor:
-        """``J^T u`` by one reverse-mode sweep: (c, d) -> (c, n, d)."""
-        seed = torch.zeros(cotangents.shape[0], trace.n_tokens, self.d_model, dtype=self.dtype, device=self.device)
-        seed[:, trace.position] = cotangents
-        with self._linear():
-            (block,) = sweeps.reverse(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0,
-                                      cotangents.shape[0], seed=seed, adjoint=self.adjoint)
-        return block.values
-
-    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
+    @contextmanager
+    def walk(self, trace: Trace) -> Iterator[sweeps.StreamedWalk]:
         """Each layer read in as the sweep reaches it (:class:`~detjac.engine.streamed.passes.StreamedWalk`)."""
-        self.check_pull(requests)
-        with self._linear():
-            yield from pulls(sweeps.StreamedWalk(self.skeleton, self.steps, _streamed(trace), self.adjoint), requests)
-
-    def neurons(self, trace: Trace, layers: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor, Any]]:
-        self.check_neurons()
         st = _streamed(trace)
         with self._linear():
-            walk = sweeps.StreamedWalk(self.skeleton, self.steps, st, self.adjoint)
-            yield from neuron_activations(walk, range(self.n_layers) if layers is None else layers)
-
-    def residual_ends(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
-        self.check_neurons()
-        st = _streamed(trace)
-        return st.inputs[0].to(self.device), st.inputs[-1].to(self.device)
+            yield sweeps.StreamedWalk(self.skeleton, self.steps, st, self.adjoint)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Read whole from the source (see :func:`~detjac.engine.products.decode.final_norm_gain`)."""
@@ -315,16 +292,23 @@ class StreamedEngine(Engine):
         """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
         return self.skeleton.embed(ids)
 
-    # -- conveniences -------------------------------------------------------------------
+    # -- deprecated ---------------------------------------------------------------------
 
     def jacobians(self, prompt: Prompt, targets: Sequence[Target | str] = (OUTPUTS,), *, mode: str = "auto",
                   row_block: int | None = None, token_block: int | None = None, position: int = -1,
                   progress: bool = False) -> StreamedResult:
-        """Assemble the requested Jacobians in memory (small models, tests); stores take :meth:`blocks`."""
-        trace = self.trace(prompt, position=position, progress=progress)
+        """Deprecated: :func:`detjac.engine.prompt_pass` (``prompt_pass(engine, prompt, targets).jacobians``)."""
+        import warnings
+
+        from ..prompt_products import prompt_pass
+
+        warnings.warn("StreamedEngine.jacobians(prompt, targets) is deprecated: use "
+                      "detjac.engine.prompt_pass(engine, prompt, targets).jacobians.", DeprecationWarning, stacklevel=2)
         wanted = [t if isinstance(t, Target) else Target.parse(t, self.n_layers) for t in targets]
-        plan = self.plan(trace, wanted, mode=mode, row_block=row_block, token_block=token_block)
-        return StreamedResult(trace, self.assemble(trace, wanted, plan, progress=progress), plan)
+        products = prompt_pass(self, prompt, wanted, position=position, mode=mode, row_block=row_block,
+                               token_block=token_block, progress=progress)
+        assert products.plan is not None  # planned: targets were asked for
+        return StreamedResult(products.trace, products.jacobians, products.plan)
 
 
 def _streamed(trace: Trace) -> StreamedTrace:

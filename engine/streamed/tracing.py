@@ -17,8 +17,8 @@ from detjac.progress import progress_bar
 from detjac.targets import RESID_MID, Target
 
 from ..detach.wrappers import AttentionReplay
-from ..interface import Trace
 from ..pieces.runner import run_layer
+from ..types import Trace
 from .skeleton import Skeleton
 
 Calls = list[tuple[tuple[Any, ...], dict[str, Any]]]

@@ -4,9 +4,10 @@ error nodes.
 With attention probabilities, norm scales and every MLP's gate frozen, each MLP neuron ``z = gate · (W_up norm(r))``
 is linear in the residual stream, and the model is linear in the input embeddings and the neurons. An edge
 ``a -> b`` is ``act(a) · ∂value(b)/∂act(a)`` with every MLP's output held at its neurons (the direct effect), so each
-node's incoming edges over all sources sum to its value exactly. :func:`attribution_graph` computes the graph with the
-pullback primitive (:mod:`detjac.engine.pullback`): one pullback per logit ranks every neuron, then one cut pullback per
-kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
+node's incoming edges over all sources sum to its value exactly. :func:`graph_of_trace` computes the graph from the
+prompt's one trace (:func:`detjac.engine.prompt_pass` calls it; :func:`detjac.engine.attribution_graph` is the verb)
+with the pullback primitive (:mod:`detjac.engine.pullback`): one pullback per logit ranks every neuron, then one cut
+pullback per kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.graph_settings import MAX_NODES
 from detjac.tokens import token_labels
 
-from ..interface import Engine, Prompt
+from ..interface import Engine
+from ..types import Trace
 from .graph_adjacency import adjacency, bias_nodes, neuron_sites, sized_rows
 from .graph_targets import (
     LOGIT_PROBABILITY,
@@ -30,8 +32,21 @@ from .graph_targets import (
     logit_vectors,
     rank_neurons,
 )
+from .neurons import check_neurons, neurons
 
-__all__ = ["AttributionGraph", "attribution_graph", "check_graph_request", "logit_attribution", "logit_vectors"]
+__all__ = ["AttributionGraph", "GraphRequest", "check_graph_request", "graph_of_trace", "logit_attribution",
+           "logit_vectors"]
+
+
+@dataclass(frozen=True)
+class GraphRequest:
+    """The settings of one attribution graph (:func:`detjac.engine.attribution_graph` describes each)."""
+
+    max_nodes: int = MAX_NODES
+    max_logits: int = MAX_LOGITS
+    logit_probability: float = LOGIT_PROBABILITY
+    rows_per_pass: int | None = None
+
 
 @dataclass
 class AttributionGraph:
@@ -120,43 +135,14 @@ class AttributionGraph:
                 f"{biases}, {self.n_logits} logits; completeness {self.worst_completeness:.1e}>")
 
 
-def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NODES, max_logits: int = MAX_LOGITS,
-                      logit_probability: float = LOGIT_PROBABILITY, rows_per_pass: int | None = None,
-                      progress: bool = False) -> AttributionGraph:
-    """The exact attribution graph of the prediction at the prompt's last position (see the module docstring).
-
-    Parameters
-    ----------
-    engine
-        Any engine with neuron sites (:attr:`~detjac.engine.Engine.pullback_sites`): explicit detached sweeps.
-    prompt
-        Text or token ids.
-    max_nodes
-        Neurons that enter the adjacency, ranked by their total attribution to the logits (probability weighted).
-    max_logits, logit_probability
-        The logit targets: the most probable tokens, at most ``max_logits``, until their probabilities reach
-        ``logit_probability``.
-    rows_per_pass
-        Adjacency rows pulled back together (memory grows with it); default from the engine's memory budget.
-    progress
-        Show a progress bar.
-
-    Raises
-    ------
-    UnsupportedModelError
-        A family whose neurons have no definition here (post-norm layers; an MLP not known as one).
-    InvalidArgumentError
-        A non-positive ``max_nodes`` or ``rows_per_pass``, a probability outside (0, 1], an engine without neuron
-        sites (autograd sweeps, ordinary Jacobian), or a ``max_nodes`` the memory budget cannot hold.
-    PromptError
-        An empty prompt, unknown ids, or more tokens than the model's context.
-    """
-    _check_settings(engine, max_nodes, max_logits, logit_probability, rows_per_pass)
-    trace = engine.trace(prompt, progress=progress)
+def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress: bool = False) -> AttributionGraph:
+    """The exact attribution graph of the prediction at ``trace``'s position (see the module docstring), from the
+    engine's trace of the prompt; the settings checked before the trace by :func:`check_graph`."""
+    max_nodes, max_logits = request.max_nodes, request.max_logits
     n, p = trace.n_tokens, trace.position
-    acts = {layer: z for layer, z, _ in engine.neurons(trace)}
-    rows = sized_rows(engine, n, max_nodes, max_logits, acts, rows_per_pass)
-    targets = logit_targets(engine, trace.output, max_logits, logit_probability)
+    acts = {layer: z for layer, z, _ in neurons(engine, trace)}
+    rows = sized_rows(engine, n, max_nodes, max_logits, acts, request.rows_per_pass)
+    targets = logit_targets(engine, trace.output, max_logits, request.logit_probability)
     chosen, n_active = rank_neurons(engine, trace, targets, acts, max_nodes)
     sites = neuron_sites(engine, trace, chosen, acts)
     graph = adjacency(engine, trace, targets, acts, chosen, sites, rows, progress)
@@ -176,8 +162,8 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
 
 
 def check_graph_request(engine: Engine, max_nodes: int = MAX_NODES) -> None:
-    """Raise, before any work, what :func:`attribution_graph` would raise for ``engine`` and ``max_nodes``
-    whatever the prompt (``detjac run --graph`` checks it before a store is touched).
+    """Raise, before any work, what :func:`detjac.engine.attribution_graph` would raise for ``engine`` and
+    ``max_nodes`` whatever the prompt (``detjac run --graph`` checks it before a store is touched).
 
     Raises
     ------
@@ -186,10 +172,23 @@ def check_graph_request(engine: Engine, max_nodes: int = MAX_NODES) -> None:
     InvalidArgumentError
         A non-positive ``max_nodes``, or an engine without neuron sites.
     """
-    _check_settings(engine, max_nodes, MAX_LOGITS, LOGIT_PROBABILITY, None)
+    check_graph(engine, GraphRequest(max_nodes))
 
 
-def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability: float, rows: int | None) -> None:
+def check_graph(engine: Engine, request: GraphRequest) -> None:
+    """Raise, before any work, what :func:`graph_of_trace` would raise for ``engine`` and ``request`` whatever the
+    prompt (:func:`check_graph_request`).
+
+    Raises
+    ------
+    UnsupportedModelError
+        A family whose neurons have no definition here.
+    InvalidArgumentError
+        A non-positive ``max_nodes``, ``max_logits`` or ``rows_per_pass``, a probability outside (0, 1], or an
+        engine without neuron sites.
+    """
+    max_nodes, max_logits, probability, rows = (request.max_nodes, request.max_logits, request.logit_probability,
+                                                request.rows_per_pass)
     family = engine.family
     if family.post_norm:
         raise UnsupportedModelError(
@@ -204,6 +203,6 @@ def _check_settings(engine: Engine, max_nodes: int, max_logits: int, probability
         raise InvalidArgumentError(f"Expected rows_per_pass to be a positive integer. Got {rows!r}.")
     if not 0.0 < probability <= 1.0:
         raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {probability!r}.")
-    engine.check_neurons()
+    check_neurons(engine)
 
 

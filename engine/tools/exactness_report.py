@@ -12,10 +12,11 @@ if TYPE_CHECKING:
 from detjac.progress import labelled
 from detjac.targets import DEFAULT_ROW_BLOCK
 
-from ..interface import Engine, Prompt
-from ..jacobian import jacobian
+from ..interface import Engine
 from ..result import JacobianResult
 from ..selection import as_engine
+from ..types import Prompt
+from ..verbs import jacobian
 
 
 @dataclass(frozen=True)

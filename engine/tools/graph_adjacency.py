@@ -19,6 +19,7 @@ from ..interface import Engine
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of
 from .graph_prune import prune_bytes
 from .graph_targets import LogitTargets, chosen_values
+from .neurons import neurons, residual_ends
 
 ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)
 LABEL_TOKENS = 3  # tokens in a neuron's label, each way
@@ -120,7 +121,7 @@ def neuron_sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[in
     labels: dict[int, str] = {}
     affine = bool(engine.family.affine)
     neuron_bias = torch.zeros(chosen.shape[0], dtype=engine.dtype) if affine else None
-    for layer, _, mlp in engine.neurons(trace):
+    for layer, _, mlp in neurons(engine, trace):
         outputs[layer] = mlp.output(acts[layer])
         if affine:
             if getattr(mlp, "layer_bias", None) is None:
@@ -209,7 +210,7 @@ def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int,
     columns = {layer: (chosen[:, 0] == layer).nonzero().reshape(-1) for layer in range(L)}
     values = chosen_values(acts, chosen)
     x = trace.embeddings
-    first, last = engine.residual_ends(trace) if affine else (None, None)
+    first, last = residual_ends(engine, trace) if affine else (None, None)
     positions = np.arange(n)
 
     def add(rows: np.ndarray, cols: np.ndarray | int, edges: torch.Tensor) -> None:

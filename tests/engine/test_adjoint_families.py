@@ -15,6 +15,7 @@ import torch
 from tiny_models import FAMILIES
 from torch import nn
 
+from detjac.engine import assemble
 from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
@@ -70,7 +71,7 @@ def test_explicit_in_memory_sweeps_equal_autograd_for_every_family(model_type: s
 def _traced(engine: InMemoryEngine, prompt_ids: list[int], position: int | None = None) -> tuple[Any, torch.Tensor]:
     """The engine's trace of the prompt (its pieces or pullback) and the output's whole Jacobian from it."""
     trace = engine.trace(prompt_ids, position=position)
-    return trace, engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
+    return trace, assemble(engine, trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
 
 def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids: list[int]) -> None:
     model = tiny_model("llama", seed=4)

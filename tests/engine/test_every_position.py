@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_models import N_TOKENS, STREAMABLE
 
+from detjac.engine import pull_every_position, pull_final_block
 from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.families import family_for
 from detjac.engine.streamed.streamed_engine import StreamedEngine, Target
@@ -34,7 +35,7 @@ def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, d
     sm = StreamedEngine(tiny_model(model_type, seed=7), dtype=torch.float64, detach=detach)
     ids = torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
     layers = [0, sm.n_layers - 1]
-    got = sm.pull_every_position(sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), layers)
+    got = pull_every_position(sm, sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), layers)
     for layer in layers:
         ref = _over_prefixes(sm, ids, layer)
         assert (got[layer] - ref).abs().max() <= 1e-12 * ref.abs().max(), (model_type, layer)
@@ -53,7 +54,7 @@ def test_a_sweep_from_every_position_refuses_other_targets() -> None:
         list(sweeps.reverse(sm.skeleton, sm.steps, trace, [Target(0, "layer")], 0, 2, seed=seed,
                             every_position=True))
     with pytest.raises(InvalidArgumentError, match="Expected a layer index in"):
-        sm.pull_every_position(trace, seed[:, 0], [sm.n_layers])
+        pull_every_position(sm, trace, seed[:, 0], [sm.n_layers])
 
 
 def _final_block_over_prefixes(sm: StreamedEngine, ids: list[int], layer: int, valid: range) -> torch.Tensor:
@@ -78,7 +79,7 @@ def test_pull_final_block_is_the_ordinary_autograd_jacobian_of_the_last_layer_ou
     sm = StreamedEngine(model, dtype=torch.float64, detach=False)
     ids = torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
     valid = range(2, N_TOKENS - 1)
-    got = sm.pull_final_block(sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), [0], valid)[0]
+    got = pull_final_block(sm, sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), [0], valid)[0]
     outs = {}
     hooks = [model.model.layers[i].register_forward_hook(
         lambda mod, args, out, i=i: outs.__setitem__(i, out[0] if isinstance(out, tuple) else out))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detjac.engine import assemble
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.detach.model import linearized
 from detjac.engine.inmemory.inmemory_engine import InMemoryEngine
@@ -60,7 +61,7 @@ def test_the_fold_forced_on_and_off_gives_the_reference_jacobian_in_memory(model
         with fold.folding(mode):
             trace = engine.trace(prompt_ids, position=position)  # its checks push one vector through each layer
             counted.clear()
-            got[mode] = engine.assemble(trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
+            got[mode] = assemble(engine, trace, [OUTPUTS], engine.plan(trace, [OUTPUTS]))[OUTPUTS]
         assert trace.frozen is not None  # the explicit sweeps
         folded = len(counted)
         if mode == "never":

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, tiny_model, tiny_model_types
+from detjac.engine import (
+    InMemoryEngine,
+    StreamedEngine,
+    attribution_graph,
+    pull_every_position,
+    tiny_model,
+    tiny_model_types,
+)
 from detjac.engine.pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
 from detjac.errors import InvalidArgumentError, PromptError, UnsupportedModelError
 
@@ -242,6 +249,14 @@ def test_bias_nodes_vanish_without_biases(family):
 # -- the pullback primitive -----------------------------------------------------------------------------------
 
 
+def _sweep(engine, trace, requests):
+    """Every request's reads at once, ``[{site: cotangents}]``, from the engine's pulls."""
+    out = [{} for _ in requests]
+    for j, site, values in engine.pulls(trace, requests):
+        out[j][site] = values
+    return out
+
+
 def test_neuron_reads_seeds_and_cut_are_refused_on_the_autograd_sweeps():
     engine = InMemoryEngine(_model("llama"), sweeps="autograd")
     assert "neurons" not in engine.pullback_sites and "cut:mlp" not in engine.pullback_sites
@@ -250,11 +265,11 @@ def test_neuron_reads_seeds_and_cut_are_refused_on_the_autograd_sweeps():
     trace = engine.trace(IDS)
     u = torch.randn(2, engine.d_model, dtype=torch.float64)
     with pytest.raises(InvalidArgumentError, match="cut:mlp"):
-        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,), frozenset({"mlp"}))])
+        _sweep(engine, trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,), frozenset({"mlp"}))])
     # what the autograd sweeps do honour is the same pullback as the explicit one
     explicit = InMemoryEngine(engine.model)
-    got = engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
-    want = explicit.sweep(explicit.trace(IDS), [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
+    got = _sweep(engine, trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
+    want = _sweep(explicit, explicit.trace(IDS), [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
     assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max())
 
 
@@ -263,7 +278,7 @@ def test_the_streamed_autograd_sweeps_refuse_a_cut_by_name():
     trace = engine.trace(IDS)
     u = torch.randn(2, engine.d_model, dtype=torch.float64)
     with pytest.raises(InvalidArgumentError, match="cut:mlp.*autograd sweeps"):
-        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (neurons_of(0),), frozenset({"mlp"}))])
+        _sweep(engine, trace, [PullRequest((Seed(OUTPUT, u),), (neurons_of(0),), frozenset({"mlp"}))])
 
 
 def test_a_malformed_request_names_what_is_wrong():
@@ -271,19 +286,19 @@ def test_a_malformed_request_names_what_is_wrong():
     trace = engine.trace(IDS)
     u = torch.randn(2, engine.d_model, dtype=torch.float64)
     with pytest.raises(InvalidArgumentError, match="a read at a layer in \\[0, 2\\] for neurons. Got 9"):
-        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u),), (neurons_of(9),))])
+        _sweep(engine, trace, [PullRequest((Seed(OUTPUT, u),), (neurons_of(9),))])
     with pytest.raises(InvalidArgumentError, match="every seed with 2 rows"):
-        engine.sweep(trace, [PullRequest((Seed(OUTPUT, u), Seed(OUTPUT, u[:1])), (EMBEDDINGS,))])
+        _sweep(engine, trace, [PullRequest((Seed(OUTPUT, u), Seed(OUTPUT, u[:1])), (EMBEDDINGS,))])
     with pytest.raises(InvalidArgumentError, match="d_model"):
-        engine.sweep(trace, [PullRequest((Seed(neurons_of(1), torch.zeros(1, len(IDS), 8)),), (EMBEDDINGS,))])
+        _sweep(engine, trace, [PullRequest((Seed(neurons_of(1), torch.zeros(1, len(IDS), 8)),), (EMBEDDINGS,))])
 
 
 def test_every_position_pullback_is_the_same_on_both_engines():
     model = _model("llama")
     a, b = InMemoryEngine(model), StreamedEngine(model)
     u = torch.randn(3, a.d_model, dtype=torch.float64)
-    got = a.pull_every_position(a.trace(IDS), u, [0, 1])
-    want = b.pull_every_position(b.trace(IDS), u, [0, 1])
+    got = pull_every_position(a, a.trace(IDS), u, [0, 1])
+    want = pull_every_position(b, b.trace(IDS), u, [0, 1])
     for layer in (0, 1):
         assert torch.allclose(got[layer], want[layer], rtol=0, atol=1e-12 * want[layer].abs().max())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from detjac.engine import assemble
 from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
 from detjac.engine.products.decode import final_norm_gain
@@ -114,14 +115,14 @@ def test_to_output_costs_no_extra_sweep(prompt_ids: list[int]) -> None:
     sm = StreamedEngine(tiny_model("llama", seed=3), dtype=torch.float64)
     trace = sm.trace(prompt_ids)
     plain = sm.plan(trace, [Target.parse("output")], mode="reverse", row_block=sm.d_model)
-    sm.assemble(trace, plain.reverse, plain)
+    assemble(sm, trace, plain.reverse, plain)
     before = sm.stats.layers_loaded
-    sm.assemble(trace, plain.reverse, plain)
+    assemble(sm, trace, plain.reverse, plain)
     one = sm.stats.layers_loaded - before
     every = [Target.parse("output"), *layer_targets("all", "to_output", sm.n_layers)]
     plan = sm.plan(trace, every, mode="reverse", row_block=sm.d_model)
     before = sm.stats.layers_loaded
-    sm.assemble(trace, every, plan)
+    assemble(sm, trace, every, plan)
     assert sm.stats.layers_loaded - before == one  # the same layers, read once each, as for the output alone
 
 

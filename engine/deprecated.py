@@ -1,9 +1,11 @@
-"""The one Jacobian verb: a prompt's whole output Jacobian from any :class:`~detjac.engine.interface.Engine`, with
-what it reconstructs, as a :class:`~detjac.engine.result.JacobianResult`;
-:func:`detached_jacobian` is the same on a loaded model."""
+"""Public names kept for one release, each a thin alias that warns (``DeprecationWarning``) and calls what replaced
+it: :func:`detached_jacobian` (now :func:`detjac.engine.jacobian` of an
+:class:`~detjac.engine.inmemory.inmemory_engine.InMemoryEngine`) and :func:`stream_jacobian` (the in-memory engine's
+own trace; the blocks come from :meth:`~detjac.engine.Engine.blocks` or :func:`detjac.engine.prompt_pass`)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,8 @@ from detjac.errors import InvalidArgumentError
 from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .inmemory.inmemory_engine import InMemoryEngine
-from .interface import Engine, Prompt
+from .inmemory.rows import JacobianStream, trace_model
+from .verbs import jacobian
 from .products.logits import logit_jacobian
 from .result import JacobianResult
 
@@ -21,21 +24,18 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def jacobian(engine: Engine, prompt: Prompt, *, position: int | None = None, row_block: int | None = None,
-             check: bool = True, progress: bool = False) -> JacobianResult:
-    """The detached (or, for an engine with ``detach=False``, ordinary) Jacobian of the final normed hidden state at
-    ``position`` w.r.t. the input embeddings, (d_model, n_tokens, d_model), computed by ``engine`` in row blocks of
-    ``row_block`` (default: the engine's choice; the result does not depend on it).
+def _warn(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: use {new}.", DeprecationWarning, stacklevel=3)
 
-    Raises
-    ------
-    LinearizationError
-        ``check`` and a detached float64 Jacobian that does not reconstruct the output to
-        ``FLOAT64_EXACTNESS_BOUND``: a nonlinearity that no rule froze, which must not pass silently.
-    PromptError, InvalidArgumentError
-        As :meth:`Engine.trace` and :meth:`Engine.plan` raise them.
-    """
-    return engine.jacobian(prompt, position=position, row_block=row_block, check=check, progress=progress)
+
+def stream_jacobian(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, **options: Any
+                    ) -> JacobianStream:
+    """Deprecated: the forward pass and its Jacobian's row blocks (:func:`detjac.engine.inmemory.rows.trace_model`,
+    which takes the same options); use :meth:`InMemoryEngine.trace` and :meth:`~detjac.engine.Engine.blocks`, or
+    :func:`detjac.engine.prompt_pass`."""
+    _warn("stream_jacobian(model, prompt)", "detjac.engine.prompt_pass(InMemoryEngine(model), prompt, sink=...)")
+    return trace_model(model, prompt, **options)
+
 
 def detached_jacobian(
     model: PreTrainedModel,
@@ -50,8 +50,8 @@ def detached_jacobian(
     check: bool = True,
     progress: bool = False,
 ) -> JacobianResult:
-    """The detached (or ordinary) Jacobian of the final hidden state w.r.t. the input embeddings of a loaded
-    model: :func:`jacobian` on its :class:`~detjac.engine.inmemory.inmemory_engine.InMemoryEngine`.
+    """Deprecated: :func:`detjac.engine.jacobian` of ``InMemoryEngine(model)``. The detached (or ordinary) Jacobian of
+    the final hidden state w.r.t. the input embeddings of a loaded model.
 
     Parameters
     ----------
@@ -81,6 +81,7 @@ def detached_jacobian(
     JacobianResult
         ``jacobian`` is (d_model, n_tokens, d_model).
     """
+    _warn("detached_jacobian(model, prompt)", "detjac.engine.jacobian(InMemoryEngine(model), prompt)")
     if target not in ("hidden", "logits"):
         raise InvalidArgumentError(f"Expected target 'hidden' or 'logits'. Got {target!r} instead.")
     engine = InMemoryEngine(model, detach=detach, tokenizer=tokenizer)

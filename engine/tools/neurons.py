@@ -1,0 +1,55 @@
+"""An engine's MLP neurons on a prompt, derived from its :meth:`~detjac.engine.Engine.walk`: their values, the
+residual stream's ends (where an affine family's constants are read), and the refusal of an engine without them.
+Used by the attribution graphs (docs/graphs.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..interface import Engine
+from ..pullback import PullRequest, Seed, check_pull, neuron_activations, neurons_of
+from ..types import Trace
+
+
+def check_neurons(engine: Engine) -> None:
+    """Refuse, by name, an engine without neuron sites (:attr:`~detjac.engine.Engine.pullback_sites`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        The engine's autograd sweeps or ordinary Jacobian, which have no frozen neurons.
+    """
+    probe = PullRequest((Seed(neurons_of(0), torch.zeros(1, 1, 1)),), (neurons_of(0),), d_model=1)
+    check_pull([probe], engine.pullback_sites, engine.detach)
+
+
+def neurons(engine: Engine, trace: Trace, layers: Sequence[int] | None = None
+            ) -> Iterator[tuple[int, torch.Tensor, Any]]:
+    """``(layer, (n, n_neurons) its MLP neurons' values on the prompt, its MLP piece)`` for ``layers`` (default:
+    all), one layer at a time (:func:`detjac.engine.pullback.neuron_activations`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        An engine without neuron sites (:func:`check_neurons`).
+    """
+    check_neurons(engine)
+    with engine.walk(trace) as walk:
+        yield from neuron_activations(walk, range(engine.n_layers) if layers is None else layers)
+
+
+def residual_ends(engine: Engine, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last, where an
+    affine family's constants outside the layers (position embeddings, the final norm's shift) are read.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An engine without neuron sites (:func:`check_neurons`).
+    """
+    check_neurons(engine)
+    with engine.walk(trace) as walk:
+        return walk.residual_ends()
