@@ -31,7 +31,7 @@ class KeptEngine:
         return getattr(inner, name)
 
     def __repr__(self) -> str:  # the inner engine's description, under this class's name
-        return "<KeptEngine" + repr(self.inner).split(" ", 1)[1]
+        return "<KeptEngine " + repr(self.inner).split(" ", 1)[1]
 
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> Trace:
         if self._kept is not None:
