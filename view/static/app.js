@@ -274,7 +274,8 @@
         h("td", {class: "num"}, t.index), h("td", {class: "num sigma"}, num(t.sigma, 5)),
         h("td", {class: "left"}, chips(t.left)),
         h("td", {class: "right-token"}, h("span", {class: "mono"}, `[${t.right_token}] `),
-          h("span", {class: "note"}, `${p.tokens[t.right_token]} · ${pct(t.right_share)}`)),
+          h("span", {class: "note"}, `${p.tokens[t.right_token]} · ${pct(t.right_share)}`),
+          t.sink ? h("span", {class: "sink", title: "at least 90% of |v|² on the first token"}, ` · ${t.sink}`) : null),
         h("td", {class: "right"}, chips(t.right)),
         h("td", {}, shares));
     });
