@@ -80,7 +80,8 @@ def echo_decoded(spectra: list[Any]) -> None:
         for t in spec.triplets:
             click.echo(f"  #{t.index} sigma {t.sigma:<9.4g} left -> {t.left}")
             flag = sink_note(t.right_token, t.right_share, combined=spec.token is None)
-            click.echo(f"     right [token {t.right_token}, {t.right_share:.0%}{'; ' + flag if flag else ''}] -> {t.right}")
+            where = f"token {t.right_token}, {t.right_share:.0%}{'; ' + flag if flag else ''}"
+            click.echo(f"     right [{where}] -> {t.right}")
 
 
 def echo_dims(rows: list[dict[str, Any]]) -> None:

@@ -106,7 +106,8 @@ class Explanation:
         rows = "".join(
             f"<tr><td>{i + 1}</td><td>{sigma:.4g}</td><td>{escape(pieces(tok, self.combined.left_ids[i].tolist()))}"
             f"</td><td>{escape(labels[self.combined.right_positions[i]])} "
-            f"({self.combined.right_shares[i]:.0%}{self._sink(i)})</td><td>{escape(pieces(tok, self.combined.right_ids[i].tolist()))}"
+            f"({self.combined.right_shares[i]:.0%}{self._sink(i)})</td>"
+            f"<td>{escape(pieces(tok, self.combined.right_ids[i].tolist()))}"
             "</td></tr>" for i, sigma in enumerate(self.combined.singular_values.tolist()))
         head = "".join(f"<th>{h}</th>" for h in ("#", "σ", "left → (unembedding)", "right at token",
                                                  "right → (embedding)"))
