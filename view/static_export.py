@@ -99,7 +99,7 @@ def _write(pages: Pages | GraphFile, keys: list[str], chosen: list[str] | None, 
         if key == "corpus" and chosen is not None:
             data = {**data, "prompts": [row for row in data["prompts"] if row["id"] in set(chosen)]}
         path = out / data_file(key)
-        path.write_bytes(data_script(key, data))
+        path.write_text(data_script(key, data).decode("ascii"), encoding="ascii")
         written.append(path)
         if progress is not None:
             progress.update()

@@ -55,7 +55,7 @@ def cli_decoded(store_path, pid, token):
     result = CliRunner().invoke(main, ["analyze", "svd", str(store_path), "--prompt-id", pid, "--token", str(token)])
     assert result.exit_code == 0, result.output
     lefts = re.findall(r"#\d+ sigma (\S+)\s+left -> (.*)", result.output)
-    rights = re.findall(r"right \[token (\d+), \d+%\] -> (.*)", result.output)
+    rights = re.findall(r"right \[token (\d+), \d+%(?:; [^\]]*)?\] -> (.*)", result.output)  # a sink flag after ;
     return [(float(s), left, right, int(k)) for (s, left), (k, right) in zip(lefts, rights, strict=True)]
 
 

@@ -101,12 +101,15 @@ const GraphPage = (() => {
     const edgeSlider = slider("edge-threshold", "links: cumulative |weight| share ≤", state.edgeT);
     let L = null, grid = null;
 
-    function fit() {  // the layout for the room the page has now
-      const width = scroll.clientWidth || document.documentElement.clientWidth - 40;
-      L = layout(data, width - 2, Math.max(360, Math.round(window.innerHeight * 0.78) - 4));
-      graphSvg.setAttribute("width", L.width);
-      graphSvg.setAttribute("height", L.height);
-      graphSvg.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
+    function fit() {  // the layout for the room the page has now (again if it made a scroll bar take some of it)
+      for (let pass = 0; pass < 2; pass++) {
+        const width = scroll.clientWidth || document.documentElement.clientWidth - 40;
+        L = layout(data, width - 2, Math.max(360, Math.round(window.innerHeight * 0.78) - 4));
+        graphSvg.setAttribute("width", L.width);
+        graphSvg.setAttribute("height", L.height);
+        graphSvg.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
+        if (!scroll.clientWidth || scroll.clientWidth >= L.width) break;
+      }
       grid = gridLayer(data, L);
     }
 
