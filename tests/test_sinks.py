@@ -1,4 +1,4 @@
-"""The attention-sink flag of decoded right singular vectors (detjac.sinks): the rule, and the print sites that say it."""
+"""The attention-sink flag of decoded right singular vectors (detjac.sinks): the rule, and a print site saying it."""
 
 from __future__ import annotations
 

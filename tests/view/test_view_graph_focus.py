@@ -93,7 +93,7 @@ def test_the_drawing_fills_the_window_and_follows_it(browser, graph_served):
             wait_for(browser, "#graph-svg .node")
             got = measured()
             assert 0.9 * got["window"] <= got["svg"] <= got["window"], got
-            assert got["spread"] >= 0.7 * got["svg"] and got["scroll"] <= 0, got  # the tokens span it, no sideways scroll
+            assert got["spread"] >= 0.7 * got["svg"] and got["scroll"] <= 0, got  # tokens span it; no sideways scroll
         browser.set_window_size(1400, 1000)  # the same page, its window widened: drawn again to the new width
         from selenium.webdriver.support.ui import WebDriverWait
 
@@ -136,13 +136,17 @@ def test_clicking_a_logit_shows_its_drivers_and_fades_the_rest(browser, graph_se
     for link in css(browser, "#graph-svg .link"):
         ends = {link.get_attribute("data-source"), link.get_attribute("data-target")}
         kind = set(link.get_attribute("class").split())
-        assert ("dim" in kind) == (not ends <= focus and top["node_id"] not in ends)
+        assert ("dim" in kind) == (not ends <= focus)
+        assert ("hl" in kind) == (ends <= focus and top["node_id"] in ends)  # its own edges from its drivers
     css(browser, "#show-all")[0].click()  # the way back to the whole graph
     assert css(browser, "#graph-svg .node.faded") == [] and css(browser, "#graph-svg .link.dim") == []
     css(browser, f'#graph-svg .node[data-id="{drivers[2]}"]')[0].click()  # any node: its own drivers
     wait_for(browser, "#drivers-table tbody tr")
     assert [r.get_attribute("data-id") for r in css(browser, "#drivers-table tbody tr")] == \
         series_drivers(graph, drivers[2])
+    assert css(browser, "#focus-note")[0].text.startswith("Showing what drives ")  # said above the drawing too
+    css(browser, "#focus-clear")[0].click()
+    assert css(browser, "#graph-svg .node.faded") == [] and css(browser, "#focus-note")[0].text == ""
 
 
 def test_the_position_filter_hides_the_neurons_at_chosen_positions(browser, graph_served, graph):

@@ -32,14 +32,15 @@ const GraphPage = (() => {
     return grid;
   }
 
-  // The links shown: width by |weight| (relative to the largest), colour by sign. With a node selected: its own edges
-  // highlighted (hl), the links among it and its drivers drawn (path), the rest faded (dim).
+  // The links shown: width by |weight| (relative to the largest), colour by sign. With a node selected: the links among
+  // it and its drivers drawn, its own highlighted (hl), the others among them plain (path), the rest faded (dim); a
+  // node without drivers (a token) has all its own edges highlighted.
   function linkLayer(shown, L, sel, focus, maxAbs) {
     const links = svg("g", {class: "graph-links"});
     for (const l of [...shown.links].reverse()) {  // the largest drawn last, on top
       const a = L.at.get(l.source), b = L.at.get(l.target);
-      const own = sel && (l.source === sel || l.target === sel);
       const path = focus && focus.has(l.source) && focus.has(l.target);
+      const own = sel && (l.source === sel || l.target === sel) && (!focus || path);
       links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y,
         class: "link" + (own ? " hl" : path ? " path" : sel ? " dim" : ""),
         stroke: l.weight >= 0 ? COLORS.positive : COLORS.negative,
@@ -90,6 +91,7 @@ const GraphPage = (() => {
     const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
     const scroll = h("div", {class: "graph-scroll"}, graphSvg);
     const details = h("div", {id: "node-details"});
+    const focusNote = h("p", {class: "note", id: "focus-note"});
     const count = h("span", {class: "note", id: "graph-count"});
     const slider = (id, label, value) => {
       const input = h("input", {type: "range", id, min: "0.01", max: "1", step: "0.01", value: String(value),
@@ -104,7 +106,8 @@ const GraphPage = (() => {
     function fit() {  // the layout for the room the page has now (again if it made a scroll bar take some of it)
       for (let pass = 0; pass < 2; pass++) {
         const width = scroll.clientWidth || document.documentElement.clientWidth - 40;
-        L = layout(data, width - 2, Math.max(360, Math.round(window.innerHeight * 0.78) - 4));
+        const top = scroll.getBoundingClientRect().top + window.scrollY;  // the rest of the first screen, at least 360
+        L = layout(data, width - 2, Math.max(360, Math.min(window.innerHeight * 0.8, window.innerHeight - top - 16)));
         graphSvg.setAttribute("width", L.width);
         graphSvg.setAttribute("height", L.height);
         graphSvg.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
@@ -123,6 +126,10 @@ const GraphPage = (() => {
       count.textContent = `shown: ${shown.nodes.size - (data.nodes.length - nNeurons)} of ${nNeurons} neurons ` +
         `(${shown.nodes.size} of ${data.nodes.length} nodes), ${shown.links.length} of ${data.links.length} links`;
       details.replaceChildren(...GraphPanels.details(ctx, sel, shown));
+      focusNote.replaceChildren(...(sel === null ? [] : [`Showing what drives ${GraphPanels.nodeLabel(byId.get(sel), tokens)}` +
+        (drivers ? `: its ${drivers.length} drivers and the links among them, the rest faded (listed below the graph). `
+          : " (its edges highlighted; details below the graph). "),
+      h("button", {type: "button", id: "focus-clear", onclick: () => select(null)}, "show the whole graph")]));
       for (const b of container.querySelectorAll(".logit-pick")) b.classList.toggle("picked", b.dataset.id === sel);
     }
 
@@ -154,7 +161,7 @@ const GraphPage = (() => {
     const page = h("div", {class: "graph-page"},
       h("div", {class: "facts-inline", id: "graph-facts"}, facts.map(([k, v]) =>
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
-      GraphPanels.logitBar(data, select),
+      GraphPanels.logitBar(data, select), focusNote,
       h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, legend, scroll,
       h("section", {class: "panel"}, details));
     container.replaceChildren(page);
