@@ -28,3 +28,19 @@ def test_analyze_decodes_print_names_the_sink(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if "right [" in line]
     assert lines[0] == f"     right [token 0, 98%; {SINK_NOTE}] -> ' implement' ' attendance'"
     assert [SINK_NOTE in line for line in lines] == [True, False, False, False]
+
+
+def test_the_demos_lines_name_the_sink_on_the_combined_operator_only():
+    import torch
+
+    from detjac.engine.tools.triplets import DecodedOperator, _operator_lines
+
+    ids = torch.tensor([[1, 2], [3, 4]])
+    combined = DecodedOperator("combined", None, torch.tensor([3.0, 2.0]), ids, ids.double(), ids, ids.double(),
+                               [0, 1], [0.97, 0.99])
+    lines = _operator_lines(combined, None, ["'The'", "' bridge'"], "  ")
+    assert lines[1].strip().startswith(f"right [at 'The', 97% of |v|^2; {SINK_NOTE}] -> ")
+    assert SINK_NOTE not in lines[3]  # 99 %, but on another token
+    first = DecodedOperator("'The'", 0, torch.tensor([3.0, 2.0]), ids, ids.double(), ids, ids.double(), [0, 0],
+                            [1.0, 1.0])
+    assert not any(SINK_NOTE in line for line in _operator_lines(first, None, ["'The'", "' bridge'"], "  "))
