@@ -21,6 +21,7 @@ from view_helpers import INJECTED, INSTALL, Served, browser_missing, kept_by_thr
 from detjac.graph_settings import KEPT_SHARE_MEANING
 from detjac.store import open_store
 from detjac.view.server import make_server
+from detjac.view.static_export import export
 
 if browser_missing():  # one line in the summary for the whole module, never a silent pass
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)
@@ -58,7 +59,8 @@ def series_drivers(graph, target, k=12):
     return [ids[i] for i in np.argsort(-row, kind="stable")[:k] if row[i] > 0]
 
 
-def test_the_page_is_drawn_when_its_load_event_fires(browser, graph_served, graph, layered_store, monkeypatch):
+def test_the_page_is_drawn_when_its_load_event_fires(browser, graph_served, graph, layered_store, monkeypatch,
+                                                     tmp_path):
     browser.get(graph_served.url)  # returns once the load event has fired, as a headless screenshot is taken
     assert browser.execute_script("return document.readyState") == "complete"
     assert "Loading" not in browser.find_element("css selector", "body").text
@@ -75,6 +77,10 @@ def test_the_page_is_drawn_when_its_load_event_fires(browser, graph_served, grap
     finally:
         server.shutdown()
         server.server_close()
+    export(store, tmp_path / "pages", [pid])  # and its static export, opened from disk
+    browser.get((tmp_path / "pages" / "index.html").as_uri() + f"#/prompt/{pid}/graph")
+    assert "Loading" not in browser.find_element("css selector", "body").text
+    assert len(css(browser, "#graph-svg .node")) == len(graph["nodes"])
 
 
 def test_the_drawing_fills_the_window_and_follows_it(browser, graph_served):
