@@ -134,7 +134,7 @@ def _neurons_of(tables: dict[str, np.ndarray], skip: tuple[int, ...] = ()
     out_weight = np.bincount(tables["link_source"], weights=tables["link_weight"], minlength=n)
     positions = tables["node_position"]
     n_tokens = int(positions.max(initial=0, where=tables["node_kind"] == TOKEN)) + 1  # every token is a node
-    skipped = np.isin(positions, [p % n_tokens for p in skip])
+    skipped = np.isin(positions, [p + n_tokens if p < 0 else p for p in skip])  # one out of range matches nothing
     neuron = np.flatnonzero((tables["node_kind"] == NEURON) & ~skipped)
     if neuron.size == 0:
         return
