@@ -5,9 +5,8 @@ What the page gets is the JSON checked and trimmed to what it draws: per node it
 activation, influence, label, (logits) token and probability, and its drivers (:mod:`~detjac.view.graph_drivers`:
 what the "what drives it" view shows); per link its source, target and weight; and the words that explain the kept
 share and the drivers. Labels and token texts are passed on as they are (untrusted text: the page only ever sets
-them as text). A graph comes from a
-prompt of a store (``StoredPrompt.graph()``, where the store has one: :func:`stored_graph`) or from a file
-(:class:`~detjac.view.graph_file.GraphFile`, ``detjac view graph.json``).
+them as text). A graph comes from a prompt of a store (``StoredPrompt.graph()``, where the store has one:
+:func:`stored_graph`) or from a file (:class:`~detjac.view.graph_file.GraphFile`, ``detjac view graph.json``).
 """
 
 from __future__ import annotations
