@@ -198,3 +198,48 @@ def test_hostile_token_texts_in_logit_labels_and_the_filter_stay_text(browser, g
             browser.switch_to.alert.text  # noqa: B018 - raises when no alert() ran
     finally:
         server.stop()
+
+
+def big_graph(n_per_layer=100, layers=3, tokens=4):
+    """A synthetic graph JSON with more links than the page redraws on a click (graph_page.js, MAX_FADED): every
+    node linked to every node of the layers above."""
+    rng = np.random.default_rng(0)
+    nodes = [{"node_id": f"E_{k}_{k}", "feature_type": "embedding", "layer": "E", "ctx_idx": k, "clerp": f"t{k}",
+              "influence": None} for k in range(tokens)]
+    for layer in range(layers):
+        nodes += [{"node_id": f"{layer}_{i}_{i % tokens}", "feature_type": "mlp neuron", "layer": str(layer),
+                   "ctx_idx": i % tokens, "clerp": f"n{layer}.{i}", "influence": 0.5, "activation": 1.0}
+                  for i in range(n_per_layer)]
+    nodes += [{"node_id": f"{layers + 1}_{t}_{tokens - 1}", "feature_type": "logit", "layer": str(layers + 1),
+               "ctx_idx": tokens - 1, "clerp": f'Output "w{t}" (p=0.{5 - t})', "token_prob": (5 - t) / 10,
+               "influence": 0.1} for t in range(2)]
+    level = {n["node_id"]: -1 if n["layer"] == "E" else int(n["layer"]) for n in nodes}
+    links = [{"source": a["node_id"], "target": b["node_id"], "weight": float(rng.normal())}
+             for a in nodes for b in nodes if level[a["node_id"]] < level[b["node_id"]]]
+    return {"metadata": {"prompt_tokens": [f"t{k}" for k in range(tokens)], "info": {}}, "nodes": nodes,
+            "links": links}
+
+
+def test_a_big_graphs_selection_fades_its_links_as_one_group(browser, tmp_path):
+    graph = big_graph()
+    assert len(graph["links"]) > 20000
+    (tmp_path / "big.json").write_text(json.dumps(graph))
+    server = Served(tmp_path / "big.json")
+    try:
+        browser.get(server.url)
+        top = "4_0_3"
+        css(browser, f'#logit-bar .logit-pick[data-id="{top}"]')[0].click()
+        drivers = [r.get_attribute("data-id") for r in wait_for(browser, "#drivers-table tbody tr")]
+        assert drivers == series_drivers(graph, top)
+        assert css(browser, "#graph-svg .graph-links")[0].value_of_css_property("opacity") == "0.12"
+        focus = {top, *drivers}
+        drawn_over = {(x.get_attribute("data-source"), x.get_attribute("data-target"))
+                      for x in css(browser, "#graph-svg .graph-focus .link")}
+        assert drawn_over == {(x["source"], x["target"]) for x in graph["links"]
+                              if x["source"] in focus and x["target"] in focus}
+        css(browser, "#show-all")[0].click()
+        assert css(browser, "#graph-svg .graph-links")[0].value_of_css_property("opacity") == "1"
+        assert css(browser, "#graph-svg .graph-focus .link") == []
+        assert len(css(browser, "#graph-svg .graph-links .link")) == len(graph["links"])
+    finally:
+        server.stop()

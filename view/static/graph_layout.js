@@ -33,7 +33,7 @@ const GraphLayout = (() => {
   // a cell per (row, position), its nodes in lines across the column's width; rows share out the height left over.
   function layout(data, width, height) {
     const tokens = data.metadata.prompt_tokens;
-    const nCols = Math.max(1, tokens.length, ...data.nodes.map((n) => n.ctx + 1));
+    const nCols = data.nodes.reduce((m, n) => Math.max(m, n.ctx + 1), Math.max(1, tokens.length));
     const rows = [...new Set(data.nodes.map((n) => n.row))].sort((a, b) => a - b);
     const maxRow = rows.length ? rows[rows.length - 1] : 0;
     const hasLogits = data.nodes.some((n) => n.type === "logit");

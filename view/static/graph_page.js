@@ -7,13 +7,14 @@
 
 const GraphPage = (() => {
   const COLORS = {positive: "#2a62b8", negative: "#d0543e"};
+  const MAX_FADED = 20000;  // more links shown than this: a selection fades them as one group (redrawn: seconds)
   const {svg, h} = GraphPanels;
   const {layout, visible, rowName, isNeuron} = GraphLayout;
 
   // The rows' lines and names, and the prompt's tokens under their columns.
   function gridLayer(data, L) {
     const tokens = data.metadata.prompt_tokens;
-    const grid = svg("g", {class: "graph-grid"});
+    const grid = document.createDocumentFragment();
     for (const r of L.allRows) {
       const y = L.rowTop.get(r);
       grid.append(svg("line", {x1: L.left - 4, x2: L.width - 10, y1: y + L.rowH.get(r), y2: y + L.rowH.get(r),
@@ -36,11 +37,14 @@ const GraphPage = (() => {
   // it and its drivers drawn, its own highlighted (hl), the others among them plain (path), the rest faded (dim); a
   // node without drivers (a token) has all its own edges highlighted.
   function linkLayer(shown, L, sel, focus, maxAbs) {
-    const links = svg("g", {class: "graph-links"});
-    for (const l of [...shown.links].reverse()) {  // the largest drawn last, on top
-      const a = L.at.get(l.source), b = L.at.get(l.target);
+    const links = document.createDocumentFragment();
+    const skipFaded = sel && shown.links.length > MAX_FADED;
+    for (let i = shown.links.length - 1; i >= 0; i--) {  // the largest drawn last, on top
+      const l = shown.links[i];
       const path = focus && focus.has(l.source) && focus.has(l.target);
       const own = sel && (l.source === sel || l.target === sel) && (!focus || path);
+      if (skipFaded && !own && !path) continue;
+      const a = L.at.get(l.source), b = L.at.get(l.target);
       links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y,
         class: "link" + (own ? " hl" : path ? " path" : sel ? " dim" : ""),
         stroke: l.weight >= 0 ? COLORS.positive : COLORS.negative,
@@ -53,7 +57,7 @@ const GraphPage = (() => {
   // The nodes shown: a square per token, a circle per neuron, a diamond per logit (labelled with its token and
   // probability), a triangle per bias node; with a selection, the nodes outside it and its drivers faded.
   function nodeLayer(ctx, shown, L, sel, focus) {
-    const nodes = svg("g", {class: "graph-nodes"});
+    const nodes = document.createDocumentFragment();
     for (const n of ctx.data.nodes) {
       if (!shown.nodes.has(n.id)) continue;
       const {x, y} = L.at.get(n.id);
@@ -83,7 +87,7 @@ const GraphPage = (() => {
   function show(container, data) {
     const tokens = data.metadata.prompt_tokens;
     const byId = new Map(data.nodes.map((n) => [n.id, n]));
-    const maxAbs = Math.max(1e-300, ...data.links.map((l) => Math.abs(l.weight)));
+    const maxAbs = data.links.reduce((m, l) => Math.max(m, Math.abs(l.weight)), 1e-300);  // no spread: 10⁶ links
     const nNeurons = data.nodes.filter(isNeuron).length;
     const state = {nodeT: 1, edgeT: 1, selected: null, hidden: new Set()};
     const ctx = {data, tokens, byId, select, hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
@@ -101,7 +105,12 @@ const GraphPage = (() => {
     };
     const nodeSlider = slider("node-threshold", "nodes: influence ≤", state.nodeT);
     const edgeSlider = slider("edge-threshold", "links: cumulative |weight| share ≤", state.edgeT);
-    let L = null, grid = null;
+    // Layers kept between draws: a big graph's links (over MAX_FADED) are drawn once per filter or size and faded as
+    // one group while a node is selected, its drivers' links drawn over them: a selection costs its own links only.
+    const [gridG, linksG, overlayG, nodesG] = ["graph-grid", "graph-links", "graph-focus", "graph-nodes"]
+      .map((c) => svg("g", {class: c}));
+    graphSvg.append(gridG, linksG, overlayG, nodesG);
+    let L = null, shown = null, linksDrawn = false;
 
     function fit() {  // the layout for the room the page has now (again if it made a scroll bar take some of it)
       for (let pass = 0; pass < 2; pass++) {
@@ -113,16 +122,30 @@ const GraphPage = (() => {
         graphSvg.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
         if (!scroll.clientWidth || scroll.clientWidth >= L.width) break;
       }
-      grid = gridLayer(data, L);
+      gridG.replaceChildren(gridLayer(data, L));
+      linksDrawn = false;
+    }
+
+    function refilter() {
+      shown = visible(data, state.nodeT, state.edgeT, state.hidden);
+      linksDrawn = false;
     }
 
     function draw() {
-      const shown = visible(data, state.nodeT, state.edgeT, state.hidden);
       const sel = state.selected && shown.nodes.has(state.selected) ? state.selected : null;
       state.selected = sel;
       const drivers = sel ? byId.get(sel).drivers : null;
       const focus = drivers ? new Set([sel, ...drivers.map(([i]) => data.nodes[i].id)]) : null;
-      graphSvg.replaceChildren(grid, linkLayer(shown, L, sel, focus, maxAbs), nodeLayer(ctx, shown, L, sel, focus));
+      if (shown.links.length <= MAX_FADED) {  // small: every link drawn again, faded or not
+        linksG.replaceChildren(linkLayer(shown, L, sel, focus, maxAbs));
+        linksDrawn = false;
+      } else if (!linksDrawn) {
+        linksG.replaceChildren(linkLayer(shown, L, null, null, maxAbs));
+        linksDrawn = true;
+      }
+      linksG.style.opacity = sel && shown.links.length > MAX_FADED ? "0.12" : "";  // faded as one group: cheap
+      overlayG.replaceChildren(sel && shown.links.length > MAX_FADED ? linkLayer(shown, L, sel, focus, maxAbs) : "");
+      nodesG.replaceChildren(nodeLayer(ctx, shown, L, sel, focus));
       count.textContent = `shown: ${shown.nodes.size - (data.nodes.length - nNeurons)} of ${nNeurons} neurons ` +
         `(${shown.nodes.size} of ${data.nodes.length} nodes), ${shown.links.length} of ${data.links.length} links`;
       details.replaceChildren(...GraphPanels.details(ctx, sel, shown));
@@ -142,11 +165,13 @@ const GraphPage = (() => {
       s.input.addEventListener("input", () => {
         state[key] = Number(s.input.value);
         s.shown.textContent = state[key].toFixed(2);
+        refilter();
         draw();
       });
     }
     const positions = GraphPanels.positionFilter(tokens, state.hidden, (k, hide) => {
       if (hide) state.hidden.add(k); else state.hidden.delete(k);
+      refilter();
       draw();
     });
     const info = data.metadata.info;
@@ -165,6 +190,7 @@ const GraphPage = (() => {
       h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, legend, scroll,
       h("section", {class: "panel"}, details));
     container.replaceChildren(page);
+    refilter();
     fit();
     draw();
     let pending = null;
