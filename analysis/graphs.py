@@ -20,7 +20,7 @@ from ..errors import InvalidArgumentError
 if TYPE_CHECKING:
     from ..store import StoreReader
 
-NEURON = 0  # a neuron node's node_kind in the stored tables (docs/store-format.md, "The graph group")
+NEURON, TOKEN = 0, 1  # node_kind of a neuron, of a token (docs/store-format.md, "The graph group")
 
 
 @dataclass
@@ -40,6 +40,8 @@ class GraphNeurons:
         Graphs read.
     without_graph : list[str]
         Prompts asked for that were stored without a graph (skipped).
+    skipped_positions : tuple[int, ...]
+        The positions whose neuron nodes were left out (``skip_positions``).
     table : Path or None
         The table written, if any.
     """
@@ -48,10 +50,12 @@ class GraphNeurons:
     n_graphs: int
     without_graph: list[str] = field(default_factory=list)
     table: Path | None = None
+    skipped_positions: tuple[int, ...] = ()
 
 
 def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = None, *, min_graphs: int = 1,
-                      table: str | Path | None = None, progress: Any = None) -> GraphNeurons:
+                      skip_positions: Iterable[int] = (), table: str | Path | None = None,
+                      progress: Any = None) -> GraphNeurons:
     """The neurons that recur across the stored graphs of ``prompt_ids`` (default: every prompt).
 
     A neuron is ``(layer, index)``, at whatever positions its graph keeps it. Its **attribution in one graph** is the
@@ -67,6 +71,10 @@ def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = Non
         The prompts whose graphs are counted; prompts stored without a graph are skipped (and listed).
     min_graphs
         Only neurons in at least this many graphs.
+    skip_positions
+        Positions whose neuron nodes are left out of every graph before counting (0: the first token, whose
+        "attention-sink" neurons otherwise top the list in every graph); a negative position counts from each
+        prompt's end (-1: its last token). A neuron left with no node in a graph does not appear in it.
     table
         Also write the rows here: Parquet for a ``.parquet`` suffix, else CSV (``prompt_ids`` space-separated).
     progress
@@ -75,10 +83,15 @@ def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = Non
     Raises
     ------
     InvalidArgumentError
-        ``min_graphs`` below 1, or none of the prompts has a graph (a store written without ``--graph``).
+        ``min_graphs`` below 1, a position that is not an integer, or none of the prompts has a graph (a store
+        written without ``--graph``).
     """
     if isinstance(min_graphs, bool) or not isinstance(min_graphs, int) or min_graphs < 1:
         raise InvalidArgumentError(f"Expected min_graphs to be a positive integer. Got {min_graphs!r}.")
+    skip = tuple(skip_positions)
+    if any(isinstance(p, bool) or not isinstance(p, int | np.integer) for p in skip):
+        raise InvalidArgumentError(f"Expected skip_positions to be integer positions (0: the first token). "
+                                   f"Got {list(skip)!r}.")
     ids = list(store.prompt_ids() if prompt_ids is None else prompt_ids)
     seen: dict[tuple[int, int], dict[str, Any]] = {}
     without: list[str] = []
@@ -91,7 +104,7 @@ def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = Non
             without.append(pid)
             continue
         n_graphs += 1
-        for key, label, attribution, activations in _neurons_of(tables):
+        for key, label, attribution, activations in _neurons_of(tables, skip):
             entry = seen.setdefault(key, {"label": label, "prompt_ids": [], "attribution": [], "activations": []})
             entry["prompt_ids"].append(pid)
             entry["attribution"].append(attribution)
@@ -110,15 +123,19 @@ def recurring_neurons(store: StoreReader, prompt_ids: Iterable[str] | None = Non
         from .jobs import write_table
 
         written = write_table(rows, table)
-    return GraphNeurons(rows, n_graphs, without, written)
+    return GraphNeurons(rows, n_graphs, without, written, tuple(int(p) for p in skip))
 
 
-def _neurons_of(tables: dict[str, np.ndarray]) -> Iterator[tuple[tuple[int, int], str, float, list[float]]]:
+def _neurons_of(tables: dict[str, np.ndarray], skip: tuple[int, ...] = ()
+                ) -> Iterator[tuple[tuple[int, int], str, float, list[float]]]:
     """Each neuron ``(layer, index)`` of one graph's tables: its label, the sum of its nodes' outgoing links, the
-    activations of its nodes (one per position kept)."""
+    activations of its nodes (one per position kept, positions in ``skip`` left out)."""
     n = len(tables["node_kind"])
     out_weight = np.bincount(tables["link_source"], weights=tables["link_weight"], minlength=n)
-    neuron = np.flatnonzero(tables["node_kind"] == NEURON)
+    positions = tables["node_position"]
+    n_tokens = int(positions.max(initial=0, where=tables["node_kind"] == TOKEN)) + 1  # every token is a node
+    skipped = np.isin(positions, [p + n_tokens if p < 0 else p for p in skip])  # one out of range matches nothing
+    neuron = np.flatnonzero((tables["node_kind"] == NEURON) & ~skipped)
     if neuron.size == 0:
         return
     keys = np.stack([tables["node_layer"][neuron], tables["node_index"][neuron]], axis=1)

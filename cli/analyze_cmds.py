@@ -170,6 +170,16 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
         click.echo(f"wrote {result.table}")
 
 
+def parse_positions(value: str) -> tuple[int, ...]:
+    """``"0, 1,-1"`` -> ``(0, 1, -1)``; an empty text: no position."""
+    parts = [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return tuple(int(v) for v in parts)
+    except ValueError:
+        raise click.BadParameter(f"Expected comma-separated token positions such as 0 or 0,1. Got {value!r}.",
+                                 param_hint="--skip-positions") from None
+
+
 @analyze.command("graphs")
 @click.argument("path", type=click.Path())
 @prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
@@ -178,7 +188,11 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
 @click.option("--top", type=click.IntRange(min=1), default=30, show_default=True,
               help="Neurons printed (the --table holds them all).")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
-def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int, table_path: str | None) -> None:
+@click.option("--skip-positions", default="", callback=lambda ctx, param, value: parse_positions(value),
+              help="Comma-separated positions whose neurons are left out of every graph (0: the first token, "
+                   "whose attention-sink neurons otherwise top the list; -1: the last).")
+def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int, table_path: str | None,
+               skip_positions: tuple[int, ...]) -> None:
     """The MLP neurons that recur across the prompts' attribution graphs (a `detjac run --graph` store).
 
     One row per neuron (layer, index), at whatever positions its graphs keep it, sorted by the
@@ -192,6 +206,7 @@ def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int
     \b
     Examples:
       detjac analyze graphs graphs.zarr
+      detjac analyze graphs graphs.zarr --skip-positions 0
       detjac analyze graphs graphs.zarr --min-graphs 3 --table neurons.parquet
     """
     from detjac.analysis import recurring_neurons
@@ -201,7 +216,8 @@ def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
     with tqdm(total=len(ids), desc="graphs", unit="prompt") as bar:
-        result = recurring_neurons(store, ids, min_graphs=min_graphs, table=table_path, progress=bar)
+        result = recurring_neurons(store, ids, min_graphs=min_graphs, skip_positions=skip_positions, table=table_path,
+                                   progress=bar)
     render.echo_graph_neurons(result, top)
     if result.table is not None:
         click.echo(f"wrote {result.table}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+from detjac.graph_settings import EDGE_THRESHOLD, KEPT_SHARE_MEANING, MAX_NODES, NODE_THRESHOLD
 
 from .options import ModelOptions, model_argument, model_options, prompt_options
 
@@ -77,7 +78,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     click.echo(f"neurons      {g.n_active} active, {g.n_neurons} ranked into the adjacency, {neurons} kept")
     click.echo(f"completeness {g.worst_completeness:.1e} (worst |sum of incoming edges - value| / |value|)")
     share = data["metadata"]["info"]["logit_share_kept"]
-    click.echo("kept share   of each logit carried by the pruned graph: "
-               + " ".join(f"{s:.2f}" for s in share))
+    click.echo("kept share   " + ", ".join(f"{t!r} {s:.2f}" for t, s in zip(g.logit_tokens, share, strict=False)))
+    for line in textwrap.wrap(KEPT_SHARE_MEANING, 100):
+        click.echo(f"             {line}")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in "
                f"{time.perf_counter() - started:.1f} s")

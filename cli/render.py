@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from detjac.sinks import sink_note
 from detjac.tokens import piece, pieces
 
 
@@ -78,7 +79,9 @@ def echo_decoded(spectra: list[Any]) -> None:
         click.echo(f"\n{spec.title}\n  {spec.target}, {spec.operator}")
         for t in spec.triplets:
             click.echo(f"  #{t.index} sigma {t.sigma:<9.4g} left -> {t.left}")
-            click.echo(f"     right [token {t.right_token}, {t.right_share:.0%}] -> {t.right}")
+            flag = sink_note(t.right_token, t.right_share, combined=spec.token is None)
+            where = f"token {t.right_token}, {t.right_share:.0%}{'; ' + flag if flag else ''}"
+            click.echo(f"     right [{where}] -> {t.right}")
 
 
 def echo_dims(rows: list[dict[str, Any]]) -> None:
@@ -92,7 +95,9 @@ def echo_dims(rows: list[dict[str, Any]]) -> None:
 def echo_graph_neurons(result: Any, top: int) -> None:
     """The recurring neurons of ``detjac analyze graphs`` (a ``GraphNeurons``): the first ``top`` rows."""
     skipped = f"; {len(result.without_graph)} prompts without a graph skipped" if result.without_graph else ""
-    click.echo(f"{len(result.rows)} neurons in {result.n_graphs} graphs{skipped}")
+    positions = (f"; neurons at position{'s' * (len(result.skipped_positions) > 1)} "
+                 f"{', '.join(map(str, result.skipped_positions))} left out" if result.skipped_positions else "")
+    click.echo(f"{len(result.rows)} neurons in {result.n_graphs} graphs{skipped}{positions}")
     click.echo(f"{'layer':>5} {'index':>6} {'graphs':>6} {'share':>6} {'nodes':>5} {'mean attr.':>10} "
                f"{'mean act.':>10}  label")
     for r in result.rows[:top]:

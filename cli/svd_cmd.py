@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.sinks import sink_note
+
 from .options import ModelOptions, check_npz_out, model_argument, model_options, out_option, prompt_options
 
 if TYPE_CHECKING:
@@ -112,8 +114,10 @@ def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) 
     click.echo(f"  {'#':>3}  {'sigma':>10}  {'residual':>8}  left -> tokens | right [token, share of |v|^2] -> tokens")
     for i, s in enumerate(result.S.tolist()):
         at = piece(tok, op.token_ids[int(picks[i])])
+        flag = sink_note(int(picks[i]), float(shares[i]), combined=op.n_tokens > 1)
         click.echo(f"  {i + 1:>3}  {s:>10.5g}  {float(result.residuals[i]):>8.1e}  {pieces(tok, left_ids[i].tolist())}"
-                   f" | [{int(picks[i])} {at}, {float(shares[i]):.0%}] {pieces(tok, right_ids[i].tolist())}")
+                   f" | [{int(picks[i])} {at}, {float(shares[i]):.0%}{'; ' + flag if flag else ''}] "
+                   f"{pieces(tok, right_ids[i].tolist())}")
 
 
 def _compare(op: Any, result: Any) -> None:

@@ -3,7 +3,7 @@
 Runs ``detjac run default`` on a few dictionary prompts with every layer's output, attention and
 MLP Jacobians (``--layers all --components layer,attn,mlp``), serves it with ``detjac view``, and
 saves the corpus page, a prompt's page with one token picked, and its layers tab; then ``detjac graph`` of one
-prompt shown with ``detjac view graph.json``, a layer-3 neuron clicked. Needs Debian's
+prompt shown with ``detjac view graph.json``, the most probable logit picked (what drives it). Needs Debian's
 chromium and chromedriver and selenium (``tests/view_helpers.py``). CPU only, about a minute.
 
     .venv/bin/python scripts/view_screenshots.py                  # writes docs/view-*.png
@@ -81,8 +81,8 @@ def main() -> None:
 
 
 def graph_shot(driver, folder: Path, path: Path) -> None:
-    """``detjac graph`` of "Copper, n. A" on the default model, shown by ``detjac view copper.json`` with a layer-3
-    neuron clicked; saved as a 256-colour PNG."""
+    """``detjac graph`` of "Copper, n. A" on the default model, shown by ``detjac view copper.json`` with the most
+    probable logit picked (its drivers drawn, the rest faded); saved as a 256-colour PNG."""
     from PIL import Image
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -93,8 +93,8 @@ def graph_shot(driver, folder: Path, path: Path) -> None:
     try:
         driver.set_window_size(1400, 1350)
         driver.get(served.url)
-        nodes = WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#graph-svg .node-neuron"))
-        next(n for n in nodes if n.get_attribute("data-id").startswith("3_")).click()
+        picks = WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#logit-bar .logit-pick"))
+        picks[0].click()
         time.sleep(0.5)
         driver.save_screenshot(str(path))
     finally:

@@ -124,13 +124,13 @@ def stored_graphs(monkeypatch, store, graphs: dict) -> None:
     monkeypatch.setattr(type(prompt), "graph", lambda self: graphs.get(self.id), raising=False)
 
 
-def kept_by_thresholds(graph: dict, node_t: float, edge_t: float) -> tuple[set, list]:
-    """What the graph page shows under its two thresholds (docs/graphs.md, "In the viewer"), computed here
-    on the JSON: tokens and logits always, a neuron while its influence is at most ``node_t``; then the links
-    between shown nodes, largest |weight| first, while the |weight| taken before them is below ``edge_t`` of
-    their total."""
-    nodes = {n["node_id"] for n in graph["nodes"]
-             if n["feature_type"] != "mlp neuron" or n["influence"] <= node_t + 1e-12}
+def kept_by_thresholds(graph: dict, node_t: float, edge_t: float, hidden: tuple[int, ...] = ()) -> tuple[set, list]:
+    """What the graph page shows under its two thresholds and its position filter (docs/graphs.md, "In the
+    viewer"), computed here on the JSON: tokens and logits always, a neuron while its influence is at most
+    ``node_t`` and its position is not in ``hidden``; then the links between shown nodes, largest |weight| first,
+    while the |weight| taken before them is below ``edge_t`` of their total."""
+    nodes = {n["node_id"] for n in graph["nodes"] if n["feature_type"] in ("embedding", "logit")
+             or (n["influence"] <= node_t + 1e-12 and n["ctx_idx"] not in hidden)}
     candidates = sorted((link for link in graph["links"] if link["source"] in nodes and link["target"] in nodes),
                         key=lambda link: -abs(link["weight"]))
     total, taken, links = sum(abs(link["weight"]) for link in candidates), 0.0, []

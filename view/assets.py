@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from importlib import resources
+from typing import Any
 
-ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript", "graph_page.js": "text/javascript",
-          "style.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript", "graph_layout.js": "text/javascript",
+          "graph_panels.js": "text/javascript", "graph_page.js": "text/javascript", "style.css": "text/css"}
 MODES = ("server", "static")
 
 
@@ -19,3 +21,13 @@ def index_html(mode: str) -> bytes:
     if mode not in MODES:
         raise ValueError(f"Expected a mode among {', '.join(MODES)}. Got {mode!r}.")
     return asset("index.html").replace(b"__MODE__", mode.encode())
+
+
+def data_script(key: str, data: Any, error: str | None = None) -> bytes:
+    """A page's data as the script the page loads (``detjacData(key, data)``; with ``error``: ``detjacData(key, null,
+    error)``). The page loads its data as scripts, served or from disk alike: a script inserted before the page's
+    load event delays it, so a page is drawn completely when ``load`` fires (a ``fetch`` would not hold it)."""
+    args = [json.dumps(key), json.dumps(None if error is not None else data, allow_nan=False)]
+    if error is not None:
+        args.append(json.dumps(error))
+    return f"detjacData({', '.join(args)});\n".encode("ascii")

@@ -2,17 +2,21 @@
 schema_version 1; docs/graphs.md), drawn by the page itself (``static/graph_page.js``: plain SVG, nothing fetched).
 
 What the page gets is the JSON checked and trimmed to what it draws: per node its id, type, layer row, position,
-activation, influence, label and (logits) probability; per link its source, target and weight. Labels and token
-texts are passed on as they are (untrusted text: the page only ever sets them as text). A graph comes from a
-prompt of a store (``StoredPrompt.graph()``, where the store has one: :func:`stored_graph`) or from a file
-(:class:`~detjac.view.graph_file.GraphFile`, ``detjac view graph.json``).
+activation, influence, label, (logits) token and probability, and its drivers (:mod:`~detjac.view.graph_drivers`:
+what the "what drives it" view shows); per link its source, target and weight; and the words that explain the kept
+share and the drivers. Labels and token texts are passed on as they are (untrusted text: the page only ever sets
+them as text). A graph comes from a prompt of a store (``StoredPrompt.graph()``, where the store has one:
+:func:`stored_graph`) or from a file (:class:`~detjac.view.graph_file.GraphFile`, ``detjac view graph.json``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
+from ..graph_settings import KEPT_SHARE_MEANING
+from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
 from .jsonable import jsonable
 
 if TYPE_CHECKING:
@@ -49,6 +53,16 @@ def _row(layer: Any, where: str) -> int:
     return row
 
 
+LOGIT_CLERP = re.compile(r'^Output "(?P<token>.*)" \(p=[^)]*\)$', re.DOTALL)  # circuit-tracer's and detjac's
+
+
+def _logit_token(node: dict[str, Any]) -> str | None:
+    """A logit's token text, read from its clerp (``Output " Paris" (p=0.773)``); the clerp itself otherwise."""
+    clerp = str(node.get("clerp") or "")
+    found = LOGIT_CLERP.match(clerp)
+    return found.group("token") if found else clerp or None
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -66,9 +80,12 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
     Returns
     -------
     dict
-        ``metadata`` (``prompt``, ``prompt_tokens``, ``slug``, ``node_threshold``, ``info``), ``nodes``
-        (``id``, ``type``, ``layer``, ``row``, ``ctx``, ``activation``, ``influence``, ``clerp``, ``p``) and
-        ``links`` (``source``, ``target``, ``weight``, between listed nodes).
+        ``metadata`` (``prompt``, ``prompt_tokens``, ``slug``, ``node_threshold``, ``info``, ``kept_share`` (the
+        meaning of ``info.logit_share_kept``), ``drivers`` (``k``, ``computed``, ``meaning``)), ``nodes`` (``id``,
+        ``type``, ``layer``, ``row``, ``ctx``, ``activation``, ``influence``, ``clerp``, ``p``, ``token`` (a logit's
+        text, else None), ``drivers`` (``[[node index, share], ...]`` or None:
+        :func:`~detjac.view.graph_drivers.node_drivers`)) and ``links`` (``source``, ``target``, ``weight``,
+        between listed nodes).
 
     Raises
     ------
@@ -93,7 +110,8 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                       "layer": str(node.get("layer")), "row": _row(node.get("layer"), where),
                       "ctx": node["ctx_idx"], "activation": _number(node.get("activation")),
                       "influence": _number(node.get("influence")), "clerp": str(node.get("clerp") or ""),
-                      "p": _number(node.get("token_prob"))})
+                      "p": _number(node.get("token_prob")),
+                      "token": _logit_token(node) if kind == LOGIT else None})
     known = {node["id"] for node in nodes}
     links = []
     for link in graph["links"]:
@@ -103,7 +121,12 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                                        f"weight. Got {str(link)[:200]}.")
         links.append({"source": link["source"], "target": link["target"], "weight": float(link["weight"])})
     info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
+    drivers, computed = node_drivers(nodes, links)
+    for node, found in zip(nodes, drivers, strict=True):
+        node["drivers"] = found
     return jsonable({"metadata": {"prompt": str(meta.get("prompt") or "".join(tokens)), "prompt_tokens": tokens,
                                   "slug": meta.get("slug"), "node_threshold": _number(meta.get("node_threshold")),
-                                  "info": {k: info[k] for k in INFO_SHOWN if k in info}},
+                                  "info": {k: info[k] for k in INFO_SHOWN if k in info},
+                                  "kept_share": KEPT_SHARE_MEANING,
+                                  "drivers": {"k": DRIVERS, "computed": computed, "meaning": DRIVERS_MEANING}},
                      "nodes": nodes, "links": links})

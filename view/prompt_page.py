@@ -24,6 +24,7 @@ from ..analysis import (
     read_svd,
 )
 from ..errors import DetjacError
+from ..sinks import sink_note
 from ..singular import decode_top
 from .graph_page import stored_graph
 from .jsonable import jsonable
@@ -168,7 +169,9 @@ def operator_payload(view: ReadOnlyStore, prompt_id: str, token: int | None) -> 
     triplets = [{"index": i + 1, "sigma": float(sigma),
                  "left": [text(t) for t in ids["left_ids"][i]], "right": [text(t) for t in ids["right_ids"][i]],
                  "right_token": int(ids["right_tokens"][i]) % prompt.n_tokens,
-                 "right_share": float(ids["right_shares"][i]), "token_shares": shares[:, i]}
+                 "right_share": float(ids["right_shares"][i]), "token_shares": shares[:, i],
+                 "sink": sink_note(int(ids["right_tokens"][i]) % prompt.n_tokens, float(ids["right_shares"][i]),
+                                   combined=token is None)}
                 for i, sigma in enumerate(spec.S)]
     return jsonable({"id": prompt.id, "token": token, "source": source, "method": spec.method,
                      "top": SVD_TOP, "triplets": triplets})

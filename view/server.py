@@ -18,10 +18,10 @@ import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..errors import DetjacError, InvalidArgumentError
-from .assets import ASSETS, asset, index_html
+from .assets import ASSETS, asset, data_script, index_html
 from .graph_file import GraphFile
 from .pages import NotFound, Pages
 
@@ -126,18 +126,20 @@ class ViewHandler(BaseHTTPRequestHandler):
         if self.server.loopback and self.headers.get("Host") not in self.server.allowed_hosts:
             self._send(HTTPStatus.FORBIDDEN, b'{"error": "unexpected Host header"}', "application/json", body)
             return
-        path = urlsplit(self.path).path
+        _, _, path, query, _ = urlsplit(self.path)
         if path in ("/", "/index.html"):
             self._send(HTTPStatus.OK, index_html("server"), "text/html; charset=utf-8", body)
         elif path.lstrip("/") in ASSETS:
             name = path.lstrip("/")
             self._send(HTTPStatus.OK, asset(name), f"{ASSETS[name]}; charset=utf-8", body)
         elif path.startswith("/api/"):
-            self._api(path.removeprefix("/api/"), body)
+            self._api(path.removeprefix("/api/"), body, script=query == "js")
         else:
             self._send(HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json", body)
 
-    def _api(self, key: str, body: bool) -> None:
+    def _api(self, key: str, body: bool, script: bool = False) -> None:
+        """The page ``key``'s data as JSON, or (``script``: ``/api/KEY?js``) as the script the page loads
+        (:func:`~detjac.view.assets.data_script`; an error is passed in it, with status 200 so that it runs)."""
         try:
             self.server.pages.refresh()  # the folder may hold another store by now (run --force-new)
             status, data = HTTPStatus.OK, self.server.pages.data(key)
@@ -148,6 +150,10 @@ class ViewHandler(BaseHTTPRequestHandler):
         except Exception as exc:  # noqa: BLE001 - the page shows the message; the terminal the traceback
             traceback.print_exc(file=sys.stderr)
             status, data = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"}
+        if script:
+            error = data["error"] if status != HTTPStatus.OK else None
+            self._send(HTTPStatus.OK, data_script(unquote(key), data, error), "text/javascript; charset=utf-8", body)
+            return
         self._send(status, json.dumps(data, allow_nan=False).encode(), "application/json", body)
 
     def _send(self, status: HTTPStatus, data: bytes, kind: str, body: bool,

@@ -6,7 +6,6 @@ scripts from ``file://`` where it refuses ``fetch``); nothing in it reaches the 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..aside import new_folder
 from ..errors import InvalidArgumentError, StoreError
-from .assets import ASSETS, asset, index_html
+from .assets import ASSETS, asset, data_script, index_html
 from .graph_file import GraphFile
 from .pages import Pages
 
@@ -102,7 +101,7 @@ def _write(pages: Pages | GraphFile, keys: list[str], chosen: list[str] | None, 
         if key == "corpus" and chosen is not None:
             data = {**data, "prompts": [row for row in data["prompts"] if row["id"] in set(chosen)]}
         path = out / data_file(key)
-        path.write_text(f"detjacData({json.dumps(key)}, {json.dumps(data, allow_nan=False)});\n", encoding="ascii")
+        path.write_text(data_script(key, data).decode("ascii"), encoding="ascii")
         written.append(path)
         if progress is not None:
             progress.update()

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from detjac.sinks import sink_note
 from detjac.tokens import piece, pieces
 
 from ..interface import Engine
@@ -92,6 +93,11 @@ class Explanation:
         return (f"<Explanation {s['model']}, {s['prompt']}: {s['tokens']} tokens, {len(self.combined.left_ids)} "
                 f"triplets per operator; combined sigma {sigma}; print() it for the decoded tokens>")
 
+    def _sink(self, i: int) -> str:
+        """The attention-sink flag of the combined operator's ``i``-th right vector (:func:`detjac.sinks.sink_note`)."""
+        flag = sink_note(int(self.combined.right_positions[i]), float(self.combined.right_shares[i]))
+        return f"; {flag}" if flag else ""
+
     def _repr_html_(self) -> str:
         from html import escape
 
@@ -100,7 +106,8 @@ class Explanation:
         rows = "".join(
             f"<tr><td>{i + 1}</td><td>{sigma:.4g}</td><td>{escape(pieces(tok, self.combined.left_ids[i].tolist()))}"
             f"</td><td>{escape(labels[self.combined.right_positions[i]])} "
-            f"({self.combined.right_shares[i]:.0%})</td><td>{escape(pieces(tok, self.combined.right_ids[i].tolist()))}"
+            f"({self.combined.right_shares[i]:.0%}{self._sink(i)})</td>"
+            f"<td>{escape(pieces(tok, self.combined.right_ids[i].tolist()))}"
             "</td></tr>" for i, sigma in enumerate(self.combined.singular_values.tolist()))
         head = "".join(f"<th>{h}</th>" for h in ("#", "σ", "left → (unembedding)", "right at token",
                                                  "right → (embedding)"))
@@ -115,7 +122,9 @@ def _operator_lines(op: DecodedOperator, tokenizer: Any, labels: list[str], inde
         right = pieces(tokenizer, op.right_ids[i].tolist())
         where = ""
         if op.position is None:
-            where = f" [at {labels[op.right_positions[i]]!s}, {op.right_shares[i]:.0%} of |v|^2]"
+            position, share = int(op.right_positions[i]), float(op.right_shares[i])
+            flag = sink_note(position, share)
+            where = f" [at {labels[position]!s}, {share:.0%} of |v|^2{'; ' + flag if flag else ''}]"
         out.append(f"{indent}#{i + 1} sigma {sigma:<9.4g} left -> {left}")
         out.append(f"{indent}{'':16}right{where} -> {right}")
     return out

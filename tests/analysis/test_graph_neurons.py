@@ -31,16 +31,19 @@ def store(tmp_path):
     return open_store(made.path), written
 
 
-def by_hand(graphs, layer, index):
-    """A neuron's graphs, nodes and mean attribution counted directly from graph JSON objects."""
+def by_hand(graphs, layer, index, skip=()):
+    """A neuron's graphs, nodes and mean attribution counted directly from graph JSON objects, its nodes at the
+    positions ``skip`` (negative: from the prompt's end) left out."""
     sums, nodes = [], 0
     for graph in graphs:
+        n_tokens = len(graph["metadata"]["prompt_tokens"])
+        left_out = {p + n_tokens if p < 0 else p for p in skip}
         ids = [n["node_id"] for n in graph["nodes"] if n["node_id"].startswith(f"{layer}_{index}_")
-               and n["feature_type"] == "mlp neuron"]
+               and n["feature_type"] == "mlp neuron" and n["ctx_idx"] not in left_out]
         if ids:
             nodes += len(ids)
             sums.append(sum(link["weight"] for link in graph["links"] if link["source"] in ids))
-    return len(sums), nodes, sum(sums) / len(sums)
+    return len(sums), nodes, sum(sums) / len(sums) if sums else None
 
 
 def test_recurring_neurons_are_counted_as_by_hand(store):
@@ -103,3 +106,34 @@ def test_a_full_disk_leaves_no_table_and_says_so_in_one_line(store, tmp_path, mo
     assert f"Expected to write the table {tmp_path / name}. Got the disk is full; nothing was written there." in \
         result.output.replace("\n", " ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.zarr"]
+
+
+@pytest.mark.parametrize("skip", [(0,), (0, -1), (7, -9)])  # positions past a prompt's ends skip nothing there
+def test_skipped_positions_leave_their_neurons_out(store, skip):
+    st, _ = store
+    result = recurring_neurons(st, skip_positions=skip)
+    assert result.skipped_positions == skip
+    stored = [st.get(pid).graph() for pid in st.prompt_ids()]
+    rows = {(r["layer"], r["index"]): r for r in result.rows}
+    expected = {key: by_hand(stored, *key, skip=skip) for key in {(0, 3), (1, 5), (2, 1), (0, 2)}}
+    assert set(rows) == {key for key, (graphs, _, _) in expected.items() if graphs}
+    if 0 in skip:
+        assert rows.get((1, 5), {"graphs": 0})["graphs"] < 2  # it sat at position 0 in two graphs
+    for key, row in rows.items():
+        graphs, nodes, mean = expected[key]
+        assert (row["graphs"], row["nodes"]) == (graphs, nodes)
+        assert row["mean_attribution"] == pytest.approx(mean, rel=1e-12)
+
+
+def test_the_command_skips_positions_and_refuses_a_bad_list(store):
+    st, _ = store
+    result = CliRunner().invoke(main, ["analyze", "graphs", str(st.path), "--skip-positions", "0"])
+    assert result.exit_code == 0, result.output
+    assert "neurons at position 0 left out" in result.output
+    assert "4 neurons in 3 graphs" in result.output  # every neuron still has a node elsewhere
+    lines = [line.split() for line in result.output.splitlines() if line[:5].strip().isdigit()]
+    assert [(int(f[0]), int(f[1]), int(f[2])) for f in lines if (int(f[0]), int(f[1])) == (1, 5)] == [(1, 5, 1)]
+    bad = CliRunner().invoke(main, ["analyze", "graphs", str(st.path), "--skip-positions", "first"])
+    assert bad.exit_code == 2 and "Expected comma-separated token positions" in bad.output
+    with pytest.raises(InvalidArgumentError, match="integer positions"):
+        recurring_neurons(st, skip_positions=["0"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import urllib.request
 
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from detjac.cli.main import main
+from detjac.graph_settings import KEPT_SHARE_MEANING
 
 PROMPT = "Copper, n. A"
 
@@ -49,6 +51,11 @@ def test_graph_prints_an_exact_graph_and_writes_its_json(written):
     assert sum(n["feature_type"] == "embedding" for n in data["nodes"]) == len(data["metadata"]["prompt_tokens"])
     index = json.loads((folder / "graph-metadata.json").read_text())
     assert [g["slug"] for g in index["graphs"]] == ["copper"]
+    shares = [float(s) for s in re.findall(r" (-?\d+\.\d\d)(?:,|$)", lines["kept"])]  # each logit's, named
+    assert shares == pytest.approx(data["metadata"]["info"]["logit_share_kept"], abs=0.006)
+    logits = [n for n in data["nodes"] if n["feature_type"] == "logit"]
+    assert lines["kept"].count("'") >= 2 * len(logits) and len(shares) == len(logits)
+    assert " ".join(KEPT_SHARE_MEANING.split()) in " ".join(output.split())  # what a share, negative too, means
 
 
 @pytest.mark.slow

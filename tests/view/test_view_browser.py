@@ -55,7 +55,7 @@ def cli_decoded(store_path, pid, token):
     result = CliRunner().invoke(main, ["analyze", "svd", str(store_path), "--prompt-id", pid, "--token", str(token)])
     assert result.exit_code == 0, result.output
     lefts = re.findall(r"#\d+ sigma (\S+)\s+left -> (.*)", result.output)
-    rights = re.findall(r"right \[token (\d+), \d+%\] -> (.*)", result.output)
+    rights = re.findall(r"right \[token (\d+), \d+%(?:; [^\]]*)?\] -> (.*)", result.output)  # a sink flag after ;
     return [(float(s), left, right, int(k)) for (s, left), (k, right) in zip(lefts, rights, strict=True)]
 
 
@@ -171,3 +171,41 @@ def test_the_export_opens_from_disk_and_shows_the_same(browser, served, exported
     assert shown_decoded(browser) == live
     css(browser, '#tabs a[data-tab="layers/attn"]')[0].click()
     assert len(wait_for(browser, "#layers-heatmap rect.cell", 3)) == 3 * layered_store.prompts[pid].n_tokens
+
+
+def test_a_right_vector_on_the_first_token_is_flagged_as_a_likely_sink(browser, layered_store, monkeypatch):
+    import threading
+
+    from detjac.sinks import SINK_NOTE, sink_note
+    from detjac.store import open_store
+    from detjac.view import prompt_page
+    from detjac.view.readonly import ReadOnlyStore
+    from detjac.view.server import make_server
+
+    real = prompt_page.decode_spectrum
+
+    def first_on_the_first_token(view, spec, top):  # the store's decoding, its first right vector moved to token 0
+        found = real(view, spec, top)
+        ids = {k: list(found[k]) for k in ("left_ids", "right_ids", "right_tokens", "right_shares")}
+        ids["right_tokens"][0], ids["right_shares"][0] = 0, 0.95
+        ids["right_tokens"][1], ids["right_shares"][1] = 0, 0.85  # under the rule's 90 %
+        return ids
+
+    monkeypatch.setattr(prompt_page, "decode_spectrum", first_on_the_first_token)
+    server = make_server(open_store(layered_store.path))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        pid = layered_store.ids[0]
+        browser.get(server.url + f"#/prompt/{pid}")
+        rows = wait_for(browser, "#decoded tbody tr", 2)
+        assert [r.find_elements("css selector", ".sink") != [] for r in rows[:2]] == [True, False]
+        assert rows[0].find_element("css selector", ".sink").text == f"· {SINK_NOTE}"
+        payload = prompt_page.operator_payload(ReadOnlyStore(open_store(layered_store.path)), pid, None)
+        assert [t["sink"] for t in payload["triplets"]] == \
+            [sink_note(t["right_token"], t["right_share"]) for t in payload["triplets"]]
+        browser.get(server.url + f"#/prompt/{pid}/operator/0")  # a token's own operator: never flagged
+        wait_for(browser, '#decoded[data-token="0"] tbody tr')
+        assert css(browser, "#decoded .sink") == []
+    finally:
+        server.shutdown()
+        server.server_close()

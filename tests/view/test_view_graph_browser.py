@@ -109,7 +109,14 @@ def test_a_click_shows_the_nodes_labels_and_edges(browser, graph_served, graph):
     assert [i for i, _ in rows("outgoing")] == [i for i, _ in outgoing]
     highlighted = {(x.get_attribute("data-source"), x.get_attribute("data-target"))
                    for x in css(browser, "#graph-svg .link.hl")}
-    assert highlighted == {(s, node["node_id"]) for s, _ in incoming} | {(node["node_id"], t) for t, _ in outgoing}
+    drivers = {r.get_attribute("data-id") for r in css(browser, "#drivers-table tbody tr")}  # what drives it
+    assert drivers and highlighted == {(s, node["node_id"]) for s, _ in incoming if s in drivers}
+    token = next(n["node_id"] for n in graph["nodes"] if n["feature_type"] == "embedding"  # no drivers: every edge
+                 and any(x["source"] == n["node_id"] for x in graph["links"]))
+    css(browser, f'#graph-svg .node[data-id="{token}"]')[0].click()
+    lit = {(x.get_attribute("data-source"), x.get_attribute("data-target")) for x in css(browser, "#graph-svg .link.hl")}
+    assert lit == {(x["source"], x["target"]) for x in graph["links"] if x["source"] == token}
+    css(browser, f'#graph-svg .node[data-id="{node["node_id"]}"]')[0].click()
     source = incoming[0][0]  # an edge's row leads to the node at its other end
     css(browser, f'#incoming tbody tr[data-id="{source}"]')[0].click()
     assert css(browser, "#graph-svg .node.selected")[0].get_attribute("data-id") == source

@@ -228,3 +228,25 @@ def test_a_large_body_to_slow_readers_at_once_is_sent_whole(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_pages_data_as_a_script_is_its_json_and_an_error_is_passed_to_the_page(layered_store):
+    import json
+    import re
+
+    def get(server, path):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("GET", path, headers={"Host": f"127.0.0.1:{server.port}"})
+        answer = conn.getresponse()
+        got = answer.status, answer.getheader("Content-Type"), answer.read().decode()
+        conn.close()
+        return got
+
+    with serving(layered_store) as server:
+        code, kind, body = get(server, "/api/corpus?js")  # what the page loads: a script delays its load event
+        assert code == 200 and kind.startswith("text/javascript")
+        found = re.fullmatch(r'detjacData\("corpus", (.*)\);\n', body, re.DOTALL)
+        assert found and json.loads(found.group(1)) == json.loads(get(server, "/api/corpus")[2])
+        code, kind, body = get(server, "/api/prompt/nope?js")  # 200, so that the script runs and the page says why
+        assert get(server, "/api/prompt/nope")[0] == 404 and code == 200
+        assert body == 'detjacData("prompt/nope", null, "no page \'prompt/nope\' in this store");\n'

@@ -11,35 +11,35 @@
   let generation = 0;  // a newer page replaces an older one still loading
 
   // -- data -------------------------------------------------------------------------------------------------------
-  window.detjacData = (key, value) => {
+  // Every page's data comes as a script calling detjacData(key, value[, error]): data/<key>.js in a snapshot opened
+  // from disk (browsers load scripts from file:// but refuse fetch), api/<key>?js from `detjac view`. A script
+  // inserted before the page's load event delays it (a fetch would not), so the first page is drawn when load fires.
+  window.detjacData = (key, value, error) => {
     const w = waiting.get(key);
-    if (w) { waiting.delete(key); w.resolve(value); }
+    if (!w) return;
+    waiting.delete(key);
+    if (error != null) w.reject(new Error(error));
+    else w.resolve(value);
   };
 
   function load(key) {
     if (cache.has(key)) return cache.get(key);
-    let p;
-    if (MODE === "static") {  // a snapshot opened from disk: browsers load scripts from file:// but refuse fetch
-      p = new Promise((resolve, reject) => {
-        waiting.set(key, {resolve});
-        const s = document.createElement("script");
-        s.src = "data/" + key.split("/").join(".") + ".js";
-        const missing = () => {
-          if (!waiting.has(key)) return;
-          waiting.delete(key);
-          reject(new Error(`This snapshot has no data for ${key} (was it exported with --prompt?).`));
-        };
-        s.onerror = missing;
-        s.onload = missing;
-        document.head.appendChild(s);
-      });
-    } else {
-      p = fetch("api/" + key.split("/").map(encodeURIComponent).join("/")).then(async (r) => {
-        const body = await r.json().catch(() => ({error: r.statusText}));
-        if (!r.ok) throw new Error(body.error || r.statusText);
-        return body;
-      });
-    }
+    const p = new Promise((resolve, reject) => {
+      waiting.set(key, {resolve, reject});
+      const s = document.createElement("script");
+      s.src = MODE === "static" ? "data/" + key.split("/").join(".") + ".js"
+        : "api/" + key.split("/").map(encodeURIComponent).join("/") + "?js";
+      const missing = () => {
+        s.remove();
+        if (!waiting.has(key)) return;
+        waiting.delete(key);
+        reject(new Error(MODE === "static" ? `This snapshot has no data for ${key} (was it exported with --prompt?).`
+          : `No answer from detjac view for ${key} (is it still running?).`));
+      };
+      s.onerror = missing;
+      s.onload = missing;
+      document.head.appendChild(s);
+    });
     p.catch(() => cache.delete(key));
     cache.set(key, p);
     return p;
@@ -274,7 +274,8 @@
         h("td", {class: "num"}, t.index), h("td", {class: "num sigma"}, num(t.sigma, 5)),
         h("td", {class: "left"}, chips(t.left)),
         h("td", {class: "right-token"}, h("span", {class: "mono"}, `[${t.right_token}] `),
-          h("span", {class: "note"}, `${p.tokens[t.right_token]} · ${pct(t.right_share)}`)),
+          h("span", {class: "note"}, `${p.tokens[t.right_token]} · ${pct(t.right_share)}`),
+          t.sink ? h("span", {class: "sink", title: "at least 90% of |v|² on the first token"}, ` · ${t.sink}`) : null),
         h("td", {class: "right"}, chips(t.right)),
         h("td", {}, shares));
     });
@@ -371,7 +372,7 @@
     body.replaceChildren(note("Loading the graph…"));
     const g = await load(key);
     if (gen !== generation) return;
-    body.replaceChildren(GraphPage.render(g));
+    GraphPage.show(body, g);
   }
 
   async function showGraphFile(gen, c) {

@@ -1,138 +1,52 @@
 // detjac view: an attribution graph (circuit-tracer's graph JSON as `detjac graph` writes it), drawn by hand in SVG.
-// Rows are layers (the prompt's tokens at the bottom, the logits at the top), columns the prompt's positions; a link's
-// width is its |weight|, its colour its sign. Click a node for its labels and edges; the sliders hide nodes and links.
-// Every label (token texts, clerps) is set with textContent only: text from a graph is never parsed as markup.
+// Rows are layers (the prompt's tokens at the bottom, the logits at the top, labelled with their tokens), columns the
+// prompt's positions, across the window's width; a link's width is its |weight|, its colour its sign. A click on a
+// logit or a node shows what drives it (its drivers kept, the rest faded), its labels and edges; the sliders and the
+// position filter hide nodes and links. Every label (token texts, clerps) is set with textContent only.
 "use strict";
 
 const GraphPage = (() => {
-  const NS = "http://www.w3.org/2000/svg";
   const COLORS = {positive: "#2a62b8", negative: "#d0543e"};
-  const STEP = 13;  // pixels between two nodes of one cell
-  const LEFT = 78, TOP = 14, BOTTOM = 40;
+  const MAX_FADED = 20000;  // more links shown than this: a selection fades them as one group (redrawn: seconds)
+  const {svg, h} = GraphPanels;
+  const {layout, visible, rowName, isNeuron} = GraphLayout;
 
-  function svg(tag, attrs, text) {
-    const e = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) if (v != null) e.setAttribute(k, String(v));
-    if (text != null) e.textContent = String(text);
-    return e;
-  }
-
-  function h(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v == null || v === false) continue;
-      if (k === "class") e.className = v;
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else e.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const c of children.flat(Infinity)) if (c != null && c !== false) e.append(c instanceof Node ? c : String(c));
-    return e;
-  }
-
-  function num(x, digits = 4) {
-    if (x == null) return "–";
-    const v = Number(x), a = Math.abs(v);
-    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(digits - 1);
-    return String(Number(v.toPrecision(digits)));
-  }
-
-  const isNeuron = (n) => n.type !== "embedding" && n.type !== "logit";
-
-  // What the thresholds keep. Nodes: tokens and logits always; a neuron while its influence (the cumulative share of
-  // influence down to it, as `detjac graph` writes it) is at most `nodeT`. Links between kept nodes, largest |weight|
-  // first, while the |weight| taken before them is below `edgeT` of their total (1: every link).
-  function visible(data, nodeT, edgeT) {
-    const nodes = new Set(data.nodes.filter((n) => !isNeuron(n) || n.influence == null || n.influence <= nodeT + 1e-12)
-      .map((n) => n.id));
-    const candidates = data.links.filter((l) => nodes.has(l.source) && nodes.has(l.target))
-      .sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
-    const total = candidates.reduce((s, l) => s + Math.abs(l.weight), 0);
-    const links = [];
-    let taken = 0;
-    for (const l of candidates) {
-      if (edgeT < 1 && taken >= edgeT * total) break;
-      links.push(l);
-      taken += Math.abs(l.weight);
-    }
-    return {nodes, links};
-  }
-
-  // Positions of every node (kept fixed while the thresholds change): a cell per (row, position), its nodes in lines.
-  function layout(data) {
-    const tokens = data.metadata.prompt_tokens;
-    const nCols = Math.max(tokens.length, ...data.nodes.map((n) => n.ctx + 1));
-    const rows = [...new Set(data.nodes.map((n) => n.row))].sort((a, b) => a - b);
-    const maxRow = rows.length ? rows[rows.length - 1] : 0;
-    const cells = new Map();
-    for (const n of data.nodes) {
-      const key = `${n.row}/${n.ctx}`;
-      if (!cells.has(key)) cells.set(key, []);
-      cells.get(key).push(n);
-    }
-    const most = Math.max(1, ...[...cells.values()].map((c) => c.length));
-    const perLine = Math.max(4, Math.min(14, Math.ceil(Math.sqrt(2 * most))));
-    const colW = perLine * STEP + 18;
-    const lines = (row) => Math.max(1, ...Array.from({length: nCols}, (_, c) =>
-      Math.ceil((cells.get(`${row}/${c}`) || []).length / perLine)));
-    const allRows = Array.from({length: maxRow + 1}, (_, r) => r);  // every layer, empty ones too
-    const rowH = new Map(allRows.map((r) => [r, Math.max(34, lines(r) * STEP + 18)]));
-    const height = TOP + allRows.reduce((s, r) => s + rowH.get(r), 0) + BOTTOM;
-    const rowTop = new Map();
-    let y = height - BOTTOM;
-    for (const r of allRows) { y -= rowH.get(r); rowTop.set(r, y); }
-    const at = new Map();
-    for (const [key, members] of cells) {
-      const [row, col] = key.split("/").map(Number);
-      members.sort((a, b) => (a.influence ?? 0) - (b.influence ?? 0));  // the most influential first
-      members.forEach((n, i) => {
-        const line = Math.floor(i / perLine), k = i % perLine, inLine = Math.min(perLine, members.length - line * perLine);
-        at.set(n.id, {x: LEFT + col * colW + colW / 2 + (k - (inLine - 1) / 2) * STEP,
-          y: rowTop.get(row) + rowH.get(row) - 12 - line * STEP});
-      });
-    }
-    return {at, nCols, colW, allRows, rowH, rowTop, maxRow, width: LEFT + nCols * colW + 10, height};
-  }
-
-  function rowName(row, maxRow, data) {
-    if (row === 0) return "tokens";
-    if (row === maxRow && data.nodes.some((n) => n.type === "logit" && n.row === row)) return "logits";
-    return `layer ${row - 1}`;
-  }
-
-  function nodeLabel(n, tokens) {
-    if (n.type === "embedding") return `token ${n.ctx} ${JSON.stringify(tokens[n.ctx] ?? "")}`;
-    return n.clerp || n.id;
-  }
-
-  // The rows' lines and names, and the prompt's tokens under their columns (drawn once).
+  // The rows' lines and names, and the prompt's tokens under their columns.
   function gridLayer(data, L) {
     const tokens = data.metadata.prompt_tokens;
-    const grid = svg("g", {class: "graph-grid"});
+    const grid = document.createDocumentFragment();
     for (const r of L.allRows) {
       const y = L.rowTop.get(r);
-      grid.append(svg("line", {x1: LEFT - 4, x2: L.width - 10, y1: y + L.rowH.get(r), y2: y + L.rowH.get(r),
+      grid.append(svg("line", {x1: L.left - 4, x2: L.width - 10, y1: y + L.rowH.get(r), y2: y + L.rowH.get(r),
         class: "grid"}));
       grid.append(svg("text", {x: 4, y: y + L.rowH.get(r) / 2 + 4, class: "row-label"}, rowName(r, L.maxRow, data)));
     }
     const maxChars = Math.max(3, Math.floor(L.colW / 7));
     tokens.forEach((t, k) => {
       const shownText = t.length > maxChars ? t.slice(0, maxChars - 1) + "…" : t;
-      const label = svg("text", {x: LEFT + k * L.colW + L.colW / 2, y: L.height - BOTTOM + 16, "text-anchor": "middle",
-        class: "col-label", "data-index": k}, shownText);
+      const x = L.left + k * L.colW + L.colW / 2;
+      const label = svg("text", {x, y: L.height - L.bottom + 16, "text-anchor": "middle", class: "col-label",
+        "data-index": k}, shownText);
       label.append(svg("title", {}, `token ${k}: ${t}`));
-      grid.append(label, svg("text", {x: LEFT + k * L.colW + L.colW / 2, y: L.height - BOTTOM + 30,
-        "text-anchor": "middle", class: "col-index"}, k));
+      grid.append(label, svg("text", {x, y: L.height - L.bottom + 30, "text-anchor": "middle", class: "col-index"}, k));
     });
     return grid;
   }
 
-  // The links shown: width by |weight| (relative to the largest), colour by sign; the selected node's highlighted.
-  function linkLayer(shown, L, sel, maxAbs) {
-    const links = svg("g", {class: "graph-links"});
-    for (const l of [...shown.links].reverse()) {  // the largest drawn last, on top
+  // The links shown: width by |weight| (relative to the largest), colour by sign. With a node selected: the links among
+  // it and its drivers drawn, its own highlighted (hl), the others among them plain (path), the rest faded (dim); a
+  // node without drivers (a token) has all its own edges highlighted.
+  function linkLayer(shown, L, sel, focus, maxAbs) {
+    const links = document.createDocumentFragment();
+    const skipFaded = sel && shown.links.length > MAX_FADED;
+    for (let i = shown.links.length - 1; i >= 0; i--) {  // the largest drawn last, on top
+      const l = shown.links[i];
+      const path = focus && focus.has(l.source) && focus.has(l.target);
+      const own = sel && (l.source === sel || l.target === sel) && (!focus || path);
+      if (skipFaded && !own && !path) continue;
       const a = L.at.get(l.source), b = L.at.get(l.target);
-      const on = sel && (l.source === sel || l.target === sel);
-      links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y, class: "link" + (on ? " hl" : sel ? " dim" : ""),
+      links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y,
+        class: "link" + (own ? " hl" : path ? " path" : sel ? " dim" : ""),
         stroke: l.weight >= 0 ? COLORS.positive : COLORS.negative,
         "stroke-width": (0.4 + 3.6 * Math.abs(l.weight) / maxAbs).toFixed(2),
         "data-source": l.source, "data-target": l.target, "data-weight": l.weight}));
@@ -140,38 +54,48 @@ const GraphPage = (() => {
     return links;
   }
 
-  // The nodes shown: a square per token, a circle per neuron, a diamond per logit, a triangle per bias node (an
-  // affine family's constants of a layer at a position); a click calls onClick(id).
-  function nodeLayer(data, shown, L, sel, onClick) {
-    const tokens = data.metadata.prompt_tokens;
-    const nodes = svg("g", {class: "graph-nodes"});
-    for (const n of data.nodes) {
+  // The nodes shown: a square per token, a circle per neuron, a diamond per logit (labelled with its token and
+  // probability), a triangle per bias node; with a selection, the nodes outside it and its drivers faded.
+  function nodeLayer(ctx, shown, L, sel, focus) {
+    const nodes = document.createDocumentFragment();
+    for (const n of ctx.data.nodes) {
       if (!shown.nodes.has(n.id)) continue;
       const {x, y} = L.at.get(n.id);
       const shape = n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
         : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
           : n.type === "bias" ? svg("polygon", {points: `${x},${y - 5} ${x + 5},${y + 4} ${x - 5},${y + 4}`})
             : svg("circle", {cx: x, cy: y, r: 4.5});
+      const faded = sel && !(focus ? focus.has(n.id) : n.id === sel);
       const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
-        (n.id === sel ? " selected" : ""), "data-id": n.id, tabindex: 0});
-      g.append(shape, svg("title", {}, `${nodeLabel(n, tokens)} (${n.id})`));
-      g.addEventListener("click", () => onClick(n.id));
+        (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : ""),
+      "data-id": n.id, tabindex: 0});
+      g.append(shape, svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
+      if (n.type === "logit") {
+        const text = n.token ?? n.clerp;
+        const short = text.length > 14 ? text.slice(0, 13) + "…" : text;
+        g.append(svg("text", {x: x + 2, y: y - 9, class: "logit-label", "text-anchor": "end",  // up and to the left
+          transform: `rotate(40 ${x + 2} ${y - 9})`},
+          `${JSON.stringify(short)} ${n.p == null ? "" : n.p.toFixed(2)}`));
+      }
+      g.addEventListener("click", () => ctx.select(n.id));
       nodes.append(g);
     }
     return nodes;
   }
 
-  function render(data) {
+  // Draw `data` into `container` (replacing what it holds), at the width the window gives it; redrawn on resize.
+  function show(container, data) {
     const tokens = data.metadata.prompt_tokens;
     const byId = new Map(data.nodes.map((n) => [n.id, n]));
-    const L = layout(data);
-    const maxAbs = Math.max(1e-300, ...data.links.map((l) => Math.abs(l.weight)));
+    const maxAbs = data.links.reduce((m, l) => Math.max(m, Math.abs(l.weight)), 1e-300);  // no spread: 10⁶ links
     const nNeurons = data.nodes.filter(isNeuron).length;
-    const state = {nodeT: 1, edgeT: 1, selected: null};
+    const state = {nodeT: 1, edgeT: 1, selected: null, hidden: new Set()};
+    const ctx = {data, tokens, byId, select, hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
 
-    const graphSvg = svg("svg", {id: "graph-svg", class: "graph", width: L.width, height: L.height,
-      viewBox: `0 0 ${L.width} ${L.height}`, role: "img", "aria-label": "attribution graph"});
-    const details = h("div", {id: "node-details"}, h("p", {class: "note"}, "Click a node for its labels and edges."));
+    const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
+    const scroll = h("div", {class: "graph-scroll"}, graphSvg);
+    const details = h("div", {id: "node-details"});
+    const focusNote = h("p", {class: "note", id: "focus-note"});
     const count = h("span", {class: "note", id: "graph-count"});
     const slider = (id, label, value) => {
       const input = h("input", {type: "range", id, min: "0.01", max: "1", step: "0.01", value: String(value),
@@ -181,57 +105,59 @@ const GraphPage = (() => {
     };
     const nodeSlider = slider("node-threshold", "nodes: influence ≤", state.nodeT);
     const edgeSlider = slider("edge-threshold", "links: cumulative |weight| share ≤", state.edgeT);
+    // Layers kept between draws: a big graph's links (over MAX_FADED) are drawn once per filter or size and faded as
+    // one group while a node is selected, its drivers' links drawn over them: a selection costs its own links only.
+    const [gridG, linksG, overlayG, nodesG] = ["graph-grid", "graph-links", "graph-focus", "graph-nodes"]
+      .map((c) => svg("g", {class: c}));
+    graphSvg.append(gridG, linksG, overlayG, nodesG);
+    let L = null, shown = null, linksDrawn = false;
 
-    const grid = gridLayer(data, L);
+    function fit() {  // the layout for the room the page has now (again if it made a scroll bar take some of it)
+      for (let pass = 0; pass < 2; pass++) {
+        const width = scroll.clientWidth || document.documentElement.clientWidth - 40;
+        const top = scroll.getBoundingClientRect().top + window.scrollY;  // the rest of the first screen, at least 360
+        L = layout(data, width - 2, Math.max(360, Math.min(window.innerHeight * 0.8, window.innerHeight - top - 16)));
+        graphSvg.setAttribute("width", L.width);
+        graphSvg.setAttribute("height", L.height);
+        graphSvg.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
+        if (!scroll.clientWidth || scroll.clientWidth >= L.width) break;
+      }
+      gridG.replaceChildren(gridLayer(data, L));
+      linksDrawn = false;
+    }
+
+    function refilter() {
+      shown = visible(data, state.nodeT, state.edgeT, state.hidden);
+      linksDrawn = false;
+    }
 
     function draw() {
-      const shown = visible(data, state.nodeT, state.edgeT);
       const sel = state.selected && shown.nodes.has(state.selected) ? state.selected : null;
       state.selected = sel;
-      graphSvg.replaceChildren(grid, linkLayer(shown, L, sel, maxAbs),
-        nodeLayer(data, shown, L, sel, (id) => select(id)));
+      const drivers = sel ? byId.get(sel).drivers : null;
+      const focus = drivers ? new Set([sel, ...drivers.map(([i]) => data.nodes[i].id)]) : null;
+      if (shown.links.length <= MAX_FADED) {  // small: every link drawn again, faded or not
+        linksG.replaceChildren(linkLayer(shown, L, sel, focus, maxAbs));
+        linksDrawn = false;
+      } else if (!linksDrawn) {
+        linksG.replaceChildren(linkLayer(shown, L, null, null, maxAbs));
+        linksDrawn = true;
+      }
+      linksG.style.opacity = sel && shown.links.length > MAX_FADED ? "0.12" : "";  // faded as one group: cheap
+      overlayG.replaceChildren(sel && shown.links.length > MAX_FADED ? linkLayer(shown, L, sel, focus, maxAbs) : "");
+      nodesG.replaceChildren(nodeLayer(ctx, shown, L, sel, focus));
       count.textContent = `shown: ${shown.nodes.size - (data.nodes.length - nNeurons)} of ${nNeurons} neurons ` +
         `(${shown.nodes.size} of ${data.nodes.length} nodes), ${shown.links.length} of ${data.links.length} links`;
-      showDetails(sel, shown);
-    }
-
-    function edgeTable(id, title, edges, end) {
-      return h("div", {}, h("h3", {}, `${title} (${edges.length})`),
-        h("table", {id, class: "edges"}, h("thead", {}, h("tr", {}, ["node", "label", "weight"].map((t) => h("th", {}, t)))),
-          h("tbody", {}, edges.map((l) => {
-            const other = byId.get(l[end]);
-            return h("tr", {class: "clickable", "data-id": other.id, onclick: () => select(other.id)},
-              h("td", {class: "mono"}, other.id), h("td", {class: "text"}, nodeLabel(other, tokens)),
-              h("td", {class: "num " + (l.weight >= 0 ? "positive" : "negative")}, num(l.weight)));
-          }))));
-    }
-
-    function showDetails(id, shown) {
-      if (id === null) {
-        details.replaceChildren(h("p", {class: "note"}, "Click a node for its labels and edges."));
-        return;
-      }
-      const n = byId.get(id);
-      const order = (a, b) => Math.abs(b.weight) - Math.abs(a.weight);
-      const incoming = shown.links.filter((l) => l.target === id).sort(order);
-      const outgoing = shown.links.filter((l) => l.source === id).sort(order);
-      const all = data.links.filter((l) => l.target === id || l.source === id).length;
-      const layer = n.type === "embedding" ? "tokens" : n.type === "logit" ? "logits" : `layer ${n.layer}`;
-      details.replaceChildren(...[
-        h("h3", {id: "node-label", class: "text"}, nodeLabel(n, tokens)),
-        h("dl", {class: "facts", id: "node-facts"}, [["node", n.id], ["type", n.type], ["layer", layer],
-          ["position", `${n.ctx} ${JSON.stringify(tokens[n.ctx] ?? "")}`], ["activation", n.activation == null ? null : num(n.activation, 6)],
-          ["influence", n.influence == null ? null : num(n.influence, 4)], ["probability", n.p == null ? null : num(n.p, 4)],
-          ["label (clerp)", n.clerp || null]].filter(([, v]) => v != null)
-          .map(([k, v]) => [h("dt", {}, k), h("dd", {"data-fact": k}, String(v))])),
-        all > incoming.length + outgoing.length
-          ? h("p", {class: "note"}, `${all - incoming.length - outgoing.length} more edges hidden by the thresholds`) : null,
-        h("div", {class: "row"}, edgeTable("incoming", "Incoming edges", incoming, "source"),
-          edgeTable("outgoing", "Outgoing edges", outgoing, "target"))].filter(Boolean));
+      details.replaceChildren(...GraphPanels.details(ctx, sel, shown));
+      focusNote.replaceChildren(...(sel === null ? [] : [`Showing what drives ${GraphPanels.nodeLabel(byId.get(sel), tokens)}` +
+        (drivers ? `: its ${drivers.length} drivers and the links among them, the rest faded (listed below the graph). `
+          : " (its edges highlighted; details below the graph). "),
+      h("button", {type: "button", id: "focus-clear", onclick: () => select(null)}, "show the whole graph")]));
+      for (const b of container.querySelectorAll(".logit-pick")) b.classList.toggle("picked", b.dataset.id === sel);
     }
 
     function select(id) {
-      state.selected = state.selected === id ? null : id;
+      state.selected = id === null || state.selected === id ? null : id;
       draw();
     }
 
@@ -239,10 +165,15 @@ const GraphPage = (() => {
       s.input.addEventListener("input", () => {
         state[key] = Number(s.input.value);
         s.shown.textContent = state[key].toFixed(2);
+        refilter();
         draw();
       });
     }
-    draw();
+    const positions = GraphPanels.positionFilter(tokens, state.hidden, (k, hide) => {
+      if (hide) state.hidden.add(k); else state.hidden.delete(k);
+      refilter();
+      draw();
+    });
     const info = data.metadata.info;
     const facts = [["model", info.model], ["family", info.family], ["dtype", info.dtype],
       ["exact", info.exact == null ? null : String(info.exact)], ["error nodes", info.error_nodes],
@@ -251,15 +182,25 @@ const GraphPage = (() => {
       ["nodes before pruning", info.nodes_before_pruning]].filter(([, v]) => v != null);
     const legend = h("div", {class: "legend"}, [["positive", COLORS.positive], ["negative", COLORS.negative]]
       .map(([t, c]) => { const sw = h("i"); sw.style.background = c; return h("span", {}, sw, `${t} weight`); }),
-    h("span", {}, "width ∝ |weight| · ■ token · ● neuron · ◆ logit"));
-    return h("div", {class: "graph-page"},
+    h("span", {}, "width ∝ |weight| · ■ token · ● neuron · ◆ logit (token, probability) · ▲ bias"));
+    const page = h("div", {class: "graph-page"},
       h("div", {class: "facts-inline", id: "graph-facts"}, facts.map(([k, v]) =>
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
-      h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count),
-      legend,
-      h("div", {class: "graph-scroll"}, graphSvg),
+      GraphPanels.logitBar(data, select), focusNote,
+      h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, legend, scroll,
       h("section", {class: "panel"}, details));
+    container.replaceChildren(page);
+    refilter();
+    fit();
+    draw();
+    let pending = null;
+    const onResize = () => {
+      if (!page.isConnected) { window.removeEventListener("resize", onResize); return; }
+      clearTimeout(pending);
+      pending = setTimeout(() => { fit(); draw(); }, 80);
+    };
+    window.addEventListener("resize", onResize);
   }
 
-  return {render, visible};
+  return {show, visible};
 })();
