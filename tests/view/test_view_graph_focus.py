@@ -21,7 +21,7 @@ from view_helpers import INJECTED, INSTALL, Served, browser_missing, kept_by_thr
 from detjac.graph_settings import KEPT_SHARE_MEANING
 from detjac.store import open_store
 from detjac.view.server import make_server
-from detjac.view.static_export import export
+from detjac.view.static_export import export_static
 
 if browser_missing():  # one line in the summary for the whole module, never a silent pass
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)
@@ -77,7 +77,7 @@ def test_the_page_is_drawn_when_its_load_event_fires(browser, graph_served, grap
     finally:
         server.shutdown()
         server.server_close()
-    export(store, tmp_path / "pages", [pid])  # and its static export, opened from disk
+    export_static(store, tmp_path / "pages", [pid])  # and its static export, opened from disk
     browser.get((tmp_path / "pages" / "index.html").as_uri() + f"#/prompt/{pid}/graph")
     assert "Loading" not in browser.find_element("css selector", "body").text
     assert len(css(browser, "#graph-svg .node")) == len(graph["nodes"])
