@@ -6,7 +6,6 @@ safetensors are preferred, and transformers loads any ``.bin`` with ``weights_on
 
 from __future__ import annotations
 
-import json
 import pickle
 import weakref
 from collections.abc import Iterator, Sequence
@@ -22,10 +21,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from detjac.errors import CheckpointError, PromptError
+from detjac.safe_json import parse_json
 
 from ..families import family_for
-from .reference import ModelRef
 from .quiet import quiet_tokenizer
+from .reference import ModelRef
 from .weights import SafetensorsWeights, check_shapes, safetensors_shapes, tensors_error
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -67,7 +67,7 @@ def read_checkpoint(model: ModelRef | str | Path, revision: str | None = None) -
             f"{str(path)!r}, which has no config.json, so it is not a checkpoint."
         )
     try:
-        config = json.loads((p / "config.json").read_text())
+        config = parse_json((p / "config.json").read_bytes())  # deep nesting, huge numbers: one line
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Expected a readable JSON config.json in {str(path)!r}. Got: {e}") from None
     if not isinstance(config, dict):

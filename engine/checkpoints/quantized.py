@@ -6,12 +6,12 @@ the activations). Details: docs/engine.md, "Quantized weights"."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from detjac.errors import CheckpointError, DetjacError, InvalidArgumentError, UnsupportedModelError
+from detjac.safe_json import parse_json
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -235,7 +235,7 @@ def _decode_4bit(bnbf: Any, param: str, tensors: dict[str, torch.Tensor], aux: d
         )
     blob = tensors[aux[packed_suffix]]
     try:
-        meta = json.loads(bytes(blob.to(device="cpu", dtype=torch.uint8).reshape(-1).tolist()).decode("utf-8"))
+        meta = parse_json(bytes(blob.to(device="cpu", dtype=torch.uint8).reshape(-1).tolist()).decode("utf-8"))
         shape = torch.Size(int(n) for n in meta["shape"])
         blocksize = int(meta["blocksize"])
         nested = "nested_absmax" in aux
