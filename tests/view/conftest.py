@@ -7,6 +7,7 @@ with one line in the summary saying what is missing and how to install it.
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -53,3 +54,17 @@ def browser():
 def graph_file(tmp_path_factory):
     """``detjac graph`` on the default model (tests/view_helpers.py: GRAPH_PROMPT): the JSON file. Read only."""
     return write_default_graph(tmp_path_factory.mktemp("graph") / "copper.json")
+
+
+@pytest.fixture(scope="module")
+def graph(graph_file):
+    """The default model's graph JSON (:func:`graph_file`), parsed."""
+    return json.loads(graph_file.read_text())
+
+
+@pytest.fixture(scope="module")
+def graph_served(graph_file):
+    """``detjac view`` of the graph file."""
+    server = Served(graph_file)
+    yield server
+    server.stop()

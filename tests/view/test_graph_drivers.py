@@ -75,8 +75,8 @@ def test_the_budget_serves_logits_first_then_the_most_influential():
     upstream = set(t.tolist())
     done = [i for i, d in enumerate(drivers) if d is not None]
     assert computed == len(done) == 6
-    expected = sorted((i for i in upstream if kinds[i] == "logit")) + \
-        sorted((i for i in upstream if kinds[i] != "logit"))[:6 - sum(kinds[i] == "logit" for i in upstream)]
+    expected = sorted(i for i in upstream if kinds[i] == "logit") + \
+        sorted(i for i in upstream if kinds[i] != "logit")[:6 - sum(kinds[i] == "logit" for i in upstream)]
     assert sorted(done) == sorted(expected)
     assert all(len(d) <= 12 and all(share > 0 for _, share in d) for d in drivers if d is not None)
 

@@ -24,18 +24,6 @@ if browser_missing():  # one line in the summary for the whole module, never a s
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def graph(graph_file):
-    return json.loads(graph_file.read_text())
-
-
-@pytest.fixture(scope="module")
-def graph_served(graph_file):
-    server = Served(graph_file)
-    yield server
-    server.stop()
-
-
 def set_threshold(driver, which, value):
     """Move the slider ``which`` (``node`` or ``edge``) to ``value`` as a user would: its value, then an input event."""
     slider = css(driver, f"#{which}-threshold")[0]
@@ -114,7 +102,8 @@ def test_a_click_shows_the_nodes_labels_and_edges(browser, graph_served, graph):
     token = next(n["node_id"] for n in graph["nodes"] if n["feature_type"] == "embedding"  # no drivers: every edge
                  and any(x["source"] == n["node_id"] for x in graph["links"]))
     css(browser, f'#graph-svg .node[data-id="{token}"]')[0].click()
-    lit = {(x.get_attribute("data-source"), x.get_attribute("data-target")) for x in css(browser, "#graph-svg .link.hl")}
+    lit = {(x.get_attribute("data-source"), x.get_attribute("data-target"))
+           for x in css(browser, "#graph-svg .link.hl")}
     assert lit == {(x["source"], x["target"]) for x in graph["links"] if x["source"] == token}
     css(browser, f'#graph-svg .node[data-id="{node["node_id"]}"]')[0].click()
     source = incoming[0][0]  # an edge's row leads to the node at its other end

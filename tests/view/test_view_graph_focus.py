@@ -29,18 +29,6 @@ if browser_missing():  # one line in the summary for the whole module, never a s
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def graph(graph_file):
-    return json.loads(graph_file.read_text())
-
-
-@pytest.fixture(scope="module")
-def graph_served(graph_file):
-    server = Served(graph_file)
-    yield server
-    server.stop()
-
-
 def logit_token(node):
     return re.fullmatch(r'Output "(.*)" \(p=[^)]*\)', node["clerp"], re.DOTALL).group(1)
 

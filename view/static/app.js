@@ -46,19 +46,7 @@
   }
 
   // -- helpers ----------------------------------------------------------------------------------------------------
-  function h(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v == null || v === false) continue;
-      if (k === "class") e.className = v;
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else e.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const c of children.flat(Infinity)) {
-      if (c != null && c !== false) e.append(c instanceof Node ? c : String(c));
-    }
-    return e;
-  }
+  const h = Dom.h;
   const note = (text) => h("p", {class: "note"}, text);
   const sci = (x) => (x == null ? "–" : Number(x).toExponential(2));
   function num(x, digits = 4) {  // `digits` significant digits; exponent notation for very large or small values

@@ -3,14 +3,7 @@
 "use strict";
 
 const Charts = (() => {
-  const NS = "http://www.w3.org/2000/svg";
-
-  function el(tag, attrs, text) {
-    const e = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) if (v != null) e.setAttribute(k, String(v));
-    if (text != null) e.textContent = String(text);
-    return e;
-  }
+  const el = Dom.svg;
 
   function titled(node, text) {  // a hover tooltip
     node.appendChild(el("title", {}, text));

@@ -3,26 +3,7 @@
 "use strict";
 
 const GraphPanels = (() => {
-  const NS = "http://www.w3.org/2000/svg";
-
-  function svg(tag, attrs, text) {
-    const e = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) if (v != null) e.setAttribute(k, String(v));
-    if (text != null) e.textContent = String(text);
-    return e;
-  }
-
-  function h(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v == null || v === false) continue;
-      if (k === "class") e.className = v;
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else e.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const c of children.flat(Infinity)) if (c != null && c !== false) e.append(c instanceof Node ? c : String(c));
-    return e;
-  }
+  const {svg, h} = Dom;
 
   function num(x, digits = 4) {
     if (x == null) return "–";
