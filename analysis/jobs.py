@@ -43,7 +43,8 @@ def _kept(cache: AnalysisCache, prompt_id: str, kind: str, token: int | None, ta
 
 def read_svd(cache: AnalysisCache, prompt_id: str, token: int | None, target: str | None = None, *,
              n_tokens: int | None = None) -> Spectrum | None:
-    """The triplets :func:`prompt_svds` kept in ``cache`` for this operator (its parameters in ``params``), or None; with
+    """The triplets :func:`prompt_svds` kept in ``cache`` for this operator (its parameters in ``params``), or None;
+    with
     ``n_tokens``, also those kept under the token's index counted from the other end."""
     found = _kept(cache, prompt_id, "svd", token, target, n_tokens)
     if found is None:

@@ -19,14 +19,16 @@ explicit
 Time (32 and 128 tokens by default): the three run interleaved in one process, ``--repeats`` times,
 each time from the trace (the reference from its forward pass) to the last row; reported are the
 medians, the median of the per-repeat ratios to the reference, and two fractions of ``torch.matmul``'s
-rate that the sweeps reach on the FLOP model of ``detjac.engine.streamed.flops.sweep_flops``, each measured just before or
+rate that the sweeps reach on the FLOP model of ``detjac.engine.streamed.flops.sweep_flops``, each measured just before
+or
 just after the run it is paired with (on a shared machine the rate itself moves by 2x):
 
 square
     against one 2048² product (``detjac.engine.streamed.flops.matmul_flops``);
 shapes
     against ``torch.matmul`` on exactly the GEMMs the method ran: every matrix product of one whole
-    run is recorded once (``detjac.engine.streamed.gemm_share.record_gemms``) and replayed alone on random operands of the
+    run is recorded once (``detjac.engine.streamed.gemm_share.record_gemms``) and replayed alone on random operands of
+    the
     same layouts after each timed run. ``square = shape factor x shapes``, the shape factor being the
     rate on those shapes over the square product's: the gap splits into "GEMM shape" and the rest
     (element-wise work, copies, Python), whose share of the time is ``1 - gemm_share``.
@@ -207,9 +209,8 @@ def child_profile(cfg: dict[str, Any], n: int, method: str, threads: int, blocks
     """``torch.profiler`` on ``blocks`` row blocks (after one warm-up): the ops' own CPU time by kind."""
     import torch
 
-    from detjac.engine.streamed.gemm_share import profile_kinds
-
     from detjac.engine import StreamedEngine
+    from detjac.engine.streamed.gemm_share import profile_kinds
 
     model, ids = _setup(cfg, n, threads)
     sm = StreamedEngine(model, dtype=torch.float32, sweeps=method)

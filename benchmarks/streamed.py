@@ -14,7 +14,8 @@ compare
     as they come. Reported: time ratio (detjac / reference), peak RSS above the loaded
     weights and its ratio, max |difference| of the two Jacobians, and efficiency: the
     achieved FLOP/s of detjac's row sweeps divided by ``torch.matmul``'s FLOP/s measured
-    in the same process (FLOP model: :func:`detjac.engine.streamed.flops.sweep_flops`). The reference runs with 4 KiB pages
+    in the same process (FLOP model: :func:`detjac.engine.streamed.flops.sweep_flops`). The reference runs with 4 KiB
+    pages
     and with huge pages (``THP_MEM_ALLOC_ENABLE``; the faster is the baseline). detjac runs twice:
     as ``detjac run --streamed`` does (huge pages, row blocks of 64), and under a CPU
     ``--max-memory`` of two layers plus ``BUDGET_SHARE`` of the reference's peak above the

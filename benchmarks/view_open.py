@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from store_factory import make_store  # noqa: E402
 from view_helpers import detjac, new_driver  # noqa: E402
 
-from detjac.store import open_store
-from detjac.view.pages import Pages
+from detjac.store import open_store  # noqa: E402
+from detjac.view.pages import Pages  # noqa: E402
 
 
 def open_once(driver, store: Path, n: int) -> dict[str, float]:

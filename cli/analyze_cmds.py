@@ -319,8 +319,7 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     Example:
       detjac analyze report run.zarr --out report/ --workers 2
     """
-    from detjac.analysis import analysis_report
-    from detjac.analysis import require_full
+    from detjac.analysis import analysis_report, require_full
     from detjac.progress import tqdm
     from detjac.runs import dask_scheduler
     from detjac.store import open_store

@@ -54,7 +54,8 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         what = "the graph"
     elif "://" not in path and not Path(path).is_dir():  # a local path that is no store: both kinds named
         expected = f"Expected a detjac store (a folder) or a graph JSON file (*.json, from `detjac graph`) at {path}."
-        raise StoreFormatError(f"{expected} Got {'a file of neither kind' if Path(path).exists() else 'no such file or folder'}.")
+        got = "a file of neither kind" if Path(path).exists() else "no such file or folder"
+        raise StoreFormatError(f"{expected} Got {got}.")
     else:
         from detjac.store import open_store
 

@@ -16,9 +16,9 @@ from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .inmemory.inmemory_engine import InMemoryEngine
 from .inmemory.rows import JacobianStream, trace_model
-from .verbs import jacobian
 from .products.logits import logit_jacobian
 from .result import JacobianResult
+from .verbs import jacobian
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

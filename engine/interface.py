@@ -24,6 +24,7 @@ from detjac.targets import Target
 from .pullback import CUTS, EMBEDDINGS, OUTPUT, READ_KINDS, SEED_KINDS, PullRequest, Seed, Site, Walk, check_pull, pulls
 from .types import EngineStats, JacobianBlock, Plan, Prompt, Trace
 
+
 class Engine(ABC):
     """A loaded model that linearizes prompts: eight primitives (see the module docstring), the rest derived.
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from detjac.errors import InvalidArgumentError
 
+
 def format_bytes(n_bytes: float) -> str:
     """A size in the largest binary unit it fills (``512 B``, ``3.0 KiB``, ``1.0 MiB``, ``1.50 GiB``), so that a
     message's numbers never read as zero.

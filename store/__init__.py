@@ -20,7 +20,7 @@ from .backend.zarr_create import create_store
 from .backend.zarr_prompt import ZarrPrompt, verify_prompt
 from .backend.zarr_store import ZarrStore, attach_store, open_store
 from .backend.zarr_writer import ZarrPromptWriter
-from .format import FORMAT_VERSION, NO_JACOBIAN, Keep, SHARD_BYTES, model_differences, now, prompt_id, read_root
+from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, Keep, model_differences, now, prompt_id, read_root
 from .integrity import INTEGRITY, damage_reason
 from .reader import StoreReader, VerifyResult
 from .stored_prompt import LayerwiseSpec, PromptWriter, StoredPrompt

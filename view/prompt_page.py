@@ -24,8 +24,8 @@ from ..analysis import (
     read_svd,
 )
 from ..errors import DetjacError
-from ..sinks import sink_note
 from ..singular import decode_top
+from ..sinks import sink_note
 from .graph_page import stored_graph
 from .jsonable import jsonable
 

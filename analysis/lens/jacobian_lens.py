@@ -220,7 +220,8 @@ def lens_readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, norme
     return out
 
 
-def score_lens(readings_: dict[str, np.ndarray], unembedding: np.ndarray, output: np.ndarray) -> dict[str, dict[str, Any]]:
+def score_lens(readings_: dict[str, np.ndarray], unembedding: np.ndarray, output: np.ndarray
+               ) -> dict[str, dict[str, Any]]:
     """Per method: ``rank`` of the model's prediction ``argmax W_U y`` in ``W_U ŷ``, ``error`` ``‖ŷ−y‖/‖y‖``,
     ``top`` the 5 top decoded token ids."""
     predicted = int(np.argmax(unembedding @ output))

@@ -26,30 +26,24 @@ def check_neurons(engine: Engine) -> None:
     check_pull([probe], engine.pullback_sites, engine.detach)
 
 
+def _neuron_walk(engine: Engine, trace: Trace) -> Any:
+    """The engine's walk of ``trace`` (a context manager), once :func:`check_neurons` has passed."""
+    check_neurons(engine)
+    return engine.walk(trace)
+
+
 def neurons(engine: Engine, trace: Trace, layers: Sequence[int] | None = None
             ) -> Iterator[tuple[int, torch.Tensor, Any]]:
     """``(layer, (n, n_neurons) its MLP neurons' values on the prompt, its MLP piece)`` for ``layers`` (default:
-    all), one layer at a time (:func:`detjac.engine.pullback.neuron_activations`).
-
-    Raises
-    ------
-    InvalidArgumentError
-        An engine without neuron sites (:func:`check_neurons`).
-    """
-    check_neurons(engine)
-    with engine.walk(trace) as walk:
+    all), one layer at a time (:func:`detjac.engine.pullback.neuron_activations`); raises InvalidArgumentError for an
+    engine without neuron sites (:func:`check_neurons`)."""
+    with _neuron_walk(engine, trace) as walk:
         yield from neuron_activations(walk, range(engine.n_layers) if layers is None else layers)
 
 
 def residual_ends(engine: Engine, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
     """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last, where an
-    affine family's constants outside the layers (position embeddings, the final norm's shift) are read.
-
-    Raises
-    ------
-    InvalidArgumentError
-        An engine without neuron sites (:func:`check_neurons`).
-    """
-    check_neurons(engine)
-    with engine.walk(trace) as walk:
+    affine family's constants outside the layers (position embeddings, the final norm's shift) are read; raises
+    InvalidArgumentError for an engine without neuron sites (:func:`check_neurons`)."""
+    with _neuron_walk(engine, trace) as walk:
         return walk.residual_ends()

@@ -26,6 +26,7 @@ import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import check_exact, relative_error
+from detjac.graph_index import replace_text  # files written aside, then renamed
 from detjac.tokens import token_texts
 
 from ..detach.model import linearized
@@ -33,7 +34,6 @@ from ..inmemory.model_pieces import freeze_model
 from ..inmemory.rows import prompt_position
 from ..interface import Engine, Prompt
 from ..pieces import NotAPiece
-from detjac.graph_index import replace_text  # files written aside, then renamed
 from .qk_path import Captured, QkPath, attention_child
 from .qk_residual import Components, residual_components
 

@@ -100,7 +100,8 @@ class QkPath:
         return sink[0]
 
     def record(self, h: torch.Tensor) -> Captured:
-        """The layer's real input ``h`` (n, d): its query and key, mask, scaling and soft-cap, the norms' factors kept."""
+        """The layer's real input ``h`` (n, d): its query and key, mask, scaling and soft-cap, the norms' factors
+        kept."""
         self.tape = FactorTape()
         with self.tape.recording():
             return self._reach(h[None])

@@ -15,6 +15,7 @@ from typing import Any
 from detjac.aside import aside_pid, fsync_dir, new_folder, reason_of, write_file
 from detjac.errors import StoreError
 
+
 def disk_error(exc: OSError, what: str) -> StoreError:
     """The StoreError to raise when ``what`` (e.g. ``"commit prompt 3f2a..."``) failed with ``exc``.
 

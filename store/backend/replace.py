@@ -12,7 +12,6 @@ from detjac.aside import aside_pid, new_folder
 
 from .. import format as fmt
 from ..integrity import PROMPT_ID
-
 from .disk import alive, discard_folder, fsync_dir
 
 

@@ -16,12 +16,11 @@ from detjac.targets import Target
 
 from .. import format as fmt
 from ..graph_tables import check_tables, graph_json
-from ..integrity import (CorruptError, check_attrs_seal, check_hashes, check_name, check_seal, damage_reason,
-                         read_attrs)
+from ..integrity import CorruptError, check_attrs_seal, check_hashes, check_name, check_seal, damage_reason, read_attrs
 from ..reader import VerifyResult
-from .claimed import check_claimed, prompt_bounds
 from ..schema import attrs_problem
 from ..stored_prompt import StoredPrompt
+from .claimed import check_claimed, prompt_bounds
 
 
 @dataclass(frozen=True)

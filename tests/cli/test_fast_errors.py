@@ -32,8 +32,8 @@ def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
     (tmp_path / "blank.txt").write_text("\n")
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(cases=cases)], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out[0] == f"1 Error: Expected a Hugging Face checkpoint directory or a hub id (org/name). Got {missing!r}, " \
-                     "which does not exist."
+    assert out[0] == ("1 Error: Expected a Hugging Face checkpoint directory or a hub id (org/name). "
+                      f"Got {missing!r}, which does not exist.")
     assert "which does not exist (a GGUF file's name ends in .gguf)" in out[1]
     assert out[2] == f"1 Error: Expected a GGUF file at {missing}.gguf. Got no such file."
     assert out[3] == "1 Error: Expected --max-memory as DEVICE=SIZE[,DEVICE=SIZE] (e.g. cuda:0=8GiB,cpu=32GiB). " \

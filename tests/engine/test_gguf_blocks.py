@@ -8,10 +8,10 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from real_models import gemma3_path, smollm2_path
 
 from detjac.engine.checkpoints.gguf_blocks import BLOCK_TYPES, check_block_type, dequantize
 from detjac.errors import CheckpointError
-from real_models import gemma3_path, smollm2_path
 
 # where each type keeps its float16 scales (byte offsets): random bytes there could be NaN or infinite
 HALF_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),

@@ -404,8 +404,8 @@ def test_a_full_disk_keeps_the_computed_graph_and_says_where(tmp_path, monkeypat
     import errno
     import json
 
-    from detjac.engine import write_graph
     from detjac import graph_index
+    from detjac.engine import write_graph
     from detjac.errors import OutputError
 
     g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=20)
