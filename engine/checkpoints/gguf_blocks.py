@@ -51,7 +51,7 @@ class BlockType:
 
 
 def _half(raw: torch.Tensor) -> torch.Tensor:
-    """(n, 2) little-endian float16 bytes -> (n, 1) float32 (exact)."""
+    """(n, 2) little-endian float16 bytes -> (n, 1) float32 (exact): a block's scale, or an F16 tensor's values."""
     return raw.contiguous().view(torch.float16).to(torch.float32)
 
 
@@ -71,10 +71,6 @@ def _bits(qh: torch.Tensor, planes: int, run: int) -> torch.Tensor:
 
 def _f32(raw: torch.Tensor) -> torch.Tensor:
     return raw.contiguous().view(torch.float32)
-
-
-def _f16(raw: torch.Tensor) -> torch.Tensor:
-    return raw.contiguous().view(torch.float16).to(torch.float32)
 
 
 def _bf16(raw: torch.Tensor) -> torch.Tensor:
@@ -151,7 +147,7 @@ def _q6_k(raw: torch.Tensor) -> torch.Tensor:
 
 
 BLOCK_TYPES: dict[str, BlockType] = {t.name: t for t in (
-    BlockType("F32", 1, 4, _f32), BlockType("F16", 1, 2, _f16), BlockType("BF16", 1, 2, _bf16),
+    BlockType("F32", 1, 4, _f32), BlockType("F16", 1, 2, _half), BlockType("BF16", 1, 2, _bf16),
     BlockType("Q4_0", 32, 18, _q4_0), BlockType("Q4_1", 32, 20, _q4_1), BlockType("Q5_0", 32, 22, _q5_0),
     BlockType("Q5_1", 32, 24, _q5_1), BlockType("Q8_0", 32, 34, _q8_0), BlockType("Q4_K", 256, 144, _q4_k),
     BlockType("Q5_K", 256, 176, _q5_k), BlockType("Q6_K", 256, 210, _q6_k),
