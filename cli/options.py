@@ -21,6 +21,21 @@ if TYPE_CHECKING:
 TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else CSV."
 
 
+class ModelName(str):
+    """MODEL as typed, with ``kind``: what it names (:func:`detjac.model_names.model_kind`), decided as it was parsed
+    and read by :meth:`detjac.engine.ModelRef.resolve` instead of asking the file system again."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> ModelName:
+        name = super().__new__(cls, text)
+        name.kind = kind
+        return name
+
+    def __getnewargs__(self) -> tuple[str, str]:  # pickled (a distributed run's options) with its kind
+        return str(self), self.kind
+
+
 class ModelArgument(click.ParamType):
     """MODEL: ``default``, a GGUF file, a checkpoint folder or a hub id, checked for what it names before anything
     heavy is imported (:func:`detjac.model_names.model_kind`: a mistyped path is refused in a fraction of a second).
@@ -32,8 +47,8 @@ class ModelArgument(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from detjac.model_names import model_kind
 
-        if isinstance(value, str):
-            model_kind(value)  # a CheckpointError: one line, from the CLI's one place for them
+        if isinstance(value, str) and not isinstance(value, ModelName):
+            return ModelName(value, model_kind(value))  # a CheckpointError: one line, from the CLI's one place
         return value
 
 

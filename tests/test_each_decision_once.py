@@ -102,6 +102,38 @@ def test_the_cli_turns_model_into_a_model_ref_once(tmp_path):
     assert [r.kind for r in got] == ["folder", "default"]
 
 
+def test_what_model_names_is_asked_once_per_command(tmp_path, monkeypatch):
+    """The MODEL argument's early check decides the kind; ModelRef.resolve reads it instead of asking again."""
+    import click
+    from click.testing import CliRunner
+
+    import detjac.engine.checkpoints.reference as reference
+    import detjac.model_names as names
+    from detjac.cli.options import model_argument, model_options
+
+    asked = []
+
+    def counted(*args: object, **kwargs: object) -> str:
+        asked.append(args)
+        return names_kind(*args, **kwargs)
+
+    names_kind = names.model_kind
+    monkeypatch.setattr(names, "model_kind", counted)
+    monkeypatch.setattr(reference, "model_kind", counted)
+
+    @click.command()
+    @model_argument()
+    @model_options()
+    def command(model: object, model_options: object) -> None:
+        pass
+
+    (tmp_path / "ckpt").mkdir()
+    for argv in ([str(tmp_path / "ckpt")], []):
+        asked.clear()
+        assert CliRunner().invoke(command, argv).exit_code == 0
+        assert len(asked) == 1, asked
+
+
 def test_the_model_settings_are_defined_once_and_extended():
     from detjac.cli.options import ModelOptions
     from detjac.runs.plan import ModelSpec

@@ -43,7 +43,9 @@ class ModelRef:
         CheckpointError
             A path that does not exist; a hub id that is not in the cache and cannot be downloaded; a GGUF file that
             is not there."""
-        kind, text = model_kind(model, gguf_file), str(model)
+        kind, text = getattr(model, "kind", None), str(model)  # MODEL parsed by the CLI: decided already
+        if kind is None or (gguf_file is not None and kind not in ("hub", "folder")):
+            kind = model_kind(model, gguf_file)
         if gguf_file is not None:
             file = gguf_in(model, gguf_file, revision, hub=kind == "hub")
             return cls(str(file), str(Path(file).resolve()), revision, "gguf")
