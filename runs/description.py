@@ -60,7 +60,8 @@ class RunDescription:
     def __post_init__(self) -> None:
         from detjac.store import Keep
 
-        object.__setattr__(self, "keep", Keep.parse(self.keep))
+        if not isinstance(self.keep, Keep):  # parsed once: a Keep (check_options's) is kept as it is
+            object.__setattr__(self, "keep", Keep.parse(self.keep))
 
     @property
     def rank(self) -> int | None:

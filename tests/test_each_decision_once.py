@@ -175,7 +175,7 @@ def test_the_float64_exactness_check_has_one_wording(error):
     assert bounds == (1e-9, 1e-3, 5e-2)
 
 
-def test_keep_is_parsed_once_into_the_run_description():
+def test_keep_is_parsed_once_into_the_run_description(monkeypatch):
     from detjac.runs.description import RunDescription
 
     def described(keep: str) -> RunDescription:
@@ -185,6 +185,14 @@ def test_keep_is_parsed_once_into_the_run_description():
     assert "rank" not in described("rank:4").as_dict()  # the stored description is as it was
     with pytest.raises(InvalidArgumentError, match="Expected --keep full, --keep rank:K"):
         described("rank:0")
+    from dataclasses import replace
+
+    import detjac.store as store
+
+    parsed = described("rank:4")
+    # a description holding a Keep (check_options's) never parses it again, nor does a replaced copy
+    monkeypatch.setattr(store.Keep, "parse", classmethod(lambda cls, text: pytest.fail("--keep parsed again")))
+    assert replace(parsed, n_layers=3).keep is parsed.keep
 
 
 def test_keep_has_one_type_parsed_once():
