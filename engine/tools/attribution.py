@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD, check_heads
 from detjac.tokens import token_labels
 
 from ..interface import Engine
@@ -34,7 +34,7 @@ from .graph_targets import (
     logit_vectors,
     rank_neurons,
 )
-from .head_loadings import HeadLoadings, Nodes, check_heads, choose_links, head_loadings
+from .head_loadings import HeadLoadings, Nodes, choose_links, head_loadings
 from .neurons import check_neurons, neurons
 
 __all__ = ["AttributionGraph", "GraphRequest", "check_graph_request", "graph_of_trace", "logit_attribution",
@@ -52,6 +52,7 @@ class GraphRequest:
     heads: int = 0
     node_threshold: float = NODE_THRESHOLD
     edge_threshold: float = EDGE_THRESHOLD
+    heads_up_to: bool = False  # a corpus run's: load all links of a graph that has fewer than ``heads``
 
 
 @dataclass
@@ -175,7 +176,8 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
     if request.heads:
         out.pruned_at = (request.node_threshold, request.edge_threshold)
         out.pruned = prune(out.adjacency, out.n_neurons, n, out.logit_probabilities, *out.pruned_at)
-        links = choose_links(out.adjacency, out.pruned, out.n_neurons, out.n_biases, n, request.heads)
+        links = choose_links(out.adjacency, out.pruned, out.n_neurons, out.n_biases, n, request.heads,
+                             request.heads_up_to)
         nodes = Nodes(out.n_neurons, out.n_biases, n, chosen, chosen_values(acts, chosen), sites.reads, sites.writes,
                       targets.vectors, trace.embeddings)
         held = out.adjacency.nbytes + sum(z.numel() for z in acts.values()) * engine.dtype.itemsize

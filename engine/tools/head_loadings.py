@@ -67,18 +67,11 @@ class HeadLoadings:
         return out
 
 
-def check_heads(heads: Any) -> int:
-    """``heads`` as the number of links to load.
-
-    Raises
-    ------
-    InvalidArgumentError
-        Not a non-negative integer.
-    """
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
-        raise InvalidArgumentError(f"Expected --heads to be a non-negative integer (links to split by head). Got "
-                                   f"{heads!r}.")
-    return heads
+def carried_by_heads(loaded: HeadLoadings, target: int) -> tuple[int, np.ndarray]:
+    """(links, (n_layers, heads + 1) summed loadings): what each head (and each layer's skip) carries of the loaded
+    links into ``target`` (a row of the adjacency), summed over them."""
+    into = loaded.links[:, 0] == target
+    return int(into.sum()), np.nan_to_num(loaded.loadings[into]).sum(0)
 
 
 def loadable_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int) -> np.ndarray:
@@ -93,16 +86,17 @@ def loadable_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int
     return np.stack([targets[order], sources[order]], axis=1).astype(np.int64)
 
 
-def choose_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, heads: int) -> np.ndarray:
-    """The ``heads`` strongest of :func:`loadable_links`.
+def choose_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, heads: int, up_to: bool = False
+                 ) -> np.ndarray:
+    """The ``heads`` strongest of :func:`loadable_links` (``up_to``: all of them where there are fewer).
 
     Raises
     ------
     InvalidArgumentError
-        More than the graph has.
+        More than the graph has, without ``up_to``.
     """
     links = loadable_links(adjacency, pruned, M, B, n)
-    if heads > len(links):
+    if heads > len(links) and not up_to:
         raise InvalidArgumentError(f"Expected --heads at most the pruned graph's {len(links)} links from a token or "
                                    f"neuron to a neuron or logit (bias nodes carry no head loadings). Got {heads}.")
     return links[:heads]
