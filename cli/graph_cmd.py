@@ -89,8 +89,9 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     for line in textwrap.wrap(KEPT_SHARE_MEANING, 100):
         click.echo(f"             {line}")
     if g.head_loadings is not None:
-        click.echo(f"heads        {len(g.head_loadings.links)} links split by attention head; worst |heads + skip - "
-                   f"weight| / |weight| {g.head_loadings.error:.1e}")
+        click.echo(f"heads        {len(g.head_loadings.links)} links split by attention head in "
+                   f"{g.info['head_loadings_seconds']:.1f} s; worst |heads + skip - weight| / |weight| "
+                   f"{g.head_loadings.error:.1e}")
         for line in strongest_heads(g):
             click.echo(f"             {line}")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in "
