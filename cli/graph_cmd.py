@@ -47,9 +47,11 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
               help="Split the N strongest links the written graph keeps (token or neuron to neuron or logit) by "
                    "attention head: each gets head_loadings, per crossed layer every head's share and the skip, "
                    "summing to its weight (docs/graphs.md, \"Head loadings\"). At most the graph's links.")
+@click.option("--heads-into", type=click.Choice(("all", "logits")), default="all", show_default=True,
+              help="With --heads: the strongest links into any neuron or logit, or into the logits only.")
 def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
           node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None,
-          heads: int) -> None:
+          heads: int, heads_into: str) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
 
     Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
@@ -65,6 +67,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
       detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --out france.json
       detjac graph model.gguf -p "..." --out g.json --streamed --max-memory cpu=2GiB
       detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 500 --out heads.json
+      detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 100 --heads-into logits \
+          --max-nodes 1000 --out paris.json
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
     from detjac.engine import attribution_graph, write_graph
@@ -72,7 +76,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     engine = model_options.engine(model)
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, heads=heads,
-                          node_threshold=node_threshold, edge_threshold=edge_threshold, progress=True)
+                          node_threshold=node_threshold, edge_threshold=edge_threshold, heads_into=heads_into,
+                          progress=True)
     identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
                        edge_threshold=edge_threshold,

@@ -58,7 +58,7 @@ def jacobian(engine: Engine, prompt: Prompt, *, position: int | None = None, row
 def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NODES, max_logits: int = MAX_LOGITS,
                       logit_probability: float = LOGIT_PROBABILITY, rows_per_pass: int | None = None,
                       heads: int = 0, node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
-                      progress: bool = False) -> AttributionGraph:
+                      heads_into: str = "all", progress: bool = False) -> AttributionGraph:
     """The exact attribution graph of the prediction at the prompt's last position
     (:mod:`detjac.engine.tools.attribution`).
 
@@ -81,6 +81,9 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
         keeps (its JSON, written with the same thresholds, shows them; docs/graphs.md, "Head loadings"). 0: none.
     node_threshold, edge_threshold
         The pruning the loaded links are chosen in (only with ``heads``).
+    heads_into
+        ``all`` (links into neurons and logits) or ``logits`` (only links into the logits: what carries the
+        prediction, which the strongest links of a graph, among its first token's neurons, often leave out).
     progress
         Show a progress bar.
 
@@ -96,7 +99,7 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
         An empty prompt, unknown ids, or more tokens than the model's context.
     """
     request = GraphRequest(max_nodes, max_logits, logit_probability, rows_per_pass, heads, node_threshold,
-                           edge_threshold)
+                           edge_threshold, heads_into=heads_into)
     graph = prompt_pass(engine, prompt, [], graph=request, progress=progress).graph
     assert graph is not None  # asked for
     return graph

@@ -35,7 +35,7 @@ from .graph_targets import (
     logit_vectors,
     rank_neurons,
 )
-from .head_loadings import HeadLoadings, Nodes, choose_links, head_loadings
+from .head_loadings import INTO, HeadLoadings, Nodes, choose_links, head_loadings
 from .neurons import check_neurons, neurons
 
 __all__ = ["AttributionGraph", "GraphRequest", "check_graph_request", "graph_of_trace", "logit_attribution",
@@ -54,6 +54,7 @@ class GraphRequest:
     node_threshold: float = NODE_THRESHOLD
     edge_threshold: float = EDGE_THRESHOLD
     heads_up_to: bool = False  # a corpus run's: load all links of a graph that has fewer than ``heads``
+    heads_into: str = "all"  # "logits": load only links into the logits
 
 
 @dataclass
@@ -178,7 +179,7 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
         out.pruned_at = (request.node_threshold, request.edge_threshold)
         out.pruned = prune(out.adjacency, out.n_neurons, n, out.logit_probabilities, *out.pruned_at)
         links = choose_links(out.adjacency, out.pruned, out.n_neurons, out.n_biases, n, request.heads,
-                             request.heads_up_to)
+                             request.heads_up_to, request.heads_into)
         nodes = Nodes(out.n_neurons, out.n_biases, n, chosen, chosen_values(acts, chosen), sites.reads, sites.writes,
                       targets.vectors, trace.embeddings)
         held = out.adjacency.nbytes + sum(z.numel() for z in acts.values()) * engine.dtype.itemsize
@@ -232,6 +233,8 @@ def check_graph(engine: Engine, request: GraphRequest) -> None:
     if not 0.0 < probability <= 1.0:
         raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {probability!r}.")
     check_heads(request.heads)
+    if request.heads_into not in INTO:
+        raise InvalidArgumentError(f"Expected --heads-into among {', '.join(INTO)}. Got {request.heads_into!r}.")
     for name, value in (("node_threshold", request.node_threshold), ("edge_threshold", request.edge_threshold)):
         if not 0.0 <= value <= 1.0:
             raise InvalidArgumentError(f"Expected {name} in [0, 1]. Got {value!r}.")

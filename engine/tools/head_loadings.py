@@ -74,20 +74,23 @@ def carried_by_heads(loaded: HeadLoadings, target: int) -> tuple[int, np.ndarray
     return int(into.sum()), np.nan_to_num(loaded.loadings[into]).sum(0)
 
 
-def loadable_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int) -> np.ndarray:
-    """(C, 2) the pruned graph's links (what its JSON shows) from a token or neuron to a neuron or logit, as
-    (target, source), strongest ``|weight|`` first (ties in adjacency order)."""
+INTO = ("all", "logits")  # which links may be loaded: into any neuron or logit, or into the logits only
+
+
+def loadable_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, into: str = "all") -> np.ndarray:
+    """(C, 2) the pruned graph's links (what its JSON shows) from a token or neuron to a neuron or logit (``into``
+    ``logits``: to a logit), as (target, source), strongest ``|weight|`` first (ties in adjacency order)."""
     edges = pruned.edges & pruned.nodes[:, None] & pruned.nodes[None, :]
     targets, sources = np.nonzero(edges)
     keep = (sources < M) | ((sources >= M + B) & (sources < M + B + n))
-    keep &= (targets < M) | (targets >= M + B + n)
+    keep &= (targets >= M + B + n) if into == "logits" else (targets < M) | (targets >= M + B + n)
     targets, sources = targets[keep], sources[keep]
     order = np.argsort(-np.abs(adjacency[targets, sources]), kind="stable")
     return np.stack([targets[order], sources[order]], axis=1).astype(np.int64)
 
 
-def choose_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, heads: int, up_to: bool = False
-                 ) -> np.ndarray:
+def choose_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, heads: int, up_to: bool = False,
+                 into: str = "all") -> np.ndarray:
     """The ``heads`` strongest of :func:`loadable_links` (``up_to``: all of them where there are fewer).
 
     Raises
@@ -95,10 +98,11 @@ def choose_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, 
     InvalidArgumentError
         More than the graph has, without ``up_to``.
     """
-    links = loadable_links(adjacency, pruned, M, B, n)
+    links = loadable_links(adjacency, pruned, M, B, n, into)
     if heads > len(links) and not up_to:
         raise InvalidArgumentError(f"Expected --heads at most the pruned graph's {len(links)} links from a token or "
-                                   f"neuron to a neuron or logit (bias nodes carry no head loadings). Got {heads}.")
+                                   f"neuron to a {'logit' if into == 'logits' else 'neuron or logit'} (bias nodes "
+                                   f"carry no head loadings). Got {heads}.")
     return links[:heads]
 
 

@@ -285,3 +285,18 @@ def test_bad_heads_are_refused():
 
 def _model_bert() -> torch.nn.Module:
     return tiny_model("bert", seed=3).to(torch.float64)
+
+
+def test_links_into_the_logits_only_carry_the_same_loadings():
+    _, model, g = _case("mistral")
+    into = attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=6, heads_into="logits").head_loadings
+    first_logit = g.n_neurons + g.n_biases + g.n_tokens
+    assert (into.links[:, 0] >= first_logit).all() and len(into.links) == 6
+    rows = {tuple(link): k for k, link in enumerate(g.head_loadings.links.tolist())}
+    shared = [(k, rows[tuple(link)]) for k, link in enumerate(into.links.tolist()) if tuple(link) in rows]
+    assert shared  # the strongest links into the logits are among the graph's strongest here
+    for k, j in shared:
+        a, b = into.loadings[k], g.head_loadings.loadings[j]
+        assert np.array_equal(np.isnan(a), np.isnan(b)) and np.nanmax(np.abs(a - b)) <= 1e-12 * np.nanmax(np.abs(b))
+    with pytest.raises(InvalidArgumentError, match="Expected --heads-into among all, logits. Got 'tokens'"):
+        attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=6, heads_into="tokens")
