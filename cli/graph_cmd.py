@@ -117,4 +117,4 @@ def strongest_heads(g: AttributionGraph, top: int = 5) -> list[str]:
     order = np.argsort(-np.abs(heads), axis=None)[:top]
     best = ", ".join(f"L{i // heads.shape[1]}.H{i % heads.shape[1]} {heads.flat[i]:+.3g}" for i in order)
     total = float(g.adjacency[row, g.head_loadings.links[g.head_loadings.links[:, 0] == row][:, 1]].sum())
-    return [f"into {g.logit_tokens[0]!r} ({links} loaded links, weight {total:.3g}): {best}"]
+    return [f"into {g.logit_tokens[0]!r} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]
