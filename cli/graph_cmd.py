@@ -11,10 +11,10 @@ import click
 
 from detjac.graph_settings import EDGE_THRESHOLD, KEPT_SHARE_MEANING, MAX_NODES, NODE_THRESHOLD
 
-from .options import ModelOptions, model_argument, model_options, prompt_options
+from .options import ModelOptions, check_heads_option, model_argument, model_options, prompt_options
 
 if TYPE_CHECKING:
-    from detjac.engine import ModelRef
+    from detjac.engine import AttributionGraph, ModelRef
 
 
 def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
@@ -43,8 +43,15 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
               help="Adjacency rows pulled back together (memory grows with it) [default: 128, or what "
                    "--max-memory allows].")
 @click.option("--slug", default=None, help="The graph's name in the frontend [default: the --out file's stem].")
+@click.option("--heads", type=int, default=0, show_default=True, callback=check_heads_option,
+              help="Split the N strongest links the written graph keeps (token or neuron to neuron or logit) by "
+                   "attention head: each gets head_loadings, per crossed layer every head's share and the skip, "
+                   "summing to its weight (docs/graphs.md, \"Head loadings\"). At most the graph's links.")
+@click.option("--heads-into", type=click.Choice(("all", "logits")), default="all", show_default=True,
+              help="With --heads: the strongest links into any neuron or logit, or into the logits only.")
 def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
-          node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None) -> None:
+          node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None,
+          heads: int, heads_into: str) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
 
     Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
@@ -59,13 +66,18 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
       detjac graph -p "Copper, n. A" --out copper.json
       detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --out france.json
       detjac graph model.gguf -p "..." --out g.json --streamed --max-memory cpu=2GiB
+      detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 500 --out heads.json
+      detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 100 --heads-into logits \
+          --max-nodes 1000 --out paris.json
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
     from detjac.engine import attribution_graph, write_graph
     from detjac.runs import model_identity
     engine = model_options.engine(model)
     started = time.perf_counter()
-    g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, progress=True)
+    g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, heads=heads,
+                          node_threshold=node_threshold, edge_threshold=edge_threshold, heads_into=heads_into,
+                          progress=True)
     identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
                        edge_threshold=edge_threshold,
@@ -81,5 +93,28 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     click.echo("kept share   " + ", ".join(f"{t!r} {s:.2f}" for t, s in zip(g.logit_tokens, share, strict=False)))
     for line in textwrap.wrap(KEPT_SHARE_MEANING, 100):
         click.echo(f"             {line}")
+    if g.head_loadings is not None:
+        click.echo(f"heads        {len(g.head_loadings.links)} links split by attention head in "
+                   f"{g.info['head_loadings_seconds']:.1f} s; worst |heads + skip - weight| / |weight| "
+                   f"{g.head_loadings.error:.1e}")
+        for line in strongest_heads(g):
+            click.echo(f"             {line}")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in "
                f"{time.perf_counter() - started:.1f} s")
+
+
+def strongest_heads(g: AttributionGraph, top: int = 5) -> list[str]:
+    """The heads that carry the most of the loaded links into the top logit (their loadings summed over them)."""
+    import numpy as np
+
+    from detjac.engine import carried_by_heads
+
+    row = g.adjacency.shape[0] - g.n_logits
+    links, sums = carried_by_heads(g.head_loadings, row)
+    if not links:
+        return [f"no loaded link goes into {g.logit_tokens[0]!r}"]
+    heads = sums[:, :-1]
+    order = np.argsort(-np.abs(heads), axis=None)[:top]
+    best = ", ".join(f"L{i // heads.shape[1]}.H{i % heads.shape[1]} {heads.flat[i]:+.3g}" for i in order)
+    total = float(g.adjacency[row, g.head_loadings.links[g.head_loadings.links[:, 0] == row][:, 1]].sum())
+    return [f"into {g.logit_tokens[0]!r} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]

@@ -13,7 +13,14 @@ import click
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
 from . import render
-from .options import ModelOptions, check_prompts, collect_model_options, model_argument, model_option
+from .options import (
+    ModelOptions,
+    check_heads_option,
+    check_prompts,
+    collect_model_options,
+    model_argument,
+    model_option,
+)
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
@@ -76,6 +83,10 @@ if TYPE_CHECKING:
               help="With --graph: keep the nodes that hold this share of the influence on the logits.")
 @click.option("--graph-edge-threshold", type=click.FloatRange(0, 1), default=EDGE_THRESHOLD, show_default=True,
               help="With --graph: keep the edges that hold this share of the influence.")
+@click.option("--heads", "graph_heads", type=int, default=0, show_default=True, callback=check_heads_option,
+              help="With --graph: split each graph's N strongest links (token or neuron to neuron or logit, among "
+                   "those it keeps) by attention head, stored with it (docs/graphs.md, \"Head loadings\"); a graph "
+                   "with fewer has all of them split.")
 @model_option("streamed",
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")
@@ -141,6 +152,7 @@ def run(model: ModelRef, prompts: str, out: str, model_options: ModelOptions, **
       detjac run default long_prompts.txt --out lowrank.zarr --keep rank:16
       detjac run default prompts.txt --out ordinary.zarr --ordinary
       detjac run default prompts.txt --out graphs.zarr --graph --graph-max-nodes 300
+      detjac run default prompts.txt --out heads.zarr --graph --graph-max-nodes 300 --heads 50
       detjac run default prompts.txt --out layers.zarr --layers all --components layer,attn,mlp
       detjac run default prompts.txt --out lens.zarr --lens            # then: detjac lens save lens.zarr my.lens
       detjac run meta-llama/Llama-3.1-70B prompts.txt --out l70.zarr --lens --layers 20,40,60 --lens-flush 32 \\

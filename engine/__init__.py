@@ -46,6 +46,7 @@ from .tools.attribution import AttributionGraph, GraphRequest, check_graph_reque
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
+from .tools.head_loadings import HeadLoadings, carried_by_heads
 from .tools.lens_pulls import pull_every_position, pull_final_block
 from .tools.neurons import neurons, residual_ends
 from .tools.qk import QKAttribution, qk_attribution, residual_decomposition, write_qk
@@ -60,6 +61,7 @@ __all__ = [
     "OUTPUTS",
     "AttributionGraph",
     "Engine",
+    "HeadLoadings",
     "InMemoryEngine",
     "JacobianBlock",
     "JacobianResult",

@@ -113,6 +113,10 @@ class LayerPull(Protocol):
     def mlp(self) -> Any:
         """The MLP's explicit piece (its neurons' ``read_rows``, ``write_rows`` and ``output``)."""
 
+    def attention(self) -> Any:
+        """The attention's explicit piece (:class:`~detjac.engine.pieces.layer.Attention`: head by head,
+        :mod:`detjac.engine.pieces.heads`)."""
+
 
 class Walk(Protocol):
     """What :func:`sweep` needs of an engine: its final norm, its layers one at a time, what comes before them."""
@@ -131,6 +135,9 @@ class Walk(Protocol):
 
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, d) at layer 0's input -> at the input embeddings (the norms before the first layer)."""
+
+    def enter(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) tangents at the input embeddings -> at layer 0's input (:meth:`embed` transposed)."""
 
     def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last (what an

@@ -42,7 +42,9 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
 
     from .lens_run import lens_targets
 
-    graph = GraphRequest(max_nodes=run.graph["max_nodes"]) if run.graph else None
+    graph = GraphRequest(max_nodes=run.graph["max_nodes"], heads=run.graph.get("heads", 0),
+                         node_threshold=run.graph["node_threshold"],
+                         edge_threshold=run.graph["edge_threshold"], heads_up_to=True) if run.graph else None
     sink: _Prompt
     if run.rank is not None:
         assert not targets, "a low-rank run has no layerwise targets (refused by check_options)"

@@ -98,10 +98,11 @@ class RunDescription:
         return out
 
 
-def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float) -> dict[str, Any]:
-    """The ``graph`` of a ``--graph`` run's description: what its prompts' attribution graphs were computed with."""
+def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float, heads: int = 0) -> dict[str, Any]:
+    """The ``graph`` of a ``--graph`` run's description: what its prompts' attribution graphs were computed with
+    (``heads``, the links split by attention head, only where some are: a run without keeps its identity)."""
     return {"max_nodes": int(max_nodes), "node_threshold": float(node_threshold),
-            "edge_threshold": float(edge_threshold)}
+            "edge_threshold": float(edge_threshold), **({"heads": int(heads)} if heads else {})}
 
 
 def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD, check_heads
 from detjac.model_settings import ModelSettings
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ class RunOptions(ModelSettings):
     all) while computing, storing no layerwise Jacobian and, unless ``keep`` is ``full``, no Jacobian at all
     (``keep`` None: ``full``, or ``none`` with ``lens``); its sums are flushed every ``lens_flush`` prompts.
     ``graph`` stores each prompt's attribution graph too (``graph_max_nodes`` ranked into the adjacency, pruned at
-    ``graph_node_threshold`` / ``graph_edge_threshold``; docs/graphs.md, "In the store").
+    ``graph_node_threshold`` / ``graph_edge_threshold``; docs/graphs.md, "In the store"), its ``graph_heads``
+    strongest links split by attention head.
     """
 
     row_block: int | None = None
@@ -58,6 +59,7 @@ class RunOptions(ModelSettings):
     graph_max_nodes: int = MAX_NODES
     graph_node_threshold: float = NODE_THRESHOLD
     graph_edge_threshold: float = EDGE_THRESHOLD
+    graph_heads: int = 0
 
     @property
     def distributed(self) -> bool:
@@ -111,6 +113,9 @@ def check_options(options: RunOptions) -> RunOptions:
                                    "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
     if o.graph:
         _check_graph_options(o)
+    elif o.graph_heads:
+        raise InvalidArgumentError(f"Expected --heads with --graph (it splits links of each prompt's graph by "
+                                   f"attention head). Got --heads {o.graph_heads} alone.")
     streamed = o.streamed_engine
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
@@ -142,6 +147,7 @@ def _check_graph_options(o: RunOptions) -> None:
                         ("--graph-edge-threshold", o.graph_edge_threshold)):
         if not 0.0 <= value <= 1.0:
             raise InvalidArgumentError(f"Expected {name} in [0, 1]. Got {value!r}.")
+    check_heads(o.graph_heads)
 
 
 def _check_lens_options(o: RunOptions) -> None:
@@ -202,8 +208,8 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     plan = prepare_run(ref.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
                        load_device="cpu" if o.distributed else None, lens=o.lens, engine=engine,
-                       graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold)
-                       if o.graph else None)
+                       graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold,
+                                            o.graph_heads) if o.graph else None)
     summary = plan.summary()
     interrupted = False
     restored_line = f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged."

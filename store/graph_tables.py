@@ -24,6 +24,17 @@ NODE_ARRAYS = {  # name -> dtype; dimension "node", rows in the JSON's node orde
 }
 LINK_ARRAYS = {"link_source": "int64", "link_target": "int64", "link_weight": "float64"}  # dimension "link"
 ARRAYS = {**NODE_ARRAYS, **LINK_ARRAYS}
+# a graph whose strongest links carry head loadings (``detjac run --graph --heads N``) has these too: which links
+# (rows of the link arrays), and each one's loadings per layer and head, the skip last (NaN: a layer not crossed)
+LOADING_ARRAYS = {"loaded_link": "int64", "loaded_heads": "float64"}
+SKIP = "skip"
+
+
+def dimensions(name: str) -> tuple[str, ...]:
+    """The dimension names of a graph array (:data:`ARRAYS`, :data:`LOADING_ARRAYS`)."""
+    if name == "loaded_heads":
+        return ("loaded", "loaded_layer", "loaded_head")
+    return ("loaded",) if name == "loaded_link" else ("node",) if name.startswith("node_") else ("link",)
 
 
 def graph_tables(data: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -41,6 +52,7 @@ def graph_tables(data: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str,
         arrays["link_source"] = np.asarray([row[link["source"]] for link in links], dtype=np.int64)
         arrays["link_target"] = np.asarray([row[link["target"]] for link in links], dtype=np.int64)
         arrays["link_weight"] = np.asarray([link["weight"] for link in links], dtype=np.float64)
+        arrays.update(_loading_arrays(links))
         attrs = {"metadata": data["metadata"], "qParams": data["qParams"], "kinds": list(KINDS)}
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"Expected a graph in circuit-tracer's JSON (nodes with node_id, feature_type, ...; links "
@@ -50,6 +62,21 @@ def graph_tables(data: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str,
                          "store-format.md, 'The graph group'). Got one with keys or values they do not: nothing "
                          "was stored.")
     return arrays, attrs
+
+
+def _loading_arrays(links: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The links' ``head_loadings`` as :data:`LOADING_ARRAYS` (none when no link has them)."""
+    loaded = [k for k, link in enumerate(links) if "head_loadings" in link]
+    if not loaded:
+        return {}
+    rows = [links[k]["head_loadings"] for k in loaded]
+    layers = 1 + max((int(layer) for row in rows for layer in row), default=-1)
+    heads = max((len(per) - 1 for row in rows for per in row.values()), default=0)
+    out = np.full((len(loaded), layers, heads + 1), np.nan)
+    for i, row in enumerate(rows):
+        for layer, per in row.items():
+            out[i, int(layer)] = [per[str(h)] for h in range(heads)] + [per[SKIP]]
+    return {"loaded_link": np.asarray(loaded, dtype=np.int64), "loaded_heads": out}
 
 
 def _node_arrays(nodes: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -97,7 +124,25 @@ def check_tables(arrays: dict[str, np.ndarray]) -> list[int]:
     ends = np.r_[arrays["link_source"], arrays["link_target"]]
     if ends.size and (ends.min() < 0 or ends.max() >= n):
         raise StoreError(f"Expected links between the graph's {n} nodes. Got one to node {int(ends.max())}.")
+    _check_loadings(arrays, m)
     return kinds
+
+
+def _check_loadings(arrays: dict[str, np.ndarray], m: int) -> None:
+    """Refuse head loadings that are not one row per loaded link, each link once, among the graph's ``m``."""
+    present = [name for name in LOADING_ARRAYS if name in arrays]
+    if not present:
+        return
+    if len(present) != len(LOADING_ARRAYS):
+        raise StoreError(f"Expected both head-loading arrays ({', '.join(LOADING_ARRAYS)}) or neither. Got only "
+                         f"{present[0]}.")
+    which, values = arrays["loaded_link"], arrays["loaded_heads"]
+    if which.ndim != 1 or values.ndim != 3 or values.shape[0] != which.shape[0]:
+        raise StoreError(f"Expected loaded_link (loaded,) and loaded_heads (loaded, layer, head + 1). Got shapes "
+                         f"{which.shape} and {values.shape}.")
+    if which.size and (which.min() < 0 or which.max() >= m or np.unique(which).size != which.size):
+        raise StoreError(f"Expected head loadings of distinct links among the graph's {m}. Got links "
+                         f"{int(which.min())} to {int(which.max())}, {which.size - np.unique(which).size} repeated.")
 
 
 def _check_codes(arrays: dict[str, np.ndarray]) -> None:
@@ -162,4 +207,9 @@ def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str
     links = [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
              zip(arrays["link_source"].tolist(), arrays["link_target"].tolist(), arrays["link_weight"].tolist(),
                  strict=True)]
+    if "loaded_link" in arrays:
+        heads = arrays["loaded_heads"].shape[2] - 1
+        for k, rows in zip(arrays["loaded_link"].tolist(), arrays["loaded_heads"].tolist(), strict=True):
+            links[k]["head_loadings"] = {str(layer): {**{str(h): row[h] for h in range(heads)}, SKIP: row[heads]}
+                                         for layer, row in enumerate(rows) if not all(np.isnan(row))}
     return {"metadata": attrs.get("metadata"), "qParams": attrs.get("qParams"), "nodes": nodes, "links": links}

@@ -102,6 +102,11 @@ class FrozenModel:
             g = norm.transpose(g)
         return g
 
+    def enter(self, t: torch.Tensor) -> torch.Tensor:
+        for norm in self.before:
+            t = norm.apply(t)
+        return t
+
     def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.ends is not None, "freeze_model records the residual stream's ends"
         return self.ends

@@ -291,6 +291,9 @@ class PiecesPull:
         """The MLP's piece (:class:`Mlp` or :class:`~detjac.engine.pieces.experts.Moe`): read and write vectors."""
         return self.pieces.mlp
 
+    def attention(self) -> Any:
+        return self.pieces.attention
+
     def neuron_cotangents(self, g_out: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.pieces.mlp.neuron_cotangents(g_out)

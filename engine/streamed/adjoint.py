@@ -118,6 +118,9 @@ class AutogradPull:
     def mlp(self) -> Any:
         self._refuse("its MLP neurons")
 
+    def attention(self) -> Any:
+        self._refuse("its attention heads")
+
     def _refuse(self, what: str) -> Any:
         raise InvalidArgumentError(f"Expected layer {self.i} as explicit pieces for {what}. Got a layer crossed by "
                                    f"torch.func: {self.why}.")

@@ -53,6 +53,9 @@ class StreamedWalk:
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         return g  # nothing between the embeddings and the first layer in a streamable family
 
+    def enter(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
     def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.trace.inputs[0].to(self.sk.device), self.trace.inputs[-1].to(self.sk.device)
 

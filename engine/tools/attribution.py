@@ -7,22 +7,25 @@ is linear in the residual stream, and the model is linear in the input embedding
 node's incoming edges over all sources sum to its value exactly. :func:`graph_of_trace` computes the graph from the
 prompt's one trace (:func:`detjac.engine.prompt_pass` calls it; :func:`detjac.engine.attribution_graph` is the verb)
 with the pullback primitive (:mod:`detjac.engine.pullback`): one pullback per logit ranks every neuron, then one cut
-pullback per kept node gives its row of the adjacency. Definitions: docs/graphs.md."""
+pullback per kept node gives its row of the adjacency; with ``heads``, the strongest links of the pruned graph are
+split by attention head (:mod:`detjac.engine.tools.head_loadings`). Definitions: docs/graphs.md."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
-from detjac.graph_settings import MAX_NODES
+from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD, check_heads
 from detjac.tokens import token_labels
 
 from ..interface import Engine
 from ..types import Trace
 from .graph_adjacency import adjacency, bias_nodes, neuron_sites, sized_rows
+from .graph_prune import Pruned, prune
 from .graph_targets import (
     LOGIT_PROBABILITY,
     MAX_LOGITS,
@@ -32,6 +35,7 @@ from .graph_targets import (
     logit_vectors,
     rank_neurons,
 )
+from .head_loadings import INTO, HeadLoadings, Nodes, choose_links, head_loadings
 from .neurons import check_neurons, neurons
 
 __all__ = ["AttributionGraph", "GraphRequest", "check_graph_request", "graph_of_trace", "logit_attribution",
@@ -46,6 +50,11 @@ class GraphRequest:
     max_logits: int = MAX_LOGITS
     logit_probability: float = LOGIT_PROBABILITY
     rows_per_pass: int | None = None
+    heads: int = 0
+    node_threshold: float = NODE_THRESHOLD
+    edge_threshold: float = EDGE_THRESHOLD
+    heads_up_to: bool = False  # a corpus run's: load all links of a graph that has fewer than ``heads``
+    heads_into: str = "all"  # "logits": load only links into the logits
 
 
 @dataclass
@@ -88,6 +97,10 @@ class AttributionGraph:
         embedding.
     info : dict
         Model, family, dtype, engine and the settings used.
+    head_loadings : HeadLoadings or None
+        With ``heads`` asked for: the loadings of the strongest links of the graph pruned at ``pruned_at``.
+    pruned : Pruned or None
+        The pruning the loaded links were chosen in, at ``pruned_at`` (node, edge thresholds); the JSON reuses it.
     """
 
     token_ids: list[int]
@@ -107,6 +120,9 @@ class AttributionGraph:
     labels: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     biases: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    head_loadings: HeadLoadings | None = None
+    pruned: Pruned | None = None
+    pruned_at: tuple[float, float] | None = None
 
     @property
     def n_neurons(self) -> int:
@@ -148,7 +164,7 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
     graph = adjacency(engine, trace, targets, acts, chosen, sites, rows, progress)
     ids = list(trace.token_ids)
     graph_labels = sites.labels
-    return AttributionGraph(
+    out = AttributionGraph(
         token_ids=ids, tokens=token_labels(engine.tokenizer, ids), position=p, n_layers=engine.n_layers,
         logit_ids=targets.ids, logit_tokens=token_labels(engine.tokenizer, targets.ids),
         logit_probabilities=targets.probabilities, logit_values=targets.values.cpu().double().numpy(),
@@ -159,6 +175,19 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
               "dtype": str(engine.dtype).removeprefix("torch."), "n_layers": engine.n_layers,
               "d_model": engine.d_model, "max_nodes": max_nodes, "engine": type(engine).__name__},
     )
+    if request.heads:
+        out.pruned_at = (request.node_threshold, request.edge_threshold)
+        out.pruned = prune(out.adjacency, out.n_neurons, n, out.logit_probabilities, *out.pruned_at)
+        links = choose_links(out.adjacency, out.pruned, out.n_neurons, out.n_biases, n, request.heads,
+                             request.heads_up_to, request.heads_into)
+        nodes = Nodes(out.n_neurons, out.n_biases, n, chosen, chosen_values(acts, chosen), sites.reads, sites.writes,
+                      targets.vectors, trace.embeddings)
+        held = out.adjacency.nbytes + sum(z.numel() for z in acts.values()) * engine.dtype.itemsize
+        started = time.perf_counter()
+        out.head_loadings = head_loadings(engine, trace, nodes, links, out.adjacency[links[:, 0], links[:, 1]], held)
+        out.info.update(heads=len(links), head_loadings_error=out.head_loadings.error,
+                        head_loadings_seconds=round(time.perf_counter() - started, 3))
+    return out
 
 
 def check_graph_request(engine: Engine, max_nodes: int = MAX_NODES) -> None:
@@ -184,8 +213,8 @@ def check_graph(engine: Engine, request: GraphRequest) -> None:
     UnsupportedModelError
         A family whose neurons have no definition here.
     InvalidArgumentError
-        A non-positive ``max_nodes``, ``max_logits`` or ``rows_per_pass``, a probability outside (0, 1], or an
-        engine without neuron sites.
+        A non-positive ``max_nodes``, ``max_logits`` or ``rows_per_pass``, a probability outside (0, 1], a negative
+        ``heads``, a threshold outside [0, 1], or an engine without neuron sites.
     """
     max_nodes, max_logits, probability, rows = (request.max_nodes, request.max_logits, request.logit_probability,
                                                 request.rows_per_pass)
@@ -203,6 +232,12 @@ def check_graph(engine: Engine, request: GraphRequest) -> None:
         raise InvalidArgumentError(f"Expected rows_per_pass to be a positive integer. Got {rows!r}.")
     if not 0.0 < probability <= 1.0:
         raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {probability!r}.")
+    check_heads(request.heads)
+    if request.heads_into not in INTO:
+        raise InvalidArgumentError(f"Expected --heads-into among {', '.join(INTO)}. Got {request.heads_into!r}.")
+    for name, value in (("node_threshold", request.node_threshold), ("edge_threshold", request.edge_threshold)):
+        if not 0.0 <= value <= 1.0:
+            raise InvalidArgumentError(f"Expected {name} in [0, 1]. Got {value!r}.")
     check_neurons(engine)
 
 

@@ -3,7 +3,8 @@
 Node ids follow circuit-tracer's conventions: ``E_{token}_{pos}`` for tokens, ``{layer}_{index}_{pos}`` for neurons,
 ``{n_layers + 1}_{token}_{pos}`` for logits; a neuron's ``feature`` is the Cantor pairing of (layer, index), its
 ``feature_type`` ``mlp neuron``. An affine family's bias nodes are ``B_{layer}_{pos}`` (``feature_type`` ``bias``).
-There are no error nodes: the graph is exact. Details: docs/graphs.md, "The JSON"."""
+There are no error nodes: the graph is exact. A link whose head loadings were computed carries them as
+``head_loadings`` (an extra field: circuit-tracer's models ignore it). Details: docs/graphs.md, "The JSON"."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
     """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object;
     ``identity`` (e.g. the model's ``weights_sha256``) joins its ``metadata.info``."""
     M, B, n = graph.n_neurons, graph.n_biases, graph.n_tokens
+    if pruned is None and graph.pruned is not None and graph.pruned_at == (node_threshold, edge_threshold):
+        pruned = graph.pruned  # the pruning the head loadings were chosen in
     kept = pruned if pruned is not None else prune(graph.adjacency, M, n, graph.logit_probabilities,
                                                    node_threshold, edge_threshold)
     nodes = _nodes(graph, kept)
@@ -41,6 +44,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
     targets, sources = np.nonzero(kept.edges)
     links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(graph.adjacency[t, s])}
              for t, s in zip(targets, sources, strict=True) if int(s) in ids and int(t) in ids]
+    _add_head_loadings(graph, links, ids)
     kept_cols = kept.nodes.copy()
     logit_rows = M + B + n + np.arange(graph.n_logits)
     carried = (graph.adjacency[logit_rows][:, kept_cols].sum(1) / np.where(graph.logit_values != 0,
@@ -57,6 +61,18 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
     }
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()), "links": links}
+
+
+def _add_head_loadings(graph: AttributionGraph, links: list[dict[str, Any]], ids: dict[int, str]) -> None:
+    """Each loaded link that the JSON shows gets its ``head_loadings`` (docs/graphs.md, "Head loadings")."""
+    loaded = graph.head_loadings
+    if loaded is None:
+        return
+    where = {(link["target"], link["source"]): link for link in links}
+    for k, (t, s) in enumerate(loaded.links.tolist()):
+        link = where.get((ids.get(t), ids.get(s)))
+        if link is not None:
+            link["head_loadings"] = loaded.of_link(k)
 
 
 def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:

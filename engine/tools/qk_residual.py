@@ -17,6 +17,7 @@ import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
+from ..pieces.heads import head_outputs
 from ..pieces.layer import Attention
 
 
@@ -31,16 +32,6 @@ class Components:
     def total(self) -> torch.Tensor:
         """(n, d) their sum."""
         return self.vectors.sum(0)
-
-
-def head_outputs(attention: Attention, h: torch.Tensor) -> torch.Tensor:
-    """(heads, n, d) each head's output (its linear part: an affine family's constants are the layer's ``B``) on the
-    layer input ``h`` (n, d), the attention piece's norms folded in."""
-    heads, hd, kvh = attention.probs.shape[0], attention.head_dim, attention.kv_heads
-    v = (h @ attention.value.T).view(h.shape[0], kvh, hd).transpose(0, 1)  # (kv_heads, n, hd)
-    o = attention.probs @ v.repeat_interleave(heads // kvh, dim=0)  # (heads, n, hd)
-    w_o = attention.out.view(attention.out.shape[0], heads, hd)  # (d, heads, hd)
-    return torch.einsum("hnk,dhk->hnd", o, w_o)
 
 
 def mlp_parts(mlp: Any, mid: torch.Tensor, neurons: int, layer: int) -> tuple[torch.Tensor, list[list[str]]]:

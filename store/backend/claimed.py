@@ -133,5 +133,5 @@ def prompt_bounds(path: Path, n_tokens: int) -> tuple[dict[str, int], dict[str, 
             info = {}
         before = info.get("nodes_before_pruning") if isinstance(info, dict) else None
         if type(before) is int and before >= 0:
-            at_most.update(node=before, link=before * before)
+            at_most.update(node=before, link=before * before, loaded=before * before)
     return sizes, at_most

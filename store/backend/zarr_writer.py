@@ -21,7 +21,7 @@ from detjac.errors import InvalidArgumentError, StoreError
 from detjac.targets import COMPONENTS, Target
 
 from .. import format as fmt
-from ..graph_tables import graph_tables
+from ..graph_tables import dimensions, graph_tables
 from ..integrity import INTEGRITY, check_prompt_id, refuse_links, seal
 from ..stored_prompt import LayerwiseSpec, PromptWriter
 from ..subspace import Triplets
@@ -216,8 +216,8 @@ class ZarrPromptWriter(PromptWriter):
             group = self._group.create_group(fmt.GRAPH)
             group.attrs.update(attrs)
             for name, values in arrays.items():
-                dims = ("node",) if name.startswith("node_") else ("link",)
-                chunks = (max(1, len(values)),)
+                dims = dimensions(name)
+                chunks = tuple(max(1, size) for size in values.shape)
                 if values.dtype.kind == "U":  # the labels: zarr-python's variable-length strings, checksummed too
                     arr = group.create_array(name, shape=values.shape, dtype=str, dimension_names=dims, chunks=chunks,
                                              compressors=fmt.compressors(1), fill_value="", config=fmt.EVERY_CHUNK)
