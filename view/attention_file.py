@@ -198,24 +198,31 @@ def check_belongs(qk: dict[str, Any], graph: dict[str, Any], raw_info: dict[str,
         raise InvalidArgumentError(f"Expected a layer below the graph's {n_layers} in {where}. Got {qk['layer']}.")
 
 
-def attention_command(graph: dict[str, Any], layer: int, head: int, out: str) -> str:
-    """The ``detjac attention`` command that writes head ``(layer, head)``'s file for the graph's prompt and model
-    (the prompt's text without a leading special token, which the tokenizer adds again)."""
+def command_prefix(graph: dict[str, Any]) -> str:
+    """``detjac attention MODEL -p PROMPT`` for the graph's model and prompt (the prompt's text without a leading
+    special token, which the tokenizer adds again); ``--layer``, ``--head`` and ``--out`` follow."""
     tokens = list(graph["metadata"]["prompt_tokens"])
     if len(tokens) > 1 and SPECIAL.match(tokens[0]):
         tokens = tokens[1:]
     model = str(graph["metadata"]["info"].get("model") or "MODEL")
-    return (f"detjac attention {shlex.quote(model)} -p {shlex.quote(''.join(tokens))} --layer {layer} --head {head} "
-            f"--out {shlex.quote(out)}")
+    return f"detjac attention {shlex.quote(model)} -p {shlex.quote(''.join(tokens))}"
+
+
+def attention_command(graph: dict[str, Any], layer: int, head: int, stem: str) -> str:
+    """The ``detjac attention`` command that writes head ``(layer, head)``'s file for the graph's prompt and model,
+    named so that ``detjac view STEM.json`` finds it beside the graph: ``STEM.qk.L{layer}.H{head}.json``."""
+    out = f"{stem}.qk.L{layer}.H{head}.json"
+    return f"{command_prefix(graph)} --layer {layer} --head {head} --out {shlex.quote(out)}"
 
 
 def link_attention(graph: dict[str, Any], pages: dict[tuple[int, int, int], str], stem: str) -> None:
     """Give each row of the graph's heads panel its attention page (``page``: the key, preferring the logits'
-    position as the query) or the command that makes its file (``command``)."""
+    position as the query) or the command that makes its file (``command``); ``metadata.attention_command``
+    (``prefix``, ``stem``) lets the page write the command of any head."""
     logit_at = next((n["ctx"] for n in graph["nodes"] if n["type"] == "logit"), None)
+    graph["metadata"]["attention_command"] = {"prefix": command_prefix(graph), "stem": stem}
     for row in graph["metadata"]["heads"]["rows"]:
         found = sorted(((q != logit_at, q), key) for (layer, head, q), key in pages.items()
                        if (layer, head) == (row["layer"], row["head"]))
         row["page"] = found[0][1] if found else None
-        row["command"] = None if found else attention_command(
-            graph, row["layer"], row["head"], f"{stem}.qk.L{row['layer']}.H{row['head']}.json")
+        row["command"] = None if found else attention_command(graph, row["layer"], row["head"], stem)

@@ -67,7 +67,7 @@ def parse_loadings(raw: Any, weight: float, where: str) -> list[dict[str, Any]]:
         Not an object of layers, each an object of heads and ``skip`` with finite numbers; or a layer whose loadings
         and skip do not sum to ``weight`` (within :data:`SUM_TOLERANCE` of their magnitudes).
     """
-    if not isinstance(raw, dict) or not raw:
+    if not isinstance(raw, dict):  # empty: a link that crosses no attention layer (a last-layer neuron to a logit)
         raise InvalidArgumentError(f"Expected head_loadings to be an object of layers in {where}. "
                                    f"Got {str(raw)[:100]}.")
     layers = []
