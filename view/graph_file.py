@@ -58,7 +58,7 @@ class GraphFile:
             if key in self.attention:
                 raise InvalidArgumentError(f"Expected one attention file per head and query position. Got two for "
                                            f"layer {qk['layer']} head {qk['head']} at {qk['query_position']}: "
-                                           f"{self.attention[key]['file']} and {file}.")
+                                           f"{files[[*self.attention].index(key)]} and {file}.")
             self.attention[key] = {**qk, "key": key, "file": file.name, "graph": self.GRAPH_KEY}
             heads[(qk["layer"], qk["head"], qk["query_position"])] = key
         self.graph["metadata"]["attention"] = sorted(self.attention)
@@ -87,4 +87,4 @@ class GraphFile:
         raise NotFound(key)
 
     def keys(self, prompt_ids: list[str] | None = None) -> list[str]:
-        return ["corpus", self.GRAPH_KEY, *self.attention]
+        return ["corpus", self.GRAPH_KEY, *sorted(self.attention)]
