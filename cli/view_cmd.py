@@ -52,7 +52,8 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
       detjac view run.zarr --export run-pages/ && chromium run-pages/index.html
       detjac graph -p "Copper, n. A" --out copper.json && detjac view copper.json
       detjac attention -p "Copper, n. A" --layer 3 --head 1 --out copper.qk.L3.H1.json
-      detjac view copper.json --attention copper.qk.L3.H1.json
+      detjac view copper.json                      # finds copper.qk.*.json beside it
+      detjac view copper.json --attention runs/qk-3-1.json
     """
     from pathlib import Path
 
