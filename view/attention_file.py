@@ -217,10 +217,11 @@ def attention_command(graph: dict[str, Any], layer: int, head: int, stem: str) -
 
 def link_attention(graph: dict[str, Any], pages: dict[tuple[int, int, int], str], stem: str) -> None:
     """Give each row of the graph's heads panel its attention page (``page``: the key, preferring the logits'
-    position as the query) or the command that makes its file (``command``); ``metadata.attention_command``
-    (``prefix``, ``stem``) lets the page write the command of any head."""
+    position as the query) or the command that makes its file (``command``); ``metadata.attention`` lists the
+    pages' keys and ``metadata.attention_command`` (``prefix``, ``stem``) lets the page write any head's command."""
     logit_at = next((n["ctx"] for n in graph["nodes"] if n["type"] == "logit"), None)
     graph["metadata"]["attention_command"] = {"prefix": command_prefix(graph), "stem": stem}
+    graph["metadata"]["attention"] = sorted(pages.values())  # the attention pages' keys
     for row in graph["metadata"]["heads"]["rows"]:
         found = sorted(((q != logit_at, q), key) for (layer, head, q), key in pages.items()
                        if (layer, head) == (row["layer"], row["head"]))

@@ -61,7 +61,6 @@ class GraphFile:
                                            f"{files[[*self.attention].index(key)]} and {file}.")
             self.attention[key] = {**qk, "key": key, "file": file.name, "graph": self.GRAPH_KEY}
             heads[(qk["layer"], qk["head"], qk["query_position"])] = key
-        self.graph["metadata"]["attention"] = sorted(self.attention)
         link_attention(self.graph, heads, self.path.stem)
 
     def __len__(self) -> int:

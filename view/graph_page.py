@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 from ..graph_settings import KEPT_SHARE_MEANING
+from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
 from .graph_heads import compact_loadings, head_ranking, parse_loadings
 from .jsonable import jsonable
@@ -87,7 +88,9 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         text, else None), ``drivers`` (``[[node index, share], ...]`` or None:
         :func:`~detjac.view.graph_drivers.node_drivers`)) and ``links`` (``source``, ``target``, ``weight``,
         between listed nodes; ``heads``, a loaded link's :func:`~detjac.view.graph_heads.compact_loadings`);
-        ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`).
+        ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`), each head with the
+        command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
+        (:func:`~detjac.view.attention_file.link_attention`).
 
     Raises
     ------
@@ -131,10 +134,12 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
     drivers, computed = node_drivers(nodes, links)
     for node, found in zip(nodes, drivers, strict=True):
         node["drivers"] = found
-    return jsonable({"metadata": {"prompt": str(meta.get("prompt") or "".join(tokens)), "prompt_tokens": tokens,
+    page = jsonable({"metadata": {"prompt": str(meta.get("prompt") or "".join(tokens)), "prompt_tokens": tokens,
                                   "slug": meta.get("slug"), "node_threshold": _number(meta.get("node_threshold")),
                                   "info": {k: info[k] for k in INFO_SHOWN if k in info},
                                   "kept_share": KEPT_SHARE_MEANING,
                                   "drivers": {"k": DRIVERS, "computed": computed, "meaning": DRIVERS_MEANING},
                                   "heads": head_ranking(nodes, links, loadings)},
                      "nodes": nodes, "links": links})
+    link_attention(page, {}, str(meta.get("slug") or "graph"))  # each head's command; a GraphFile adds its pages
+    return page

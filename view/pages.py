@@ -16,7 +16,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .attention_file import link_attention
 from .corpus_page import Corpus
 from .graph_page import graph_payload, stored_graph
 from .layers_page import layers_payload
@@ -110,9 +109,7 @@ class Pages:
         graph = stored_graph(self.view.get(pid))
         if graph is None:
             raise NotFound(f"prompt/{pid}/graph")
-        page = graph_payload(graph, f"the graph of prompt {pid}")
-        link_attention(page, {}, pid)  # no attention pages in a store: each head's command instead
-        return page
+        return graph_payload(graph, f"the graph of prompt {pid}")
 
     def _token(self, pid: str, text: str) -> int | None:
         if text == "combined":

@@ -373,17 +373,14 @@
     await showGraph(gen, c.graph, body, focus);
   }
 
-  // A head's attention page (`detjac view graph.json --attention qk.json`): key attention/L.H.Q.
-  async function showAttention(gen, name) {
+  async function showAttention(gen, name) {  // a head's page (`detjac view graph.json --attention qk.json`)
     show(note("Loading the attention page…"));
     const c = await header();
-    const key = `attention/${name}`;
-    const [qk, g] = await Promise.all([load(key), c.graph ? load(c.graph) : null]);
+    const [qk, g] = await Promise.all([load(`attention/${name}`), c.graph ? load(c.graph) : null]);
     if (gen !== generation) return;
     setCrumbs(h("a", {href: "#/"}, "graph"), h("span", {class: "mono"}, `head ${qk.layer}.${qk.head}`));
-    const body = h("div", {id: "attention-page"});
-    show(body);
-    AttentionPage.show(body, qk, g);
+    show(h("div", {id: "attention-page"}));
+    AttentionPage.show(document.getElementById("attention-page"), qk, g);
   }
 
   // -- routing ----------------------------------------------------------------------------------------------------

@@ -51,12 +51,6 @@ const AttentionPage = (() => {
     return h("button", {...attrs, type: "button", onclick: () => onNote(t)}, name);
   }
 
-  function bar(value, max, cls) {
-    const b = h("span", {class: "bar " + cls});
-    b.style.width = `${Math.max(1, Math.round(160 * Math.abs(value) / (max || 1)))}px`;
-    return b;
-  }
-
   // The page: the pattern, the picked key's terms (the most attended first).
   function show(container, qk, graph) {
     const i = qk.query_position;
@@ -70,7 +64,7 @@ const AttentionPage = (() => {
     const rows = qk.keys.map((k) => h("tr", {class: "clickable", "data-position": k.position,
       onclick: () => { state.key = k.position; draw(); }},
     h("td", {class: "num"}, k.position), h("td", {class: "text mono"}, quoted(qk.tokens[k.position])),
-    h("td", {}, bar(k.probability, maxP, "bar-positive")), h("td", {class: "num prob"}, k.probability.toFixed(3)),
+    h("td", {}, GraphHeads.bar(k.probability, maxP, 160)), h("td", {class: "num prob"}, k.probability.toFixed(3)),
     h("td", {class: "num"}, num(k.score))));
 
     function draw() {
@@ -88,7 +82,7 @@ const AttentionPage = (() => {
             h("td", {class: "num"}, r + 1), h("td", {}, component(qk, graph, q, i, "query", onNote)),
             h("td", {}, component(qk, graph, kk, k.position, "key", onNote)),
             h("td", {class: "num term " + (v >= 0 ? "positive" : "negative")}, num(v)),
-            h("td", {}, bar(v, maxT, v >= 0 ? "bar-positive" : "bar-negative")))),
+            h("td", {}, GraphHeads.bar(v, maxT, 160)))),
           k.n_terms > k.terms.length ? h("tr", {id: "terms-rest"}, h("td", {}, ""),
             h("td", {colspan: 2, class: "note"}, `the other ${k.n_terms - k.terms.length} terms`),
             h("td", {class: "num"}, num(k.rest)), h("td", {}, "")) : null)),

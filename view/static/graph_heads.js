@@ -23,9 +23,10 @@ const GraphHeads = (() => {
       : h("span", {class: "mono", "data-head": text}, text);
   }
 
-  function bar(w, max) {
+  // A bar as long as |w| against `max` (at most `px` pixels), coloured by its sign.
+  function bar(w, max, px = 60) {
     const b = h("span", {class: "bar " + (w >= 0 ? "bar-positive" : "bar-negative")});
-    b.style.width = `${Math.max(1, Math.round(60 * Math.abs(w) / (max || 1)))}px`;
+    b.style.width = `${Math.max(1, Math.round(px * Math.abs(w) / (max || 1)))}px`;
     return b;
   }
 
@@ -105,5 +106,5 @@ const GraphHeads = (() => {
         "--attention FILE).") : null);
   }
 
-  return {linkPanel, headsPanel, headPage, pageHref};
+  return {linkPanel, headsPanel, headPage, pageHref, bar};
 })();
