@@ -129,6 +129,7 @@ def graph_shot(driver, folder: Path, path: Path) -> None:
 def heads_shots(args: argparse.Namespace) -> None:
     """The heads panel and the top head's attention page of ``args.heads_model`` on ``args.heads_prompt``."""
     from detjac.view import GraphFile
+    from detjac.view.attention_file import page_key, read_attention
 
     folder = args.work or Path(tempfile.mkdtemp(prefix="detjac-heads-shots-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,8 @@ def heads_shots(args: argparse.Namespace) -> None:
     driver = new_driver()
     try:
         shoot(driver, served.url, "#heads-panel", args.out / "view-heads.png", element="#heads-panel")
-        key = next(k for k in GraphFile(graph).keys() if k.startswith("attention/"))
+        found = read_attention(qk)
+        key = page_key(found["layer"], found["head"], found["query_position"])
         shoot(driver, served.url + f"#/{key}", "#terms tbody tr", args.out / "view-attention.png")
     finally:
         driver.quit()
