@@ -59,9 +59,14 @@ class GraphFile:
                 raise InvalidArgumentError(f"Expected one attention file per head and query position. Got two for "
                                            f"layer {qk['layer']} head {qk['head']} at {qk['query_position']}: "
                                            f"{files[[*self.attention].index(key)]} and {file}.")
-            self.attention[key] = {**qk, "key": key, "file": file.name, "graph": self.GRAPH_KEY}
+            self.attention[key] = {**qk, "key": key, "file": file.name}
             heads[(qk["layer"], qk["head"], qk["query_position"])] = key
         link_attention(self.graph, heads, self.path.stem)
+        meta = self.graph["metadata"]
+        shared = {"nodes": [n["id"] for n in self.graph["nodes"] if n["type"] != "logit"],  # not its links: small
+                  "attention": meta["attention"], "attention_command": meta["attention_command"]}
+        for page in self.attention.values():
+            page["graph"] = shared
 
     def __len__(self) -> int:
         return 1

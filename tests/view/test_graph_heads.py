@@ -204,6 +204,9 @@ def test_a_graph_file_finds_its_attention_files_and_refuses_bad_ones(tmp_path):
     pages = GraphFile(tmp_path / "g.json", [other])
     assert pages.keys() == ["corpus", "graph", "attention/2.1.2", "attention/2.3.2"]
     assert pages.data("attention/2.3.2")["file"] == "elsewhere.json"
+    assert pages.data("attention/2.3.2")["graph"] == {  # what the page needs of the graph: never its links
+        "nodes": ["E_1_0", "E_7_1", "E_9_2"], "attention": ["attention/2.1.2", "attention/2.3.2"],
+        "attention_command": {"prefix": "detjac attention default -p ab", "stem": "g"}}
     assert pages.data("graph")["metadata"]["attention"] == ["attention/2.1.2", "attention/2.3.2"]
     assert pages.data("graph")["metadata"]["attention_command"] == {
         "prefix": "detjac attention default -p ab", "stem": "g"}  # the tokenizer's <s> left out

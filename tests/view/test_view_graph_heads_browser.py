@@ -171,7 +171,7 @@ def test_an_attention_page_shows_the_pattern_and_the_largest_terms(browser, head
         assert side == "key" or at  # the graph keeps layer-0 neurons at the last position: both cases seen
     browser.get(heads_served.url + "#/attention/3.1.7")
     wait_for(browser, "#terms tbody tr")
-    href = browser.execute_script("return AttentionPage.target(arguments[0], null, 'E', 3).href",
+    href = browser.execute_script("return AttentionPage.target(arguments[0], 'E', 3).href",
                                   {"tokens": qk["tokens"], "token_ids": qk["token_ids"]})
     token = f"E_{qk['token_ids'][3]}_3"
     assert href == f"#/graph/node/{token}"

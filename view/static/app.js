@@ -375,12 +375,12 @@
 
   async function showAttention(gen, name) {  // a head's page (`detjac view graph.json --attention qk.json`)
     show(note("Loading the attention page…"));
-    const c = await header();
-    const [qk, g] = await Promise.all([load(`attention/${name}`), c.graph ? load(c.graph) : null]);
+    header().catch(() => {});
+    const qk = await load(`attention/${name}`);  // with what it needs of the graph: never the graph's links
     if (gen !== generation) return;
     setCrumbs(h("a", {href: "#/"}, "graph"), h("span", {class: "mono"}, `head ${qk.layer}.${qk.head}`));
     show(h("div", {id: "attention-page"}));
-    AttentionPage.show(document.getElementById("attention-page"), qk, g);
+    AttentionPage.show(document.getElementById("attention-page"), qk);
   }
 
   // -- routing ----------------------------------------------------------------------------------------------------

@@ -10,16 +10,18 @@ const AttentionPage = (() => {
   const COMPONENT = /^(?:(E)|(B)|(bias)|A(\d+)\.(\d+)|M(\d+)(?:\.(\d+|rest))?|B(\d+))$/;
   const graphHref = (...parts) => "#/" + ["graph", ...parts].map((p) => encodeURIComponent(String(p))).join("/");
 
-  // What a component names at position `pos`: {text (what it is), href (where a click goes) or command}.
-  function target(qk, graph, name, pos) {
+  // What a component names at position `pos`: {text (what it is), href (where a click goes) or command}. What the
+  // page knows of its graph (`qk.graph`): its node ids (not its links), its attention pages, the command's start.
+  function target(qk, name, pos) {
     const m = COMPONENT.exec(name) || [];
     const at = `at position ${pos} ${quoted(qk.tokens[pos])}`;
-    const has = (id) => graph && graph.nodes.some((n) => n.id === id);
+    const graph = qk.graph || {nodes: [], attention: []};
+    const has = (id) => graph.nodes.includes(id);
     if (m[1]) return {text: `the token embedding ${at}`, href: graphHref("node", `E_${qk.token_ids[pos]}_${pos}`)};
     if (m[2]) return {text: `the position embeddings ${at} (no node on the graph)`};
     if (m[3]) return {text: "the constants of this head's own query or key path (no node on the graph)"};
     if (m[4] != null) {
-      const key = graph ? GraphHeads.headPage(graph, m[4], m[5], pos) : null;
+      const key = GraphHeads.headPage(graph.attention, m[4], m[5], pos);
       return key ? {text: `head ${m[5]} of layer ${m[4]} ${at}: its attention page`, href: GraphHeads.pageHref(key)}
         : {text: `head ${m[5]} of layer ${m[4]} ${at}; no attention page for it here. Make one with:`,
           command: commandFor(graph, m[4], m[5])};
@@ -40,19 +42,19 @@ const AttentionPage = (() => {
   }
 
   function commandFor(graph, layer, head) {
-    const c = graph && graph.metadata.attention_command;
+    const c = graph.attention_command;
     return c ? `${c.prefix} --layer ${layer} --head ${head} --out ${c.stem}.qk.L${layer}.H${head}.json` : null;
   }
 
-  function component(qk, graph, name, pos, side, onNote) {
-    const t = target(qk, graph, name, pos);
+  function component(qk, name, pos, side, onNote) {
+    const t = target(qk, name, pos);
     const attrs = {class: "component mono", "data-component": name, "data-side": side, title: t.text};
     if (t.href) return h("a", {...attrs, href: t.href}, name);
     return h("button", {...attrs, type: "button", onclick: () => onNote(t)}, name);
   }
 
   // The page: the pattern, the picked key's terms (the most attended first).
-  function show(container, qk, graph) {
+  function show(container, qk) {
     const i = qk.query_position;
     const best = qk.keys.reduce((a, b) => (b.probability > a.probability ? b : a));
     const state = {key: best.position};
@@ -79,8 +81,8 @@ const AttentionPage = (() => {
           h("thead", {}, h("tr", {}, ["#", `query side (at ${i})`, `key side (at ${k.position})`, "term", ""]
             .map((t) => h("th", {}, t)))),
           h("tbody", {}, k.terms.map(([q, kk, v], r) => h("tr", {"data-query": q, "data-key": kk},
-            h("td", {class: "num"}, r + 1), h("td", {}, component(qk, graph, q, i, "query", onNote)),
-            h("td", {}, component(qk, graph, kk, k.position, "key", onNote)),
+            h("td", {class: "num"}, r + 1), h("td", {}, component(qk, q, i, "query", onNote)),
+            h("td", {}, component(qk, kk, k.position, "key", onNote)),
             h("td", {class: "num term " + (v >= 0 ? "positive" : "negative")}, num(v)),
             h("td", {}, GraphHeads.bar(v, maxT, 160)))),
           k.n_terms > k.terms.length ? h("tr", {id: "terms-rest"}, h("td", {}, ""),

@@ -7,9 +7,10 @@ const GraphHeads = (() => {
   const {h} = Dom;
   const {num, nodeLabel} = GraphPanels;
 
-  // The attention page of head `layer`.`head` (its key), or null: the one at `query` when there is one.
-  function headPage(data, layer, head, query) {
-    const keys = (data.metadata.attention || []).filter((k) => k.startsWith(`attention/${layer}.${head}.`));
+  // The attention page of head `layer`.`head` among the page keys `pages` (its key), or null: the one at `query`
+  // when there is one.
+  function headPage(pages, layer, head, query) {
+    const keys = (pages || []).filter((k) => k.startsWith(`attention/${layer}.${head}.`));
     return keys.find((k) => k === `attention/${layer}.${head}.${query}`) || keys[0] || null;
   }
 
@@ -17,7 +18,7 @@ const GraphHeads = (() => {
 
   // A head's name, a link to its attention page where the viewer has one.
   function headName(data, layer, head, query) {
-    const key = headPage(data, layer, head, query);
+    const key = headPage(data.metadata.attention, layer, head, query);
     const text = `${layer}.${head}`;
     return key ? h("a", {href: pageHref(key), class: "head-link mono", "data-head": text}, text)
       : h("span", {class: "mono", "data-head": text}, text);
