@@ -155,6 +155,11 @@ def heads_shots(args: argparse.Namespace) -> None:
     finally:
         driver.quit()
         served.stop()
+    from PIL import Image
+
+    for name in ("view-heads.png", "view-attention.png"):  # 256 colours, as the other screenshots
+        path = args.out / name
+        Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
 
 
 if __name__ == "__main__":
