@@ -148,10 +148,10 @@ def heads_shots(args: argparse.Namespace) -> None:
     served = Served(graph)
     driver = new_driver()
     try:
-        shoot(driver, served.url, "#heads-panel", args.out / "view-heads.png", element="#heads-panel")
         found = read_attention(qk)
         key = page_key(found["layer"], found["head"], found["query_position"])
-        shoot(driver, served.url + f"#/{key}", "#terms tbody tr", args.out / "view-attention.png")
+        shoot(driver, served.url + f"#/{key}", "#terms tbody tr", args.out / "view-attention.png")  # first: light
+        shoot(driver, served.url, "#heads-panel", args.out / "view-heads.png", element="#heads-panel")
     finally:
         driver.quit()
         served.stop()
