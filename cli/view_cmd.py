@@ -17,7 +17,12 @@ from .options import prompt_id_option
 @click.option("--export", "export_dir", type=click.Path(file_okay=False), default=None,
               help="Write the pages as a static snapshot into this new folder instead of serving them.")
 @prompt_id_option(multiple=True, help="With --export: only the prompt of this id (repeatable; default: all).")
-def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...]) -> None:
+@click.option("--attention", "attention", type=click.Path(dir_okay=False), multiple=True,
+              help="With a graph JSON file: a `detjac attention --out` file of its prompt and model, shown as that "
+                   "head's attention page (repeatable; files named GRAPH-STEM.qk.*.json beside the graph are "
+                   "found without it).")
+def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...],
+         attention: tuple[str, ...]) -> None:
     """Browse the store PATH (or the graph JSON file PATH) in a web browser: read-only, offline, on this
     machine by default.
 
@@ -31,7 +36,11 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
     attribution graph links to its graph page: nodes by layer and position, links by weight and
     sign, a node's labels and edges on click, pruning thresholds as sliders.
 
-    PATH may also be a graph JSON file written by `detjac graph`: the page then shows that graph.
+    PATH may also be a graph JSON file written by `detjac graph`: the page then shows that graph. A
+    link loaded by `detjac graph --heads N` shows its head loadings on click; the heads panel ranks
+    the heads by how much of the top logit's graph they carry and links each to its attention page
+    (a `detjac attention --out` file given with --attention, or found beside the graph as
+    GRAPH-STEM.qk.*.json), or shows the command that makes it.
 
     With --export DIR, the same pages are written into DIR (open DIR/index.html from disk).
 
@@ -42,6 +51,9 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
       detjac view run.zarr --host 0.0.0.0          # reachable from other machines: no password
       detjac view run.zarr --export run-pages/ && chromium run-pages/index.html
       detjac graph -p "Copper, n. A" --out copper.json && detjac view copper.json
+      detjac attention -p "Copper, n. A" --layer 3 --head 1 --out copper.qk.L3.H1.json
+      detjac view copper.json                      # finds copper.qk.*.json beside it
+      detjac view copper.json --attention runs/qk-3-1.json
     """
     from pathlib import Path
 
@@ -50,12 +62,15 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
     if path.endswith(".json") and Path(path).is_file():
         from detjac.view import GraphFile
 
-        store: object = GraphFile(path)
-        what = "the graph"
+        graph = GraphFile(path, attention)
+        store: object = graph
+        what = "the graph" + (f" and {len(graph.attention)} attention pages" if graph.attention else "")
     elif "://" not in path and not Path(path).is_dir():  # a local path that is no store: both kinds named
         expected = f"Expected a detjac store (a folder) or a graph JSON file (*.json, from `detjac graph`) at {path}."
         got = "a file of neither kind" if Path(path).exists() else "no such file or folder"
         raise StoreFormatError(f"{expected} Got {got}.")
+    elif attention:
+        raise click.UsageError("--attention applies to a graph JSON file (PATH ending in .json), not to a store.")
     else:
         from detjac.store import open_store
 

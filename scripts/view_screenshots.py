@@ -6,8 +6,16 @@ saves the corpus page, a prompt's page with one token picked, and its layers tab
 prompt shown with ``detjac view graph.json``, the most probable logit picked (what drives it). Needs Debian's
 chromium and chromedriver and selenium (``tests/view_helpers.py``). CPU only, about a minute.
 
+With ``--heads-model MODEL --heads-prompt TEXT``, only the attention heads' screenshots instead: ``detjac graph
+--heads N`` (without ``--heads`` where this detjac's ``graph`` has no such option: the heads panel then says so),
+``detjac attention`` of the head the heads panel ranks first (``--layer``/``--head`` when none is ranked), written
+beside the graph as ``graph.qk.L{l}.H{h}.json`` so that ``detjac view`` finds it; then the heads panel
+(``view-heads.png``) and that head's attention page (``view-attention.png``). SmolLM2-135M takes a few minutes.
+
     .venv/bin/python scripts/view_screenshots.py                  # writes docs/view-*.png
     .venv/bin/python scripts/view_screenshots.py --out /tmp/shots --store /tmp/dictionary.zarr   # kept, reused
+    .venv/bin/python scripts/view_screenshots.py --heads-model SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --heads-prompt "The capital of France is"                 # writes docs/view-heads.png, view-attention.png
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ PROMPTS = [
 ]
 
 
-def shoot(driver, url: str, ready: str, path: Path, width: int = 1400) -> None:
+def shoot(driver, url: str, ready: str, path: Path, width: int = 1400, element: str | None = None) -> None:
+    """Save the page at ``url`` once ``ready`` is there: whole (up to 2,600 pixels high), or only ``element``."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -42,8 +51,13 @@ def shoot(driver, url: str, ready: str, path: Path, width: int = 1400) -> None:
     driver.get(url)
     WebDriverWait(driver, 300).until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
     time.sleep(0.5)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(width, min(height + 20, 2600))
+    if element is not None:
+        found = driver.find_element(By.CSS_SELECTOR, element)
+        driver.set_window_size(width, min(int(found.size["height"]) + 140, 2600))
+        driver.execute_script("arguments[0].scrollIntoView()", found)
+    else:
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(width, min(height + 20, 2600))
     time.sleep(0.3)
     if not driver.save_screenshot(str(path)):
         raise SystemExit(f"Could not write {path}.")
@@ -54,8 +68,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--store", type=Path, default=None, help="Write the store here (kept), or reuse it.")
+    parser.add_argument("--heads-model", default=None, help="Only the heads' screenshots, of this model.")
+    parser.add_argument("--heads-prompt", default="The capital of France is")
+    parser.add_argument("--heads", type=int, default=500, help="Links loaded by detjac graph --heads.")
+    parser.add_argument("--layer", type=int, default=20, help="The head shown when none is ranked.")
+    parser.add_argument("--head", type=int, default=4)
+    parser.add_argument("--work", type=Path, default=None, help="Keep the heads' graph and attention files here.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.heads_model is not None:
+        heads_shots(args)
+        return
     folder = Path(tempfile.mkdtemp(prefix="detjac-view-shots-"))
     (folder / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     store = args.store or folder / "dictionary.zarr"
@@ -101,6 +124,42 @@ def graph_shot(driver, folder: Path, path: Path) -> None:
         served.stop()
     Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
     print(f"wrote {path}")
+
+
+def heads_shots(args: argparse.Namespace) -> None:
+    """The heads panel and the top head's attention page of ``args.heads_model`` on ``args.heads_prompt``."""
+    from detjac.view import GraphFile
+    from detjac.view.attention_file import page_key, read_attention
+
+    folder = args.work or Path(tempfile.mkdtemp(prefix="detjac-heads-shots-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    graph = folder / "graph.json"
+    if not graph.exists():
+        helped = subprocess.run(detjac("graph", "--help"), capture_output=True, text=True, check=True).stdout
+        heads = ["--heads", str(args.heads)] if "--heads" in helped else []
+        subprocess.run(detjac("graph", args.heads_model, "-p", args.heads_prompt, "--out", str(graph), *heads),
+                       check=True)
+    rows = GraphFile(graph).data("graph")["metadata"]["heads"]["rows"]
+    layer, head = (rows[0]["layer"], rows[0]["head"]) if rows else (args.layer, args.head)
+    qk = folder / f"graph.qk.L{layer}.H{head}.json"
+    if not qk.exists():
+        subprocess.run(detjac("attention", args.heads_model, "-p", args.heads_prompt, "--layer", str(layer),
+                              "--head", str(head), "--out", str(qk)), check=True)
+    served = Served(graph)
+    driver = new_driver()
+    try:
+        found = read_attention(qk)
+        key = page_key(found["layer"], found["head"], found["query_position"])
+        shoot(driver, served.url + f"#/{key}", "#terms tbody tr", args.out / "view-attention.png")  # first: light
+        shoot(driver, served.url, "#heads-panel", args.out / "view-heads.png", element="#heads-panel")
+    finally:
+        driver.quit()
+        served.stop()
+    from PIL import Image
+
+    for name in ("view-heads.png", "view-attention.png"):  # 256 colours, as the other screenshots
+        path = args.out / name
+        Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
 
 
 if __name__ == "__main__":

@@ -140,3 +140,33 @@ def kept_by_thresholds(graph: dict, node_t: float, edge_t: float, hidden: tuple[
         links.append(link)
         taken += abs(link["weight"])
     return nodes, links
+
+
+def crossed_layers(graph: dict, link: dict) -> range:
+    """The attention layers a link can cross (docs/graphs.md, head loadings): after its source's MLP (from layer 0
+    for a token) up to its target's attention, inclusive (up to the last layer for a logit)."""
+    kinds = {n["node_id"]: n for n in graph["nodes"]}
+    source, target = kinds[link["source"]], kinds[link["target"]]
+    first = 0 if source["feature_type"] == "embedding" else int(source["layer"]) + 1
+    last = graph["metadata"]["info"]["n_layers"] - 1 if target["feature_type"] == "logit" else int(target["layer"])
+    return range(first, last + 1)
+
+
+def with_head_loadings(graph: dict, n_heads: int, top: int, seed: int = 0) -> dict:
+    """A copy of ``graph`` whose ``top`` strongest links (by |weight|) carry synthetic ``head_loadings``: per layer
+    they can cross, random loadings of every head plus the skip that makes the layer sum to the link's weight (the
+    format `detjac graph --heads N` writes; the numbers are made up: this tests the viewer, not the engine)."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = json.loads(json.dumps(graph))
+    for link in sorted(out["links"], key=lambda x: -abs(x["weight"]))[:top]:
+        loads = {}
+        for layer in crossed_layers(out, link):
+            heads = rng.normal(size=n_heads) * abs(link["weight"]) / n_heads
+            loads[str(layer)] = {**{str(h): float(w) for h, w in enumerate(heads)},
+                                 "skip": float(link["weight"] - heads.sum())}
+        link["head_loadings"] = loads
+    return out

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 from ..graph_settings import KEPT_SHARE_MEANING
+from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
+from .graph_heads import compact_loadings, head_ranking, parse_loadings
 from .jsonable import jsonable
 
 if TYPE_CHECKING:
@@ -85,13 +87,16 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         ``type``, ``layer``, ``row``, ``ctx``, ``activation``, ``influence``, ``clerp``, ``p``, ``token`` (a logit's
         text, else None), ``drivers`` (``[[node index, share], ...]`` or None:
         :func:`~detjac.view.graph_drivers.node_drivers`)) and ``links`` (``source``, ``target``, ``weight``,
-        between listed nodes).
+        between listed nodes; ``heads``, a loaded link's :func:`~detjac.view.graph_heads.compact_loadings`);
+        ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`), each head with the
+        command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
+        (:func:`~detjac.view.attention_file.link_attention`).
 
     Raises
     ------
     InvalidArgumentError
         ``graph`` is not such a JSON object (no nodes or links, a node without its id, layer or position, a link
-        to an unknown node, ...).
+        to an unknown node, head loadings that are not numbers or do not sum to their link's weight, ...).
     """
     if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list) or \
             not isinstance(graph.get("links"), list):
@@ -113,20 +118,28 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                       "p": _number(node.get("token_prob")),
                       "token": _logit_token(node) if kind == LOGIT else None})
     known = {node["id"] for node in nodes}
-    links = []
+    links, loadings = [], []
     for link in graph["links"]:
         if not isinstance(link, dict) or link.get("source") not in known or link.get("target") not in known or \
                 _number(link.get("weight")) is None:
             raise InvalidArgumentError(f"Expected every link of {where} to join two of its nodes with a numeric "
                                        f"weight. Got {str(link)[:200]}.")
         links.append({"source": link["source"], "target": link["target"], "weight": float(link["weight"])})
+        loads, ends = link.get("head_loadings"), f"{str(link['source'])[:40]} -> {str(link['target'])[:40]}"
+        loadings.append(None if loads is None else parse_loadings(loads, links[-1]["weight"],
+                                                                  f"the link {ends} of {where}"))
+        if loadings[-1] is not None:
+            links[-1]["heads"] = compact_loadings(loadings[-1])
     info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
     drivers, computed = node_drivers(nodes, links)
     for node, found in zip(nodes, drivers, strict=True):
         node["drivers"] = found
-    return jsonable({"metadata": {"prompt": str(meta.get("prompt") or "".join(tokens)), "prompt_tokens": tokens,
+    page = jsonable({"metadata": {"prompt": str(meta.get("prompt") or "".join(tokens)), "prompt_tokens": tokens,
                                   "slug": meta.get("slug"), "node_threshold": _number(meta.get("node_threshold")),
                                   "info": {k: info[k] for k in INFO_SHOWN if k in info},
                                   "kept_share": KEPT_SHARE_MEANING,
-                                  "drivers": {"k": DRIVERS, "computed": computed, "meaning": DRIVERS_MEANING}},
+                                  "drivers": {"k": DRIVERS, "computed": computed, "meaning": DRIVERS_MEANING},
+                                  "heads": head_ranking(nodes, links, loadings)},
                      "nodes": nodes, "links": links})
+    link_attention(page, {}, str(meta.get("slug") or "graph"))  # each head's command; a GraphFile adds its pages
+    return page

@@ -86,11 +86,11 @@
   };
   const corpusState = {q: "", sort: "line", dir: 1};
 
-  async function showCorpus(gen) {
+  async function showCorpus(gen, focus) {
     setCrumbs("corpus");
     const c = await header();
     if (gen !== generation) return;
-    if (c.graph) return showGraphFile(gen, c);  // `detjac view graph.json`: the one graph is the page
+    if (c.graph) return showGraphFile(gen, c, focus || []);  // `detjac view graph.json`: the one graph is the page
     const tbody = h("tbody");
     const count = h("span", {class: "note", id: "count"});
     const search = h("input", {type: "search", id: "search", placeholder: "search the prompts' text (or an id)",
@@ -356,21 +356,31 @@
   }
 
   // -- graph ------------------------------------------------------------------------------------------------------
-  async function showGraph(gen, key, body) {
+  async function showGraph(gen, key, body, focus) {
     body.replaceChildren(note("Loading the graph…"));
     const g = await load(key);
     if (gen !== generation) return;
-    GraphPage.show(body, g);
+    GraphPage.show(body, g, focus ? AttentionPage.graphFocus(g, focus) : {});
   }
 
-  async function showGraphFile(gen, c) {
-    setCrumbs("graph");
+  async function showGraphFile(gen, c, focus) {
+    setCrumbs(focus.length ? h("a", {href: "#/"}, "graph") : "graph");
     const body = h("div", {id: "tab-body"}, note("Loading the graph…"));
     show(h("h1", {}, "Attribution graph of ", h("span", {id: "prompt-text", class: "text"}, "")), body);
     const g = await load(c.graph);
     if (gen !== generation) return;
     document.getElementById("prompt-text").textContent = g.metadata.prompt;
-    await showGraph(gen, c.graph, body);
+    await showGraph(gen, c.graph, body, focus);
+  }
+
+  async function showAttention(gen, name) {  // a head's page (`detjac view graph.json --attention qk.json`)
+    show(note("Loading the attention page…"));
+    header().catch(() => {});
+    const qk = await load(`attention/${name}`);  // with what it needs of the graph: never the graph's links
+    if (gen !== generation) return;
+    setCrumbs(h("a", {href: "#/"}, "graph"), h("span", {class: "mono"}, `head ${qk.layer}.${qk.head}`));
+    show(h("div", {id: "attention-page"}));
+    AttentionPage.show(document.getElementById("attention-page"), qk);
   }
 
   // -- routing ----------------------------------------------------------------------------------------------------
@@ -379,7 +389,8 @@
     const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
     const done = parts[0] === "prompt" && parts[1]
       ? showPrompt(gen, parts[1], ["layers", "graph"].includes(parts[2]) ? parts[2] : "operators", parts[3])
-      : showCorpus(gen);
+      : parts[0] === "attention" && parts[1] ? showAttention(gen, parts[1])
+        : showCorpus(gen, parts[0] === "graph" ? parts.slice(1) : null);
     done.then(() => { if (gen === generation) document.body.dataset.ready = String(gen); })
       .catch((err) => { if (gen === generation) { fail(err); document.body.dataset.ready = String(gen); } });
   }

@@ -36,20 +36,21 @@ const GraphPage = (() => {
   // The links shown: width by |weight| (relative to the largest), colour by sign. With a node selected: the links among
   // it and its drivers drawn, its own highlighted (hl), the others among them plain (path), the rest faded (dim); a
   // node without drivers (a token) has all its own edges highlighted.
-  function linkLayer(shown, L, sel, focus, maxAbs) {
+  function linkLayer(shown, L, sel, focus, maxAbs, picked) {
     const links = document.createDocumentFragment();
     const skipFaded = sel && shown.links.length > MAX_FADED;
     for (let i = shown.links.length - 1; i >= 0; i--) {  // the largest drawn last, on top
       const l = shown.links[i];
       const path = focus && focus.has(l.source) && focus.has(l.target);
       const own = sel && (l.source === sel || l.target === sel) && (!focus || path);
-      if (skipFaded && !own && !path) continue;
+      if (skipFaded && !own && !path && l !== picked) continue;
       const a = L.at.get(l.source), b = L.at.get(l.target);
       links.append(svg("line", {x1: a.x, y1: a.y, x2: b.x, y2: b.y,
-        class: "link" + (own ? " hl" : path ? " path" : sel ? " dim" : ""),
+        class: "link" + (own ? " hl" : path ? " path" : sel ? " dim" : "") + (l === picked ? " picked" : "") +
+          (l.heads ? " loaded" : ""),
         stroke: l.weight >= 0 ? COLORS.positive : COLORS.negative,
         "stroke-width": (0.4 + 3.6 * Math.abs(l.weight) / maxAbs).toFixed(2),
-        "data-source": l.source, "data-target": l.target, "data-weight": l.weight}));
+        "data-source": l.source, "data-target": l.target, "data-weight": l.weight, "data-index": l.index}));
     }
     return links;
   }
@@ -65,9 +66,10 @@ const GraphPage = (() => {
         : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
           : n.type === "bias" ? svg("polygon", {points: `${x},${y - 5} ${x + 5},${y + 4} ${x - 5},${y + 4}`})
             : svg("circle", {cx: x, cy: y, r: 4.5});
-      const faded = sel && !(focus ? focus.has(n.id) : n.id === sel);
+      const faded = (sel && !(focus ? focus.has(n.id) : n.id === sel)) || (ctx.highlit.size && !ctx.highlit.has(n.id));
       const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
-        (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : ""),
+        (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : "") +
+        (ctx.highlit.has(n.id) ? " highlit" : ""),
       "data-id": n.id, tabindex: 0});
       g.append(shape, svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
       if (n.type === "logit") {
@@ -84,17 +86,27 @@ const GraphPage = (() => {
   }
 
   // Draw `data` into `container` (replacing what it holds), at the width the window gives it; redrawn on resize.
-  function show(container, data) {
+  // `opts.select`: a node to select first; `opts.highlight` (`{ids, text}`): nodes to ring, the rest faded, with a
+  // line saying what they are (what an attention page's component names on the graph).
+  function show(container, data, opts = {}) {
     const tokens = data.metadata.prompt_tokens;
     const byId = new Map(data.nodes.map((n) => [n.id, n]));
     const maxAbs = data.links.reduce((m, l) => Math.max(m, Math.abs(l.weight)), 1e-300);  // no spread: 10⁶ links
     const nNeurons = data.nodes.filter(isNeuron).length;
-    const state = {nodeT: 1, edgeT: 1, selected: null, hidden: new Set()};
-    const ctx = {data, tokens, byId, select, hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
+    data.links.forEach((l, i) => { l.index = i; });
+    const highlight = opts.highlight || null;
+    const state = {nodeT: 1, edgeT: 1, selected: byId.has(opts.select) ? opts.select : null, hidden: new Set(),
+      link: null};
+    const ctx = {data, tokens, byId, select, pickLink, highlit: new Set(highlight ? highlight.ids : []),
+      hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
 
     const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
     const scroll = h("div", {class: "graph-scroll"}, graphSvg);
     const details = h("div", {id: "node-details"});
+    const linkDetails = h("div", {id: "link-details"});
+    graphSvg.addEventListener("click", (e) => {  // one listener for every link (a million of them, at most)
+      if (e.target.classList && e.target.classList.contains("link")) pickLink(data.links[Number(e.target.dataset.index)]);
+    });
     const focusNote = h("p", {class: "note", id: "focus-note"});
     const count = h("span", {class: "note", id: "graph-count"});
     const slider = (id, label, value) => {
@@ -137,19 +149,21 @@ const GraphPage = (() => {
       const drivers = sel ? byId.get(sel).drivers : null;
       const focus = drivers ? new Set([sel, ...drivers.map(([i]) => data.nodes[i].id)]) : null;
       if (shown.links.length <= MAX_FADED) {  // small: every link drawn again, faded or not
-        linksG.replaceChildren(linkLayer(shown, L, sel, focus, maxAbs));
+        linksG.replaceChildren(linkLayer(shown, L, sel, focus, maxAbs, state.link));
         linksDrawn = false;
       } else if (!linksDrawn) {
-        linksG.replaceChildren(linkLayer(shown, L, null, null, maxAbs));
+        linksG.replaceChildren(linkLayer(shown, L, null, null, maxAbs, null));
         linksDrawn = true;
       }
       linksG.style.opacity = sel && shown.links.length > MAX_FADED ? "0.12" : "";  // faded as one group: cheap
-      overlayG.replaceChildren(sel && shown.links.length > MAX_FADED ? linkLayer(shown, L, sel, focus, maxAbs) : "");
+      overlayG.replaceChildren(sel && shown.links.length > MAX_FADED ? linkLayer(shown, L, sel, focus, maxAbs, state.link)
+      : "");
       nodesG.replaceChildren(nodeLayer(ctx, shown, L, sel, focus));
       count.textContent = `shown: ${shown.nodes.size - (data.nodes.length - nNeurons)} of ${nNeurons} neurons ` +
         `(${shown.nodes.size} of ${data.nodes.length} nodes), ${shown.links.length} of ${data.links.length} links`;
       details.replaceChildren(...GraphPanels.details(ctx, sel, shown));
-      focusNote.replaceChildren(...(sel === null ? [] : [`Showing what drives ${GraphPanels.nodeLabel(byId.get(sel), tokens)}` +
+      linkDetails.replaceChildren(...GraphHeads.linkPanel(ctx, state.link));
+      focusNote.replaceChildren(...(sel === null ? highlightNote() : [`Showing what drives ${GraphPanels.nodeLabel(byId.get(sel), tokens)}` +
         (drivers ? `: its ${drivers.length} drivers and the links among them, the rest faded (listed below the graph). `
           : " (its edges highlighted; details below the graph). "),
       h("button", {type: "button", id: "focus-clear", onclick: () => select(null)}, "show the whole graph")]));
@@ -159,6 +173,19 @@ const GraphPage = (() => {
     function select(id) {
       state.selected = id === null || state.selected === id ? null : id;
       draw();
+    }
+
+    function pickLink(link) {  // a link's head loadings, shown above the node's details
+      state.link = link === null || state.link === link ? null : link;
+      draw();
+      if (state.link) linkDetails.scrollIntoView({block: "nearest"});
+    }
+
+    function highlightNote() {  // what an attention page's component names on the graph
+      if (!highlight || !(ctx.highlit.size || highlight.text)) return [];
+      const clear = () => { ctx.highlit.clear(); highlight.text = ""; draw(); };
+      return [h("span", {id: "highlight-note"}, highlight.text), " ",
+        h("button", {type: "button", id: "highlight-clear", onclick: clear}, "clear")];
     }
 
     for (const [s, key] of [[nodeSlider, "nodeT"], [edgeSlider, "edgeT"]]) {
@@ -188,7 +215,7 @@ const GraphPage = (() => {
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
       GraphPanels.logitBar(data, select), focusNote,
       h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, legend, scroll,
-      h("section", {class: "panel"}, details));
+      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx));
     container.replaceChildren(page);
     refilter();
     fit();

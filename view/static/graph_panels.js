@@ -48,12 +48,16 @@ const GraphPanels = (() => {
 
   function edgeTable(ctx, id, title, edges, end) {
     return h("div", {}, h("h3", {}, `${title} (${edges.length})`),
-      h("table", {id, class: "edges"}, h("thead", {}, h("tr", {}, ["node", "label", "weight"].map((t) => h("th", {}, t)))),
+      h("table", {id, class: "edges"}, h("thead", {}, h("tr", {}, ["node", "label", "weight", "heads"]
+        .map((t) => h("th", {}, t)))),
         h("tbody", {}, edges.map((l) => {
           const other = ctx.byId.get(l[end]);
+          const loadings = (e) => { e.stopPropagation(); ctx.pickLink(l); };  // the link's head loadings
           return h("tr", {class: "clickable", "data-id": other.id, onclick: () => ctx.select(other.id)},
             h("td", {class: "mono"}, other.id), h("td", {class: "text"}, nodeLabel(other, ctx.tokens)),
-            h("td", {class: "num " + (l.weight >= 0 ? "positive" : "negative")}, num(l.weight)));
+            h("td", {class: "num " + (l.weight >= 0 ? "positive" : "negative")}, num(l.weight)),
+            h("td", {}, l.heads ? h("button", {type: "button", class: "loadings-button", onclick: loadings},
+              "loadings") : ""));
         }))));
   }
 

@@ -1,0 +1,150 @@
+"""Attention heads on the graph page: a link's head loadings, checked, and the heads ranked by the top logit's graph.
+
+A loaded link of the graph JSON (``detjac graph ... --heads N``; docs/graphs.md, "Head loadings") carries
+``"head_loadings": {"<layer>": {"<head>": w, ..., "skip": w}}``: for every attention layer the link can cross, the
+part of its weight that travels through each head of that layer, and ``skip``, the part that bypasses the layer's
+attention; each layer's loadings and skip sum to the link's weight. :func:`parse_loadings` checks that (a file whose
+layers do not sum is refused, never drawn) and :func:`compact_loadings` keeps what a clicked link shows.
+
+The **heads panel** (:data:`HEADS_MEANING`) ranks heads by how much of the top logit's graph they carry. Let ``t`` be
+the graph's most probable logit, ``F[u]`` the driver share of node ``u`` for ``t`` (:mod:`~detjac.view.graph_drivers`;
+``F[t] = 1``) and ``A[u, s] = |W[u, s]| / sum_s' |W[u, s']|``. The link ``s -> u`` carries the **flow**
+``phi = F[u] * A[u, s]`` of ``t``: the share of ``t``'s incoming |weight| that passes along it (over the links into
+``t`` the flows sum to 1, and over any set of links every path to ``t`` crosses once). Head ``(l, h)`` carries
+
+    C[l, h] = sum over loaded links crossing layer l of  phi(link) * w_{l,h}(link) / W(link),
+
+its signed share of each loaded link's weight, weighted by that link's flow; a layer's heads and skip sum to the flow
+of the loaded links that cross it (``covered``). ``direct[l, h]`` is the plain sum of ``w_{l,h}`` over the loaded links
+into ``t``, in the logit's units. Both are exact from the loadings in the file; links without loadings count for
+nothing (the panel says how many are loaded).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from .graph_drivers import driver_shares
+
+HEADS_SHOWN = 4  # heads listed per crossed layer of a clicked link (the rest summed, so each layer still sums)
+HEADS_RANKED = 40  # rows of the heads panel
+SUM_TOLERANCE = 1e-5  # a layer's loadings and skip against the link's weight, relative to their magnitudes
+INDEX = re.compile(r"^\d{1,6}$")
+SKIP = "skip"
+HEADS_MEANING = (
+    "Heads ranked by how much of the top logit's graph they carry. Each link carries a flow of the top logit: the "
+    "share of the logit's incoming |weight| that passes along it (its driver share times the link's share of its "
+    "target's incoming |weight|). A head's carried share is the sum, over the loaded links that can cross its layer, "
+    "of the link's flow times the head's signed share of the link's weight (its loading divided by the weight); a "
+    "layer's heads and skip sum to the flow of the loaded links crossing it (covered). Direct: the sum of the head's "
+    "loadings over the loaded links into the top logit, in the logit's units. Links without loadings count for "
+    "nothing: only the links `detjac graph --heads N` loaded are covered.")
+
+
+def _index(text: Any, what: str, where: str) -> int:
+    if not isinstance(text, str) or not INDEX.match(text):
+        raise InvalidArgumentError(f"Expected head loadings keyed by a {what} number in {where}. "
+                                   f"Got {str(text)[:40]!r}.")
+    return int(text)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_loadings(raw: Any, weight: float, where: str) -> list[dict[str, Any]]:
+    """A link's ``head_loadings``, checked: ``[{"layer": l, "heads": [[h, w], ...] (largest |w| first), "skip": w},
+    ...]`` by layer.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Not an object of layers, each an object of heads and ``skip`` with finite numbers; or a layer whose loadings
+        and skip do not sum to ``weight`` (within :data:`SUM_TOLERANCE` of their magnitudes).
+    """
+    if not isinstance(raw, dict):  # empty: a link that crosses no attention layer (a last-layer neuron to a logit)
+        raise InvalidArgumentError(f"Expected head_loadings to be an object of layers in {where}. "
+                                   f"Got {str(raw)[:100]}.")
+    layers = []
+    for layer_key, per in raw.items():
+        layer = _index(layer_key, "layer", where)
+        if not isinstance(per, dict) or SKIP not in per or len(per) < 2 or not all(map(_finite, per.values())):
+            raise InvalidArgumentError(f"Expected layer {layer} of the head loadings in {where} to be an object of "
+                                       f"heads and 'skip', each a finite number. Got {str(per)[:100]}.")
+        heads = sorted(([_index(k, "head", where), float(v)] for k, v in per.items() if k != SKIP),
+                       key=lambda hw: (-abs(hw[1]), hw[0]))
+        total = sum(w for _, w in heads) + float(per[SKIP])
+        scale = abs(weight) + sum(abs(w) for _, w in heads) + abs(float(per[SKIP]))
+        if abs(total - weight) > SUM_TOLERANCE * scale:
+            raise InvalidArgumentError(f"Expected each layer's head loadings and skip to sum to the link's weight in "
+                                       f"{where}. Got layer {layer} summing to {total:.6g} for a weight of "
+                                       f"{weight:.6g}: the file is damaged or was edited.")
+        layers.append({"layer": layer, "heads": heads, "skip": float(per[SKIP])})
+    return sorted(layers, key=lambda x: x["layer"])
+
+
+def compact_loadings(layers: list[dict[str, Any]], shown: int = HEADS_SHOWN) -> list[dict[str, Any]]:
+    """What a clicked link shows per crossed layer: ``top`` (its ``shown`` heads of largest |w|, ``[[h, w], ...]``),
+    ``rest`` (the other heads' sum) and ``n_rest`` (how many), ``skip``: still summing to the link's weight."""
+    return [{"layer": x["layer"], "top": x["heads"][:shown], "rest": sum(w for _, w in x["heads"][shown:]),
+             "n_rest": max(0, len(x["heads"]) - shown), "skip": x["skip"]} for x in layers]
+
+
+def head_ranking(nodes: list[dict[str, Any]], links: list[dict[str, Any]],
+                 loadings: list[list[dict[str, Any]] | None], ranked: int = HEADS_RANKED) -> dict[str, Any]:
+    """The heads panel (module docstring): ``logit`` (the top logit's id, None without logits), ``loaded`` (links
+    with loadings), ``links`` (all links), ``into_logit`` / ``loaded_into_logit`` (links into the top logit, and
+    of those the loaded), ``rows`` (``layer``, ``head``, ``flow`` (C), ``direct``; the ``ranked`` largest |flow|,
+    then |direct|), ``layers`` (``layer``, ``covered``, ``skip``: the skip's flow), ``meaning``.
+
+    Parameters
+    ----------
+    nodes, links : list of dict
+        The page's nodes and links (:func:`~detjac.view.graph_page.graph_payload`).
+    loadings : list
+        Per link, :func:`parse_loadings` of its loadings, or None.
+    """
+    loaded = [i for i, x in enumerate(loadings) if x is not None]
+    logits = [i for i, n in enumerate(nodes) if n["type"] == "logit"]
+    out: dict[str, Any] = {"logit": None, "loaded": len(loaded), "links": len(links), "into_logit": 0,
+                           "loaded_into_logit": 0, "rows": [], "layers": [], "meaning": HEADS_MEANING}
+    if not logits:
+        return out
+    top = max(logits, key=lambda i: (nodes[i]["p"] if nodes[i]["p"] is not None else -1.0, -i))
+    out["logit"] = nodes[top]["id"]
+    index = {n["id"]: i for i, n in enumerate(nodes)}
+    sources = np.asarray([index[x["source"]] for x in links], dtype=np.int64)
+    targets = np.asarray([index[x["target"]] for x in links], dtype=np.int64)
+    weights = np.asarray([x["weight"] for x in links], dtype=np.float64)
+    out["into_logit"] = int((targets == top).sum())
+    out["loaded_into_logit"] = sum(1 for i in loaded if targets[i] == top)
+    if not loaded:
+        return out
+    flow_to = driver_shares(len(nodes), sources, targets, weights, np.asarray([top]))[0]
+    flow_to[top] = 1.0
+    incoming = np.bincount(targets, weights=np.abs(weights), minlength=len(nodes))
+    carried: dict[tuple[int, int], float] = {}
+    direct: dict[tuple[int, int], float] = {}
+    covered: dict[int, list[float]] = {}
+    for i in loaded:
+        t, w = targets[i], weights[i]
+        phi = flow_to[t] * abs(w) / incoming[t] if incoming[t] > 0 else 0.0
+        for layer in loadings[i] or []:
+            row = covered.setdefault(layer["layer"], [0.0, 0.0])
+            row[0] += phi
+            row[1] += phi * layer["skip"] / w if w != 0 else 0.0
+            for head, load in layer["heads"]:
+                key = (layer["layer"], head)
+                carried[key] = carried.get(key, 0.0) + (phi * load / w if w != 0 else 0.0)
+                if t == top:
+                    direct[key] = direct.get(key, 0.0) + load
+    order = sorted(carried, key=lambda k: (-abs(carried[k]), -abs(direct.get(k, 0.0)), k))[:ranked]
+    out["rows"] = [{"layer": layer, "head": head, "flow": carried[(layer, head)],
+                    "direct": direct.get((layer, head), 0.0)} for layer, head in order]
+    out["layers"] = [{"layer": layer, "covered": c, "skip": s} for layer, (c, s) in sorted(covered.items())]
+    return out
