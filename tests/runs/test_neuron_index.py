@@ -1,0 +1,126 @@
+"""``detjac neurons``: the index's top-K equals a brute-force top-K, a killed run resumes to the same index, two
+dask workers give the same index as one process, and bad input is refused with one line, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from store_helpers import write_prompts
+
+from detjac.cli.main import main
+from detjac.runs import NeuronOptions, build_neuron_index
+from detjac.store import NeuronIndexMismatch, open_neuron_index
+
+PROMPTS = ["The capital of France is", "Copper, n. A common metal", "Kitten, n. A young cat",
+           "Paris is a city in France", "The bridge out of Marin is the"]
+OPTIONS = NeuronOptions(top_k=3, shard_prompts=2)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("neurons")
+    prompts = write_prompts(folder / "p.txt", PROMPTS)
+    build_neuron_index("default", prompts, folder / "n.zarr", OPTIONS, progress=False)
+    return prompts, folder / "n.zarr"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from detjac.engine import load_engine
+
+    return load_engine("default")
+
+
+def test_the_top_k_and_counts_equal_a_brute_force_pass(built, engine):
+    from detjac.engine import prompt_neuron_values
+
+    _, out = built
+    index = open_neuron_index(out)
+    arrays = index.arrays
+    values = {}  # layer -> list of (prompt, position, (neurons,) values)
+    for p, text in enumerate(PROMPTS):
+        ids = engine.token_ids(text)
+        assert index.prompt_tokens(p).tolist() == ids
+        for layer, z in prompt_neuron_values(engine, ids):
+            values.setdefault(layer, []).extend((p, q, z[q]) for q in range(z.shape[0]))
+    k = OPTIONS.top_k
+    for layer, rows in values.items():
+        z = np.stack([r[2] for r in rows])  # (tokens, neurons)
+        assert np.array_equal(arrays["n_positive"][layer], (z > 0).sum(0))
+        assert np.array_equal(arrays["histogram"][layer].sum(1), np.full(z.shape[1], z.shape[0]))
+        for j in range(0, z.shape[1], 37):
+            for sign, pick in ((0, z[:, j] > 0), (1, z[:, j] < 0)):
+                cands = sorted(((-abs(z[i, j]), rows[i][0], rows[i][1], z[i, j]) for i in np.nonzero(pick)[0]))[:k]
+                got = list(zip(arrays["top_value"][layer, j, sign], arrays["top_prompt"][layer, j, sign],
+                               arrays["top_position"][layer, j, sign], strict=True))[:len(cands)]
+                assert [(v, p, q) for v, p, q in got] == [(c[3], c[1], c[2]) for c in cands]
+    assert index.attrs["complete"] and index.attrs["n_tokens"] == sum(len(v) for v in values.values()) // len(values)
+    assert index.identity["k"] == 3 and index.identity["weights_sha256"]
+
+
+def test_a_killed_run_resumes_to_the_same_index(built, tmp_path, monkeypatch):
+    import detjac.runs.neurons_run as run
+
+    prompts, whole = built
+    out = tmp_path / "n.zarr"
+    real, calls = run.shard_stats, []
+
+    def dies_at_the_second_shard(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "shard_stats", dies_at_the_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        build_neuron_index("default", prompts, out, OPTIONS, progress=False)
+    with pytest.raises(Exception, match="run the same `detjac neurons` command again"):
+        open_neuron_index(out)
+    monkeypatch.setattr(run, "shard_stats", real)
+    outcome = build_neuron_index("default", prompts, out, OPTIONS, progress=False)
+    assert outcome.resumed_shards == 1
+    a, b = open_neuron_index(out).arrays, open_neuron_index(whole).arrays
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert np.array_equal(a[name], b[name], equal_nan=a[name].dtype.kind == "f"), name
+
+
+def test_an_index_made_otherwise_is_refused_by_name(built):
+    prompts, out = built
+    with pytest.raises(NeuronIndexMismatch, match=r"k: 3 \(index\) != 4"):
+        build_neuron_index("default", prompts, out, NeuronOptions(top_k=4, shard_prompts=2), progress=False)
+    with pytest.raises(NeuronIndexMismatch, match="weights_sha256"):
+        open_neuron_index(out).check({"weights_sha256": "0" * 64})
+
+
+@pytest.mark.parametrize("case", ["k0", "empty", "not_text"])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
+    good = write_prompts(tmp_path / "p.txt", PROMPTS[:1])
+    corpus, extra = {"k0": (good, ["-k", "0"]), "empty": (write_prompts(tmp_path / "e.txt", [""]), []),
+                     "not_text": (tmp_path / "c.jsonl", [])}[case]
+    if case == "not_text":
+        corpus.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": {"a": 1}}) + "\n")
+    out = tmp_path / "n.zarr"
+    result = CliRunner().invoke(main, ["neurons", "default", str(corpus), "--out", str(out), *extra])
+    assert result.exit_code != 0 and result.exception is None or isinstance(result.exception, SystemExit)
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1, message
+    assert {"k0": "top k", "empty": "at least one prompt", "not_text": "line 2"}[case] in message
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_two_dask_workers_give_the_one_process_index(built, tmp_path):
+    prompts, whole = built
+    out = tmp_path / "n.zarr"
+    from dataclasses import replace
+
+    build_neuron_index("default", prompts, out, replace(OPTIONS, workers=2, memory_limit="1GiB"), progress=False)
+    a, b = open_neuron_index(out).arrays, open_neuron_index(whole).arrays
+    for name in ("top_prompt", "top_position", "histogram", "n_positive", "n_negative", "write_ids"):
+        assert np.array_equal(a[name], b[name]), name
+    # workers run their own thread counts: the values agree to float64 rounding
+    assert np.allclose(a["top_value"], b["top_value"], rtol=1e-12, atol=1e-12)
