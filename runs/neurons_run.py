@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 TOP_K = 20
 SHARD_PROMPTS = 32
+BATCH = 16  # prompts per forward pass (where the engine batches)
 WRITE_TOKENS = 10  # tokens kept of each write vector's logit effects, each way
 Log = Callable[[str], None]
 
@@ -89,19 +90,38 @@ def model_digest(engine: Engine, model: ModelRef) -> dict[str, Any]:
             "model_type": engine.config.model_type, "n_layers": engine.n_layers}
 
 
+def bos_token(engine: Engine) -> int | None:
+    """The tokenizer's beginning-of-sequence token id (None without one)."""
+    bos = getattr(engine.tokenizer, "bos_token_id", None)
+    return bos if isinstance(bos, int) else None
+
+
 def shard_stats(engine: Engine, prompts: list[tuple[int, list[int]]], k: int, n_neurons: int,
                 step: Callable[[int], None] | None = None) -> NeuronStats:
-    """The statistics of ``prompts`` ((index in the corpus, token ids) each) on ``engine``."""
-    from detjac.engine import prompt_neuron_values
+    """The statistics of ``prompts`` ((index in the corpus, token ids) each) on ``engine``, a leading BOS token
+    left out (the same context in every prompt: it would tie for the top of every neuron); in batches of
+    :data:`BATCH` prompts through one forward pass where the engine allows it
+    (:func:`detjac.engine.batch_neuron_values`), else one trace per prompt."""
+    from detjac.engine import batch_neuron_values, prompt_neuron_values
     from detjac.store import NeuronStats
 
     stats = NeuronStats.empty(engine.n_layers, n_neurons, k)
-    for index, ids in prompts:
-        for layer, z in prompt_neuron_values(engine, ids):
-            stats.add(layer, index, z)
-        stats.n_tokens += len(ids)
+    bos = bos_token(engine)
+    for b0 in range(0, len(prompts), BATCH):
+        batch = prompts[b0:b0 + BATCH]
+        values = batch_neuron_values(engine, [ids for _, ids in batch])
+        if values is None:
+            values = [dict(prompt_neuron_values(engine, ids)) for _, ids in batch]
+        keep = [np.arange(len(ids)) >= (1 if bos is not None and ids and ids[0] == bos else 0) for _, ids in batch]
+        rows = np.concatenate([np.full(int(k.sum()), p, dtype=np.int64) for (p, _), k in zip(batch, keep, strict=True)])
+        positions = np.concatenate([np.nonzero(k)[0] for k in keep])
+        for layer in range(engine.n_layers):
+            stats.add_rows(layer, rows, positions,
+                           np.concatenate([v[layer][k] for v, k in zip(values, keep, strict=True)]))
+        n = int(rows.size)
+        stats.n_tokens += n
         if step is not None:
-            step(len(ids))
+            step(n)
     return stats
 
 

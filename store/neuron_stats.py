@@ -64,16 +64,21 @@ class NeuronStats:
 
     def add(self, layer: int, prompt: int, z: np.ndarray) -> None:
         """Count ``z`` (n, neurons), the values of ``layer``'s neurons at the n positions of prompt ``prompt``."""
-        n, m = z.shape
+        self.add_rows(layer, np.full(z.shape[0], prompt, dtype=np.int64), np.arange(z.shape[0]), z)
+
+    def add_rows(self, layer: int, prompts: np.ndarray, positions: np.ndarray, z: np.ndarray) -> None:
+        """Count ``z`` (rows, neurons): ``layer``'s neuron values at the rows' (prompt, position)s."""
+        m = z.shape[1]
         self.histogram[layer] += np.bincount((np.arange(m) * N_BINS + np.searchsorted(EDGES, z, side="right")).ravel(),
                                              minlength=m * N_BINS).reshape(m, N_BINS)
         self.n_positive[layer] += (z > 0).sum(axis=0)
         self.n_negative[layer] += (z < 0).sum(axis=0)
         self.sum[layer] += z.sum(axis=0)
         self.sum_squares[layer] += (z * z).sum(axis=0)
-        positions = np.broadcast_to(np.arange(n)[:, None], z.shape)
+        p = np.broadcast_to(np.asarray(prompts, dtype=np.int64)[:, None], z.shape)
+        q = np.broadcast_to(np.asarray(positions, dtype=np.int64)[:, None], z.shape)
         for sign, score in enumerate((z, -z)):
-            self._offer(layer, sign, score, np.full(z.shape, prompt, dtype=np.int64), positions)
+            self._offer(layer, sign, *_best_rows(score, p, q, self.k))
 
     def _offer(self, layer: int, sign: int, score: np.ndarray, prompts: np.ndarray, positions: np.ndarray) -> None:
         """Merge candidates (c, neurons) scored ``score`` (|value| when of this sign, else <= 0) into the top-K."""
@@ -113,3 +118,21 @@ class NeuronStats:
     @classmethod
     def of(cls, arrays: dict[str, np.ndarray], n_tokens: int) -> NeuronStats:
         return cls(**{name: np.asarray(arrays[name]) for name in ARRAYS}, n_tokens=n_tokens)
+
+
+def _best_rows(score: np.ndarray, p: np.ndarray, q: np.ndarray, k: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidates (rows, neurons) cut to the k best rows of each column where that is exact (no tie at the k-th),
+    all of them otherwise: the top-K of the cut equals that of the whole."""
+    if score.shape[0] <= k + 1:
+        return score, p, q
+    neg = -score.T  # (neurons, rows), contiguous along the rows: a partition per neuron reads memory in order
+    part = np.argpartition(neg, k, axis=1)  # [:, :k] the k largest scores (any order), [:, k] the (k+1)-th
+    top = part[:, :k]
+    s_top = -np.take_along_axis(neg, top, 1)
+    nxt = -np.take_along_axis(neg, part[:, k:k + 1], 1)[:, 0]
+    tied = (nxt == s_top.min(axis=1)) & (nxt > 0)
+    if tied.any():  # an exact tie at the boundary: whichever row wins is decided by the total order, on all rows
+        return score, p, q
+    rows = top.T  # (k, neurons)
+    return s_top.T, np.take_along_axis(p, rows, 0), np.take_along_axis(q, rows, 0)

@@ -35,30 +35,40 @@ def engine():
 
 
 def test_the_top_k_and_counts_equal_a_brute_force_pass(built, engine):
-    from detjac.engine import prompt_neuron_values
+    from detjac.engine import batch_neuron_values
 
     _, out = built
     index = open_neuron_index(out)
     arrays = index.arrays
-    values = {}  # layer -> list of (prompt, position, (neurons,) values)
-    for p, text in enumerate(PROMPTS):
-        ids = engine.token_ids(text)
-        assert index.prompt_tokens(p).tolist() == ids
-        for layer, z in prompt_neuron_values(engine, ids):
-            values.setdefault(layer, []).extend((p, q, z[q]) for q in range(z.shape[0]))
+    ids = [engine.token_ids(text) for text in PROMPTS]
+    values = {}  # layer -> list of (prompt, position, (neurons,) values), the leading BOS left out
+    for s0 in range(0, len(ids), OPTIONS.shard_prompts):  # the index's shards, each one forward pass
+        for p, per_layer in enumerate(batch_neuron_values(engine, ids[s0:s0 + OPTIONS.shard_prompts]), start=s0):
+            assert index.prompt_tokens(p).tolist() == ids[p]
+            for layer, z in per_layer.items():
+                values.setdefault(layer, []).extend((p, q, z[q]) for q in range(1, z.shape[0]))
     k = OPTIONS.top_k
     for layer, rows in values.items():
         z = np.stack([r[2] for r in rows])  # (tokens, neurons)
         assert np.array_equal(arrays["n_positive"][layer], (z > 0).sum(0))
         assert np.array_equal(arrays["histogram"][layer].sum(1), np.full(z.shape[1], z.shape[0]))
-        for j in range(0, z.shape[1], 37):
+        for j in range(z.shape[1]):
             for sign, pick in ((0, z[:, j] > 0), (1, z[:, j] < 0)):
                 cands = sorted(((-abs(z[i, j]), rows[i][0], rows[i][1], z[i, j]) for i in np.nonzero(pick)[0]))[:k]
                 got = list(zip(arrays["top_value"][layer, j, sign], arrays["top_prompt"][layer, j, sign],
-                               arrays["top_position"][layer, j, sign], strict=True))[:len(cands)]
-                assert [(v, p, q) for v, p, q in got] == [(c[3], c[1], c[2]) for c in cands]
-    assert index.attrs["complete"] and index.attrs["n_tokens"] == sum(len(v) for v in values.values()) // len(values)
+                               arrays["top_position"][layer, j, sign], strict=True))
+                assert got == [(c[3], c[1], c[2]) for c in cands] + [(0.0, -1, -1)] * (k - len(cands))
+    assert index.attrs["complete"] and index.attrs["n_tokens"] == len(values[0])
     assert index.identity["k"] == 3 and index.identity["weights_sha256"]
+
+
+def test_the_batched_values_are_the_walks(engine):
+    from detjac.engine import batch_neuron_values, prompt_neuron_values
+
+    ids = [engine.token_ids(text) for text in PROMPTS[:3]]
+    for p, per_layer in enumerate(batch_neuron_values(engine, ids)):
+        for layer, z in prompt_neuron_values(engine, ids[p]):
+            assert np.abs(per_layer[layer] - z).max() <= 1e-12 * np.abs(z).max()
 
 
 def test_a_killed_run_resumes_to_the_same_index(built, tmp_path, monkeypatch):
