@@ -47,8 +47,8 @@ from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
 from .tools.lens_pulls import pull_every_position, pull_final_block
-from .tools.neurons import neurons, residual_ends
 from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
+from .tools.neurons import neurons, residual_ends
 from .tools.qk import QKAttribution, qk_attribution, residual_decomposition, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import Explanation, explain, explain_summed

@@ -161,7 +161,8 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
                 "prompts": len(ids), "n_neurons": n_neurons}
     out = Path(out)
     done = set(start_index(out, identity, options.force_new))
-    shards = [list(range(s, min(s + options.shard_prompts, len(ids)))) for s in range(0, len(ids), options.shard_prompts)]
+    size = options.shard_prompts
+    shards = [list(range(s, min(s + size, len(ids)))) for s in range(0, len(ids), size)]
     state, already = _resume(out, engine.n_layers, n_neurons, options.top_k, done)
     corpus_arrays = _corpus_arrays(corpus, ids)
     pending = [i for i in range(len(shards)) if i not in done]

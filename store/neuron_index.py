@@ -26,7 +26,8 @@ DIMS = {"top_value": ("layer", "neuron", "sign", "rank"), "top_prompt": ("layer"
         "n_positive": ("layer", "neuron"), "n_negative": ("layer", "neuron"), "sum": ("layer", "neuron"),
         "sum_squares": ("layer", "neuron"), "edges": ("edge",), "prompt_tokens": ("corpus_token",),
         "prompt_offsets": ("prompt_edge",), "prompt_line": ("prompt",), "vocab_ids": ("vocab",),
-        "vocab_utf8": ("vocab_byte",), "vocab_offsets": ("vocab_edge",), "write_ids": ("layer", "neuron", "sign", "write_rank"),
+        "vocab_utf8": ("vocab_byte",), "vocab_offsets": ("vocab_edge",),
+        "write_ids": ("layer", "neuron", "sign", "write_rank"),
         "write_values": ("layer", "neuron", "sign", "write_rank")}
 
 

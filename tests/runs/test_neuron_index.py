@@ -54,7 +54,7 @@ def test_the_top_k_and_counts_equal_a_brute_force_pass(built, engine):
         assert np.array_equal(arrays["histogram"][layer].sum(1), np.full(z.shape[1], z.shape[0]))
         for j in range(z.shape[1]):
             for sign, pick in ((0, z[:, j] > 0), (1, z[:, j] < 0)):
-                cands = sorted(((-abs(z[i, j]), rows[i][0], rows[i][1], z[i, j]) for i in np.nonzero(pick)[0]))[:k]
+                cands = sorted((-abs(z[i, j]), rows[i][0], rows[i][1], z[i, j]) for i in np.nonzero(pick)[0])[:k]
                 got = list(zip(arrays["top_value"][layer, j, sign], arrays["top_prompt"][layer, j, sign],
                                arrays["top_position"][layer, j, sign], strict=True))
                 assert got == [(c[3], c[1], c[2]) for c in cands] + [(0.0, -1, -1)] * (k - len(cands))
