@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .compare import compare_report
     from .decoded import decode_report
     from .graphs import GraphNeurons, recurring_neurons
+    from .neuron_pages import check_neuron, clerp, neuron_page, relabel
     from .jobs import (
         DecodedIds,
         SpectrumDecoder,

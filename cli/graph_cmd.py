@@ -43,8 +43,12 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
               help="Adjacency rows pulled back together (memory grows with it) [default: 128, or what "
                    "--max-memory allows].")
 @click.option("--slug", default=None, help="The graph's name in the frontend [default: the --out file's stem].")
+@click.option("--neurons", "neuron_index", default=None, type=click.Path(exists=True, file_okay=False),
+              help="A neuron index of this model (`detjac neurons`): each neuron's label (clerp) becomes the most "
+                   "frequent tokens at its top activations in that corpus, then its write vector's top tokens.")
 def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
-          node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None) -> None:
+          node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None,
+          neuron_index: str | None) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
 
     Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
@@ -63,10 +67,15 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     """
     from detjac.engine import attribution_graph, write_graph
     from detjac.runs import model_identity
+    identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
+    index = _neuron_index(neuron_index, identity, model_options) if neuron_index else None
     engine = model_options.engine(model)
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, progress=True)
-    identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
+    if index is not None:
+        from detjac.analysis import relabel
+
+        g.labels = relabel(g.labels, g.neurons, index)
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
                        edge_threshold=edge_threshold,
                        force=force, identity={k: v for k, v in identity.items() if isinstance(v, str)})
@@ -81,5 +90,17 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     click.echo("kept share   " + ", ".join(f"{t!r} {s:.2f}" for t, s in zip(g.logit_tokens, share, strict=False)))
     for line in textwrap.wrap(KEPT_SHARE_MEANING, 100):
         click.echo(f"             {line}")
+    if index is not None:
+        click.echo(f"labels       from the neuron index {neuron_index} ({index.attrs['n_tokens']} tokens of "
+                   f"{index.identity.get('prompts')} prompts)")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in "
                f"{time.perf_counter() - started:.1f} s")
+
+
+def _neuron_index(path: str, identity: dict, model_options: ModelOptions):  # noqa: ANN202 - a NeuronIndex
+    """The neuron index at ``path``, refused (by name) unless made with this model and detach convention."""
+    from detjac.store import open_neuron_index
+
+    index = open_neuron_index(path)
+    index.check({"weights_sha256": identity.get("weights_sha256"), "convention": model_options.convention})
+    return index

@@ -134,3 +134,40 @@ def test_two_dask_workers_give_the_one_process_index(built, tmp_path):
         assert np.array_equal(a[name], b[name]), name
     # workers run their own thread counts: the values agree to float64 rounding
     assert np.allclose(a["top_value"], b["top_value"], rtol=1e-12, atol=1e-12)
+
+
+def test_graph_labels_come_from_the_index(built, tmp_path):
+    from detjac.analysis import clerp, neuron_page
+
+    _, out = built
+    path = tmp_path / "g.json"
+    result = CliRunner().invoke(main, ["graph", "-p", "The capital of France is", "--out", str(path),
+                                       "--max-nodes", "30", "--neurons", str(out)])
+    assert result.exit_code == 0, result.output
+    index = open_neuron_index(out)
+    data = json.loads(path.read_text())
+    neurons = [n for n in data["nodes"] if n["feature_type"] == "mlp neuron"]
+    assert neurons
+    for node in neurons:
+        layer, idx, _ = (int(x) for x in node["node_id"].split("_"))
+        assert node["clerp"] == clerp(index, layer, idx)
+    page = neuron_page(index, int(neurons[0]["layer"]), int(neurons[0]["node_id"].split("_")[1]))
+    top = page["contexts"]["positive"][0]
+    assert top["token"] == index.token_text([index.prompt_tokens(top["prompt"])[top["position"]]])[0]
+    assert sum(page["histogram"]["counts"]) == index.attrs["n_tokens"]
+
+
+def test_graph_refuses_an_index_of_another_model(built, tmp_path):
+    import shutil
+
+    _, out = built
+    other = tmp_path / "other.zarr"
+    shutil.copytree(out, other)
+    meta = json.loads((other / "zarr.json").read_text())
+    meta["attributes"]["identity"]["weights_sha256"] = "f" * 64
+    (other / "zarr.json").write_text(json.dumps(meta))
+    result = CliRunner().invoke(main, ["graph", "-p", "Paris", "--out", str(tmp_path / "g.json"),
+                                       "--neurons", str(other)])
+    assert result.exit_code != 0
+    assert "weights_sha256: 'ffff" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "g.json").exists()
