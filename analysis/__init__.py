@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from .compare import compare_report
     from .decoded import decode_report
     from .graphs import GraphNeurons, recurring_neurons
-    from .neuron_pages import check_neuron, clerp, neuron_page, relabel
     from .jobs import (
         DecodedIds,
         SpectrumDecoder,
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
         summarize_lens,
         token_rank,
     )
+    from .neuron_pages import check_neuron, clerp, neuron_page, relabel
     from .plots import SpectrumPanel, plot_spectra
     from .report import analysis_report
     from .spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values, stored_svd

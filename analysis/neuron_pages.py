@@ -33,7 +33,8 @@ def check_neuron(index: NeuronIndex, layer: Any, neuron: Any) -> tuple[int, int]
 
 
 def _tokens_at(index: NeuronIndex, layer: int, neuron: int, sign: int) -> list[str]:
-    prompts, positions = index.arrays["top_prompt"][layer, neuron, sign], index.arrays["top_position"][layer, neuron, sign]
+    a = index.arrays
+    prompts, positions = a["top_prompt"][layer, neuron, sign], a["top_position"][layer, neuron, sign]
     ids = [int(index.prompt_tokens(int(p))[int(q)]) for p, q in zip(prompts, positions, strict=True) if p >= 0]
     return index.token_text(ids) if ids else []
 
