@@ -142,12 +142,17 @@ def test_graph_labels_come_from_the_index(built, tmp_path):
     _, out = built
     path = tmp_path / "g.json"
     result = CliRunner().invoke(main, ["graph", "-p", "The capital of France is", "--out", str(path),
-                                       "--max-nodes", "30", "--neurons", str(out)])
+                                       "--max-nodes", "30", "--neurons", str(out), "--group"])
     assert result.exit_code == 0, result.output
+    assert "groups " in result.output and "worst group completeness" in result.output
     index = open_neuron_index(out)
     data = json.loads(path.read_text())
     neurons = [n for n in data["nodes"] if n["feature_type"] == "mlp neuron"]
     assert neurons
+    ids = {n["node_id"] for n in neurons}
+    for name, *members in data["qParams"]["supernodes"]:  # circuit-tracer's supernodes: [label, node ids...]
+        assert name.startswith("group ") and len(members) > 1 and set(members) <= ids
+        assert len({m.split("_")[0] for m in members}) == 1  # one layer per group
     for node in neurons:
         layer, idx, _ = (int(x) for x in node["node_id"].split("_"))
         assert node["clerp"] == clerp(index, layer, idx)
@@ -171,3 +176,31 @@ def test_graph_refuses_an_index_of_another_model(built, tmp_path):
     assert result.exit_code != 0
     assert "weights_sha256: 'ffff" in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "g.json").exists()
+
+
+def test_grouped_graphs_keep_completeness(built, engine):
+    from detjac.analysis import group_adjacency, group_neurons
+    from detjac.engine import attribution_graph
+
+    _, out = built
+    index = open_neuron_index(out)
+    g = attribution_graph(engine, "The capital of France is", max_nodes=120)
+    groups = group_neurons(index, g.neurons)
+    assert groups and all(len(set(g.neurons[m, 0])) == 1 for m in groups)  # one layer per group
+    M = g.n_neurons
+    A, values, S = group_adjacency(g.adjacency, g.activations, groups, M)
+    k = M - sum(map(len, groups)) + len(groups)
+    assert A.shape == (g.adjacency.shape[0] - M + k,) * 2 and np.array_equal(S.sum(0), np.ones(S.shape[1]))
+    for row, members in enumerate(groups, start=k - len(groups)):
+        # a group's incoming and outgoing links are its members' sums, its value their values' sum
+        assert np.allclose(A[row], S @ g.adjacency[members].sum(0), rtol=0, atol=1e-12 * np.abs(g.adjacency).max())
+        assert np.allclose(A[:, row], g.adjacency[:, members].sum(1) @ S.T, rtol=0,
+                           atol=1e-12 * np.abs(g.adjacency).max())
+        assert values[row] == pytest.approx(g.activations[members].sum(), rel=1e-15)
+        # its incoming edges miss its value by its members' misses only: float64 rounding
+        miss = abs(A[row].sum() - values[row])
+        members_miss = abs(g.adjacency[members].sum(1) - g.activations[members]).sum()
+        assert miss <= members_miss + 1e-12 * np.abs(g.activations[members]).sum()
+    # the logits' incoming edges are the same numbers summed in another grouping
+    logits = slice(A.shape[0] - g.n_logits, None)
+    assert np.allclose(A[logits].sum(1), g.adjacency[-g.n_logits:].sum(1), rtol=1e-13)
