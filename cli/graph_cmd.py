@@ -49,9 +49,15 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
                    "summing to its weight (docs/graphs.md, \"Head loadings\"). At most the graph's links.")
 @click.option("--heads-into", type=click.Choice(("all", "logits")), default="all", show_default=True,
               help="With --heads: the strongest links into any neuron or logit, or into the logits only.")
+@click.option("--neurons", "neuron_index", default=None, type=click.Path(exists=True, file_okay=False),
+              help="A neuron index of this model (`detjac neurons`): each neuron's label (clerp) becomes the most "
+                   "frequent tokens at its top activations in that corpus, then its write vector's top tokens.")
+@click.option("--group", is_flag=True,
+              help="With --neurons: group the neurons of a layer whose top contexts and write tokens agree into "
+                   "supernodes (circuit-tracer's qParams.supernodes; a group's links are its members' sums).")
 def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
           node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None,
-          heads: int, heads_into: str) -> None:
+          heads: int, heads_into: str, neuron_index: str | None, group: bool) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
 
     Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
@@ -73,12 +79,19 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     """
     from detjac.engine import attribution_graph, write_graph
     from detjac.runs import model_identity
+    if group and not neuron_index:
+        raise click.UsageError("--group needs --neurons (a group is made of neurons whose pages agree).")
+    identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
+    index = _neuron_index(neuron_index, identity, model_options) if neuron_index else None
     engine = model_options.engine(model)
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, heads=heads,
                           node_threshold=node_threshold, edge_threshold=edge_threshold, heads_into=heads_into,
                           progress=True)
-    identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
+    if index is not None:
+        from detjac.analysis import relabel
+
+        g.labels = relabel(g.labels, g.neurons, index)
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
                        edge_threshold=edge_threshold,
                        force=force, identity={k: v for k, v in identity.items() if isinstance(v, str)})
@@ -99,6 +112,11 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
                    f"{g.head_loadings.error:.1e}")
         for line in strongest_heads(g):
             click.echo(f"             {line}")
+    if group and index is not None:
+        _write_groups(out, data, g, index)
+    if index is not None:
+        click.echo(f"labels       from the neuron index {neuron_index} ({index.attrs['n_tokens']} tokens of "
+                   f"{index.identity.get('prompts')} prompts)")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in "
                f"{time.perf_counter() - started:.1f} s")
 
@@ -118,3 +136,38 @@ def strongest_heads(g: AttributionGraph, top: int = 5) -> list[str]:
     best = ", ".join(f"L{i // heads.shape[1]}.H{i % heads.shape[1]} {heads.flat[i]:+.3g}" for i in order)
     total = float(g.adjacency[row, g.head_loadings.links[g.head_loadings.links[:, 0] == row][:, 1]].sum())
     return [f"into {g.logit_tokens[0]!r} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]
+
+
+def _neuron_index(path: str, identity: dict, model_options: ModelOptions):  # noqa: ANN202 - a NeuronIndex
+    """The neuron index at ``path``, refused (by name) unless made with this model and detach convention."""
+    from detjac.store import open_neuron_index
+
+    index = open_neuron_index(path)
+    index.check({"weights_sha256": identity.get("weights_sha256"), "convention": model_options.convention})
+    return index
+
+
+def _write_groups(out: str, data: dict, g: object, index: object) -> None:
+    """Group the graph's neurons (:func:`detjac.analysis.group_neurons`), print how exact the groups are, and write the
+    groups of kept nodes into the JSON's ``qParams.supernodes`` (``[label, node_id, ...]`` each)."""
+    import numpy as np
+
+    from detjac.analysis import group_adjacency, group_neurons
+    from detjac.graph_index import write_graph_file
+
+    groups = group_neurons(index, g.neurons)  # type: ignore[attr-defined]
+    values = g.activations  # type: ignore[attr-defined]
+    grouped, _, _ = group_adjacency(g.adjacency, values, groups, g.n_neurons)  # type: ignore[attr-defined]
+    errors = g.completeness[:g.n_neurons] * np.abs(values)  # type: ignore[attr-defined]  # |sum in - value|
+    worst = max((float(errors[m].sum() / max(abs(values[m].sum()), 1e-300)) for m in groups), default=0.0)
+    kept = {n["node_id"] for n in data["nodes"]}
+    names = [f"{int(layer)}_{int(idx)}_{int(pos)}" for layer, idx, pos in g.neurons]  # type: ignore[attr-defined]
+    written = []
+    for k, members in enumerate(groups):
+        ids = [names[m] for m in members if names[m] in kept]
+        if len(ids) > 1:
+            written.append([f"group {k}: {g.labels[members[0]]}", *ids])  # type: ignore[attr-defined]
+    data["qParams"]["supernodes"] = written
+    write_graph_file(Path(out), data)
+    click.echo(f"groups       {len(groups)} of {sum(map(len, groups))} neurons ({len(written)} with kept nodes); "
+               f"grouped adjacency {grouped.shape[0]} nodes; worst group completeness {worst:.1e}")

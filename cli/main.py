@@ -17,6 +17,7 @@ from .analyze_cmds import analyze
 from .attention_cmd import attention
 from .graph_cmd import graph
 from .lens_cmd import lens
+from .neurons_cmd import neurons
 from .options import (
     ModelOptions,
     check_npz_out,
@@ -300,6 +301,7 @@ main.add_command(graph)
 main.add_command(attention)
 main.add_command(view)
 main.add_command(lens)
+main.add_command(neurons)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

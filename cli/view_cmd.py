@@ -21,8 +21,11 @@ from .options import prompt_id_option
               help="With a graph JSON file: a `detjac attention --out` file of its prompt and model, shown as that "
                    "head's attention page (repeatable; files named GRAPH-STEM.qk.*.json beside the graph are "
                    "found without it).")
+@click.option("--neurons", "neuron_index", default=None, type=click.Path(exists=True, file_okay=False),
+              help="A neuron index of the same model (`detjac neurons`): a click on a graph's neuron, or the search "
+                   "box (layer, index), shows its page: top contexts, histogram, logit effects (not with --export).")
 def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...],
-         attention: tuple[str, ...]) -> None:
+         attention: tuple[str, ...], neuron_index: str | None) -> None:
     """Browse the store PATH (or the graph JSON file PATH) in a web browser: read-only, offline, on this
     machine by default.
 
@@ -54,6 +57,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
       detjac attention -p "Copper, n. A" --layer 3 --head 1 --out copper.qk.L3.H1.json
       detjac view copper.json                      # finds copper.qk.*.json beside it
       detjac view copper.json --attention runs/qk-3-1.json
+      detjac view copper.json --neurons neurons.zarr    # neuron pages (detjac neurons default prompts.txt ...)
     """
     from pathlib import Path
 
@@ -77,11 +81,18 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         store = open_store(path)
         what = f"{len(store)} prompts"  # type: ignore[arg-type]
     if export_dir is not None:
+        if neuron_index:
+            raise click.UsageError("--neurons applies to the server only (an export holds no neuron pages).")
         _export(store, export_dir, list(prompt_ids) or None)
         return
     if prompt_ids:
         raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
-    _serve(store, host, port, what)
+    neurons = None
+    if neuron_index:
+        from detjac.store import open_neuron_index
+
+        neurons = open_neuron_index(neuron_index)
+    _serve(store, host, port, what, neurons)
 
 
 def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
@@ -93,10 +104,10 @@ def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
     click.echo(f"wrote {len(written)} files to {out}; open {out.rstrip('/')}/index.html in a browser")
 
 
-def _serve(store: object, host: str, port: int, what: str) -> None:
+def _serve(store: object, host: str, port: int, what: str, neurons: object = None) -> None:
     from detjac.view import make_server
 
-    server = make_server(store, host, port)
+    server = make_server(store, host, port, neurons)  # type: ignore[arg-type]
     if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)

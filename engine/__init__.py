@@ -48,6 +48,7 @@ from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
 from .tools.head_loadings import HeadLoadings, carried_by_heads
 from .tools.lens_pulls import pull_every_position, pull_final_block
+from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
 from .tools.neurons import neurons, residual_ends
 from .tools.qk import QKAttribution, qk_attribution, residual_decomposition, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate

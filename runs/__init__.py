@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
         unembedding,
     )
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
+    from .neurons_run import NeuronOptions, build_neuron_index
     from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import dask_scheduler

@@ -22,6 +22,15 @@ from .backend.zarr_store import ZarrStore, attach_store, open_store
 from .backend.zarr_writer import ZarrPromptWriter
 from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, Keep, model_differences, now, prompt_id, read_root
 from .integrity import INTEGRITY, damage_reason
+from .neuron_index import (
+    NeuronIndex,
+    NeuronIndexMismatch,
+    commit_index,
+    index_state,
+    open_neuron_index,
+    start_index,
+)
+from .neuron_stats import NeuronStats
 from .reader import StoreReader, VerifyResult
 from .stored_prompt import LayerwiseSpec, PromptWriter, StoredPrompt
 from .subspace import SubspaceIteration

@@ -26,7 +26,7 @@ from .graph_file import GraphFile
 from .pages import NotFound, Pages
 
 if TYPE_CHECKING:
-    from ..store import StoreReader
+    from ..store import NeuronIndex, StoreReader
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -171,9 +171,11 @@ class ViewHandler(BaseHTTPRequestHandler):
                 self.wfile.write(view[start:start + SEND_CHUNK])
 
 
-def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
+def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: int = 0,
+                neurons: NeuronIndex | None = None) -> ViewServer:
     """A server of ``store``'s pages (or of one graph file's) on ``host``:``port`` (0: a free port), not yet
-    serving.
+    serving; with ``neurons`` (a neuron index of the same model), its neuron pages too
+    (:class:`~detjac.view.neuron_page.NeuronPages`; another model's index is refused by name).
 
     Raises
     ------
@@ -181,7 +183,12 @@ def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: i
         ``host``:``port`` cannot be listened on (taken, not an address of this machine, ...).
     """
     try:
-        return ViewServer(store if isinstance(store, GraphFile) else Pages(store), host, port)
+        pages: Any = store if isinstance(store, GraphFile) else Pages(store)
+        if neurons is not None:
+            from .neuron_page import NeuronPages
+
+            pages = NeuronPages(pages, neurons)
+        return ViewServer(pages, host, port)
     except OSError as exc:
         raise InvalidArgumentError(f"Expected a host and port this machine can listen on. Got {host}:{port} "
                                    f"({exc.strerror or exc}).") from exc

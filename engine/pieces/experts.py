@@ -145,6 +145,16 @@ class Moe:
         w = torch.stack(rows)
         return w if self.post is None else w * self.post[pos, None]
 
+    def write_vectors(self) -> torch.Tensor:
+        """(experts · ffn, d) each neuron's write vector (:meth:`Mlp.write_vectors`); NaN for an expert that no
+        position of the prompt was routed to (its weights are not part of the prompt's pieces)."""
+        d = self.experts[0].down.shape[0] if self.experts else 0
+        w = torch.full((self.n_neurons, d), float("nan"),
+                       dtype=self.experts[0].down.dtype if self.experts else torch.float32)
+        for e in self.experts:
+            w[self._span(e)] = e.down.T
+        return w
+
     def output(self, z: torch.Tensor) -> torch.Tensor:
         """(n, experts · ffn) neuron values -> (n, d) the block's output."""
         d = self.experts[0].down.shape[0] if self.experts else 0

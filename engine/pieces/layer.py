@@ -147,6 +147,11 @@ class Mlp:
         """(ffn, d) each neuron's read direction (the gain of the norm before the MLP folded in)."""
         return self.up
 
+    def write_vectors(self) -> torch.Tensor:
+        """(ffn, d) what each neuron writes per unit of its value, before the scales of any norm after the MLP
+        (positive per position: the direction is the same at every position); the neuron pages' logit effects."""
+        return self.down.T
+
 
 @dataclass
 class Attention:

@@ -1,0 +1,67 @@
+"""Neuron pages in a real headless Chromium (``detjac view graph.json --neurons index``): a click on a graph's neuron
+and the search box show its page, and the corpus's hostile text stays text.
+
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_view_browser import css, wait_for
+from view_helpers import INJECTED, INSTALL, Served, browser_missing
+
+from detjac.analysis import neuron_page
+from detjac.runs import NeuronOptions, build_neuron_index
+from detjac.store import open_neuron_index
+
+if browser_missing():
+    pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)
+
+pytestmark = pytest.mark.browser
+HOSTILE = f"Copper {INJECTED} <script>alert(1)</script> n. A metal"
+
+
+@pytest.fixture(scope="module")
+def index_path(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("neuron-pages")
+    (folder / "p.txt").write_text(f"{HOSTILE}\nCopper, n. A common metal\n", encoding="utf-8")
+    build_neuron_index("default", folder / "p.txt", folder / "n.zarr", NeuronOptions(top_k=4), progress=False)
+    return folder / "n.zarr"
+
+
+def test_a_neurons_page_from_a_click_and_from_the_search_box_keeps_text_as_text(browser, graph_file, index_path):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    index = open_neuron_index(index_path)
+    server = Served(graph_file, "--neurons", str(index_path))
+    try:
+        browser.get(server.url)
+        wait_for(browser, "#graph-svg .node-neuron")
+        wait_for(browser, "#neuron-search")
+        node = css(browser, "#graph-svg .node-neuron")[0]
+        layer, neuron, _ = (int(x) for x in node.get_attribute("data-id").split("_"))
+        node.click()
+        wait_for(browser, "#neuron-title")
+        assert css(browser, "#neuron-title")[0].text == f"neuron {layer}.{neuron}"
+        assert css(browser, "#neuron-clerp")[0].text == neuron_page(index, layer, neuron)["clerp"]
+        # a neuron whose top context is in the hostile prompt (prompt 0), from the search box
+        top = index.arrays["top_prompt"][:, :, 0, 0]
+        layer, neuron = (int(v) for v in next(zip(*(top == 0).nonzero(), strict=True)))
+        browser.execute_script("document.getElementById('neuron-layer').value = arguments[0];"
+                               "document.getElementById('neuron-index').value = arguments[1];", layer, neuron)
+        css(browser, "#neuron-search button")[0].click()
+        wait_for(browser, "#neuron-positive tbody tr")
+        assert css(browser, "#neuron-title")[0].text == f"neuron {layer}.{neuron}"
+        page = neuron_page(index, layer, neuron)
+        shown = [td.get_attribute("textContent") for td in css(browser, "#neuron-positive td.context")]
+        assert shown == ["".join(c["before"]) + c["token"] + "".join(c["after"]) for c in page["contexts"]["positive"]]
+        assert any("<img" in s or "<script" in s or "onerror" in s for s in shown)  # the markup, as text
+        assert css(browser, "#neuron-positive mark")[0].get_attribute("textContent") == \
+            page["contexts"]["positive"][0]["token"]
+        assert len(css(browser, "#neuron-histogram rect")) == len(page["histogram"]["counts"])
+        assert css(browser, "img") == [] and css(browser, "#neuron-page script") == []
+        assert browser.title == "detjac view"
+        with pytest.raises(NoAlertPresentException):
+            browser.switch_to.alert.text  # noqa: B018 - raises when no alert() ran
+    finally:
+        server.stop()

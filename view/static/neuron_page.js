@@ -1,0 +1,124 @@
+// detjac view: neuron pages (`detjac view ... --neurons neurons.zarr`). A click on a graph's neuron, or the search
+// box (layer, index) in the header, shows the neuron's page below the main page: its top contexts of each sign (the
+// token highlighted, a few tokens around it), its histogram, its logit effects. Every text of the corpus and the
+// model (tokens, labels) is set with textContent only (Dom.h), never parsed as markup.
+"use strict";
+
+(() => {
+  const {h, svg} = Dom;
+  const MODE = document.querySelector('meta[name="detjac-mode"]').content;
+  if (MODE !== "server") return;  // a static export holds no neuron pages
+  const waiting = new Map();
+  const previous = window.detjacData;
+  window.detjacData = (key, value, error) => {  // this script's keys, then the page's own
+    const w = waiting.get(key);
+    if (!w) return previous(key, value, error);
+    waiting.delete(key);
+    if (error != null) w.reject(new Error(error));
+    else w.resolve(value);
+  };
+
+  function load(key) {
+    return new Promise((resolve, reject) => {
+      waiting.set(key, {resolve, reject});
+      const s = document.createElement("script");
+      s.src = "api/" + key.split("/").map(encodeURIComponent).join("/") + "?js";
+      const done = () => {
+        s.remove();
+        if (waiting.has(key)) {
+          waiting.delete(key);
+          reject(new Error(`No answer from detjac view for ${key}.`));
+        }
+      };
+      s.onerror = done;
+      s.onload = done;
+      document.head.appendChild(s);
+    });
+  }
+
+  const section = h("section", {id: "neuron-page", class: "neuron-page", hidden: true});
+  document.body.insertBefore(section, document.querySelector("footer"));
+
+  const fmt = (v) => (v == null ? "" : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(2)
+    : v.toFixed(3));
+
+  function contextRow(c) {
+    return h("tr", {},
+      h("td", {class: "num"}, fmt(c.value)),
+      h("td", {class: "num"}, String(c.line)),
+      h("td", {class: "context mono"}, c.before.join(""), h("mark", {}, c.token), c.after.join("")));
+  }
+
+  function contexts(title, rows, id) {
+    return h("div", {class: "neuron-contexts"}, h("h4", {}, title),
+      rows.length ? h("table", {id}, h("thead", {}, h("tr", {}, h("th", {}, "value"), h("th", {}, "line"),
+        h("th", {}, "context"))), h("tbody", {}, rows.map(contextRow)))
+        : h("p", {class: "note"}, "none in the corpus"));
+  }
+
+  function histogram(hist) {  // bars of log(1 + count), one per bin between the edges
+    const W = 520, H = 90, n = hist.counts.length, bw = W / n;
+    const top = Math.max(1, ...hist.counts.map((c) => Math.log1p(c)));
+    const g = svg("svg", {id: "neuron-histogram", width: W, height: H + 16, role: "img",
+      "aria-label": "histogram of the neuron's values"});
+    hist.counts.forEach((c, i) => {
+      const bh = (H * Math.log1p(c)) / top;
+      const lo = i === 0 ? "-inf" : hist.edges[i - 1], hi = i === n - 1 ? "inf" : hist.edges[i];
+      const bar = svg("rect", {x: i * bw, y: H - bh, width: Math.max(1, bw - 1), height: bh, class: "bar"});
+      bar.append(svg("title", {}, `[${lo}, ${hi}): ${c}`));
+      g.append(bar);
+    });
+    g.append(svg("text", {x: 0, y: H + 13, class: "axis"}, "-1e3"), svg("text", {x: W / 2 - 4, y: H + 13,
+      class: "axis"}, "0"), svg("text", {x: W - 24, y: H + 13, class: "axis"}, "1e3"));
+    return g;
+  }
+
+  function writes(title, rows, id) {
+    return h("div", {class: "neuron-writes"}, h("h4", {}, title),
+      h("ol", {id}, rows.map(([t, v]) => h("li", {}, h("span", {class: "mono"}, JSON.stringify(t)), " ", fmt(v)))));
+  }
+
+  function render(p) {
+    section.replaceChildren(
+      h("h3", {id: "neuron-title"}, `neuron ${p.layer}.${p.neuron}`),
+      h("p", {id: "neuron-clerp", class: "text"}, p.clerp),
+      h("p", {class: "note", id: "neuron-stats"},
+        `positive at ${(100 * p.frequency).toFixed(1)}% of ${p.tokens} tokens (negative ${
+          (100 * p.negative_share).toFixed(1)}%), mean ${fmt(p.mean)}, sd ${fmt(p.std)}; quantiles (bins) 1% ${
+          p.quantiles["1%"]}, 50% ${p.quantiles["50%"]}, 99% ${p.quantiles["99%"]}`),
+      histogram(p.histogram),
+      h("div", {class: "neuron-columns"},
+        contexts("top positive contexts", p.contexts.positive, "neuron-positive"),
+        contexts("top negative contexts", p.contexts.negative, "neuron-negative")),
+      h("div", {class: "neuron-columns"},
+        writes("its write vector raises", p.writes.raises, "neuron-raises"),
+        writes("and lowers", p.writes.lowers, "neuron-lowers")));
+    section.hidden = false;
+  }
+
+  function show(layer, index) {
+    section.hidden = false;
+    section.replaceChildren(h("p", {class: "note"}, `Loading neuron ${layer}.${index}…`));
+    load(`neuron/${layer}/${index}`).then(render,
+      (e) => section.replaceChildren(h("p", {class: "error", id: "neuron-error"}, e.message)));
+  }
+
+  load("neurons").then((info) => {
+    const layer = h("input", {id: "neuron-layer", type: "number", min: 0, max: info.layers - 1, value: 0,
+      "aria-label": "layer"});
+    const index = h("input", {id: "neuron-index", type: "number", min: 0, max: info.neurons - 1, value: 0,
+      "aria-label": "neuron index"});
+    const form = h("form", {id: "neuron-search", class: "neuron-search"}, "neuron ", layer, ".", index, " ",
+      h("button", {type: "submit"}, "show"));
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      show(layer.value, index.value);
+    });
+    document.getElementById("top").append(form);
+    document.addEventListener("click", (e) => {  // a graph's neuron: its id is layer_index_position
+      const node = e.target.closest && e.target.closest("g.node-neuron");
+      const m = node && /^(\d+)_(\d+)_(\d+)$/.exec(node.dataset.id || "");
+      if (m) show(m[1], m[2]);
+    });
+  }, () => {});  // no index given: nothing to add
+})();
