@@ -11,13 +11,13 @@ import click
 
 from detjac import __version__
 from detjac.errors import DetjacError
-from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .analyze_cmds import analyze
 from .attention_cmd import attention
 from .graph_cmd import graph
 from .lens_cmd import lens
 from .options import (
+    ROW_BLOCK_HELP,
     ModelOptions,
     check_npz_out,
     deprecated_model_option,
@@ -78,8 +78,7 @@ def main() -> None:
 @model_argument()
 @prompt_options()
 @model_options()
-@click.option("--row-block", type=click.IntRange(min=1), default=DEFAULT_ROW_BLOCK, show_default=True,
-              help="Jacobian rows per vmapped pullback (memory grows with it; result does not change).")
+@click.option("--row-block", type=click.IntRange(min=1), default=None, help=ROW_BLOCK_HELP)
 @click.option("--k", "n_values", type=click.IntRange(min=1), default=5, show_default=True,
               help="Singular values of the summed operator to show (one line each).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
@@ -90,7 +89,7 @@ def main() -> None:
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).",
             check=lambda out, force: check_npz_out(out, force) if out.lower().endswith(".npz") else None)
-def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
+def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int | None, n_values: int, top: int,
              ordinary: bool, out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
@@ -154,7 +153,7 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
         _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
 
 
-def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int,
+def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int | None,
                    engine: Engine, o: ModelOptions, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""

@@ -13,7 +13,14 @@ import click
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
 from . import render
-from .options import ModelOptions, check_prompts, collect_model_options, model_argument, model_option
+from .options import (
+    ROW_BLOCK_HELP,
+    ModelOptions,
+    check_prompts,
+    collect_model_options,
+    model_argument,
+    model_option,
+)
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
@@ -31,7 +38,7 @@ if TYPE_CHECKING:
                    "JSON object per line).")
 @model_option("dtype", help="Compute dtype; bfloat16 results are stored as float32.")
 @click.option("--row-block", type=click.IntRange(min=1), default=None,
-              help="Jacobian rows per vmapped pullback and per stored chunk [default: 64, or sized to --max-memory].")
+              help=f"{ROW_BLOCK_HELP} Also the rows per stored chunk.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Refuse prompts longer than this many tokens (default: the model's context); with --workers or "
                    "--scheduler they are recorded as failed instead and the others run.")
