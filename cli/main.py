@@ -42,6 +42,12 @@ if TYPE_CHECKING:
 # (measured: a 128-token reverse block took 1.1 million faults and ~15% longer). THP_MEM_ALLOC_ENABLE=0 turns
 # it off; worker processes a run starts inherit it.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# numpy's OpenBLAS (read when numpy is first imported, after this) runs every LAPACK call on one thread per core, and
+# its idle threads spin: the small SVDs of `analyze svd`, `view` and a prompt's operators paid for it. Measured on 2
+# cores shared with other jobs, a 256 x 1536 SVD took 0.07 s of CPU (0.8 s wall) on one thread and 1.9-2.7 s of CPU
+# (17-29 s wall) on two. The store's larger analyses run in dask's threads, one BLAS thread each (dask's own advice).
+# torch (MKL) is not affected; OPENBLAS_NUM_THREADS set by the user is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 class DetjacGroup(click.Group):
