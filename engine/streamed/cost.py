@@ -21,9 +21,9 @@ from ..types import Plan
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
 UNBUDGETED_BLOCK_BYTES = 512 * 2**20
-# ... or, where this machine has more memory free when the block is planned, this share of it: fewer blocks (all d
-# rows in one where the MLPs fold) were measured faster on both engines at every size that fits (docs/benchmarks.md,
-# "Default row block").
+# ... or, where this machine has more memory free when the block is planned, this share of it: all d rows in one
+# block (the MLPs fold) took 0.27-0.57 of the CPU time of blocks of 64 in memory (docs/benchmarks.md, "Default row
+# block"), and fewer blocks mean fewer passes over the weights when they are streamed.
 UNBUDGETED_SHARE = 0.25
 MODES = ("auto", "reverse", "forward")
 
