@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,8 +182,13 @@ def decode_spectrum(store: StoreReader, spec: Spectrum, top: int = 8) -> Decoded
 def stored_tokenizer(store: StoreReader) -> Any:
     """The ``tokenizers.Tokenizer`` kept in the store (checked against its SHA-256), or None without one."""
     data = store.model_bytes("tokenizer.json")
-    if data is None:
-        return None
+    return None if data is None else _parsed_tokenizer(data)
+
+
+@lru_cache(maxsize=4)
+def _parsed_tokenizer(data: bytes) -> Any:
+    """``tokenizer.json``'s bytes parsed, once per content (the viewer asks for every page it computes: parsing
+    SmolLM2's took about as long as the page)."""
     from tokenizers import Tokenizer
 
     return Tokenizer.from_str(data.decode("utf-8"))

@@ -11,7 +11,6 @@ import click
 
 from detjac import __version__
 from detjac.errors import DetjacError
-from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .analyze_cmds import analyze
 from .attention_cmd import attention
@@ -19,6 +18,7 @@ from .graph_cmd import graph
 from .lens_cmd import lens
 from .neurons_cmd import neurons
 from .options import (
+    ROW_BLOCK_HELP,
     ModelOptions,
     check_npz_out,
     deprecated_model_option,
@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 # (measured: a 128-token reverse block took 1.1 million faults and ~15% longer). THP_MEM_ALLOC_ENABLE=0 turns
 # it off; worker processes a run starts inherit it.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# numpy's OpenBLAS (read when numpy is first imported, after this) runs every LAPACK call on one thread per core, and
+# its idle threads spin: the small SVDs of `analyze svd`, `view` and a prompt's operators paid for it. Measured on 2
+# cores shared with other jobs, a 256 x 1536 SVD took 0.07 s of CPU (0.8 s wall) on one thread and 1.9-2.7 s of CPU
+# (17-29 s wall) on two. The store's larger analyses run in dask's threads, one BLAS thread each (dask's own advice).
+# torch (MKL) is not affected; OPENBLAS_NUM_THREADS set by the user is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 class DetjacGroup(click.Group):
@@ -79,8 +85,7 @@ def main() -> None:
 @model_argument()
 @prompt_options()
 @model_options()
-@click.option("--row-block", type=click.IntRange(min=1), default=DEFAULT_ROW_BLOCK, show_default=True,
-              help="Jacobian rows per vmapped pullback (memory grows with it; result does not change).")
+@click.option("--row-block", type=click.IntRange(min=1), default=None, help=ROW_BLOCK_HELP)
 @click.option("--k", "n_values", type=click.IntRange(min=1), default=5, show_default=True,
               help="Singular values of the summed operator to show (one line each).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
@@ -91,7 +96,7 @@ def main() -> None:
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).",
             check=lambda out, force: check_npz_out(out, force) if out.lower().endswith(".npz") else None)
-def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int, n_values: int, top: int,
+def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int | None, n_values: int, top: int,
              ordinary: bool, out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
@@ -155,7 +160,7 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
         _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
 
 
-def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int,
+def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int | None,
                    engine: Engine, o: ModelOptions, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""

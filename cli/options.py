@@ -256,6 +256,12 @@ def model_options(*, dtype: str = "float64") -> Any:
     return decorate
 
 
+ROW_BLOCK_HELP = ("Jacobian rows per block (the result does not change; memory grows with it). Default: chosen by the "
+                  "engine's cost model: all d_model rows in one block where the MLPs fold and they fit the memory "
+                  "this machine has free (or --max-memory), else as many as fit, each block one more pass over the "
+                  "weights; give a number to override.")
+
+
 def out_option(help: str, check: Any = None) -> Any:
     """``--out/-o PATH`` (what it writes: ``help``) and ``--force`` (replace it); ``check(out, force)`` refuses an
     ``--out`` it cannot write as the command line is parsed (``--force`` is read first), before torch is imported."""

@@ -14,6 +14,7 @@ from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 
 from . import render
 from .options import (
+    ROW_BLOCK_HELP,
     ModelOptions,
     check_heads_option,
     check_prompts,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
                    "JSON object per line).")
 @model_option("dtype", help="Compute dtype; bfloat16 results are stored as float32.")
 @click.option("--row-block", type=click.IntRange(min=1), default=None,
-              help="Jacobian rows per vmapped pullback and per stored chunk [default: 64, or sized to --max-memory].")
+              help=f"{ROW_BLOCK_HELP} Also the rows per stored chunk.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Refuse prompts longer than this many tokens (default: the model's context); with --workers or "
                    "--scheduler they are recorded as failed instead and the others run.")

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .inmemory.inmemory_engine import InMemoryEngine
 from .inmemory.rows import JacobianStream, trace_model
@@ -41,7 +40,7 @@ def detached_jacobian(
     model: PreTrainedModel,
     prompt: str | Sequence[int] | torch.Tensor,
     *,
-    row_block: int = DEFAULT_ROW_BLOCK,
+    row_block: int | None = None,
     detach: bool = True,
     position: int | None = None,
     target: str = "hidden",
@@ -60,7 +59,7 @@ def detached_jacobian(
     prompt
         Text or token ids.
     row_block
-        Rows per vmapped pullback; the result does not depend on it.
+        Rows per vmapped pullback; the result does not depend on it. Default: the engine's plan (its cost model).
     detach
         ``True`` for the detached Jacobian ``J+`` (exact linear system), ``False`` for
         the ordinary Jacobian of the same computation.

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from detjac.targets import Target
 
 from detjac.model_settings import ModelSettings
-from detjac.targets import DEFAULT_ROW_BLOCK
 
 from .batch import storage_dtype, write_prompt
 from .description import RunDescription, StreamedSettings, describe_run, setting_differences
@@ -176,7 +175,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     if row_block is not None:  # a block cannot hold more rows than there are (zarr refuses such a chunk shape)
         row_block = min(row_block, engine.d_model)
     run = describe_run(engine, model_arg, model_dir, spec.revision, spec.dtype,
-                       row_block or (None if spec.max_memory else DEFAULT_ROW_BLOCK), limit, keep,
+                       row_block, limit, keep,
                        None if engine.convention == engine.family.conventions[0] else engine.convention,
                        hub=spec.model.kind == "hub")
     # the weight and tokenizer files' SHA-256s are part of the run's identity, as are the lens settings (None: no lens)

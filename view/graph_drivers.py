@@ -14,10 +14,11 @@ over the tokens (where every path starts) it sums to 1 for any ``t`` with an ups
 :data:`DRIVERS` nodes of largest ``D[t, s]``.
 
 Links only run from lower to higher layers, so the graph is acyclic and ``D`` is computed one topological level at a
-time, from the top down (``targets x nodes`` numbers and one level's rows of ``A`` in memory, never ``A`` whole):
-a flow starts at 1 on each target; a level's nodes hand their whole flow on to their sources in the shares of ``A``.
-A graph with many nodes gets its drivers computed for the logits and the most influential nodes until
-:data:`WORK` multiply-adds are spent (about a second), the rest are listed as not computed.
+time, from the top down (``targets x nodes`` numbers in memory, never ``A`` whole): a flow starts at 1 on each
+target; a level's nodes hand their whole flow on to their sources in the shares of ``A``, link by link, so the cost
+is ``targets x links`` multiply-adds. A graph too large for that gets its drivers computed for the logits and the
+most influential nodes until :data:`WORK` multiply-adds are spent (about a second), the rest are listed as not
+computed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 
 DRIVERS = 12  # drivers listed per node
-WORK = 3e9  # multiply-adds spent on driver shares per graph: every node of a graph up to ~1,400 nodes
+WORK = 3e8  # multiply-adds spent on driver shares per graph: every node of a graph of up to ~7,000 nodes, 5 links each
 DRIVERS_MEANING = (
     "What drives a node: the nodes through which most of what reaches it flows. A node's driver share is the share "
     "of its incoming |weight| (each node's incoming links as shares of their total |weight|) that passes through the "
@@ -78,16 +79,19 @@ def driver_shares(n: int, sources: np.ndarray, targets: np.ndarray, weights: np.
     share = magnitude / np.where(incoming[targets] > 0, incoming[targets], 1.0)  # A[t, s] of each link
     flow = np.zeros((len(wanted), n))
     flow[np.arange(len(wanted)), wanted] = 1.0
-    by_level = np.argsort(level[targets], kind="stable")
+    # links grouped by their target's level, and within a level by source: one level's hand-on is a gather, a
+    # product and a segment sum, ``wanted x links`` multiply-adds over all levels (a pruned graph has far fewer links
+    # than nodes squared)
+    by_level = np.lexsort((sources, level[targets]))
     bounds = np.searchsorted(level[targets][by_level], np.arange(level.max(initial=0) + 2))
     for lv in range(level.max(initial=0), 0, -1):  # the top level first: its flow is complete when handed on
         links = by_level[bounds[lv]:bounds[lv + 1]]
         if links.size == 0:
             continue
-        rows, row_of = np.unique(targets[links], return_inverse=True)
-        block = np.zeros((rows.size, n))  # A's rows of this level
-        np.add.at(block, (row_of.reshape(-1), sources[links]), share[links])
-        flow += flow[:, rows] @ block
+        handed = flow[:, targets[links]] * share[links]  # (wanted, links): what each link carries down
+        src = sources[links]
+        starts = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # sorted by source within the level
+        flow[:, src[starts]] += np.add.reduceat(handed, starts, axis=1)
     flow[np.arange(len(wanted)), wanted] -= 1.0  # D excludes the empty path
     return flow
 
@@ -107,7 +111,7 @@ def node_drivers(nodes: list[dict[str, Any]], links: list[dict[str, Any]], k: in
         Drivers per node.
     work : float
         Multiply-adds to spend: the logits first, then the other nodes by influence (most influential first) while
-        ``targets x nodes x nodes`` stays within it.
+        ``targets x (nodes + links)`` stays within it.
 
     Returns
     -------
@@ -123,7 +127,7 @@ def node_drivers(nodes: list[dict[str, Any]], links: list[dict[str, Any]], k: in
     order = sorted((i for i in range(n) if has_upstream[i]),
                    key=lambda i: (nodes[i]["type"] != "logit", nodes[i]["influence"] is None,
                                   nodes[i]["influence"] or 0.0, i))
-    budget = max(sum(nodes[i]["type"] == "logit" for i in order), int(work // max(1, n * n)))
+    budget = max(sum(nodes[i]["type"] == "logit" for i in order), int(work // max(1, n + len(links))))
     wanted = np.asarray(order[:budget], dtype=np.int64)
     out: list[list[list[float]] | None] = [None] * n
     if wanted.size == 0:

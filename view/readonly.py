@@ -7,11 +7,14 @@ on a :class:`ReadOnlyStore`: a reader over the store whose analysis cache keeps 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 from ..store import AnalysisCache, MemoryAnalyses, StoredPrompt, StoreReader, VerifyResult
+
+KEPT_PROMPTS = 64  # opened prompts kept (each holds its zarr group's handles, not its arrays)
 
 
 class ReadOnlyStore(StoreReader):
@@ -31,6 +34,7 @@ class ReadOnlyStore(StoreReader):
         self._analyses = MemoryAnalyses(self.stored)
         self._model: dict[str, np.ndarray] = {}
         self._files: dict[str, bytes | None] = {}
+        self._prompts: OrderedDict[str, StoredPrompt] = OrderedDict()  # opened prompts, least recently used first
         self._lock = threading.Lock()
 
     @property
@@ -41,7 +45,18 @@ class ReadOnlyStore(StoreReader):
         return self.inner.prompt_ids()
 
     def get(self, prompt_id: str) -> StoredPrompt:
-        return self.inner.get(prompt_id)
+        """The prompt, opened (its files checked) once and kept: a committed prompt never changes, and every page of
+        it (the prompt page, one per operator, its graph) asks for it."""
+        with self._lock:
+            if prompt_id in self._prompts:
+                self._prompts.move_to_end(prompt_id)
+                return self._prompts[prompt_id]
+        prompt = self.inner.get(prompt_id)
+        with self._lock:
+            self._prompts[prompt_id] = prompt
+            while len(self._prompts) > KEPT_PROMPTS:
+                self._prompts.popitem(last=False)
+        return prompt
 
     def prompt_attrs(self, prompt_id: str) -> dict[str, Any]:
         return self.inner.prompt_attrs(prompt_id)

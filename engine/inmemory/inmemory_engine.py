@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target
+from detjac.targets import OUTPUTS, Target
 
 from ..checkpoints.loading import get_tokenizer
 from ..detach.model import linearized
@@ -123,17 +123,18 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
                 "targets need the layer-streamed engine (detjac run --layers, or StreamedEngine)."
             )
         check_request("reverse", row_block, token_block)
-        rows = row_block or (self.d_model if self._whole_block(trace) else DEFAULT_ROW_BLOCK)
+        rows = row_block or self._cost(trace).plan(trace.n_tokens, [OUTPUTS], mode="reverse").row_block
         return Plan([OUTPUTS] if targets else [], [], rows, 1, float(self.d_model), 0.0,
                     -(-self.d_model // rows) if targets else 0, 0)
 
-    def _whole_block(self, trace: Trace) -> bool:
-        """Whether the explicit sweeps take all d rows in one block (:meth:`~detjac.engine.streamed.cost.CostModel.
-        whole_block`: then the MLPs fold; otherwise DEFAULT_ROW_BLOCK rows, today's path)."""
-        if not isinstance(trace, InMemoryTrace) or trace.frozen is None:
-            return False
-        cost = CostModel.of(self.model.config, trace.embeddings.element_size(), 0)
-        return cost.d_model == self.d_model and cost.whole_block(trace.n_tokens)
+    def _cost(self, trace: Trace) -> CostModel:
+        """The cost model of this engine's sweeps on ``trace`` (the weights are held already: no layer to read), whose
+        plan sizes the row block when none is given: all d rows in one block where the MLPs fold and the block fits
+        the memory this machine has free, else as many as fit (:meth:`~detjac.engine.streamed.cost.CostModel.plan`,
+        the layer-streamed engine's rule without a budget)."""
+        explicit = isinstance(trace, InMemoryTrace) and trace.frozen is not None
+        return CostModel.of(self.model.config, trace.embeddings.element_size(), 0, detach=self.detach,
+                            sweeps="explicit" if explicit else "autograd")
 
     def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
                progress: bool = False) -> Iterator[JacobianBlock]:

@@ -13,7 +13,7 @@ import torch
 
 from detjac.errors import InvalidArgumentError
 from detjac.exactness import check_exact, relative_error
-from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
+from detjac.targets import OUTPUTS
 
 from ..interface import Engine
 from ..selection import as_engine
@@ -52,7 +52,7 @@ class JacobianOperator:
         The prompt's forward pass, from ``engine.trace``.
     block
         Columns per product sweep: memory grows with it, results do not change. Default: the row block
-        the engine plans for the output (64, or what a memory budget allows).
+        the engine plans for the output (its cost model's, from the budget or the memory this machine has free).
 
     Attributes
     ----------
@@ -182,7 +182,7 @@ def jacobian_operator(model: Any, prompt: Prompt, *, position: int | None = None
     return JacobianOperator(engine, engine.trace(prompt, position=position, progress=progress), block)
 
 
-def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, block: int = DEFAULT_ROW_BLOCK,  # noqa: N802
+def ModelOperator(model: Any, prompt: Prompt, *, position: int | None = None, block: int | None = None,  # noqa: N802
                   detach: bool = True, tokenizer: Any | None = None, forward: str = "transpose") -> JacobianOperator:
     """``J`` of a loaded model (every supported family): :func:`jacobian_operator` with the in-memory engine."""
     return jacobian_operator(model, prompt, position=position, block=block, detach=detach, tokenizer=tokenizer,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from detjac.errors import InvalidArgumentError
+from detjac.machine import available_memory
 from detjac.targets import DEFAULT_ROW_BLOCK, Target
 
 from ..memory import format_bytes
@@ -20,6 +21,10 @@ from ..types import Plan
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
 UNBUDGETED_BLOCK_BYTES = 512 * 2**20
+# ... or, where this machine has more memory free when the block is planned, this share of it: all d rows in one
+# block (the MLPs fold) took 0.27-0.57 of the CPU time of blocks of 64 in memory (docs/benchmarks.md, "Default row
+# block"), and fewer blocks mean fewer passes over the weights when they are streamed.
+UNBUDGETED_SHARE = 0.25
 MODES = ("auto", "reverse", "forward")
 
 
@@ -81,9 +86,9 @@ class CostModel:
         return self.explicit and fold_pays(self.d_model, self.ffn, rows)
 
     def whole_block(self, n: int) -> bool:
-        """Whether all d rows should go in one block at ``n`` tokens without a budget: they fold (fewer FLOPs than
-        any smaller blocks) and fit in :data:`UNBUDGETED_BLOCK_BYTES`."""
-        return self.folds(self.d_model) and self.d_model * self.vector_bytes(n) <= UNBUDGETED_BLOCK_BYTES
+        """Whether all d rows go in one block at ``n`` tokens without a budget: they fold (fewer FLOPs than any
+        smaller blocks) and fit in :func:`unbudgeted_bytes`."""
+        return self.folds(self.d_model) and self.d_model * self.vector_bytes(n) <= unbudgeted_bytes()
 
     def vector_bytes(self, n: int) -> int:
         """Bytes one vector of the block costs while it crosses one layer at ``n`` tokens."""
@@ -167,7 +172,7 @@ class CostModel:
         n_rev = max(1, len(rev))
         if row_block is None:
             if rows_fit is None:
-                row_block = min(d, max(DEFAULT_ROW_BLOCK, UNBUDGETED_BLOCK_BYTES // self.vector_bytes(n) // n_rev))
+                row_block = min(d, max(DEFAULT_ROW_BLOCK, unbudgeted_bytes() // self.vector_bytes(n) // n_rev))
             else:
                 row_block = min(d, rows_fit // n_rev)
             if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
@@ -186,6 +191,13 @@ class CostModel:
         row_block, token_block = max(1, row_block), max(1, token_block)
         return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,
                     -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
+
+
+def unbudgeted_bytes() -> int:
+    """What a row block's vectors may take without a memory budget: :data:`UNBUDGETED_SHARE` of the memory this
+    machine has free now (:func:`detjac.machine.available_memory`), at least :data:`UNBUDGETED_BLOCK_BYTES`."""
+    free = available_memory()
+    return max(UNBUDGETED_BLOCK_BYTES, int((free or 0) * UNBUDGETED_SHARE))
 
 
 def check_request(mode: str, row_block: int | None, token_block: int | None) -> None:

@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from detjac.progress import labelled
-from detjac.targets import DEFAULT_ROW_BLOCK
 
 from ..interface import Engine
 from ..result import JacobianResult
@@ -43,7 +42,7 @@ class ExactnessReport:
     seconds: float
 
 
-def exactness_report(model: Engine | PreTrainedModel, prompt: Prompt, *, row_block: int = DEFAULT_ROW_BLOCK,
+def exactness_report(model: Engine | PreTrainedModel, prompt: Prompt, *, row_block: int | None = None,
                      ordinary: bool = True, tokenizer: Any | None = None, progress: bool = False) -> ExactnessReport:
     """Compute the detached (and, with ``ordinary``, the ordinary) Jacobian of ``prompt`` with an engine (or a loaded
     model, in the in-memory engine) and compare with the unmodified model; with ``progress``, one bar per pass,

@@ -62,3 +62,45 @@ def test_the_engine_sizes_for_the_sweeps_it_runs(prompt_ids: list[int]) -> None:
     with pytest.warns(RuntimeWarning, match="not a known piece"):
         explicit.jacobians(prompt_ids, ["output"], row_block=8)
     assert explicit.cost.sweeps == "autograd"
+
+
+SMOLLM2 = dict(d_model=576, ffn=1536, n_layers=30, itemsize=8, layer_bytes=0, heads=9, q=576, kv=192)
+
+
+def test_without_a_budget_the_block_takes_a_share_of_the_memory_this_machine_has_free(monkeypatch) -> None:
+    """Issue 67, item 1: no --row-block and no budget, the cost model sizes the block from the machine: all d rows
+    (they fold) where a quarter of the free memory holds them, else as many as fit, never below 512 MiB's worth."""
+    from detjac.engine.streamed import cost as cost_module
+
+    cost, n = CostModel(**SMOLLM2), 128  # SmolLM2's shape in float64: one vector 3 MiB at 128 tokens
+    free = {"bytes": 64 * 2**30}
+    monkeypatch.setattr(cost_module, "available_memory", lambda: free["bytes"])
+    assert cost.plan(n, [OUTPUTS], mode="reverse").row_block == 576 and cost.whole_block(n)
+    free["bytes"] = 4 * 2**30  # a quarter is 1 GiB: 341 vectors, evened into two blocks of 288
+    assert cost.plan(n, [OUTPUTS], mode="reverse").row_block == 288 and not cost.whole_block(n)
+    for small in (2**30, None):  # little free memory, or none known: 512 MiB's worth, 170 vectors, evened to 144
+        free["bytes"] = small
+        assert cost.plan(n, [OUTPUTS], mode="reverse").row_block == 144
+    assert cost.plan(n, [OUTPUTS], mode="reverse", row_block=7).row_block == 7  # an override is taken as it is
+
+
+def test_the_in_memory_engine_plans_its_block_with_the_cost_model(monkeypatch, prompt_ids: list[int]) -> None:
+    """The in-memory engine has no rule of its own: without a row block its plan is its cost model's (for the sweeps
+    its trace runs), the detached and the ordinary Jacobian alike."""
+    from detjac.engine import InMemoryEngine
+    from detjac.engine.streamed import cost as cost_module
+
+    model = tiny_model("llama", seed=7, hidden_size=96, intermediate_size=256, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=24).double()
+    for engine in (InMemoryEngine(model), InMemoryEngine(model, detach=False)):
+        trace = engine.trace(prompt_ids)
+        explicit = trace.frozen is not None
+        assert explicit == engine.detach  # the ordinary Jacobian goes through torch.func
+        cost = CostModel.of(model.config, 8, 0, detach=engine.detach, sweeps="explicit" if explicit else "autograd")
+        monkeypatch.setattr(cost_module, "available_memory", lambda: 0)  # 512 MiB: every row fits
+        assert engine.plan(trace, [OUTPUTS]).row_block == 96 == cost.plan(len(prompt_ids), [OUTPUTS]).row_block
+        # a machine whose block may hold only 40 vectors: the cost model's 64-row floor, evened out over d = 96
+        monkeypatch.setattr(cost_module, "UNBUDGETED_BLOCK_BYTES", 40 * cost.vector_bytes(len(prompt_ids)))
+        assert engine.plan(trace, [OUTPUTS]).row_block == 48 == cost.plan(len(prompt_ids), [OUTPUTS]).row_block
+        assert engine.plan(trace, [OUTPUTS], row_block=5).row_block == 5
+        monkeypatch.undo()

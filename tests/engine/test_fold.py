@@ -114,7 +114,10 @@ def test_the_pricing_folds_only_blocks_of_enough_rows() -> None:
             pass
 
 
-def test_the_cost_model_chooses_one_whole_block_only_for_short_prompts() -> None:
+def test_the_cost_model_chooses_one_whole_block_only_for_short_prompts(monkeypatch) -> None:
+    from detjac.engine.streamed import cost as cost_module
+
+    monkeypatch.setattr(cost_module, "available_memory", lambda: None)  # a machine whose free memory is unknown
     cost = CostModel(576, 1536, 30, 8, 28 * 2**20, heads=9, q=576, kv=192)
     assert cost.folds(576) and not cost.folds(64)
     assert cost.whole_block(8) and cost.whole_block(32) and not cost.whole_block(128)  # 512 MiB a block
@@ -125,14 +128,13 @@ def test_the_cost_model_chooses_one_whole_block_only_for_short_prompts() -> None
     assert not CostModel(576, 1536, 30, 8, 0, detach=False).folds(576)
 
 
-def test_the_in_memory_plan_takes_every_row_at_once_where_it_folds(prompt_ids: list[int]) -> None:
+def test_the_in_memory_plan_takes_every_row_at_once_where_they_fit(prompt_ids: list[int]) -> None:
+    """A short prompt's d rows fit in one block (the cost model's rule, tests/engine/test_cost.py): one sweep, which
+    folds the MLPs where that pays, whichever sweeps run."""
     model = tiny_model("llama", seed=7).double()
-    model.config.intermediate_size = 8  # narrower than d / 2: never folds, so today's blocks of 64
     engine = InMemoryEngine(model)
     trace = engine.trace(prompt_ids)
-    assert engine.plan(trace, [OUTPUTS]).row_block == DEFAULT_ROW_BLOCK
-    model.config.intermediate_size = 48
-    assert engine.plan(trace, [OUTPUTS]).row_block == engine.d_model
+    assert engine.plan(trace, [OUTPUTS]).row_block == engine.d_model and CostModel.of(model.config, 8, 0).folds(32)
     assert engine.plan(trace, [OUTPUTS], row_block=5).row_block == 5
     ordinary = InMemoryEngine(model, sweeps="autograd")
-    assert ordinary.plan(ordinary.trace(prompt_ids), [OUTPUTS]).row_block == DEFAULT_ROW_BLOCK
+    assert ordinary.plan(ordinary.trace(prompt_ids), [OUTPUTS]).row_block == engine.d_model

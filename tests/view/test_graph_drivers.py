@@ -71,7 +71,7 @@ def test_the_budget_serves_logits_first_then_the_most_influential():
     kinds = ["logit" if i >= 36 else "mlp neuron" for i in range(40)]
     nodes = [{"id": str(i), "type": kinds[i], "influence": i / 40} for i in range(40)]
     links = [{"source": str(a), "target": str(b), "weight": float(x)} for a, b, x in zip(s, t, w, strict=True)]
-    drivers, computed = node_drivers(nodes, links, work=6 * 40 * 40)
+    drivers, computed = node_drivers(nodes, links, work=6 * (40 + len(links)))  # targets x (nodes + links)
     upstream = set(t.tolist())
     done = [i for i, d in enumerate(drivers) if d is not None]
     assert computed == len(done) == 6

@@ -312,3 +312,31 @@ def test_an_export_the_disk_refuses_midway_leaves_nothing_and_says_so_in_one_lin
     with pytest.raises(StoreError, match=r"Expected to write the snapshot into .*snap\. Got No space left on device"):
         export_static(layered_store.open(), out)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the folder nor the one written aside
+
+
+def test_each_prompt_is_opened_once_and_the_tokenizer_parsed_once(layered_store):
+    """Issue 67, item 5: an export asks for a prompt once per page (its page, one per operator, its graph) and for
+    the tokenizer on every page; the viewer opens (and checks) each prompt once and parses the tokenizer once."""
+    from detjac.analysis import piece_reader
+    from detjac.analysis.jobs import stored_tokenizer
+    from detjac.store import open_store
+    from detjac.view.pages import Pages
+
+    store = open_store(layered_store.path)
+    opened: list[str] = []
+    real_get = store.get
+
+    def counting_get(pid):
+        opened.append(pid)
+        return real_get(pid)
+
+    store.get = counting_get
+    pages = Pages(store)
+    pid = store.prompt_ids()[0]
+    keys = [k for k in pages.keys([pid]) if k != "corpus"]
+    assert len(keys) >= 3
+    for key in keys:
+        pages.data(key)
+    assert opened.count(pid) == 1
+    assert stored_tokenizer(pages.view) is stored_tokenizer(pages.view) is not None
+    assert piece_reader(pages.view)(3) == piece_reader(store)(3)
