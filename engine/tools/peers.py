@@ -199,7 +199,8 @@ def integrated_gradients(model: nn.Module, ids: Sequence[int], token: int, kind:
     every unit of ``kind`` (every layer, every position) together when ``joint`` (one batch of ``steps`` rows), else
     one layer's units at a time (the other layers recomputed; ``n_layers`` batches). Completeness: the attributions
     of what moves together sum to ``m(moved to base) - m(clean)`` up to the midpoint rule's error ``max|f'''| / (24
-    steps²)``, ``f(α)`` the target along the path (the rule integrates ``f'``). (2, L, n, N) for neurons, (2, L, H) for heads."""
+    steps²)``, ``f(α)`` the target along the path (the rule integrates ``f'``). (2, L, n, N) for neurons, (2, L,
+    H) for heads."""
     if not isinstance(steps, int) or steps < 1:
         raise InvalidArgumentError(f"Expected a positive number of steps. Got {steps!r}.")
     sites = unit_sites(model, kind)
