@@ -1,0 +1,393 @@
+"""Is exact better? detjac's attributions against attribution patching and integrated gradients, scored on the same
+ablations of the *unmodified* model (docs/graphs.md, "Against attribution patching and integrated gradients").
+
+For each held-out prompt on SmolLM2-135M-Instruct and Gemma 3 270M (float64, dequantized from their GGUF files), the
+target is the model's top prediction ``t`` at the last position: its demeaned logit (and its log-probability).
+Units: MLP neurons ``(layer, position, index)`` and attention heads ``(layer, head)`` (a head's output at every
+position). Baselines: zero, and the unit's mean over a reference corpus. Methods (:data:`METHODS`), each predicting
+the target's change when a unit is set to the baseline (:mod:`detjac.engine.tools.peers`):
+
+- ``detjac_total``: ``(b - a) · ∂m/∂a`` in the detached model (attention probabilities, norm scales, gates frozen),
+  every path: the graph's ranking pullback; ``detjac_direct``: the same with every MLP's output held fixed, the
+  graph's edge into the logit;
+- ``atp``: ``(b - a) · ∂m/∂a`` in the unmodified model (attribution patching);
+- ``ig``: integrated gradients of the unmodified model, ``--steps`` midpoints, one layer's units moved together;
+- ``random``: a random ranking (and random predictions, for the correlations' floor).
+
+Ground truth: the unmodified model with the unit set to the baseline, norms, softmaxes and gates recomputed. Neurons:
+the top ``--top`` of each method by |predicted change| plus ``--random`` random active neurons are ablated one at a
+time; heads: every head. Deletion curves: each method's top-k units by predicted *drop* ablated together (k in
+:data:`KS`), against the true top-k by single-unit drop and a random k.
+
+Prompts: ``benchmarks/data/heldout_prompts.txt`` (prefixes of held-out dictionary entries, used to tune nothing
+here), in file order, each cut to its longest prefix of whole words of at most ``MAX_TOKENS`` tokens, kept when it
+has at least ``MIN_TOKENS``. Mean-ablation corpus: the first ``REFERENCE`` lines of
+``benchmarks/data/lens_fit_prompts.txt`` (the lens-fit prompts, disjoint from the held-out ones; checked).
+
+Records go to ``benchmarks/results/attribution_vs_peers.jsonl``, one line per (model, prompt), appended as each
+prompt finishes; a run resumes after a kill without recomputing them. ``--summary`` scores the records into
+``benchmarks/results/attribution_vs_peers.json`` and draws ``docs/attribution-vs-peers.png``.
+
+    .venv/bin/python benchmarks/attribution_vs_peers.py --models smollm2 gemma3 --prompts 100
+    .venv/bin/python benchmarks/attribution_vs_peers.py --summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detjac.machine import cpu_name
+from detjac.shipped import SHIPPED, shipped_gguf
+
+HERE = Path(__file__).parent
+RECORDS = HERE / "results" / "attribution_vs_peers.{model}.jsonl"
+SUMMARY = HERE / "results" / "attribution_vs_peers.json"
+PLOT = HERE.parent / "docs" / "attribution-vs-peers.png"
+PROMPTS = HERE / "data" / "heldout_prompts.txt"
+REFERENCE_FILE = HERE / "data" / "lens_fit_prompts.txt"
+REFERENCE = 64
+MIN_TOKENS, MAX_TOKENS = 5, 7
+METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "random")
+BASELINES = ("zero", "mean")
+KS = (1, 2, 5, 10, 20, 50, 100, 200)
+
+
+def check_names(given: list[str], known: tuple[str, ...], what: str) -> list[str]:
+    unknown = [g for g in given if g not in known]
+    if unknown:
+        raise SystemExit(f"Expected {what} among {', '.join(known)}. Got {', '.join(map(repr, unknown))}.")
+    return given
+
+
+def short_prompts(tokenizer: Any, lines: list[str], count: int) -> list[str]:
+    """The first ``count`` prompts: each line's longest prefix of whole words of at most MAX_TOKENS tokens, kept
+    when it has at least MIN_TOKENS."""
+    out: list[str] = []
+    for line in lines:
+        words = line.split()
+        best = ""
+        for j in range(1, len(words) + 1):
+            text = " ".join(words[:j])
+            if len(tokenizer(text)["input_ids"]) > MAX_TOKENS:
+                break
+            best = text
+        if best and len(tokenizer(best)["input_ids"]) >= MIN_TOKENS:
+            out.append(best)
+        if len(out) == count:
+            break
+    return out
+
+
+def _lines(path: Path) -> list[str]:
+    return [s.strip() for s in path.read_text().splitlines() if s.strip()]
+
+
+def _top(pred: np.ndarray, k: int) -> np.ndarray:
+    return np.argsort(-np.abs(pred), kind="stable")[:k]
+
+
+def one_kind(model: Any, ids: list[int], t: int, kind: str, base: dict[str, list[Any]], args: argparse.Namespace,
+             rng: np.random.Generator, seconds: dict[str, float]) -> dict[str, Any]:
+    """Every method's predictions and the ablations of one unit kind (see the module docstring)."""
+    import torch
+
+    from detjac.engine.tools import peers
+
+    def timed(name: str, fn: Any) -> Any:
+        start = time.perf_counter()
+        out = fn()
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+        return out
+
+    grads = {"detjac_total": timed("detjac_total", lambda: peers.gradients(model, ids, t, kind, "detached")),
+             "detjac_direct": timed("detjac_direct", lambda: peers.gradients(model, ids, t, kind, "cut")),
+             "atp": timed("atp", lambda: peers.gradients(model, ids, t, kind, "real"))}
+    acts = grads["atp"].acts
+    clean = grads["atp"].metrics.cpu().numpy()
+    out: dict[str, Any] = {}
+    n_units = peers.unit_count(model, kind, len(ids))
+    for b in BASELINES:
+        pred: dict[str, np.ndarray] = {}
+        for m in ("detjac_total", "detjac_direct", "atp"):
+            pred[m] = peers.first_order(model, grads[m], kind, base[b]).reshape(2, -1).cpu().numpy()
+        if "ig" in args.methods:
+            joint = args.ig_path == "joint"
+            pred["ig"] = timed("ig", lambda b=b, joint=joint: peers.integrated_gradients(
+                model, ids, t, kind, base[b], steps=args.steps, acts=acts, joint=joint).reshape(2, -1).cpu().numpy())
+        pred["random"] = rng.standard_normal((2, n_units))
+        ranked = [m for m in args.methods if m != "random"]
+        if kind == "heads":
+            units = np.arange(n_units)
+        else:
+            chosen = set(int(u) for m in ranked for u in _top(pred[m][0], args.top))
+            extra = rng.permutation(n_units)[:args.random]
+            units = np.array(sorted(chosen | set(int(u) for u in extra)))
+        start = time.perf_counter()
+        single = peers.ablate(model, ids, t, kind, [[int(u)] for u in units], base[b], batch=args.batch)
+        seconds["ablation"] = seconds.get("ablation", 0.0) + time.perf_counter() - start
+        actual = single - clean  # (U, 2)
+        ks = [k for k in KS if k <= len(units)]
+        orders = {m: np.argsort(pred[m][0], kind="stable") for m in ranked}  # the most negative predicted change first
+        orders["true"] = units[np.argsort(actual[:, 0], kind="stable")]
+        orders["random"] = rng.permutation(units if kind == "neurons" else n_units)
+        curves = {}
+        groups = [[int(u) for u in orders[m][:k]] for m in orders for k in ks]
+        deleted = peers.ablate(model, ids, t, kind, groups, base[b], batch=args.batch) - clean
+        for j, m in enumerate(orders):
+            curves[m] = deleted[j * len(ks):(j + 1) * len(ks)].round(6).tolist()
+        out[b] = {"units": units.tolist(), "actual": actual.round(6).tolist(),
+                  "predicted": {m: pred[m][:, units].T.round(6).tolist() for m in pred},
+                  "ks": ks, "deletion": curves}
+    del torch
+    return out
+
+
+def one_prompt(model: Any, tokenizer: Any, text: str, base: dict[str, dict[str, list[Any]]],
+               args: argparse.Namespace, index: int) -> dict[str, Any]:
+    import torch
+
+    from detjac.engine.tools import peers
+
+    ids = list(tokenizer(text)["input_ids"])
+    with torch.no_grad():
+        logits = peers._last_logits(model, ids)
+    t = int(logits[0].argmax())
+    clean = peers.target_metrics(logits, t)[0].tolist()
+    rng = np.random.default_rng(index)
+    seconds: dict[str, float] = {}
+    record: dict[str, Any] = {"prompt": text, "index": index, "token_ids": ids, "target": t,
+                              "target_text": tokenizer.decode([t]), "clean": clean}
+    for kind in ("neurons", "heads"):
+        record[kind] = one_kind(model, ids, t, kind, base[kind], args, rng, seconds)
+    record["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    return record
+
+
+def records_path(model: str) -> Path:
+    return Path(str(RECORDS).format(model=model))
+
+
+def done_prompts(model: str) -> set[str]:
+    path = records_path(model)
+    if not path.exists():
+        return set()
+    out = set()
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill: recomputed
+            continue
+        if r.get("model") == model:
+            out.add(r["prompt"])
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from detjac.engine import load_engine
+    from detjac.engine.tools import peers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    held, reference = _lines(PROMPTS), _lines(REFERENCE_FILE)[:REFERENCE]
+    overlap = set(held) & set(reference)
+    assert not overlap, overlap  # the data files are fixed; held-out and reference prompts never meet
+    for name in args.models:
+        engine = load_engine(str(shipped_gguf(name)), dtype=torch.float64)
+        model, tokenizer = engine.model, engine.tokenizer
+        prompts = short_prompts(tokenizer, held, args.prompts)
+        done = done_prompts(name)
+        if len(done) >= len(prompts):
+            print(f"{name}: {len(done)} prompts done", flush=True)
+            continue
+        ref_ids = [list(tokenizer(s)["input_ids"]) for s in reference]
+        base = {kind: {"zero": [torch.zeros_like(m) for m in peers.site_means(model, ref_ids[:1], kind)],
+                       "mean": peers.site_means(model, ref_ids, kind)} for kind in ("neurons", "heads")}
+        for i, text in enumerate(prompts):
+            if text in done:
+                continue
+            start = time.perf_counter()
+            record = one_prompt(model, tokenizer, text, base, args, i)
+            record.update(model=name, seconds_total=round(time.perf_counter() - start, 2), cpu=cpu_name(),
+                          torch=torch.__version__, dtype="float64", steps=args.steps, top=args.top,
+                          random=args.random, ig_path=args.ig_path, date=time.strftime("%Y-%m-%d"))
+            with records_path(name).open("a") as f:  # one line per prompt: a kill loses only the prompt under way
+                f.write(json.dumps(record) + "\n")
+            print(f"{name} {i + 1}/{len(prompts)} {text!r} -> {record['target_text']!r}: "
+                  f"{record['seconds_total']:.1f} s {record['seconds']}", flush=True)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    r = np.empty(len(x))
+    r[np.argsort(x, kind="stable")] = np.arange(len(x))
+    return r
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _precision(pred: np.ndarray, actual: np.ndarray, k: int) -> float:
+    k = min(k, len(pred))
+    return len(set(_top(pred, k).tolist()) & set(_top(actual, k).tolist())) / k
+
+
+def scores(records: list[dict[str, Any]], kind: str, baseline: str) -> dict[str, Any]:
+    """Every method's scores on one unit kind and baseline over ``records`` (see the module docstring): the median
+    over prompts of Pearson and Spearman (predicted against actual change, over the ablated units), the mean
+    precision at 10 and 50, for both targets; the deletion curves (the target's mean drop over prompts) and their
+    normalized area (true top-k by single-unit ablation 1, random 0); the mean seconds per prompt."""
+    parts = [r[kind][baseline] for r in records]
+    methods = list(parts[0]["predicted"])
+    out: dict[str, Any] = {"prompts": len(records), "ks": parts[0]["ks"],
+                           "units_ablated_mean": float(np.mean([len(p["units"]) for p in parts])),
+                           "methods": {}}
+    curves = {m: np.mean([np.array(p["deletion"][m])[:, 0] for p in parts], axis=0) * -1 for m in parts[0]["deletion"]}
+    area = {m: float(c.mean()) for m, c in curves.items()}
+    span = area["true"] - area["random"]
+    for m in methods:
+        row: dict[str, Any] = {}
+        for j, target in enumerate(("logit", "logprob")):
+            pairs = [(np.array(p["predicted"][m])[:, j], np.array(p["actual"])[:, j]) for p in parts]
+            row[target] = {
+                "pearson": float(np.nanmedian([_pearson(x, y) for x, y in pairs])),
+                "spearman": float(np.nanmedian([_pearson(_ranks(x), _ranks(y)) for x, y in pairs])),
+                "precision_at_10": float(np.mean([_precision(x, y, 10) for x, y in pairs])),
+                "precision_at_50": float(np.mean([_precision(x, y, 50) for x, y in pairs])),
+            }
+        if m in curves:
+            row["deletion_drop"] = curves[m].round(4).tolist()
+            row["deletion_area"] = round(area[m], 4)
+            row["deletion_area_normalized"] = round((area[m] - area["random"]) / span, 3) if span else None
+        out["methods"][m] = row
+    out["true"] = {"deletion_drop": curves["true"].round(4).tolist(), "deletion_area": round(area["true"], 4)}
+    return out
+
+
+def _costs(records: list[dict[str, Any]]) -> dict[str, float]:
+    names = sorted({k for r in records for k in r["seconds"]})
+    return {k: round(float(np.mean([r["seconds"].get(k, 0.0) for r in records])), 2) for k in names} | {
+        "total": round(float(np.mean([r["seconds_total"] for r in records])), 2)}
+
+
+def load_records(model: str) -> list[dict[str, Any]]:
+    path = records_path(model)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def write_summary(models: list[str]) -> dict[str, Any]:
+    """Score every model's records into SUMMARY, draw PLOT, and print the tables (markdown)."""
+    summary: dict[str, Any] = {"records": {m: str(records_path(m).relative_to(HERE.parent)) for m in models}}
+    for model in models:
+        records = load_records(model)
+        if not records:
+            continue
+        entry: dict[str, Any] = {"prompts": len(records), "seconds_per_prompt": _costs(records),
+                                 "cpu": records[-1]["cpu"], "ig_path": records[-1].get("ig_path"),
+                                 "steps": records[-1]["steps"], "top": records[-1]["top"],
+                                 "random": records[-1]["random"]}
+        for kind in ("neurons", "heads"):
+            for b in BASELINES:
+                entry[f"{kind}/{b}"] = scores(records, kind, b)
+        summary[model] = entry
+    SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    print(tables(summary))
+    plot(summary)
+    return summary
+
+
+NAMES = {"detjac_total": "detjac total", "detjac_direct": "detjac direct", "atp": "AtP", "ig": "IG",
+         "random": "random", "true": "true top-k"}
+
+
+def tables(summary: dict[str, Any]) -> str:
+    lines = []
+    for model in SHIPPED:
+        if model not in summary:
+            continue
+        for kind in ("neurons", "heads"):
+            lines += ["", f"{model}, {kind} ({summary[model]['prompts']} prompts)", "",
+                      "| method | baseline | Pearson | Spearman | P@10 | P@50 | deletion area (norm.) | "
+                      "Pearson, log-prob |", "|---|---|---|---|---|---|---|---|"]
+            for b in BASELINES:
+                s = summary[model][f"{kind}/{b}"]["methods"]
+                for m, row in s.items():
+                    lo = row["logit"]
+                    area = row.get("deletion_area_normalized")
+                    lines.append(f"| {NAMES[m]} | {b} | {lo['pearson']:.2f} | {lo['spearman']:.2f} | "
+                                 f"{lo['precision_at_10']:.2f} | {lo['precision_at_50']:.2f} | "
+                                 f"{'' if area is None else f'{area:.2f}'} | {row['logprob']['pearson']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any]) -> None:
+    """The deletion curves, one panel per model, unit kind and baseline (matplotlib, installed with the project)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [m for m in SHIPPED if m in summary]
+    if not models:
+        return
+    fig, axes = plt.subplots(len(models), 4, figsize=(16, 3.6 * len(models)), squeeze=False)
+    for row, model in enumerate(models):
+        for col, (kind, b) in enumerate([(k, b) for k in ("neurons", "heads") for b in BASELINES]):
+            ax, s = axes[row][col], summary[model][f"{kind}/{b}"]
+            for m, data in [*s["methods"].items(), ("true", s["true"])]:
+                if "deletion_drop" in data:
+                    ax.plot(s["ks"], data["deletion_drop"], marker="o", ms=3, label=NAMES[m],
+                            ls="--" if m in ("true", "random") else "-")
+            ax.set_xscale("log")
+            ax.set_title(f"{model}, {kind}, {b} ablation ({s['prompts']} prompts)", fontsize=9)
+            ax.set_xlabel("k units ablated together")
+            if col == 0:
+                ax.set_ylabel("drop of the demeaned logit")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(SHIPPED))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--prompts", type=int, default=100)
+    parser.add_argument("--top", type=int, default=200)
+    parser.add_argument("--random", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--ig-path", choices=("joint", "layer"), default="joint",
+                        help="IG path: every unit of the kind at once, or one layer at a time (n_layers x the cost)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--summary", action="store_true", help="score the records, write the summary and the plot")
+    args = parser.parse_args(argv)
+    check_names(args.models, SHIPPED, "models")
+    check_names(args.methods, METHODS, "methods")
+    if args.summary:
+        write_summary(args.models)
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
