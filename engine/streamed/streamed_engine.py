@@ -156,13 +156,13 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         """The cost model at this engine's shapes and compute-device budget."""
         return CostModel.of(self.config, self.dtype.itemsize, self.layer_bytes(), detach=self.detach,
                             budget=self.memory_budget(device_key(self.device)), device=device_key(self.device),
-                            sweeps=self.adjoint.sizing())
+                            sweeps=self.adjoint.sizing(), stored_bytes=self.skeleton.stored_layer_bytes())
 
     def memory_budget(self, device: str) -> int | None:
         return self.budgets.get(device_key(device))
 
     def sweep_memory(self, n_tokens: int) -> tuple[int | None, int]:
-        """From the cost model: the budget less two layers (one read in while one computes), the trace and what a
+        """From the cost model: the budget less the layers' weights (two as stored, one widened), the trace and what a
         layer's crossing holds."""
         cost = self.cost
         return cost.vector_budget(n_tokens), cost.vector_bytes(n_tokens)
