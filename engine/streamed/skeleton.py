@@ -22,6 +22,8 @@ from ..types import EngineStats
 from .prefetch import LayerFeed, make_reader
 
 Slots = dict[str, tuple[nn.Module, str]]
+# the vocabulary is crossed this many bytes of (un)embedding rows in the compute dtype at a time (logits)
+VOCAB_CHUNK_BYTES = 32 * 2**20
 
 
 class Skeleton:
@@ -267,14 +269,16 @@ class Skeleton:
         module = self.decoder.get_input_embeddings() if which == "embedding" else self.model.get_output_embeddings()
         return tuple(module.weight.shape)  # type: ignore[return-value]
 
-    def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
-        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""
+    def logits(self, hidden: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks (as stored, each
+        widened to the compute dtype on ``hidden``'s device; default: :data:`VOCAB_CHUNK_BYTES` of rows at a time)."""
         key = self._matrix_key("unembedding")
         vocab = self.model.get_output_embeddings().weight.shape[0]
+        chunk = chunk or max(1, VOCAB_CHUNK_BYTES // (self.d_model * self.dtype.itemsize))
         parts = []
         for start in range(0, vocab, chunk):
             rows = self.source.read_range(key, start, min(start + chunk, vocab))
-            parts.append(hidden.to(self.dtype) @ rows.to(device=hidden.device, dtype=self.dtype).T)
+            parts.append(hidden.to(self.dtype) @ widen(rows, self.dtype, hidden.device).T)
         logits = torch.cat(parts, dim=-1)
         cap = getattr(self.config.get_text_config(), "final_logit_softcapping", None)
         if cap is not None:
