@@ -145,6 +145,10 @@ class GGUFWeights(WeightSource):
         raw = into if into is not None else torch.frombuffer(raw, dtype=torch.uint8)
         return Packed(raw.reshape(t.shape[0], -1), t.type_name, t.shape, t.name, order)
 
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        """float32: every block type decodes to float32 values (the ``gguf`` package's and this decoder's)."""
+        return torch.float32
+
     def stored_empty(self, name: str) -> torch.Tensor | None:
         t = self._tensor(name)
         return torch.empty(t.nbytes, dtype=torch.uint8) if self._row_order(t) is not False else None

@@ -75,7 +75,7 @@ def widen(t: Stored, dtype: torch.dtype, device: torch.device | str) -> torch.Te
     CheckpointError
         A packed tensor whose values are not finite (else reported much later as a Jacobian that does not
         reconstruct).
-    InvalidArgumentError
+    CheckpointError
         A stored dtype that is not a float dtype the engine converts.
     """
     if isinstance(t, Packed):
@@ -97,25 +97,28 @@ def check_stored_dtype(dtype: torch.dtype, name: str = "a weight") -> None:
 
     Raises
     ------
-    InvalidArgumentError
-        Naming the dtype and what is converted.
+    CheckpointError
+        Naming the tensor, its dtype and what is converted.
     """
     if dtype not in FLOAT_DTYPES:
-        raise InvalidArgumentError(f"Expected {name} stored as float16, bfloat16, float32 or float64. Got {dtype}.")
+        raise CheckpointError(f"Expected {name} stored as float16, bfloat16, float32 or float64 (a dtype the "
+                                   f"engine converts to the compute dtype). Got {dtype}.")
 
 
-def check_compute_dtype(stored: torch.dtype | None, compute: torch.dtype, exact: bool) -> None:
-    """Refuse a compute dtype narrower than the stored weights' where exactness is asked (float64 runs): the weights
-    would be rounded before the Jacobian is taken. ``stored``: the widest stored float dtype (None: unknown).
+def check_compute_dtype(stored: set[torch.dtype], compute: torch.dtype, exact: bool) -> None:
+    """Refuse, where exactness is asked (``exact``), a compute dtype that cannot hold every stored weight as it is
+    (narrower, or as wide in the other format: float16 against bfloat16): the weights would be rounded before the
+    Jacobian is taken. ``stored``: the stored float dtypes.
 
     Raises
     ------
     InvalidArgumentError
         One line: what was expected, what was got.
     """
-    if not exact or stored is None or stored not in FLOAT_DTYPES:
+    if not exact:
         return
-    if torch.finfo(compute).bits < torch.finfo(stored).bits or (
-            compute != stored and torch.finfo(compute).bits == torch.finfo(stored).bits):
-        raise InvalidArgumentError(f"Expected --dtype at least as precise as the stored weights ({stored}) for an "
-                                   f"exact Jacobian. Got {compute}.")
+    for dtype in sorted(stored, key=lambda t: -torch.finfo(t).bits):
+        fits = torch.finfo(compute).bits > torch.finfo(dtype).bits or compute == dtype
+        if not fits:
+            raise InvalidArgumentError(f"Expected --dtype at least as precise as the weights as stored ({dtype}) for "
+                                       f"an exact Jacobian. Got {compute}.")

@@ -139,6 +139,11 @@ class WeightSource:
         """Bytes of the tensor in its stored form."""
         return self.nbytes(name)
 
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        """The dtype the tensor is stored in, where the source can say without reading it (None: it decodes the
+        tensor itself, e.g. a GGUF's blocks, or a bitsandbytes checkpoint's)."""
+        return None
+
     def resolve(self, name: str) -> str:
         """The source's key for the model's parameter ``name`` (see :func:`resolve_key`)."""
         return name
@@ -165,6 +170,9 @@ class ModuleWeights(WeightSource):
     def nbytes(self, name: str) -> int:
         t = self._tensors[name]
         return t.numel() * t.element_size()
+
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        return self._tensors[name].dtype
 
 
 class SafetensorsWeights(WeightSource):
@@ -206,6 +214,9 @@ class SafetensorsWeights(WeightSource):
         e = self._entry(name)
         read_exact(e.file, e.begin, e.end - e.begin, into.view(torch.uint8).reshape(-1))
         return into
+
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        return None if self.quantized else self._entry(name).dtype
 
     def stored_empty(self, name: str) -> torch.Tensor | None:
         e = self._entry(name)

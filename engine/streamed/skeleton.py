@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoints.stored import Stored, stored_bytes, widen
+from ..checkpoints.stored import Stored, check_stored_dtype, stored_bytes, widen
 from ..checkpoints.weights import ModuleWeights, WeightSource
 from ..products.decode import RowBlocks, final_norm_gain
 from ..types import EngineStats
@@ -57,6 +57,7 @@ class Skeleton:
         text = config.get_text_config()
         self.d_model = int(text.hidden_size)
         self.ffn = int(getattr(text, "intermediate_size", 4 * self.d_model))
+        self.stored_dtypes = self._check_stored()
         self._stored: dict[int, dict[str, Stored]] = {}  # the resident layers' stored tensors
         self.owned: set[int] = set()  # resident layers whose widened weights are their own (see load_layer)
         self._materialize(self._slots["norm"], f"{self.decoder_path}.norm.")
@@ -64,6 +65,21 @@ class Skeleton:
             lambda i, into=None: self._read(self._layer_prefix(i), self._slots[i], self.device, into),
             lambda i: self._read(self._layer_prefix(i), self._slots[i], torch.device("cpu")),
             self.device, quantize, None if isinstance(source, ModuleWeights) else self._empty), self.stats)
+
+    def _check_stored(self) -> set[torch.dtype]:
+        """The stored dtypes of every tensor the engine widens (the layers, the final norm, the embedding), each
+        checked to be one it converts, from the source's header alone: refused before any work."""
+        emb = self.decoder.get_input_embeddings()
+        names = [next(n for n, m in self.model.named_modules() if m is emb) + ".weight"]
+        names += [f"{self.decoder_path}.norm.{rel}" for rel in self._slots["norm"]]
+        names += [self._layer_prefix(i) + rel for i in range(self.n_layers) for rel in self._slots[i]]
+        dtypes = set()
+        for name in names:
+            dtype = self.source.stored_dtype(self.source.resolve(name))
+            if dtype is not None:
+                check_stored_dtype(dtype, name)
+                dtypes.add(dtype)
+        return dtypes
 
     def _empty(self, i: int) -> dict[str, torch.Tensor]:
         """Uninitialized CPU buffers for layer ``i``'s stored tensors, made by the caller's thread so that the layers a
