@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from detjac.singular import VOCAB_CHUNK_BYTES
+
 from ..checkpoints.stored import Stored, check_stored_dtype, stored_bytes, widen
 from ..checkpoints.weights import ModuleWeights, WeightSource
 from ..products.decode import RowBlocks, final_norm_gain
@@ -22,8 +24,6 @@ from ..types import EngineStats
 from .prefetch import LayerFeed, make_reader
 
 Slots = dict[str, tuple[nn.Module, str]]
-# the vocabulary is crossed this many bytes of (un)embedding rows in the compute dtype at a time (logits)
-VOCAB_CHUNK_BYTES = 32 * 2**20
 
 
 class Skeleton:
@@ -287,7 +287,8 @@ class Skeleton:
 
     def logits(self, hidden: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
         """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks (as stored, each
-        widened to the compute dtype on ``hidden``'s device; default: :data:`VOCAB_CHUNK_BYTES` of rows at a time)."""
+        widened to the compute dtype on ``hidden``'s device; default: :data:`~detjac.singular.VOCAB_CHUNK_BYTES` of rows
+        at a time)."""
         key = self._matrix_key("unembedding")
         vocab = self.model.get_output_embeddings().weight.shape[0]
         chunk = chunk or max(1, VOCAB_CHUNK_BYTES // (self.d_model * self.dtype.itemsize))

@@ -147,3 +147,25 @@ def test_a_dtype_below_the_stored_precision_is_refused_where_exactness_is_asked(
     check_compute_dtype({torch.float32}, torch.float64, True)
     with pytest.raises(InvalidArgumentError, match="float32"):
         check_compute_dtype({torch.float32, torch.bfloat16}, torch.bfloat16, True)
+
+
+def test_decoding_crosses_the_vocabulary_in_chunks_with_the_same_tokens(monkeypatch, bf16_checkpoints):
+    from detjac import singular
+    from detjac.engine import decode_top
+
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((5000, 16)).astype(np.float32)
+    m[7] = m[4000] = m[300]  # ties: kept in vocabulary order across chunks
+    v = rng.standard_normal((16, 3))
+    v[:, 0] = m[300]
+    whole = singular.decode_top(v, m, 6)
+    monkeypatch.setattr(singular, "VOCAB_CHUNK_BYTES", 16 * 8 * 128)  # chunks of 128 rows
+    ids, scores = singular.decode_top(v, m, 6)
+    assert np.array_equal(ids, whole[0]) and list(ids[0, :3]) == [7, 300, 4000]
+    assert np.allclose(scores, whole[1], rtol=1e-13, atol=0)
+    # the layer-streamed engine's rows, read a chunk at a time from the stored bf16 matrix, decode as the whole does
+    sm = StreamedEngine(bf16_checkpoints("llama"), dtype=torch.float64)
+    vectors = torch.from_numpy(rng.standard_normal((sm.d_model, 2)))
+    got, _ = decode_top(vectors, sm.decoding_rows()["unembedding"], 5)
+    want, _ = decode_top(vectors, sm.decoding_matrices()["unembedding"], 5)
+    assert torch.equal(got, want)
