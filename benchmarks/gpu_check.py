@@ -355,7 +355,8 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     rows_block = plan.row_block
     out.put(shape=which, layers=L, d_model=d, tokens=tokens, dtype=dtype_name, max_memory=budget, init_s=init_s,
             forward_s=forward_s, row_block=rows_block, row_blocks=plan.n_row_blocks,
-            layer_gib=engine.skeleton.layer_bytes() / 2**30)
+            layer_gib=engine.skeleton.layer_bytes() / 2**30,
+            stored_layer_gib=engine.skeleton.stored_layer_bytes() / 2**30)
     say(f"{which} {tokens} tokens {dtype_name}: forward {forward_s:.2f} s; {plan.n_row_blocks} row blocks of "
         f"{rows_block}")
     jac = torch.empty(d, tokens, d, dtype=dtype)
@@ -381,7 +382,7 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     gemm = (min(rows_block * tokens, 16384), cfg["hidden_size"], cfg["intermediate_size"])
     rate = matmul_flops(dtype, args.device, shape=gemm) / 1e12
     loads = stats.layers_loaded - loaded0
-    moved = (stats.layers_loaded - stats.layers_kept) * engine.skeleton.layer_bytes()  # the forward pass's too
+    moved = (stats.layers_loaded - stats.layers_kept) * engine.skeleton.stored_layer_bytes()  # as stored; forward too
     flops = sweep_flops(cfg, tokens, d, L - 1) + sweep_flops(cfg, tokens, d, 1, queries=1)
     emb = trace.embeddings.to("cpu", torch.float64)
     recon = relative_error(reconstruct(jac.double(), emb), trace.output.to("cpu", torch.float64))
