@@ -76,6 +76,7 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
     ids = list(range(1, 1 + 37 * tokens, 37))  # ids the tiny checks hold too
     plan: Plan = sm.cost.plan(tokens, [OUTPUTS], mode="reverse")  # the cost model's block, passed explicitly
     load_s = time.perf_counter() - t0
+    base_mib = peak_mib()  # the interpreter, torch, transformers and the skeleton: before any layer is read
     t1 = time.perf_counter()
     res = jacobian(sm, ids, row_block=plan.row_block, check=False)
     seconds = time.perf_counter() - t1
@@ -84,7 +85,8 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
         "source": Path(source).name, "dtype": dtype_name, "budget": budget, "tokens": tokens,
         "row_block": plan.row_block, "row_blocks": plan.n_row_blocks, "seconds": seconds, "load_s": load_s,
         "seconds_per_layer_per_row_block": seconds / sm.n_layers / (plan.n_row_blocks + 1),  # the trace: one pass
-        "peak_rss_mib": peak_mib(), "layer_bytes_read": stats.bytes_read, "gib_read": stats.bytes_read / 2**30,
+        "peak_rss_mib": peak_mib(), "rss_before_layers_mib": base_mib,
+        "jacobian_mib": res.jacobian.numel() * res.jacobian.element_size() / 2**20, "layer_bytes_read": stats.bytes_read, "gib_read": stats.bytes_read / 2**30,
         "layers_loaded": stats.layers_loaded, "layers_kept": stats.layers_kept,
         "stored_layer_mib": cost.stored_bytes / 2**20, "compute_layer_mib": cost.layer_bytes / 2**20,
         "weights_mib_counted": cost.weights_bytes / 2**20, "reconstruction_error": float(res.reconstruction_error),
