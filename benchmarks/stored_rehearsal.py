@@ -86,7 +86,8 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
         "row_block": plan.row_block, "row_blocks": plan.n_row_blocks, "seconds": seconds, "load_s": load_s,
         "seconds_per_layer_per_row_block": seconds / sm.n_layers / (plan.n_row_blocks + 1),  # the trace: one pass
         "peak_rss_mib": peak_mib(), "rss_before_layers_mib": base_mib,
-        "jacobian_mib": res.jacobian.numel() * res.jacobian.element_size() / 2**20, "layer_bytes_read": stats.bytes_read, "gib_read": stats.bytes_read / 2**30,
+        "jacobian_mib": res.jacobian.numel() * res.jacobian.element_size() / 2**20,
+        "layer_bytes_read": stats.bytes_read, "gib_read": stats.bytes_read / 2**30,
         "layers_loaded": stats.layers_loaded, "layers_kept": stats.layers_kept,
         "stored_layer_mib": cost.stored_bytes / 2**20, "compute_layer_mib": cost.layer_bytes / 2**20,
         "weights_mib_counted": cost.weights_bytes / 2**20, "reconstruction_error": float(res.reconstruction_error),
