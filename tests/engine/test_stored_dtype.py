@@ -169,3 +169,22 @@ def test_decoding_crosses_the_vocabulary_in_chunks_with_the_same_tokens(monkeypa
     got, _ = decode_top(vectors, sm.decoding_rows()["unembedding"], 5)
     want, _ = decode_top(vectors, sm.decoding_matrices()["unembedding"], 5)
     assert torch.equal(got, want)
+
+
+def test_a_layer_whose_folded_pieces_are_refused_is_widened_again_for_torch_func(monkeypatch, bf16_checkpoints):
+    """The gains were folded into the widened weights in place: the fallback must not compute with them."""
+    from detjac.engine.pieces import NotAPiece
+    from detjac.engine.streamed import adjoint
+
+    folder = bf16_checkpoints("llama")
+    ref = jacobian(StreamedEngine(folder, dtype=torch.float64), IDS)
+
+    def refuse(*args, **kwargs):
+        raise NotAPiece("refused by the test")
+
+    monkeypatch.setattr(adjoint, "check_layer", refuse)
+    sm = StreamedEngine(folder, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="refused by the test"):
+        res = jacobian(sm, IDS)
+    assert res.reconstruction_error < EXACT
+    assert (res.jacobian - ref.jacobian).abs().max() <= EXACT * ref.jacobian.abs().max()
