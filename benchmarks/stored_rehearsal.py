@@ -105,16 +105,33 @@ def runs(paths: dict[str, Path]) -> list[tuple[str, str, str, str, int]]:
     return out
 
 
+def table(report: dict[str, Any]) -> str:
+    """The markdown table of docs/benchmarks.md's section, one row per run done."""
+    lines = ["| run | row blocks | seconds | s / layer / block | peak RSS MiB (before layers) | GiB of layers read | "
+             "layer MiB stored / widened | reconstruction |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in report.get("runs", {}).items():
+        before = r.get("rss_before_layers_mib")
+        lines.append(f"| {name} | {r['row_blocks']} × {r['row_block']} | {r['seconds']:.0f} | "
+                     f"{r['seconds_per_layer_per_row_block']:.1f} | {r['peak_rss_mib']:.0f}"
+                     f"{f' ({before:.0f})' if before else ''} | {r['gib_read']:.2f} | "
+                     f"{r['stored_layer_mib']:.0f} / {r['compute_layer_mib']:.0f} | {r['reconstruction_error']:.1e} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-rehearsal"), help="where the checkpoints go")
     p.add_argument("--with-8b", action="store_true", help="also the 8B shape (about an hour of 2 cores)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--table", action="store_true", help="print the results' table (docs/benchmarks.md), then stop")
     p.add_argument("_child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:
         source, dtype, budget, tokens = args._child
         print(json.dumps(child(source, dtype, budget, int(tokens))), flush=True)
+        return
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
         return
     t0 = time.perf_counter()
     paths = checkpoints(args.work, args.with_8b)
