@@ -293,7 +293,7 @@ def _dry_budget(folder: Path, dtype: Any, tokens: int) -> str:
 
     cost = StreamedEngine(folder, dtype=dtype, max_memory="cpu=1GiB").cost
     rows = cost.d_model // 2 + 1
-    return f"{2 * cost.layer_bytes + cost.block_bytes(tokens, 0) + rows * cost.vector_bytes(tokens)}B"
+    return f"{cost.weights_bytes + cost.block_bytes(tokens, 0) + rows * cost.vector_bytes(tokens)}B"
 
 
 def _budget(device: str, amount: str) -> str:
@@ -355,7 +355,8 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     rows_block = plan.row_block
     out.put(shape=which, layers=L, d_model=d, tokens=tokens, dtype=dtype_name, max_memory=budget, init_s=init_s,
             forward_s=forward_s, row_block=rows_block, row_blocks=plan.n_row_blocks,
-            layer_gib=engine.skeleton.layer_bytes() / 2**30)
+            layer_gib=engine.skeleton.layer_bytes() / 2**30,
+            stored_layer_gib=engine.skeleton.stored_layer_bytes() / 2**30)
     say(f"{which} {tokens} tokens {dtype_name}: forward {forward_s:.2f} s; {plan.n_row_blocks} row blocks of "
         f"{rows_block}")
     jac = torch.empty(d, tokens, d, dtype=dtype)
@@ -381,7 +382,7 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     gemm = (min(rows_block * tokens, 16384), cfg["hidden_size"], cfg["intermediate_size"])
     rate = matmul_flops(dtype, args.device, shape=gemm) / 1e12
     loads = stats.layers_loaded - loaded0
-    moved = (stats.layers_loaded - stats.layers_kept) * engine.skeleton.layer_bytes()  # the forward pass's too
+    moved = (stats.layers_loaded - stats.layers_kept) * engine.skeleton.stored_layer_bytes()  # as stored; forward too
     flops = sweep_flops(cfg, tokens, d, L - 1) + sweep_flops(cfg, tokens, d, 1, queries=1)
     emb = trace.embeddings.to("cpu", torch.float64)
     recon = relative_error(reconstruct(jac.double(), emb), trace.output.to("cpu", torch.float64))
@@ -740,37 +741,46 @@ def main() -> None:
         sys.exit(1)
 
 
-PLAN_BUDGETS_GIB = (8, 16, 24, 60)
+PLAN_BUDGETS_GIB = (4, 8, 16, 24, 60)
+# bytes per weight as stored: a bf16 checkpoint, and a GGUF of Q4_0 blocks (18 bytes per 32 weights)
+PLAN_STORED = (("bf16", 2.0), ("Q4_0", 18 / 32))
 
 
 def plans() -> str:
     """What the layer-streamed engine's planner (the same cost model, no weights needed) makes of the 8B and 70B
-    shapes on a CUDA device: row blocks × rows of the output's J per budget, or "refused" where one layer (held
-    twice while the next is read) and one vector do not fit. A markdown table (docs/user-guide.md shows it)."""
+    shapes on a CUDA device: row blocks × rows of the output's J per budget, or "refused" where the layers' weights
+    (two as stored: the one in use and the next, read ahead; the one in use widened to the compute dtype) and one
+    vector do not fit. A markdown table (docs/user-guide.md shows it)."""
     from detjac.engine import Target
     from detjac.engine.checkpoints.tiny import tiny_config
     from detjac.engine.streamed.cost import CostModel
     from detjac.errors import InvalidArgumentError
 
-    lines = ["| shape | dtype | tokens | one layer GiB | " + " | ".join(f"{b} GiB" for b in PLAN_BUDGETS_GIB) + " |",
-             "|---|---|---|---|" + "---|" * len(PLAN_BUDGETS_GIB)]
+    lines = ["| shape | stored | dtype | tokens | one layer GiB (stored / compute) | "
+             + " | ".join(f"{b} GiB" for b in PLAN_BUDGETS_GIB) + " |",
+             "|---|---|---|---|---|" + "---|" * len(PLAN_BUDGETS_GIB)]
     for label, cfg in (("Llama-3.1-8B", LLAMA31_8B), ("Llama-3.3-70B", {**LLAMA33_70B, "num_hidden_layers": 80})):
         config = tiny_config("llama", **{k: v for k, v in cfg.items() if k != "model_type"})
         d, f, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
         q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
         params = 2 * d * q + 2 * d * kv + 3 * d * f + 2 * d  # q, o, k, v, the MLP's three, two norms
-        for dtype, itemsize in (("bfloat16", 2), ("float32", 4), ("float64", 8)):
-            for tokens in (16, 64):
-                cells = []
-                for gib in PLAN_BUDGETS_GIB:
-                    cost = CostModel.of(config, itemsize, params * itemsize, budget=gib * 2**30, device="cuda")
-                    try:
-                        plan = cost.plan(tokens, [Target(-1, "output")], mode="reverse")
-                        cells.append(f"{plan.n_row_blocks} × {plan.row_block}")
-                    except InvalidArgumentError:
-                        cells.append("refused")
-                lines.append(f"| {label} | {dtype} | {tokens} | {params * itemsize / 2**30:.2f} | "
-                             + " | ".join(cells) + " |")
+        for stored, per_weight in PLAN_STORED:
+            stored_bytes = int(params * per_weight)
+            for dtype, itemsize in (("bfloat16", 2), ("float32", 4), ("float64", 8)):
+                if per_weight > itemsize:
+                    continue
+                for tokens in (16, 64):
+                    cells = []
+                    for gib in PLAN_BUDGETS_GIB:
+                        cost = CostModel.of(config, itemsize, params * itemsize, budget=gib * 2**30, device="cuda",
+                                            stored_bytes=stored_bytes)
+                        try:
+                            plan = cost.plan(tokens, [Target(-1, "output")], mode="reverse")
+                            cells.append(f"{plan.n_row_blocks} × {plan.row_block}")
+                        except InvalidArgumentError:
+                            cells.append("refused")
+                    lines.append(f"| {label} | {stored} | {dtype} | {tokens} | {stored_bytes / 2**30:.2f} / "
+                                 f"{params * itemsize / 2**30:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

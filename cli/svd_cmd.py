@@ -103,12 +103,15 @@ def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: 
 
 
 def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> None:
+    import torch
+
     from detjac.engine import decode_blocks, decode_top
 
     from .render import piece, pieces
 
     tok = engine.tokenizer
-    mats = engine.decoding_matrices()
+    half = engine.dtype in (torch.bfloat16, torch.float16)  # numpy has no bfloat16: decoded in float32, as before
+    mats = engine.decoding_rows(torch.float32 if half else None)  # streamed: read a chunk of the vocabulary at a time
     left_ids, _ = decode_top(result.U.cpu(), mats["unembedding"], top)
     right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, mats["embedding"], top)
     click.echo(f"  {'#':>3}  {'sigma':>10}  {'residual':>8}  left -> tokens | right [token, share of |v|^2] -> tokens")

@@ -19,6 +19,10 @@ def orient(U: Any, V: Any, reference: Any) -> tuple[Any, Any]:
     return U * sign, V * sign
 
 
+# the vocabulary is decoded this many bytes of widened (float64 at most) rows at a time
+VOCAB_CHUNK_BYTES = 32 * 2**20
+
+
 def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
     """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d).
 
@@ -26,7 +30,10 @@ def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
     input embedding) with the highest scores ``matrix @ v``, highest first, ties in vocabulary order. The
     scores are computed in the wider of the two dtypes (float32 at least), so a float64 vector is decoded in
     float64 without a float64 copy of a float32 matrix being needed otherwise. Takes numpy arrays (the
-    engine passes its tensors through :func:`detjac.engine.products.decode.decode_top`).
+    engine passes its tensors through :func:`detjac.engine.products.decode.decode_top`), or any matrix with
+    ``shape`` and ``m[start:stop]`` giving numpy rows (the layer-streamed engine's rows read on demand): the
+    vocabulary is crossed :data:`VOCAB_CHUNK_BYTES` of widened rows at a time, keeping each column's best ``top``
+    so far, so neither the matrix nor its scores are ever whole in the wider dtype.
 
     Returns
     -------
@@ -34,12 +41,21 @@ def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
     """
     import numpy as np
 
-    m, v = np.asarray(matrix), np.asarray(vectors)
-    dtype = np.result_type(m.dtype, v.dtype, np.float32)
-    scores = (m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)).T  # (k, vocab)
-    top = min(top, scores.shape[1])
-    ids = np.argsort(-scores, axis=1, kind="stable")[:, :top]
-    return ids, np.take_along_axis(scores, ids, axis=1)
+    v = np.asarray(vectors)
+    vocab, d = int(matrix.shape[0]), int(matrix.shape[1])
+    chunk = max(1, top, VOCAB_CHUNK_BYTES // max(1, d * 8))
+    ids = np.zeros((v.shape[1], 0), dtype=np.int64)
+    scores = np.zeros((v.shape[1], 0))
+    for start in range(0, vocab, chunk):
+        m = np.asarray(matrix[start:min(vocab, start + chunk)])
+        dtype = np.result_type(m.dtype, v.dtype, np.float32)
+        part = (m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)).T  # (k, rows)
+        # the best so far come first (lower ids): a stable sort keeps ties in vocabulary order
+        both = np.concatenate([scores.astype(part.dtype, copy=False), part], axis=1)
+        both_ids = np.concatenate([ids, np.broadcast_to(np.arange(start, start + part.shape[1]), part.shape)], axis=1)
+        order = np.argsort(-both, axis=1, kind="stable")[:, :min(top, both.shape[1])]
+        ids, scores = np.take_along_axis(both_ids, order, axis=1), np.take_along_axis(both, order, axis=1)
+    return ids, scores
 
 
 def decode_blocks(V: Any, n_blocks: int, matrix: Any, top: int) -> tuple[Any, Any, Any, Any]:

@@ -19,6 +19,7 @@ from .gguf_blocks import BLOCK_TYPES
 from .gguf_blocks import dequantize as dequantize_blocks
 from .gguf_header import GGUFTensor, read_gguf_header
 from .gguf_names import model_tensor_names
+from .stored import Packed
 from .weights import WeightSource, read_exact
 
 
@@ -52,6 +53,7 @@ class GGUFWeights(WeightSource):
         config = model.config.to_dict()
         self._processor = TENSOR_PROCESSORS.get(self.header.architecture, TensorProcessor)(config=config)
         self._by_model = model_tensor_names(model, self.header, self._processor)
+        self._orders: dict[str, torch.Tensor | None | bool] = {}
         self._check_shapes(model)
 
     def _check_shapes(self, model: nn.Module) -> None:
@@ -130,5 +132,46 @@ class GGUFWeights(WeightSource):
     def nbytes(self, name: str) -> int:
         t = self._tensor(name)
         return int(np.prod(t.shape, dtype=np.int64)) * 4  # as read: float32
+
+    def read_stored(self, name: str, into: torch.Tensor | None = None) -> Any:
+        """A matrix of a block type decoded in torch as its raw blocks (:class:`Packed`: dequantized where it is
+        used, on that device); anything else (vectors, types only the ``gguf`` package decodes, a fix-up that is not
+        a row order) as :meth:`read` gives it, float32."""
+        t = self._tensor(name)
+        order = self._row_order(t)
+        if order is False:
+            return self.read(name)
+        raw = read_exact(self.path, t.begin, t.nbytes, into)
+        raw = into if into is not None else torch.frombuffer(raw, dtype=torch.uint8)
+        return Packed(raw.reshape(t.shape[0], -1), t.type_name, t.shape, t.name, order)
+
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        """float32: every block type decodes to float32 values (the ``gguf`` package's and this decoder's)."""
+        return torch.float32
+
+    def stored_empty(self, name: str) -> torch.Tensor | None:
+        t = self._tensor(name)
+        return torch.empty(t.nbytes, dtype=torch.uint8) if self._row_order(t) is not False else None
+
+    def stored_nbytes(self, name: str) -> int:
+        t = self._tensor(name)
+        return t.nbytes if self._row_order(t) is not False else self.nbytes(name)
+
+    def _row_order(self, t: GGUFTensor) -> torch.Tensor | None | bool:
+        """How transformers' fix-up of ``t`` reorders its rows: None (it leaves them), the order (rows,) int64, or
+        False where ``t`` is not a matrix of a block type decoded in torch or the fix-up is not a row order
+        (Gemma's ``1 + w`` norms). Found by running the fix-up on the row numbers."""
+        if len(t.shape) != 2 or t.type_name not in BLOCK_TYPES or t.shape[0] >= 2**24 or t.nbytes == 0:
+            return False
+        if t.name not in self._orders:
+            rows = np.arange(t.shape[0], dtype=np.float32).reshape(-1, 1)
+            got = np.asarray(self._processor.process(weights=rows.copy(), name=t.name).weights)
+            if got.shape != rows.shape or not np.array_equal(np.sort(got[:, 0]), rows[:, 0]):
+                self._orders[t.name] = False
+            elif np.array_equal(got, rows):
+                self._orders[t.name] = None
+            else:
+                self._orders[t.name] = torch.from_numpy(got[:, 0].astype(np.int64))
+        return self._orders[t.name]
 
 

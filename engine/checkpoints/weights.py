@@ -125,6 +125,25 @@ class WeightSource:
     def nbytes(self, name: str) -> int:
         raise NotImplementedError
 
+    def read_stored(self, name: str, into: torch.Tensor | None = None) -> Any:
+        """The tensor in its stored form (a float tensor in its stored dtype, or a GGUF tensor's raw blocks: a
+        :class:`~detjac.engine.checkpoints.stored.Packed`), for :func:`~detjac.engine.checkpoints.stored.widen` where
+        it is used; ``into``: a buffer from :meth:`stored_empty` the read fills."""
+        return self.read(name)
+
+    def stored_empty(self, name: str) -> torch.Tensor | None:
+        """An uninitialized CPU buffer for :meth:`read_stored` to fill (None: the read makes its own)."""
+        return None
+
+    def stored_nbytes(self, name: str) -> int:
+        """Bytes of the tensor in its stored form."""
+        return self.nbytes(name)
+
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        """The dtype the tensor is stored in, where the source can say without reading it (None: it decodes the
+        tensor itself, e.g. a GGUF's blocks, or a bitsandbytes checkpoint's)."""
+        return None
+
     def resolve(self, name: str) -> str:
         """The source's key for the model's parameter ``name`` (see :func:`resolve_key`)."""
         return name
@@ -151,6 +170,9 @@ class ModuleWeights(WeightSource):
     def nbytes(self, name: str) -> int:
         t = self._tensors[name]
         return t.numel() * t.element_size()
+
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        return self._tensors[name].dtype
 
 
 class SafetensorsWeights(WeightSource):
@@ -186,6 +208,20 @@ class SafetensorsWeights(WeightSource):
         e = self._entry(name)
         return self._read_bytes(e, e.begin, e.end).reshape(e.shape)
 
+    def read_stored(self, name: str, into: torch.Tensor | None = None) -> torch.Tensor:
+        if into is None:
+            return self.read(name)
+        e = self._entry(name)
+        read_exact(e.file, e.begin, e.end - e.begin, into.view(torch.uint8).reshape(-1))
+        return into
+
+    def stored_dtype(self, name: str) -> torch.dtype | None:
+        return None if self.quantized else self._entry(name).dtype
+
+    def stored_empty(self, name: str) -> torch.Tensor | None:
+        e = self._entry(name)
+        return torch.empty(e.shape, dtype=e.dtype) if not self.quantized and e.end > e.begin else None
+
     def read_rows(self, name: str, rows: list[int]) -> torch.Tensor:
         e = self._entry(name)
         if len(e.shape) != 2:
@@ -219,16 +255,16 @@ class SafetensorsWeights(WeightSource):
         return self._resolved[name]
 
 
-def read_exact(file: Path, begin: int, n: int) -> bytearray:
+def read_exact(file: Path, begin: int, n: int, into: torch.Tensor | None = None) -> Any:
     """``n`` bytes of ``file`` from byte ``begin``, by a positioned read (no memory map, so the file's pages are not
-    left counted in the process's resident memory).
+    left counted in the process's resident memory); into ``into`` (a contiguous CPU uint8 tensor of ``n``) where given.
 
     Raises
     ------
     CheckpointError
         The file ends before them (a truncated file).
     """
-    buf = bytearray(n)
+    buf: Any = bytearray(n) if into is None else memoryview(into.numpy()).cast("B")
     with open(file, "rb", buffering=0) as f:
         f.seek(begin)
         got = f.readinto(buf)

@@ -73,6 +73,7 @@ class Mlp:
     bias: torch.Tensor | None = None  # (n, ffn) an affine family's neurons on a zero MLP input (None: zero)
     neuron_bias: torch.Tensor | None = None  # (n, ffn) the neurons on a zero layer input: their layer's constants
     layer_bias: torch.Tensor | None = None  # (n, d) the layer's output on a zero input, the neurons held at zero
+    owned: bool = False  # the weights are this piece's to change: gains are folded into them in place
 
     mixes = False  # position-wise: rows s: in, rows s: out
 
@@ -92,9 +93,9 @@ class Mlp:
             self.post = scale if self.post is None else self.post * scale
         if gain is not None:
             if before:
-                self.up = self.up * gain[None, :]
+                self.up = _scaled(self.up, gain[None, :], self.owned)
             else:
-                self.down = gain[:, None] * self.down
+                self.down = _scaled(self.down, gain[:, None], self.owned)
 
     @property
     def rows_gate(self) -> torch.Tensor:
@@ -163,6 +164,7 @@ class Attention:
     probs: torch.Tensor  # (heads, n, n)
     kv_heads: int
     head_dim: int
+    owned: bool = False  # the weights are this piece's to change: gains are folded into them in place
 
     mixes = True
 
@@ -170,11 +172,11 @@ class Attention:
         if before:
             self.probs = self.probs * scale[None, None, :]
             if gain is not None:
-                self.value = self.value * gain[None, :]
+                self.value = _scaled(self.value, gain[None, :], self.owned)
         else:
             self.probs = self.probs * scale[None, :, None]
             if gain is not None:
-                self.out = gain[:, None] * self.out
+                self.out = _scaled(self.out, gain[:, None], self.owned)
 
     def causal_from(self, s: int) -> bool:
         """Whether no position before ``s`` reads a position from ``s`` on (then vectors zero before ``s`` stay so)."""
@@ -210,6 +212,11 @@ class Attention:
 
 
 Core = Mlp | Attention
+
+
+def _scaled(weight: torch.Tensor, gain: torch.Tensor, own: bool) -> torch.Tensor:
+    """``weight * gain`` (broadcast): in place where the weight is the piece's own (no second copy of the layer)."""
+    return weight.mul_(gain) if own else weight * gain
 
 
 def plus(acc: torch.Tensor, sa: int, product: Product, own: bool = False) -> tuple[torch.Tensor, int]:

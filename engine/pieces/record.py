@@ -56,13 +56,18 @@ class LayerRecord:
     fixed: LayerPieces | None = None  # pieces that fold nothing (post-norm layers), built once while recording
     offsets: Offsets | None = None  # an affine family's constants
 
-    def pieces(self) -> LayerPieces:
+    def pieces(self, own: bool = False) -> LayerPieces:
         """The layer's pieces, norms folded in (new tensors each time: nothing is kept between sweeps); raises
-        :class:`~detjac.engine.pieces.NotAPiece` (why) where a branch is not made of known pieces."""
+        :class:`~detjac.engine.pieces.NotAPiece` (why) where a branch is not made of known pieces. ``own``: the
+        layer's weights are the caller's to change (a streamed layer widened for this block): the norm gains are
+        folded into them in place, once every branch is known, instead of into copies."""
         if self.fixed is not None:
             return self.fixed
         probs = list(self.probs)
-        attention, mlp = (_branch(part, self.family, self.factors, probs) for part in self.branches)
+        branches = [_branch(part, self.family, self.factors, probs) for part in self.branches]
+        for core, norms in branches:
+            _fold(core, norms, own)
+        attention, mlp = (core for core, _ in branches)
         if self.offsets is not None and self.offsets.neurons is not None and isinstance(mlp, Mlp):
             mlp.offsets(self.offsets.neurons, self.offsets.mid, self.offsets.out)
         return LayerPieces(attention, mlp)
@@ -103,12 +108,12 @@ def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape
     return record, out, mid
 
 
-def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor
+def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, own: bool = False
                  ) -> tuple[LayerPieces, torch.Tensor, torch.Tensor]:
-    """:func:`record_layer`, then the record's pieces; raises :class:`~detjac.engine.pieces.NotAPiece` (why) where
-    the layer has an unknown piece."""
+    """:func:`record_layer`, then the record's pieces (``own``: see :meth:`LayerRecord.pieces`); raises
+    :class:`~detjac.engine.pieces.NotAPiece` (why) where the layer has an unknown piece."""
     record, out, mid = record_layer(layer, family, step, h)
-    return record.pieces(), out, mid
+    return record.pieces(own), out, mid
 
 
 def _down_module(calls: list[Call], family: Any, factors: list[Any]) -> nn.Module | None:
@@ -133,8 +138,10 @@ def _close(calls: list[Call], module: nn.Module, count: int) -> None:
             return
 
 
-def _branch(calls: list[Call], family: Any, factors: list[Any], probs: list[torch.Tensor]) -> Any:
-    """One residual branch's calls (norms* core norms*) as one core with its norms folded in."""
+def _branch(calls: list[Call], family: Any, factors: list[Any], probs: list[torch.Tensor]
+            ) -> tuple[Any, list[tuple[NormPiece, bool]]]:
+    """One residual branch's calls (norms* core norms*) as one core and its norms (each with whether it comes before
+    the core), to be folded in by :func:`_fold`."""
     core: Any = None
     norms: list[tuple[NormPiece, bool]] = []  # (norm, before the core)
     for call in calls:
@@ -152,6 +159,13 @@ def _branch(calls: list[Call], family: Any, factors: list[Any], probs: list[torc
             raise NotAPiece(f"{call.name}: {e}") from None
     if core is None:
         raise NotAPiece("a residual branch without an attention or MLP")
+    return core, norms
+
+
+def _fold(core: Any, norms: list[tuple[NormPiece, bool]], own: bool) -> None:
+    """Fold a branch's norms into its core (into its weights in place where ``own`` and the core can)."""
+    if own and hasattr(core, "owned"):
+        core.owned = True
     for norm, _ in reversed([nb for nb in norms if nb[1]]):  # the one nearest the core first: W g C
         core.fold(norm.scale, norm.gain, True)
         if norm.center:
@@ -160,7 +174,6 @@ def _branch(calls: list[Call], family: Any, factors: list[Any], probs: list[torc
         if norm.center:
             centre(core, False)
         core.fold(norm.scale, norm.gain, False)
-    return core
 
 
 def _core(module: nn.Module, children: list[nn.Module], family: Any, factors: list[Any], probs: list[torch.Tensor]

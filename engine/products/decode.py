@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ def dense_svd(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -> S
     return SingularTriplets(U, S, V)
 
 
-def decode_top(vectors: torch.Tensor, matrix: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_top(vectors: torch.Tensor, matrix: torch.Tensor | RowBlocks, top: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top token ids and scores of each column of ``vectors`` (d, k) through ``matrix`` (vocab, d), by
     :func:`detjac.singular.decode_top` (ties in vocabulary order).
 
@@ -71,7 +72,7 @@ def decode_top(vectors: torch.Tensor, matrix: torch.Tensor, top: int) -> tuple[t
     return torch.from_numpy(ids), torch.from_numpy(scores)
 
 
-def decode_blocks(V: torch.Tensor, n_blocks: int, matrix: torch.Tensor, top: int
+def decode_blocks(V: torch.Tensor, n_blocks: int, matrix: torch.Tensor | RowBlocks, top: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode right singular vectors of ``[J_1 ... J_n]`` (see :func:`detjac.singular.decode_blocks`).
 
@@ -80,8 +81,11 @@ def decode_blocks(V: torch.Tensor, n_blocks: int, matrix: torch.Tensor, top: int
     return tuple(torch.from_numpy(a) for a in singular.decode_blocks(_numpy(V), n_blocks, _numpy(matrix), top))
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A tensor as a numpy array on the CPU, in its own dtype (bfloat16 and float16 widened to float32)."""
+def _numpy(t: torch.Tensor | RowBlocks | np.ndarray) -> Any:
+    """A tensor as a numpy array on the CPU, in its own dtype (bfloat16 and float16 widened to float32); a
+    :class:`RowBlocks` (rows read on demand) or a numpy array as it is."""
+    if not isinstance(t, torch.Tensor):
+        return t
     t = t.detach().cpu()
     return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 

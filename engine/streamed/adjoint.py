@@ -149,14 +149,18 @@ class ExplicitAdjoint(AutogradAdjoint):
     def _pieces(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> LayerPieces | None:
         if not self.steps.detach or i in self._unknown:
             return None
+        own = i in self.sk.owned  # the widened weights are this block's: gains fold into them in place
         try:
-            pieces, out, mid = layer_pieces(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h)
+            pieces, out, mid = layer_pieces(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h,
+                                            own)
             if i not in self._checked:
                 check_layer(pieces, h, out, mid)
                 self._checked.add(i)
         except NotAPiece as e:
             self._unknown[i] = str(e)
             self._fallback(f"layer {i}", str(e))
+            if own:  # the folds may have changed the weights: torch.func gets the layer as stored
+                self.sk.rewiden(i)
             return None
         self.sk.stats.explicit_layers += 1
         return pieces

@@ -49,7 +49,10 @@ def reverse_only(t: Target, targets: Sequence[Target]) -> bool:
 class CostModel:
     """The shapes that decide cost and memory: hidden and MLP sizes, layers, bytes per number and per layer.
 
-    ``budget`` is the compute device's memory budget in bytes (None: no budget).
+    ``layer_bytes``: one decoder layer in the compute dtype (the layer in use, widened on the compute device);
+    ``stored_bytes``: one layer as stored (bfloat16 tensors, a GGUF's quantized blocks; None: ``layer_bytes``), held
+    twice (the one in use and the next, read ahead). ``budget`` is the compute device's memory budget in bytes (None:
+    no budget).
     """
 
     d_model: int
@@ -64,6 +67,14 @@ class CostModel:
     q: int | None = None
     kv: int | None = None
     sweeps: str = "explicit"  # how a block crosses a layer: explicit or autograd (the ordinary Jacobian: autograd)
+    stored_bytes: int | None = None
+
+    @property
+    def weights_bytes(self) -> int:
+        """What the layers' weights hold at once: two layers as stored (the one in use, the next read ahead) and the
+        one in use widened to the compute dtype (its norm gains folded into it in place: no third copy)."""
+        stored = self.layer_bytes if self.stored_bytes is None else self.stored_bytes
+        return 2 * stored + self.layer_bytes
 
     @classmethod
     def of(cls, config: Any, itemsize: int, layer_bytes: int, **kw: Any) -> CostModel:
@@ -98,8 +109,9 @@ class CostModel:
         return self.itemsize * (n * (4 * d + 2 * self.ffn) + self.heads * n * n)
 
     def layer_bytes_held(self, n: int, vectors: int | None = None) -> int:
-        """Bytes a layer's crossing holds beside the block's vectors at ``n`` tokens (its weights aside); the MLP's
-        chunk is at most the whole intermediate of ``vectors`` vectors (None: any number)."""
+        """Bytes a layer's crossing holds beside the block's vectors at ``n`` tokens (its weights aside: see
+        :attr:`weights_bytes`); the MLP's chunk is at most the whole intermediate of ``vectors`` vectors (None: any
+        number)."""
         d, f, q, kv = self.d_model, self.ffn, self.q or self.d_model, self.kv or self.d_model
         forward = n * (4 * f + 3 * d + q + 2 * kv) + 2 * self.heads * n * n  # the layer run once on n positions
         if not self.explicit:
@@ -110,27 +122,27 @@ class CostModel:
             chunk = min(chunk, vectors * n * f * self.itemsize)
             if self.folds(vectors):  # the folded MLP's scratch instead of the intermediate's chunk
                 chunk = max(chunk, fold_bytes(d, f, vectors, n, self.itemsize))
-        return self.itemsize * (forward + self.heads * n * n + 2 * n * f) + self.layer_bytes + chunk
+        return self.itemsize * (forward + self.heads * n * n + 2 * n * f) + chunk
 
     def trace_bytes(self, n: int) -> int:
         """The trace: every layer's input and mid residual, and the final states (n × d each)."""
         return (2 * self.n_layers + 2) * n * self.d_model * self.itemsize
 
     def block_bytes(self, n: int, vectors: int) -> int:
-        """What a block of ``vectors`` adds at ``n`` tokens, on top of the layer being read: the trace, what a layer
+        """What a block of ``vectors`` adds at ``n`` tokens, on top of the layers' weights: the trace, what a layer
         holds, the block's vectors."""
         return self.trace_bytes(n) + self.layer_bytes_held(n, vectors or None) + vectors * self.vector_bytes(n)
 
     def vector_budget(self, n: int) -> int | None:
-        """Bytes left for the block: the budget less one layer (twice while it is read), the trace and what a
-        layer's crossing holds whatever the block."""
+        """Bytes left for the block: the budget less the layers' weights (:attr:`weights_bytes`), the trace and what
+        a layer's crossing holds whatever the block."""
         if self.budget is None:
             return None
-        return max(0, self.budget - 2 * self.layer_bytes - self.block_bytes(n, 0))
+        return max(0, self.budget - self.weights_bytes - self.block_bytes(n, 0))
 
     def spare_bytes(self, n: int, plan: Plan | None = None) -> int:
-        """What the budget leaves at ``n`` tokens beside two layers (one in use, one read ahead), the trace, a
-        layer's crossing and the plan's blocks (None: the forward pass alone): the decoded layers kept across passes
+        """What the budget leaves at ``n`` tokens beside the layers' weights (:attr:`weights_bytes`), the trace, a
+        layer's crossing and the plan's blocks (None: the forward pass alone): the stored layers kept across passes
         (:class:`~detjac.engine.streamed.prefetch.LayerFeed`). Without a budget: 0, none kept."""
         budget = self.vector_budget(n)
         if budget is None:
@@ -179,12 +191,13 @@ class CostModel:
                 row_block = -(-d // -(-d // row_block))
         if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
             vectors = n_rev if rev else d
-            total = 2 * self.layer_bytes + self.block_bytes(n, 0) + vectors * self.vector_bytes(n)
+            total = self.weights_bytes + self.block_bytes(n, 0) + vectors * self.vector_bytes(n)
+            stored = self.layer_bytes if self.stored_bytes is None else self.stored_bytes
             raise InvalidArgumentError(
-                f"Expected a memory budget that holds two layers ({format_bytes(self.layer_bytes)} each: the one in "
-                f"use and the next, read ahead), the trace and what a layer's crossing holds at {n} "
-                f"token{'s' if n != 1 else ''} ({format_bytes(self.block_bytes(n, 0))}) and at least {vectors} "
-                f"vector{'s' if vectors > 1 else ''} "
+                f"Expected a memory budget that holds two layers as stored ({format_bytes(stored)} each: the one in "
+                f"use and the next, read ahead), the one in use in the compute dtype ({format_bytes(self.layer_bytes)}"
+                f"), the trace and what a layer's crossing holds at {n} token{'s' if n != 1 else ''} "
+                f"({format_bytes(self.block_bytes(n, 0))}) and at least {vectors} vector{'s' if vectors > 1 else ''} "
                 f"of {format_bytes(self.vector_bytes(n))}: {format_bytes(total)} in all. Got "
                 f"{format_bytes(self.budget)} for {self.device}: raise --max-memory."
             )

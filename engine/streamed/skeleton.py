@@ -15,6 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from detjac.singular import VOCAB_CHUNK_BYTES
+
+from ..checkpoints.stored import Stored, check_stored_dtype, stored_bytes, widen
 from ..checkpoints.weights import ModuleWeights, WeightSource
 from ..products.decode import RowBlocks, final_norm_gain
 from ..types import EngineStats
@@ -54,18 +57,40 @@ class Skeleton:
         text = config.get_text_config()
         self.d_model = int(text.hidden_size)
         self.ffn = int(getattr(text, "intermediate_size", 4 * self.d_model))
+        self.stored_dtypes = self._check_stored()
+        self._stored: dict[int, dict[str, Stored]] = {}  # the resident layers' stored tensors
+        self.owned: set[int] = set()  # resident layers whose widened weights are their own (see load_layer)
         self._materialize(self._slots["norm"], f"{self.decoder_path}.norm.")
         self.feed = LayerFeed(self.n_layers, make_reader(
             lambda i, into=None: self._read(self._layer_prefix(i), self._slots[i], self.device, into),
             lambda i: self._read(self._layer_prefix(i), self._slots[i], torch.device("cpu")),
             self.device, quantize, None if isinstance(source, ModuleWeights) else self._empty), self.stats)
 
+    def _check_stored(self) -> set[torch.dtype]:
+        """The stored dtypes of every tensor the engine widens (the layers, the final norm, the embedding), each
+        checked to be one it converts, from the source's header alone: refused before any work."""
+        emb = self.decoder.get_input_embeddings()
+        names = [next(n for n, m in self.model.named_modules() if m is emb) + ".weight"]
+        names += [f"{self.decoder_path}.norm.{rel}" for rel in self._slots["norm"]]
+        names += [self._layer_prefix(i) + rel for i in range(self.n_layers) for rel in self._slots[i]]
+        dtypes = set()
+        for name in names:
+            dtype = self.source.stored_dtype(self.source.resolve(name))
+            if dtype is not None:
+                check_stored_dtype(dtype, name)
+                dtypes.add(dtype)
+        return dtypes
+
     def _empty(self, i: int) -> dict[str, torch.Tensor]:
-        """Uninitialized tensors for layer ``i``'s parameters in the compute dtype and device, made by the caller's
-        thread so that the layers a reader thread fills are the caller's memory (freed and reused where it
-        allocates; made by the reader, they were freed into its allocator arena and the process grew)."""
-        return {rel: torch.empty(m._parameters[a].shape, dtype=self.dtype, device=self.device)
-                for rel, (m, a) in self._slots[i].items()}
+        """Uninitialized CPU buffers for layer ``i``'s stored tensors, made by the caller's thread so that the layers a
+        reader thread fills are the caller's memory (freed and reused where it allocates; made by the reader, they
+        were freed into its allocator arena and the process grew)."""
+        out = {}
+        for rel in self._slots[i]:
+            buf = self.source.stored_empty(self.source.resolve(self._layer_prefix(i) + rel))
+            if buf is not None:
+                out[rel] = buf
+        return out
 
     def _layer_prefix(self, i: int) -> str:
         return f"{self.decoder_path}.layers.{i}."
@@ -93,11 +118,11 @@ class Skeleton:
         return model
 
     def _read(self, prefix: str, slots: dict[str, tuple[nn.Module, str]], device: torch.device,
-              into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
-        """The tensors of one subtree in the compute dtype on ``device`` (copied into ``into``'s where given and a
-        conversion is needed), and the bytes read from the source (run by a reader thread: it changes nothing of the
-        skeleton's)."""
-        nbytes = 0
+              into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, Stored], int]:
+        """The tensors of one subtree in their stored form (:mod:`~detjac.engine.checkpoints.stored`) on ``device``
+        (read into ``into``'s buffers where given), and the bytes read from the source (run by a reader thread: it
+        changes nothing of the skeleton's). A bitsandbytes checkpoint's layer is dequantized here, to the compute
+        dtype."""
         if self.source.quantized:
             from ..checkpoints.quantized import dequantize_layer
 
@@ -106,32 +131,33 @@ class Skeleton:
             stored_prefix = key[: len(key) - len(first)]
             raw = {k[len(stored_prefix):]: self.source.read(k) for k in self.source.names()
                    if k.startswith(stored_prefix)}
-            nbytes += sum(t.numel() * t.element_size() for t in raw.values())
+            nbytes = sum(t.numel() * t.element_size() for t in raw.values())
             plain = dequantize_layer(raw, self.dtype)
-        else:
-            plain = {}
-            for rel in slots:
-                t = self.source.read(self.source.resolve(prefix + rel))
-                nbytes += t.numel() * t.element_size()
-                plain[rel] = t
+            return {rel: plain[rel].to(device) for rel in slots}, nbytes
+        out, nbytes = {}, 0
+        for rel in slots:
+            t = self.source.read_stored(self.source.resolve(prefix + rel), (into or {}).get(rel))
+            nbytes += stored_bytes(t)
+            out[rel] = t.to(device)
+        return out, nbytes
+
+    def _widen(self, slots: Slots, stored: dict[str, Stored]) -> dict[str, torch.Tensor]:
+        """A subtree's stored tensors in the compute dtype on the compute device (the quantize round trip applied to
+        linear weights)."""
         out = {}
         for rel, (module, attr) in slots.items():
-            src = plain[rel]
-            if into is not None and rel in into and (src.dtype != self.dtype or src.device != device):
-                t = into[rel].copy_(src)
-            else:
-                t = src.to(device=device, dtype=self.dtype)
+            t = widen(stored[rel], self.dtype, self.device)
             if self.quantize is not None and attr == "weight" and isinstance(module, nn.Linear):
                 from ..checkpoints.quantized import quantize_roundtrip
 
                 t = quantize_roundtrip(t, self.quantize)
             out[rel] = t
-        return out, nbytes
+        return out
 
     def _materialize(self, slots: dict[str, tuple[nn.Module, str]], prefix: str) -> None:
         tensors, nbytes = self._read(prefix, slots, self.device)
         self.stats.bytes_read += nbytes
-        self._assign(slots, tensors)
+        self._assign(slots, self._widen(slots, tensors))
 
     @staticmethod
     def _assign(slots: dict[str, tuple[nn.Module, str]], tensors: dict[str, torch.Tensor]) -> None:
@@ -147,26 +173,47 @@ class Skeleton:
                                                     requires_grad=False)
 
     def load_layer(self, i: int) -> None:
-        """Materialize decoder layer ``i`` on the compute device (read ahead, or kept from an earlier pass, where
-        the :class:`~detjac.engine.streamed.prefetch.LayerFeed` has it)."""
-        self._assign(self._slots[i], self.feed.get(i))
+        """Materialize decoder layer ``i`` on the compute device: its stored tensors (read ahead, or kept from an
+        earlier pass, where the :class:`~detjac.engine.streamed.prefetch.LayerFeed` has them) widened to the compute
+        dtype there."""
+        stored = self.feed.get(i)
+        tensors = self._widen(self._slots[i], stored)
+        self._assign(self._slots[i], tensors)
+        self._stored[i] = stored
+        # the widened tensors are the layer's own (not the stored ones, nor a loaded model's): its pieces may fold
+        # norm gains into them in place instead of copying (ExplicitAdjoint)
+        if all(_storage(t) != _storage(stored[rel]) for rel, t in tensors.items() if rel in stored):
+            self.owned.add(i)
         self.stats.layers_loaded += 1
         self.stats.resident.add(i)
         self.stats.max_resident_layers = max(self.stats.max_resident_layers, len(self.stats.resident))
 
+    def rewiden(self, i: int) -> None:
+        """Layer ``i`` (resident) widened again from its stored tensors: after its pieces folded into its weights in
+        place and then could not be used, the layer as stored for ``torch.func``."""
+        self._assign(self._slots[i], self._widen(self._slots[i], self._stored[i]))
+
     def release_layer(self, i: int) -> None:
-        """Put layer ``i``'s parameters back on the meta device (their memory is freed, or kept for the next pass
-        where the feed's budget has room)."""
-        tensors = {rel: m._parameters[a].data for rel, (m, a) in self._slots[i].items()}
+        """Put layer ``i``'s parameters back on the meta device (their memory is freed; its stored tensors are kept
+        for the next pass where the feed's budget has room)."""
         self._release(self._slots[i])
-        if all(t.device.type != "meta" for t in tensors.values()):
-            self.feed.give_back(i, tensors)
+        self.owned.discard(i)
+        stored = self._stored.pop(i, None)
+        if stored is not None:
+            self.feed.give_back(i, stored)
         self.stats.resident.discard(i)
 
     def layer_bytes(self) -> int:
         """Bytes of the largest decoder layer in the compute dtype."""
         return max(sum(m._parameters[a].numel() for m, a in s.values()) for k, s in self._slots.items()
                    if k != "norm") * self.dtype.itemsize
+
+    def stored_layer_bytes(self) -> int:
+        """Bytes of the largest decoder layer as stored (what is read, held in flight and kept across passes)."""
+        if self.source.quantized or isinstance(self.source, ModuleWeights):
+            return self.layer_bytes()
+        return max(sum(self.source.stored_nbytes(self.source.resolve(self._layer_prefix(k) + rel)) for rel in s)
+                   for k, s in self._slots.items() if k != "norm")
 
     @contextmanager
     def layer(self, i: int) -> Iterator[None]:
@@ -238,14 +285,17 @@ class Skeleton:
         module = self.decoder.get_input_embeddings() if which == "embedding" else self.model.get_output_embeddings()
         return tuple(module.weight.shape)  # type: ignore[return-value]
 
-    def logits(self, hidden: torch.Tensor, *, chunk: int = 16384) -> torch.Tensor:
-        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks."""
+    def logits(self, hidden: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+        """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks (as stored, each
+        widened to the compute dtype on ``hidden``'s device; default: :data:`~detjac.singular.VOCAB_CHUNK_BYTES` of rows
+        at a time)."""
         key = self._matrix_key("unembedding")
         vocab = self.model.get_output_embeddings().weight.shape[0]
+        chunk = chunk or max(1, VOCAB_CHUNK_BYTES // (self.d_model * self.dtype.itemsize))
         parts = []
         for start in range(0, vocab, chunk):
             rows = self.source.read_range(key, start, min(start + chunk, vocab))
-            parts.append(hidden.to(self.dtype) @ rows.to(device=hidden.device, dtype=self.dtype).T)
+            parts.append(hidden.to(self.dtype) @ widen(rows, self.dtype, hidden.device).T)
         logits = torch.cat(parts, dim=-1)
         cap = getattr(self.config.get_text_config(), "final_logit_softcapping", None)
         if cap is not None:
@@ -269,6 +319,12 @@ class _PromptModel:
 @dataclass(frozen=True)
 class _Vocab:
     num_embeddings: int
+
+
+def _storage(t: Any) -> int:
+    """Where a tensor's (or a packed tensor's raw blocks') memory starts: the same for a tensor and its views."""
+    t = getattr(t, "raw", t)
+    return t.untyped_storage().data_ptr() if t.device.type != "meta" else -1
 
 
 def _param_slots(module: nn.Module) -> dict[str, tuple[nn.Module, str]]:

@@ -21,6 +21,7 @@ from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
 
 from ..checkpoints.reference import ModelRef
 from ..checkpoints.sources import open_source
+from ..checkpoints.stored import check_compute_dtype
 from ..checkpoints.weights import check_complete, check_shapes
 from ..detach.model import linearized
 from ..interface import Engine
@@ -70,6 +71,9 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         How blocks cross a layer: ``"explicit"`` (the layer's frozen pieces as plain matmuls) or
         ``"autograd"`` (``torch.func``, the reference); default: the ``DETJAC_SWEEPS`` environment
         variable, else ``"explicit"`` (see :mod:`detjac.engine.streamed.adjoint`).
+    exact
+        Exactness is asked: refuse a ``dtype`` that cannot hold every weight as stored (narrower than it, or
+        float16 against bfloat16), before any layer is read.
 
     Raises
     ------
@@ -77,14 +81,18 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         A family the streamed engine does not support (affine, mixture of experts, encoder), or a
         module without a detach rule.
     InvalidArgumentError
-        Budgets without the compute device, a bad ``quantize`` or ``sweeps``, or a convention the family lacks.
+        Budgets without the compute device, a bad ``quantize`` or ``sweeps``, a convention the family lacks, or
+        (``exact``) a ``dtype`` below the stored weights' precision.
+    CheckpointError
+        A weight stored in a dtype the engine does not convert (an integer tensor where a float one belongs).
     """
 
     def __init__(self, source: ModelRef | str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu", detach: bool = True,
                  max_memory: dict[str, int] | str | None = None, quantize: str | None = None,
                  revision: str | None = None, trust_remote_code: bool = False,
-                 tokenizer: Any | None = None, convention: str | None = None, sweeps: str | None = None) -> None:
+                 tokenizer: Any | None = None, convention: str | None = None, sweeps: str | None = None,
+                 exact: bool = False) -> None:
         self.dtype, self.device, self.detach = compute_dtype(dtype), torch.device(check_device(device)), detach
         dtype = self.dtype
         self.budgets = budgets_of(max_memory)
@@ -111,6 +119,7 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         self.skeleton = Skeleton(cls, config, self.family, weights, dtype=dtype, device=self.device,
                                  quantize=quantize)
         sk = self.skeleton
+        check_compute_dtype(sk.stored_dtypes, dtype, exact)
         check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={sk.head_name()} if sk.tied else (),
                        required=(sk.decoder_path + ".", sk.head_name()))  # what this engine reads
         check_shapes(sk.model, weights, f"a checkpoint in {self.path}")
@@ -156,13 +165,13 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         """The cost model at this engine's shapes and compute-device budget."""
         return CostModel.of(self.config, self.dtype.itemsize, self.layer_bytes(), detach=self.detach,
                             budget=self.memory_budget(device_key(self.device)), device=device_key(self.device),
-                            sweeps=self.adjoint.sizing())
+                            sweeps=self.adjoint.sizing(), stored_bytes=self.skeleton.stored_layer_bytes())
 
     def memory_budget(self, device: str) -> int | None:
         return self.budgets.get(device_key(device))
 
     def sweep_memory(self, n_tokens: int) -> tuple[int | None, int]:
-        """From the cost model: the budget less two layers (one read in while one computes), the trace and what a
+        """From the cost model: the budget less the layers' weights (two as stored, one widened), the trace and what a
         layer's crossing holds."""
         cost = self.cost
         return cost.vector_budget(n_tokens), cost.vector_bytes(n_tokens)

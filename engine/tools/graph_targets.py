@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from detjac.singular import VOCAB_CHUNK_BYTES
+
 from ..interface import Engine
 from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
 from .neurons import neurons
@@ -37,9 +39,17 @@ def logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability:
                    ids: list[int] | None = None) -> LogitTargets:
     """The top logits until ``probability`` (at most ``max_logits``), each as a vector ``w`` with ``w · y`` its
     demeaned logit: ``r_t W_U[t] - mean_v r_v W_U[v]``, ``r`` the final soft-cap's frozen ratio (1 without one)."""
-    W = engine.decoding_matrices()["unembedding"].to(device=y.device, dtype=y.dtype)  # (V, d)
+    W = engine.decoding_rows(torch.float64 if y.dtype == torch.float64 else torch.float32)["unembedding"]  # (V, d)
+    vocab = int(W.shape[0])
+    # a matrix already in memory in one piece; rows read on demand (the layer-streamed engine's) a chunk at a time
+    step = vocab if isinstance(W, np.ndarray) else max(1, VOCAB_CHUNK_BYTES // (int(W.shape[1]) * y.element_size()))
+    spans = [(a, min(vocab, a + step)) for a in range(0, vocab, step)]
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(W[a:b])).to(device=y.device, dtype=y.dtype)
+
     with torch.no_grad():
-        raw = W @ y
+        raw = torch.cat([rows(a, b) @ y for a, b in spans])
         logits = engine.logits(y).to(y.dtype)
         ratio = torch.where(raw != 0, logits / torch.where(raw != 0, raw, torch.ones_like(raw)), torch.ones_like(raw))
         probs = torch.softmax(logits.double(), dim=-1)
@@ -49,8 +59,10 @@ def logit_targets(engine: Engine, y: torch.Tensor, max_logits: int, probability:
             chosen = top.indices[:min(k, max_logits)]
         else:
             chosen = torch.as_tensor(ids, dtype=torch.long, device=y.device)
-        mean = (ratio @ W) / W.shape[0]  # (d,) the mean over the vocabulary, never a (V, d) temporary
-        vectors = ratio[chosen, None] * W[chosen] - mean
+        total = sum(ratio[a:b] @ rows(a, b) for a, b in spans)  # (d,): never a (V, d) temporary in the compute dtype
+        mean = total / vocab
+        picked = torch.cat([rows(int(i), int(i) + 1) for i in chosen.tolist()])
+        vectors = ratio[chosen, None] * picked - mean
     return LogitTargets([int(i) for i in chosen], probs[chosen].cpu().numpy(), vectors, vectors @ y)
 
 

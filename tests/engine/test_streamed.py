@@ -137,8 +137,9 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     assert roomy.plan(trace, [Target(-1, "output")]).row_block == roomy.d_model  # everything fits: one sweep
     sm = StreamedEngine(llama_checkpoint)
     one_vector = sm.cost.vector_bytes(len(prompt_ids))
-    # room for exactly 5 vectors besides two copies of a layer, the hidden states and what a layer's crossing holds
-    budget = 2 * sm.layer_bytes() + sm.cost.block_bytes(len(prompt_ids), 0) + 5 * one_vector
+    # room for exactly 5 vectors besides the layers (two as stored, one widened), the hidden states and what a
+    # layer's crossing holds
+    budget = sm.cost.weights_bytes + sm.cost.block_bytes(len(prompt_ids), 0) + 5 * one_vector
     tight = StreamedEngine(llama_checkpoint, max_memory={"cpu": budget})
     assert tight.plan(trace, [Target(-1, "output")]).row_block == 5
     res = tight.jacobians(prompt_ids, ["output"])
