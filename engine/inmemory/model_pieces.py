@@ -20,7 +20,8 @@ from detjac.exactness import pieces_bound
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from ..pieces import NotAPiece
-from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, norm_piece, push_layer
+from ..pieces.layer import LayerPieces, PiecesPull, check_layer, push_layer
+from ..pieces.norms import NormPiece, norm_piece
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, sweep

@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from detjac.exactness import pieces_bound
 
-from ..detach.factors import FactorTape
-from ..detach.wrappers import DetachedNorm
 from . import NotAPiece
 from .fold import fold_pays, plus_folded
+from .norms import NormPiece
 
 # a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
 # least MIN_CHUNK_ROWS rows (GEMMs with fewer rows run slower); on a CPU 8 MiB stays in cache between its two GEMMs
@@ -347,49 +345,6 @@ def push_layer(pieces: LayerPieces, tangent: torch.Tensor, s: int) -> tuple[torc
         t_mid = pieces.attention_norm.apply(t_mid, s)
     t_out = cross(t_mid, s, pieces.mlp, t_mid, s, up=True)[0]
     return (pieces.mlp_norm.apply(t_out, s) if pieces.mlp_norm is not None else t_out), t_mid
-
-
-@dataclass
-class NormPiece:
-    """A frozen norm: per-position scale (n,), gain (d,) or None (no weight), and for a LayerNorm the centring
-    ``x - mean(x)`` first (its bias is an offset, outside ``J``)."""
-
-    scale: torch.Tensor
-    gain: torch.Tensor | None
-    center: bool = False
-
-    def apply(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
-        if self.center:
-            x = x - x.mean(-1, keepdim=True)
-        y = x * self.scale[s:, None]
-        return y * self.gain if self.gain is not None else y
-
-    def transpose(self, x: torch.Tensor, s: int = 0) -> torch.Tensor:  # (..., n - s, d), positions s: -> same
-        y = (x * self.gain if self.gain is not None else x) * self.scale[s:, None]
-        return y - y.mean(-1, keepdim=True) if self.center else y
-
-
-def norm_piece(norm: nn.Module, scale: torch.Tensor) -> NormPiece:
-    """A detached norm (RMS, or a centred LayerNorm) with its frozen scale (n,) as a :class:`NormPiece`; raises
-    :class:`~detjac.engine.pieces.NotAPiece` (why) where it is not a known piece."""
-    if not isinstance(norm, DetachedNorm) or not norm.detach:
-        raise NotAPiece(f"{type(norm).__name__} is not a detached norm")
-    weight = getattr(norm.inner, "weight", None)
-    if weight is None:  # output norm(x) * offset, or norm(x)
-        return NormPiece(scale * norm.offset if norm.offset else scale, None, norm.center)
-    weight = weight.to(scale.dtype)
-    return NormPiece(scale, weight + norm.offset if norm.offset else weight, norm.center)
-
-
-def frozen_norm(norm: nn.Module, x: torch.Tensor) -> NormPiece:
-    """The norm ``norm`` at ``x`` (n, d) as a :class:`NormPiece`; raises :class:`~detjac.engine.pieces.NotAPiece`
-    (why) where it is not a known piece."""
-    if not isinstance(norm, DetachedNorm):
-        raise NotAPiece(f"{type(norm).__name__} is not a detached norm")
-    tape = FactorTape()
-    with tape.recording(), torch.no_grad():
-        norm(x)
-    return norm_piece(norm, tape.factors[0].reshape(-1))
 
 
 def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: torch.Tensor) -> None:

@@ -14,7 +14,8 @@ from torch import nn
 from ..detach.wrappers import DetachedActivation, DetachedNorm
 from . import NotAPiece
 from .affine import projection
-from .layer import Attention, LayerPieces, Mlp, NormPiece, norm_piece
+from .layer import Attention, LayerPieces, Mlp
+from .norms import NormPiece, norm_piece
 
 
 def post_norm_pieces(record: Any) -> LayerPieces:

@@ -18,7 +18,8 @@ from ..detach.wrappers import AttentionReplay, DetachedGatedMLP, DetachedNorm
 from . import NotAPiece
 from .affine import attention_weights, centre, layer_offsets, projection, ungated_mlp, ungated_projections
 from .experts import moe_piece
-from .layer import Attention, LayerPieces, Mlp, NormPiece, norm_piece
+from .layer import Attention, LayerPieces, Mlp
+from .norms import NormPiece, norm_piece
 from .postnorm import post_norm_pieces
 
 

@@ -14,7 +14,8 @@ import torch
 from detjac.errors import InvalidArgumentError
 
 from ..pieces import NotAPiece
-from ..pieces.layer import LayerPieces, NormPiece, PiecesPull, check_layer, frozen_norm, push_layer
+from ..pieces.layer import LayerPieces, PiecesPull, check_layer, push_layer
+from ..pieces.norms import NormPiece, frozen_norm
 from ..pieces.record import layer_pieces
 from ..pieces.runner import chosen_sweeps
 from .skeleton import Skeleton
