@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from detjac.errors import CheckpointError
 from detjac.singular import VOCAB_CHUNK_BYTES
 
 from ..checkpoints.stored import Stored, check_stored_dtype, stored_bytes, widen
@@ -75,7 +76,11 @@ class Skeleton:
         names += [self._layer_prefix(i) + rel for i in range(self.n_layers) for rel in self._slots[i]]
         dtypes = set()
         for name in names:
-            dtype = self.source.stored_dtype(self.source.resolve(name))
+            try:
+                key = self.source.resolve(name)
+            except CheckpointError:  # not in the checkpoint: check_complete names every such tensor, next
+                continue
+            dtype = self.source.stored_dtype(key)
             if dtype is not None:
                 check_stored_dtype(dtype, name)
                 dtypes.add(dtype)
