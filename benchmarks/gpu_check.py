@@ -68,6 +68,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from detjac.real_shapes import REAL_SHAPES
+
 SCHEMA = 1
 BUDGET_S = 420.0
 RESERVE_S = 8.0  # left at the end for the last gpu.json
@@ -75,16 +77,8 @@ MIN_STEP_S = 20.0  # a step with less time than this left is skipped, not starte
 EXACT = 1e-12
 
 # Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json) and Llama-3.3-70B (3 of its 80 layers).
-LLAMA31_8B: dict[str, Any] = dict(
-    model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
-    max_position_embeddings=131072, tie_word_embeddings=False,
-)
-LLAMA33_70B: dict[str, Any] = dict(
-    model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=3, num_attention_heads=64,
-    num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
-    max_position_embeddings=131072, tie_word_embeddings=True,
-)
+LLAMA31_8B: dict[str, Any] = REAL_SHAPES["llama-3.1-8b"]
+LLAMA33_70B: dict[str, Any] = {**REAL_SHAPES["llama-3.3-70b"], "num_hidden_layers": 3, "tie_word_embeddings": True}
 LAYERS_70B = 80
 # --dry-run: the same structure (GQA, several row blocks under the budget) at CPU sizes.
 DRY_8B: dict[str, Any] = {**LLAMA31_8B, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,

@@ -24,17 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from detjac.real_shapes import REAL_SHAPES
+
 RESULTS = Path(__file__).parent / "results" / "stored_rehearsal.json"
-LLAMA32_1B: dict[str, Any] = dict(
-    model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
-    max_position_embeddings=131072, tie_word_embeddings=True,
-)
-LLAMA31_8B: dict[str, Any] = dict(
-    model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
-    max_position_embeddings=131072, tie_word_embeddings=False,
-)
+LLAMA32_1B: dict[str, Any] = REAL_SHAPES["llama-3.2-1b"]
+LLAMA31_8B: dict[str, Any] = REAL_SHAPES["llama-3.1-8b"]
 TOKENS = 8
 QUANT = "Q4_0"
 
