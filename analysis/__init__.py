@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from .plots import SpectrumPanel, plot_spectra
     from .report import analysis_report
     from .spectra import Spectrum, dimensionality, low_rank_spectrum, singular_values, stored_svd
-    from .supernodes import group_adjacency, group_neurons
+    from .supernodes import group_adjacency, group_completeness, group_neurons
     from .view_plots import plot_columns, plot_jacobian_image, plot_path
     from .views import jacobian_image, largest_columns, singular_path
 

@@ -83,3 +83,10 @@ def group_adjacency(adjacency: np.ndarray, values: np.ndarray, groups: list[list
         S[row, i] = 1.0
     k = len(singles) + len(groups)
     return S @ adjacency @ S.T, S[:k, :n_neurons] @ np.asarray(values, dtype=float), S
+
+
+def group_completeness(completeness: np.ndarray, values: np.ndarray, groups: list[list[int]]) -> float:
+    """The worst ``|sum of a group's incoming edges - its value| / |its value|`` over ``groups`` (rows of the
+    neurons), from each neuron's ``completeness`` (relative) and ``values``: a group's links are its members' sums."""
+    errors = completeness[:len(values)] * np.abs(values)  # |sum in - value| per neuron
+    return max((float(errors[m].sum() / max(abs(values[m].sum()), 1e-300)) for m in groups), default=0.0)

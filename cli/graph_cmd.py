@@ -92,9 +92,10 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
         from detjac.analysis import relabel
 
         g.labels = relabel(g.labels, g.neurons, index)
+    supernodes, grouping = _groups(g, index) if group and index is not None else ([], None)
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
-                       edge_threshold=edge_threshold,
-                       force=force, identity={k: v for k, v in identity.items() if isinstance(v, str)})
+                       edge_threshold=edge_threshold, force=force, supernodes=supernodes,
+                       identity={k: v for k, v in identity.items() if isinstance(v, str)})
     nodes = data["nodes"]
     neurons = sum(1 for n in nodes if n["feature_type"] == "mlp neuron")
     top = ", ".join(f"{t!r} p={p:.3f}" for t, p in zip(g.logit_tokens[:3], g.logit_probabilities[:3], strict=False))
@@ -112,8 +113,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
                    f"{g.head_loadings.error:.1e}")
         for line in strongest_heads(g):
             click.echo(f"             {line}")
-    if group and index is not None:
-        _write_groups(out, data, g, index)
+    if grouping:
+        click.echo(f"groups       {grouping[0]} ({len(data['qParams']['supernodes'])} with kept nodes); {grouping[1]}")
     if index is not None:
         click.echo(f"labels       from the neuron index {neuron_index} ({index.attrs['n_tokens']} tokens of "
                    f"{index.identity.get('prompts')} prompts)")
@@ -147,27 +148,14 @@ def _neuron_index(path: str, identity: dict, model_options: ModelOptions):  # no
     return index
 
 
-def _write_groups(out: str, data: dict, g: object, index: object) -> None:
-    """Group the graph's neurons (:func:`detjac.analysis.group_neurons`), print how exact the groups are, and write the
-    groups of kept nodes into the JSON's ``qParams.supernodes`` (``[label, node_id, ...]`` each)."""
-    import numpy as np
+def _groups(g: AttributionGraph, index: object) -> tuple[list[tuple[str, list[int]]], tuple[str, str]]:
+    """The graph's neurons grouped (:func:`detjac.analysis.group_neurons`) as supernodes (label, neuron rows), and
+    the line saying how exact the groups are."""
+    from detjac.analysis import group_adjacency, group_completeness, group_neurons
 
-    from detjac.analysis import group_adjacency, group_neurons
-    from detjac.graph_index import write_graph_file
-
-    groups = group_neurons(index, g.neurons)  # type: ignore[attr-defined]
-    values = g.activations  # type: ignore[attr-defined]
-    grouped, _, _ = group_adjacency(g.adjacency, values, groups, g.n_neurons)  # type: ignore[attr-defined]
-    errors = g.completeness[:g.n_neurons] * np.abs(values)  # type: ignore[attr-defined]  # |sum in - value|
-    worst = max((float(errors[m].sum() / max(abs(values[m].sum()), 1e-300)) for m in groups), default=0.0)
-    kept = {n["node_id"] for n in data["nodes"]}
-    names = [f"{int(layer)}_{int(idx)}_{int(pos)}" for layer, idx, pos in g.neurons]  # type: ignore[attr-defined]
-    written = []
-    for k, members in enumerate(groups):
-        ids = [names[m] for m in members if names[m] in kept]
-        if len(ids) > 1:
-            written.append([f"group {k}: {g.labels[members[0]]}", *ids])  # type: ignore[attr-defined]
-    data["qParams"]["supernodes"] = written
-    write_graph_file(Path(out), data)
-    click.echo(f"groups       {len(groups)} of {sum(map(len, groups))} neurons ({len(written)} with kept nodes); "
-               f"grouped adjacency {grouped.shape[0]} nodes; worst group completeness {worst:.1e}")
+    groups = group_neurons(index, g.neurons)  # type: ignore[arg-type]
+    grouped, _, _ = group_adjacency(g.adjacency, g.activations, groups, g.n_neurons)
+    worst = group_completeness(g.completeness, g.activations, groups)
+    labelled = [(f"group {k}: {g.labels[members[0]]}", members) for k, members in enumerate(groups)]
+    return labelled, (f"{len(groups)} of {sum(map(len, groups))} neurons",
+                      f"grouped adjacency {grouped.shape[0]} nodes; worst group completeness {worst:.1e}")

@@ -8,6 +8,7 @@ There are no error nodes: the graph is exact. A link whose head loadings were co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,11 @@ def cantor(x: int, y: int) -> int:
 
 def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold: float = NODE_THRESHOLD,
                edge_threshold: float = EDGE_THRESHOLD, pruned: Pruned | None = None,
-               identity: dict[str, Any] | None = None) -> dict[str, Any]:
+               identity: dict[str, Any] | None = None,
+               supernodes: Sequence[tuple[str, Sequence[int]]] = ()) -> dict[str, Any]:
     """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object;
-    ``identity`` (e.g. the model's ``weights_sha256``) joins its ``metadata.info``."""
+    ``identity`` (e.g. the model's ``weights_sha256``) joins its ``metadata.info``; ``supernodes`` ((label, neuron
+    rows) each) become ``qParams.supernodes``, ``[label, node_id, ...]`` of each group's kept members (two or more)."""
     M, B, n = graph.n_neurons, graph.n_biases, graph.n_tokens
     if pruned is None and graph.pruned is not None and graph.pruned_at == (node_threshold, edge_threshold):
         pruned = graph.pruned  # the pruning the head loadings were chosen in
@@ -59,7 +62,9 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
                  **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)},
                  "model": model, **(identity or {})},
     }
-    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    groups = [[label, *(ids[int(m)] for m in rows if int(m) in ids)] for label, rows in supernodes]
+    qparams = {"pinnedIds": [], "supernodes": [g for g in groups if len(g) > 2], "linkType": "both", "clickedId": "",
+               "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()), "links": links}
 
 
@@ -116,7 +121,8 @@ def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:
 
 def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: str | None = None,
                 node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
-                force: bool = False, identity: dict[str, Any] | None = None) -> dict[str, Any]:
+                force: bool = False, identity: dict[str, Any] | None = None,
+                supernodes: Sequence[tuple[str, Sequence[int]]] = ()) -> dict[str, Any]:
     """Write the graph's JSON to ``out`` (written aside, then renamed) and add it to ``graph-metadata.json`` beside
     it (circuit-tracer's server lists the graphs of a folder from that file); return the JSON object.
 
@@ -132,7 +138,7 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
         raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
     slug = slug or slug_of(path)
     data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold,
-                      identity=identity)
+                      identity=identity, supernodes=supernodes)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_graph_file(path, data)
     return data
