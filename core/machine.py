@@ -56,9 +56,39 @@ def reset_peak() -> float:
     return peak_mib()
 
 
+_CAP: list[int | None] = [None]  # this process's share of the machine (a dask worker's memory limit), bytes
+
+
+def set_memory_cap(limit: int | None) -> None:
+    """Cap what :func:`available_memory` reports for this process at ``limit`` bytes less its resident set: a
+    worker of several on one machine (``detjac run --workers N``) sizes its unbudgeted working sets from its own
+    share, not from memory its siblings will also count as free. None removes the cap."""
+    _CAP[0] = int(limit) if limit else None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set now (VmRSS), bytes; None where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def available_memory() -> int | None:
-    """Bytes of memory this machine can still give without swapping (``MemAvailable`` of ``/proc/meminfo``, else
-    free pages from ``sysconf``); None where neither is known."""
+    """Bytes of memory this process can still take without swapping: the machine's (``MemAvailable`` of
+    ``/proc/meminfo``, else free pages from ``sysconf``), and at most its cap (:func:`set_memory_cap`) less its
+    resident set; None where neither is known."""
+    free = _machine_available()
+    if _CAP[0] is None:
+        return free
+    share = max(0, _CAP[0] - (resident_bytes() or 0))
+    return share if free is None else min(free, share)
+
+
+def _machine_available() -> int | None:
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:

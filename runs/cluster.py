@@ -47,7 +47,11 @@ class ModelPlugin(WorkerPlugin):
         self._guard: Any = None
 
     def setup(self, worker: Any) -> None:
+        from detjac.machine import set_memory_cap
+
         self._guard = threading.Lock()  # made on the worker: locks do not pickle
+        # the worker's share of the machine bounds what the engine sizes without a budget (its default row block)
+        set_memory_cap(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
         if self.local:  # a LocalCluster's workers share the terminal: Ctrl-C is the client's to handle
             with contextlib.suppress(ValueError):  # not the main thread: leave the handler as it is
                 signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -208,7 +208,8 @@ class CostModel:
 
 def unbudgeted_bytes() -> int:
     """What a row block's vectors may take without a memory budget: :data:`UNBUDGETED_SHARE` of the memory this
-    machine has free now (:func:`detjac.machine.available_memory`), at least :data:`UNBUDGETED_BLOCK_BYTES`."""
+    process may still take now (:func:`detjac.machine.available_memory`: the machine's, or a worker's share of it),
+    at least :data:`UNBUDGETED_BLOCK_BYTES`."""
     free = available_memory()
     return max(UNBUDGETED_BLOCK_BYTES, int((free or 0) * UNBUDGETED_SHARE))
 

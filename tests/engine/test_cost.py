@@ -84,6 +84,32 @@ def test_without_a_budget_the_block_takes_a_share_of_the_memory_this_machine_has
     assert cost.plan(n, [OUTPUTS], mode="reverse", row_block=7).row_block == 7  # an override is taken as it is
 
 
+def test_a_worker_sizes_its_unbudgeted_block_from_its_own_memory_limit(monkeypatch) -> None:
+    """Issue 67: N workers on one machine each see the machine's free memory; each sizes its block from its own
+    limit (dask's per-worker memory limit, set by the run's model plugin) less what it holds."""
+    from types import SimpleNamespace
+
+    from detjac import machine
+    from detjac.engine.streamed import cost as cost_module
+    from detjac.runs.cluster import ModelPlugin
+
+    cost, n = CostModel(**SMOLLM2), 128
+    monkeypatch.setattr(machine, "_machine_available", lambda: 64 * 2**30)
+    monkeypatch.setattr(machine, "resident_bytes", lambda: 2**30)
+    monkeypatch.setattr(cost_module, "available_memory", machine.available_memory)
+    assert machine.available_memory() == 64 * 2**30 and cost.plan(n, [OUTPUTS], mode="reverse").row_block == 576
+    plugin = ModelPlugin(spec=None, name="p")  # type: ignore[arg-type]
+    try:
+        plugin.setup(SimpleNamespace(memory_manager=SimpleNamespace(memory_limit=5 * 2**30)))
+        assert machine.available_memory() == 4 * 2**30  # its 5 GiB less the 1 GiB it holds
+        assert cost.plan(n, [OUTPUTS], mode="reverse").row_block == 288  # a quarter of 4 GiB, as on a 4 GiB machine
+        machine.set_memory_cap(2**29)  # holding more than its limit: nothing left, the 512 MiB floor
+        assert machine.available_memory() == 0 and cost.plan(n, [OUTPUTS], mode="reverse").row_block == 144
+    finally:
+        machine.set_memory_cap(None)
+    assert machine.available_memory() == 64 * 2**30
+
+
 def test_the_in_memory_engine_plans_its_block_with_the_cost_model(monkeypatch, prompt_ids: list[int]) -> None:
     """The in-memory engine has no rule of its own: without a row block its plan is its cost model's (for the sweeps
     its trace runs), the detached and the ordinary Jacobian alike."""
