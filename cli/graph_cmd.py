@@ -123,19 +123,13 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
 
 
 def strongest_heads(g: AttributionGraph, top: int = 5) -> list[str]:
-    """The heads that carry the most of the loaded links into the top logit (their loadings summed over them)."""
-    import numpy as np
+    """The line naming the heads that carry the most of the loaded links into the top logit."""
+    from detjac.engine import strongest_heads
 
-    from detjac.engine import carried_by_heads
-
-    row = g.adjacency.shape[0] - g.n_logits
-    links, sums = carried_by_heads(g.head_loadings, row)
+    links, total, heads = strongest_heads(g.head_loadings, g.adjacency, g.adjacency.shape[0] - g.n_logits, top)
     if not links:
         return [f"no loaded link goes into {g.logit_tokens[0]!r}"]
-    heads = sums[:, :-1]
-    order = np.argsort(-np.abs(heads), axis=None)[:top]
-    best = ", ".join(f"L{i // heads.shape[1]}.H{i % heads.shape[1]} {heads.flat[i]:+.3g}" for i in order)
-    total = float(g.adjacency[row, g.head_loadings.links[g.head_loadings.links[:, 0] == row][:, 1]].sum())
+    best = ", ".join(f"L{layer}.H{head} {w:+.3g}" for layer, head, w in heads)
     return [f"into {g.logit_tokens[0]!r} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]
 
 

@@ -46,7 +46,7 @@ from .tools.attribution import AttributionGraph, GraphRequest, check_graph_reque
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
-from .tools.head_loadings import HeadLoadings, carried_by_heads
+from .tools.head_loadings import HeadLoadings, carried_by_heads, strongest_heads
 from .tools.lens_pulls import pull_every_position, pull_final_block
 from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
 from .tools.neurons import neurons, residual_ends

@@ -74,6 +74,19 @@ def carried_by_heads(loaded: HeadLoadings, target: int) -> tuple[int, np.ndarray
     return int(into.sum()), np.nan_to_num(loaded.loadings[into]).sum(0)
 
 
+def strongest_heads(loaded: HeadLoadings, adjacency: np.ndarray, target: int,
+                    top: int = 5) -> tuple[int, float, list[tuple[int, int, float]]]:
+    """(links, their weight, the ``top`` heads as (layer, head, summed loading), largest ``|loading|`` first): the
+    heads that carry the most of the loaded links into ``target`` (:func:`carried_by_heads`; skips not ranked)."""
+    links, sums = carried_by_heads(loaded, target)
+    if not links:
+        return 0, 0.0, []
+    heads = sums[:, :-1]
+    order = np.argsort(-np.abs(heads), axis=None)[:top]
+    weight = float(adjacency[target, loaded.links[loaded.links[:, 0] == target][:, 1]].sum())
+    return links, weight, [(int(i // heads.shape[1]), int(i % heads.shape[1]), float(heads.flat[i])) for i in order]
+
+
 INTO = ("all", "logits")  # which links may be loaded: into any neuron or logit, or into the logits only
 
 

@@ -300,3 +300,21 @@ def test_links_into_the_logits_only_carry_the_same_loadings():
         assert np.array_equal(np.isnan(a), np.isnan(b)) and np.nanmax(np.abs(a - b)) <= 1e-12 * np.nanmax(np.abs(b))
     with pytest.raises(InvalidArgumentError, match="Expected --heads-into among all, logits. Got 'tokens'"):
         attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=6, heads_into="tokens")
+
+
+def test_the_strongest_heads_into_a_target_are_its_links_loadings_summed():
+    """What `detjac graph --heads` prints: per head, the loadings of the loaded links into the target summed; the
+    skip never ranked; links into other targets ignored."""
+    from detjac.engine import HeadLoadings, strongest_heads
+
+    nan = np.nan
+    loadings = np.array([[[0.5, -0.1, 0.6], [nan, nan, nan]],  # link 0 into 9 crosses layer 0 only
+                         [[0.25, -2.0, 0.0], [0.3, 0.0, 0.1]],  # link 1 into 9
+                         [[9.0, 9.0, 9.0], [9.0, 9.0, 9.0]]])  # link 2 into another target
+    loaded = HeadLoadings(np.array([[9, 1], [9, 2], [8, 1]]), loadings, 0.0)
+    adjacency = np.zeros((10, 10))
+    adjacency[9, 1], adjacency[9, 2] = 1.0, 0.65
+    links, weight, heads = strongest_heads(loaded, adjacency, 9, top=3)
+    assert (links, weight) == (2, pytest.approx(1.65))
+    assert heads == [(0, 1, pytest.approx(-2.1)), (0, 0, pytest.approx(0.75)), (1, 0, pytest.approx(0.3))]
+    assert strongest_heads(loaded, adjacency, 3) == (0, 0.0, [])
