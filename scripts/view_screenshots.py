@@ -12,10 +12,15 @@ With ``--heads-model MODEL --heads-prompt TEXT``, only the attention heads' scre
 beside the graph as ``graph.qk.L{l}.H{h}.json`` so that ``detjac view`` finds it; then the heads panel
 (``view-heads.png``) and that head's attention page (``view-attention.png``). SmolLM2-135M takes a few minutes.
 
+With ``--neuron-graph GRAPH --neuron-index INDEX --neuron L_N``, only the neuron page of neuron N of layer L
+(``view-neuron.png``), picked in the search box of ``detjac view GRAPH --neurons INDEX``.
+
     .venv/bin/python scripts/view_screenshots.py                  # writes docs/view-*.png
     .venv/bin/python scripts/view_screenshots.py --out /tmp/shots --store /tmp/dictionary.zarr   # kept, reused
     .venv/bin/python scripts/view_screenshots.py --heads-model SmolLM2-135M-Instruct.Q4_1.gguf \\
         --heads-prompt "The capital of France is"                 # writes docs/view-heads.png, view-attention.png
+    .venv/bin/python scripts/view_screenshots.py --neuron-graph france.json --neuron-index smol-neurons.zarr \\
+        --neuron 29_864                                            # writes docs/view-neuron.png
 """
 
 from __future__ import annotations
@@ -74,8 +79,17 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=20, help="The head shown when none is ranked.")
     parser.add_argument("--head", type=int, default=4)
     parser.add_argument("--work", type=Path, default=None, help="Keep the heads' graph and attention files here.")
+    parser.add_argument("--neuron-graph", type=Path, default=None, help="Only the neuron page's screenshot: this "
+                        "graph JSON, with --neuron-index and --neuron.")
+    parser.add_argument("--neuron-index", type=Path, default=None, help="The graph's neuron index (detjac neurons).")
+    parser.add_argument("--neuron", default=None, help="The neuron shown, LAYER_INDEX (e.g. 29_864).")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.neuron_graph is not None:
+        if args.neuron_index is None or args.neuron is None:
+            parser.error("--neuron-graph needs --neuron-index and --neuron")
+        neuron_shot(args)
+        return
     if args.heads_model is not None:
         heads_shots(args)
         return
@@ -160,6 +174,38 @@ def heads_shots(args: argparse.Namespace) -> None:
     for name in ("view-heads.png", "view-attention.png"):  # 256 colours, as the other screenshots
         path = args.out / name
         Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+
+
+def neuron_shot(args: argparse.Namespace) -> None:
+    """The neuron page of ``args.neuron`` (``LAYER_INDEX``) of the graph ``args.neuron_graph`` shown with the index
+    ``args.neuron_index`` (``detjac view GRAPH --neurons INDEX``, the neuron picked in the search box)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    layer, neuron = (int(v) for v in args.neuron.split("_")[:2])
+    served = Served(args.neuron_graph, "--neurons", str(args.neuron_index))
+    driver = new_driver()
+    path = args.out / "view-neuron.png"
+    try:
+        driver.set_window_size(1400, 1000)
+        driver.get(served.url)
+        WebDriverWait(driver, 120).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#neuron-search button"))
+        driver.execute_script("document.getElementById('neuron-layer').value = arguments[0];"
+                              "document.getElementById('neuron-index').value = arguments[1];", layer, neuron)
+        driver.find_element(By.CSS_SELECTOR, "#neuron-search button").click()
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#neuron-positive tbody tr"))
+        page = driver.find_element(By.CSS_SELECTOR, "#neuron-page")
+        driver.set_window_size(1400, min(int(page.size["height"]) + 140, 2600))
+        driver.execute_script("arguments[0].scrollIntoView()", page)
+        time.sleep(0.5)
+        page.screenshot(str(path))
+    finally:
+        driver.quit()
+        served.stop()
+    from PIL import Image
+
+    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
