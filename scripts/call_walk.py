@@ -9,7 +9,7 @@ orchestration path (every module outside ``detjac.engine``: cli/ -> runs/ -> sto
 engine's numerics are the engine's own business), those of them that cross from one module into another, how often
 the decisions of issue 51 run (MODEL resolved, ``--keep`` parsed, the exactness check, a prompt opened, a model
 matrix read: :data:`WATCHED`), and with ``--list`` the path's call sites. A module's body running on import is not a
-call, nor is generated code (a dataclass's ``__init__``).
+call, nor is a class's body (run once, when its module is imported), nor is generated code (a dataclass's ``__init__``).
 
 Usage::
 
@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 
 ANONYMOUS = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")
 IMPORT = "<module>"  # a module's body running on import: not a call of the path
+OPTIMIZED = inspect.CO_OPTIMIZED  # set on a function's code; a class body (run once, on import) lacks it
 # the decisions item by item: how often each runs (calls, not sites) in one command
 WATCHED = ("model_kind", "ModelRef.resolve", "resolve_model", "select_gguf", "is_hub_id", "check_checkpoint_dir",
            "portable_location", "model_ref", "Keep.parse", "wants_streamed", "check_exact", "_check_exact",
@@ -80,8 +82,8 @@ class Walk:
         return None
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_code.co_name in (*ANONYMOUS, IMPORT):
-            return
+        if event != "call" or frame.f_code.co_name in (*ANONYMOUS, IMPORT) or not frame.f_code.co_flags & OPTIMIZED:
+            return  # not a call of the path: a comprehension, or a module's or class's body running on import
         callee = self._name(frame)
         if callee is None:
             return

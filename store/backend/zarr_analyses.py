@@ -29,7 +29,8 @@ class ZarrAnalyses(AnalysisCache):
     def write(self, prompt_id: str, name: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
         """Store a result of a prompt under ``analysis/<prompt_id>/<name>`` (replaced atomically)."""
         check_name(name, "an analysis result name")
-        source = content_digest(self.store.get(prompt_id).attrs)  # the prompt must exist, intact
+        # the prompt must exist with intact attributes (its arrays are checked where the result's caller read them)
+        source = content_digest(self.store.prompt_attrs(prompt_id))
         if source is not None:
             attrs = {**attrs, SOURCE: source}
         what = f"write analysis {name} of prompt {prompt_id}"
