@@ -27,7 +27,7 @@ const GraphGroups = (() => {
     const w = Math.min(26, 10 + 2 * n.size);
     const name = n.name.length > 22 ? n.name.slice(0, 21) + "…" : n.name;
     return [svg("rect", {x: x - w / 2, y: y - 6, width: w, height: 12, rx: 5, class: "group-box"}),
-      svg("text", {x: x + w / 2 + 3, y: y + 4, class: "group-label"}, `${name} ×${n.size}`)];
+      svg("text", {x: x + w / 2 + 3, y: y + 4, class: "group-label"}, `${name} ×${n.size}`)];  // haloed: readable
   }
 
   // The list of groups, each a button that expands or collapses it, and the note on what a group is.

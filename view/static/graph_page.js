@@ -166,7 +166,7 @@ const GraphPage = (() => {
       const drawnNeurons = graph.nodes.filter((n) => isNeuron(n) && shown.nodes.has(n.id)).length;
       const drawnGroups = groups.groups.filter((g) => shown.nodes.has(g.id)).length;
       count.textContent = `shown: ${drawnNeurons} of ${nNeurons} neurons` +
-        (drawnGroups ? ` and ${drawnGroups} collapsed groups` : "") +
+        (drawnGroups ? ` and ${drawnGroups} collapsed group${drawnGroups > 1 ? "s" : ""}` : "") +
         ` (${shown.nodes.size} nodes), ${shown.links.length} links (the graph: ${graph.nodes.length} nodes, ` +
         `${graph.links.length} links)`;
       details.replaceChildren(...GraphPanels.details(ctx, sel, shown));
