@@ -54,7 +54,8 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
                    "frequent tokens at its top activations in that corpus, then its write vector's top tokens.")
 @click.option("--group", is_flag=True,
               help="With --neurons: group the neurons of a layer whose top contexts and write tokens agree into "
-                   "supernodes (circuit-tracer's qParams.supernodes; a group's links are its members' sums).")
+                   "supernodes (circuit-tracer's qParams.supernodes; a group's links are its members' sums). "
+                   "`detjac view` draws each group as one node; a click expands it.")
 def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
           node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None,
           heads: int, heads_into: str, neuron_index: str | None, group: bool) -> None:
@@ -75,6 +76,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
       detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 500 --out heads.json
       detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 100 --heads-into logits \
           --max-nodes 1000 --out paris.json
+      detjac graph -p "The capital of France is" --out france.json --neurons neurons.zarr --group
+      detjac view france.json --neurons neurons.zarr     # groups collapsed, neuron pages on a click
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
     from detjac.engine import attribution_graph, write_graph

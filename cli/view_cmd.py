@@ -23,7 +23,8 @@ from .options import prompt_id_option
                    "found without it).")
 @click.option("--neurons", "neuron_index", default=None, type=click.Path(exists=True, file_okay=False),
               help="A neuron index of the same model (`detjac neurons`): a click on a graph's neuron, or the search "
-                   "box (layer, index), shows its page: top contexts, histogram, logit effects (not with --export).")
+                   "box (layer, index), shows its page: top contexts, histogram, logit effects. With --export: the "
+                   "pages of the exported graphs' neurons only (not the whole index), opened offline.")
 def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...],
          attention: tuple[str, ...], neuron_index: str | None) -> None:
     """Browse the store PATH (or the graph JSON file PATH) in a web browser: read-only, offline, on this
@@ -45,7 +46,11 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
     (a `detjac attention --out` file given with --attention, or found beside the graph as
     GRAPH-STEM.qk.*.json), or shows the command that makes it.
 
-    With --export DIR, the same pages are written into DIR (open DIR/index.html from disk).
+    A graph written with `detjac graph --neurons INDEX --group` draws each group (supernode) as one
+    node, its links its members' sums; a click expands it into its members.
+
+    With --export DIR, the same pages are written into DIR (open DIR/index.html from disk); with
+    --neurons too, the neuron pages of the exported graphs' neurons.
 
     \b
     Examples:
@@ -58,6 +63,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
       detjac view copper.json                      # finds copper.qk.*.json beside it
       detjac view copper.json --attention runs/qk-3-1.json
       detjac view copper.json --neurons neurons.zarr    # neuron pages (detjac neurons default prompts.txt ...)
+      detjac view copper.json --neurons neurons.zarr --export copper-pages/   # with its neurons' pages
     """
     from pathlib import Path
 
@@ -80,28 +86,28 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
 
         store = open_store(path)
         what = f"{len(store)} prompts"  # type: ignore[arg-type]
-    if export_dir is not None:
-        if neuron_index:
-            raise click.UsageError("--neurons applies to the server only (an export holds no neuron pages).")
-        _export(store, export_dir, list(prompt_ids) or None)
-        return
-    if prompt_ids:
-        raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
     neurons = None
     if neuron_index:
         from detjac.store import open_neuron_index
 
         neurons = open_neuron_index(neuron_index)
+    if export_dir is not None:
+        _export(store, export_dir, list(prompt_ids) or None, neurons)
+        return
+    if prompt_ids:
+        raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
     _serve(store, host, port, what, neurons)
 
 
-def _export(store: object, out: str, prompt_ids: list[str] | None) -> None:
+def _export(store: object, out: str, prompt_ids: list[str] | None, neurons: object = None) -> None:
     from detjac.progress import tqdm
     from detjac.view import export_static
 
     with tqdm(desc="export", unit="page") as bar:
-        written = export_static(store, out, prompt_ids, progress=bar)
-    click.echo(f"wrote {len(written)} files to {out}; open {out.rstrip('/')}/index.html in a browser")
+        written = export_static(store, out, prompt_ids, progress=bar, neurons=neurons)  # type: ignore[arg-type]
+    pages = sum(1 for path in written if path.name.startswith("neuron."))
+    click.echo(f"wrote {len(written)} files to {out}" + (f" ({pages} neuron pages)" if neurons is not None else "") +
+               f"; open {out.rstrip('/')}/index.html in a browser")
 
 
 def _serve(store: object, host: str, port: int, what: str, neurons: object = None) -> None:

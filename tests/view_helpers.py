@@ -23,6 +23,7 @@ TEXTS = ["the oak tree grows", "a young cat plays in the sea", f"the {SCRIPT_WOR
          "copper is a metal"]
 INJECTED = '<img src=x onerror="document.title=\'injected\'">'  # a token text and labels of a graph: text only
 GRAPH_PROMPT = "Copper, n. A"
+NEURON_TEXTS = [f"Copper {INJECTED} <script>alert(1)</script> n. A metal", "Copper, n. A common metal"]  # an index's
 INSTALL = "apt-get install chromium chromium-driver (Debian/Ubuntu) and pip install selenium (the test extra)"
 
 

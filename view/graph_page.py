@@ -18,6 +18,7 @@ from ..errors import InvalidArgumentError
 from ..graph_settings import KEPT_SHARE_MEANING
 from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
+from .graph_groups import grouped_page
 from .graph_heads import compact_loadings, head_ranking, parse_loadings
 from .jsonable import jsonable
 
@@ -90,13 +91,15 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         between listed nodes; ``heads``, a loaded link's :func:`~detjac.view.graph_heads.compact_loadings`);
         ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`), each head with the
         command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
-        (:func:`~detjac.view.attention_file.link_attention`).
+        (:func:`~detjac.view.attention_file.link_attention`); with ``qParams.supernodes``, ``groups``
+        (:func:`~detjac.view.graph_groups.grouped_page`: each group's node and summed links).
 
     Raises
     ------
     InvalidArgumentError
         ``graph`` is not such a JSON object (no nodes or links, a node without its id, layer or position, a link
-        to an unknown node, head loadings that are not numbers or do not sum to their link's weight, ...).
+        to an unknown node, head loadings that are not numbers or do not sum to their link's weight, supernodes
+        that are not groups of one layer's neurons, ...).
     """
     if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list) or \
             not isinstance(graph.get("links"), list):
@@ -142,4 +145,5 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                                   "heads": head_ranking(nodes, links, loadings)},
                      "nodes": nodes, "links": links})
     link_attention(page, {}, str(meta.get("slug") or "graph"))  # each head's command; a GraphFile adds its pages
-    return page
+    qparams = graph.get("qParams")
+    return grouped_page(page, qparams.get("supernodes") if isinstance(qparams, dict) else None, where)

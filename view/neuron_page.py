@@ -3,12 +3,18 @@ plus ``neurons`` (what the index holds: its shape, model and corpus) and ``neuro
 page: :func:`detjac.analysis.neuron_page`). ``static/neuron_page.js`` shows a page when a graph's neuron is clicked
 and from a search box (layer, index); every text on it (the corpus's tokens) is set as text only.
 
+In a static export (``detjac view ... --export DIR --neurons neurons.zarr``) the pages are those of the neurons of
+the exported graphs only (:func:`graph_neurons`), not the whole index; ``neurons`` then lists them (``only``) and the
+page's search box offers those.
+
 The index must have been made with the model of the graph or store it is shown with: its weights' SHA-256 is
 compared with the graph's (``metadata.info.weights_sha256``) or the store run's, and a difference is refused by
 name before the server starts."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .jsonable import jsonable
@@ -17,14 +23,17 @@ if TYPE_CHECKING:
     from ..store import NeuronIndex
 
 PREFIX = "neuron/"
+NEURON_ID = re.compile(r"^(\d{1,9})_(\d{1,9})_(\d{1,9})$")  # circuit-tracer's neuron node id: layer_index_position
 
 
 class NeuronPages:
     """``pages`` (:class:`~detjac.view.pages.Pages` or :class:`~detjac.view.graph_file.GraphFile`) with the neuron
-    pages of ``index`` added (see the module docstring)."""
+    pages of ``index`` added (see the module docstring); with ``only`` ((layer, neuron) pairs), those pages only, and
+    :meth:`keys` lists them (what a static export writes)."""
 
-    def __init__(self, pages: Any, index: NeuronIndex) -> None:
+    def __init__(self, pages: Any, index: NeuronIndex, only: Iterable[tuple[int, int]] | None = None) -> None:
         self.pages, self.index = pages, index
+        self.only = None if only is None else sorted(set(only))
         self.path = getattr(pages, "path", None)
         wanted = _model_digest(pages)
         if wanted is not None:
@@ -46,6 +55,7 @@ class NeuronPages:
             layers, per_layer = self.index.shape
             return jsonable({"layers": layers, "neurons": per_layer, "tokens": int(self.index.attrs["n_tokens"]),
                              "prompts": self.index.identity.get("prompts"), "k": self.index.identity.get("k"),
+                             "only": None if self.only is None else [list(x) for x in self.only],
                              "model": {k: self.index.identity.get(k) for k in ("family", "weights_sha256")}})
         if key.startswith(PREFIX):
             from detjac.analysis import neuron_page
@@ -53,7 +63,8 @@ class NeuronPages:
             parts = key.removeprefix(PREFIX).split("/")
             layers, per_layer = self.index.shape
             if len(parts) != 2 or not all(p.isdigit() and str(int(p)) == p for p in parts) or \
-                    int(parts[0]) >= layers or int(parts[1]) >= per_layer:
+                    int(parts[0]) >= layers or int(parts[1]) >= per_layer or \
+                    (self.only is not None and (int(parts[0]), int(parts[1])) not in self.only):
                 raise NotFound(key)
             return jsonable(neuron_page(self.index, int(parts[0]), int(parts[1])))
         data = self.pages.data(key)
@@ -61,8 +72,27 @@ class NeuronPages:
             data = {**data, "neurons": True}
         return data
 
-    def keys(self, prompt_ids: list[str] | None = None) -> Any:
-        return self.pages.keys(prompt_ids)
+    def keys(self, prompt_ids: list[str] | None = None) -> list[str]:
+        """The pages' keys, then (with ``only``) ``neurons`` and each neuron page's key."""
+        keys = list(self.pages.keys(prompt_ids))
+        if self.only is None:
+            return keys
+        return [*keys, "neurons", *(f"{PREFIX}{layer}/{neuron}" for layer, neuron in self.only)]
+
+
+def graph_neurons(pages: Any, keys: Iterable[str], index: NeuronIndex) -> list[tuple[int, int]]:
+    """The (layer, neuron) of every neuron node (``mlp neuron``, id ``layer_index_position``) of the graphs among
+    the pages ``keys`` (``graph``, ``prompt/<id>/graph``) that the index holds, sorted, each once."""
+    layers, per_layer = index.shape
+    found = set()
+    for key in keys:
+        if key != "graph" and not key.endswith("/graph"):
+            continue
+        for node in pages.data(key)["nodes"]:
+            match = NEURON_ID.match(node["id"]) if node["type"] == "mlp neuron" else None
+            if match and int(match[1]) < layers and int(match[2]) < per_layer:
+                found.add((int(match[1]), int(match[2])))
+    return sorted(found)
 
 
 def _model_digest(pages: Any) -> str | None:

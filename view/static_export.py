@@ -1,7 +1,9 @@
 """``detjac view --export DIR``: the viewer's pages as a static snapshot that opens from disk.
 
 Every page's data is computed ahead and written as ``data/<key>.js``, a script the page loads (a browser loads
-scripts from ``file://`` where it refuses ``fetch``); nothing in it reaches the network.
+scripts from ``file://`` where it refuses ``fetch``); nothing in it reaches the network. With a neuron index, the
+snapshot holds the neuron pages of its graphs' neurons (:func:`~detjac.view.neuron_page.graph_neurons`), not the
+whole index's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .graph_file import GraphFile
 from .pages import Pages
 
 if TYPE_CHECKING:
-    from ..store import StoreReader
+    from ..store import NeuronIndex, StoreReader
 
 
 def data_file(key: str) -> str:
@@ -29,7 +31,7 @@ def data_file(key: str) -> str:
 
 
 def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: Sequence[str] | None = None,
-           progress: Any = None) -> list[Path]:
+           progress: Any = None, neurons: NeuronIndex | None = None) -> list[Path]:
     """Write the snapshot of ``store`` (of ``prompt_ids`` only, when given) into the folder ``out``.
 
     Parameters
@@ -42,6 +44,9 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
         Complete prompts of the store; the corpus page then lists these only.
     progress : tqdm-like, optional
         Updated once per page written; its ``total`` is set.
+    neurons : NeuronIndex, optional
+        A neuron index of the same model: the neuron page of every neuron node of the exported graphs is written
+        too (``data/neuron.<layer>.<index>.js``), and ``data/neurons.js`` lists them.
 
     Returns
     -------
@@ -53,6 +58,8 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
     InvalidArgumentError
         ``out`` is a file, a folder with something in it or a folder inside the store, or a prompt id is not a
         complete prompt.
+    NeuronIndexMismatch
+        ``neurons`` was made with another model than the store's or the graph's.
     """
     out = Path(out)
     store_root = Path(store.path).resolve()
@@ -62,7 +69,7 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidArgumentError(f"Expected a new or empty folder to export to. Got {out}, which "
                                    f"{'is a file' if not out.is_dir() else 'is not empty'}.")
-    pages = store if isinstance(store, GraphFile) else Pages(store)
+    pages: Any = store if isinstance(store, GraphFile) else Pages(store)
     known = set(store.prompt_ids())
     chosen = None if prompt_ids is None else list(dict.fromkeys(prompt_ids))
     missing = [pid for pid in chosen or [] if pid not in known]
@@ -70,6 +77,12 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
         raise InvalidArgumentError(f"Expected complete prompts of {store.path}. Got {', '.join(missing)} (list them "
                                    "with `detjac store ls`).")
     keys = list(pages.keys(chosen))
+    if neurons is not None:
+        from .neuron_page import NeuronPages, graph_neurons
+
+        with_neurons = NeuronPages(pages, neurons, only=())  # another model's index refused before any page is made
+        with_neurons.only = graph_neurons(pages, keys, neurons)
+        pages, keys = with_neurons, with_neurons.keys(chosen)
     if progress is not None:
         progress.total = len(keys)
     tmp = None
@@ -88,7 +101,7 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
     return [out / path.relative_to(tmp) for path in written]
 
 
-def _write(pages: Pages | GraphFile, keys: list[str], chosen: list[str] | None, out: Path, progress: Any) -> list[Path]:
+def _write(pages: Any, keys: list[str], chosen: list[str] | None, out: Path, progress: Any) -> list[Path]:
     """Write the snapshot's files into the new folder ``out``; returns them, ``index.html`` first."""
     (out / "data").mkdir(parents=True)
     written = [out / "index.html"]

@@ -12,7 +12,16 @@ import subprocess
 
 import pytest
 from store_factory import layer_targets, make_store
-from view_helpers import TEXTS, Served, detjac, exported_prompts, new_driver, viewer_model, write_default_graph
+from view_helpers import (
+    NEURON_TEXTS,
+    TEXTS,
+    Served,
+    detjac,
+    exported_prompts,
+    new_driver,
+    viewer_model,
+    write_default_graph,
+)
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +77,15 @@ def graph_served(graph_file):
     server = Served(graph_file)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def neuron_index(tmp_path_factory):
+    """A neuron index of the default model (``detjac neurons``) on :data:`NEURON_TEXTS` (markup among them): its
+    folder. Read only."""
+    from detjac.runs import NeuronOptions, build_neuron_index
+
+    folder = tmp_path_factory.mktemp("neuron-pages")
+    (folder / "p.txt").write_text("".join(f"{t}\n" for t in NEURON_TEXTS), encoding="utf-8")
+    build_neuron_index("default", folder / "p.txt", folder / "n.zarr", NeuronOptions(top_k=4), progress=False)
+    return folder / "n.zarr"

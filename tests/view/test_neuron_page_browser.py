@@ -1,5 +1,6 @@
 """Neuron pages in a real headless Chromium (``detjac view graph.json --neurons index``): a click on a graph's neuron
-and the search box show its page, and the corpus's hostile text stays text.
+and the search box show its page, and the corpus's hostile text stays text; in a static export opened from disk
+(``--export``), a click shows the page and the search box offers the graph's neurons only.
 
 Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
 """
@@ -8,25 +9,20 @@ from __future__ import annotations
 
 import pytest
 from test_view_browser import css, wait_for
-from view_helpers import INJECTED, INSTALL, Served, browser_missing
+from view_helpers import INSTALL, Served, browser_missing
 
 from detjac.analysis import neuron_page
-from detjac.runs import NeuronOptions, build_neuron_index
 from detjac.store import open_neuron_index
 
 if browser_missing():
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)
 
 pytestmark = pytest.mark.browser
-HOSTILE = f"Copper {INJECTED} <script>alert(1)</script> n. A metal"
 
 
 @pytest.fixture(scope="module")
-def index_path(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("neuron-pages")
-    (folder / "p.txt").write_text(f"{HOSTILE}\nCopper, n. A common metal\n", encoding="utf-8")
-    build_neuron_index("default", folder / "p.txt", folder / "n.zarr", NeuronOptions(top_k=4), progress=False)
-    return folder / "n.zarr"
+def index_path(neuron_index):
+    return neuron_index
 
 
 def test_a_neurons_page_from_a_click_and_from_the_search_box_keeps_text_as_text(browser, graph_file, index_path):
@@ -65,3 +61,32 @@ def test_a_neurons_page_from_a_click_and_from_the_search_box_keeps_text_as_text(
             browser.switch_to.alert.text  # noqa: B018 - raises when no alert() ran
     finally:
         server.stop()
+
+
+def test_the_export_opens_a_clicked_neurons_page_from_disk(browser, graph_file, index_path, tmp_path):
+    from click.testing import CliRunner
+
+    from detjac.cli.main import main
+
+    index = open_neuron_index(index_path)
+    out = tmp_path / "pages"
+    result = CliRunner().invoke(main, ["view", str(graph_file), "--neurons", str(index_path), "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    browser.get((out / "index.html").as_uri())  # no server: file:// only
+    wait_for(browser, "#graph-svg .node-neuron")
+    wait_for(browser, "#neuron-pick option")
+    ids = [g.get_attribute("data-id") for g in css(browser, "#graph-svg .node-neuron")]
+    offered = [o.get_attribute("value") for o in css(browser, "#neuron-pick option")]
+    assert offered == [f"{layer}/{neuron}" for layer, neuron in sorted({tuple(int(x) for x in i.split("_")[:2])
+                                                                         for i in ids})]
+    assert css(browser, "#neuron-only")[0].text == \
+        f"this snapshot holds the pages of its graph's {len(offered)} neurons only"
+    node = css(browser, "#graph-svg .node-neuron")[-1]
+    layer, neuron, _ = (int(x) for x in node.get_attribute("data-id").split("_"))
+    node.click()
+    wait_for(browser, "#neuron-title")
+    assert css(browser, "#neuron-title")[0].text == f"neuron {layer}.{neuron}"
+    page = neuron_page(index, layer, neuron)
+    shown = [td.get_attribute("textContent") for td in css(browser, "#neuron-positive td.context")]
+    assert shown == ["".join(c["before"]) + c["token"] + "".join(c["after"]) for c in page["contexts"]["positive"]]
+    assert css(browser, "#neuron-error") == [] and css(browser, "img") == [] and browser.title == "detjac view"

@@ -68,6 +68,7 @@
 
   async function header() {
     const c = await load("corpus");
+    if (c.neurons) document.documentElement.dataset.neurons = document.dispatchEvent(new Event("detjac-neurons"));
     const r = c.store.run;
     document.getElementById("store-name").textContent = c.store.name;
     document.getElementById("run-info").textContent = (c.graph ? [r.model_id, r.dtype, "attribution graph"]

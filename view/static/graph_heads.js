@@ -41,9 +41,13 @@ const GraphHeads = (() => {
     const head = h("h3", {id: "link-label"}, "Link ", h("span", {class: "text"}, nodeLabel(a, tokens)), " → ",
       h("span", {class: "text"}, nodeLabel(b, tokens)), ` · weight ${num(link.weight)}`,
       h("button", {type: "button", id: "link-clear", onclick: () => ctx.pickLink(null)}, "close"));
+    if (link.parts) {  // a group's link (graph_groups.js)
+      return [head, h("p", {class: "note", id: "link-no-loadings"}, `This link is the sum of ${link.parts} links of ` +
+        "a group's members (computed by detjac view, exactly); expand the group for each link and its head loadings.")];
+    }
     if (!link.heads) {
       return [head, h("p", {class: "note", id: "link-no-loadings"},
-        `This link has no head loadings (${loadedCount(data)} of the graph's ${data.links.length} links have them). ` +
+        `This link has no head loadings (${loadedCount(data)} of the graph's ${data.links.filter((l) => !l.parts).length} links have them). ` +
         "`detjac graph ... --heads N` loads the N strongest links (by |weight|): per attention layer the link can " +
         "cross, how much of its weight travels through each head, and the skip.")];
     }

@@ -12,10 +12,11 @@ const GraphLayout = (() => {
   // What the filters keep. Nodes: tokens and logits always; a neuron (or bias node) while its influence (the
   // cumulative share of influence down to it, as `detjac graph` writes it) is at most `nodeT` and its position is not
   // among `hidden`. Links between kept nodes, largest |weight| first, while the |weight| taken before them is below
-  // `edgeT` of their total (1: every link).
-  function visible(data, nodeT, edgeT, hidden) {
-    const nodes = new Set(data.nodes.filter((n) => !isNeuron(n) ||
-      ((n.influence == null || n.influence <= nodeT + 1e-12) && !(hidden && hidden.has(n.ctx)))).map((n) => n.id));
+  // `edgeT` of their total (1: every link). The nodes of `off` (ids: the members of a collapsed group, an expanded
+  // group) are never kept.
+  function visible(data, nodeT, edgeT, hidden, off) {
+    const nodes = new Set(data.nodes.filter((n) => !(off && off.has(n.id)) && (!isNeuron(n) ||
+      ((n.influence == null || n.influence <= nodeT + 1e-12) && !(hidden && hidden.has(n.ctx))))).map((n) => n.id));
     const candidates = data.links.filter((l) => nodes.has(l.source) && nodes.has(l.target))
       .sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
     const total = candidates.reduce((s, l) => s + Math.abs(l.weight), 0);

@@ -2,7 +2,8 @@
 // Rows are layers (the prompt's tokens at the bottom, the logits at the top, labelled with their tokens), columns the
 // prompt's positions, across the window's width; a link's width is its |weight|, its colour its sign. A click on a
 // logit or a node shows what drives it (its drivers kept, the rest faded), its labels and edges; the sliders and the
-// position filter hide nodes and links. Every label (token texts, clerps) is set with textContent only.
+// position filter hide nodes and links; a group (supernode) is one node until a click expands it (graph_groups.js).
+// Every label (token texts, clerps, group names) is set with textContent only.
 "use strict";
 
 const GraphPage = (() => {
@@ -62,7 +63,8 @@ const GraphPage = (() => {
     for (const n of ctx.data.nodes) {
       if (!shown.nodes.has(n.id)) continue;
       const {x, y} = L.at.get(n.id);
-      const shape = n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
+      const shape = n.type === "group" ? GraphGroups.shape(n, x, y)
+        : n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
         : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
           : n.type === "bias" ? svg("polygon", {points: `${x},${y - 5} ${x + 5},${y + 4} ${x - 5},${y + 4}`})
             : svg("circle", {cx: x, cy: y, r: 4.5});
@@ -71,7 +73,7 @@ const GraphPage = (() => {
         (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : "") +
         (ctx.highlit.has(n.id) ? " highlit" : ""),
       "data-id": n.id, tabindex: 0});
-      g.append(shape, svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
+      g.append(...[shape].flat(), svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
       if (n.type === "logit") {
         const text = n.token ?? n.clerp;
         const short = text.length > 14 ? text.slice(0, 13) + "…" : text;
@@ -79,7 +81,7 @@ const GraphPage = (() => {
           transform: `rotate(40 ${x + 2} ${y - 9})`},
           `${JSON.stringify(short)} ${n.p == null ? "" : n.p.toFixed(2)}`));
       }
-      g.addEventListener("click", () => ctx.select(n.id));
+      g.addEventListener("click", () => (n.type === "group" ? ctx.toggleGroup(n.id) : ctx.select(n.id)));
       nodes.append(g);
     }
     return nodes;
@@ -88,17 +90,19 @@ const GraphPage = (() => {
   // Draw `data` into `container` (replacing what it holds), at the width the window gives it; redrawn on resize.
   // `opts.select`: a node to select first; `opts.highlight` (`{ids, text}`): nodes to ring, the rest faded, with a
   // line saying what they are (what an attention page's component names on the graph).
-  function show(container, data, opts = {}) {
+  function show(container, graph, opts = {}) {
+    const {all: data, state: groups} = GraphGroups.attach(graph);  // its groups' nodes and links appended
     const tokens = data.metadata.prompt_tokens;
     const byId = new Map(data.nodes.map((n) => [n.id, n]));
     const maxAbs = data.links.reduce((m, l) => Math.max(m, Math.abs(l.weight)), 1e-300);  // no spread: 10⁶ links
-    const nNeurons = data.nodes.filter(isNeuron).length;
+    const nNeurons = graph.nodes.filter(isNeuron).length;
     data.links.forEach((l, i) => { l.index = i; });
     const highlight = opts.highlight || null;
     const state = {nodeT: 1, edgeT: 1, selected: byId.has(opts.select) ? opts.select : null, hidden: new Set(),
       link: null};
-    const ctx = {data, tokens, byId, select, pickLink, highlit: new Set(highlight ? highlight.ids : []),
-      hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
+    groups.open([state.selected, ...(highlight ? highlight.ids : [])]);  // what is asked for is drawn
+    const ctx = {data, tokens, byId, select, pickLink, toggleGroup, off: groups.off(),
+      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
 
     const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
     const scroll = h("div", {class: "graph-scroll"}, graphSvg);
@@ -128,7 +132,7 @@ const GraphPage = (() => {
       for (let pass = 0; pass < 2; pass++) {
         const width = scroll.clientWidth || document.documentElement.clientWidth - 40;
         const top = scroll.getBoundingClientRect().top + window.scrollY;  // the rest of the first screen, at least 360
-        L = layout(data, width - 2, Math.max(360, Math.min(window.innerHeight * 0.8, window.innerHeight - top - 16)));
+        L = layout({metadata: data.metadata, nodes: data.nodes.filter((n) => !ctx.off.has(n.id))}, width - 2, Math.max(360, Math.min(window.innerHeight * 0.8, window.innerHeight - top - 16)));
         graphSvg.setAttribute("width", L.width);
         graphSvg.setAttribute("height", L.height);
         graphSvg.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
@@ -139,7 +143,7 @@ const GraphPage = (() => {
     }
 
     function refilter() {
-      shown = visible(data, state.nodeT, state.edgeT, state.hidden);
+      shown = visible(data, state.nodeT, state.edgeT, state.hidden, ctx.off);
       linksDrawn = false;
     }
 
@@ -159,8 +163,12 @@ const GraphPage = (() => {
       overlayG.replaceChildren(sel && shown.links.length > MAX_FADED ? linkLayer(shown, L, sel, focus, maxAbs, state.link)
       : "");
       nodesG.replaceChildren(nodeLayer(ctx, shown, L, sel, focus));
-      count.textContent = `shown: ${shown.nodes.size - (data.nodes.length - nNeurons)} of ${nNeurons} neurons ` +
-        `(${shown.nodes.size} of ${data.nodes.length} nodes), ${shown.links.length} of ${data.links.length} links`;
+      const drawnNeurons = graph.nodes.filter((n) => isNeuron(n) && shown.nodes.has(n.id)).length;
+      const drawnGroups = groups.groups.filter((g) => shown.nodes.has(g.id)).length;
+      count.textContent = `shown: ${drawnNeurons} of ${nNeurons} neurons` +
+        (drawnGroups ? ` and ${drawnGroups} collapsed group${drawnGroups > 1 ? "s" : ""}` : "") +
+        ` (${shown.nodes.size} nodes), ${shown.links.length} links (the graph: ${graph.nodes.length} nodes, ` +
+        `${graph.links.length} links)`;
       details.replaceChildren(...GraphPanels.details(ctx, sel, shown));
       linkDetails.replaceChildren(...GraphHeads.linkPanel(ctx, state.link));
       focusNote.replaceChildren(...(sel === null ? highlightNote() : [`Showing what drives ${GraphPanels.nodeLabel(byId.get(sel), tokens)}` +
@@ -172,6 +180,23 @@ const GraphPage = (() => {
 
     function select(id) {
       state.selected = id === null || state.selected === id ? null : id;
+      if (state.selected !== null && ctx.off.has(state.selected) && groups.of.has(state.selected)) {
+        groups.open([state.selected]);  // a member of a collapsed group: its group expanded
+        return regroup();
+      }
+      draw();
+    }
+
+    function toggleGroup(id) {  // a group expanded into its members, or collapsed back
+      if (groups.expanded.has(id)) groups.expanded.delete(id); else groups.expanded.add(id);
+      regroup();
+    }
+
+    function regroup() {  // the groups' state changed: the nodes drawn, their places and the group list again
+      ctx.off = groups.off();
+      groupList.replaceChildren(GraphGroups.panel(data, groups, regroup) || "");
+      refilter();
+      fit();
       draw();
     }
 
@@ -209,12 +234,14 @@ const GraphPage = (() => {
       ["nodes before pruning", info.nodes_before_pruning]].filter(([, v]) => v != null);
     const legend = h("div", {class: "legend"}, [["positive", COLORS.positive], ["negative", COLORS.negative]]
       .map(([t, c]) => { const sw = h("i"); sw.style.background = c; return h("span", {}, sw, `${t} weight`); }),
-    h("span", {}, "width ∝ |weight| · ■ token · ● neuron · ◆ logit (token, probability) · ▲ bias"));
+    h("span", {}, "width ∝ |weight| · ■ token · ● neuron · ◆ logit (token, probability) · ▲ bias" +
+      (groups.groups.length ? " · ▬ group (click: its members)" : "")));
+    const groupList = h("div", {id: "group-list"}, GraphGroups.panel(data, groups, regroup) || "");
     const page = h("div", {class: "graph-page"},
       h("div", {class: "facts-inline", id: "graph-facts"}, facts.map(([k, v]) =>
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
       GraphPanels.logitBar(data, select), focusNote,
-      h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, legend, scroll,
+      h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, groupList, legend, scroll,
       h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx));
     container.replaceChildren(page);
     refilter();

@@ -66,6 +66,7 @@ const GraphPanels = (() => {
     const meta = ctx.data.metadata.drivers || {};
     if (n.drivers == null) {
       const why = n.type === "embedding" ? "a token has nothing upstream"
+        : n.type === "group" ? "a group's drivers are its members' (click the group to expand it)"
         : `drivers are computed for the logits and the ${meta.computed} most influential nodes of this graph`;
       return h("div", {id: "drivers"}, h("p", {class: "note"}, `No drivers shown: ${why}.`));
     }
@@ -92,14 +93,15 @@ const GraphPanels = (() => {
     const order = (a, b) => Math.abs(b.weight) - Math.abs(a.weight);
     const incoming = shown.links.filter((l) => l.target === id).sort(order);
     const outgoing = shown.links.filter((l) => l.source === id).sort(order);
-    const all = ctx.data.links.filter((l) => l.target === id || l.source === id).length;
+    const all = ctx.data.links.filter((l) => (l.target === id || l.source === id) &&  // drawn or filtered out
+      !ctx.off.has(l.source) && !ctx.off.has(l.target)).length;
     const layer = n.type === "embedding" ? "tokens" : n.type === "logit" ? "logits" : `layer ${n.layer}`;
     return [
       h("h3", {id: "node-label", class: "text"}, n.type === "logit" ? n.clerp || nodeLabel(n, tokens) : nodeLabel(n, tokens)),
       h("dl", {class: "facts", id: "node-facts"}, [["node", n.id], ["type", n.type], ["layer", layer],
         ["position", `${n.ctx} ${quoted(tokens[n.ctx])}`], ["activation", n.activation == null ? null : num(n.activation, 6)],
         ["influence", n.influence == null ? null : num(n.influence, 4)], ["probability", n.p == null ? null : num(n.p, 4)],
-        ["label (clerp)", n.clerp || null]].filter(([, v]) => v != null)
+        ["label (clerp)", n.clerp || null], ["members", n.members ? n.members.join(" ") : null]].filter(([, v]) => v != null)
         .map(([k, v]) => [h("dt", {}, k), h("dd", {"data-fact": k}, String(v))])),
       driversPanel(ctx, n),
       all > incoming.length + outgoing.length

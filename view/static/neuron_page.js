@@ -1,13 +1,13 @@
 // detjac view: neuron pages (`detjac view ... --neurons neurons.zarr`). A click on a graph's neuron, or the search
 // box (layer, index) in the header, shows the neuron's page below the main page: its top contexts of each sign (the
 // token highlighted, a few tokens around it), its histogram, its logit effects. Every text of the corpus and the
-// model (tokens, labels) is set with textContent only (Dom.h), never parsed as markup.
+// model (tokens, labels) is set with textContent only (Dom.h), never parsed as markup. A static export
+// (`--export DIR --neurons ...`) holds the pages of its graphs' neurons only: its search box offers those.
 "use strict";
 
 (() => {
   const {h, svg} = Dom;
   const MODE = document.querySelector('meta[name="detjac-mode"]').content;
-  if (MODE !== "server") return;  // a static export holds no neuron pages
   const waiting = new Map();
   const previous = window.detjacData;
   window.detjacData = (key, value, error) => {  // this script's keys, then the page's own
@@ -22,12 +22,14 @@
     return new Promise((resolve, reject) => {
       waiting.set(key, {resolve, reject});
       const s = document.createElement("script");
-      s.src = "api/" + key.split("/").map(encodeURIComponent).join("/") + "?js";
+      s.src = MODE === "static" ? "data/" + key.split("/").join(".") + ".js"
+        : "api/" + key.split("/").map(encodeURIComponent).join("/") + "?js";
       const done = () => {
         s.remove();
         if (waiting.has(key)) {
           waiting.delete(key);
-          reject(new Error(`No answer from detjac view for ${key}.`));
+          reject(new Error(MODE === "static" ? `This snapshot has no page for ${key}.`
+            : `No answer from detjac view for ${key}.`));
         }
       };
       s.onerror = done;
@@ -103,7 +105,20 @@
       (e) => section.replaceChildren(h("p", {class: "error", id: "neuron-error"}, e.message)));
   }
 
-  load("neurons").then((info) => {
+  // The search box: layer and index in the server; in a snapshot, a list of the neurons it holds, and why.
+  function searchForm(info) {
+    if (info.only) {
+      const pick = h("select", {id: "neuron-pick", "aria-label": "neuron"},
+        info.only.map(([l, i]) => h("option", {value: `${l}/${i}`}, `${l}.${i}`)));
+      const form = h("form", {id: "neuron-search", class: "neuron-search"}, "neuron ", pick, " ",
+        h("button", {type: "submit"}, "show"), " ", h("span", {class: "note", id: "neuron-only"},
+          `this snapshot holds the pages of its graph's ${info.only.length} neurons only`));
+      form.addEventListener("submit", (e) => {
+        e.preventDefault();
+        show(...pick.value.split("/"));
+      });
+      return form;
+    }
     const layer = h("input", {id: "neuron-layer", type: "number", min: 0, max: info.layers - 1, value: 0,
       "aria-label": "layer"});
     const index = h("input", {id: "neuron-index", type: "number", min: 0, max: info.neurons - 1, value: 0,
@@ -114,11 +129,25 @@
       e.preventDefault();
       show(layer.value, index.value);
     });
-    document.getElementById("top").append(form);
-    document.addEventListener("click", (e) => {  // a graph's neuron: its id is layer_index_position
-      const node = e.target.closest && e.target.closest("g.node-neuron");
-      const m = node && /^(\d+)_(\d+)_(\d+)$/.exec(node.dataset.id || "");
-      if (m) show(m[1], m[2]);
-    });
-  }, () => {});  // no index given: nothing to add
+    return form;
+  }
+
+  // Started once the page's corpus says there are neuron pages (app.js: an event, and an attribute for a script that
+  // runs later), so nothing is asked for otherwise (a snapshot without them has no file to miss).
+  let started = false;
+  if (document.documentElement.dataset.neurons) start();
+  else document.addEventListener("detjac-neurons", start);
+
+  function start() {
+    if (started) return;
+    started = true;
+    load("neurons").then((info) => {
+      document.getElementById("top").append(searchForm(info));
+      document.addEventListener("click", (e) => {  // a graph's neuron: its id is layer_index_position
+        const node = e.target.closest && e.target.closest("g.node-neuron");
+        const m = node && /^(\d+)_(\d+)_(\d+)$/.exec(node.dataset.id || "");
+        if (m) show(m[1], m[2]);
+      });
+    }, (e) => section.replaceChildren(h("p", {class: "error", id: "neuron-error"}, e.message)));
+  }
 })();
