@@ -143,3 +143,18 @@ def test_a_budget_too_small_even_a_matrix_at_a_time_says_what_it_must_hold():
                        r"tokens .* and at least 1 vector of .*: .* in all\. Got 4\.00 GiB for cuda:0: raise "
                        r"--max-memory\.$"):
         plan_of("llama-3.3-70b", 8, 4)
+
+
+def test_whole_or_a_matrix_at_a_time_is_decided_in_one_place():
+    """The skeleton's mode is set only by the engine, from CostModel.per_matrix (through the plan's ``widen``)."""
+    from pathlib import Path
+
+    import detjac.engine as engine
+
+    root = Path(engine.__file__).parent
+    setters = {p.relative_to(root).as_posix(): [line.strip() for line in p.read_text().splitlines()
+                                                  if ".per_matrix = " in line] for p in root.rglob("*.py")}
+    setters = {k: v for k, v in setters.items() if v}
+    assert set(setters) == {"streamed/streamed_engine.py", "streamed/skeleton.py"}
+    assert all("cost.per_matrix(" in line or "plan.widen" in line for line in setters["streamed/streamed_engine.py"])
+    assert setters["streamed/skeleton.py"] == ["self.per_matrix = False"]
