@@ -742,9 +742,10 @@ PLAN_STORED = (("bf16", 2.0), ("Q4_0", 18 / 32))
 
 def plans() -> str:
     """What the layer-streamed engine's planner (the same cost model, no weights needed) makes of the 8B and 70B
-    shapes on a CUDA device: row blocks × rows of the output's J per budget, or "refused" where the layers' weights
-    (two as stored: the one in use and the next, read ahead; the one in use widened to the compute dtype) and one
-    vector do not fit. A markdown table (docs/user-guide.md shows it)."""
+    shapes on a CUDA device: row blocks × rows of the output's J per budget (†: the layer in use widened a matrix at
+    a time, CostModel.per_matrix), or "refused" where the layers' weights (two as stored: the one in use and the next,
+    read ahead; the one in use widened to the compute dtype, whole or a matrix at a time) and one vector do not fit. A
+    markdown table (docs/user-guide.md shows it)."""
     from detjac.engine import Target
     from detjac.engine.checkpoints.tiny import tiny_config
     from detjac.engine.streamed.cost import CostModel
@@ -770,7 +771,8 @@ def plans() -> str:
                                             stored_bytes=stored_bytes)
                         try:
                             plan = cost.plan(tokens, [Target(-1, "output")], mode="reverse")
-                            cells.append(f"{plan.n_row_blocks} × {plan.row_block}")
+                            cells.append(f"{plan.n_row_blocks} × {plan.row_block}"
+                                         + (" †" if plan.widen == "matrix" else ""))
                         except InvalidArgumentError:
                             cells.append("refused")
                     lines.append(f"| {label} | {stored} | {dtype} | {tokens} | {stored_bytes / 2**30:.2f} / "

@@ -83,6 +83,7 @@ class Plan:
     forward_cost: float = 0.0
     n_row_blocks: int = 0
     n_token_blocks: int = 0
+    widen: str = "layer"  # the layer in use widened whole ("layer") or a matrix at a time ("matrix"): CostModel
 
     @property
     def n_blocks(self) -> int:
@@ -111,3 +112,4 @@ class EngineStats:
     layers_kept: int = 0
     layers_read_unused: int = 0
     max_layers_held: int = 0
+    matrices_widened: int = 0  # matrices widened just before their use (layers widened a matrix at a time)

@@ -105,5 +105,7 @@ def test_the_user_guide_shows_the_planners_table_as_printed():
     got = subprocess.run([sys.executable, str(SCRIPT), "--plans"], capture_output=True, text=True, check=True)
     page = (SCRIPT.parent.parent / "docs" / "user-guide.md").read_text(encoding="utf-8")
     assert got.stdout.strip() in page, "run benchmarks/gpu_check.py --plans and paste its table into the GPU section"
-    # the layers counted as stored (two) plus the one in use widened: 70B in float32 fits 8 GiB from bf16 weights
-    assert "| Llama-3.3-70B | bf16 | float32 | 16 | 1.59 / 3.19 | refused | 16 × 512 |" in got.stdout
+    # the layers counted as stored (two) plus the one in use widened, a matrix at a time (†) where the budget needs
+    # it: 70B in float32 and float64 fits 8 GiB from bf16 weights
+    assert "| Llama-3.3-70B | bf16 | float32 | 16 | 1.59 / 3.19 | refused | 8 × 1024 † |" in got.stdout
+    assert "| Llama-3.3-70B | bf16 | float64 | 16 | 1.59 / 6.38 | refused | 47 × 175 † |" in got.stdout

@@ -16,14 +16,15 @@ from transformers.pytorch_utils import Conv1D
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedActivation
 from . import NotAPiece
+from .lazy import ATTR
 
 
 def projection(module: Any, affine: bool) -> torch.Tensor:
     """The (out, in) weight of a projection on the linear path (a bias only where the family declares itself
     affine: the bias is an offset, outside ``J``); raises :class:`~detjac.engine.pieces.NotAPiece` (why) where it
-    is not one."""
+    is not one. A module of a layer loaded a matrix at a time gives its :class:`~.lazy.LazyWeight`."""
     if type(module) is nn.Linear and (module.bias is None or affine):
-        return module.weight
+        return getattr(module, ATTR, None) or module.weight
     if type(module) is Conv1D and affine:  # GPT-2: y = x W + b with W (in, out)
         return module.weight.T
     raise NotAPiece(f"{type(module).__name__} is not a bias-free nn.Linear" + (" or a Conv1D" if affine else ""))

@@ -14,13 +14,14 @@ from __future__ import annotations
 import torch
 
 from .layer import Attention
+from .lazy import wide
 
 
 def head_values(attention: Attention, x: torch.Tensor) -> torch.Tensor:
     """(B, n, d) vectors at the layer's input -> (B, heads, n, hd) each head's mix of values ``P_h V_kv(h) x``."""
     b, n, _ = x.shape
     heads, hd, kvh = attention.probs.shape[0], attention.head_dim, attention.kv_heads
-    v = (x @ attention.value.T).view(b, n, kvh, hd).transpose(1, 2)  # (B, kv_heads, n, hd)
+    v = (x @ wide(attention.value).T).view(b, n, kvh, hd).transpose(1, 2)  # (B, kv_heads, n, hd)
     return attention.probs @ v.repeat_interleave(heads // kvh, dim=1)  # (heads, n, n) @ (B, heads, n, hd)
 
 
@@ -28,17 +29,18 @@ def head_cotangents(attention: Attention, g: torch.Tensor) -> torch.Tensor:
     """(B, n, d) cotangents at the attention's output -> (B, heads, n, hd) at each head's value mix (``g W_o,h``)."""
     b, n, _ = g.shape
     heads, hd = attention.probs.shape[0], attention.head_dim
-    return (g @ attention.out).view(b, n, heads, hd).transpose(1, 2)
+    return (g @ wide(attention.out)).view(b, n, heads, hd).transpose(1, 2)
 
 
 def heads_output(attention: Attention, mixed: torch.Tensor) -> torch.Tensor:
     """(B, heads, n, hd) the heads' value mixes -> (B, n, d) the attention's output, their sum through ``W_o``."""
     b, heads, n, hd = mixed.shape
-    return mixed.transpose(1, 2).reshape(b, n, heads * hd) @ attention.out.T
+    return mixed.transpose(1, 2).reshape(b, n, heads * hd) @ wide(attention.out).T
 
 
 def head_outputs(attention: Attention, x: torch.Tensor) -> torch.Tensor:
     """(n, d) at the layer's input -> (heads, n, d) each head's output ``W_o,h P_h V_kv(h) x``."""
     heads, hd = attention.probs.shape[0], attention.head_dim
-    w_o = attention.out.view(attention.out.shape[0], heads, hd)  # (d, heads, hd)
+    out = wide(attention.out)
+    w_o = out.view(out.shape[0], heads, hd)  # (d, heads, hd)
     return torch.einsum("hnk,dhk->hnd", head_values(attention, x[None])[0], w_o)

@@ -17,6 +17,7 @@ from detjac.exactness import pieces_bound
 
 from . import NotAPiece
 from .fold import fold_pays, plus_folded
+from .lazy import wide
 from .norms import NormPiece
 
 # a gated MLP's intermediate (width ffn) is made this many bytes at a time (other devices: OTHER_CHUNK_BYTES), but at
@@ -81,7 +82,7 @@ class Mlp:
         the neurons' in that run (:attr:`neuron_bias`) and the layer's output with its neurons held at zero
         (:attr:`layer_bias`: its output less what the neurons wrote)."""
         neurons = neurons.to(self.gate.dtype)
-        self.bias, self.neuron_bias = neurons - self.gate * (mid @ self.up.T), neurons
+        self.bias, self.neuron_bias = neurons - self.gate * (mid @ wide(self.up).T), neurons
         self.layer_bias = out - self.output(neurons)
 
     def fold(self, scale: torch.Tensor, gain: torch.Tensor | None, before: bool) -> None:
@@ -101,10 +102,10 @@ class Mlp:
         return self.gate if self.post is None else self.gate * self.post[:, None]
 
     def push(self, x: torch.Tensor, s: int) -> Product:  # (c, n - s, d) -> (c, n - s, d)
-        return GatedRows(x, self.up.T, self.rows_gate[s:]), self.down.T, s
+        return GatedRows(x, wide(self.up).T, self.rows_gate[s:]), wide(self.down).T, s
 
     def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s, d)
-        return GatedRows(g, self.down, self.rows_gate[s:]), self.up, s
+        return GatedRows(g, wide(self.down), self.rows_gate[s:]), wide(self.up), s
 
     # -- the neurons (attribution graphs) ---------------------------------------------------
 
@@ -115,41 +116,41 @@ class Mlp:
     def activations(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d) the MLP's input (its mid residual, before the folded norm) -> (n, ffn) its neurons' values (with
         their :attr:`bias`, an affine family's)."""
-        z = self.gate * (x @ self.up.T)
+        z = self.gate * (x @ wide(self.up).T)
         return z if self.bias is None else z + self.bias
 
     def neuron_cotangents(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, d) cotangents at the MLP's output -> (B, n, ffn) at its neurons (each neuron writes
         ``post_p · W_down[:, i]``)."""
-        z = g @ self.down
+        z = g @ wide(self.down)
         return z if self.post is None else z * self.post[:, None]
 
     def neuron_seeds(self, g: torch.Tensor) -> torch.Tensor:
         """(B, n, ffn) cotangents at the neurons -> (B, n, d) at the MLP's input (each neuron reads
         ``gate_{p,i} · W_up[i]``)."""
-        return (g * self.gate) @ self.up
+        return (g * self.gate) @ wide(self.up)
 
     def read_rows(self, pos: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """(m, d) what neurons ``idx`` at positions ``pos`` read from the MLP's input: ``gate_{p,i} W_up[i]``."""
-        return self.gate[pos, idx, None] * self.up[idx]
+        return self.gate[pos, idx, None] * wide(self.up)[idx]
 
     def write_rows(self, pos: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """(m, d) what neurons ``idx`` at positions ``pos`` write per unit of their value: ``post_p W_down[:, i]``."""
-        w = self.down[:, idx].T
+        w = wide(self.down)[:, idx].T
         return w if self.post is None else w * self.post[pos, None]
 
     def output(self, z: torch.Tensor) -> torch.Tensor:
         """(n, ffn) neuron values -> (n, d) the MLP's output."""
-        return (z if self.post is None else z * self.post[:, None]) @ self.down.T
+        return (z if self.post is None else z * self.post[:, None]) @ wide(self.down).T
 
     def read_vectors(self) -> torch.Tensor:
         """(ffn, d) each neuron's read direction (the gain of the norm before the MLP folded in)."""
-        return self.up
+        return wide(self.up)
 
     def write_vectors(self) -> torch.Tensor:
         """(ffn, d) what each neuron writes per unit of its value, before the scales of any norm after the MLP
         (positive per position: the direction is the same at every position); the neuron pages' logit effects."""
-        return self.down.T
+        return wide(self.down).T
 
 
 @dataclass
@@ -185,11 +186,11 @@ class Attention:
         heads, hd = self.probs.shape[0], self.head_dim
         r = heads // self.kv_heads
         # values transposed, (kv_heads · hd, c · m): each head's block is a plain (hd · c, m) matrix, rows (dim, vector)
-        vt = (self.value @ x.reshape(c * m, d).T).view(self.kv_heads, hd * c, m)
+        vt = (wide(self.value) @ x.reshape(c * m, d).T).view(self.kv_heads, hd * c, m)
         ot = vt.new_empty(heads, hd * c, m)  # each head's output transposed: (V P_h^T) in rows (dim, vector)
         for h in range(heads):
             torch.mm(vt[h // r], self.probs[h, s:, s:].T, out=ot[h])
-        return ot.view(heads * hd, c * m).T, self.out.T, s  # (c · m, heads · hd) as a transposed view: no copy
+        return ot.view(heads * hd, c * m).T, wide(self.out).T, s  # (c · m, heads · hd) as a transposed view: no copy
 
     def pull(self, g: torch.Tensor, s: int) -> Product:  # (B, n - s, d) -> (B, n - s_in, d)
         b, m, d = g.shape
@@ -199,21 +200,24 @@ class Attention:
         used = rows.ne(0).any(dim=1).any(dim=0).nonzero()  # keys any of them reads (below a window: a band)
         s_in = int(used[0]) if used.numel() else n
         # the output projection's cotangents transposed, (heads · hd, B · m): per head a (hd · B, m) matrix
-        got = (self.out.T @ g.reshape(b * m, d).T).view(heads, hd * b, m)
+        got = (wide(self.out).T @ g.reshape(b * m, d).T).view(heads, hd * b, m)
         gvt = got.new_empty(self.kv_heads, hd * b, n - s_in)  # per key-value head, summed over its query heads
         for h in range(heads):
             if h % r == 0:
                 torch.mm(got[h], rows[h, :, s_in:], out=gvt[h // r])
             else:
                 gvt[h // r].addmm_(got[h], rows[h, :, s_in:])
-        return gvt.view(self.kv_heads * hd, b * (n - s_in)).T, self.value, s_in  # (B · (n - s_in), kv · hd), no copy
+        return gvt.view(self.kv_heads * hd, b * (n - s_in)).T, wide(self.value), s_in  # (B · (n - s_in), kv · hd)
 
 
 Core = Mlp | Attention
 
 
 def _scaled(weight: torch.Tensor, gain: torch.Tensor, own: bool) -> torch.Tensor:
-    """``weight * gain`` (broadcast): in place where the weight is the piece's own (no second copy of the layer)."""
+    """``weight * gain`` (broadcast): in place where the weight is the piece's own (no second copy of the layer); a
+    :class:`~.lazy.LazyWeight` applies it each time it is widened."""
+    if hasattr(weight, "scaled"):
+        return weight.scaled(gain)
     return weight.mul_(gain) if own else weight * gain
 
 

@@ -71,10 +71,41 @@ class CostModel:
 
     @property
     def weights_bytes(self) -> int:
-        """What the layers' weights hold at once: two layers as stored (the one in use, the next read ahead) and the
-        one in use widened to the compute dtype (its norm gains folded into it in place: no third copy)."""
-        stored = self.layer_bytes if self.stored_bytes is None else self.stored_bytes
-        return 2 * stored + self.layer_bytes
+        """What the layers' weights hold at once, a layer widened whole: two layers as stored (the one in use, the
+        next read ahead) and the one in use widened to the compute dtype (its norm gains folded into it in place: no
+        third copy)."""
+        return 2 * self.stored_layer_bytes + self.layer_bytes
+
+    @property
+    def stored_layer_bytes(self) -> int:
+        return self.layer_bytes if self.stored_bytes is None else self.stored_bytes
+
+    @property
+    def matrix_bytes(self) -> int:
+        """The most a layer widened a matrix at a time holds in the compute dtype at once: an MLP's two projections
+        (its crossing alternates their GEMMs a chunk at a time; also Phi3's fused gate_up) or a fused qkv projection,
+        and the layer's vectors (norm gains, widened with the layer: at most 8 d numbers)."""
+        d, q, kv = self.d_model, self.q or self.d_model, self.kv or self.d_model
+        return self.itemsize * (max(2 * d * self.ffn, d * (q + 2 * kv)) + 8 * d)
+
+    def per_matrix(self, n: int) -> bool:
+        """Whether the layers are widened a matrix at a time, each just before its use, at ``n`` tokens (else the layer
+        in use is widened whole, once per block); the one place this is decided (docs/engine.md, "Cost model").
+
+        Only under a budget. A matrix at a time, a layer is widened about twice per block (the forward that records its
+        factors, then its crossing), so it is chosen where it needs at most half the blocks: where a layer widened
+        whole leaves room for fewer than half the vectors (at most d) that one widened a matrix at a time does."""
+        if self.budget is None or self.matrix_bytes >= self.layer_bytes:
+            return False
+        left = self.budget - self.block_bytes(n, 0)
+        whole = max(0, left - self.weights_bytes) // self.vector_bytes(n)
+        matrix = max(0, left - 2 * self.stored_layer_bytes - self.matrix_bytes) // self.vector_bytes(n)
+        return 2 * whole < min(self.d_model, matrix)
+
+    def held_weights_bytes(self, n: int) -> int:
+        """What the layers' weights hold at once at ``n`` tokens: :attr:`weights_bytes`, or two layers as stored and
+        :attr:`matrix_bytes` where :meth:`per_matrix`."""
+        return 2 * self.stored_layer_bytes + self.matrix_bytes if self.per_matrix(n) else self.weights_bytes
 
     @classmethod
     def of(cls, config: Any, itemsize: int, layer_bytes: int, **kw: Any) -> CostModel:
@@ -134,14 +165,14 @@ class CostModel:
         return self.trace_bytes(n) + self.layer_bytes_held(n, vectors or None) + vectors * self.vector_bytes(n)
 
     def vector_budget(self, n: int) -> int | None:
-        """Bytes left for the block: the budget less the layers' weights (:attr:`weights_bytes`), the trace and what
-        a layer's crossing holds whatever the block."""
+        """Bytes left for the block: the budget less the layers' weights (:meth:`held_weights_bytes`), the trace and
+        what a layer's crossing holds whatever the block."""
         if self.budget is None:
             return None
-        return max(0, self.budget - self.weights_bytes - self.block_bytes(n, 0))
+        return max(0, self.budget - self.held_weights_bytes(n) - self.block_bytes(n, 0))
 
     def spare_bytes(self, n: int, plan: Plan | None = None) -> int:
-        """What the budget leaves at ``n`` tokens beside the layers' weights (:attr:`weights_bytes`), the trace, a
+        """What the budget leaves at ``n`` tokens beside the layers' weights (:meth:`held_weights_bytes`), the trace, a
         layer's crossing and the plan's blocks (None: the forward pass alone): the stored layers kept across passes
         (:class:`~detjac.engine.streamed.prefetch.LayerFeed`). Without a budget: 0, none kept."""
         budget = self.vector_budget(n)
@@ -190,20 +221,36 @@ class CostModel:
             if row_block >= 1:  # as few blocks as fit, evened out (no short last block)
                 row_block = -(-d // -(-d // row_block))
         if self.budget is not None and ((rev and row_block < 1) or (fwd and token_block < 1)):
-            vectors = n_rev if rev else d
-            total = self.weights_bytes + self.block_bytes(n, 0) + vectors * self.vector_bytes(n)
-            stored = self.layer_bytes if self.stored_bytes is None else self.stored_bytes
-            raise InvalidArgumentError(
-                f"Expected a memory budget that holds two layers as stored ({format_bytes(stored)} each: the one in "
-                f"use and the next, read ahead), the one in use in the compute dtype ({format_bytes(self.layer_bytes)}"
-                f"), the trace and what a layer's crossing holds at {n} token{'s' if n != 1 else ''} "
-                f"({format_bytes(self.block_bytes(n, 0))}) and at least {vectors} vector{'s' if vectors > 1 else ''} "
-                f"of {format_bytes(self.vector_bytes(n))}: {format_bytes(total)} in all. Got "
-                f"{format_bytes(self.budget)} for {self.device}: raise --max-memory."
-            )
+            self.refuse(n, n_rev if rev else d)
+        row_block, token_block = max(1, row_block), max(1, token_block)
+        widen = "matrix" if self.per_matrix(n) else "layer"
         row_block, token_block = max(1, row_block), max(1, token_block)
         return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,
-                    -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0)
+                    -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0, widen)
+
+    def refuse(self, n: int, vectors: int) -> None:
+        """Raise what a budget too small for ``vectors`` vectors at ``n`` tokens must hold, the layer in use widened a
+        matrix at a time where that holds less than widened whole.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Always: the weights, the trace and a layer's crossing, the vectors, and the total.
+        """
+        assert self.budget is not None
+        matrix = self.matrix_bytes < self.layer_bytes
+        widened = (f"the one in use widened a matrix at a time ({format_bytes(self.matrix_bytes)} at once, of "
+                   f"{format_bytes(self.layer_bytes)} in the compute dtype)" if matrix else
+                   f"the one in use in the compute dtype ({format_bytes(self.layer_bytes)})")
+        weights = 2 * self.stored_layer_bytes + (self.matrix_bytes if matrix else self.layer_bytes)
+        total = weights + self.block_bytes(n, 0) + vectors * self.vector_bytes(n)
+        raise InvalidArgumentError(
+            f"Expected a memory budget that holds two layers as stored ({format_bytes(self.stored_layer_bytes)} each: "
+            f"the one in use and the next, read ahead), {widened}, the trace and what a layer's crossing holds at {n} "
+            f"token{'s' if n != 1 else ''} ({format_bytes(self.block_bytes(n, 0))}) and at least {vectors} "
+            f"vector{'s' if vectors > 1 else ''} of {format_bytes(self.vector_bytes(n))}: {format_bytes(total)} in "
+            f"all. Got {format_bytes(self.budget)} for {self.device}: raise --max-memory."
+        )
 
 
 def unbudgeted_bytes() -> int:

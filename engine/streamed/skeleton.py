@@ -10,6 +10,7 @@ import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from detjac.singular import VOCAB_CHUNK_BYTES
 
 from ..checkpoints.stored import Stored, check_stored_dtype, stored_bytes, widen
 from ..checkpoints.weights import ModuleWeights, WeightSource
+from ..pieces import lazy
 from ..products.decode import RowBlocks, final_norm_gain
 from ..types import EngineStats
 from .prefetch import LayerFeed, make_reader
@@ -61,6 +63,10 @@ class Skeleton:
         self.stored_dtypes = self._check_stored()
         self._stored: dict[int, dict[str, Stored]] = {}  # the resident layers' stored tensors
         self.owned: set[int] = set()  # resident layers whose widened weights are their own (see load_layer)
+        # widen the layers a matrix at a time, each just before its use (the engine sets it from its cost model's
+        # CostModel.per_matrix before it traces or sweeps), else whole when they are loaded
+        self.per_matrix = False
+        self._lazy: dict[int, list[Any]] = {}  # per resident layer loaded a matrix at a time: its hooks' handles
         self._materialize(self._slots["norm"], f"{self.decoder_path}.norm.")
         self.feed = LayerFeed(self.n_layers, make_reader(
             lambda i, into=None: self._read(self._layer_prefix(i), self._slots[i], self.device, into),
@@ -149,15 +155,32 @@ class Skeleton:
     def _widen(self, slots: Slots, stored: dict[str, Stored]) -> dict[str, torch.Tensor]:
         """A subtree's stored tensors in the compute dtype on the compute device (the quantize round trip applied to
         linear weights)."""
-        out = {}
-        for rel, (module, attr) in slots.items():
-            t = widen(stored[rel], self.dtype, self.device)
-            if self.quantize is not None and attr == "weight" and isinstance(module, nn.Linear):
-                from ..checkpoints.quantized import quantize_roundtrip
+        return {rel: self._widen_one(module, attr, stored[rel]) for rel, (module, attr) in slots.items()}
 
-                t = quantize_roundtrip(t, self.quantize)
-            out[rel] = t
+    def _widen_one(self, module: nn.Module, attr: str, t: Stored) -> torch.Tensor:
+        out = widen(t, self.dtype, self.device)
+        if self.quantize is not None and attr == "weight" and isinstance(module, nn.Linear):
+            from ..checkpoints.quantized import quantize_roundtrip
+
+            out = quantize_roundtrip(out, self.quantize)
         return out
+
+    def _load_lazily(self, i: int, stored: dict[str, Stored]) -> None:
+        """Layer ``i``'s linear weights left as stored, each widened just before its use (:mod:`~detjac.engine.
+        pieces.lazy`); its other tensors (norm gains) widened now."""
+        handles, now = [], {}
+        for rel, (module, attr) in self._slots[i].items():
+            t = stored[rel]
+            if not lazy.is_lazy(module, attr, t):
+                now[rel] = self._widen_one(module, attr, t)
+                continue
+            make = partial(self._widen_one, module, attr, t)
+            handles += lazy.attach(module, lazy.LazyWeight(make, tuple(t.shape), t, count=self._count))
+        self._assign({rel: self._slots[i][rel] for rel in now}, now)
+        self._lazy[i] = handles
+
+    def _count(self) -> None:
+        self.stats.matrices_widened += 1
 
     def _materialize(self, slots: dict[str, tuple[nn.Module, str]], prefix: str) -> None:
         tensors, nbytes = self._read(prefix, slots, self.device)
@@ -182,12 +205,17 @@ class Skeleton:
         earlier pass, where the :class:`~detjac.engine.streamed.prefetch.LayerFeed` has them) widened to the compute
         dtype there."""
         stored = self.feed.get(i)
-        tensors = self._widen(self._slots[i], stored)
-        self._assign(self._slots[i], tensors)
         self._stored[i] = stored
+        if self.per_matrix:
+            self._load_lazily(i, stored)
+            tensors: dict[str, torch.Tensor] = {}
+        else:
+            tensors = self._widen(self._slots[i], stored)
+            self._assign(self._slots[i], tensors)
         # the widened tensors are the layer's own (not the stored ones, nor a loaded model's): its pieces may fold
-        # norm gains into them in place instead of copying (ExplicitAdjoint)
-        if all(_storage(t) != _storage(stored[rel]) for rel, t in tensors.items() if rel in stored):
+        # norm gains into them in place instead of copying (ExplicitAdjoint); a matrix at a time, the gains are applied
+        # as each is widened
+        if tensors and all(_storage(t) != _storage(stored[rel]) for rel, t in tensors.items() if rel in stored):
             self.owned.add(i)
         self.stats.layers_loaded += 1
         self.stats.resident.add(i)
@@ -202,6 +230,7 @@ class Skeleton:
         """Put layer ``i``'s parameters back on the meta device (their memory is freed; its stored tensors are kept
         for the next pass where the feed's budget has room)."""
         self._release(self._slots[i])
+        lazy.detach_all([m for m, _ in self._slots[i].values()], self._lazy.pop(i, []))
         self.owned.discard(i)
         stored = self._stored.pop(i, None)
         if stored is not None:

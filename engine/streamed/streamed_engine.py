@@ -181,7 +181,9 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         from . import tracing
 
         ids = self.token_ids(prompt)
-        self.skeleton.feed.keep(self.cost.spare_bytes(len(ids)))
+        cost = self.cost
+        self.skeleton.per_matrix = cost.per_matrix(len(ids))  # for this prompt's trace, sweeps and products
+        self.skeleton.feed.keep(cost.spare_bytes(len(ids)))
         with self._linear():
             st = tracing.trace(self.skeleton, self.steps, ids, -1 if position is None else position, progress)
         st.norm = self._norm
@@ -204,6 +206,7 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         st = _streamed(trace)
         plan = plan if plan is not None else self.plan(st, targets)
         d, n = self.d_model, st.n_tokens
+        self.skeleton.per_matrix = plan.widen == "matrix"
         self.skeleton.feed.keep(self.cost.spare_bytes(n, plan))
         bar = progress_bar(None, progress, "blocks", "block", total=plan.n_blocks)
         try:
