@@ -224,7 +224,6 @@ class CostModel:
             self.refuse(n, n_rev if rev else d)
         row_block, token_block = max(1, row_block), max(1, token_block)
         widen = "matrix" if self.per_matrix(n) else "layer"
-        row_block, token_block = max(1, row_block), max(1, token_block)
         return Plan(rev, fwd, row_block, token_block, reverse_cost, forward_cost,
                     -(-d // row_block) if rev else 0, -(-n // token_block) if fwd else 0, widen)
 
