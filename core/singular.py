@@ -58,6 +58,39 @@ def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
     return ids, scores
 
 
+def rank_of(vectors: Any, matrix: Any, tokens: Any) -> Any:
+    """1-based rank of ``tokens[j]`` among the scores ``matrix @ vectors[:, j]`` (highest first, ties counted in
+    its favour), for each column of ``vectors`` (d, k); ``matrix`` (vocab, d) as :func:`decode_top` takes it,
+    crossed :data:`VOCAB_CHUNK_BYTES` of widened rows at a time. Each token's own score is the one its chunk computes
+    in the count, so it never outranks itself.
+
+    Returns
+    -------
+    (k,) int64 numpy array.
+    """
+    import numpy as np
+
+    v, tokens = np.asarray(vectors), np.asarray(tokens, dtype=np.int64)
+    vocab, d = int(matrix.shape[0]), int(matrix.shape[1])
+    chunk = max(1, VOCAB_CHUNK_BYTES // max(1, d * 8))
+    if tokens.shape != (v.shape[1],) or ((tokens < 0) | (tokens >= vocab)).any():
+        raise ValueError(f"Expected one token id below {vocab} per column ({v.shape[1]}). Got {tokens.tolist()}.")
+
+    def scores(start: int) -> Any:
+        m = np.asarray(matrix[start:min(vocab, start + chunk)])
+        dtype = np.result_type(m.dtype, v.dtype, np.float32)
+        return m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)  # (rows, k)
+
+    own = np.empty(v.shape[1])
+    for start in np.unique(tokens // chunk * chunk).tolist():  # the chunks that hold a token: its own score
+        part, here = scores(start), np.nonzero(tokens // chunk * chunk == start)[0]
+        own[here] = part[tokens[here] - start, here]
+    count = np.zeros(v.shape[1], dtype=np.int64)
+    for start in range(0, vocab, chunk):
+        count += (scores(start) > own).sum(0)
+    return count + 1
+
+
 def decode_blocks(V: Any, n_blocks: int, matrix: Any, top: int) -> tuple[Any, Any, Any, Any]:
     """Decode right singular vectors of ``[J_1 ... J_n]``: each column of ``V`` (n_blocks * d, k) through the
     d-block of the token that carries most of its ``|v|^2`` (numpy arrays).

@@ -135,11 +135,13 @@ def final_norm(trace: Any) -> Callable[[np.ndarray], np.ndarray]:
     return norm
 
 
-def unembedding(engine: Engine) -> np.ndarray:
-    """(vocab, d) the matrix that turns a final normed state into logits, float64 numpy."""
+def unembedding(engine: Engine) -> Any:
+    """(vocab, d) the matrix that turns a final normed state into logits, float64: a numpy array, or its rows read
+    on demand where the engine keeps a memory budget (:meth:`~detjac.engine.Engine.decoding_rows`); scored a chunk
+    of the vocabulary at a time (:func:`detjac.singular.rank_of`, :func:`~detjac.singular.decode_top`)."""
     import torch
 
-    return engine.decoding_matrices(torch.float64)["unembedding"].numpy()
+    return engine.decoding_rows(torch.float64)["unembedding"]
 
 
 def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.ndarray, layers: Sequence[int],
@@ -161,18 +163,15 @@ def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.nd
 def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, layers: Sequence[int]
                    ) -> dict[str, np.ndarray]:
     """Per method (each lens, ``logit``), (layers, n) ranks of the model's own prediction at every position."""
-    from detjac.analysis import lens_reading, token_rank
+    from detjac.analysis import lens_reading
+    from detjac.singular import decode_top, rank_of
 
-    predicted = np.argmax(st.final @ W_U.T, axis=1)  # (n,)
+    predicted = decode_top(np.asarray(st.final).T, W_U, 1)[0][:, 0]  # (n,) argmax, the first of ties
     reads = {name: lambda layer, lens=lens: lens_reading(lens, layer, st.states[layer], st.norm)
              for name, lens in lenses.items()}
     reads["logit"] = lambda layer: st.normed[layer]
-    out = {}
-    for method, read in reads.items():
-        logits = [read(layer) @ W_U.T for layer in layers]  # (n, vocab) each
-        out[method] = np.array([[token_rank(lg[t], int(predicted[t])) for t in range(len(predicted))]
-                                for lg in logits])
-    return out
+    return {method: np.array([rank_of(np.asarray(read(layer)).T, W_U, predicted) for layer in layers])
+            for method, read in reads.items()}
 
 
 def evaluate_lenses(engine: Engine, lenses: dict[str, Any], prompts: Sequence[str], layers: Sequence[int], *,

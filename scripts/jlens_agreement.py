@@ -156,11 +156,11 @@ def detjac_lens(work: Path, folder: Path, fit_file: Path) -> tuple[Path, Path]:
 
 def detjac_readouts(folder: Path, lens, eval_ids: list[list[int]]) -> list[dict[str, list[int]]]:
     """detjac's top 10 at each evaluation prompt's last position, per layer of ``lens``."""
-    import numpy as np
 
     from detjac.analysis import lens_reading
     from detjac.runs import load_lens_engine, unembedding
     from detjac.runs.lens_apply import prompt_states
+    from detjac.singular import decode_top
 
     engine = load_lens_engine(str(folder), [lens])
     W_U = unembedding(engine)
@@ -168,8 +168,8 @@ def detjac_readouts(folder: Path, lens, eval_ids: list[list[int]]) -> list[dict[
     rows = []
     for ids in eval_ids:
         st = prompt_states(engine, ids, layers, exact=False)
-        rows.append({str(layer): np.argsort(-(W_U @ lens_reading(lens, layer, st.states[layer][-1], st.norm)),
-                                            kind="stable")[:TOP_K].tolist() for layer in layers})
+        rows.append({str(layer): decode_top(lens_reading(lens, layer, st.states[layer][-1], st.norm)[:, None], W_U,
+                                            TOP_K)[0][0].tolist() for layer in layers})
     return rows
 
 

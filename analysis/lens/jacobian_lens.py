@@ -220,14 +220,19 @@ def lens_readings(lenses: dict[str, Lens], layer: int, states: np.ndarray, norme
     return out
 
 
-def score_lens(readings_: dict[str, np.ndarray], unembedding: np.ndarray, output: np.ndarray
+def score_lens(readings_: dict[str, np.ndarray], unembedding: Any, output: np.ndarray
                ) -> dict[str, dict[str, Any]]:
     """Per method: ``rank`` of the model's prediction ``argmax W_U y`` in ``W_U ŷ``, ``error`` ``‖ŷ−y‖/‖y‖``,
-    ``top`` the 5 top decoded token ids."""
-    predicted = int(np.argmax(unembedding @ output))
-    out = {}
-    for method, y_hat in readings_.items():
-        logits = unembedding @ y_hat
-        out[method] = {"rank": token_rank(logits, predicted), "error": relative_error(y_hat, output),
-                       "top": np.argsort(-logits, kind="stable")[:5].tolist(), "predicted": predicted}
-    return out
+    ``top`` the 5 top decoded token ids (ties in vocabulary order). ``unembedding`` (vocab, d): a numpy array or
+    rows read on demand (:func:`detjac.singular.decode_top`): the vocabulary is crossed a chunk at a time."""
+    from detjac.singular import decode_top, rank_of
+
+    predicted = int(decode_top(np.asarray(output)[:, None], unembedding, 1)[0][0, 0])
+    methods = list(readings_)
+    if not methods:
+        return {}
+    Y = np.stack([np.asarray(readings_[m]) for m in methods], axis=1)  # (d, methods)
+    ranks = rank_of(Y, unembedding, [predicted] * len(methods))
+    tops = decode_top(Y, unembedding, 5)[0]
+    return {method: {"rank": int(ranks[j]), "error": relative_error(readings_[method], output),
+                     "top": tops[j].tolist(), "predicted": predicted} for j, method in enumerate(methods)}

@@ -16,6 +16,7 @@ from detjac.progress import progress_bar
 from detjac.tokens import token_labels
 
 from ..interface import Engine
+from ..products.decode import decode_top
 from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of
 from .graph_prune import prune_bytes
 from .graph_targets import LogitTargets, chosen_values
@@ -115,10 +116,12 @@ class Sites:
 def neuron_sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[int, torch.Tensor]) -> Sites:
     """One pass over the layers: each chosen neuron's read and write rows and label, each layer's MLP output (and
     an affine family's constants)."""
-    mats = engine.decoding_matrices(torch.float32)
+    mats = engine.decoding_rows(torch.float32)  # a block of rows at a time where the engine keeps a budget
     W_U, W_E = mats["unembedding"], mats["embedding"]
     reads, writes, outputs, layer_bias = {}, {}, {}, {}
-    labels: dict[int, str] = {}
+    order: list[torch.Tensor] = []  # the chosen rows of each layer, in the order their directions are kept
+    out_dirs: list[torch.Tensor] = []
+    in_dirs: list[torch.Tensor] = []
     affine = bool(engine.family.affine)
     neuron_bias = torch.zeros(chosen.shape[0], dtype=engine.dtype) if affine else None
     for layer, _, mlp in neurons(engine, trace):
@@ -136,14 +139,16 @@ def neuron_sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[in
         reads[layer], writes[layer] = mlp.read_rows(pos, idx), mlp.write_rows(pos, idx)
         if neuron_bias is not None:
             neuron_bias[rows] = mlp.neuron_bias[pos, idx].cpu().to(neuron_bias.dtype)
-        out_dirs = writes[layer].float().cpu()
-        in_dirs = reads[layer].float().cpu()
-        for c0 in range(0, rows.numel(), 64):
-            out_top = torch.topk(out_dirs[c0:c0 + 64] @ W_U.T, 4 * LABEL_TOKENS, dim=1).indices
-            in_top = torch.topk(in_dirs[c0:c0 + 64] @ W_E.T, 4 * LABEL_TOKENS, dim=1).indices
-            for r, o, i in zip(rows[c0:c0 + 64].tolist(), out_top.tolist(), in_top.tolist(), strict=True):
-                labels[r] = f"writes {readable(engine, o)} · reads {readable(engine, i)}"
-    return Sites(reads, writes, outputs, [labels[r] for r in range(chosen.shape[0])], layer_bias, neuron_bias)
+        order.append(rows)
+        out_dirs.append(writes[layer].float().cpu())
+        in_dirs.append(reads[layer].float().cpu())
+    labels = ["" for _ in range(chosen.shape[0])]
+    if order:  # every layer's neurons decoded in one pass over each vocabulary matrix
+        out_top = decode_top(torch.cat(out_dirs).T, W_U, 4 * LABEL_TOKENS)[0]  # (M, 4 * LABEL_TOKENS) token ids
+        in_top = decode_top(torch.cat(in_dirs).T, W_E, 4 * LABEL_TOKENS)[0]
+        for r, o, i in zip(torch.cat(order).tolist(), out_top.tolist(), in_top.tolist(), strict=True):
+            labels[r] = f"writes {readable(engine, o)} · reads {readable(engine, i)}"
+    return Sites(reads, writes, outputs, labels, layer_bias, neuron_bias)
 
 
 def bias_nodes(engine: Engine, n: int, position: int) -> np.ndarray:

@@ -130,7 +130,7 @@ def _operator_lines(op: DecodedOperator, tokenizer: Any, labels: list[str], inde
     return out
 
 
-def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: torch.Tensor, embed: torch.Tensor,
+def _decode(op: torch.Tensor, produced: torch.Tensor, n_blocks: int, unembed: Any, embed: Any,
             k: int, top: int) -> tuple[torch.Tensor, ...]:
     """Decode the top ``k`` triplets of ``op`` (d, n_blocks * d); returns tensors and block picks."""
     full = dense_svd(op, min(op.shape), orient=produced)  # one SVD: the spectrum and the top k
@@ -185,8 +185,8 @@ def explain_summed(result: JacobianResult, model: Engine | torch.nn.Module, k: i
     return DecodedOperator("summed", None, spec, lid, lsc, rid, rsc, [0] * len(spec[:k]), [1.0] * len(spec[:k]))
 
 
-def _matrices(model: Engine | torch.nn.Module, result: JacobianResult) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unembedding, input embedding), each (vocab, d), on the result's device."""
-    mats = as_engine(model).decoding_matrices()
-    device = result.jacobian.device
-    return mats["unembedding"].to(device), mats["embedding"].to(device)
+def _matrices(model: Engine | torch.nn.Module, result: JacobianResult) -> tuple[Any, Any]:
+    """(unembedding, input embedding), each (vocab, d), as the engine hands them out for decoding a block of rows at
+    a time (:meth:`~detjac.engine.Engine.decoding_rows`: never whole in the compute dtype where it keeps a budget)."""
+    rows = as_engine(model).decoding_rows()
+    return rows["unembedding"], rows["embedding"]
