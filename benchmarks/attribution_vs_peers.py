@@ -12,6 +12,9 @@ the target's change when a unit is set to the baseline (:mod:`detjac.engine.tool
   graph's edge into the logit;
 - ``atp``: ``(b - a) · ∂m/∂a`` in the unmodified model (attribution patching);
 - ``ig``: integrated gradients of the unmodified model, ``--steps`` midpoints, one layer's units moved together;
+- ``detjac_path``: detjac's attribution averaged along IG's path (``--steps`` midpoints, the model detached at each
+  point: issue 68's remedy candidate); ``--add detjac_path`` adds it to the records already written (the same
+  units, its own deletion curve), without recomputing the rest;
 - ``random``: a random ranking (and random predictions, for the correlations' floor).
 
 Ground truth: the unmodified model with the unit set to the baseline, norms, softmaxes and gates recomputed. Neurons:
@@ -29,6 +32,7 @@ prompt finishes; a run resumes after a kill without recomputing them. ``--summar
 ``benchmarks/results/attribution_vs_peers.json`` and draws ``docs/attribution-vs-peers.png``.
 
     .venv/bin/python benchmarks/attribution_vs_peers.py --models smollm2 gemma3 --prompts 100
+    .venv/bin/python benchmarks/attribution_vs_peers.py --add detjac_path     # to the records already written
     .venv/bin/python benchmarks/attribution_vs_peers.py --summary
 """
 
@@ -54,7 +58,7 @@ PROMPTS = HERE / "data" / "heldout_prompts.txt"
 REFERENCE_FILE = HERE / "data" / "lens_fit_prompts.txt"
 REFERENCE = 64
 MIN_TOKENS, MAX_TOKENS = 5, 7
-METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "random")
+METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "detjac_path", "random")
 BASELINES = ("zero", "mean")
 KS = (1, 2, 5, 10, 20, 50, 100, 200)
 
@@ -117,10 +121,9 @@ def one_kind(model: Any, ids: list[int], t: int, kind: str, base: dict[str, list
         pred: dict[str, np.ndarray] = {}
         for m in ("detjac_total", "detjac_direct", "atp"):
             pred[m] = peers.first_order(model, grads[m], kind, base[b]).reshape(2, -1).cpu().numpy()
-        if "ig" in args.methods:
-            joint = args.ig_path == "joint"
-            pred["ig"] = timed("ig", lambda b=b, joint=joint: peers.integrated_gradients(
-                model, ids, t, kind, base[b], steps=args.steps, acts=acts, joint=joint).reshape(2, -1).cpu().numpy())
+        for m in ("ig", "detjac_path"):
+            if m in args.methods:
+                pred[m] = timed(m, lambda b=b, m=m: path_prediction(model, ids, t, kind, base[b], acts, args, m))
         pred["random"] = rng.standard_normal((2, n_units))
         ranked = [m for m in args.methods if m != "random"]
         if kind == "heads":
@@ -147,6 +150,44 @@ def one_kind(model: Any, ids: list[int], t: int, kind: str, base: dict[str, list
                   "ks": ks, "deletion": curves}
     del torch
     return out
+
+
+def path_prediction(model: Any, ids: list[int], t: int, kind: str, base: list[Any], acts: list[Any],
+                    args: argparse.Namespace, method: str) -> np.ndarray:
+    """(2, units) the predictions of a path method: ``ig`` (the unmodified model) or ``detjac_path`` (detached at
+    each point of the path)."""
+    from detjac.engine.tools import peers
+
+    return peers.integrated_gradients(model, ids, t, kind, base, steps=args.steps, acts=acts,
+                                      joint=args.ig_path == "joint",
+                                      mode="detached" if method == "detjac_path" else "real"
+                                      ).reshape(2, -1).cpu().numpy()
+
+
+def add_method(model: Any, record: dict[str, Any], method: str, base: dict[str, dict[str, list[Any]]],
+               args: argparse.Namespace) -> dict[str, float]:
+    """Put ``method``'s predictions of the units ``record`` ablated, and its deletion curve, into ``record`` (the
+    rest as recorded); returns its seconds and those of its deletion ablations."""
+    from detjac.engine.tools import peers
+
+    ids, t, seconds = record["token_ids"], record["target"], {}
+    for kind in ("neurons", "heads"):
+        acts = peers.gradients(model, ids, t, kind, "real").acts
+        for b in BASELINES:
+            part = record[kind][b]
+            start = time.perf_counter()
+            pred = path_prediction(model, ids, t, kind, base[kind][b], acts, args, method)
+            seconds[method] = seconds.get(method, 0.0) + time.perf_counter() - start
+            units = np.array(part["units"])
+            part["predicted"][method] = pred[:, units].T.round(6).tolist()
+            order = np.argsort(pred[0], kind="stable")
+            start = time.perf_counter()
+            clean = np.array(record["clean"])
+            deleted = peers.ablate(model, ids, t, kind, [[int(u) for u in order[:k]] for k in part["ks"]],
+                                   base[kind][b], batch=args.batch) - clean
+            part["deletion"][method] = deleted.round(6).tolist()
+            seconds["ablation"] = seconds.get("ablation", 0.0) + time.perf_counter() - start
+    return seconds
 
 
 def one_prompt(model: Any, tokenizer: Any, text: str, base: dict[str, dict[str, list[Any]]],
@@ -225,6 +266,43 @@ def run(args: argparse.Namespace) -> None:
                   f"{record['seconds_total']:.1f} s {record['seconds']}", flush=True)
 
 
+def add_to_records(args: argparse.Namespace) -> None:
+    """``--add``: each record without one of ``args.add`` gets it (:func:`add_method`); the file is replaced after
+    every prompt, so a kill loses only the prompt under way."""
+    import torch
+
+    from detjac.engine import load_engine
+    from detjac.engine.tools import peers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    reference = _lines(REFERENCE_FILE)[:REFERENCE]
+    for name in args.models:
+        records = load_records(name)
+        todo = [i for i, r in enumerate(records) if any(m not in r["neurons"]["zero"]["predicted"] for m in args.add)]
+        if not todo:
+            print(f"{name}: every record has {', '.join(args.add)}", flush=True)
+            continue
+        engine = load_engine(str(shipped_gguf(name)), dtype=torch.float64)
+        model, tokenizer = engine.model, engine.tokenizer
+        ref_ids = [list(tokenizer(s)["input_ids"]) for s in reference]
+        base = {kind: {"zero": [torch.zeros_like(m) for m in peers.site_means(model, ref_ids[:1], kind)],
+                       "mean": peers.site_means(model, ref_ids, kind)} for kind in ("neurons", "heads")}
+        for i in todo:
+            record = records[i]
+            for method in args.add:
+                if method not in record["neurons"]["zero"]["predicted"]:
+                    spent = add_method(model, record, method, base, args)
+                    record.setdefault("added_seconds", {})[method] = {k: round(v, 3) for k, v in spent.items()}
+                    record.setdefault("added_steps", {})[method] = args.steps
+            path = records_path(name)
+            partial = path.with_suffix(".partial")
+            partial.write_text("".join(json.dumps(r) + "\n" for r in records))
+            partial.replace(path)
+            print(f"{name} {i + 1}/{len(records)} {record['prompt']!r}: added {', '.join(args.add)} "
+                  f"{record['added_seconds']}", flush=True)
+
+
 def _ranks(x: np.ndarray) -> np.ndarray:
     r = np.empty(len(x))
     r[np.argsort(x, kind="stable")] = np.arange(len(x))
@@ -248,11 +326,12 @@ def scores(records: list[dict[str, Any]], kind: str, baseline: str) -> dict[str,
     precision at 10 and 50, for both targets; the deletion curves (the target's mean drop over prompts) and their
     normalized area (true top-k by single-unit ablation 1, random 0); the mean seconds per prompt."""
     parts = [r[kind][baseline] for r in records]
-    methods = list(parts[0]["predicted"])
+    methods = [m for m in parts[0]["predicted"] if all(m in p["predicted"] for p in parts)]  # in every record
     out: dict[str, Any] = {"prompts": len(records), "ks": parts[0]["ks"],
                            "units_ablated_mean": float(np.mean([len(p["units"]) for p in parts])),
                            "methods": {}}
-    curves = {m: np.mean([np.array(p["deletion"][m])[:, 0] for p in parts], axis=0) * -1 for m in parts[0]["deletion"]}
+    curves = {m: np.mean([np.array(p["deletion"][m])[:, 0] for p in parts], axis=0) * -1 for m in parts[0]["deletion"]
+              if all(m in p["deletion"] for p in parts)}
     area = {m: float(c.mean()) for m, c in curves.items()}
     span = area["true"] - area["random"]
     for m in methods:
@@ -315,6 +394,7 @@ def write_summary(models: list[str]) -> dict[str, Any]:
 
 
 NAMES = {"detjac_total": "detjac total", "detjac_direct": "detjac direct", "atp": "AtP", "ig": "IG",
+         "detjac_path": "detjac along the path",
          "random": "random", "true": "true top-k"}
 
 
@@ -380,11 +460,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="IG path: every unit of the kind at once, or one layer at a time (n_layers x the cost)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--summary", action="store_true", help="score the records, write the summary and the plot")
+    parser.add_argument("--add", nargs="+", default=None, metavar="METHOD",
+                        help="add these path methods (ig, detjac_path) to the records already written, and stop")
     args = parser.parse_args(argv)
     check_names(args.models, SHIPPED, "models")
     check_names(args.methods, METHODS, "methods")
     if args.summary:
         write_summary(args.models)
+        return
+    if args.add is not None:
+        check_names(args.add, ("ig", "detjac_path"), "methods to add")
+        add_to_records(args)
         return
     run(args)
 

@@ -98,6 +98,37 @@ def test_integrated_gradients_complete_within_the_midpoint_bound(kind, joint):
 
 
 @pytest.mark.parametrize("kind", peers.UNIT_KINDS)
+def test_detjac_along_the_path_averages_the_gradients_of_the_model_detached_at_each_point(model, kind):
+    """The variant of issue 68, item 3: at each midpoint of the path every unit of the kind is set to its point, the
+    model detached there (a forward of its own, one point at a time), and the detached gradient averaged."""
+    t, steps = _target(model), 4
+    acts = peers.gradients(model, IDS, t, kind).acts
+    base = [a.mean(0) for a in acts]
+    got = peers.integrated_gradients(model, IDS, t, kind, base, steps=steps, acts=acts, mode="detached")
+    sites = peers.unit_sites(model, kind)
+    total = [torch.zeros_like(a) for a in acts]
+    for k in range(steps):
+        alpha = (k + 0.5) / steps
+        leaves = [(b + alpha * (a - b)).requires_grad_(True) for a, b in zip(acts, base, strict=True)]
+        handles = [m.register_forward_pre_hook(lambda _m, args, x=x: (x[None], *args[1:]))
+                   for m, x in zip(sites.modules, leaves, strict=True)]
+        try:
+            with linearized(model), torch.enable_grad():
+                logits = model(input_ids=torch.tensor([IDS]), use_cache=False).logits[0, -1]
+                grads = torch.autograd.grad(logits[t] - logits.mean(), leaves)
+        finally:
+            for h in handles:
+                h.remove()
+        total = [s + g / steps for s, g in zip(total, grads, strict=True)]
+    want = peers._per_unit(sites, [(-(a - b) * g)[None] for a, b, g in zip(acts, base, total, strict=True)])[0]
+    assert torch.allclose(got[0], want, rtol=1e-10, atol=1e-12)
+    real = peers.integrated_gradients(model, IDS, t, kind, base, steps=steps, acts=acts)
+    assert not torch.allclose(got[0], real[0], rtol=1e-3)  # frozen factors: not the unmodified model's IG
+    with pytest.raises(InvalidArgumentError, match="Expected an integrated-gradients mode"):
+        peers.integrated_gradients(model, IDS, t, kind, base, steps=steps, acts=acts, mode="cut")
+
+
+@pytest.mark.parametrize("kind", peers.UNIT_KINDS)
 def test_ablations_equal_two_forward_passes(model, kind):
     t = _target(model)
     sites = peers.unit_sites(model, kind)

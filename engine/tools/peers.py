@@ -13,7 +13,8 @@ reference corpus: :func:`site_means`); every method predicts the change ``m(abla
   exact for the detached model (with ``b = 0``, minus :func:`detjac.engine.logit_attribution`); with ``"cut"``
   (detached, and every MLP's output held fixed) it is the direct effect, the graph's edge into the logit.
 - :func:`integrated_gradients`: every unit of the kind (or one layer's, layer by layer) moved together along the
-  straight path from the baseline to their values, the gradient averaged over ``steps`` midpoints.
+  straight path from the baseline to their values, the gradient averaged over ``steps`` midpoints; with
+  ``mode="detached"``, detjac's attribution averaged along that path (the model detached at each point).
 - :func:`ablate`: the ground truth, the unmodified model with each group of units set to the baseline (norms,
   softmaxes and gates recomputed), several groups per forward as a batch.
 
@@ -192,17 +193,24 @@ def first_order(model: nn.Module, g: Gradients, kind: str, base: list[torch.Tens
 
 
 def integrated_gradients(model: nn.Module, ids: Sequence[int], token: int, kind: str, base: list[torch.Tensor],
-                         steps: int = 32, acts: list[torch.Tensor] | None = None, joint: bool = True
-                         ) -> torch.Tensor:
+                         steps: int = 32, acts: list[torch.Tensor] | None = None, joint: bool = True,
+                         mode: str = "real") -> torch.Tensor:
     """Each unit's integrated gradient on the unmodified model, as a predicted change when set to ``base``: minus
     ``(a - b) · mean_k ∂m/∂x (b + α_k (a - b))``, ``α_k = (k + 1/2) / steps`` (the midpoint rule). The path moves
     every unit of ``kind`` (every layer, every position) together when ``joint`` (one batch of ``steps`` rows), else
     one layer's units at a time (the other layers recomputed; ``n_layers`` batches). Completeness: the attributions
     of what moves together sum to ``m(moved to base) - m(clean)`` up to the midpoint rule's error ``max|f'''| / (24
     steps²)``, ``f(α)`` the target along the path (the rule integrates ``f'``). (2, L, n, N) for neurons, (2, L,
-    H) for heads."""
+    H) for heads.
+
+    ``mode="detached"``: detjac's attribution averaged along the same path, each point's gradient taken in the model
+    detached *at that point* (attention probabilities, norm scales and gates frozen at their values there, each row
+    of the batch its own): the first-order detached attribution re-linearized from the clean run to the baseline.
+    Not complete (a detached gradient is not the gradient of ``m`` along the path); a predictor of the ablation."""
     if not isinstance(steps, int) or steps < 1:
         raise InvalidArgumentError(f"Expected a positive number of steps. Got {steps!r}.")
+    if mode not in ("real", "detached"):
+        raise InvalidArgumentError(f"Expected an integrated-gradients mode among real, detached. Got {mode!r}.")
     sites = unit_sites(model, kind)
     if acts is None:
         acts = gradients(model, ids, token, kind).acts
@@ -212,7 +220,8 @@ def integrated_gradients(model: nn.Module, ids: Sequence[int], token: int, kind:
     for layers in moves:
         paths = {i: (base[i] + alphas[:, None, None] * (acts[i] - base[i])).requires_grad_(True) for i in layers}
         edits = {i: (lambda _x, path=paths[i]: path) for i in layers}  # (steps, n, width)
-        with torch.enable_grad(), _hooked(sites, edits, rows=steps, widen_at=layers[0]):
+        frozen = linearized(model) if mode == "detached" else nullcontext()
+        with frozen, torch.enable_grad(), _hooked(sites, edits, rows=steps, widen_at=layers[0]):
             m = target_metrics(_last_logits(model, ids), token)  # (steps, 2)
             g = [torch.autograd.grad(m[:, j].sum(), [paths[i] for i in layers], retain_graph=j == 0)
                  for j in range(2)]
