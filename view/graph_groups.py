@@ -31,18 +31,21 @@ MEANING = ("A group (supernode) is drawn as one node at its layer: its value is 
            "still sum to its value). Click a group to expand it into its members; collapse it again from the list.")
 
 
-def parse_supernodes(supernodes: Any, nodes: list[dict[str, Any]], where: str) -> list[tuple[str, list[str]]]:
-    """``qParams.supernodes`` (``[[name, node id, ...], ...]``) checked against the page's ``nodes``: each group's
-    name and member ids, every member a neuron of the graph, of one layer, in one group only.
+def parse_supernodes(supernodes: Any, nodes: list[dict[str, Any]], where: str
+                     ) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """``qParams.supernodes`` (``[[name, node id, ...], ...]``) checked against the page's ``nodes``: (the groups
+    drawn collapsed, each its name and member ids; why each other group is not). A group is drawn collapsed only where
+    that is exact: two or more neurons of the graph, of one layer, in no earlier group. Another (a hand-made group
+    across layers, say, or one naming a node this graph pruned) is left expanded, its reason listed.
 
     Raises
     ------
     InvalidArgumentError
-        ``supernodes`` is not a list of ``[name, node id, node id, ...]``, or a group names an unknown node, a node
-        that is not a neuron, neurons of several layers, or a node another group has.
+        ``supernodes`` is not a list of ``[name, node id, node id, ...]``, or a node id starts with ``G_`` (the
+        viewer's group ids).
     """
-    expected = (f"Expected qParams.supernodes of {where} to be a list of [name, node id, node id, ...], each group "
-                "two or more neurons of one layer in no other group (as `detjac graph --group` writes).")
+    expected = (f"Expected qParams.supernodes of {where} to be a list of [name, node id, node id, ...] (as `detjac "
+                "graph --group` writes).")
     if not isinstance(supernodes, list):
         raise InvalidArgumentError(f"{expected} Got {type(supernodes).__name__}.")
     by_id = {n["id"]: n for n in nodes}
@@ -51,7 +54,7 @@ def parse_supernodes(supernodes: Any, nodes: list[dict[str, Any]], where: str) -
         raise InvalidArgumentError(f"Expected no node id of {where} to start with {PREFIX!r} (the viewer's group "
                                    f"ids) when it has supernodes. Got {clash[:40]!r}.")
     taken: dict[str, int] = {}
-    groups = []
+    groups, skipped = [], []
     for k, group in enumerate(supernodes):
         if not isinstance(group, list) or len(group) < 3 or not all(isinstance(x, str) for x in group):
             raise InvalidArgumentError(f"{expected} Got group {k}: {str(group)[:200]}.")
@@ -60,13 +63,14 @@ def parse_supernodes(supernodes: Any, nodes: list[dict[str, Any]], where: str) -
         layers = sorted({by_id[m]["layer"] for m in members if m not in unknown})
         again = [m for m in members if m in taken]
         if unknown or len(layers) != 1 or again or len(members) < 2:
-            got = (f"{unknown[0][:40]!r}, which is no neuron of the graph" if unknown
-                   else f"{again[0][:40]!r}, also in group {taken[again[0]]}" if again
+            why = (f"{unknown[0][:40]!r} is no neuron of this graph" if unknown
+                   else f"{again[0][:40]!r} is also in group {taken[again[0]]}" if again
                    else f"neurons of layers {', '.join(layers)}" if len(layers) != 1 else "one member")
-            raise InvalidArgumentError(f"{expected} Got group {k} ({name[:60]!r}) with {got}.")
+            skipped.append(f"group {k} ({name[:60]}): {why}")
+            continue
         taken.update(dict.fromkeys(members, k))
         groups.append((name, members))
-    return groups
+    return groups, skipped
 
 
 def group_nodes(groups: list[tuple[str, list[str]]], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -106,11 +110,14 @@ def group_links(groups: list[tuple[str, list[str]]], links: list[dict[str, Any]]
 def grouped_page(page: dict[str, Any], supernodes: Any, where: str) -> dict[str, Any]:
     """``page`` (:func:`~detjac.view.graph_page.graph_payload`) with ``groups``: ``{nodes, links, meaning}``
     (:func:`group_nodes`, :func:`group_links`); unchanged where ``supernodes`` is empty or missing."""
-    groups = parse_supernodes(supernodes, page["nodes"], where) if supernodes else []
+    groups, skipped = parse_supernodes(supernodes, page["nodes"], where) if supernodes else ([], [])
     if not groups:
         return page
+    note = (f" Not drawn collapsed (only neurons of one layer make an exact group): {'; '.join(skipped)}."
+            if skipped else "")
     return {**page, "groups": {"nodes": group_nodes(groups, page["nodes"]),
-                               "links": group_links(groups, page["links"]), "meaning": MEANING}}
+                               "links": group_links(groups, page["links"]), "meaning": MEANING + note,
+                               "skipped": skipped}}
 
 
 def drawn(page: dict[str, Any], expanded: Iterable[str] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -99,7 +99,7 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
     InvalidArgumentError
         ``graph`` is not such a JSON object (no nodes or links, a node without its id, layer or position, a link
         to an unknown node, head loadings that are not numbers or do not sum to their link's weight, supernodes
-        that are not groups of one layer's neurons, ...).
+        that are not a list of ``[name, node id, ...]``, ...).
     """
     if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list) or \
             not isinstance(graph.get("links"), list):

@@ -97,32 +97,51 @@ def test_completeness_and_influence_hold_on_the_collapsed_graph(grouped):
 
 
 CASES = {"not-a-list": ("nope", "Got str"),
-         "short": ([["g", "x"]], "Got group 0: ['g', 'x']"),
-         "unknown": ([["g", "NEURON_A", "nowhere"]], "'nowhere', which is no neuron of the graph"),
-         "token": ([["g", "NEURON_A", "TOKEN"]], "which is no neuron of the graph"),
-         "two-layers": ([["g", "NEURON_A", "OTHER_LAYER"]], "neurons of layers"),
-         "twice": ([["g", "NEURON_A", "NEURON_B"], ["h", "NEURON_A", "NEURON_C"]], "also in group 0")}
+         "short": ([["g", "x"]], "Got group 0: ['g', 'x']")}
+SKIPPED = {"unknown": ([["g", "NEURON_A", "nowhere"]], "'nowhere' is no neuron of this graph"),
+           "token": ([["g", "NEURON_A", "TOKEN"]], "is no neuron of this graph"),
+           "two-layers": ([["g", "NEURON_A", "OTHER_LAYER"]], "neurons of layers"),
+           "twice": ([["g", "NEURON_A", "NEURON_B"], ["h", "NEURON_A", "NEURON_C"]], "also in group 0")}
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_supernodes_that_are_not_groups_of_a_layer_are_refused_in_one_line(grouped, case):
-    path, _, _ = grouped
-    graph = json.loads(path.read_text())
+def _named(graph: dict) -> dict[str, str]:
     neurons = [n for n in graph["nodes"] if n["feature_type"] == "mlp neuron"]
     layer = max((n["layer"] for n in neurons), key=lambda x: sum(n["layer"] == x for n in neurons))
     same = [n["node_id"] for n in neurons if n["layer"] == layer]
-    names = {"NEURON_A": same[0], "NEURON_B": same[1], "NEURON_C": same[2], "TOKEN": graph["nodes"][-1]["node_id"]
-             if graph["nodes"][-1]["feature_type"] == "embedding" else
-             next(n["node_id"] for n in graph["nodes"] if n["feature_type"] == "embedding"),
-             "OTHER_LAYER": next(n["node_id"] for n in neurons if n["layer"] != layer)}
+    return {"NEURON_A": same[0], "NEURON_B": same[1], "NEURON_C": same[2],
+            "TOKEN": next(n["node_id"] for n in graph["nodes"] if n["feature_type"] == "embedding"),
+            "OTHER_LAYER": next(n["node_id"] for n in neurons if n["layer"] != layer)}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_supernodes_that_are_not_a_list_of_groups_are_refused_in_one_line(grouped, case):
+    path, _, _ = grouped
+    graph = json.loads(path.read_text())
     supernodes, expected = CASES[case]
-    if isinstance(supernodes, list):
-        supernodes = [[names.get(x, x) for x in g] for g in supernodes]
     with pytest.raises(InvalidArgumentError) as info:
         graph_payload({**graph, "qParams": {"supernodes": supernodes}}, "g.json")
     message = str(info.value)
     assert "Expected qParams.supernodes of g.json" in message and expected in message
     assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("case", SKIPPED)
+def test_a_group_that_is_not_one_layer_s_neurons_is_left_expanded_with_its_reason(grouped, case):
+    """A hand-made group (across layers, naming a pruned node, ...) does not stop the page: it is not drawn collapsed
+    (that would not be exact), the others are, and the groups' note says which and why."""
+    path, _, _ = grouped
+    graph = json.loads(path.read_text())
+    names = _named(graph)
+    supernodes, expected = SKIPPED[case]
+    supernodes = [[names.get(x, x) for x in g] for g in supernodes]
+    good = [["fine", names["NEURON_B"], names["NEURON_C"]]] if case != "twice" else []
+    page = graph_payload({**graph, "qParams": {"supernodes": good + supernodes}}, "g.json")
+    if not good and case != "twice":
+        assert "groups" not in page
+        return
+    skipped = page["groups"]["skipped"]
+    assert len(skipped) == 1 and expected in skipped[0] and expected in page["groups"]["meaning"]
+    assert [g["name"] for g in page["groups"]["nodes"]] == (["fine"] if good else ["g"])
 
 
 def test_a_graph_without_supernodes_has_no_groups(grouped):
