@@ -1,18 +1,19 @@
 """Neuron pages in a real headless Chromium (``detjac view graph.json --neurons index``): a click on a graph's neuron
 and the search box show its page, and the corpus's hostile text stays text.
 
-Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``detjac.view.headless``).
 """
 
 from __future__ import annotations
 
 import pytest
 from test_view_browser import css, wait_for
-from view_helpers import INJECTED, INSTALL, Served, browser_missing
+from view_helpers import INJECTED
 
 from detjac.analysis import neuron_page
 from detjac.runs import NeuronOptions, build_neuron_index
 from detjac.store import open_neuron_index
+from detjac.view.headless import INSTALL, Served, browser_missing
 
 if browser_missing():
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)
