@@ -15,8 +15,6 @@ BENCHMARKS, SCRIPTS = ROOT / "benchmarks", ROOT / "scripts"
 # the list only shrinks. (The synthetic store factory and the browser helpers are test fixtures the library does
 # not ship; the corpus and training scripts' logic and real_findings' summaries are tested in place.)
 LEFT = {
-    "scripts/train_default_model.py": "its sibling corpus.py, loaded by tests/runs/test_corpus.py",
-    "tests/runs/test_corpus.py": "scripts/corpus.py, scripts/train_default_model.py",
     "tests/test_real_findings.py": "benchmarks/real_findings.py",
 }
 
