@@ -109,16 +109,12 @@ def measure(config: str, prompts: Path, folder: Path) -> dict[str, Any]:
 
 
 def same_store(a: str, b: str) -> bool:
-    """The stores hold the same prompts, ids and attributes, and numbers equal within float64 rounding (as the
-    tests compare stores computed with other thread or worker counts: BLAS need not round alike there)."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    from store_helpers import assert_equivalent_store
+    """The stores hold the same prompts, ids and attributes, and numbers equal within float64 rounding
+    (``detjac.store.compare_stores``, as the tests compare stores computed with other thread or worker counts: BLAS
+    need not round alike there)."""
+    from detjac.store import compare_stores
 
-    try:
-        assert_equivalent_store(Path(a), Path(b))
-    except AssertionError:
-        return False
-    return True
+    return compare_stores(a, b).equivalent
 
 
 def main() -> None:

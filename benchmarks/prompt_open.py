@@ -1,6 +1,6 @@
 """What opening a prompt costs: ``store.get(pid)`` on a 100-prompt synthetic store, per open.
 
-A synthetic store (``tests/store_factory.py``: d_model 256, 8 tokens, two layerwise targets per prompt, so
+A synthetic store (``detjac.store.testing``: d_model 256, 8 tokens, two layerwise targets per prompt, so
 each prompt folder holds 14 arrays: 14 sealed ``zarr.json`` files besides its chunks) is written once into a
 temporary folder; every prompt is then opened ``--rounds`` times in this process and the median time per
 open is printed. Opening checks the prompt's attributes, its files' names and sizes, and (since issue 53) the
@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main() -> None:
@@ -31,9 +27,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--d-model", type=int, default=256)
     args = parser.parse_args()
-    from store_factory import make_store
-
     from detjac.store import open_store
+    from detjac.store.testing import make_store
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "s.zarr"

@@ -45,17 +45,21 @@ refused.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from detjac.analysis.lens.lens_eval import wilson
-from detjac.machine import cpu_name
+from detjac.analysis.findings import (
+    example_markdown,
+    findings_summary,
+    lens_comparison_markdown,
+    lens_evaluation_ranks,
+)
+from detjac.machine import host
+from detjac.shared_json import holding, load_entries, save_entry
 from detjac.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
@@ -69,48 +73,13 @@ EXAMPLE = "The bridge out of Marin is the"
 
 
 def load_results() -> dict[str, Any]:
-    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-
-
-@contextmanager
-def _flock(path: Path, *, wait: bool = True) -> Iterator[bool]:
-    """An exclusive ``flock`` on ``path`` (created if absent) for the block; with ``wait=False`` yields False at
-    once when another process holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return load_entries(RESULTS)
 
 
 def save_results(results: dict[str, Any], name: str, key: str | None = None) -> None:
-    """Model ``name``'s entry (or only its ``key``) merged into the file as it is on disk now, under a lock, then
-    written under a temporary name and renamed: a process running another model at the same time keeps what it
-    wrote, and a kill leaves the previous complete file."""
-    with _flock(RESULTS.with_name(RESULTS.name + ".lock")):
-        on_disk = load_results()
-        if key is None:
-            on_disk[name] = results[name]
-        else:
-            on_disk.setdefault(name, {})[key] = results[name][key]
-        tmp = RESULTS.with_name(RESULTS.name + ".tmp")
-        tmp.write_text(json.dumps(on_disk, indent=1, ensure_ascii=False) + "\n")
-        os.replace(tmp, RESULTS)
-
-
-@contextmanager
-def model_lock(name: str) -> Iterator[None]:
-    """One process at a time runs a model's parts: two would each save their own copy of its entry."""
-    with _flock(RESULTS.with_name(f"{RESULTS.name}.{name}.lock"), wait=False) as held:
-        if not held:
-            raise SystemExit(f"another process is running {name} on {RESULTS}; wait for it, or run another model")
-        yield
+    """Model ``name``'s entry (or only its ``key``) merged into the file as it is on disk now (``detjac.shared_json``):
+    a process running another model at the same time keeps what it wrote, and a kill leaves the previous file."""
+    save_entry(RESULTS, results, name, key)
 
 
 def model_results(results: dict[str, Any], name: str) -> dict[str, Any]:
@@ -125,13 +94,6 @@ def add_time(entry: dict[str, Any], part: str, seconds: float, count: int) -> No
     t["seconds"] += seconds
     t["count"] += count
     t["machine"] = host()
-
-
-def host() -> str:
-    """The CPU's model name and core count. Speed and the last bits of float64 results (BLAS kernels round
-    differently) depend on the CPU, and the measurement is resumed on whatever machine a session gets: each record
-    says where it was computed."""
-    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def eval_prompts() -> list[dict[str, Any]]:
@@ -236,18 +198,15 @@ def run_records(name: str, limit: int | None) -> None:
 
 
 def left_spectrum(op: Any, orient: Any) -> tuple[Any, Any]:
-    """All singular values of a wide ``op`` (d, n d) and its ``u_1`` (signed so that ``u_1 . orient >= 0``), from
-    the eigendecomposition of the d x d Gram matrix ``op op^T`` in float64 (``gram_top``): ten times cheaper than
-    an SVD of the float32 layer Jacobians at 40 tokens, and exact to float64 rounding of ``sigma_1^2`` (the figures
-    kept are ratios of squared singular values and the top ``u``)."""
+    """All singular values of a wide ``op`` (d, n d) and its ``u_1`` (``u_1 . orient >= 0``), from the Gram matrix
+    ``op op^T`` in float64 (``gram_left_spectrum``): ten times cheaper than an SVD of the float32 layer Jacobians at
+    40 tokens (the figures kept are ratios of squared singular values and the top ``u``)."""
     import torch
 
-    from detjac.analysis.spectra import gram_top
-    from detjac.singular import orient as orient_pairs
+    from detjac.analysis.spectra import gram_left_spectrum
 
     A = op.double()
-    U, S = gram_top((A @ A.T).cpu().numpy(), A.shape[0])  # the product in torch: its BLAS, its threads
-    u1 = orient_pairs(U[:, :1], U[:, :1], orient.reshape(-1).double().cpu().numpy())[0][:, 0]
+    S, u1 = gram_left_spectrum((A @ A.T).cpu().numpy(), orient.reshape(-1).double().cpu().numpy())  # torch's BLAS
     return torch.from_numpy(S), torch.from_numpy(u1)
 
 
@@ -317,75 +276,6 @@ def run_example(name: str) -> None:
     add_time(entry, "example", time.perf_counter() - t0, 1)
     save_results(results, name)
     print(f"{name} example: {len(res.token_ids)} tokens, reconstruction {res.reconstruction_error:.1e}")
-
-
-def example_markdown(example: dict[str, Any], tokenizer: Any, shown: int = 6) -> str:
-    """The example's decoded operators as a markdown table: the combined operator's three triplets, then every
-    token's top triplet (its ``J_k``), each with ``sigma`` and the first ``shown`` tokens of ``u`` and ``v``."""
-
-    def shown_as(token_id: int) -> str:  # a code span; whitespace-only tokens as their repr, which is visible
-        text = tokenizer.decode([token_id])
-        return "`" + (repr(text) if not text.strip() else text).replace("`", "'").replace("|", "/") + "`"
-
-    def words(ids: list[int]) -> str:
-        return " ".join(shown_as(i) for i in ids[:shown])
-
-    lines = ["| operator | σ | u (output side) | v (input side) |", "|---|---|---|---|"]
-    combined = example["combined"]
-    for j, sigma in enumerate(combined["sigma"]):
-        at = combined["right_positions"][j]
-        lines.append(f"| combined #{j + 1} (v at token {at}) | {sigma:.3g} | {words(combined['left_ids'][j])} | "
-                     f"{words(combined['right_ids'][j])} |")
-    for k, op in enumerate(example["per_token"]):
-        lines.append(f"| J_{k} ({shown_as(example['token_ids'][k])}) #1 | {op['sigma'][0]:.3g} | "
-                     f"{words(op['left_ids'][0])} | {words(op['right_ids'][0])} |")
-    lines += ["", f"Predicted next token: {shown_as(example['next_token_id'])}; reconstruction error "
-                  f"{example['recon_detached']:.1e}."]
-    return "\n".join(lines)
-
-
-def lens_markdown(lens: dict[str, Any], common: int = 5) -> str:
-    """The lens comparison as markdown tables: per layer, the share of evaluation prompts whose prediction is the
-    reading's top token and among its top 10, for the logit lens and each estimator with detached and ordinary
-    Jacobians (from the ``lens_summary.csv`` rows the lens part keeps); then the same on the prompts whose prediction
-    is not one of the ``common`` most frequent (from the per-prompt ranks), the control of the ``u_1`` hit rate."""
-    done = [est for est in ("same-position", "jlens") if est in lens]
-    cells: dict[tuple[str, str, str], str] = {}
-    for est in done:
-        for row in lens[est]["summary"]:
-            cells[est, row["method"], row["layer"]] = (f"{100 * float(row['top1']):.0f} / "
-                                                       f"{100 * float(row['top10']):.0f}")
-    n = next((row["n"] for est in done for row in lens[est]["summary"]), "?")
-    lines = [_lens_table(done, cells), "",
-             f"Top-1 / top-10 agreement with the model's prediction, % of {n} evaluation prompts; fitted on "
-             f"{lens.get('fit_prompts', '?')} lens prompts."]
-    ranked = [est for est in done if "ranks" in lens[est]]
-    cells, kept = {}, set()
-    for est in ranked:
-        predicted = lens[est]["predicted"]
-        frequent = {t for t, _ in frequent_predictions(predicted, common)}
-        keep = [i for i, t in enumerate(predicted) if t not in frequent]
-        kept.add(len(keep))
-        for method, grid in lens[est]["ranks"].items():
-            for j, layer in enumerate(lens[est]["layers"]):
-                got = [grid[i][j] for i in keep]
-                cells[est, method, str(layer)] = (f"{100 * sum(r == 1 for r in got) / max(1, len(got)):.0f} / "
-                                                  f"{100 * sum(r <= 10 for r in got) / max(1, len(got)):.0f}")
-    if ranked and kept != {0}:
-        lines += ["", f"The same on the {' / '.join(map(str, sorted(kept)))} evaluation prompts whose prediction is "
-                      f"not one of the {common} most frequent predictions among them:", "", _lens_table(ranked, cells)]
-    return "\n".join(lines)
-
-
-def _lens_table(estimators: list[str], cells: dict[tuple[str, str, str], str]) -> str:
-    columns = [(estimators[0] if estimators else "same-position", "logit", "logit lens")]  # same prompts for both
-    columns += [(est, f"{kind} lens", f"{est} {kind}") for est in estimators for kind in ("detached", "ordinary")]
-    layers = sorted({layer for _, _, layer in cells}, key=int)
-    lines = ["| layer | " + " | ".join(title for *_, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for layer in layers:
-        lines.append(f"| {layer} | " + " | ".join(cells.get((est, method, layer), "–") for est, method, _ in columns)
-                     + " |")
-    return "\n".join(lines)
 
 
 CONCEPT = "The ocean is deep and cold, and whales, sharks and fish swim in its dark water"
@@ -470,48 +360,7 @@ def _evaluate_lens(path: Path, lens: Path, ordinary: Path, eval_file: Path, out:
 
     subprocess.run([_detjac(), "lens", "evaluate", str(lens), "--ordinary", str(ordinary), "--model", str(path),
                     "--prompts", str(eval_file), "--exact", "0", "--out", str(out)], check=True)
-    return _lens_evaluation(out)
-
-
-def _lens_evaluation(out: Path) -> dict[str, Any]:
-    """What the results keep of a ``detjac lens evaluate`` folder: its ``lens_summary.csv`` rows, and from
-    ``lens_rows.csv`` each prompt's prediction and the rank of it in every method's reading by layer (``ranks[method]``
-    is prompts x layers, 1 = top), so that a control such as the uncommon predictions can be computed later."""
-    import csv
-
-    with open(out / "lens_summary.csv", encoding="utf-8") as handle:
-        summary = list(csv.DictReader(handle))
-    with open(out / "lens_rows.csv", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    prompts = {p: i for i, p in enumerate(sorted({int(r["prompt"]) for r in rows}))}
-    layers = {layer: j for j, layer in enumerate(sorted({int(r["layer"]) for r in rows}))}
-    predicted = {int(r["prompt"]): int(r["predicted"]) for r in rows}
-    ranks: dict[str, list[list[int]]] = {}
-    for r in rows:
-        grid = ranks.setdefault(r["method"], [[0] * len(layers) for _ in prompts])
-        grid[prompts[int(r["prompt"])]][layers[int(r["layer"])]] = int(r["rank"])
-    if any(0 in row for grid in ranks.values() for row in grid):
-        raise ValueError(f"{out / 'lens_rows.csv'}: not every prompt has a row for every layer and method")
-    return {"summary": summary, "layers": list(layers), "predicted": [predicted[p] for p in prompts], "ranks": ranks}
-
-
-def _fitted_on(lens: Path, texts: Path) -> bool:
-    """Whether ``lens`` is a complete saved ``jlens`` of today's conventions (onto the final block's output) fitted on
-    exactly the lines of ``texts`` (a stopped run resumes after its last finished fit; a lens is written sealed, so a
-    partial one does not load)."""
-    from detjac.analysis.lens import load_lens
-    from detjac.errors import DetjacError
-    from detjac.runs.lens_apply import texts_digest
-    from detjac.runs.prompts import read_prompts
-
-    if not lens.exists():
-        return False
-    try:
-        info = load_lens(lens).info
-    except (DetjacError, OSError):  # unfinished or damaged: fit it again (`lens fit --force` replaces it)
-        return False
-    same_texts = info.get("prompts_sha256") == texts_digest([p.text for p in read_prompts(texts, "txt").prompts])
-    return same_texts and info.get("target") == "final_block"  # a lens of the conventions before is fitted again
+    return lens_evaluation_ranks(out)
 
 
 def _stored_prompts(path: Path) -> int:
@@ -527,6 +376,8 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
     evaluate``: detjac's same-position lens (``detjac run --lens``, float32) and the ``jlens`` estimator
     (``detjac lens fit --estimator jlens``, float64, texts of 18 tokens or more)."""
     import subprocess
+
+    from detjac.runs import jlens_fitted_on
 
     results = load_results()
     entry = model_results(results, name)
@@ -555,7 +406,7 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
                 computed = _stored_prompts(lenses[kind]) - before  # a resumed run computes only the rest
             else:
                 lenses[kind] = work / f"{name}-{kind}.jlens"
-                if _fitted_on(lenses[kind], fit_file):
+                if jlens_fitted_on(lenses[kind], fit_file):
                     print(f"{name} lens jlens ({kind}): kept the lens fitted by an earlier run", flush=True)
                     continue
                 subprocess.run([_detjac(), "lens", "fit", str(lenses[kind]), "--estimator", "jlens", "--model",
@@ -572,104 +423,6 @@ def run_lens(name: str, fit_count: int, eval_count: int, work: Path) -> None:
 
 
 # -- summary ----------------------------------------------------------------------------------
-
-
-def quantiles(values: list[float]) -> dict[str, float]:
-    import numpy as np
-
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return {}
-    return {"median": float(np.median(v)), "p90": float(np.quantile(v, 0.9)), "max": float(v.max()),
-            "min": float(v.min())}
-
-
-def frequent_predictions(token_ids: list[int], common: int) -> list[tuple[int, int]]:
-    """The ``common`` most frequent predicted token ids with their counts, most frequent first (ties in order of
-    first appearance): the predictions the ``u_1`` and lens controls leave out."""
-    from collections import Counter
-
-    return Counter(token_ids).most_common(common)
-
-
-def u1_controls(rows: list[dict[str, Any]], common: int = 5) -> dict[str, Any]:
-    """Two controls for the ``u_1`` hit rate that a random vector does not give: many prompts predict the same
-    frequent token, which a direction can hold without being about the prompt. ``other_prompts``: how often another
-    prompt's ``u_1`` top 10 holds this prompt's prediction (over ordered pairs of distinct prompts); ``uncommon``:
-    the hit rate on the prompts whose prediction is not one of the ``common`` most frequent predictions."""
-    n = len(rows)
-    pairs = sum(p["next_token_id"] in q["u1_top10"] for p in rows for q in rows if q is not p)
-    frequent = frequent_predictions([r["next_token_id"] for r in rows], common)
-    rest = [r for r in rows if r["next_token_id"] not in {t for t, _ in frequent}]
-    hits = sum(bool(r["u1_hit"]) for r in rest)
-    return {
-        "other_prompts_u1_top10_rate": {"hits": pairs, "n": n * (n - 1), "rate": pairs / max(1, n * (n - 1))},
-        "frequent_predictions": [{"token_id": t, "prompts": c} for t, c in frequent],
-        "uncommon_u1_top10_rate": {"hits": hits, "n": len(rest), "rate": hits / max(1, len(rest)),
-                                   "ci95": list(wilson(hits, len(rest)))},
-    }
-
-
-def by_host(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The records grouped by the machine that computed them (``"not recorded"``: before records named it): how
-    many, their detached reconstruction errors and their mean times. The errors' last bits and the times depend on
-    the CPU, so figures pooled over machines are read with this beside them."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(r.get("host", "not recorded"), []).append(r)
-    return {name: {"prompts": len(g), "recon_detached": quantiles([r["recon_detached"] for r in g]),
-                   "seconds_detached": sum(r["seconds_detached"] for r in g) / len(g),
-                   "seconds_ordinary": sum(r["seconds_ordinary"] for r in g) / len(g)}
-            for name, g in groups.items()}
-
-
-def summary(entry: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
-
-    rows = entry["prompts"]
-    out: dict[str, Any] = {"prompts": len(rows), "skipped": len(entry["skipped"])}
-    if rows:
-        out["recon_detached"] = quantiles([r["recon_detached"] for r in rows])
-        out["recon_ordinary"] = quantiles([r["recon_ordinary"] for r in rows])
-        for key in ("u1_hit", "ordinary_u1_hit", "random_hit"):
-            hits = sum(bool(r[key]) for r in rows)
-            out[key.replace("_hit", "_top10_rate")] = {"hits": hits, "n": len(rows), "rate": hits / len(rows),
-                                                       "ci95": list(wilson(hits, len(rows)))}
-        out.update(u1_controls(rows))
-        detached = sum(r["seconds_detached"] for r in rows) / len(rows)
-        ordinary = sum(r["seconds_ordinary"] for r in rows) / len(rows)
-        total = entry["timing"].get("records", {"seconds": 0.0, "count": 0})
-        out["record_seconds"] = {"detached_jacobian": detached, "ordinary_jvp_and_lanczos": ordinary,
-                                 "rest": total["seconds"] / max(1, total["count"]) - detached - ordinary}
-        out["by_host"] = by_host(rows)
-        out["stable_rank"] = quantiles([r["stable_rank"] for r in rows])
-        out["n90"] = quantiles([r["n90"] for r in rows])
-        out["n99"] = quantiles([r["n99"] for r in rows])
-    lw = entry["layerwise"]
-    if lw:
-        n_layers = len(lw[0]["layers"]) - 1
-        by_layer = []
-        for layer in range(n_layers + 1):
-            vals = [p["layers"][layer] for p in lw]
-            by_layer.append({"layer": vals[0]["layer"],
-                             **{k: float(np.median([v[k] for v in vals])) for k in ("stable_rank", "n90", "n99")},
-                             "hit_rate": sum(v["hit"] for v in vals) / len(vals),
-                             "worst_recon": max(v["recon"] for v in vals)})
-        def histogram(emergence: list[Any]) -> dict[str, int]:
-            return {str(k): emergence.count(k) for k in [*range(n_layers), "output", None] if emergence.count(k)}
-
-        frequent = {f["token_id"] for f in out.get("frequent_predictions", [])}
-        predicted = {r["index"]: r["next_token_id"] for r in rows}
-        uncommon = [p for p in lw if predicted.get(p["index"]) not in frequent]
-        out["layerwise"] = {"prompts": len(lw), "by_layer": by_layer,
-                            "emergence_histogram": histogram([p["emergence"] for p in lw]),
-                            "uncommon_prompts": len(uncommon),
-                            "uncommon_emergence_histogram": histogram([p["emergence"] for p in uncommon])}
-        timed = [p for p in lw if "seconds_jacobians" in p]  # the earliest prompts did not record it
-        if timed:
-            share = sum(p["seconds_jacobians"] for p in timed) / sum(p["seconds"] for p in timed)
-            out["layerwise"]["jacobians_share_of_time"] = {"prompts": len(timed), "share": share}
-    return out
 
 
 def plot_layers(results: dict[str, Any], out: Path) -> Path | None:
@@ -716,7 +469,7 @@ def print_summary(results: dict[str, Any]) -> None:
         entry = results.get(name)
         if not entry:
             continue
-        s = entry["summary"] = summary(entry)
+        s = entry["summary"] = findings_summary(entry)
         save_results(results, name, "summary")
         print(f"{name}: {s['prompts']} prompts ({s['skipped']} skipped for length)")
         if s["prompts"]:
@@ -764,7 +517,7 @@ def print_tables(part: str, names: Any) -> None:
             print(f"{name}: no {part} in {RESULTS} yet (run --model {name} --part {part})")
             continue
         if part == "lens":
-            table = lens_markdown(results[name]["lens"])
+            table = lens_comparison_markdown(results[name]["lens"])
         else:
             from detjac.engine.checkpoints.gguf import gguf_tokenizer
 
@@ -802,7 +555,11 @@ def main() -> None:
             print(f"wrote {args.plot}")
         return
     for name in args.model or SHIPPED:
-        with model_lock(name):
+        with ExitStack() as held:
+            try:  # one process at a time runs a model's parts: two would each save their own copy of its entry
+                held.enter_context(holding(RESULTS, name))
+            except BlockingIOError as exc:
+                raise SystemExit(str(exc)) from None
             for part in args.part or ("example", "records", "layerwise", "steering", "lens"):
                 if part == "records":
                     run_records(name, args.limit)

@@ -1,6 +1,6 @@
 """How long does ``detjac view`` take to open a store of 1,000 prompts? From the command to the drawn corpus page.
 
-A synthetic store (``tests/store_factory.py``: d_model 8, 4 tokens per prompt; the corpus page
+A synthetic store (``detjac.store.testing``: d_model 8, 4 tokens per prompt; the corpus page
 reads only the prompts' attributes, so their size does not matter) of ``--prompts`` prompts is
 written once (or reused with ``--store``). Then, each ``--repeat`` times:
 
@@ -26,19 +26,16 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from detjac.store import open_store
+from detjac.store.testing import make_store
+from detjac.view.headless import detjac_command, new_driver
+from detjac.view.pages import Pages
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from store_factory import make_store  # noqa: E402
-from view_helpers import detjac, new_driver  # noqa: E402
-
-from detjac.store import open_store  # noqa: E402
-from detjac.view.pages import Pages  # noqa: E402
 
 
 def open_once(driver, store: Path, n: int) -> dict[str, float]:
@@ -49,7 +46,8 @@ def open_once(driver, store: Path, n: int) -> dict[str, float]:
         return len(d.find_elements(By.CSS_SELECTOR, "#corpus tbody tr")) == n
 
     start = time.perf_counter()
-    process = subprocess.Popen(detjac("view", str(store)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(detjac_command("view", str(store)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
         line = process.stdout.readline()
         listening = time.perf_counter() - start

@@ -24,6 +24,12 @@ def cpu_name() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
+def host() -> str:
+    """The CPU's model name and core count, as a measurement's record names the machine that computed it: times and
+    the last bits of float64 results (BLAS kernels round differently) depend on it."""
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+
+
 def peak_mib() -> float:
     """This process's peak resident set (VmHWM), MiB.
 

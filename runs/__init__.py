@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
         check_lens_kinds,
         evaluate_lenses,
         fit_jlens,
+        jlens_fitted_on,
         load_lens_engine,
         position_ranks,
         recorded_model,

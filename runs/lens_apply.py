@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -237,6 +238,25 @@ def texts_digest(texts: Sequence[str]) -> str:
     import json
 
     return hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
+
+
+def jlens_fitted_on(lens: str | Path, texts: str | Path) -> bool:
+    """Whether ``lens`` is a complete saved ``jlens`` lens of today's conventions (onto the final block's output)
+    fitted on exactly the texts of the prompts file ``texts``: a stopped series of fits resumes after its last finished
+    one (a lens is written sealed, so a partial or damaged one does not load and is fitted again)."""
+    from detjac.analysis import load_lens
+    from detjac.errors import DetjacError
+
+    from .prompts import read_prompts
+
+    if not Path(lens).exists():
+        return False
+    try:
+        info = load_lens(lens).info
+    except (DetjacError, OSError):  # unfinished or damaged: fit it again (`lens fit --force` replaces it)
+        return False
+    same_texts = info.get("prompts_sha256") == texts_digest([p.text for p in read_prompts(texts, "txt").prompts])
+    return same_texts and info.get("target") == "final_block"  # a lens of the conventions before is fitted again
 
 
 def fit_jlens(engine: Engine, prompts: Sequence[str], layers: Sequence[int], model_info: dict[str, Any], *,

@@ -5,7 +5,7 @@ entries the model never saw; a lens evaluated on them must be fitted elsewhere, 
 writes prefixes of training entries, chosen by the same rule (6-16 words, length and order
 from a SHA-256 of the entry; none chosen by how the model does on it), to
 ``benchmarks/data/lens_fit_prompts.txt``. The corpus is the pinned Debian package the model
-was trained on (``scripts/corpus.py``; kept in ``~/.cache/detjac/corpus``).
+was trained on (``detjac.engine.checkpoints.gcide``; kept in ``~/.cache/detjac/corpus``).
 
     .venv/bin/python scripts/lens_prompts.py --count 1000
 """
@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import corpus  # scripts/, this script's folder, is first on the path of `python scripts/lens_prompts.py`
-from train_default_model import heldout_prompts as entry_prefixes  # the same prefix rule
+from detjac.engine.checkpoints import gcide
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +26,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "detjac" / "corpus")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "lens_fit_prompts.txt")
     args = parser.parse_args()
-    train = [line for line in corpus.entries(corpus.fetch_deb(args.cache)) if not corpus.is_heldout(line)]
-    prompts = entry_prefixes(train, args.count)
+    train, _ = gcide.split_entries(gcide.entries(gcide.fetch_deb(args.cache)))
+    prompts = gcide.entry_prefixes(train, args.count)  # the rule of the held-out prompts
     args.out.write_text("\n".join(prompts) + "\n")
     print(f"wrote {len(prompts)} prefixes of training entries to {args.out}")
 

@@ -1,8 +1,9 @@
 """Train detjac's default model: a small Llama on the GCIDE dictionary (Debian ``dict-gcide``).
 
-Deterministic (fixed seed, fixed thread count, deterministic kernels): a re-run on the same
-corpus version, torch version and CPU reproduces the shipped weights; the script prints the
-SHA-256 of ``model.safetensors`` to compare with the model card. About 30 minutes on 2 cores.
+The recipe (the corpus, its held-out split, the prompts and the settings) is ``detjac.engine.checkpoints.gcide``;
+this runs it with torch. Deterministic (fixed seed, fixed thread count, deterministic kernels): a re-run on the
+same corpus version, torch version and CPU reproduces the shipped weights; the script prints the SHA-256 of
+``model.safetensors`` to compare with the model card. About 30 minutes on 2 cores.
 
 Example::
 
@@ -21,26 +22,16 @@ import argparse
 import hashlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
+from detjac.engine.checkpoints import gcide
+from detjac.engine.checkpoints.gcide import CONTEXT, MODEL, N_PROMPTS, SEED, TRAIN, VOCAB, entry_prefixes, lr_at
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED = 20261123
-VOCAB = 6144
-CONTEXT = 128
-MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
-             tie_word_embeddings=True)
-TRAIN = dict(steps=800, batch=32, lr=2e-3, warmup=40, final_lr_fraction=0.1, weight_decay=0.1, clip=1.0,
-             eval_every=50, eval_windows=64)
-N_PROMPTS = 300
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -68,32 +59,6 @@ def pack(tokenizer, texts: list[str], context: int) -> torch.Tensor:
     n = (len(stream) - 1) // context
     flat = torch.tensor(stream[: n * context + 1])
     return torch.stack([flat[i * context: i * context + context + 1] for i in range(n)])
-
-
-def heldout_prompts(texts: list[str], count: int) -> list[str]:
-    """Entry prefixes of 6-16 words (length from a hash of the entry), in hash order.
-
-    Every held-out entry long enough to continue after its prefix is used, first ``count``
-    of them; none is chosen by how the model does on it.
-    """
-    prompts = []
-    for text in sorted(texts, key=lambda t: hashlib.sha256(t.encode()).hexdigest()):
-        words = text.split()
-        k = 6 + int(hashlib.sha256(text.encode()).hexdigest(), 16) % 11
-        if len(words) > k:
-            prompts.append(" ".join(words[:k]))
-        if len(prompts) == count:
-            break
-    return prompts
-
-
-def lr_at(step: int, cfg: dict) -> float:
-    """Linear warm-up, then cosine decay to ``final_lr_fraction`` of the peak."""
-    if step < cfg["warmup"]:
-        return cfg["lr"] * (step + 1) / cfg["warmup"]
-    progress = (step - cfg["warmup"]) / max(1, cfg["steps"] - cfg["warmup"])
-    floor = cfg["final_lr_fraction"]
-    return cfg["lr"] * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()
@@ -185,10 +150,8 @@ def parse_args() -> argparse.Namespace:
 
 def load_corpus(cache: Path) -> tuple[list[str], list[str]]:
     """(train, held-out) entry lines of the pinned corpus."""
-    print(f"corpus: Debian {corpus.PACKAGE} {corpus.VERSION} ({corpus.URL})")
-    lines = corpus.entries(corpus.fetch_deb(cache))
-    train_texts = [line for line in lines if not corpus.is_heldout(line)]
-    heldout_texts = [line for line in lines if corpus.is_heldout(line)]
+    print(f"corpus: Debian {gcide.PACKAGE} {gcide.VERSION} ({gcide.URL})")
+    train_texts, heldout_texts = gcide.split_entries(gcide.entries(gcide.fetch_deb(cache)))
     print(f"entries: {len(train_texts)} train, {len(heldout_texts)} held out")
     return train_texts, heldout_texts
 
@@ -234,8 +197,8 @@ def main() -> None:
     seconds = time.time() - started
     print(f"held-out loss {final:.4f} nats/token, perplexity {math.exp(final):.2f}; {seconds / 60:.1f} min in all")
 
-    report = {"corpus": {"package": corpus.PACKAGE, "version": corpus.VERSION, "url": corpus.URL,
-                         "sha256": corpus.SHA256, "licence": corpus.LICENCE},
+    report = {"corpus": {"package": gcide.PACKAGE, "version": gcide.VERSION, "url": gcide.URL,
+                         "sha256": gcide.SHA256, "licence": gcide.LICENCE},
               "entries": {"train": len(train_texts), "heldout": len(heldout_texts)},
               "tokens": {"train": int(data[:, 1:].numel()), "heldout": int(heldout[:, 1:].numel())},
               "seed": SEED, "threads": args.threads, "torch": torch.__version__, "model": MODEL,
@@ -245,7 +208,7 @@ def main() -> None:
     digest = save(model, tokenizer, args.out, report)
     plot_history(history, args.loss_plot)
     args.prompts.parent.mkdir(parents=True, exist_ok=True)
-    args.prompts.write_text("\n".join(heldout_prompts(heldout_texts, N_PROMPTS)) + "\n")
+    args.prompts.write_text("\n".join(entry_prefixes(heldout_texts, N_PROMPTS)) + "\n")
     print(f"wrote {args.out} (model.safetensors sha256 {digest}), {args.loss_plot}, {args.prompts}")
 
 

@@ -4,7 +4,7 @@ Runs ``detjac run default`` on a few dictionary prompts with every layer's outpu
 MLP Jacobians (``--layers all --components layer,attn,mlp``), serves it with ``detjac view``, and
 saves the corpus page, a prompt's page with one token picked, and its layers tab; then ``detjac graph`` of one
 prompt shown with ``detjac view graph.json``, the most probable logit picked (what drives it). Needs Debian's
-chromium and chromedriver and selenium (``tests/view_helpers.py``). CPU only, about a minute.
+chromium and chromedriver and selenium (``detjac.view.headless``). CPU only, about a minute.
 
 With ``--heads-model MODEL --heads-prompt TEXT``, only the attention heads' screenshots instead: ``detjac graph
 --heads N`` (without ``--heads`` where this detjac's ``graph`` has no such option: the heads panel then says so),
@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from detjac.view.headless import Served, new_driver
+from detjac.view.headless import detjac_command as detjac
 
-from view_helpers import Served, detjac, new_driver  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PROMPTS = [
     "Bread, n. An article of food made from flour or meal by",

@@ -20,6 +20,7 @@ from .backend.zarr_create import create_store
 from .backend.zarr_prompt import ZarrPrompt, verify_prompt
 from .backend.zarr_store import ZarrStore, attach_store, open_store
 from .backend.zarr_writer import ZarrPromptWriter
+from .compare import StoreComparison, compare_stores
 from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, Keep, model_differences, now, prompt_id, read_root
 from .integrity import INTEGRITY, damage_reason
 from .neuron_index import (
@@ -46,6 +47,7 @@ __all__ = [
     "LayerwiseSpec",
     "MemoryAnalyses",
     "PromptWriter",
+    "StoreComparison",
     "StoreReader",
     "StoreWriter",
     "StoredPrompt",
@@ -54,6 +56,7 @@ __all__ = [
     "ZarrPromptWriter",
     "ZarrStore",
     "attach_store",
+    "compare_stores",
     "create_store",
     "model_differences",
     "open_store",

@@ -11,18 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 
 BENCHMARKS, SCRIPTS = ROOT / "benchmarks", ROOT / "scripts"
-# What is left to untangle, each with what it still reaches for; an entry that no longer offends fails the test, so
-# the list only shrinks. (The synthetic store factory and the browser helpers are test fixtures the library does
-# not ship; the corpus and training scripts' logic and real_findings' summaries are tested in place.)
-LEFT = {
-    "benchmarks/distributed_bench.py": "tests/store_helpers.py",
-    "benchmarks/prompt_open.py": "tests/store_factory.py",
-    "benchmarks/view_open.py": "tests/store_factory.py, tests/view_helpers.py",
-    "scripts/view_screenshots.py": "tests/view_helpers.py",
-    "scripts/train_default_model.py": "its sibling corpus.py, loaded by tests/runs/test_corpus.py",
-    "tests/runs/test_corpus.py": "scripts/corpus.py, scripts/train_default_model.py",
-    "tests/test_real_findings.py": "benchmarks/real_findings.py",
-}
 
 
 def _module_names(folder: Path) -> set[str]:
@@ -78,12 +66,9 @@ def outside_offences() -> dict[str, list[str]]:
 
 def test_benchmarks_scripts_and_tests_import_the_package_not_each_other():
     found = outside_offences()
-    new = {rel: why for rel, why in found.items() if rel not in LEFT}
-    assert not new, "Expected benchmarks and scripts to import only the installed detjac (no sys.path edits, no "\
-                    "benchmark or test imported) and tests to import no benchmark or script. Got:\n" + "\n".join(
-                        f"  {rel}: {'; '.join(why)}" for rel, why in new.items())
-    fixed = sorted(set(LEFT) - set(found))
-    assert not fixed, f"Expected each entry of LEFT to still offend (remove the fixed ones). Got {fixed} clean."
+    assert not found, "Expected benchmarks and scripts to import only the installed detjac (no sys.path edits, no "\
+                      "benchmark or test imported) and tests to import no benchmark or script. Got:\n" + "\n".join(
+                          f"  {rel}: {'; '.join(why)}" for rel, why in found.items())
 
 
 def test_the_offences_are_found(tmp_path, monkeypatch):

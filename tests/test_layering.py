@@ -284,7 +284,7 @@ def test_store_and_analysis_tests_import_neither_torch_nor_a_model():
     todo = [p for folder in TORCH_FREE_TESTS for p in sorted((TESTS / folder).glob("*.py"))]
     assert {"conftest.py", "test_store_conformance.py"} <= {p.name for p in todo}
     seen: set[Path] = set()
-    found = []
+    found, factory = [], False
     while todo:
         path = todo.pop()
         if path in seen:
@@ -292,6 +292,7 @@ def test_store_and_analysis_tests_import_neither_torch_nor_a_model():
         seen.add(path)
         for line, module, names in _test_imports(path):
             where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+            factory = factory or module == "detjac.store.testing"
             if top_level(module) in TORCH or within(module, "detjac.engine", "detjac.runs") \
                     or module in TEST_HELPERS_FORBIDDEN:
                 found.append(where)
@@ -299,9 +300,9 @@ def test_store_and_analysis_tests_import_neither_torch_nor_a_model():
             helper = TESTS / f"{module}.py"
             if helper.is_file():
                 todo.append(helper)
-    assert TESTS / "store_factory.py" in seen
+    assert factory, "Expected the store and analysis tests to build their stores with detjac.store.testing"
     assert not found, ("Expected the tests of tests/store and tests/analysis to need neither torch nor a model (their "
-                       "stores come from tests/store_factory.py; tests of a real run go to tests/runs). Got:\n  "
+                       "stores come from detjac.store.testing; tests of a real run go to tests/runs). Got:\n  "
                        + "\n  ".join(found))
 
 

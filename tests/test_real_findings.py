@@ -1,33 +1,31 @@
-"""The summary code of ``benchmarks/real_findings.py`` and the committed ``benchmarks/results/real_models.json``
-agree: the figures docs/real-models.md quotes are recomputed from the per-prompt records, the controls of the
-``u_1`` hit rate count what they say, and the layerwise spectra equal an SVD's."""
+"""The summaries ``benchmarks/real_findings.py`` takes from the library (``detjac.analysis.findings``, the layerwise
+spectra of ``detjac.analysis.spectra``, the lens resume check of ``detjac.runs``, its results file by
+``detjac.shared_json``) and the committed ``benchmarks/results/real_models.json`` agree: the figures
+docs/real-models.md quotes are recomputed from the per-prompt records, the controls of the ``u_1`` hit rate count
+what they say, and the layerwise spectra equal an SVD's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from detjac.analysis import findings
+from detjac.analysis.lens.lens_eval import wilson
+from detjac.analysis.spectra import gram_left_spectrum
+from detjac.machine import host
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 RESULTS = BENCH / "results" / "real_models.json"
 
 
-@pytest.fixture(scope="module")
-def findings():
-    spec = importlib.util.spec_from_file_location("real_findings", BENCH / "real_findings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_left_spectrum_is_the_svd(findings):
+def test_left_spectrum_is_the_svd():
     torch.manual_seed(0)
     op = (torch.randn(48, 1) @ torch.randn(1, 700) * 4 + torch.randn(48, 700)).double()
     orient = torch.randn(48, dtype=torch.float64)
-    S, u1 = findings.left_spectrum(op, orient)
+    S, u1 = (torch.from_numpy(a) for a in gram_left_spectrum((op @ op.T).numpy(), orient.numpy()))
     U, ref, _ = torch.linalg.svd(op, full_matrices=False)
     assert torch.allclose(S, ref, rtol=0, atol=1e-12 * float(ref[0]))
     assert float(u1 @ orient) >= 0
@@ -35,7 +33,7 @@ def test_left_spectrum_is_the_svd(findings):
     assert S.shape == (48,)
 
 
-def test_u1_controls_count_pairs_and_uncommon_predictions(findings):
+def test_u1_controls_count_pairs_and_uncommon_predictions():
     rows = [  # predictions 7, 7, 7, 3, 5; each u_1 holds its own prediction except the last
         {"next_token_id": 7, "u1_top10": [7, 1], "u1_hit": True},
         {"next_token_id": 7, "u1_top10": [7, 3], "u1_hit": True},
@@ -54,7 +52,7 @@ def test_u1_controls_count_pairs_and_uncommon_predictions(findings):
     assert 0 < low < 0.5 < high < 1
 
 
-def test_records_are_grouped_by_the_machine_that_computed_them(findings):
+def test_records_are_grouped_by_the_machine_that_computed_them():
     rows = [{"recon_detached": e, "seconds_detached": t, "seconds_ordinary": 1.0, **({"host": h} if h else {})}
             for e, t, h in ((1e-15, 10.0, None), (2e-15, 20.0, None), (6e-15, 30.0, "CPU A, 2 cores"))]
     out = findings.by_host(rows)
@@ -62,17 +60,17 @@ def test_records_are_grouped_by_the_machine_that_computed_them(findings):
     assert out["not recorded"]["prompts"] == 2 and out["not recorded"]["seconds_detached"] == 15.0
     assert out["not recorded"]["recon_detached"]["max"] == 2e-15
     assert out["CPU A, 2 cores"]["recon_detached"]["median"] == 6e-15
-    assert findings.host().endswith(" cores") and findings.host() != " cores"
+    assert host().endswith(" cores") and host() != " cores"
 
 
-def test_wilson_interval_known_values(findings):
-    assert findings.wilson(0, 40) == (0.0, pytest.approx(0.0876, abs=1e-4))  # detjac.analysis.lens.lens_eval's
-    assert findings.wilson(40, 40)[1] == 1.0  # rounding kept inside [0, 1]
-    low, high = findings.wilson(33, 40)
+def test_wilson_interval_known_values():
+    assert wilson(0, 40) == (0.0, pytest.approx(0.0876, abs=1e-4))  # detjac.analysis.lens.lens_eval's
+    assert wilson(40, 40)[1] == 1.0  # rounding kept inside [0, 1]
+    low, high = wilson(33, 40)
     assert (round(low, 3), round(high, 3)) == (0.680, 0.913)
 
 
-def test_committed_summary_is_recomputed_from_the_records(findings):
+def test_committed_summary_is_recomputed_from_the_records():
     results = json.loads(RESULTS.read_text(encoding="utf-8"))
     for name in ("smollm2", "gemma3"):
         entry = results[name]
@@ -83,7 +81,7 @@ def test_committed_summary_is_recomputed_from_the_records(findings):
             assert r["recon_detached"] < 1e-12, (name, r["index"], r["recon_detached"])
             assert 8 <= len(r["token_ids"]) <= 64
         assert len({r["index"] for r in rows}) == len(rows), f"{name}: a prompt recorded twice"
-        fresh = json.loads(json.dumps(findings.summary(entry)))  # as written: floats round-trip exactly
+        fresh = json.loads(json.dumps(findings.findings_summary(entry)))  # as written: floats round-trip exactly
         stored = entry["summary"]
         for key in ("prompts", "u1_top10_rate", "ordinary_u1_top10_rate", "random_top10_rate", "recon_detached",
                     "other_prompts_u1_top10_rate", "uncommon_u1_top10_rate", "by_host"):
@@ -91,7 +89,7 @@ def test_committed_summary_is_recomputed_from_the_records(findings):
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_docs_show_the_recorded_example(findings, name, tmp_path):
+def test_docs_show_the_recorded_example(name, tmp_path):
     """docs/real-models.md shows the paper's example exactly as ``real_findings.py --example-table`` prints it
     from the committed record (decoded by the model's own tokenizer)."""
     from real_models import gemma3_path, smollm2_path
@@ -106,7 +104,7 @@ def test_docs_show_the_recorded_example(findings, name, tmp_path):
     assert table in page, f"docs/real-models.md does not show {name}'s example as recorded; paste:\n{table}"
 
 
-def test_docs_u1_table_is_recomputed_from_the_records(findings):
+def test_docs_u1_table_is_recomputed_from_the_records():
     """Every cell of the `u_1` table in docs/real-models.md comes back from the first N records (by prompt index;
     N is the count its row states), so the page cannot drift from the results as they grow."""
     import re
@@ -128,7 +126,7 @@ def test_docs_u1_table_is_recomputed_from_the_records(findings):
         assert len(records) == n, f"the page states {n} records of {name}; the results hold {len(records)}"
         controls = findings.u1_controls(records)
         expected = [
-            *(findings.summary({"prompts": records, "skipped": [], "layerwise": [], "timing": {}})[key]
+            *(findings.findings_summary({"prompts": records, "skipped": [], "layerwise": [], "timing": {}})[key]
               for key in ("u1_top10_rate", "ordinary_u1_top10_rate", "random_top10_rate")),
             controls["other_prompts_u1_top10_rate"],
             controls["uncommon_u1_top10_rate"],
@@ -157,7 +155,7 @@ def test_layerwise_output_agrees_with_the_float64_record():
             assert out["recon"] < 1e-5 and all(row["recon"] < 1e-5 for row in entry["layers"]), (name, entry["index"])
 
 
-def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_path):
+def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(tmp_path):
     """A stopped lens part resumes after its last finished ``jlens`` fit: a saved lens of exactly the fit texts is
     kept; one of other texts or of the conventions before (onto the final normed state), a damaged one or none is
     fitted again."""
@@ -166,6 +164,7 @@ def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_pa
     import numpy as np
 
     from detjac.analysis.lens import LENS_VERSION, Lens, save_lens
+    from detjac.runs import jlens_fitted_on
 
     texts = tmp_path / "fit.txt"
     texts.write_text("The first text\n\nThe second text\n", encoding="utf-8")  # a blank line is not a text
@@ -174,19 +173,19 @@ def test_lens_part_keeps_only_a_complete_lens_of_the_same_texts(findings, tmp_pa
     info = {"version": LENS_VERSION, "kind": "detached", "estimator": "jlens", "prompts_sha256": digest,
             "target": "final_block"}
     kept = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), info), tmp_path / "kept.jlens")
-    assert findings._fitted_on(kept, texts)
+    assert jlens_fitted_on(kept, texts)
     before = save_lens(Lens(np.array([0]), eye, eye, np.array([2]), {**info, "target": "every position"}),
                        tmp_path / "before.jlens")
-    assert not findings._fitted_on(before, texts)  # the estimator's conventions before: fitted again
-    assert not findings._fitted_on(tmp_path / "absent.jlens", texts)
+    assert not jlens_fitted_on(before, texts)  # the estimator's conventions before: fitted again
+    assert not jlens_fitted_on(tmp_path / "absent.jlens", texts)
     other = tmp_path / "other.txt"
     other.write_text("Another text\n", encoding="utf-8")
-    assert not findings._fitted_on(kept, other)
+    assert not jlens_fitted_on(kept, other)
     (kept / "mean" / "c" / "0" / "0" / "0").write_bytes(b"damaged")
-    assert not findings._fitted_on(kept, texts)
+    assert not jlens_fitted_on(kept, texts)
 
 
-def test_lens_evaluation_keeps_ranks_and_the_uncommon_table_counts_them(findings, tmp_path):
+def test_lens_evaluation_keeps_ranks_and_the_uncommon_table_counts_them(tmp_path):
     """The lens part keeps every prompt's rank of its prediction per method and layer (from ``lens_rows.csv``), and
     the second lens table recomputes top-1 / top-10 on the prompts whose prediction is not a frequent one."""
     header = "prompt,layer,method,rank,error,top,predicted\n"
@@ -201,19 +200,19 @@ def test_lens_evaluation_keeps_ranks_and_the_uncommon_table_counts_them(findings
                for layer in range(2)]
     with open(tmp_path / "lens_summary.csv", "w", encoding="utf-8") as handle:
         handle.write("layer,method,n,top1,top10\n" + "".join(",".join(r.values()) + "\n" for r in summary))
-    got = findings._lens_evaluation(tmp_path)
+    got = findings.lens_evaluation_ranks(tmp_path)
     assert got["ranks"] == ranks and got["predicted"] == predicted and got["layers"] == [0, 1]
-    table = findings.lens_markdown({"fit_prompts": 3, "same-position": got}, common=1)
+    table = findings.lens_comparison_markdown({"fit_prompts": 3, "same-position": got}, common=1)
     first, second = table.split("The same on the ")
     assert "| 0 | 50 / 50 | 25 / 75 | – |" in first and "| 1 | 50 / 75 | 100 / 100 | – |" in first
     assert second.startswith("2 evaluation prompts whose prediction is not one of the 1 most frequent")
     assert "| 0 | 0 / 0 | 50 / 50 | – |" in second and "| 1 | 0 / 50 | 100 / 100 | – |" in second
     (tmp_path / "lens_rows.csv").write_text(header + "".join(lines[:-1]))  # a missing row raises, never reads as 0
     with pytest.raises(ValueError, match="not every prompt"):
-        findings._lens_evaluation(tmp_path)
+        findings.lens_evaluation_ranks(tmp_path)
 
 
-def test_docs_lens_page_shows_the_measured_comparison(findings):
+def test_docs_lens_page_shows_the_measured_comparison():
     """docs/lens.md shows each model's real-model lens comparison exactly as ``real_findings.py --lens-table``
     prints it from the committed results, for every model whose two estimators are measured (at least one)."""
     results = json.loads(RESULTS.read_text(encoding="utf-8"))
@@ -222,29 +221,32 @@ def test_docs_lens_page_shows_the_measured_comparison(findings):
                 if all(est in results[name].get("lens", {}) for est in ("same-position", "jlens"))]
     assert measured, "no model's lens comparison in the results"
     for name in measured:
-        table = findings.lens_markdown(results[name]["lens"])
+        table = findings.lens_comparison_markdown(results[name]["lens"])
         assert table in page, f"docs/lens.md does not show {name}'s lens comparison as measured; paste:\n{table}"
 
 
-def test_saving_one_model_keeps_what_another_process_saved(findings, tmp_path, monkeypatch):
+def test_saving_one_model_keeps_what_another_process_saved(tmp_path):
     """Two processes, one per model, each holding a stale copy of the file: each save merges only its own model's
     entry (or, for the summary, only that key), and a second process on the same model is refused."""
-    monkeypatch.setattr(findings, "RESULTS", tmp_path / "real_models.json")
-    mine, theirs = findings.load_results(), findings.load_results()
-    findings.model_results(mine, "smollm2")["prompts"].append({"index": 0})
-    findings.model_results(theirs, "gemma3")["prompts"].append({"index": 5})
-    findings.save_results(mine, "smollm2")
-    findings.save_results(theirs, "gemma3")  # its copy has no smollm2: the file's is kept
+    from detjac.shared_json import holding, load_entries, save_entry
+
+    path = tmp_path / "real_models.json"
+    mine, theirs = load_entries(path), load_entries(path)
+    mine["smollm2"] = {"prompts": [{"index": 0}]}
+    theirs["gemma3"] = {"prompts": [{"index": 5}]}
+    save_entry(path, mine, "smollm2")
+    save_entry(path, theirs, "gemma3")  # its copy has no smollm2: the file's is kept
     mine["smollm2"]["prompts"].append({"index": 1})
-    findings.save_results(mine, "smollm2")
+    save_entry(path, mine, "smollm2")
     theirs["smollm2"] = {"summary": {"prompts": 2}, "prompts": []}
-    findings.save_results(theirs, "smollm2", "summary")
-    got = json.loads(findings.RESULTS.read_text())
+    save_entry(path, theirs, "smollm2", "summary")
+    got = json.loads(path.read_text())
     assert got["smollm2"]["prompts"] == [{"index": 0}, {"index": 1}]
     assert got["smollm2"]["summary"] == {"prompts": 2}
     assert got["gemma3"]["prompts"] == [{"index": 5}]
-    with findings.model_lock("smollm2"), pytest.raises(SystemExit, match="another process is running smollm2"):
-        with findings.model_lock("smollm2"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real_models.json", "real_models.json.lock"]  # no leftovers
+    with holding(path, "smollm2"), pytest.raises(BlockingIOError, match="another process is running smollm2"):
+        with holding(path, "smollm2"):
             pass
-    with findings.model_lock("gemma3"), findings.model_lock("smollm2"):
+    with holding(path, "gemma3"), holding(path, "smollm2"):
         pass

@@ -1,21 +1,19 @@
-"""Helpers of the viewer's tests: a synthetic model with markup in its vocabulary, a live ``detjac view``
-process, and a headless Chromium driven by selenium (never allowed to download anything).
+"""Helpers of the viewer's tests: a synthetic model with markup in its vocabulary, graphs as the graph page shows
+them; a live ``detjac view`` process and a headless Chromium come from :mod:`detjac.view.headless`.
 
 The browser tests need the ``selenium`` package and Debian's ``chromium`` with its driver
 (``apt-get install chromium chromium-driver``; ``make test`` installs them when it runs as root with
-apt-get); :func:`browser_missing` says what is lacking.
+apt-get); ``browser_missing`` says what is lacking.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from store_factory import SyntheticModel, synthetic_model
+from detjac.store.testing import SyntheticModel, synthetic_model
+from detjac.view.headless import detjac_command
 
 SCRIPT_WORD = "<script>alert(1)</script>"  # a token and a prompt that must be shown as text, never run
 MARKUP_WORD = "<b>bold</b>"
@@ -24,7 +22,6 @@ TEXTS = ["the oak tree grows", "a young cat plays in the sea", f"the {SCRIPT_WOR
 INJECTED = '<img src=x onerror="document.title=\'injected\'">'  # a token text and labels of a graph: text only
 GRAPH_PROMPT = "Copper, n. A"
 NEURON_TEXTS = [f"Copper {INJECTED} <script>alert(1)</script> n. A metal", "Copper, n. A common metal"]  # an index's
-INSTALL = "apt-get install chromium chromium-driver (Debian/Ubuntu) and pip install selenium (the test extra)"
 
 
 def viewer_model() -> SyntheticModel:
@@ -50,69 +47,9 @@ def copy_store(synthetic, folder: Path) -> Path:
     return Path(shutil.copytree(synthetic.path, folder / synthetic.path.name))
 
 
-def detjac(*args: str) -> list[str]:
-    """The command line of ``detjac ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "detjac.cli.main", *args]
-
-
-class Served:
-    """A ``detjac view`` process and the URL it printed."""
-
-    def __init__(self, store: Path, *options: str) -> None:
-        self.process = subprocess.Popen(detjac("view", str(store), *options), stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-        self.first_line = self.process.stdout.readline()  # printed once the server listens
-        found = re.search(r"(http://\S+/)", self.first_line)
-        if found is None:
-            self.process.kill()
-            raise AssertionError(f"Expected detjac view to print its URL. Got {self.first_line!r}, "
-                                 f"{self.process.stderr.read()!r}")
-        self.url = found.group(1)
-
-    def stop(self) -> str:
-        """Stop the server; its standard error."""
-        self.process.terminate()
-        _, err = self.process.communicate(timeout=10)
-        return err
-
-
-def chromium_binary() -> str | None:
-    return next((found for name in ("chromium", "chromium-browser", "google-chrome")
-                 if (found := shutil.which(name)) is not None), None)
-
-
-def browser_missing() -> str | None:
-    """What the browser tests lack, as text (None: nothing)."""
-    missing = []
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package")
-    if chromium_binary() is None:
-        missing.append("chromium")
-    if shutil.which("chromedriver") is None:
-        missing.append("chromedriver")
-    return ", ".join(missing) or None
-
-
-def new_driver():
-    """A headless Chromium with the local chromedriver (selenium-manager kept offline)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000",
-                "--disable-extensions", "--no-first-run"):
-        options.add_argument(arg)
-    options.binary_location = chromium_binary()
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for tests that read it
-    os.environ.setdefault("SE_OFFLINE", "true")
-    return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
-
-
 def write_default_graph(out: Path) -> Path:
     """``detjac graph`` of :data:`GRAPH_PROMPT` on the default model (about 10 s) into ``out``."""
-    done = subprocess.run(detjac("graph", "-p", GRAPH_PROMPT, "--out", str(out), "--max-nodes", "200"),
+    done = subprocess.run(detjac_command("graph", "-p", GRAPH_PROMPT, "--out", str(out), "--max-nodes", "200"),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return out

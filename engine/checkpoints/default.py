@@ -1,6 +1,7 @@
 """The default model shipped with detjac: a small Llama trained on the GCIDE dictionary.
 
-Trained by ``scripts/train_default_model.py``; the model card is ``assets/gcide-llama/README.md``.
+Trained by ``scripts/train_default_model.py`` from the recipe in :mod:`.gcide`; the model card is
+``assets/gcide-llama/README.md``.
 It lets ``make demo`` and the tests run on a real trained model with no download.
 """
 

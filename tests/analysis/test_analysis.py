@@ -1,6 +1,6 @@
 """dask analyses of a store: SVD against numpy, decoding a planted direction, schedulers agree.
 
-The stores are synthetic (``store_factory``): wide enough (d = 32) that a randomized SVD of
+The stores are synthetic (``detjac.store.testing``): wide enough (d = 32) that a randomized SVD of
 rank 6 with 10 oversamples is not trivially exact; `detjac run --ordinary` then compare is in
 tests/runs/test_ordinary_run.py.
 """
@@ -14,12 +14,12 @@ import dask
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store, prompt_texts, synthetic_model
 
 from detjac.analysis import jobs
 from detjac.analysis.spectra import dimensionality, singular_values, stored_svd
 from detjac.cli.main import main
 from detjac.store import create_store, open_store
+from detjac.store.testing import make_store, prompt_texts, synthetic_model
 
 MODEL = synthetic_model(d_model=32, vocab=60, seed=11)
 TEXTS = prompt_texts(2, 5, seed=11)

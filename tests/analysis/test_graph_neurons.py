@@ -6,12 +6,12 @@ import csv
 
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store, synthetic_graph
 
 from detjac.analysis import recurring_neurons
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store
+from detjac.store.testing import make_store, synthetic_graph
 
 # each prompt's neurons, (layer, index, position): (1, 5) is in two graphs, at three positions in all
 NEURONS = {"the oak tree": [(0, 3, 1), (1, 5, 2), (1, 5, 0)],

@@ -1,18 +1,18 @@
 """Layerwise analyses from the store: spectra against numpy, the logit lens, emergence of a planted token, heatmaps,
-and the `detjac analyze layers|decode` commands, on synthetic stores (``store_factory``)."""
+and the `detjac analyze layers|decode` commands, on synthetic stores (``detjac.store.testing``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store
 
 from detjac.analysis import jobs, layers
 from detjac.analysis.spectra import singular_values, stored_svd
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.store import LayerwiseSpec, create_store, open_store
+from detjac.store.testing import make_store
 
 PROMPT = "the oak is a tree of the sea"
 TARGETS = [f"{c}.{i}" for i in (0, 2, 3) for c in ("layer", "attn", "mlp", "mlp_local")]

@@ -17,7 +17,7 @@ from detjac.analysis.lens import lens_fit
 from detjac.errors import InvalidArgumentError
 from detjac.store import open_store
 from detjac.store.integrity import CorruptError
-from tests.store_factory import make_store
+from detjac.store.testing import make_store
 
 TARGETS = ("to_output.0", "to_output.1", "layer.1")
 

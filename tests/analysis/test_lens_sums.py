@@ -8,7 +8,7 @@ import pytest
 from detjac.analysis.lens import lens_fit
 from detjac.analysis.lens.lens_sums import RunningSums
 from detjac.errors import StoreError
-from tests.store_factory import make_store
+from detjac.store.testing import make_store
 
 
 @pytest.fixture

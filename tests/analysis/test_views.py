@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store
 
 from detjac.analysis import layers, views
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.singular import decode_top
+from detjac.store.testing import make_store
 
 TARGETS = [f"{c}.{i}" for i in range(4) for c in ("layer", "mlp_local")]
 

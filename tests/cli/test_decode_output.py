@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from tests.store_factory import WORDS, make_store, synthetic_model
+from detjac.store.testing import WORDS, make_store, synthetic_model
 
 # Every word past the prompts' own: an emoji, CJK, or text with a space, a quote and a comma.
 ODD = tuple(("😀{}", "猫{}", 'say, "{}"')[i % 3].format(i) for i in range(40 - len(WORDS) - 1))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store
 
 from detjac.cli.main import main
 from detjac.store import open_store
+from detjac.store.testing import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [line for line in (ROOT / "examples" / "prompts.txt").read_text().splitlines() if line.strip()][:2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from tests.store_factory import make_store
+from detjac.store.testing import make_store
 
 
 def test_fit_writes_the_lens_and_a_store_without_to_output_names_the_run_options(tmp_path):

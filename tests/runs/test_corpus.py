@@ -1,18 +1,15 @@
-"""The default model's corpus preparation (scripts/corpus.py), offline on synthetic input."""
+"""The default model's recipe (``detjac.engine.checkpoints.gcide``: corpus preparation, held-out split and prompts,
+learning-rate schedule), offline on synthetic input."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import io
 import tarfile
-from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("corpus", Path(__file__).parents[2] / "scripts" / "corpus.py")
-corpus = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(corpus)
+from detjac.engine.checkpoints import gcide
 
 DICT = """\
 00-database-short
@@ -52,42 +49,37 @@ def _deb(members: dict[str, bytes]) -> bytes:
 
 
 def test_entries_are_cleaned_to_plain_lines():
-    deb = _deb({corpus.DICT_MEMBER: gzip.compress(DICT.encode()), corpus.COPYRIGHT_MEMBER: b"GPL"})
-    assert corpus.entries(deb) == [
+    deb = _deb({gcide.DICT_MEMBER: gzip.compress(DICT.encode()), gcide.COPYRIGHT_MEMBER: b"GPL"})
+    assert gcide.entries(deb) == [
         "Arrogance, n. The act or habit of arrogating; proud contempt of others; haughtiness. "
         "Syn: Haughtiness; hauteur; assumption; lordliness.",
         "Abbacy, n.; pl. Abbacies. The dignity, estate, or jurisdiction of an abbot.",
     ]
-    assert corpus.read_package(deb)[1] == "GPL"
+    assert gcide.read_package(deb)[1] == "GPL"
 
 
 def test_not_a_deb_is_refused():
     with pytest.raises(RuntimeError, match="Expected a Debian package"):
-        corpus.read_package(b"PK\x03\x04 not an ar archive")
+        gcide.read_package(b"PK\x03\x04 not an ar archive")
 
 
 def test_cached_package_with_wrong_checksum_is_refused(tmp_path):
-    (tmp_path / corpus.URL.rsplit("/", 1)[1]).write_bytes(b"tampered")
-    with pytest.raises(RuntimeError, match=f"Expected .* with SHA-256 {corpus.SHA256}"):
-        corpus.fetch_deb(tmp_path)
+    (tmp_path / gcide.URL.rsplit("/", 1)[1]).write_bytes(b"tampered")
+    with pytest.raises(RuntimeError, match=f"Expected .* with SHA-256 {gcide.SHA256}"):
+        gcide.fetch_deb(tmp_path)
 
 
 def test_heldout_split_is_deterministic_and_small():
     lines = [f"Word{i}, n. A definition number {i}." for i in range(2000)]
-    held = [line for line in lines if corpus.is_heldout(line)]
-    assert held == [line for line in lines if corpus.is_heldout(line)]
+    held = [line for line in lines if gcide.is_heldout(line)]
+    assert held == [line for line in lines if gcide.is_heldout(line)]
     assert 10 < len(held) < 80
-
-
-_TRAIN_SPEC = importlib.util.spec_from_file_location(
-    "train_default_model", Path(__file__).parents[2] / "scripts" / "train_default_model.py")
-train_script = importlib.util.module_from_spec(_TRAIN_SPEC)
-_TRAIN_SPEC.loader.exec_module(train_script)
+    assert gcide.split_entries(lines) == ([line for line in lines if line not in held], held)
 
 
 def test_heldout_prompts_are_prefixes_that_leave_a_continuation():
     texts = [f"Word{i}, n. " + " ".join(f"w{j}" for j in range(i % 20)) for i in range(400)]
-    prompts = train_script.heldout_prompts(texts, 50)
+    prompts = gcide.entry_prefixes(texts, 50)
     assert len(prompts) == 50 and len(set(prompts)) == 50
     for prompt in prompts:
         source = next(t for t in texts if t.startswith(prompt + " "))
@@ -95,8 +87,8 @@ def test_heldout_prompts_are_prefixes_that_leave_a_continuation():
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor():
-    cfg = dict(train_script.TRAIN, steps=100, warmup=10)
-    lrs = [train_script.lr_at(s, cfg) for s in range(100)]
+    cfg = dict(gcide.TRAIN, steps=100, warmup=10)
+    lrs = [gcide.lr_at(s, cfg) for s in range(100)]
     assert lrs[9] == pytest.approx(cfg["lr"]) and lrs[0] == pytest.approx(cfg["lr"] / 10)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:], strict=False))
     assert lrs[-1] == pytest.approx(cfg["lr"] * cfg["final_lr_fraction"], rel=1e-2)

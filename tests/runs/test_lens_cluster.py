@@ -10,7 +10,7 @@ import pytest
 from detjac.analysis import lens as lenses
 from detjac.analysis.lens import lens_fit
 from detjac.store import open_store
-from tests.store_factory import make_store
+from detjac.store.testing import make_store
 
 
 @pytest.mark.slow

@@ -10,13 +10,13 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store, synthetic_graph
 from store_helpers import reseal
 
 from detjac.analysis import Lens, load_lens, save_lens
 from detjac.cli.main import main
 from detjac.store import open_store
 from detjac.store.integrity import CorruptError
+from detjac.store.testing import make_store, synthetic_graph
 
 
 def _claim(array_folder, shape, chunks=None):

@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store, synthetic_graph
 from store_helpers import reseal
 
 from detjac.cli.main import main
@@ -17,6 +16,7 @@ from detjac.errors import StoreError
 from detjac.store import open_store
 from detjac.store.graph_tables import graph_json, graph_tables
 from detjac.store.integrity import CorruptError
+from detjac.store.testing import make_store, synthetic_graph
 
 NEURONS = [(0, 3, 1), (1, 5, 2), (1, 5, 3), (0, 7, 0)]
 

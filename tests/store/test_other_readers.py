@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from detjac.store import open_store
-from tests.store_factory import make_store
+from detjac.store.testing import make_store
 
 ts = pytest.importorskip("tensorstore", reason="tensorstore is not installed (pip install tensorstore, in the test "
                                                "extra): the store is not read with an independent zarr v3 reader")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from store_factory import make_store
 from store_helpers import reseal
 
 from detjac.cli.main import main
+from detjac.store.testing import make_store
 
 
 def invoke(*args: str):

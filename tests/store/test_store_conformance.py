@@ -1,7 +1,7 @@
 """What every store backend must do (store/reader.py, store/writer.py); add a backend to BACKENDS to run it through.
 
 Each test goes through the interfaces only (``StoreReader``, ``StoreWriter``, ``StoredPrompt``,
-``PromptWriter``, ``AnalysisCache``); the prompts come from ``store_factory``, whose arrays are exact.
+``PromptWriter``, ``AnalysisCache``); the prompts come from ``detjac.store.testing``, whose arrays are exact.
 """
 
 from __future__ import annotations
@@ -12,14 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from store_factory import (
-    layer_targets,
-    make_store,
-    run_description,
-    synthetic_model,
-    synthetic_prompt,
-    write_prompt,
-)
 
 from detjac.errors import InvalidArgumentError, StoreError
 from detjac.store import (
@@ -33,6 +25,14 @@ from detjac.store import (
     create_store,
     open_store,
     prompt_id,
+)
+from detjac.store.testing import (
+    layer_targets,
+    make_store,
+    run_description,
+    synthetic_model,
+    synthetic_prompt,
+    write_prompt,
 )
 
 RUN = {"model_id": "m", "model_type": "llama", "config_sha256": "c", "revision": None, "dtype": "float64",

@@ -1,6 +1,6 @@
 """The store refuses what it cannot do safely, with a message that says why, and leaves what is there untouched.
 
-Without a run: stores come from ``store_factory``; `detjac run`'s own refusals of bad input are
+Without a run: stores come from ``detjac.store.testing``; `detjac run`'s own refusals of bad input are
 in tests/runs/test_run_errors.py.
 """
 
@@ -11,10 +11,10 @@ import json
 
 import numpy as np
 import pytest
-from store_factory import make_store
 
 from detjac.errors import StoreError, StoreFormatError, StoreMismatchError
 from detjac.store import create_store, open_store
+from detjac.store.testing import make_store
 
 RUN = {"model_id": "m", "model_type": "llama", "config_sha256": "c", "revision": None, "dtype": "float64",
        "keep": "full", "detach": True, "position": -1, "target": "hidden", "row_block": 2}
@@ -93,7 +93,7 @@ def test_a_store_of_another_run_is_refused_unless_forced(tmp_path):
 def test_force_new_keeps_the_old_store_until_the_new_run_holds_a_prompt(tmp_path):
     import os
 
-    from store_factory import run_description, synthetic_model, synthetic_prompt, write_prompt
+    from detjac.store.testing import run_description, synthetic_model, synthetic_prompt, write_prompt
 
     made = make_store(tmp_path / "s.zarr", prompts=2)
     before = snapshot(made.path)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from store_factory import layer_targets, make_store, prompt_texts, synthetic_model
 
 from detjac.store.format import RUN_IDENTITY
+from detjac.store.testing import layer_targets, make_store, prompt_texts, synthetic_model
 
 ALL = "layer,attn,mlp,layer_local,attn_local,mlp_local"
 

@@ -18,7 +18,7 @@ from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError, StoreError
 from detjac.store import create_store, open_store
 from detjac.store import format as fmt
-from tests.store_factory import make_store
+from detjac.store.testing import make_store
 from tests.store_helpers import store_snapshot
 
 

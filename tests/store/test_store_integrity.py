@@ -1,7 +1,7 @@
 """A damaged store never reads back as numbers: each damage is named, by reads and by verify, and nothing outside
 the store is read or written.
 
-Each test damages a copy of a store written by the real writer (``store_factory``) and checks
+Each test damages a copy of a store written by the real writer (``detjac.store.testing``) and checks
 the exact message and that the folder around the store is unchanged.
 """
 
@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from store_factory import make_store
 from store_helpers import reseal
 
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError, StoreError, StoreFormatError
 from detjac.store import create_store, open_store
 from detjac.store.integrity import CorruptError
+from detjac.store.testing import make_store
 
 FORMAT1 = Path(__file__).parent.parent / "data" / "format1"
 

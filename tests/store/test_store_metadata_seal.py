@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store
 from store_helpers import reseal
 
 from detjac.cli.main import main
 from detjac.store import open_store
 from detjac.store.backend.sealed import write_sealed
 from detjac.store.integrity import CorruptError
+from detjac.store.testing import make_store
 
 
 def invoke(*args):

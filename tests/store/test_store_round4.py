@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store
 
 from detjac.cli.main import main
 from detjac.errors import StoreFormatError
 from detjac.store import open_store
+from detjac.store.testing import make_store
 
 
 def invoke(*args):

@@ -9,12 +9,12 @@ import os
 
 import numpy as np
 import pytest
-from store_factory import make_store
 
 from detjac.aside import aside_pid, write_file
 from detjac.store import create_store
 from detjac.store.backend.disk import aside_entries, write_npz
 from detjac.store.backend.sealed import write_sealed
+from detjac.store.testing import make_store
 from detjac.view.static_export import export_static
 
 

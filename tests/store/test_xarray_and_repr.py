@@ -7,7 +7,8 @@ import warnings
 
 import numpy as np
 import pytest
-from store_factory import layer_targets, make_store
+
+from detjac.store.testing import layer_targets, make_store
 
 xr = pytest.importorskip("xarray")
 

@@ -1,5 +1,5 @@
-"""Fixtures of the viewer's tests: a synthetic store (``tests/store_factory.py``: no torch, no model), a live
-``detjac view`` on it, its static export, and a headless Chromium (``tests/view_helpers.py``).
+"""Fixtures of the viewer's tests: a synthetic store (``detjac.store.testing``: no torch, no model), a live
+``detjac view`` on it, its static export, and a headless Chromium (``detjac.view.headless``).
 
 Without chromium, chromedriver or selenium the browser tests (``test_view_browser.py``) are skipped,
 with one line in the summary saying what is missing and how to install it.
@@ -11,17 +11,11 @@ import json
 import subprocess
 
 import pytest
-from store_factory import layer_targets, make_store
-from view_helpers import (
-    NEURON_TEXTS,
-    TEXTS,
-    Served,
-    detjac,
-    exported_prompts,
-    new_driver,
-    viewer_model,
-    write_default_graph,
-)
+from view_helpers import NEURON_TEXTS, TEXTS, exported_prompts, viewer_model, write_default_graph
+
+from detjac.store.testing import layer_targets, make_store
+from detjac.view.headless import Served, new_driver
+from detjac.view.headless import detjac_command as detjac
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +55,7 @@ def browser():
 
 @pytest.fixture(scope="session")
 def graph_file(tmp_path_factory):
-    """``detjac graph`` on the default model (tests/view_helpers.py: GRAPH_PROMPT): the JSON file. Read only."""
+    """``detjac graph`` on the default model (view_helpers.GRAPH_PROMPT): the JSON file. Read only."""
     return write_default_graph(tmp_path_factory.mktemp("graph") / "copper.json")
 
 

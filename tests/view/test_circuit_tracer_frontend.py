@@ -13,7 +13,8 @@ import time
 
 import pytest
 from ct_frontend import libs_missing, offline_frontend
-from view_helpers import INSTALL, browser_missing
+
+from detjac.view.headless import INSTALL, browser_missing
 
 if browser_missing() or libs_missing():  # one line in the summary for the whole module, never a silent pass
     pytest.skip(f"circuit-tracer's page needs {browser_missing() or libs_missing()}"

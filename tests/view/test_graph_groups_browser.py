@@ -1,7 +1,7 @@
 """Groups (supernodes) on the graph page in a real headless Chromium: a group is drawn collapsed, one node with its
 summed links, a click expands it into its members and the group list collapses it back; its hostile name stays text.
 
-Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see :mod:`detjac.view.headless`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 from test_view_browser import css, wait_for
-from view_helpers import INSTALL, Served, browser_missing
 
 from detjac.view.graph_page import graph_payload
+from detjac.view.headless import INSTALL, Served, browser_missing
 
 if browser_missing():
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)

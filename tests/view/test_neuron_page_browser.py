@@ -2,17 +2,17 @@
 and the search box show its page, and the corpus's hostile text stays text; in a static export opened from disk
 (``--export``), a click shows the page and the search box offers the graph's neurons only.
 
-Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``detjac.view.headless``).
 """
 
 from __future__ import annotations
 
 import pytest
 from test_view_browser import css, wait_for
-from view_helpers import INSTALL, Served, browser_missing
 
 from detjac.analysis import neuron_page
 from detjac.store import open_neuron_index
+from detjac.view.headless import INSTALL, Served, browser_missing
 
 if browser_missing():
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)

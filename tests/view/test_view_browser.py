@@ -1,7 +1,7 @@
 """``detjac view`` in a real headless Chromium: the pages draw, clicks lead where they should, the decoded tokens
 are ``detjac analyze svd``'s, markup in a prompt stays text, and the static export works from ``file://``.
 
-Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``detjac.view.headless``).
 """
 
 from __future__ import annotations
@@ -10,17 +10,10 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from view_helpers import (
-    INSTALL,
-    MARKUP_WORD,
-    SCRIPT_WORD,
-    browser_missing,
-    copy_store,
-    exported_prompts,
-    script_prompt,
-)
+from view_helpers import MARKUP_WORD, SCRIPT_WORD, copy_store, exported_prompts, script_prompt
 
 from detjac.cli.main import main
+from detjac.view.headless import INSTALL, browser_missing
 
 if browser_missing():  # one line in the summary for the whole module, never a silent pass
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)

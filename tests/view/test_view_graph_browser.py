@@ -2,7 +2,7 @@
 a click shows a node's labels and edges, the thresholds change what is shown, labels with markup stay text, and a
 store's graph is linked from its prompt and opens from a static export.
 
-Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``detjac.view.headless``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import threading
 
 import pytest
 from test_view_browser import css, wait_for
-from view_helpers import INJECTED, INSTALL, Served, browser_missing, kept_by_thresholds, stored_graphs
+from view_helpers import INJECTED, kept_by_thresholds, stored_graphs
 
 from detjac.store import open_store
+from detjac.view.headless import INSTALL, Served, browser_missing
 from detjac.view.server import make_server
 from detjac.view.static_export import export_static
 

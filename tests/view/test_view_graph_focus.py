@@ -3,7 +3,7 @@ across the window's width (and again when the window changes), logits labelled w
 a click on a logit shows its drivers and fades the rest, the position filter hides nodes, and hostile token texts in
 the new labels stay text.
 
-Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``tests/view_helpers.py``).
+Needs chromium, chromedriver and selenium (skipped otherwise, saying so; see ``detjac.view.headless``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from test_view_browser import css, wait_for
 from test_view_graph_browser import shown
-from view_helpers import INJECTED, INSTALL, Served, browser_missing, kept_by_thresholds, stored_graphs
+from view_helpers import INJECTED, kept_by_thresholds, stored_graphs
 
 from detjac.graph_settings import KEPT_SHARE_MEANING
 from detjac.store import open_store
+from detjac.view.headless import INSTALL, Served, browser_missing
 from detjac.view.server import make_server
 from detjac.view.static_export import export_static
 

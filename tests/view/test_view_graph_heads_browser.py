@@ -16,18 +16,11 @@ import shlex
 import pytest
 from click.testing import CliRunner
 from test_view_browser import css, wait_for
-from view_helpers import (
-    GRAPH_PROMPT,
-    INJECTED,
-    INSTALL,
-    Served,
-    browser_missing,
-    crossed_layers,
-    with_head_loadings,
-)
+from view_helpers import GRAPH_PROMPT, INJECTED, crossed_layers, with_head_loadings
 
 from detjac.cli.main import main
 from detjac.view import GraphFile
+from detjac.view.headless import INSTALL, Served, browser_missing
 
 if browser_missing():  # one line in the summary for the whole module, never a silent pass
     pytest.skip(f"browser tests need {browser_missing()}: {INSTALL}", allow_module_level=True)

@@ -1,7 +1,7 @@
 """What ``detjac view`` serves, without a browser: each page's data against the analyses, the server's safety
 rules (read-only, nothing outside the store, loopback by default), and the static export.
 
-Synthetic stores (``tests/store_factory.py``): no torch, no model.
+Synthetic stores (``detjac.store.testing``): no torch, no model.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from http.client import HTTPConnection
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from store_factory import make_store, run_description, synthetic_model, synthetic_prompt, write_prompt
-from view_helpers import SCRIPT_WORD, TEXTS, Served, copy_store, exported_prompts, script_prompt
+from view_helpers import SCRIPT_WORD, TEXTS, copy_store, exported_prompts, script_prompt
 
 from detjac.analysis import layers as layer_analysis
 from detjac.analysis.decoded import decode_report
 from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError, StoreError
 from detjac.store import create_store, open_store
+from detjac.store.testing import make_store, run_description, synthetic_model, synthetic_prompt, write_prompt
+from detjac.view.headless import Served
 from detjac.view.pages import NotFound, Pages
 from detjac.view.server import is_loopback, make_server
 from detjac.view.static_export import data_file, export_static

@@ -12,9 +12,9 @@ import time
 from contextlib import contextmanager, redirect_stderr
 
 import pytest
-from view_helpers import Served
 
 from detjac.view import server as view_server
+from detjac.view.headless import Served
 from detjac.view.server import is_loopback, make_server
 
 
@@ -134,9 +134,9 @@ def test_a_store_replaced_under_a_running_viewer_is_read_anew(tmp_path):
     import shutil
     import urllib.request
 
-    from store_factory import make_store
     from view_helpers import TEXTS
 
+    from detjac.store.testing import make_store
     from detjac.view.pages import Pages
 
     first = make_store(tmp_path / "first.zarr", prompts=TEXTS[:2], d_model=8, seed=1)

@@ -1,9 +1,13 @@
-"""The training corpus of the default model: GCIDE, from Debian's ``dict-gcide`` package.
+"""How the shipped default model was made, without torch: its training corpus, the held-out split, the prompts
+taken from it and the training settings (``assets/gcide-llama/training.json`` records them);
+``scripts/train_default_model.py`` runs the recipe with torch.
 
-The package is fetched from Debian's archive (pinned version, checked by SHA-256), unpacked
-in pure Python (a ``.deb`` is an ``ar`` archive holding ``data.tar.xz``), and the dictionary
-is turned into one plain-English line per entry: headword, part of speech, senses and
-synonyms, without pronunciation marks, etymologies, source tags or quotations.
+The corpus is GCIDE, from Debian's ``dict-gcide`` package: fetched from Debian's archive (pinned version, checked by
+SHA-256), unpacked in pure Python (a ``.deb`` is an ``ar`` archive holding ``data.tar.xz``), and the dictionary
+turned into one plain-English line per entry: headword, part of speech, senses and synonyms, without pronunciation
+marks, etymologies, source tags or quotations. 2 % of the entries, chosen by a hash, are held out: prompts that
+evaluate the model without its having seen them come from those (:func:`entry_prefixes`), a lens is fitted on
+prefixes of the others.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import math
 import re
 import tarfile
 import urllib.request
@@ -23,6 +28,17 @@ SHA256 = "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f"
 LICENCE = "GPL-2.0-or-later (GCIDE); Webster's 1913 text public domain; WordNet 1.5 licence"
 DICT_MEMBER = "./usr/share/dictd/gcide.dict.dz"
 COPYRIGHT_MEMBER = "./usr/share/doc/dict-gcide/copyright"
+
+# The training settings of the shipped model (a re-run with the same corpus, torch and CPU reproduces its weights).
+SEED = 20261123
+VOCAB = 6144
+CONTEXT = 128
+MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
+             tie_word_embeddings=True)
+TRAIN = dict(steps=800, batch=32, lr=2e-3, warmup=40, final_lr_fraction=0.1, weight_decay=0.1, clip=1.0,
+             eval_every=50, eval_windows=64)
+N_PROMPTS = 300  # held-out prompts written beside the model (benchmarks/data/heldout_prompts.txt)
 
 _BRACKETS = re.compile(r"\[[^\[\]]*\]")
 _PRONUNCIATION = re.compile(r"\\[^\\]*\\")
@@ -111,3 +127,34 @@ def entries(data: bytes) -> list[str]:
 def is_heldout(entry: str, percent: int = 2) -> bool:
     """Deterministic held-out split by a hash of the whole entry line."""
     return int(hashlib.sha256(entry.encode()).hexdigest(), 16) % 100 < percent
+
+
+def split_entries(lines: list[str]) -> tuple[list[str], list[str]]:
+    """(training, held-out) entries, each in the order given."""
+    return [line for line in lines if not is_heldout(line)], [line for line in lines if is_heldout(line)]
+
+
+def entry_prefixes(texts: list[str], count: int) -> list[str]:
+    """The first ``count`` entry prefixes of 6-16 words (length from a hash of the entry), in hash order.
+
+    Every entry long enough to continue after its prefix is used; none is chosen by how the model does on it.
+    """
+    prompts = []
+    for text in sorted(texts, key=lambda t: hashlib.sha256(t.encode()).hexdigest()):
+        words = text.split()
+        k = 6 + int(hashlib.sha256(text.encode()).hexdigest(), 16) % 11
+        if len(words) > k:
+            prompts.append(" ".join(words[:k]))
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def lr_at(step: int, cfg: dict) -> float:
+    """The learning rate at ``step`` of training settings ``cfg`` (as :data:`TRAIN`): linear warm-up, then cosine
+    decay to ``final_lr_fraction`` of the peak."""
+    if step < cfg["warmup"]:
+        return cfg["lr"] * (step + 1) / cfg["warmup"]
+    progress = (step - cfg["warmup"]) / max(1, cfg["steps"] - cfg["warmup"])
+    floor = cfg["final_lr_fraction"]
+    return cfg["lr"] * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
