@@ -259,3 +259,26 @@ def test_a_prompts_reconstruction_errors_are_computed_in_the_prompt_pass_only():
         text = (root / path).read_text(encoding="utf-8")
         assert "relative_error" not in text and "einsum" not in text and "reconstruct(" not in text, path
     assert "relative_error(" in (root / "engine" / "prompt_products.py").read_text(encoding="utf-8")
+
+
+def test_analyze_svd_opens_each_prompt_once(tmp_path, monkeypatch):
+    """Issue 63: the SVD opens a prompt, and the analysis writer takes its source digest from the prompt's checked
+    attributes, not by opening it again."""
+    from click.testing import CliRunner
+
+    from detjac.cli.main import main
+    from detjac.store.backend.zarr_store import ZarrStore
+    from detjac.store.testing import make_store
+
+    make_store(tmp_path / "s.zarr", prompts=3)
+    opened: list[str] = []
+    get = ZarrStore.get
+
+    def counted(self: ZarrStore, pid: str):  # noqa: ANN202
+        opened.append(pid)
+        return get(self, pid)
+
+    monkeypatch.setattr(ZarrStore, "get", counted)
+    result = CliRunner().invoke(main, ["analyze", "svd", str(tmp_path / "s.zarr")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert len(opened) == 3 and len(set(opened)) == 3
