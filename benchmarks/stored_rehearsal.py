@@ -84,7 +84,9 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
         "layer_bytes_read": stats.bytes_read, "gib_read": stats.bytes_read / 2**30,
         "layers_loaded": stats.layers_loaded, "layers_kept": stats.layers_kept,
         "stored_layer_mib": cost.stored_bytes / 2**20, "compute_layer_mib": cost.layer_bytes / 2**20,
-        "weights_mib_counted": cost.weights_bytes / 2**20, "reconstruction_error": float(res.reconstruction_error),
+        "weights_mib_counted": cost.held_weights_bytes(tokens) / 2**20, "widen": plan.widen,
+        "matrices_widened": getattr(stats, "matrices_widened", None),
+        "reconstruction_error": float(res.reconstruction_error),
         "explicit_layers": stats.explicit_layers, "weight_wait_seconds": stats.weight_wait_seconds,
         "torch_threads": torch.get_num_threads(),
     }
