@@ -79,17 +79,37 @@ def widen(t: Stored, dtype: torch.dtype, device: torch.device | str) -> torch.Te
         A stored dtype that is not a float dtype the engine converts.
     """
     if isinstance(t, Packed):
-        from .gguf_blocks import dequantize
-
-        p = t.to(device)
-        raw = p.raw if p.order is None else p.raw.index_select(0, p.order)
-        values = dequantize(raw.reshape(-1), t.type_name, t.shape)
-        if not bool(torch.isfinite(values).all()):
-            raise CheckpointError(f"Expected finite weights in tensor {t.name or '?'} of the GGUF file. Got NaN or "
-                                  "infinite values.")
-        return values.to(dtype)
+        return _widen_packed(t.to(device), dtype)
     check_stored_dtype(t.dtype)
     return t.to(device=device).to(dtype)
+
+
+# a packed tensor is decoded this many bytes of float32 rows at a time when its compute dtype is another: the
+# transient beside the widened tensor is one such chunk, not a float32 copy of the whole matrix
+DECODE_CHUNK_BYTES = 16 * 2**20
+
+
+def _widen_packed(p: Packed, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 values of ``p``'s blocks (its rows in the model's order), checked finite, in ``dtype``: decoded
+    whole in float32, else a chunk of rows at a time into the widened tensor."""
+    from .gguf_blocks import dequantize
+
+    rows, row_values = int(p.shape[0]), int(torch.Size(p.shape[1:]).numel())
+    by_rows = len(p.shape) >= 2 and p.raw.dim() == 2 and int(p.raw.shape[0]) == rows
+    step = rows if dtype == torch.float32 or not by_rows else max(1, DECODE_CHUNK_BYTES // (4 * max(1, row_values)))
+    out = None if step >= rows else torch.empty(p.shape, dtype=dtype, device=p.raw.device)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        raw = p.raw[start:stop] if p.order is None else p.raw.index_select(0, p.order[start:stop])
+        values = dequantize(raw.reshape(-1), p.type_name, (stop - start, *p.shape[1:]))
+        if not bool(torch.isfinite(values).all()):
+            raise CheckpointError(f"Expected finite weights in tensor {p.name or '?'} of the GGUF file. Got NaN or "
+                                  "infinite values.")
+        if out is None:
+            return values.to(dtype)
+        out[start:stop] = values
+    assert out is not None
+    return out
 
 
 def check_stored_dtype(dtype: torch.dtype, name: str = "a weight") -> None:

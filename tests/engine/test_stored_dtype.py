@@ -18,6 +18,7 @@ from test_independent_jacobian import manual_detached_llama
 from tiny_models import STREAMABLE
 
 from detjac.engine import InMemoryEngine, StreamedEngine, jacobian, load_model
+from detjac.engine.checkpoints import stored as stored_module
 from detjac.engine.checkpoints.random_weights import write_random_gguf
 from detjac.engine.checkpoints.stored import Packed, check_compute_dtype, widen
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
@@ -99,7 +100,7 @@ def _numpy_dequantized(path: Path, config) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q5_1", "Q8_0"])
 def test_a_quantized_gguf_streams_as_blocks_and_its_float64_jacobian_is_exact_for_the_dequantized_model(
-        quant, tmp_path):
+        quant, tmp_path, monkeypatch):
     cfg = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=320, tie_word_embeddings=True)
     path = write_random_gguf(tmp_path / f"tiny-{quant}.gguf", cfg, quant) and tmp_path / f"tiny-{quant}.gguf"
@@ -117,6 +118,9 @@ def test_a_quantized_gguf_streams_as_blocks_and_its_float64_jacobian_is_exact_fo
         assert torch.equal(params[name], values), name  # detjac's torch decoder and row order, bit for bit
         if name.endswith("q_proj.weight"):
             assert torch.equal(widen(sm.skeleton.source.read_stored(name), torch.float64, "cpu"), values)
+            with monkeypatch.context() as m:  # decoded three rows at a time (Q's rows reordered): the same values
+                m.setattr(stored_module, "DECODE_CHUNK_BYTES", 3 * values.shape[1] * 4)
+                assert torch.equal(widen(sm.skeleton.source.read_stored(name), torch.float64, "cpu"), values)
     x = res.embeddings
     ref = torch.autograd.functional.jacobian(lambda e: manual_detached_llama(model, e), x, vectorize=True)
     assert (ref - res.jacobian).abs().max() <= EXACT * ref.abs().max()
