@@ -50,12 +50,36 @@ def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
         m = np.asarray(matrix[start:min(vocab, start + chunk)])
         dtype = np.result_type(m.dtype, v.dtype, np.float32)
         part = (m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)).T  # (k, rows)
+        part, part_ids = _candidates(part, start, top)
         # the best so far come first (lower ids): a stable sort keeps ties in vocabulary order
         both = np.concatenate([scores.astype(part.dtype, copy=False), part], axis=1)
-        both_ids = np.concatenate([ids, np.broadcast_to(np.arange(start, start + part.shape[1]), part.shape)], axis=1)
+        both_ids = np.concatenate([ids, part_ids], axis=1)
         order = np.argsort(-both, axis=1, kind="stable")[:, :min(top, both.shape[1])]
         ids, scores = np.take_along_axis(both_ids, order, axis=1), np.take_along_axis(both, order, axis=1)
     return ids, scores
+
+
+def _candidates(part: Any, start: int, top: int) -> tuple[Any, Any]:
+    """(values, ids) of each row's entries of ``part`` (k, rows) that can be among its ``top`` best: those at least its
+    ``top``-th largest (every tie of it kept), in vocabulary order, padded with ``-inf`` where rows tie more; the
+    ids counted from ``start``. A linear-time selection, so that a chunk is never sorted whole."""
+    import numpy as np
+
+    k, rows = part.shape
+    every = np.broadcast_to(np.arange(start, start + rows), part.shape)
+    if rows <= 2 * top:
+        return part, every
+    threshold = np.partition(part, rows - top, axis=1)[:, rows - top]
+    if np.isnan(threshold).any():
+        return part, every
+    mask = part >= threshold[:, None]
+    counts = mask.sum(1)
+    r, c = np.nonzero(mask)  # row by row, ids ascending
+    slot = np.arange(len(r)) - np.repeat(np.cumsum(counts) - counts, counts)
+    values = np.full((k, int(counts.max())), -np.inf, dtype=part.dtype)
+    ids = np.full(values.shape, start + rows, dtype=np.int64)
+    values[r, slot], ids[r, slot] = part[r, c], c + start
+    return values, ids
 
 
 def rank_of(vectors: Any, matrix: Any, tokens: Any) -> Any:

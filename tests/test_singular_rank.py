@@ -39,3 +39,16 @@ def test_ranks_and_tops_in_chunks_equal_the_whole_product(monkeypatch, dtype):
     assert ids.tolist() == np.argsort(-whole, axis=1, kind="stable")[:, :5].tolist()
     with pytest.raises(ValueError, match="Expected one token id below 1000"):
         singular.rank_of(V, W, [1000, 0, 0, 0, 0])
+
+
+def test_many_ties_within_a_chunk_keep_vocabulary_order(monkeypatch):
+    """decode_top selects each chunk's candidates in linear time: every tie of the top-th value is kept, so the
+    result is a stable sort's whatever the ties."""
+    rng = np.random.default_rng(1)
+    W = rng.integers(-2, 3, (600, 4)).astype(np.float64)  # few distinct scores: ties everywhere
+    V = rng.integers(-1, 2, (4, 7)).astype(np.float64)
+    monkeypatch.setattr(singular, "VOCAB_CHUNK_BYTES", 4 * 8 * 100)  # 100 rows a chunk
+    ids, scores = singular.decode_top(V, W, 12)
+    whole = (W @ V).T
+    assert ids.tolist() == np.argsort(-whole, axis=1, kind="stable")[:, :12].tolist()
+    assert np.array_equal(scores, np.take_along_axis(whole, ids, axis=1))
