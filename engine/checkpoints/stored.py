@@ -84,19 +84,19 @@ def widen(t: Stored, dtype: torch.dtype, device: torch.device | str) -> torch.Te
     return t.to(device=device).to(dtype)
 
 
-# a packed tensor is decoded this many bytes of float32 rows at a time when its compute dtype is another: the
-# transient beside the widened tensor is one such chunk, not a float32 copy of the whole matrix
+# a packed tensor is decoded this many bytes of float32 rows at a time into its widened tensor: the decoder's
+# transients (unpacked quants, scales, float32 values) are a chunk's, not the whole matrix's
 DECODE_CHUNK_BYTES = 16 * 2**20
 
 
 def _widen_packed(p: Packed, dtype: torch.dtype) -> torch.Tensor:
-    """The float32 values of ``p``'s blocks (its rows in the model's order), checked finite, in ``dtype``: decoded
-    whole in float32, else a chunk of rows at a time into the widened tensor."""
+    """The float32 values of ``p``'s blocks (its rows in the model's order), checked finite, in ``dtype``: a chunk of
+    rows at a time (:data:`DECODE_CHUNK_BYTES`) into the widened tensor."""
     from .gguf_blocks import dequantize
 
     rows, row_values = int(p.shape[0]), int(torch.Size(p.shape[1:]).numel())
     by_rows = len(p.shape) >= 2 and p.raw.dim() == 2 and int(p.raw.shape[0]) == rows
-    step = rows if dtype == torch.float32 or not by_rows else max(1, DECODE_CHUNK_BYTES // (4 * max(1, row_values)))
+    step = rows if not by_rows else max(1, DECODE_CHUNK_BYTES // (4 * max(1, row_values)))
     out = None if step >= rows else torch.empty(p.shape, dtype=dtype, device=p.raw.device)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
