@@ -145,7 +145,7 @@ def unembedding(engine: Engine) -> Any:
     return engine.decoding_rows(torch.float64)["unembedding"]
 
 
-def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.ndarray, layers: Sequence[int],
+def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: Any, layers: Sequence[int],
                  exact: bool = True) -> tuple[PromptStates, list[dict[str, Any]]]:
     """One prompt's rows: per layer and method, the rank of the model's prediction at the target position and the
     relative error of the output read (:func:`detjac.analysis.score_lens`)."""
@@ -161,7 +161,7 @@ def score_prompt(engine: Engine, lenses: dict[str, Any], prompt: Any, W_U: np.nd
     return st, rows
 
 
-def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: np.ndarray, layers: Sequence[int]
+def position_ranks(lenses: dict[str, Any], st: PromptStates, W_U: Any, layers: Sequence[int]
                    ) -> dict[str, np.ndarray]:
     """Per method (each lens, ``logit``), (layers, n) ranks of the model's own prediction at every position."""
     from detjac.analysis import lens_reading
