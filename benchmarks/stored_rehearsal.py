@@ -5,7 +5,8 @@ and a GGUF of Q4_0 blocks (the lowest-bit type the ``gguf`` package writes), eac
 engine under ``--max-memory cpu=1GiB`` in float32 and float64, with the row block the cost model picks (passed
 explicitly). Per run, in a fresh process: peak RSS of the process, the bytes of layers read for the prompt, seconds
 (trace, blocks, total), seconds per layer per row block, and the float64-accumulated reconstruction error. Optionally
-(``--with-8b``) the Llama-3.1-8B shape in bf16 under ``cpu=4GiB`` in float32 at 8 tokens (about an hour of 2 cores).
+(``--with-8b``) the Llama-3.1-8B shape in bf16 under ``cpu=4GiB`` in float32 at 8 tokens (21 minutes of 2 quiet
+cores, 37 GiB read).
 
 Results go to ``benchmarks/results/stored_rehearsal.json`` after every run; a run already there is skipped, so the
 script resumes where it stopped. The checkpoints are written once into ``--work`` (reused)::
@@ -117,7 +118,7 @@ def table(report: dict[str, Any]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-rehearsal"), help="where the checkpoints go")
-    p.add_argument("--with-8b", action="store_true", help="also the 8B shape (about an hour of 2 cores)")
+    p.add_argument("--with-8b", action="store_true", help="also the 8B shape (21 minutes of 2 quiet cores)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--table", action="store_true", help="print the results' table (docs/benchmarks.md), then stop")
     p.add_argument("_child", nargs="*", help=argparse.SUPPRESS)
