@@ -327,11 +327,13 @@ def scores(records: list[dict[str, Any]], kind: str, baseline: str) -> dict[str,
     normalized area (true top-k by single-unit ablation 1, random 0); the mean seconds per prompt."""
     parts = [r[kind][baseline] for r in records]
     methods = [m for m in parts[0]["predicted"] if all(m in p["predicted"] for p in parts)]  # in every record
-    out: dict[str, Any] = {"prompts": len(records), "ks": parts[0]["ks"],
+    common = min(len(p["ks"]) for p in parts)  # the k every prompt's curves reach (a prompt ablating fewer units stops
+    # earlier)
+    out: dict[str, Any] = {"prompts": len(records), "ks": parts[0]["ks"][:common],
                            "units_ablated_mean": float(np.mean([len(p["units"]) for p in parts])),
                            "methods": {}}
-    curves = {m: np.mean([np.array(p["deletion"][m])[:, 0] for p in parts], axis=0) * -1 for m in parts[0]["deletion"]
-              if all(m in p["deletion"] for p in parts)}
+    curves = {m: np.mean([np.array(p["deletion"][m])[:common, 0] for p in parts], axis=0) * -1
+              for m in parts[0]["deletion"] if all(m in p["deletion"] for p in parts)}
     area = {m: float(c.mean()) for m, c in curves.items()}
     span = area["true"] - area["random"]
     for m in methods:
