@@ -47,16 +47,23 @@ def decode_top(vectors: Any, matrix: Any, top: int) -> tuple[Any, Any]:
     ids = np.zeros((v.shape[1], 0), dtype=np.int64)
     scores = np.zeros((v.shape[1], 0))
     for start in range(0, vocab, chunk):
-        m = np.asarray(matrix[start:min(vocab, start + chunk)])
-        dtype = np.result_type(m.dtype, v.dtype, np.float32)
-        part = (m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)).T  # (k, rows)
-        part, part_ids = _candidates(part, start, top)
+        part, part_ids = _candidates(_chunk_scores(matrix, v, start, chunk).T, start, top)  # (k, rows)
         # the best so far come first (lower ids): a stable sort keeps ties in vocabulary order
         both = np.concatenate([scores.astype(part.dtype, copy=False), part], axis=1)
         both_ids = np.concatenate([ids, part_ids], axis=1)
         order = np.argsort(-both, axis=1, kind="stable")[:, :min(top, both.shape[1])]
         ids, scores = np.take_along_axis(both_ids, order, axis=1), np.take_along_axis(both, order, axis=1)
     return ids, scores
+
+
+def _chunk_scores(matrix: Any, v: Any, start: int, chunk: int) -> Any:
+    """(rows, k) the scores ``matrix[start:start + chunk] @ v``, in the wider of the two dtypes (float32 at least):
+    the one scoring rule of :func:`decode_top` and :func:`rank_of`."""
+    import numpy as np
+
+    m = np.asarray(matrix[start:min(int(matrix.shape[0]), start + chunk)])
+    dtype = np.result_type(m.dtype, v.dtype, np.float32)
+    return m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)
 
 
 def _candidates(part: Any, start: int, top: int) -> tuple[Any, Any]:
@@ -100,18 +107,13 @@ def rank_of(vectors: Any, matrix: Any, tokens: Any) -> Any:
     if tokens.shape != (v.shape[1],) or ((tokens < 0) | (tokens >= vocab)).any():
         raise ValueError(f"Expected one token id below {vocab} per column ({v.shape[1]}). Got {tokens.tolist()}.")
 
-    def scores(start: int) -> Any:
-        m = np.asarray(matrix[start:min(vocab, start + chunk)])
-        dtype = np.result_type(m.dtype, v.dtype, np.float32)
-        return m.astype(dtype, copy=False) @ v.astype(dtype, copy=False)  # (rows, k)
-
     own = np.empty(v.shape[1])
     for start in np.unique(tokens // chunk * chunk).tolist():  # the chunks that hold a token: its own score
-        part, here = scores(start), np.nonzero(tokens // chunk * chunk == start)[0]
+        part, here = _chunk_scores(matrix, v, start, chunk), np.nonzero(tokens // chunk * chunk == start)[0]
         own[here] = part[tokens[here] - start, here]
     count = np.zeros(v.shape[1], dtype=np.int64)
     for start in range(0, vocab, chunk):
-        count += (scores(start) > own).sum(0)
+        count += (_chunk_scores(matrix, v, start, chunk) > own).sum(0)
     return count + 1
 
 
