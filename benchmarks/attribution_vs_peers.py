@@ -27,9 +27,12 @@ here), in file order, each cut to its longest prefix of whole words of at most `
 has at least ``MIN_TOKENS``. Mean-ablation corpus: the first ``REFERENCE`` lines of
 ``benchmarks/data/lens_fit_prompts.txt`` (the lens-fit prompts, disjoint from the held-out ones; checked).
 
-Records go to ``benchmarks/results/attribution_vs_peers.jsonl``, one line per (model, prompt), appended as each
-prompt finishes; a run resumes after a kill without recomputing them. ``--summary`` scores the records into
-``benchmarks/results/attribution_vs_peers.json`` and draws ``docs/attribution-vs-peers.png``.
+Records go to ``benchmarks/results/attribution_vs_peers.{model}.jsonl``, one line per (model, prompt), appended as
+each prompt finishes; a run resumes after a kill without recomputing them, and refuses to add to records made with
+other settings. ``--summary`` scores the records into ``benchmarks/results/attribution_vs_peers.json`` and draws
+``docs/attribution-vs-peers.png``. A run with other ``--top``/``--random`` than the defaults (200, 200) keeps its own
+files, named with them (``attribution_vs_peers.{model}.top50-random50.jsonl``, ``...top50-random50.json``,
+``attribution-vs-peers.top50-random50.png``): ``--summary`` takes the same options to score them.
 
     .venv/bin/python benchmarks/attribution_vs_peers.py --models smollm2 gemma3 --prompts 100
     .venv/bin/python benchmarks/attribution_vs_peers.py --add detjac_path     # to the records already written
@@ -51,9 +54,9 @@ from detjac.machine import cpu_name
 from detjac.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
-RECORDS = HERE / "results" / "attribution_vs_peers.{model}.jsonl"
-SUMMARY = HERE / "results" / "attribution_vs_peers.json"
-PLOT = HERE.parent / "docs" / "attribution-vs-peers.png"
+RECORDS = HERE / "results" / "attribution_vs_peers.{model}{tag}.jsonl"
+SUMMARY = HERE / "results" / "attribution_vs_peers{tag}.json"
+PLOT = HERE.parent / "docs" / "attribution-vs-peers{tag}.png"
 PROMPTS = HERE / "data" / "heldout_prompts.txt"
 REFERENCE_FILE = HERE / "data" / "lens_fit_prompts.txt"
 REFERENCE = 64
@@ -61,6 +64,25 @@ MIN_TOKENS, MAX_TOKENS = 5, 7
 METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "detjac_path", "random")
 BASELINES = ("zero", "mean")
 KS = (1, 2, 5, 10, 20, 50, 100, 200)
+DEFAULT_TOP = DEFAULT_RANDOM = 200
+SETTINGS = ("top", "random", "steps", "ig_path")  # what every record of one file shares
+
+
+def tag(args: argparse.Namespace) -> str:
+    """The part of the file names that says the run's --top/--random ("" for the defaults)."""
+    if (args.top, args.random) == (DEFAULT_TOP, DEFAULT_RANDOM):
+        return ""
+    return f".top{args.top}-random{args.random}"
+
+
+def check_settings(records: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+    """Refuse to mix settings in one file: every record must have been made with ``args``' SETTINGS."""
+    want = {k: getattr(args, k) for k in SETTINGS}
+    for r in records:
+        got = {k: r.get(k) for k in SETTINGS}
+        if got != want:
+            raise SystemExit(f"Expected the records in {path} to have been made with {want}. Got one made with "
+                             f"{got} (prompt {r.get('prompt')!r}): run with those settings, or move the file aside.")
 
 
 def check_names(given: list[str], known: tuple[str, ...], what: str) -> list[str]:
@@ -211,23 +233,14 @@ def one_prompt(model: Any, tokenizer: Any, text: str, base: dict[str, dict[str, 
     return record
 
 
-def records_path(model: str) -> Path:
-    return Path(str(RECORDS).format(model=model))
+def records_path(model: str, args: argparse.Namespace) -> Path:
+    return Path(str(RECORDS).format(model=model, tag=tag(args)))
 
 
-def done_prompts(model: str) -> set[str]:
-    path = records_path(model)
-    if not path.exists():
-        return set()
-    out = set()
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill: recomputed
-            continue
-        if r.get("model") == model:
-            out.add(r["prompt"])
-    return out
+def done_prompts(model: str, args: argparse.Namespace) -> set[str]:
+    records = [r for r in load_records(model, args) if r.get("model") == model]
+    check_settings(records, args, records_path(model, args))
+    return {r["prompt"] for r in records}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -245,7 +258,7 @@ def run(args: argparse.Namespace) -> None:
         engine = load_engine(str(shipped_gguf(name)), dtype=torch.float64)
         model, tokenizer = engine.model, engine.tokenizer
         prompts = short_prompts(tokenizer, held, args.prompts)
-        done = done_prompts(name)
+        done = done_prompts(name, args)
         if len(done) >= len(prompts):
             print(f"{name}: {len(done)} prompts done", flush=True)
             continue
@@ -260,7 +273,7 @@ def run(args: argparse.Namespace) -> None:
             record.update(model=name, seconds_total=round(time.perf_counter() - start, 2), cpu=cpu_name(),
                           torch=torch.__version__, dtype="float64", steps=args.steps, top=args.top,
                           random=args.random, ig_path=args.ig_path, date=time.strftime("%Y-%m-%d"))
-            with records_path(name).open("a") as f:  # one line per prompt: a kill loses only the prompt under way
+            with records_path(name, args).open("a") as f:  # one line per prompt: a kill loses only the prompt under way
                 f.write(json.dumps(record) + "\n")
             print(f"{name} {i + 1}/{len(prompts)} {text!r} -> {record['target_text']!r}: "
                   f"{record['seconds_total']:.1f} s {record['seconds']}", flush=True)
@@ -278,7 +291,8 @@ def add_to_records(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     reference = _lines(REFERENCE_FILE)[:REFERENCE]
     for name in args.models:
-        records = load_records(name)
+        records = load_records(name, args)
+        check_settings(records, args, records_path(name, args))
         todo = [i for i, r in enumerate(records) if any(m not in r["neurons"]["zero"]["predicted"] for m in args.add)]
         if not todo:
             print(f"{name}: every record has {', '.join(args.add)}", flush=True)
@@ -295,7 +309,7 @@ def add_to_records(args: argparse.Namespace) -> None:
                     spent = add_method(model, record, method, base, args)
                     record.setdefault("added_seconds", {})[method] = {k: round(v, 3) for k, v in spent.items()}
                     record.setdefault("added_steps", {})[method] = args.steps
-            path = records_path(name)
+            path = records_path(name, args)
             partial = path.with_suffix(".partial")
             partial.write_text("".join(json.dumps(r) + "\n" for r in records))
             partial.replace(path)
@@ -361,8 +375,9 @@ def _costs(records: list[dict[str, Any]]) -> dict[str, float]:
         "total": round(float(np.mean([r["seconds_total"] for r in records])), 2)}
 
 
-def load_records(model: str) -> list[dict[str, Any]]:
-    path = records_path(model)
+def load_records(model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The records of ``model`` at ``args``' --top/--random (a line cut by a kill is skipped: recomputed)."""
+    path = records_path(model, args)
     if not path.exists():
         return []
     out = []
@@ -374,13 +389,15 @@ def load_records(model: str) -> list[dict[str, Any]]:
     return out
 
 
-def write_summary(models: list[str]) -> dict[str, Any]:
+def write_summary(args: argparse.Namespace) -> dict[str, Any]:
     """Score every model's records into SUMMARY, draw PLOT, and print the tables (markdown)."""
-    summary: dict[str, Any] = {"records": {m: str(records_path(m).relative_to(HERE.parent)) for m in models}}
+    models = args.models
+    summary: dict[str, Any] = {"records": {m: str(records_path(m, args).relative_to(HERE.parent)) for m in models}}
     for model in models:
-        records = load_records(model)
+        records = load_records(model, args)
         if not records:
             continue
+        check_settings(records, args, records_path(model, args))
         entry: dict[str, Any] = {"prompts": len(records), "seconds_per_prompt": _costs(records),
                                  "cpu": records[-1]["cpu"], "ig_path": records[-1].get("ig_path"),
                                  "steps": records[-1]["steps"], "top": records[-1]["top"],
@@ -389,9 +406,9 @@ def write_summary(models: list[str]) -> dict[str, Any]:
             for b in BASELINES:
                 entry[f"{kind}/{b}"] = scores(records, kind, b)
         summary[model] = entry
-    SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    Path(str(SUMMARY).format(tag=tag(args))).write_text(json.dumps(summary, indent=1) + "\n")
     print(tables(summary))
-    plot(summary)
+    plot(summary, Path(str(PLOT).format(tag=tag(args))))
     return summary
 
 
@@ -420,7 +437,7 @@ def tables(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict[str, Any]) -> None:
+def plot(summary: dict[str, Any], path: Path) -> None:
     """The deletion curves, one panel per model, unit kind and baseline (matplotlib, installed with the project)."""
     import matplotlib
 
@@ -445,7 +462,7 @@ def plot(summary: dict[str, Any]) -> None:
                 ax.set_ylabel("drop of the demeaned logit")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=90)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
@@ -454,8 +471,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(SHIPPED))
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--prompts", type=int, default=100)
-    parser.add_argument("--top", type=int, default=200)
-    parser.add_argument("--random", type=int, default=200)
+    parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="neurons of each method ablated alone")
+    parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, help="random active neurons ablated alone")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--ig-path", choices=("joint", "layer"), default="joint",
@@ -468,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     check_names(args.models, SHIPPED, "models")
     check_names(args.methods, METHODS, "methods")
     if args.summary:
-        write_summary(args.models)
+        write_summary(args)
         return
     if args.add is not None:
         check_names(args.add, ("ig", "detjac_path"), "methods to add")
