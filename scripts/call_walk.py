@@ -107,6 +107,13 @@ def module_of(name: str) -> str:
     return name.partition(":")[0]
 
 
+def layer_of(name: str) -> str:
+    """The layer (README "Architecture") a function lives in: ``detjac.runs.batch:f`` -> ``runs``; the package's
+    top-level modules (``detjac.singular``, ...) are the core's."""
+    parts = module_of(name).split(".")
+    return parts[1] if len(parts) > 2 else "core"
+
+
 def on_path(name: str) -> bool:
     """Whether a function is on the orchestration path (outside the engine's numerics)."""
     return not module_of(name).startswith("detjac.engine")
@@ -122,6 +129,10 @@ def report(title: str, walk: Walk, listing: bool) -> None:
           f"{len({module_of(f) for f in path_functions}):3d} modules (outside detjac.engine)")
     crossing = [(a, b) for a, b in path_sites if module_of(a) != module_of(b)]
     print(f"  of which crossing:   {len(crossing):4d} call sites from one module into another")
+    layered = [(a, b) for a, b in walk.sites if a != "<entry>" and layer_of(a) != layer_of(b)]
+    entered = {b for _, b in layered}
+    print(f"  between layers:      {len(layered):4d} call sites into {len(entered):3d} functions of "
+          f"{len({module_of(f) for f in entered}):3d} modules (a caller in one layer, the callee in another)")
     watched = {f: n for f, n in walk.calls.items() if f.partition(":")[2] in WATCHED}
     print("  decisions (calls):   " + (", ".join(f"{f.partition(':')[2]} {n}" for f, n in sorted(watched.items()))
                                        or "none"))

@@ -83,7 +83,7 @@ def test_the_lock_file_is_never_written_through_a_hard_link(synthetic, tmp_path)
 
 
 def test_nan_and_infinity_never_reach_a_stores_json(synthetic):
-    # (prompt files holding NaN are refused when read: tests/runs/test_corpus.py)
+    # (prompt files holding NaN are refused when read: tests/runs/test_everyday.py)
     assert fmt.non_standard_json({"meta": {"scores": [1.0, math.inf]}}) == "meta.scores[1] = inf"
     assert fmt.non_standard_json({"meta": {"ok": [1.0, None, "NaN"]}}) is None
     with create_store(synthetic.path, synthetic.run) as store:
