@@ -162,16 +162,23 @@ def one_kind(model: Any, ids: list[int], t: int, kind: str, base: dict[str, list
         orders = {m: np.argsort(pred[m][0], kind="stable") for m in ranked}  # the most negative predicted change first
         orders["true"] = units[np.argsort(actual[:, 0], kind="stable")]
         orders["random"] = rng.permutation(units if kind == "neurons" else n_units)
-        curves = {}
-        groups = [[int(u) for u in orders[m][:k]] for m in orders for k in ks]
-        deleted = peers.ablate(model, ids, t, kind, groups, base[b], batch=args.batch) - clean
-        for j, m in enumerate(orders):
-            curves[m] = deleted[j * len(ks):(j + 1) * len(ks)].round(6).tolist()
+        curves = deletion_curves(model, ids, t, kind, orders, ks, base[b], clean, args)
         out[b] = {"units": units.tolist(), "actual": actual.round(6).tolist(),
                   "predicted": {m: pred[m][:, units].T.round(6).tolist() for m in pred},
                   "ks": ks, "deletion": curves}
     del torch
     return out
+
+
+def deletion_curves(model: Any, ids: list[int], t: int, kind: str, orders: dict[str, np.ndarray], ks: list[int],
+                    base: list[Any], clean: np.ndarray, args: argparse.Namespace) -> dict[str, list[list[float]]]:
+    """Each order's deletion curve: its first k units ablated together, for each k of ``ks``; the targets' change
+    from ``clean`` (k, 2)."""
+    from detjac.engine.tools import peers
+
+    groups = [[int(u) for u in orders[m][:k]] for m in orders for k in ks]
+    deleted = peers.ablate(model, ids, t, kind, groups, base, batch=args.batch) - clean
+    return {m: deleted[j * len(ks):(j + 1) * len(ks)].round(6).tolist() for j, m in enumerate(orders)}
 
 
 def path_prediction(model: Any, ids: list[int], t: int, kind: str, base: list[Any], acts: list[Any],
@@ -202,12 +209,9 @@ def add_method(model: Any, record: dict[str, Any], method: str, base: dict[str, 
             seconds[method] = seconds.get(method, 0.0) + time.perf_counter() - start
             units = np.array(part["units"])
             part["predicted"][method] = pred[:, units].T.round(6).tolist()
-            order = np.argsort(pred[0], kind="stable")
             start = time.perf_counter()
-            clean = np.array(record["clean"])
-            deleted = peers.ablate(model, ids, t, kind, [[int(u) for u in order[:k]] for k in part["ks"]],
-                                   base[kind][b], batch=args.batch) - clean
-            part["deletion"][method] = deleted.round(6).tolist()
+            part["deletion"] |= deletion_curves(model, ids, t, kind, {method: np.argsort(pred[0], kind="stable")},
+                                                part["ks"], base[kind][b], np.array(record["clean"]), args)
             seconds["ablation"] = seconds.get("ablation", 0.0) + time.perf_counter() - start
     return seconds
 
