@@ -64,6 +64,7 @@ class KeptEngine:
             kept[b.start:b.stop, b.token_start:b.token_stop] = b.values
             covered += (b.stop - b.start) * (b.token_stop - b.token_start)
             yield b
+            del b  # not held while the next block is computed
         if kept is not None and covered == d * n:
             self._kept = (trace, kept)
 

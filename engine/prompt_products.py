@@ -134,6 +134,7 @@ def assemble(engine: Engine, trace: Trace, targets: Sequence[Target], plan: Plan
     whole = _Whole(engine, trace, targets)
     for b in engine.blocks(trace, targets, plan, progress=progress):
         whole.take(b)
+        del b  # let a block go before the engine computes the next (:func:`_sweep`)
     return whole.jacobians
 
 
@@ -148,6 +149,7 @@ def _sweep(engine: Engine, trace: Trace, plan: Plan, sink: BlockSink, progress: 
                 x = trace.source(b.target)[b.token_start:b.token_stop]
                 recon[b.target][b.start:b.stop] += reconstruct(b.values, x)
             sink.take(b)
+            del b  # taken: held while the engine computes the next, it would be a block's rows the budget never counted
         first = False
         if not sink.more():
             break

@@ -92,7 +92,10 @@ def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list
             if bar is not None and site.kind == "input" and site.layer < last:
                 bar.update(last - site.layer)
                 last = site.layer
-            yield JacobianBlock(owners[j][site], r0, r1, 0, n, values)
+            block = JacobianBlock(owners[j][site], r0, r1, 0, n, values)
+            del values
+            yield block
+            del block  # a read the caller has taken is not held while the sweep goes on
     finally:
         if bar is not None:
             bar.close()

@@ -341,7 +341,7 @@ class Skeleton:
         return _PromptModel(self.config, int(self.decoder.get_input_embeddings().num_embeddings))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: a key of the remembered tokenizers
 class _PromptModel:
     config: Any
     vocab: int

@@ -99,3 +99,43 @@ def test_the_old_entry_points_warn_and_agree(model, prompt_ids):
     with pytest.warns(DeprecationWarning, match=r"StreamedEngine.jacobians\(prompt, targets\) is deprecated"):
         got = streamed.jacobians(ids, ["output"])["output"]
     assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+def test_a_taken_block_is_let_go_before_the_next_is_computed(model, monkeypatch) -> None:
+    """A budget counts one block's rows at a time: each block's values are freed once taken, before the streamed
+    engine takes the next block into any layer (held until then, they were a block's rows the budget never saw)."""
+    import weakref
+
+    from detjac.engine import prompt_products
+    from detjac.engine.streamed import passes
+
+    events: list[str] = []
+    take, layer = prompt_products._Whole.take, passes.StreamedWalk.layer
+
+    def taking(self, block):
+        take(self, block)
+        k = sum(e.startswith("take") for e in events)
+        events.append(f"take {k}")
+        weakref.finalize(block.values, events.append, f"freed {k}")
+
+    def entering(self, i):
+        events.append("layer")
+        return layer(self, i)
+
+    monkeypatch.setattr(prompt_products._Whole, "take", taking)
+    monkeypatch.setattr(passes.StreamedWalk, "layer", entering)
+    sm = StreamedEngine(model)
+    result = jacobian(sm, [5, 17, 42], row_block=sm.d_model // 4)
+    assert result.jacobian.shape[0] == sm.d_model
+    blocks = [e for e in events if e.startswith("take")]
+    assert len(blocks) == 4, events
+    for k in range(3):  # between taking block k and the next layer entered, block k is freed
+        after = events[events.index(f"take {k}") + 1:]
+        assert after.index(f"freed {k}") < after.index("layer"), events
+
+
+def test_text_without_a_tokenizer_is_refused_by_the_streamed_engine_too(model) -> None:
+    from detjac.errors import PromptError
+
+    with pytest.raises(PromptError, match="Expected a tokenizer to turn the text prompt into tokens"):
+        jacobian(StreamedEngine(model), "The fog")
