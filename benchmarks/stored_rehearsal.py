@@ -89,7 +89,7 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
         "matrices_widened": getattr(stats, "matrices_widened", None),
         "reconstruction_error": float(res.reconstruction_error),
         "explicit_layers": stats.explicit_layers, "weight_wait_seconds": stats.weight_wait_seconds,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
     }
 
 
@@ -104,13 +104,15 @@ def runs(paths: dict[str, Path]) -> list[tuple[str, str, str, str, int]]:
 
 def table(report: dict[str, Any]) -> str:
     """The markdown table of docs/benchmarks.md's section, one row per run done."""
-    lines = ["| run | row blocks | seconds | s / layer / block | peak RSS MiB (before layers) | GiB of layers read | "
-             "layer MiB stored / widened | reconstruction |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | row blocks | seconds | s / layer / block | peak RSS MiB (before layers) | engine's share MiB | "
+             "GiB of layers read | layer MiB stored / widened | reconstruction |", "|---" * 9 + "|"]
     for name, r in report.get("runs", {}).items():
         before = r.get("rss_before_layers_mib")
+        share = f"{r['peak_rss_mib'] - before - r['jacobian_mib']:.0f} of {r['budget'].partition('=')[2]}" if before \
+            else "—"  # the peak less what came before any layer and the J
         lines.append(f"| {name} | {r['row_blocks']} × {r['row_block']} | {r['seconds']:.0f} | "
                      f"{r['seconds_per_layer_per_row_block']:.1f} | {r['peak_rss_mib']:.0f}"
-                     f"{f' ({before:.0f})' if before else ''} | {r['gib_read']:.2f} | "
+                     f"{f' ({before:.0f})' if before else ''} | {share} | {r['gib_read']:.2f} | "
                      f"{r['stored_layer_mib']:.0f} / {r['compute_layer_mib']:.0f} | {r['reconstruction_error']:.1e} |")
     return "\n".join(lines)
 
@@ -121,6 +123,8 @@ def main() -> None:
     p.add_argument("--with-8b", action="store_true", help="also the 8B shape (21 minutes of 2 quiet cores)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--table", action="store_true", help="print the results' table (docs/benchmarks.md), then stop")
+    p.add_argument("--again", nargs="+", default=[], metavar="RUN",
+                   help="run these again (e.g. 1b-q4_0-float64), replacing their results")
     p.add_argument("_child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:
@@ -138,8 +142,12 @@ def main() -> None:
     done["on_disk_mib"] = {k: sum(f.stat().st_size for f in (v.glob("*") if v.is_dir() else [v])) / 2**20
                            for k, v in paths.items()}
     print(f"checkpoints ready in {time.perf_counter() - t0:.0f} s: {done['on_disk_mib']}", flush=True)
+    unknown = set(args.again) - {r[0] for r in runs(paths)}
+    if unknown:
+        raise SystemExit(f"Expected --again among {', '.join(r[0] for r in runs(paths))}. Got "
+                         f"{', '.join(sorted(unknown))}.")
     for name, source, dtype, budget, tokens in runs(paths):
-        if name in done["runs"]:
+        if name in done["runs"] and name not in args.again:
             print(f"{name}: done already", flush=True)
             continue
         print(f"{name}: running", flush=True)

@@ -9,7 +9,9 @@ orchestration path (every module outside ``detjac.engine``: cli/ -> runs/ -> sto
 engine's numerics are the engine's own business), those of them that cross from one module into another, how often
 the decisions of issue 51 run (MODEL resolved, ``--keep`` parsed, the exactness check, a prompt opened, a model
 matrix read: :data:`WATCHED`), and with ``--list`` the path's call sites. A module's body running on import is not a
-call, nor is a class's body (run once, when its module is imported), nor is generated code (a dataclass's ``__init__``).
+call, nor what it calls, nor is a class's body (run once, when its module is imported), nor is generated code (a
+dataclass's ``__init__``). "Between layers": the call sites whose caller and callee are in different layers of
+README's "Architecture" (core, engine, store, analysis, runs, view, cli).
 
 Usage::
 
@@ -89,6 +91,8 @@ class Walk:
             return
         caller = frame.f_back
         while caller is not None and self._name(caller) is None:  # through library frames (click, dask) to detjac
+            if caller.f_code.co_name == IMPORT:  # called by a module's body as it is imported: not the path's call
+                return
             caller = caller.f_back
         self.functions.setdefault(callee)
         self.calls[callee] = self.calls.get(callee, 0) + 1
