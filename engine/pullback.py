@@ -150,6 +150,7 @@ def neuron_activations(walk: Walk, layers: Sequence[int]) -> Iterator[tuple[int,
     for i in layers:
         with walk.layer(i) as layer:
             yield i, layer.activations(), layer.mlp()
+        del layer  # its pieces hold the layer's widened weights: not while the next one is widened
 
 
 def check_pull(requests: Sequence[PullRequest], have: frozenset[str], detach: bool) -> None:
@@ -279,7 +280,7 @@ def pulls(walk: Walk, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Si
             g_mid, own_attn = _mid_seeds(requests, order, i, layer)
             s = _first_nonzero_position(g_out, g_mid)
             g_in, _ = layer.pull(g_out, g_mid, s if s < n else 0, cut)
-        del g_out, g_mid
+        del g_out, g_mid, layer  # the layer's pieces hold its widened weights: not while the next one is widened
         yield from read
         del read
         for j, part in zip(order, g_in.split(sizes), strict=True):

@@ -235,7 +235,7 @@ def _block(engine: Engine, trace: Any, nodes: Nodes, links: np.ndarray, block: S
                         out[ks, layer, :-1] = per_head.cpu().double().numpy()
                         out[ks, layer, -1] = skip.cpu().double().numpy()
                 tangents += heads_output(attention, mixed)  # the MLP held: the layer's output is its mid residual
-            del mixed
+            del mixed, attention, pull  # they hold the layer's widened weights: not while the next one is widened
 
 
 def _cotangents(engine: Engine, trace: Any, nodes: Nodes, block: Sequence[int], low: dict[int, int]

@@ -139,3 +139,31 @@ def test_text_without_a_tokenizer_is_refused_by_the_streamed_engine_too(model) -
 
     with pytest.raises(PromptError, match="Expected a tokenizer to turn the text prompt into tokens"):
         jacobian(StreamedEngine(model), "The fog")
+
+
+def test_a_layer_is_let_go_before_the_next_is_widened(model, monkeypatch) -> None:
+    """The budget counts one layer widened to the compute dtype: the reverse sweep lets each layer's pieces go (they
+    hold its widened weights) before the next layer is widened."""
+    import itertools
+    import weakref
+    from contextlib import contextmanager
+
+    from detjac.engine.streamed import passes
+
+    events: list[str] = []
+    layer = passes.StreamedWalk.layer
+
+    @contextmanager
+    def entering(self, i):
+        events.append(f"load {i}")
+        with layer(self, i) as pull:
+            weakref.finalize(pull, events.append, f"freed {i}")
+            yield pull
+
+    monkeypatch.setattr(passes.StreamedWalk, "layer", entering)
+    sm = StreamedEngine(model)
+    jacobian(sm, [5, 17, 42], row_block=sm.d_model // 2)
+    loads = [k for k, e in enumerate(events) if e.startswith("load")]
+    assert len(loads) == 2 * sm.n_layers, events  # two blocks
+    for a, b in itertools.pairwise(loads):
+        assert f"freed {events[a].split()[1]}" in events[a:b], events  # freed before the next load
