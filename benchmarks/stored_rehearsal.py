@@ -55,42 +55,13 @@ def checkpoints(work: Path, with_8b: bool) -> dict[str, Path]:
     return out
 
 
-def _status_mib(key: str) -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> float:
-    """The resident set now, and the peak measured from here on (Linux: the high-water mark reset, so a transient
-    of loading, such as a GGUF's tokenizer read in Python, is not taken for the run's); elsewhere the peak so far."""
-    from detjac.machine import peak_mib
-
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return peak_mib()
-    now = _status_mib("VmRSS")
-    return now if now is not None else peak_mib()
-
-
-def _peak() -> float:
-    from detjac.machine import peak_mib
-
-    hwm = _status_mib("VmHWM")
-    return hwm if hwm is not None else peak_mib()
-
-
 def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, Any]:
     """One streamed run, in this (fresh) process."""
     import torch
 
     from detjac.engine import StreamedEngine, honour_cpu_budget, jacobian
     from detjac.engine.types import Plan
+    from detjac.machine import peak_mib, reset_peak
     from detjac.targets import OUTPUTS
 
     dtype = getattr(torch, dtype_name)
@@ -100,7 +71,9 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
     ids = list(range(1, 1 + 37 * tokens, 37))  # ids the tiny checks hold too
     plan: Plan = sm.cost.plan(tokens, [OUTPUTS], mode="reverse")  # the cost model's block, passed explicitly
     load_s = time.perf_counter() - t0
-    base_mib = _reset_peak()  # the interpreter, torch, transformers and the skeleton: before any layer is read
+    # the interpreter, torch, transformers and the skeleton, before any layer is read; the peak counted from here (a
+    # transient of loading, such as a GGUF's tokenizer read in Python, is not the run's)
+    base_mib = reset_peak()
     t1 = time.perf_counter()
     res = jacobian(sm, ids, row_block=plan.row_block, check=False)
     seconds = time.perf_counter() - t1
@@ -109,7 +82,7 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
         "source": Path(source).name, "dtype": dtype_name, "budget": budget, "tokens": tokens,
         "row_block": plan.row_block, "row_blocks": plan.n_row_blocks, "seconds": seconds, "load_s": load_s,
         "seconds_per_layer_per_row_block": seconds / sm.n_layers / (plan.n_row_blocks + 1),  # the trace: one pass
-        "peak_rss_mib": _peak(), "rss_before_layers_mib": base_mib,
+        "peak_rss_mib": peak_mib(), "rss_before_layers_mib": base_mib,
         "jacobian_mib": res.jacobian.numel() * res.jacobian.element_size() / 2**20,
         "layer_bytes_read": stats.bytes_read, "gib_read": stats.bytes_read / 2**30,
         "layers_loaded": stats.layers_loaded, "layers_kept": stats.layers_kept,
