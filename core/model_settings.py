@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from .errors import InvalidArgumentError
@@ -91,10 +92,16 @@ class ModelSettings:
         """Whether these settings ask for layerwise targets (none here; a run's options may)."""
         return False
 
-    @property
+    @cached_property
     def streamed_engine(self) -> bool:
-        """Whether these settings load the layer-streamed engine (:func:`wants_streamed`): decided here, once."""
+        """Whether these settings load the layer-streamed engine (:func:`wants_streamed`): decided here, once per
+        settings (settings built from others carry the decision: :meth:`carry_decisions`)."""
         return wants_streamed(self.streamed, self.max_memory, self.quantize, self.layerwise)
+
+    def carry_decisions(self, settings: ModelSettings) -> None:
+        """Take ``settings``' decisions (:attr:`streamed_engine`) as these settings' own: for settings built from
+        ``settings``' fields (:meth:`model_settings`), so that a command decides once."""
+        self.__dict__["streamed_engine"] = settings.streamed_engine
 
     def model_settings(self) -> dict[str, Any]:
         """These settings alone (not a subclass's other fields), by name: to build another kind of settings."""

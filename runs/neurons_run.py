@@ -147,7 +147,7 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
     options.check()
     corpus = prompts if isinstance(prompts, PromptsFile) else read_prompts(prompts)
     ref = model if isinstance(model, ModelRef) else ModelRef.resolve(str(model), options.gguf_file, options.revision)
-    spec = ModelSpec(ref, **options.model_settings())
+    spec = ModelSpec.of(ref, options)
     loaded = spec.load()
     engine = loaded.engine
     max_tokens = options.max_tokens or engine.context

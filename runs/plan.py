@@ -26,9 +26,9 @@ from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tok
 @dataclass(frozen=True)
 class ModelSpec(ModelSettings):
     """How a process loads the run's model: the run's :class:`~detjac.model_settings.ModelSettings` (the streamed
-    engine decided already, by :func:`detjac.runs.run.check_options`) and the model, resolved once
-    (:class:`~detjac.engine.ModelRef`; a string is resolved into one, once). Pickled to every worker of a distributed
-    run."""
+    engine decided already, by :func:`detjac.runs.run.check_options`, and carried: :meth:`of`) and the model,
+    resolved once (:class:`~detjac.engine.ModelRef`; a string is resolved into one, once). Pickled to every worker of
+    a distributed run."""
 
     model: ModelRef
 
@@ -37,6 +37,13 @@ class ModelSpec(ModelSettings):
             from detjac.engine import ModelRef
 
             object.__setattr__(self, "model", ModelRef.of(self.model, self.revision))
+
+    @classmethod
+    def of(cls, model: Any, settings: ModelSettings) -> ModelSpec:
+        """``model`` loaded with ``settings`` (a run's or an index's options), their decisions carried, not re-made."""
+        spec = cls(model, **settings.model_settings())
+        spec.carry_decisions(settings)
+        return spec
 
     def load(self, device: str | None = None) -> LoadedModel:
         """Load the engine on ``device`` (default: this spec's device; elsewhere, as a distributed run's client

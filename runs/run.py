@@ -133,7 +133,9 @@ def check_options(options: RunOptions) -> RunOptions:
         from .scheduler import check_workers
 
         check_workers(o.workers, o.memory_limit)  # before a store is created or a model loaded
-    return replace(o, streamed=streamed)
+    checked = replace(o, streamed=streamed)
+    checked.carry_decisions(o)
+    return checked
 
 
 def _check_graph_options(o: RunOptions) -> None:
@@ -203,7 +205,7 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
 
     o = check_options(options)
     ref = model if isinstance(model, ModelRef) else ModelRef.resolve(model, o.gguf_file, o.revision)  # the API's
-    spec = ModelSpec(ref, **o.model_settings())
+    spec = ModelSpec.of(ref, o)
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(ref.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,

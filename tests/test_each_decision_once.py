@@ -282,3 +282,22 @@ def test_analyze_svd_opens_each_prompt_once(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["analyze", "svd", str(tmp_path / "s.zarr")], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert len(opened) == 3 and len(set(opened)) == 3
+
+
+def test_a_run_decides_the_streamed_engine_once(monkeypatch):
+    """check_options decides; the options it returns and the ModelSpec built from them carry the decision."""
+    import detjac.model_settings as settings
+    from detjac.engine import ModelRef
+    from detjac.runs.plan import ModelSpec
+    from detjac.runs.run import RunOptions, check_options
+
+    calls = []
+    decide = settings.wants_streamed
+    monkeypatch.setattr(settings, "wants_streamed", lambda *a, **k: calls.append(a) or decide(*a, **k))
+    for options, streamed in ((RunOptions(max_memory="cpu=1GiB"), True), (RunOptions(layers="0"), True),
+                              (RunOptions(), False)):
+        calls.clear()
+        checked = check_options(options)
+        spec = ModelSpec.of(ModelRef.resolve("default"), checked)
+        assert checked.streamed_engine is spec.streamed_engine is spec.streamed_engine is streamed
+        assert len(calls) == 1

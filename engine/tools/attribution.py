@@ -36,7 +36,7 @@ from .graph_targets import (
     rank_neurons,
 )
 from .head_loadings import INTO, HeadLoadings, Nodes, choose_links, head_loadings
-from .neurons import check_neurons, neurons
+from .neurons import activations, check_neurons
 
 __all__ = ["AttributionGraph", "GraphRequest", "check_graph_request", "graph_of_trace", "logit_attribution",
            "logit_vectors"]
@@ -156,7 +156,7 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
     engine's trace of the prompt; the settings checked before the trace by :func:`check_graph`."""
     max_nodes, max_logits = request.max_nodes, request.max_logits
     n, p = trace.n_tokens, trace.position
-    acts = {layer: z for layer, z, _ in neurons(engine, trace)}
+    acts = dict(activations(engine, trace))
     rows = sized_rows(engine, n, max_nodes, max_logits, acts, request.rows_per_pass)
     targets = logit_targets(engine, trace.output, max_logits, request.logit_probability)
     chosen, n_active = rank_neurons(engine, trace, targets, acts, max_nodes)

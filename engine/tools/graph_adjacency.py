@@ -125,23 +125,26 @@ def neuron_sites(engine: Engine, trace: Any, chosen: torch.Tensor, acts: dict[in
     affine = bool(engine.family.affine)
     neuron_bias = torch.zeros(chosen.shape[0], dtype=engine.dtype) if affine else None
     for layer, _, mlp in neurons(engine, trace):
-        outputs[layer] = mlp.output(acts[layer])
-        if affine:
-            if getattr(mlp, "layer_bias", None) is None:
-                raise UnsupportedModelError(
-                    f"Expected every layer's MLP known as one for an affine family's bias nodes. Got layer {layer} "
-                    f"of {engine.family.name}, whose MLP's down projection was not found.")
-            layer_bias[layer] = mlp.layer_bias
-        rows = (chosen[:, 0] == layer).nonzero().reshape(-1)
-        if rows.numel() == 0:
-            continue
-        pos, idx = chosen[rows, 2].to(acts[layer].device), chosen[rows, 1].to(acts[layer].device)
-        reads[layer], writes[layer] = mlp.read_rows(pos, idx), mlp.write_rows(pos, idx)
-        if neuron_bias is not None:
-            neuron_bias[rows] = mlp.neuron_bias[pos, idx].cpu().to(neuron_bias.dtype)
-        order.append(rows)
-        out_dirs.append(writes[layer].float().cpu())
-        in_dirs.append(reads[layer].float().cpu())
+        try:  # the MLP piece (the layer's widened weights) let go before the next layer is widened
+            outputs[layer] = mlp.output(acts[layer])
+            if affine:
+                if getattr(mlp, "layer_bias", None) is None:
+                    raise UnsupportedModelError(
+                        f"Expected every layer's MLP known as one for an affine family's bias nodes. Got layer {layer} "
+                        f"of {engine.family.name}, whose MLP's down projection was not found.")
+                layer_bias[layer] = mlp.layer_bias
+            rows = (chosen[:, 0] == layer).nonzero().reshape(-1)
+            if rows.numel() == 0:
+                continue
+            pos, idx = chosen[rows, 2].to(acts[layer].device), chosen[rows, 1].to(acts[layer].device)
+            reads[layer], writes[layer] = mlp.read_rows(pos, idx), mlp.write_rows(pos, idx)
+            if neuron_bias is not None:
+                neuron_bias[rows] = mlp.neuron_bias[pos, idx].cpu().to(neuron_bias.dtype)
+            order.append(rows)
+            out_dirs.append(writes[layer].float().cpu())
+            in_dirs.append(reads[layer].float().cpu())
+        finally:
+            del mlp
     labels = ["" for _ in range(chosen.shape[0])]
     if order:  # every layer's neurons decoded in one pass over each vocabulary matrix
         out_top = decode_top(torch.cat(out_dirs).T, W_U, 4 * LABEL_TOKENS)[0]  # (M, 4 * LABEL_TOKENS) token ids

@@ -15,7 +15,7 @@ from detjac.singular import VOCAB_CHUNK_BYTES
 
 from ..interface import Engine
 from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
-from .neurons import neurons
+from .neurons import activations
 
 MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
@@ -72,7 +72,7 @@ def logit_attribution(engine: Engine, trace: Any, vectors: torch.Tensor, acts: d
     ``(layer, (K, n, n_neurons) act · ∂value_k/∂act)`` through every path of the detached model (nothing cut), one
     layer at a time, from one pullback. By linearity, zeroing a set of neurons changes ``value_k`` by minus the sum
     of their attributions in the detached model (what the graphs' faithfulness is measured against)."""
-    acts = acts if acts is not None else {layer: z for layer, z, _ in neurons(engine, trace)}
+    acts = acts if acts is not None else dict(activations(engine, trace))
     reads = tuple(neurons_of(layer) for layer in range(engine.n_layers))
     for _, site, g in engine.pulls(trace, [PullRequest((Seed(OUTPUT, vectors),), reads)]):
         yield site.layer, g * acts[site.layer][None]

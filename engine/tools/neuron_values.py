@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from ..interface import Engine
-from .neurons import neurons
+from .neurons import activations, neurons
 
 
 def prompt_neuron_values(engine: Engine, token_ids: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
     """``(layer, (n, n_neurons) float64 values)`` of every layer's MLP neurons on the prompt ``token_ids``, one
     layer at a time; raises InvalidArgumentError for an engine without neuron sites (the ordinary Jacobian)."""
     trace = engine.trace(list(token_ids))
-    for layer, z, _ in neurons(engine, trace):
+    for layer, z in activations(engine, trace):
         yield layer, z.detach().to("cpu", torch.float64).numpy()
 
 
@@ -81,6 +81,7 @@ def write_effects(engine: Engine, probe: Sequence[int], top: int, chunk: int = 2
     ids_out, values_out = [], []
     for _, _, mlp in neurons(engine, trace):
         w = mlp.write_vectors().detach().to("cpu", torch.float32)  # (n_neurons, d)
+        del mlp  # it holds the layer's widened weights: not while the next layer is widened
         ids = np.full((w.shape[0], 2, top), -1, dtype=np.int64)
         values = np.full((w.shape[0], 2, top), np.nan)
         for c0 in range(0, w.shape[0], chunk):

@@ -41,6 +41,15 @@ def neurons(engine: Engine, trace: Trace, layers: Sequence[int] | None = None
         yield from neuron_activations(walk, range(engine.n_layers) if layers is None else layers)
 
 
+def activations(engine: Engine, trace: Trace, layers: Sequence[int] | None = None
+                ) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(layer, (n, n_neurons) its MLP neurons' values on the prompt)`` as :func:`neurons` gives them, each layer's
+    MLP piece (which holds the layer's widened weights) let go before the next layer is widened."""
+    for layer, z, mlp in neurons(engine, trace, layers):
+        del mlp
+        yield layer, z
+
+
 def residual_ends(engine: Engine, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
     """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last, where an
     affine family's constants outside the layers (position embeddings, the final norm's shift) are read; raises

@@ -167,3 +167,31 @@ def test_a_layer_is_let_go_before_the_next_is_widened(model, monkeypatch) -> Non
     assert len(loads) == 2 * sm.n_layers, events  # two blocks
     for a, b in itertools.pairwise(loads):
         assert f"freed {events[a].split()[1]}" in events[a:b], events  # freed before the next load
+
+
+def test_a_graph_lets_each_layer_go_before_the_next_is_widened(model, monkeypatch) -> None:
+    """The graph's neuron values, ranking, sites and links walk the layers too: each layer's pieces (its MLP piece
+    included, which the neuron walks hand out) are let go before the next layer is widened."""
+    import itertools
+    import weakref
+    from contextlib import contextmanager
+
+    from detjac.engine import attribution_graph
+    from detjac.engine.streamed import passes
+
+    events: list[str] = []
+    layer = passes.StreamedWalk.layer
+
+    @contextmanager
+    def entering(self, i):
+        events.append(f"load {i}")
+        with layer(self, i) as pull:
+            weakref.finalize(pull.mlp(), events.append, f"freed {i}")  # its widened weights
+            yield pull
+
+    monkeypatch.setattr(passes.StreamedWalk, "layer", entering)
+    attribution_graph(StreamedEngine(model), [5, 17, 42], max_nodes=8)
+    loads = [k for k, e in enumerate(events) if e.startswith("load")]
+    assert len(loads) >= 3 * model.config.num_hidden_layers, events  # values, sites and at least one pullback
+    for a, b in itertools.pairwise(loads):
+        assert f"freed {events[a].split()[1]}" in events[a:b], events  # freed before the next load
