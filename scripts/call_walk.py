@@ -11,7 +11,8 @@ the decisions of issue 51 run (MODEL resolved, ``--keep`` parsed, the exactness 
 matrix read: :data:`WATCHED`), and with ``--list`` the path's call sites. A module's body running on import is not a
 call, nor what it calls, nor is a class's body (run once, when its module is imported), nor is generated code (a
 dataclass's ``__init__``). "Between layers": the call sites whose caller and callee are in different layers of
-README's "Architecture" (core, engine, store, analysis, runs, view, cli).
+README's "Architecture" (core, engine, store, analysis, runs, view, cli). "Read from cli/runs": the call sites whose
+caller is in cli/ or runs/ (what a reader of a command's orchestration follows; the callee may be anywhere).
 
 Usage::
 
@@ -118,6 +119,9 @@ def layer_of(name: str) -> str:
     return parts[1] if len(parts) > 2 else "core"
 
 
+ORCHESTRATION = ("cli", "runs")  # the layers that say what a command does; the others are libraries they call
+
+
 def on_path(name: str) -> bool:
     """Whether a function is on the orchestration path (outside the engine's numerics)."""
     return not module_of(name).startswith("detjac.engine")
@@ -137,6 +141,10 @@ def report(title: str, walk: Walk, listing: bool) -> None:
     entered = {b for _, b in layered}
     print(f"  between layers:      {len(layered):4d} call sites into {len(entered):3d} functions of "
           f"{len({module_of(f) for f in entered}):3d} modules (a caller in one layer, the callee in another)")
+    read = [(a, b) for a, b in walk.sites if layer_of(a) in ORCHESTRATION]
+    print(f"  read from cli/runs:  {len(read):4d} call sites, {len({b for _, b in read}):4d} functions, "
+          f"{len({module_of(f) for site in read for f in site}):3d} modules (the calls a reader of cli/ and runs/ "
+          f"follows: a caller there, the callee anywhere)")
     watched = {f: n for f, n in walk.calls.items() if f.partition(":")[2] in WATCHED}
     print("  decisions (calls):   " + (", ".join(f"{f.partition(':')[2]} {n}" for f, n in sorted(watched.items()))
                                        or "none"))
