@@ -11,7 +11,10 @@ the target's change when a unit is set to the baseline (:mod:`detjac.engine.tool
   every path: the graph's ranking pullback; ``detjac_direct``: the same with every MLP's output held fixed, the
   graph's edge into the logit;
 - ``atp``: ``(b - a) · ∂m/∂a`` in the unmodified model (attribution patching);
-- ``ig``: integrated gradients of the unmodified model, ``--steps`` midpoints, one layer's units moved together;
+- ``ig``: integrated gradients of the unmodified model, ``--steps`` midpoints, every unit of the kind (all layers, all
+  positions) moved together from the baseline to the prompt's values (the joint path);
+- ``ig_layer``: the same one layer's units at a time, the other layers recomputed (``n_layers`` times IG's cost; not
+  in a run's default methods: ``--add ig_layer --prompts N`` adds it to the first N records);
 - ``detjac_path``: detjac's attribution averaged along IG's path (``--steps`` midpoints, the model detached at each
   point: issue 68's remedy candidate); ``--add detjac_path`` adds it to the records already written (the same
   units, its own deletion curve), without recomputing the rest;
@@ -36,6 +39,7 @@ files, named with them (``attribution_vs_peers.{model}.top50-random50.jsonl``, `
 
     .venv/bin/python benchmarks/attribution_vs_peers.py --models smollm2 gemma3 --prompts 100
     .venv/bin/python benchmarks/attribution_vs_peers.py --add detjac_path     # to the records already written
+    .venv/bin/python benchmarks/attribution_vs_peers.py --add ig_layer --prompts 10   # to the first 10 records
     .venv/bin/python benchmarks/attribution_vs_peers.py --summary
 """
 
@@ -61,11 +65,13 @@ PROMPTS = HERE / "data" / "heldout_prompts.txt"
 REFERENCE_FILE = HERE / "data" / "lens_fit_prompts.txt"
 REFERENCE = 64
 MIN_TOKENS, MAX_TOKENS = 5, 7
-METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "detjac_path", "random")
+METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "detjac_path", "ig_layer", "random")
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "ig_layer")  # ig_layer costs n_layers x IG: added to a few records
+PATH_METHODS = ("ig", "detjac_path", "ig_layer")  # integrated along the path from the baseline; --add takes these
 BASELINES = ("zero", "mean")
 KS = (1, 2, 5, 10, 20, 50, 100, 200)
 DEFAULT_TOP = DEFAULT_RANDOM = 200
-SETTINGS = ("top", "random", "steps", "ig_path")  # what every record of one file shares
+SETTINGS = ("top", "random", "steps")  # what every record of one file shares
 
 
 def tag(args: argparse.Namespace) -> str:
@@ -143,7 +149,7 @@ def one_kind(model: Any, ids: list[int], t: int, kind: str, base: dict[str, list
         pred: dict[str, np.ndarray] = {}
         for m in ("detjac_total", "detjac_direct", "atp"):
             pred[m] = peers.first_order(model, grads[m], kind, base[b]).reshape(2, -1).cpu().numpy()
-        for m in ("ig", "detjac_path"):
+        for m in PATH_METHODS:
             if m in args.methods:
                 pred[m] = timed(m, lambda b=b, m=m: path_prediction(model, ids, t, kind, base[b], acts, args, m))
         pred["random"] = rng.standard_normal((2, n_units))
@@ -183,12 +189,12 @@ def deletion_curves(model: Any, ids: list[int], t: int, kind: str, orders: dict[
 
 def path_prediction(model: Any, ids: list[int], t: int, kind: str, base: list[Any], acts: list[Any],
                     args: argparse.Namespace, method: str) -> np.ndarray:
-    """(2, units) the predictions of a path method: ``ig`` (the unmodified model) or ``detjac_path`` (detached at
-    each point of the path)."""
+    """(2, units) the predictions of a path method: ``ig`` (the unmodified model, every layer moved together),
+    ``ig_layer`` (the same, one layer at a time) or ``detjac_path`` (detached at each point of the joint path)."""
     from detjac.engine.tools import peers
 
     return peers.integrated_gradients(model, ids, t, kind, base, steps=args.steps, acts=acts,
-                                      joint=args.ig_path == "joint",
+                                      joint=method != "ig_layer",
                                       mode="detached" if method == "detjac_path" else "real"
                                       ).reshape(2, -1).cpu().numpy()
 
@@ -276,7 +282,7 @@ def run(args: argparse.Namespace) -> None:
             record = one_prompt(model, tokenizer, text, base, args, i)
             record.update(model=name, seconds_total=round(time.perf_counter() - start, 2), cpu=cpu_name(),
                           torch=torch.__version__, dtype="float64", steps=args.steps, top=args.top,
-                          random=args.random, ig_path=args.ig_path, date=time.strftime("%Y-%m-%d"))
+                          random=args.random, date=time.strftime("%Y-%m-%d"))
             with records_path(name, args).open("a") as f:  # one line per prompt: a kill loses only the prompt under way
                 f.write(json.dumps(record) + "\n")
             print(f"{name} {i + 1}/{len(prompts)} {text!r} -> {record['target_text']!r}: "
@@ -297,7 +303,8 @@ def add_to_records(args: argparse.Namespace) -> None:
     for name in args.models:
         records = load_records(name, args)
         check_settings(records, args, records_path(name, args))
-        todo = [i for i, r in enumerate(records) if any(m not in r["neurons"]["zero"]["predicted"] for m in args.add)]
+        todo = [i for i, r in enumerate(records[:args.prompts])  # the first --prompts records
+                if any(m not in r["neurons"]["zero"]["predicted"] for m in args.add)]
         if not todo:
             print(f"{name}: every record has {', '.join(args.add)}", flush=True)
             continue
@@ -342,34 +349,40 @@ def scores(records: list[dict[str, Any]], kind: str, baseline: str) -> dict[str,
     """Every method's scores on one unit kind and baseline over ``records`` (see the module docstring): the median
     over prompts of Pearson and Spearman (predicted against actual change, over the ablated units), the mean
     precision at 10 and 50, for both targets; the deletion curves (the target's mean drop over prompts) and their
-    normalized area (true top-k by single-unit ablation 1, random 0); the mean seconds per prompt."""
+    normalized area (true top-k by single-unit ablation 1, random 0). A method added to some records only
+    (``--add ... --prompts N``) is scored over those, its area normalized by their true and random curves; its
+    ``prompts`` says how many."""
     parts = [r[kind][baseline] for r in records]
-    methods = [m for m in parts[0]["predicted"] if all(m in p["predicted"] for p in parts)]  # in every record
     common = min(len(p["ks"]) for p in parts)  # the k every prompt's curves reach (a prompt ablating fewer units stops
     # earlier)
     out: dict[str, Any] = {"prompts": len(records), "ks": parts[0]["ks"][:common],
                            "units_ablated_mean": float(np.mean([len(p["units"]) for p in parts])),
                            "methods": {}}
-    curves = {m: np.mean([np.array(p["deletion"][m])[:common, 0] for p in parts], axis=0) * -1
-              for m in parts[0]["deletion"] if all(m in p["deletion"] for p in parts)}
-    area = {m: float(c.mean()) for m, c in curves.items()}
-    span = area["true"] - area["random"]
+
+    def curve(m: str, among: list[dict[str, Any]]) -> np.ndarray:
+        return np.mean([np.array(p["deletion"][m])[:common, 0] for p in among], axis=0) * -1
+
+    methods = list(dict.fromkeys(m for p in parts for m in p["predicted"]))  # in first-seen order
     for m in methods:
-        row: dict[str, Any] = {}
+        among = [p for p in parts if m in p["predicted"]]
+        row: dict[str, Any] = {"prompts": len(among)}
         for j, target in enumerate(("logit", "logprob")):
-            pairs = [(np.array(p["predicted"][m])[:, j], np.array(p["actual"])[:, j]) for p in parts]
+            pairs = [(np.array(p["predicted"][m])[:, j], np.array(p["actual"])[:, j]) for p in among]
             row[target] = {
                 "pearson": float(np.nanmedian([_pearson(x, y) for x, y in pairs])),
                 "spearman": float(np.nanmedian([_pearson(_ranks(x), _ranks(y)) for x, y in pairs])),
                 "precision_at_10": float(np.mean([_precision(x, y, 10) for x, y in pairs])),
                 "precision_at_50": float(np.mean([_precision(x, y, 50) for x, y in pairs])),
             }
-        if m in curves:
-            row["deletion_drop"] = curves[m].round(4).tolist()
-            row["deletion_area"] = round(area[m], 4)
-            row["deletion_area_normalized"] = round((area[m] - area["random"]) / span, 3) if span else None
+        if all(m in p["deletion"] for p in among):
+            c, true, rand = curve(m, among), curve("true", among).mean(), curve("random", among).mean()
+            row["deletion_drop"] = c.round(4).tolist()
+            row["deletion_area"] = round(float(c.mean()), 4)
+            span = true - rand
+            row["deletion_area_normalized"] = round((float(c.mean()) - rand) / span, 3) if span else None
         out["methods"][m] = row
-    out["true"] = {"deletion_drop": curves["true"].round(4).tolist(), "deletion_area": round(area["true"], 4)}
+    true = curve("true", parts)
+    out["true"] = {"deletion_drop": true.round(4).tolist(), "deletion_area": round(float(true.mean()), 4)}
     return out
 
 
@@ -377,6 +390,15 @@ def _costs(records: list[dict[str, Any]]) -> dict[str, float]:
     names = sorted({k for r in records for k in r["seconds"]})
     return {k: round(float(np.mean([r["seconds"].get(k, 0.0) for r in records])), 2) for k in names} | {
         "total": round(float(np.mean([r["seconds_total"] for r in records])), 2)}
+
+
+def _added_costs(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each added method's mean seconds (its predictions, its deletion ablations) over the records it was added to."""
+    added = [r["added_seconds"] for r in records if "added_seconds" in r]
+    methods = sorted({m for a in added for m in a})
+    return {m: {k: round(float(np.mean([a[m][k] for a in added if m in a and k in a[m]])), 2)
+                for k in sorted({k for a in added if m in a for k in a[m]})} | {"prompts": sum(m in a for a in added)}
+            for m in methods}
 
 
 def load_records(model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -403,7 +425,7 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
             continue
         check_settings(records, args, records_path(model, args))
         entry: dict[str, Any] = {"prompts": len(records), "seconds_per_prompt": _costs(records),
-                                 "cpu": records[-1]["cpu"], "ig_path": records[-1].get("ig_path"),
+                                 "added_seconds_per_prompt": _added_costs(records), "cpu": records[-1]["cpu"],
                                  "steps": records[-1]["steps"], "top": records[-1]["top"],
                                  "random": records[-1]["random"]}
         for kind in ("neurons", "heads"):
@@ -417,7 +439,7 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
 
 
 NAMES = {"detjac_total": "detjac total", "detjac_direct": "detjac direct", "atp": "AtP", "ig": "IG",
-         "detjac_path": "detjac along the path",
+         "detjac_path": "detjac along the path", "ig_layer": "IG, one layer at a time",
          "random": "random", "true": "true top-k"}
 
 
@@ -432,10 +454,12 @@ def tables(summary: dict[str, Any]) -> str:
                       "Pearson, log-prob |", "|---|---|---|---|---|---|---|---|"]
             for b in BASELINES:
                 s = summary[model][f"{kind}/{b}"]["methods"]
+                s_prompts = summary[model][f"{kind}/{b}"]["prompts"]
                 for m, row in s.items():
                     lo = row["logit"]
                     area = row.get("deletion_area_normalized")
-                    lines.append(f"| {NAMES[m]} | {b} | {lo['pearson']:.2f} | {lo['spearman']:.2f} | "
+                    name = NAMES[m] + (f" ({row['prompts']} prompts)" if row["prompts"] < s_prompts else "")
+                    lines.append(f"| {name} | {b} | {lo['pearson']:.2f} | {lo['spearman']:.2f} | "
                                  f"{lo['precision_at_10']:.2f} | {lo['precision_at_50']:.2f} | "
                                  f"{'' if area is None else f'{area:.2f}'} | {row['logprob']['pearson']:.2f} |")
     return "\n".join(lines)
@@ -456,7 +480,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         for col, (kind, b) in enumerate([(k, b) for k in ("neurons", "heads") for b in BASELINES]):
             ax, s = axes[row][col], summary[model][f"{kind}/{b}"]
             for m, data in [*s["methods"].items(), ("true", s["true"])]:
-                if "deletion_drop" in data:
+                if "deletion_drop" in data and data.get("prompts", s["prompts"]) == s["prompts"]:  # on every prompt
                     ax.plot(s["ks"], data["deletion_drop"], marker="o", ms=3, label=NAMES[m],
                             ls="--" if m in ("true", "random") else "-")
             ax.set_xscale("log")
@@ -473,18 +497,17 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(SHIPPED))
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--prompts", type=int, default=100)
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    parser.add_argument("--prompts", type=int, default=100, help="prompts to run (with --add: the first records)")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="neurons of each method ablated alone")
     parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, help="random active neurons ablated alone")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--ig-path", choices=("joint", "layer"), default="joint",
-                        help="IG path: every unit of the kind at once, or one layer at a time (n_layers x the cost)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--summary", action="store_true", help="score the records, write the summary and the plot")
     parser.add_argument("--add", nargs="+", default=None, metavar="METHOD",
-                        help="add these path methods (ig, detjac_path) to the records already written, and stop")
+                        help=f"add these path methods ({', '.join(PATH_METHODS)}) to the first --prompts records "
+                             f"already written, and stop")
     args = parser.parse_args(argv)
     check_names(args.models, SHIPPED, "models")
     check_names(args.methods, METHODS, "methods")
@@ -492,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
         write_summary(args)
         return
     if args.add is not None:
-        check_names(args.add, ("ig", "detjac_path"), "methods to add")
+        check_names(args.add, PATH_METHODS, "methods to add")
         add_to_records(args)
         return
     run(args)
