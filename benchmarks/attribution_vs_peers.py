@@ -431,6 +431,11 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
         for kind in ("neurons", "heads"):
             for b in BASELINES:
                 entry[f"{kind}/{b}"] = scores(records, kind, b)
+        every = set.union(*(set(r["neurons"]["zero"]["predicted"]) for r in records))
+        full = [r for r in records if every <= set(r["neurons"]["zero"]["predicted"])]
+        if 0 < len(full) < len(records):  # a method added to some records only: every method on those, side by side
+            entry["with_every_method"] = {"prompts": len(full)} | {
+                f"{kind}/{b}": scores(full, kind, b) for kind in ("neurons", "heads") for b in BASELINES}
         summary[model] = entry
     Path(str(SUMMARY).format(tag=tag(args))).write_text(json.dumps(summary, indent=1) + "\n")
     print(tables(summary))
@@ -444,25 +449,34 @@ NAMES = {"detjac_total": "detjac total", "detjac_direct": "detjac direct", "atp"
 
 
 def tables(summary: dict[str, Any]) -> str:
+    """Markdown tables: per model and unit kind, every method over all prompts (a method added to some only says on
+    how many), then every method over the prompts that have them all, where those are fewer."""
     lines = []
     for model in SHIPPED:
         if model not in summary:
             continue
         for kind in ("neurons", "heads"):
-            lines += ["", f"{model}, {kind} ({summary[model]['prompts']} prompts)", "",
-                      "| method | baseline | Pearson | Spearman | P@10 | P@50 | deletion area (norm.) | "
-                      "Pearson, log-prob |", "|---|---|---|---|---|---|---|---|"]
-            for b in BASELINES:
-                s = summary[model][f"{kind}/{b}"]["methods"]
-                s_prompts = summary[model][f"{kind}/{b}"]["prompts"]
-                for m, row in s.items():
-                    lo = row["logit"]
-                    area = row.get("deletion_area_normalized")
-                    name = NAMES[m] + (f" ({row['prompts']} prompts)" if row["prompts"] < s_prompts else "")
-                    lines.append(f"| {name} | {b} | {lo['pearson']:.2f} | {lo['spearman']:.2f} | "
-                                 f"{lo['precision_at_10']:.2f} | {lo['precision_at_50']:.2f} | "
-                                 f"{'' if area is None else f'{area:.2f}'} | {row['logprob']['pearson']:.2f} |")
+            lines += _table(f"{model}, {kind} ({summary[model]['prompts']} prompts)", summary[model], kind)
+        subset = summary[model].get("with_every_method")
+        if subset:
+            for kind in ("neurons", "heads"):
+                lines += _table(f"{model}, {kind}, every method on the same {subset['prompts']} prompts", subset, kind)
     return "\n".join(lines)
+
+
+def _table(title: str, entry: dict[str, Any], kind: str) -> list[str]:
+    lines = ["", title, "", "| method | baseline | Pearson | Spearman | P@10 | P@50 | deletion area (norm.) | "
+             "Pearson, log-prob |", "|---|---|---|---|---|---|---|---|"]
+    for b in BASELINES:
+        scored = entry[f"{kind}/{b}"]
+        for m, row in sorted(scored["methods"].items(), key=lambda item: METHODS.index(item[0])):
+            lo = row["logit"]
+            area = row.get("deletion_area_normalized")
+            name = NAMES[m] + (f" ({row['prompts']} prompts)" if row["prompts"] < scored["prompts"] else "")
+            lines.append(f"| {name} | {b} | {lo['pearson']:.2f} | {lo['spearman']:.2f} | "
+                         f"{lo['precision_at_10']:.2f} | {lo['precision_at_50']:.2f} | "
+                         f"{'' if area is None else f'{area:.2f}'} | {row['logprob']['pearson']:.2f} |")
+    return lines
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
