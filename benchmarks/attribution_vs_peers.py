@@ -15,6 +15,7 @@ the target's change when a unit is set to the baseline (:mod:`detjac.engine.tool
   positions) moved together from the baseline to the prompt's values (the joint path);
 - ``ig_layer``: the same one layer's units at a time, the other layers recomputed (``n_layers`` times IG's cost; not
   in a run's default methods: ``--add ig_layer --prompts N`` adds it to the first N records);
+- ``detjac_path_layer``: ``detjac_path`` along ``ig_layer``'s paths (the same cost; added the same way);
 - ``detjac_path``: detjac's attribution averaged along IG's path (``--steps`` midpoints, the model detached at each
   point: issue 68's remedy candidate); ``--add detjac_path`` adds it to the records already written (the same
   units, its own deletion curve), without recomputing the rest;
@@ -65,9 +66,10 @@ PROMPTS = HERE / "data" / "heldout_prompts.txt"
 REFERENCE_FILE = HERE / "data" / "lens_fit_prompts.txt"
 REFERENCE = 64
 MIN_TOKENS, MAX_TOKENS = 5, 7
-METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "detjac_path", "ig_layer", "random")
-DEFAULT_METHODS = tuple(m for m in METHODS if m != "ig_layer")  # ig_layer costs n_layers x IG: added to a few records
-PATH_METHODS = ("ig", "detjac_path", "ig_layer")  # integrated along the path from the baseline; --add takes these
+METHODS = ("detjac_total", "detjac_direct", "atp", "ig", "detjac_path", "ig_layer", "detjac_path_layer", "random")
+PER_LAYER = ("ig_layer", "detjac_path_layer")  # one layer's path at a time: n_layers x the cost, added to a few records
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in PER_LAYER)
+PATH_METHODS = ("ig", "detjac_path", *PER_LAYER)  # integrated along the path from the baseline; --add takes these
 BASELINES = ("zero", "mean")
 KS = (1, 2, 5, 10, 20, 50, 100, 200)
 DEFAULT_TOP = DEFAULT_RANDOM = 200
@@ -190,12 +192,13 @@ def deletion_curves(model: Any, ids: list[int], t: int, kind: str, orders: dict[
 def path_prediction(model: Any, ids: list[int], t: int, kind: str, base: list[Any], acts: list[Any],
                     args: argparse.Namespace, method: str) -> np.ndarray:
     """(2, units) the predictions of a path method: ``ig`` (the unmodified model, every layer moved together),
-    ``ig_layer`` (the same, one layer at a time) or ``detjac_path`` (detached at each point of the joint path)."""
+    ``ig_layer`` (the same, one layer at a time), ``detjac_path`` (detached at each point of the joint path) or
+    ``detjac_path_layer`` (detached at each point of the one-layer paths)."""
     from detjac.engine.tools import peers
 
     return peers.integrated_gradients(model, ids, t, kind, base, steps=args.steps, acts=acts,
-                                      joint=method != "ig_layer",
-                                      mode="detached" if method == "detjac_path" else "real"
+                                      joint=method not in PER_LAYER,
+                                      mode="detached" if method.startswith("detjac_path") else "real"
                                       ).reshape(2, -1).cpu().numpy()
 
 
@@ -445,6 +448,7 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
 
 NAMES = {"detjac_total": "detjac total", "detjac_direct": "detjac direct", "atp": "AtP", "ig": "IG",
          "detjac_path": "detjac along the path", "ig_layer": "IG, one layer at a time",
+         "detjac_path_layer": "detjac along the one-layer path",
          "random": "random", "true": "true top-k"}
 
 
