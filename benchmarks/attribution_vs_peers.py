@@ -434,9 +434,12 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
         for kind in ("neurons", "heads"):
             for b in BASELINES:
                 entry[f"{kind}/{b}"] = scores(records, kind, b)
-        every = set.union(*(set(r["neurons"]["zero"]["predicted"]) for r in records))
-        full = [r for r in records if every <= set(r["neurons"]["zero"]["predicted"])]
-        if 0 < len(full) < len(records):  # a method added to some records only: every method on those, side by side
+        has = [set(r["neurons"]["zero"]["predicted"]) for r in records]
+        counts = {m: sum(m in h for h in has) for m in set.union(*has)}
+        partial = [c for c in counts.values() if c < len(records)]
+        if partial:  # methods added to some records only: every method on the records the widest of them covers
+            need = {m for m, c in counts.items() if c >= max(partial)}
+            full = [r for r, h in zip(records, has, strict=True) if need <= h]
             entry["with_every_method"] = {"prompts": len(full)} | {
                 f"{kind}/{b}": scores(full, kind, b) for kind in ("neurons", "heads") for b in BASELINES}
         summary[model] = entry
@@ -464,7 +467,8 @@ def tables(summary: dict[str, Any]) -> str:
         subset = summary[model].get("with_every_method")
         if subset:
             for kind in ("neurons", "heads"):
-                lines += _table(f"{model}, {kind}, every method on the same {subset['prompts']} prompts", subset, kind)
+                title = f"{model}, {kind}, every method on the same {subset['prompts']} prompts"
+                lines += _table(title + " (fewer where a row says so)", subset, kind)
     return "\n".join(lines)
 
 
