@@ -141,10 +141,9 @@ def test_text_without_a_tokenizer_is_refused_by_the_streamed_engine_too(model) -
         jacobian(StreamedEngine(model), "The fog")
 
 
-def test_a_layer_is_let_go_before_the_next_is_widened(model, monkeypatch) -> None:
-    """The budget counts one layer widened to the compute dtype: the reverse sweep lets each layer's pieces go (they
-    hold its widened weights) before the next layer is widened."""
-    import itertools
+def _layer_events(monkeypatch, watched) -> list[str]:
+    """``load i`` as the layer-streamed walk enters layer i, and ``freed i`` when ``watched(pull)`` (what holds the
+    layer's widened weights) is collected."""
     import weakref
     from contextlib import contextmanager
 
@@ -157,41 +156,37 @@ def test_a_layer_is_let_go_before_the_next_is_widened(model, monkeypatch) -> Non
     def entering(self, i):
         events.append(f"load {i}")
         with layer(self, i) as pull:
-            weakref.finalize(pull, events.append, f"freed {i}")
+            weakref.finalize(watched(pull), events.append, f"freed {i}")
             yield pull
 
     monkeypatch.setattr(passes.StreamedWalk, "layer", entering)
-    sm = StreamedEngine(model)
-    jacobian(sm, [5, 17, 42], row_block=sm.d_model // 2)
+    return events
+
+
+def _freed_before_the_next_load(events: list[str]) -> list[int]:
+    import itertools
+
     loads = [k for k, e in enumerate(events) if e.startswith("load")]
-    assert len(loads) == 2 * sm.n_layers, events  # two blocks
     for a, b in itertools.pairwise(loads):
         assert f"freed {events[a].split()[1]}" in events[a:b], events  # freed before the next load
+    return loads
+
+
+def test_a_layer_is_let_go_before_the_next_is_widened(model, monkeypatch) -> None:
+    """The budget counts one layer widened to the compute dtype: the reverse sweep lets each layer's pieces go (they
+    hold its widened weights) before the next layer is widened."""
+    events = _layer_events(monkeypatch, lambda pull: pull)
+    sm = StreamedEngine(model)
+    jacobian(sm, [5, 17, 42], row_block=sm.d_model // 2)
+    assert len(_freed_before_the_next_load(events)) == 2 * sm.n_layers, events  # two blocks
 
 
 def test_a_graph_lets_each_layer_go_before_the_next_is_widened(model, monkeypatch) -> None:
     """The graph's neuron values, ranking, sites and links walk the layers too: each layer's pieces (its MLP piece
     included, which the neuron walks hand out) are let go before the next layer is widened."""
-    import itertools
-    import weakref
-    from contextlib import contextmanager
-
     from detjac.engine import attribution_graph
-    from detjac.engine.streamed import passes
 
-    events: list[str] = []
-    layer = passes.StreamedWalk.layer
-
-    @contextmanager
-    def entering(self, i):
-        events.append(f"load {i}")
-        with layer(self, i) as pull:
-            weakref.finalize(pull.mlp(), events.append, f"freed {i}")  # its widened weights
-            yield pull
-
-    monkeypatch.setattr(passes.StreamedWalk, "layer", entering)
+    events = _layer_events(monkeypatch, lambda pull: pull.mlp())  # the MLP piece: its widened weights
     attribution_graph(StreamedEngine(model), [5, 17, 42], max_nodes=8)
-    loads = [k for k, e in enumerate(events) if e.startswith("load")]
-    assert len(loads) >= 3 * model.config.num_hidden_layers, events  # values, sites and at least one pullback
-    for a, b in itertools.pairwise(loads):
-        assert f"freed {events[a].split()[1]}" in events[a:b], events  # freed before the next load
+    # values, sites and at least one pullback
+    assert len(_freed_before_the_next_load(events)) >= 3 * model.config.num_hidden_layers, events
