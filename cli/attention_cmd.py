@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import ModelOptions, model_argument, model_options, out_option, prompt_options
+from .options import (
+    ModelOptions,
+    check_out,
+    model_argument,
+    model_options,
+    model_reads,
+    out_option,
+    output_check,
+    prompt_options,
+)
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
-
-
-def _check_out(out: str, force: bool) -> None:
-    """``--out``: a new .json file (or one ``--force`` replaces), checked before torch is imported."""
-    if not out.lower().endswith(".json"):
-        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.", param_hint="--out")
-    if Path(out).exists() and not force:
-        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).", param_hint="--out")
 
 
 @click.command("attention")
@@ -31,7 +31,7 @@ def _check_out(out: str, force: bool) -> None:
               help="The query position (negative: from the end) [default: the last].")
 @click.option("--neurons", type=int, default=0, show_default=True,
               help="Split each MLP into its N neurons writing the most at each position and a remainder.")
-@out_option("Write every term as JSON here (a .json file).", check=_check_out)
+@out_option("Write every term as JSON here (a .json file).", check=output_check(".json"))
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True,
               help="Terms printed for each of the three most attended keys.")
 def attention(model: ModelRef, prompt: str, model_options: ModelOptions, layer: int, head: int, query: int | None,
@@ -54,6 +54,8 @@ def attention(model: ModelRef, prompt: str, model_options: ModelOptions, layer: 
     from detjac.engine import qk_attribution, write_qk
     from detjac.runs import model_identity
 
+    if out is not None:  # again, now that MODEL is resolved: not into what it reads
+        check_out(out, force=force, suffix=".json", reads=model_reads(model))
     model_options.refuse("detjac attention", "a QK attribution needs the whole model in memory", streamed=False,
                          max_memory=None)
     res = qk_attribution(model_options.engine(model), prompt, layer, head, query=query, neurons=neurons)

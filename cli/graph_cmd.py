@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import textwrap
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from detjac.graph_settings import EDGE_THRESHOLD, KEPT_SHARE_MEANING, MAX_NODES, NODE_THRESHOLD
 
-from .options import ModelOptions, check_heads_option, model_argument, model_options, prompt_options
+from .options import (
+    ModelOptions,
+    check_heads_option,
+    check_out,
+    model_argument,
+    model_options,
+    model_reads,
+    prompt_options,
+)
 
 if TYPE_CHECKING:
     from detjac.engine import AttributionGraph, ModelRef
@@ -19,10 +26,12 @@ if TYPE_CHECKING:
 
 def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
     """``--out``: a new .json file (or one ``--force``, read first, replaces), checked before torch is imported."""
-    if not out.lower().endswith(".json"):
-        raise click.BadParameter(f"Expected a path ending in .json. Got {out!r}.")
-    if Path(out).exists() and not ctx.params.get("force"):
-        raise click.BadParameter(f"Expected a new file. Got {out!r}, which exists (use --force).")
+    from detjac.errors import InvalidArgumentError
+
+    try:
+        check_out(out, force=bool(ctx.params.get("force")), suffix=".json")
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc)) from None
     return out
 
 
@@ -84,6 +93,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     from detjac.runs import model_identity
     if group and not neuron_index:
         raise click.UsageError("--group needs --neurons (a group is made of neurons whose pages agree).")
+    check_out(out, force=force, suffix=".json",
+              reads=[*model_reads(model), *([("the neuron index", neuron_index)] if neuron_index else [])])
     identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
     index = _neuron_index(neuron_index, identity, model_options) if neuron_index else None
     engine = model_options.engine(model)

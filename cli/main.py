@@ -20,10 +20,11 @@ from .neurons_cmd import neurons
 from .options import (
     ROW_BLOCK_HELP,
     ModelOptions,
-    check_npz_out,
+    check_out,
     deprecated_model_option,
     model_argument,
     model_options,
+    model_reads,
     out_option,
     prompt_options,
 )
@@ -95,7 +96,7 @@ def main() -> None:
                    "shows the detached one is exact; --no-ordinary skips that second pass and halves the time.")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).",
-            check=lambda out, force: check_npz_out(out, force) if out.lower().endswith(".npz") else None)
+            check=lambda out, force: _check_jacobian_out(out, force))
 def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int | None, n_values: int, top: int,
              ordinary: bool, out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
@@ -132,6 +133,8 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
     from .render import piece
 
     dtype = model_options.dtype
+    if out is not None:  # again, now that MODEL is resolved: not into what it reads
+        _check_jacobian_out(out, force, model)
     engine = model_options.engine(model)
     if out is not None and not out.lower().endswith(".npz"):
         engine = KeptEngine(engine)  # --out run.zarr stores what it computed
@@ -158,6 +161,13 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
     if out is not None:
         _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
+
+
+def _check_jacobian_out(out: str, force: bool, model: ModelRef | None = None) -> None:
+    """``jacobian --out``: a .npz file, or else a store folder (created or resumed), not into MODEL's files."""
+    npz = out.lower().endswith(".npz")
+    check_out(out, force=force, kind="file" if npz else "store", suffix=".npz" if npz else None,
+              reads=model_reads(model))
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int | None,

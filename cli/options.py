@@ -279,11 +279,35 @@ def out_option(help: str, check: Any = None) -> Any:
     return decorate
 
 
-def check_npz_out(out: str, force: bool) -> None:
-    """An ``--out`` .npz file that can be written: its folder exists, and it is new or ``--force`` replaces it."""
-    from detjac.store import npz_target
+def output_check(suffix: str | None = None, kind: str = "file") -> Any:
+    """The ``check(out, force)`` of :func:`out_option` for an output of this ``kind`` (``file`` ending in ``suffix``,
+    ``folder`` or ``store``): :func:`detjac.outputs.check_output`, as the command line is parsed."""
 
-    npz_target(out, force)
+    def check(out: str, force: bool) -> None:
+        check_out(out, force=force, kind=kind, suffix=suffix)
+
+    return check
+
+
+def check_out(out: str, *, force: bool = False, kind: str = "file", suffix: str | None = None,
+              reads: list[tuple[str, Any]] | None = None) -> Any:
+    """:func:`detjac.outputs.check_output` of a command's output; a store's (``kind="store"``) may be a ``file://``
+    URL, checked as the folder it names."""
+    from detjac.outputs import check_output
+
+    if kind == "store" and "://" in out:
+        from detjac.store import store_path
+
+        out = str(store_path(out))
+    return check_output(out, force=force, kind=kind, suffix=suffix, reads=reads or [])
+
+
+def model_reads(model: Any) -> list[tuple[str, str]]:
+    """What a command reads of MODEL (a resolved :class:`~detjac.engine.ModelRef`), for
+    :func:`detjac.outputs.check_output`'s ``reads``: its folder or file when it is one on this machine."""
+    location = getattr(model, "location", None)
+    local = location and getattr(model, "kind", "") != "default" and Path(location).exists()
+    return [("the model", location)] if local else []
 
 
 _SCHEDULER_OPTIONS = [

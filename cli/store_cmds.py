@@ -107,11 +107,14 @@ def export(path: str, prompt_id: str, out: str, force: bool) -> None:
       detjac store export run.zarr 3f2a9c0d1e2b4a5f --out prompt.npz
       detjac store export graphs.zarr 3f2a9c0d1e2b4a5f --out graph.json
     """
-    from detjac.store import export_graph, export_npz, json_target, npz_target, open_store
+    from detjac.outputs import check_output
+    from detjac.store import export_graph, export_npz, npz_name, open_store
 
-    if out.lower().endswith(".json"):
-        json_target(out, force)  # before the store is opened
+    graph = out.lower().endswith(".json")
+    reads = [("the store", path)] if "://" not in path else []  # a URL's folder is checked once the store opens
+    check_output(out if graph else npz_name(out), force=force, suffix=".json" if graph else ".npz",
+                 reads=reads)  # before the store is opened
+    if graph:
         click.echo(f"wrote {export_graph(open_store(path), prompt_id, out, force)}")
         return
-    npz_target(out, force)  # before the store is opened
     click.echo(f"wrote {export_npz(open_store(path), prompt_id, out, force)}")

@@ -10,7 +10,15 @@ import click
 
 from detjac.sinks import sink_note
 
-from .options import ModelOptions, check_npz_out, model_argument, model_options, out_option, prompt_options
+from .options import (
+    ModelOptions,
+    check_out,
+    model_argument,
+    model_options,
+    model_reads,
+    out_option,
+    prompt_options,
+)
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, JacobianOperator, ModelRef
@@ -44,7 +52,8 @@ if TYPE_CHECKING:
               help="Target position [default: the last token; [CLS] (0) for encoders].")
 @click.option("--compare", is_flag=True,
               help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
-@out_option("Write U, S, V, the residuals and the token ids to this .npz file.", check=check_npz_out)
+@out_option("Write U, S, V, the residuals and the token ids to this .npz file.",
+            check=lambda out, force: _check_npz(out, force))
 def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
         position: int | None, compare: bool, out: str | None, force: bool) -> None:
@@ -73,9 +82,7 @@ def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: 
 
     text, o = prompt, model_options
     if out is not None:
-        from detjac.store import npz_target
-
-        out = str(npz_target(out, force))  # before any work
+        out = _check_npz(out, force, model)  # before any work, now that MODEL is resolved: not into what it reads
     streamed, dtype, device = o.streamed_engine, o.dtype, o.device
     t0 = time.perf_counter()
     engine = o.engine(model)
@@ -100,6 +107,13 @@ def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: 
         _compare(op, result)
     if out is not None:
         _save(out, op, result, model.name, text)
+
+
+def _check_npz(out: str, force: bool, model: ModelRef | None = None) -> str:
+    """``--out``: the .npz file it names (``.npz`` added to a name without it), checked; not into MODEL's files."""
+    from detjac.store import npz_name
+
+    return str(check_out(str(npz_name(out)), force=force, suffix=".npz", reads=model_reads(model)))
 
 
 def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> None:

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .aside import keep_elsewhere, reason_of, write_file
+from .aside import keep_elsewhere, reason_of
 from .errors import OutputError
+from .outputs import write_output
 from .safe_json import read_json
 
 INDEX_NAME = "graph-metadata.json"
@@ -67,9 +68,9 @@ def write_graph_file(path: str | Path, graph: dict[str, Any]) -> Path:
     path = Path(path)
     text, kept = json.dumps(graph), None
     try:
-        replace_text(path, text)
+        write_output(path, text)
         kept = path
-        replace_text(path.parent / INDEX_NAME, updated_index(path.parent, graph["metadata"]))
+        write_output(path.parent / INDEX_NAME, updated_index(path.parent, graph["metadata"]))
     except OSError as exc:
         kept = kept or keep_elsewhere(path, text.encode())
         raise OutputError(f"Expected to write the graph to {path} and list it in {INDEX_NAME}. Got {reason_of(exc)}; "
@@ -77,8 +78,3 @@ def write_graph_file(path: str | Path, graph: dict[str, Any]) -> Path:
                           ) from exc
     return path
 
-
-def replace_text(path: str | Path, text: str) -> None:
-    """``path`` now holds ``text`` (UTF-8), or still what it held: the text goes to a new file under an
-    unpredictable name beside it (:func:`detjac.aside.write_file`), then is renamed into place."""
-    write_file(path, lambda handle: handle.write(text), "w")

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .aside import write_file
+from .outputs import write_output
 
 
 def load_entries(path: str | Path) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def save_entry(path: str | Path, entries: dict[str, Any], name: str, key: str | 
         else:
             on_disk.setdefault(name, {})[key] = entries[name][key]
         text = json.dumps(on_disk, indent=1, ensure_ascii=False) + "\n"
-        write_file(path, lambda handle: handle.write(text), "w")
+        write_output(path, text)
 
 
 @contextmanager

@@ -11,17 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from detjac.errors import InvalidArgumentError
+from detjac.outputs import check_output
 
 
 def check_npz_path(path: str | Path, force: bool = False) -> Path:
-    """``path`` if an .npz file can be written there (checked before any work: a new file, or an existing one
-    replaced only with ``force``), else InvalidArgumentError."""
-    from detjac.store import npz_target
-
-    if Path(path).suffix.lower() != ".npz":
-        raise InvalidArgumentError(f"Expected a file name ending in .npz. Got {str(path)!r}.")
-    return npz_target(path, force)
+    """``path`` if an .npz file can be written there (checked before any work by
+    :func:`detjac.outputs.check_output`: a name ending in .npz, a new file or an existing one replaced only with
+    ``force``, in an existing folder outside any store or index), else InvalidArgumentError."""
+    return check_output(path, force=force, suffix=".npz")
 
 
 def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[str] | None = None,

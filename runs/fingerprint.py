@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from detjac.aside import write_file
+from detjac.outputs import write_output
 from detjac.safe_json import parse_json, read_json
 
 # The files a checkpoint's weights are read from (the loaders prefer safetensors; .bin when there are none).
@@ -129,7 +129,7 @@ class DigestCache:
             return
         with contextlib.suppress(OSError):
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            write_file(self.file, lambda handle: handle.write(json.dumps(self.entries, indent=0, sort_keys=True)), "w")
+            write_output(self.file, json.dumps(self.entries, indent=0, sort_keys=True))
 
 
 def weights_fingerprint(folder: str | Path, cache: DigestCache | None = None) -> dict[str, str]:

@@ -14,7 +14,7 @@ format is specified in ``docs/store-format.md``.
 from .analysis_cache import AnalysisCache, MemoryAnalyses
 
 # for runs/, view/, cli/ (the store's maintenance and export tools), not in __all__
-from .backend.disk import json_target, npz_target, write_npz
+from .backend.disk import npz_name, write_npz
 from .backend.sealed import read_sealed, write_sealed
 from .backend.zarr_create import create_store
 from .backend.zarr_prompt import ZarrPrompt, verify_prompt
@@ -23,6 +23,7 @@ from .backend.zarr_writer import ZarrPromptWriter
 from .compare import StoreComparison, compare_stores
 from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, Keep, model_differences, now, prompt_id, read_root
 from .integrity import INTEGRITY, damage_reason
+from .location import store_path
 from .neuron_index import (
     NeuronIndex,
     NeuronIndexMismatch,

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .backend.disk import npz_target, write_npz
+from detjac.outputs import check_output
+
+from .backend.disk import npz_name, write_npz
 from .reader import StoreReader, VerifyResult
 
 
@@ -139,9 +141,10 @@ def export_npz(store: StoreReader, prompt_id: str, out: str | Path, force: bool 
     (row, token, col), or for a low-rank prompt ``combined_U``/``combined_S``/``combined_V`` and the
     per-token ``token_U``, ``token_S``, ``token_V``, ``token_frobenius_sq``. Returns the file written
     (``.npz`` added to a name without it). The file is written aside and renamed into place; an existing
-    one is replaced only with ``force`` (InvalidArgumentError before anything is read otherwise).
+    one is replaced only with ``force``; a target refused by :func:`detjac.outputs.check_output` (inside the store
+    read, inside any store or index, ...) is an InvalidArgumentError before anything is read.
     """
-    target = npz_target(out, force)
+    target = check_output(npz_name(out), force=force, suffix=".npz", reads=[("the store", store.path)])
     prompt: Any = store.get(prompt_id)
     arrays = {name: prompt.array(name) for name in ("embeddings", "output", "token_ids")}
     if prompt.bias() is not None:
@@ -160,7 +163,7 @@ def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: boo
     (circuit-tracer's server answers ``SLUG.json``), and list it in ``graph-metadata.json`` beside it, so
     ``circuit_tracer.frontend`` and ``detjac view FOLDER`` open the folder. Each file is written aside and renamed
     into place; an existing graph file is replaced only with ``force`` (InvalidArgumentError before anything is read
-    otherwise).
+    otherwise, as for any target :func:`detjac.outputs.check_output` refuses).
 
     Raises
     ------
@@ -170,9 +173,9 @@ def export_graph(store: StoreReader, prompt_id: str, out: str | Path, force: boo
     from detjac.errors import InvalidArgumentError
     from detjac.graph_index import slug_of, write_graph_file
 
-    from .backend.disk import disk_refusal, json_target
+    from .backend.disk import disk_refusal
 
-    target = json_target(out, force)
+    target = check_output(out, force=force, suffix=".json", reads=[("the store", store.path)])
     graph = store.get(prompt_id).graph()
     if graph is None:
         raise InvalidArgumentError(f"Expected a prompt stored with its attribution graph (`detjac run --graph`). Got "

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from detjac.errors import InvalidArgumentError
 from detjac.graph_index import slug_of, write_graph_file
+from detjac.outputs import check_output
 
 from .attribution import AttributionGraph
 from .graph_prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
@@ -129,16 +129,12 @@ def write_graph(graph: AttributionGraph, out: str | Path, *, model: str, slug: s
     Raises
     ------
     InvalidArgumentError
-        ``out`` exists and ``force`` is not set, or is not a ``.json`` path.
+        ``out`` is refused by :func:`detjac.outputs.check_output`: not a ``.json`` path, an existing file without
+        ``force``, in a missing folder, inside a store or index.
     """
-    path = Path(out)
-    if path.suffix != ".json":
-        raise InvalidArgumentError(f"Expected an output path ending in .json. Got {str(out)!r}.")
-    if path.exists() and not force:
-        raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
+    path = check_output(out, force=force, suffix=".json")
     slug = slug or slug_of(path)
     data = graph_dict(graph, slug=slug, model=model, node_threshold=node_threshold, edge_threshold=edge_threshold,
                       identity=identity, supernodes=supernodes)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_graph_file(path, data)
     return data

@@ -26,7 +26,7 @@ import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import check_exact, relative_error
-from detjac.graph_index import replace_text  # files written aside, then renamed
+from detjac.outputs import check_output, write_output  # files written aside, then renamed
 from detjac.tokens import token_texts
 
 from ..detach.model import linearized
@@ -164,17 +164,13 @@ def write_qk(result: QKAttribution, out: str | Path, *, force: bool = False,
     Raises
     ------
     InvalidArgumentError
-        ``out`` is not a ``.json`` path, or exists and ``force`` is not set.
+        ``out`` is refused by :func:`detjac.outputs.check_output`: not a ``.json`` path, an existing file without
+        ``force``, in a missing folder, inside a store or index.
     """
-    path = Path(out)
-    if path.suffix != ".json":
-        raise InvalidArgumentError(f"Expected an output path ending in .json. Got {str(out)!r}.")
-    if path.exists() and not force:
-        raise InvalidArgumentError(f"Expected a new output file. Got {str(out)!r}, which exists (use --force).")
+    path = check_output(out, force=force, suffix=".json")
     data = result.to_dict()
     data["model"] = {**data["model"], **(model or {})}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_text(path, json.dumps(data))
+    write_output(path, json.dumps(data))
     return data
 
 

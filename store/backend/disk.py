@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from detjac.aside import aside_pid, fsync_dir, new_folder, reason_of, write_file
+from detjac.aside import aside_pid, fsync_dir, new_folder, reason_of
 from detjac.errors import StoreError
+from detjac.outputs import write_output
 
 
 def disk_error(exc: OSError, what: str) -> StoreError:
@@ -121,44 +122,10 @@ def clear_aside(path: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def npz_target(out: str | Path, force: bool) -> Path:
-    """The ``.npz`` file ``out`` names (numpy adds ``.npz`` to a name without it), checked before any work: its
-    folder exists, and it is new, or an existing regular file replaced only with ``force`` (never a folder or a
-    link). InvalidArgumentError otherwise."""
-    from detjac.errors import InvalidArgumentError
-
+def npz_name(out: str | Path) -> Path:
+    """The ``.npz`` file ``out`` names: numpy's rule, ``.npz`` added to a name without it."""
     path = Path(out)
-    path = path if path.suffix.lower() == ".npz" else path.with_name(path.name + ".npz")
-    if not path.parent.is_dir():
-        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {path.parent}.")
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise InvalidArgumentError(f"Expected a new .npz file or an existing one to replace. Got {path}, which is "
-                                   f"{'a link' if path.is_symlink() else 'not a file'}; nothing was written.")
-    if path.exists() and not force:
-        raise InvalidArgumentError(f"Expected a new file. Got {path}, which exists (--force replaces it).")
-    return path
-
-
-def json_target(out: str | Path, force: bool) -> Path:
-    """The ``.json`` file ``out``, checked before any work as :func:`npz_target` checks a ``.npz`` file."""
-    from detjac.errors import InvalidArgumentError
-
-    path = Path(out)
-    if path.suffix.lower() != ".json":
-        raise InvalidArgumentError(f"Expected a .json file. Got {path}.")
-    if not path.parent.is_dir():
-        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {path.parent}.")
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise InvalidArgumentError(f"Expected a new .json file or an existing one to replace. Got {path}, which is "
-                                   f"{'a link' if path.is_symlink() else 'not a file'}; nothing was written.")
-    if path.exists() and not force:
-        raise InvalidArgumentError(f"Expected a new file. Got {path}, which exists (--force replaces it).")
-    return path
-
-
-def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` beside it first, then rename it into place (as :func:`write_npz`)."""
-    return _write_aside(path, "w", lambda handle: handle.write(text))
+    return path if path.suffix.lower() == ".npz" else path.with_name(path.name + ".npz")
 
 
 def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -> Path:
@@ -166,14 +133,7 @@ def write_npz(path: Path, arrays: dict[str, Any], *, compressed: bool = False) -
     disk leaves the previous file (or none), never a truncated one."""
     import numpy as np
 
-    return _write_aside(path, "wb", lambda handle: (np.savez_compressed if compressed else np.savez)(handle, **arrays))
-
-
-def _write_aside(path: Path, mode: str, write: Callable[[Any], Any]) -> Path:
-    """``write`` an open handle of a file beside ``path`` (a new file under an unpredictable name,
-    :func:`detjac.aside.write_file`), synced, then renamed into place; a refusal of the file system is a
-    :func:`disk_error`, and nothing half-written stays."""
     try:
-        return write_file(path, write, mode)
-    except OSError as exc:
+        return write_output(path, lambda handle: (np.savez_compressed if compressed else np.savez)(handle, **arrays))
+    except OSError as exc:  # a refusal of the file system, with nothing half-written left
         raise disk_error(exc, f"write {path}") from exc
