@@ -6,6 +6,7 @@ Each command parses, calls one function of :mod:`detjac.analysis.lens.lens_fit`,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -138,7 +139,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     if model is None or prompts_path is None:
         raise click.UsageError("Expected --model and --prompts with --estimator jlens (it runs the model on the "
                                "texts).")
-    check_lens_target(path, force)  # before the model loads and the texts run
+    check_lens_target(path, force, reads=[("the prompts file", prompts_path)])  # before the model loads
     texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
     ref = resolve_model_ref(model, gguf_file)
     engine = load_engine(ref, streamed=True, dtype=torch.float64, detach=not ordinary, device=device)
@@ -168,9 +169,10 @@ def save_cmd(path: str, out: str, force: bool) -> None:
     Example:
       detjac lens save fit.zarr gcide.lens
     """
-    from detjac.analysis import save_lens
+    from detjac.analysis import check_lens_target, save_lens
     from detjac.runs import read_lens
 
+    check_lens_target(out, force, reads=[("the lens", path)])  # not into what is read
     written = save_lens(read_lens(path), out, force=force)
     click.echo(f"wrote {written}")
 
@@ -213,8 +215,11 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
       detjac lens export texts.jlens texts.pt
       detjac lens export fit.zarr gcide.pt --model default --dtype float32
     """
+    from detjac.outputs import check_output
     from detjac.runs import export_lens, read_lens, recorded_model
 
+    if Path(lens_path).exists():  # a lens on this machine (not ORG/NAME:FILE of the cache): not overwritten
+        check_output(out, force=force, reads=[("the lens", lens_path)])
     found = read_lens(lens_path)
     gain = n_layers = None
     if model is None and gguf_file is None and (not found.before_norm or found.info.get("n_layers") is None):

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import ModelOptions, check_prompts, collect_model_options, model_argument, model_option
+from .options import (
+    ModelOptions,
+    check_out,
+    check_prompts,
+    collect_model_options,
+    model_argument,
+    model_option,
+    model_reads,
+)
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
@@ -57,6 +65,7 @@ def neurons(model: ModelRef, corpus: str, out: str, model_options: ModelOptions,
     """
     from detjac.runs import NeuronOptions, build_neuron_index, read_prompts
 
+    check_out(out, kind="store", reads=[("the corpus", corpus), *model_reads(model)])  # not inside a store or input
     prompts_format = settings.pop("prompts_format")
     source = read_prompts(corpus, prompts_format) if prompts_format else corpus
     options = NeuronOptions(**{**model_options.model_settings(), **settings}, gguf_file=model_options.gguf_file)

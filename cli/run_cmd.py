@@ -17,10 +17,12 @@ from .options import (
     ROW_BLOCK_HELP,
     ModelOptions,
     check_heads_option,
+    check_out,
     check_prompts,
     collect_model_options,
     model_argument,
     model_option,
+    model_reads,
 )
 
 if TYPE_CHECKING:
@@ -167,6 +169,7 @@ def run(model: ModelRef, prompts: str, out: str, model_options: ModelOptions, **
     """
     from detjac.runs import RunOptions, read_prompts, run_corpus
 
+    check_out(out, kind="store", reads=[("the prompts file", prompts), *model_reads(model)])  # not inside a store
     settings["detach"] = not settings.pop("ordinary")
     prompts_format = settings.pop("prompts_format")
     source = read_prompts(prompts, prompts_format) if prompts_format else prompts

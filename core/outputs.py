@@ -74,12 +74,7 @@ def check_output(out: str | os.PathLike[str], *, force: bool = False, kind: str 
     path = Path(out)
     if kind == FILE and suffix is not None and not path.name.lower().endswith(suffix.lower()):
         raise InvalidArgumentError(f"Expected a path ending in {suffix}. Got {str(out)!r}.")
-    if path.is_symlink():
-        raise InvalidArgumentError(f"Expected a new {_noun(kind, suffix)} or an existing one. Got {path}, which is a "
-                                   "link (links are never followed or replaced); nothing was written.")
     parent = path.absolute().parent
-    if not parent.is_dir():
-        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got none at {parent}.")
     real = parent.resolve() / path.name  # the folders above resolved: what the write will really reach
     for what, read in reads:
         _refuse_overlap(path, real, what, Path(read))
@@ -88,6 +83,12 @@ def check_output(out: str | os.PathLike[str], *, force: bool = False, kind: str 
         raise InvalidArgumentError(f"Expected an output outside any detjac store, neuron index or lens. Got {path}, "
                                    f"inside {root} (a zarr group: a file written there damages it); nothing was "
                                    "written.")
+    if path.is_symlink():
+        raise InvalidArgumentError(f"Expected a new {_noun(kind, suffix)} or an existing one. Got {path}, which is a "
+                                   "link (links are never followed or replaced); nothing was written.")
+    if not parent.is_dir():
+        got = "a file" if parent.exists() else "none"
+        raise InvalidArgumentError(f"Expected an existing folder for {path}. Got {got} at {parent}.")
     _refuse_existing(path, kind, suffix, force)
     return path
 

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detjac.aside import write_file
 from detjac.errors import InvalidArgumentError, StoreFormatError
+from detjac.outputs import check_output, write_output
 from detjac.revisions import cached_commit, check_inside
 
 if TYPE_CHECKING:
@@ -118,21 +118,13 @@ def artifact_payload(lens: Lens, *, dtype: str = "float16", gain: np.ndarray | N
 def export_lens(lens: Lens, out: str | Path, *, dtype: str = "float16", force: bool = False,
                 gain: np.ndarray | None = None, n_layers: int | None = None) -> Path:
     """Write ``lens`` as an artifact file ``out`` (:func:`artifact_payload`): to a temporary file beside it, then
-    renamed, so ``out`` is never half-written; an existing ``out`` is replaced only with ``force`` and only if it is
-    a file (InvalidArgumentError otherwise)."""
+    renamed, so ``out`` is never half-written; ``out`` is checked by :func:`detjac.outputs.check_output` (an
+    existing file replaced only with ``force``; InvalidArgumentError otherwise)."""
     import torch
 
-    out = Path(out)
-    if out.exists() or out.is_symlink():
-        if not force:
-            raise InvalidArgumentError(f"Expected a new file for the lens artifact. Got {out}, which exists "
-                                       "(--force replaces it).")
-        if out.is_dir() or out.is_symlink():
-            raise InvalidArgumentError(f"Expected a file to replace at {out}. Got a "
-                                       f"{'symbolic link' if out.is_symlink() else 'folder'}; nothing was written.")
+    out = check_output(out, force=force)  # a new file, or a file replaced with force; never into a store or index
     payload = artifact_payload(lens, dtype=dtype, gain=gain, n_layers=n_layers)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return write_file(out, lambda handle: torch.save(payload, handle))  # a new file under an unpredictable name
+    return write_output(out, lambda handle: torch.save(payload, handle))
 
 
 def _load(path: Path) -> Any:

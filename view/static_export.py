@@ -8,14 +8,12 @@ whole index's.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..aside import new_folder
 from ..errors import InvalidArgumentError, StoreError
+from ..outputs import FOLDER, check_output, write_folder
 from .assets import ASSETS, asset, data_script, index_html
 from .graph_file import GraphFile
 from .pages import Pages
@@ -56,19 +54,15 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
     Raises
     ------
     InvalidArgumentError
-        ``out`` is a file, a folder with something in it or a folder inside the store, or a prompt id is not a
-        complete prompt.
+        ``out`` is refused by :func:`detjac.outputs.check_output` (a file, a folder with something in it, a folder
+        inside the store, the graph or the neuron index read, or inside any store or index), or a prompt id is not
+        a complete prompt.
     NeuronIndexMismatch
         ``neurons`` was made with another model than the store's or the graph's.
     """
-    out = Path(out)
-    store_root = Path(store.path).resolve()
-    if out.resolve() == store_root or store_root in out.resolve().parents:
-        raise InvalidArgumentError(f"Expected a folder outside the store to export to. Got {out}, inside "
-                                   f"{store.path}: the export would be written into the store it shows.")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidArgumentError(f"Expected a new or empty folder to export to. Got {out}, which "
-                                   f"{'is a file' if not out.is_dir() else 'is not empty'}.")
+    what = "the graph" if isinstance(store, GraphFile) else "the store"
+    reads = [(what, store.path), *([("the neuron index", neurons.path)] if neurons is not None else [])]
+    out = check_output(out, kind=FOLDER, reads=reads)  # not into what is read, nor into any store or index
     pages: Any = store if isinstance(store, GraphFile) else Pages(store)
     known = set(store.prompt_ids())
     chosen = None if prompt_ids is None else list(dict.fromkeys(prompt_ids))
@@ -85,20 +79,13 @@ def export_static(store: StoreReader | GraphFile, out: str | Path, prompt_ids: S
         pages, keys = with_neurons, with_neurons.keys(chosen)
     if progress is not None:
         progress.total = len(keys)
-    tmp = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = new_folder(out)  # written aside (new, unpredictable name: no planted link), renamed whole
-        written = _write(pages, keys, chosen, tmp, progress)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
+        written = write_folder(out, lambda tmp: [p.relative_to(tmp) for p in _write(pages, keys, chosen, tmp,
+                                                                                     progress)])
     except OSError as exc:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         raise StoreError(f"Expected to write the snapshot into {out}. Got {exc.strerror or exc} "
                          f"({type(exc).__name__}); nothing was left there.") from exc
-    return [out / path.relative_to(tmp) for path in written]
+    return [out / path for path in written]
 
 
 def _write(pages: Any, keys: list[str], chosen: list[str] | None, out: Path, progress: Any) -> list[Path]:

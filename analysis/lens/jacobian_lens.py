@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ import numpy as np
 
 from detjac.errors import InvalidArgumentError, StoreFormatError
 from detjac.exactness import relative_error
+from detjac.outputs import FOLDER, check_output
 from detjac.safe_json import read_json
 
 if TYPE_CHECKING:
@@ -146,14 +147,16 @@ def save_lens(lens: Lens, out: str | Path, force: bool = False) -> Path:
     from detjac.store import write_sealed
 
     out = check_lens_target(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
     return write_sealed(out.parent, out.name, _arrays(lens.layers, lens.mean, lens.second_moment, lens.count),
                         {LENS_KEY: lens.info}, f"save the lens to {out}", DIMS)
 
 
-def check_lens_target(out: str | Path, force: bool = False) -> Path:
+def check_lens_target(out: str | Path, force: bool = False,
+                      reads: Iterable[tuple[str, str | Path]] = ()) -> Path:
     """``out`` if a lens may be saved there: a new folder, or with ``force`` a saved lens (never a store, a link, a
-    file or a folder of other files); InvalidArgumentError otherwise. Call it before the work a lens costs."""
+    file or a folder of other files), and what :func:`detjac.outputs.check_output` accepts (an existing parent
+    folder, outside ``reads`` and outside any store or index); InvalidArgumentError otherwise. Call it before the
+    work a lens costs."""
     out = Path(out)
     if out.exists() or out.is_symlink():
         if not force:
@@ -163,7 +166,7 @@ def check_lens_target(out: str | Path, force: bool = False) -> Path:
         if found is not None:
             raise InvalidArgumentError(f"Expected a saved lens at {out} to replace (--force replaces only a lens "
                                        f"written by `detjac lens save`). Got {found}; nothing was written.")
-    return out
+    return check_output(out, force=force, kind=FOLDER, reads=reads)
 
 
 def _saved_lens_at(path: Path) -> str | None:
