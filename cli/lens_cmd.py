@@ -338,8 +338,6 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
       detjac lens evaluate fit.zarr --ordinary ordinary.zarr --out eval/
       detjac lens evaluate gcide.lens --limit 50 --exact 10
     """
-    from pathlib import Path
-
     from detjac.analysis import lens_markdown, plot_agreement, summarize_lens, write_table
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm

@@ -125,8 +125,9 @@ def _refuse_existing(path: Path, kind: str, suffix: str | None, force: bool) -> 
         return
     if kind == FILE:
         if not path.is_file():
+            what = "a folder" if path.is_dir() else "something that is not a regular file"
             raise InvalidArgumentError(f"Expected a new {_noun(kind, suffix)} or an existing one to replace. Got "
-                                       f"{path}, which is not a file; nothing was written.")
+                                       f"{what} at {path}; nothing was written.")
         if not force:
             raise InvalidArgumentError(f"Expected a new file. Got {path}, which exists (--force replaces it).")
         return

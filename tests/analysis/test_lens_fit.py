@@ -71,6 +71,9 @@ def test_a_store_without_to_output_targets_names_the_run_options(tmp_path):
 def test_save_load_and_a_damaged_lens_is_refused(synthetic, tmp_path):
     lens_fit.fit_lens(synthetic.open())
     lens = lenses.load_lens(synthetic.path)
+    with pytest.raises(InvalidArgumentError, match="Expected an existing folder for .*gcide.lens. Got none at"):
+        lenses.save_lens(lens, tmp_path / "shared" / "gcide.lens")  # a missing folder is refused, as for any output
+    (tmp_path / "shared").mkdir()
     saved = lenses.save_lens(lens, tmp_path / "shared" / "gcide.lens")
     back = lenses.load_lens(saved)
     assert np.array_equal(back.mean, lens.mean) and back.info == lens.info

@@ -89,5 +89,5 @@ def test_bad_output_paths_are_refused_before_any_work(tmp_path):
     existing = tmp_path / "g.json"
     existing.write_text("{}")
     result = runner.invoke(main, ["graph", "-p", PROMPT, "--out", str(existing)])
-    assert result.exit_code != 0 and "exists (use --force)" in result.output
+    assert result.exit_code != 0 and "exists (--force replaces it)" in result.output
     assert existing.read_text() == "{}"

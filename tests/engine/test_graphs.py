@@ -416,7 +416,7 @@ def test_a_full_disk_keeps_the_computed_graph_and_says_where(tmp_path, monkeypat
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(graph_index, "replace_text", full)
+    monkeypatch.setattr(graph_index, "write_output", full)
     with pytest.raises(OutputError, match=r"Expected to write the graph to .*h\.json.* Got the disk is full; the graph "
                                           r"is kept in (\S+)\.$") as caught:
         write_graph(g, tmp_path / "h.json", model="tiny")

@@ -244,7 +244,7 @@ def test_the_export_refuses_a_folder_in_use_and_unknown_prompts(layered_store, t
     pid = layered_store.ids[2]
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "notes.txt").write_text("mine")
-    with pytest.raises(InvalidArgumentError, match="Expected a new or empty folder to export to. Got .* not empty"):
+    with pytest.raises(InvalidArgumentError, match="Expected a new or empty folder. Got .* not empty"):
         export_static(layered_store.open(), tmp_path / "one")
     with pytest.raises(InvalidArgumentError, match="Expected complete prompts of .* Got nope"):
         export_static(layered_store.open(), tmp_path / "two", ["nope"])
