@@ -1,0 +1,26 @@
+"""Commands that read a model folder never write into it: ``--out`` inside the checkpoint folder MODEL is refused
+by the one output check (``detjac.outputs``) before the model loads, with nothing written."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from detjac.cli.main import main
+
+
+def _listing(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("command, name", [("jacobian", "j.npz"), ("graph", "g.json"), ("attention", "qk.json"),
+                                           ("svd", "s.npz"), ("jacobian", "j.zarr")])
+def test_an_output_inside_the_model_folder_it_reads_is_refused(llama_checkpoint, command, name):
+    before = _listing(llama_checkpoint)
+    extra = ["--layer", "0", "--head", "0"] if command == "attention" else []
+    result = CliRunner().invoke(main, [command, str(llama_checkpoint), "-p", "a b", *extra,
+                                       "--out", str(llama_checkpoint / name)])
+    assert result.exit_code == 1, result.output
+    assert (f"Expected an output outside the model {llama_checkpoint.resolve()}, which this command reads. Got "
+            f"{llama_checkpoint / name}, which is inside it; nothing was written.") in result.output
+    assert _listing(llama_checkpoint) == before
