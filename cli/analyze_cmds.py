@@ -11,7 +11,7 @@ import click
 from detjac.targets import COMPONENTS, OUTPUT
 
 from . import render
-from .options import TABLE_HELP, parse_target, parse_token, prompt_id_option, scheduler_options
+from .options import TABLE_HELP, check_results, parse_target, parse_token, prompt_id_option, scheduler_options
 
 
 @click.group()
@@ -127,6 +127,7 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
     from detjac.store import open_store
 
     index = parse_token(token)
+    check_results([path], files=(plot, table_path))
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
     k = default_k(store) if k is None else k
@@ -159,6 +160,7 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
     from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
+    check_results([path], files=(csv_path,))
     store = open_store(path)
     require_full(store, "analyze dims")  # before the bar
     ids = list(prompt_ids) or store.prompt_ids()
@@ -213,6 +215,7 @@ def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int
     from detjac.progress import tqdm
     from detjac.store import open_store
 
+    check_results([path], files=(table_path,))
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
     with tqdm(total=len(ids), desc="graphs", unit="prompt") as bar:
@@ -264,6 +267,7 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
     from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
+    check_results([path], folders=(out_dir,))
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
@@ -294,6 +298,7 @@ def compare_cmd(detached_path: str, ordinary_path: str, top: int, plot: str, csv
     from detjac.analysis import compare_report
     from detjac.store import open_store
 
+    check_results([detached_path, ordinary_path], files=(plot, csv_path))
     render.echo_compare(compare_report(open_store(detached_path), open_store(ordinary_path), top, plot, csv_path))
 
 
@@ -324,6 +329,7 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     from detjac.runs import dask_scheduler
     from detjac.store import open_store
 
+    check_results([path], folders=(out_dir,))
     store = open_store(path)
     require_full(store, "analyze report")  # before the bar
     with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \

@@ -14,6 +14,7 @@ import click
 from . import render
 from .options import (
     ModelOptions,
+    check_results,
     collect_model_options,
     gguf_file_option,
     model_option,
@@ -349,6 +350,7 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
             raise InvalidArgumentError(f"Expected --prompts (held-out prompts, one per line). Got none, and "
                                        f"{HELDOUT} is only the default model's.")
         prompts_path = str(found)
+    check_results([lens_path, *([ordinary] if ordinary else [])], folders=(out,), what="the lens")
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
     lenses = _lenses(lens_path, ordinary)
     engine = load_lens_engine(resolve_model_ref(model, gguf_file), list(lenses.values()), device)

@@ -302,6 +302,17 @@ def check_out(out: str, *, force: bool = False, kind: str = "file", suffix: str 
     return check_output(out, force=force, kind=kind, suffix=suffix, reads=reads or [])
 
 
+def check_results(stores: list[str], folders: tuple[str | None, ...] = (), files: tuple[str | None, ...] = (),
+                  what: str = "the store") -> None:
+    """The folders and files an analysis writes its tables and plots into (``None``: not asked for), checked by
+    :func:`check_out` before the ``stores`` it reads open: never inside them or any other store or index, never in
+    a missing folder or at a link. What is there is replaced, as these outputs always were (no ``--force``)."""
+    reads = [(what, store) for store in stores if "://" not in store]
+    for out, kind in [*((f, "folder") for f in folders), *((f, "file") for f in files)]:
+        if out is not None:
+            check_out(out, force=True, kind=kind, reads=reads)
+
+
 def model_reads(model: Any) -> list[tuple[str, str]]:
     """What a command reads of MODEL (a resolved :class:`~detjac.engine.ModelRef`), for
     :func:`detjac.outputs.check_output`'s ``reads``: its folder or file when it is one on this machine."""

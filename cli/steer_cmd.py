@@ -13,6 +13,7 @@ from . import render
 from .options import (
     TABLE_HELP,
     ModelOptions,
+    check_results,
     model_argument,
     model_options,
     parse_concept_source,
@@ -81,6 +82,7 @@ def steer(model: ModelRef, concept: str, layer: int, strength: float, prompt: st
     o.refuse("detjac steer", "steering generates text with the whole model in memory", streamed=False,
              max_memory=None)
     store_path, pid = parse_concept_source(concept)
+    check_results([store_path], files=(table_path,))
     values = parse_strengths(strengths) if prompts_file is not None else []
     session = load_concept(model, store_path, pid, layer, dtype=o.dtype, device=o.device, method=method,
                            revision=o.revision, trust_remote_code=o.trust_remote_code)

@@ -10,7 +10,7 @@ import click
 
 from detjac.targets import OUTPUT
 
-from .options import parse_target, prompt_id_option
+from .options import check_results, parse_target, prompt_id_option
 
 TARGET_HELP = "'output' (the model's), or a stored layerwise target such as layer.2, layer_normed.3, to_output.1."
 
@@ -44,6 +44,7 @@ def columns_cmd(path: str, prompt_id: str | None, target: str, tokens: tuple[int
     from detjac.analysis import largest_columns, piece_reader, plot_columns, write_table
     from detjac.store import open_store
 
+    check_results([path], folders=(out_dir,))
     store = open_store(path)
     pid = _prompt(store, prompt_id)
     rows = largest_columns(store, pid, target=parse_target(target), tokens=list(tokens) or None, count=count, top=top)
@@ -75,6 +76,7 @@ def image_cmd(path: str, prompt_id: str | None, target: str, token: int, png: st
     from detjac.analysis import jacobian_image, plot_jacobian_image
     from detjac.store import open_store
 
+    check_results([path], files=(png,))
     store = open_store(path)
     pid = _prompt(store, prompt_id)
     image = jacobian_image(store, pid, target=parse_target(target), token=token)
@@ -108,6 +110,7 @@ def path_cmd(path: str, prompt_id: str | None, kind: str, top: int, out_dir: str
     from detjac.analysis import piece_reader, plot_path, singular_path, write_table
     from detjac.store import open_store
 
+    check_results([path], folders=(out_dir,))
     store = open_store(path)
     pid = _prompt(store, prompt_id)
     data = singular_path(store, pid, kind=kind, top=top)
