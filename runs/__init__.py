@@ -12,7 +12,7 @@ from detjac.facade import lazy_exports
 
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
     from .description import RunDescription
-    from .export import check_npz_path, save_result
+    from .export import save_result
     from .fingerprint import model_identity, weights_identity
     from .lens_apply import (
         check_lens_kinds,

@@ -14,13 +14,6 @@ import numpy as np
 from detjac.outputs import check_output
 
 
-def check_npz_path(path: str | Path, force: bool = False) -> Path:
-    """``path`` if an .npz file can be written there (checked before any work by
-    :func:`detjac.outputs.check_output`: a name ending in .npz, a new file or an existing one replaced only with
-    ``force``, in an existing folder outside any store or index), else InvalidArgumentError."""
-    return check_output(path, force=force, suffix=".npz")
-
-
 def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[str] | None = None,
                 force: bool = False) -> Path:
     """Write a :class:`~detjac.engine.JacobianResult` to ``path`` (``.npz``, compressed, written aside and renamed
@@ -28,7 +21,7 @@ def save_result(result: Any, path: str | Path, *, model: str = "", tokens: list[
     file is replaced only with ``force``."""
     from detjac.store import write_npz
 
-    path = check_npz_path(path, force)
+    path = check_output(path, force=force, suffix=".npz")  # before anything is written
 
     def numpy(t: Any) -> np.ndarray:
         return t.detach().to("cpu").numpy()
