@@ -286,6 +286,7 @@ def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options
     from detjac.analysis import plot_positions
     from detjac.runs import load_lens_engine, position_ranks, recorded_model, score_prompt, unembedding
 
+    check_results([lens_path, *([ordinary] if ordinary else [])], files=(plot,), what="the lens")
     lenses = _lenses(lens_path, ordinary)
     o = model_options  # float64 and layer-streamed, always: a lens reads the exact states
     model = model or o.resolve(recorded_model(next(iter(lenses.values()))) or "default")  # the lens's own model

@@ -275,6 +275,7 @@ def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top
     if source != "default" and not prompts:
         raise click.UsageError("Expected --prompt with a MODEL other than default: the built-in prompts are "
                                "dictionary entries for the default model.")
+    check_out(plot, force=True, reads=model_reads(model))  # replaced as always, never into MODEL or a store
     engine = o.engine(model)
     tok = engine.tokenizer
     n_params = engine.parameter_count()
