@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..aside import reason_of, write_file
+from ..aside import reason_of
 from ..errors import InvalidArgumentError, OutputError
+from ..outputs import write_output
 from ..singular import decode_blocks
 from ..tokens import piece
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
@@ -274,7 +275,7 @@ def write_table(rows: list[dict[str, Any]], path: Any) -> Path:
 
     List values (e.g. decoded token ids) become Parquet lists, and space-separated text in CSV; a
     Parquet column whose values mix text and numbers (``token``: "combined" or an index) is text.
-    Written beside ``path`` and renamed (:func:`detjac.aside.write_file`): a full disk is an OutputError and
+    Written beside ``path`` and renamed (:func:`detjac.outputs.write_output`): a full disk is an OutputError and
     leaves no file, never an empty or truncated one.
     """
     path = Path(path)
@@ -289,17 +290,20 @@ def write_table(rows: list[dict[str, Any]], path: Any) -> Path:
             types = {key: {type(r[key]) for r in rows if r[key] is not None} for key in rows[0]}
             mixed = {key for key, kinds in types.items() if str in kinds and len(kinds) > 1}
             table = pa.Table.from_pylist([{k: str(v) if k in mixed else v for k, v in r.items()} for r in rows])
-            return write_file(path, lambda handle: pq.write_table(table, handle))
-        return write_file(path, lambda handle: _write_csv(rows, handle), "w")
+            return write_output(path, lambda handle: pq.write_table(table, handle))
+        return write_output(path, _csv_text(rows))
     except OSError as exc:
         raise OutputError(f"Expected to write the table {path}. Got {reason_of(exc)}; nothing was written there."
                           ) from exc
 
 
-def _write_csv(rows: list[dict[str, Any]], handle: Any) -> None:
+def _csv_text(rows: list[dict[str, Any]]) -> str:
     import csv
+    import io
 
+    handle = io.StringIO(newline="")
     writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows({k: " ".join(map(str, v)) if isinstance(v, list | tuple) else v for k, v in r.items()}
                      for r in rows)
+    return handle.getvalue()
