@@ -40,3 +40,15 @@ def test_a_store_written_inside_another_store_is_refused_and_the_store_still_ver
     assert _listing(store) == before
     verified = CliRunner().invoke(main, ["store", "verify", str(store)])
     assert verified.exit_code == 0, verified.output
+
+
+@pytest.mark.parametrize("args", [["analyze", "report", "{store}", "--out", "{store}/report"],
+                                  ["analyze", "image", "{store}", "--out", "{store}/j.png"],
+                                  ["analyze", "dims", "{store}", "--table", "{store}/dims.csv"]])
+def test_tables_and_plots_of_an_analysis_are_refused_inside_the_store_it_reads(tmp_path, args):
+    store = make_store(tmp_path / "run.zarr", prompts=1).path
+    before = _listing(store)
+    result = CliRunner().invoke(main, [a.format(store=store) for a in args])
+    assert result.exit_code == 1 and f"Expected an output outside the store {store}, which this command reads. Got " \
+        f"{args[-1].format(store=store)}, which is inside it; nothing was written." in result.output, result.output
+    assert _listing(store) == before
