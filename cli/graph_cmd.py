@@ -94,6 +94,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     if index is not None:
         from detjac.analysis import relabel
 
+        # the model's shape, known once traced: compared whether or not the index or the model has a digest
+        index.check({k: g.info.get(k) for k in ("family", "n_layers", "neurons_per_layer")})
         g.labels = relabel(g.labels, g.neurons, index)
     supernodes, grouping = _groups(g, index) if group and index is not None else ([], None)
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
