@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 from click.testing import CliRunner
+from neuron_helpers import resealed
 
 from detjac.analysis import neuron_page
 from detjac.cli.main import main
@@ -65,11 +65,7 @@ def test_the_export_holds_the_page_of_every_neuron_of_its_graph_and_no_other(exp
 
 
 def test_an_index_of_another_model_is_refused_and_nothing_written(graph_file, neuron_index, tmp_path):
-    other = tmp_path / "other.zarr"
-    shutil.copytree(neuron_index, other)
-    meta = json.loads((other / "zarr.json").read_text())
-    meta["attributes"]["identity"]["weights_sha256"] = "f" * 64
-    (other / "zarr.json").write_text(json.dumps(meta))
+    other = resealed(neuron_index, tmp_path / "other.zarr", {"weights_sha256": "f" * 64})
     out = tmp_path / "pages"
     result = CliRunner().invoke(main, ["view", str(graph_file), "--neurons", str(other), "--export", str(out)])
     assert result.exit_code != 0
