@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from neuron_helpers import resealed
@@ -71,3 +72,18 @@ def test_an_index_of_another_model_is_refused_and_nothing_written(graph_file, ne
     assert result.exit_code != 0
     assert "weights_sha256: 'ffff" in result.output and len(result.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("position", [-3, 999])
+def test_a_resealed_index_pointing_outside_its_prompts_is_refused_and_nothing_written(graph_file, neuron_index,
+                                                                                        tmp_path, position):
+    arrays = open_neuron_index(neuron_index).arrays
+    changed = arrays["top_position"].copy()
+    changed[tuple(np.argwhere(arrays["top_prompt"] >= 0)[0])] = position  # Python would read -3 from the end
+    bad = resealed(neuron_index, tmp_path / "bad.zarr", arrays={"top_position": changed})
+    out = tmp_path / "pages"
+    result = CliRunner().invoke(main, ["view", str(graph_file), "--neurons", str(bad), "--export", str(out)])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and f"top_position {position} outside its prompt" in message, message
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.zarr"]  # no pages, no .pages.tmp-* folder
