@@ -143,7 +143,8 @@ def _neuron_index(path: str, identity: dict, model_options: ModelOptions):  # no
     from detjac.store import open_neuron_index
 
     index = open_neuron_index(path)
-    index.check({"weights_sha256": identity.get("weights_sha256"), "convention": model_options.convention})
+    digest = identity.get("weights_sha256")  # none for a model without files: its shape is compared once traced
+    index.check({"convention": model_options.convention, **({"weights_sha256": digest} if digest else {})})
     return index
 
 

@@ -58,7 +58,7 @@ def check_identity(path: Path, stored: dict[str, Any], wanted: dict[str, Any]) -
 def lock_path(path: str | Path) -> Path:
     """The index's lock file, ``<path>.lock``: beside its folder, so that replacing the folder (``--force-new``)
     keeps the lock."""
-    path = Path(path).absolute()
+    path = Path(path).resolve()  # one lock per folder, whatever name reaches it
     return path.with_name(path.name + ".lock")
 
 
@@ -181,9 +181,9 @@ class NeuronIndex:
 
     def check(self, wanted: dict[str, Any]) -> None:
         """Raise :class:`NeuronIndexMismatch` unless the index was made with ``wanted`` (e.g. the model's
-        ``family``, ``n_layers``, ``n_neurons`` and ``weights_sha256``); a key whose value is None (not known to the
-        asker: a graph written from Python may carry no weights digest) is not compared."""
-        check_identity(self.path, self.identity, {k: v for k, v in wanted.items() if v is not None})
+        ``family``, ``n_layers``, ``neurons_per_layer`` and ``weights_sha256``), each key compared as given: leave
+        out what the asker does not know (a graph written from Python may carry no weights digest)."""
+        check_identity(self.path, self.identity, wanted)
 
     def token_text(self, ids: Any) -> list[str]:
         """The texts of token ids (those of the corpus and of the write effects), ``?`` for one not kept."""
