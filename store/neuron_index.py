@@ -194,7 +194,12 @@ class NeuronIndex:
         return [self._vocab.get(int(i), "?") for i in np.asarray(ids).ravel()]
 
     def prompt_tokens(self, prompt: int) -> np.ndarray:
+        """The token ids of the corpus's prompt ``prompt`` (0-based; InvalidArgumentError outside the corpus, never
+        Python's negative indexing)."""
         off = self.arrays["prompt_offsets"]
+        if isinstance(prompt, bool) or not isinstance(prompt, int | np.integer) or not 0 <= prompt < off.size - 1:
+            raise InvalidArgumentError(f"Expected a prompt in 0..{off.size - 2} of the neuron index {self.path}. Got "
+                                       f"{prompt!r}.")
         return self.arrays["prompt_tokens"][off[prompt]:off[prompt + 1]]
 
 

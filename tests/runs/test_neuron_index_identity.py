@@ -65,7 +65,8 @@ def test_an_edited_root_relabels_nothing(built, tmp_path):
 
 def test_an_identity_that_disagrees_with_the_arrays_is_refused(built, tmp_path):
     _, out = built
-    for n, identity in enumerate(({"neurons_per_layer": 1536}, {"n_layers": 30}, {"k": 5}, {"prompts": 7, "shard_prompts": 4})):
+    lies = ({"neurons_per_layer": 1536}, {"n_layers": 30}, {"k": 5}, {"prompts": 7, "shard_prompts": 4})
+    for n, identity in enumerate(lies):
         with pytest.raises(StoreError, match=r"of shape .* where its identity .* says"):
             open_neuron_index(resealed(out, tmp_path / f"i{n}.zarr", identity))
 
@@ -110,6 +111,17 @@ def test_every_stored_index_is_checked_against_what_it_indexes(built, tmp_path, 
     bad = resealed(out, tmp_path / "bad.zarr", arrays={name: changed})
     with pytest.raises(StoreError, match=said):
         open_neuron_index(bad)
+
+
+def test_a_prompt_outside_the_corpus_is_refused_not_read_from_the_end(built):
+    from detjac.errors import InvalidArgumentError
+
+    index = open_neuron_index(built[1])
+    last = index.arrays["prompt_tokens"][index.arrays["prompt_offsets"][1]:]
+    assert index.prompt_tokens(np.int64(1)).tolist() == last.tolist() and last.size > 0
+    for prompt in (-1, 2, True):
+        with pytest.raises(InvalidArgumentError, match=f"Expected a prompt in 0..1 .* Got {prompt!r}"):
+            index.prompt_tokens(prompt)
 
 
 def test_a_second_writer_is_refused_by_the_lock_beside_the_index(built, tmp_path):
