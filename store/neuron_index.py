@@ -77,11 +77,18 @@ def writing_index(path: str | Path) -> Iterator[None]:
         release(held)
 
 
+def _root_attrs(path: Path) -> dict[str, Any]:
+    """The root group's attributes ({} where its zarr.json holds none, or holds something else)."""
+    meta = read_json(path / "zarr.json")
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return attrs if isinstance(attrs, dict) else {}
+
+
 def _root(path: Path, error: type[DetjacError]) -> None:
     """Check the root group at ``path``: a neuron index of this format, its attributes ``kind`` and ``format`` only
     (the identity lives in the sealed group: a root that says more was edited)."""
-    root = read_json(path / "zarr.json").get("attributes", {})
-    if not isinstance(root, dict) or root.get("kind") != KIND:
+    root = _root_attrs(path)
+    if root.get("kind") != KIND:
         raise error(f"Expected a neuron index (made by `detjac neurons`) at {path}. Got another zarr group"
                     + ("; choose another --out." if error is StoreError else "."))
     if root.get("format") != FORMAT:
@@ -131,7 +138,7 @@ def start_index(path: str | Path, identity: dict[str, Any], force_new: bool = Fa
                 return []
             check_identity(path, found[1]["identity"], identity)
             return list(found[1]["shards"])
-        if read_json(path / "zarr.json").get("attributes", {}).get("kind") != KIND:
+        if _root_attrs(path).get("kind") != KIND:
             raise StoreError(f"Expected a neuron index (or nothing) at {path}. Got another zarr group; choose "
                              "another --out.")
         shutil.rmtree(path)
