@@ -145,13 +145,31 @@ def test_a_second_writer_is_refused_by_the_lock_beside_the_index(built, tmp_path
     assert {p.name: p.read_bytes() for p in (held / "index").rglob("*") if p.is_file()} == before  # untouched
 
 
-def test_a_graph_of_another_models_shape_is_refused_without_a_digest(built, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_index(built, tmp_path_factory):
+    """An index of a tiny random Llama: 3 layers of 48 neurons (the default model: 4 of 704)."""
     from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 
-    prompts, _ = built
-    tiny = save_tiny_checkpoint(tmp_path / "tiny", "llama")  # 3 layers of 48 neurons; the default model: 4 of 704
-    other = tmp_path / "tiny.zarr"
-    build_neuron_index(str(tiny), prompts, other, OPTIONS, progress=False)
+    folder = tmp_path_factory.mktemp("tiny-index")
+    tiny = save_tiny_checkpoint(folder / "tiny", "llama")
+    build_neuron_index(str(tiny), built[0], folder / "tiny.zarr", OPTIONS, progress=False)
+    return folder / "tiny.zarr"
+
+
+def test_graph_compares_the_models_shape_when_it_has_no_digest(tiny_index, tmp_path, monkeypatch):
+    import detjac.runs
+
+    monkeypatch.setattr(detjac.runs, "model_identity", lambda source: {})  # a model without files
+    graph = tmp_path / "g.json"
+    result = CliRunner().invoke(main, ["graph", "-p", "Paris", "--out", str(graph), "--max-nodes", "10",
+                                       "--neurons", str(tiny_index)])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+    assert "n_layers: 3 (index) != 4; neurons_per_layer: 48 (index) != 704" in result.output, result.output
+    assert not graph.exists()
+
+
+def test_a_graph_of_another_models_shape_is_refused_without_a_digest(tiny_index, tmp_path):
+    other = tiny_index
     graph = tmp_path / "g.json"
     result = CliRunner().invoke(main, ["graph", "-p", "Paris", "--out", str(graph), "--max-nodes", "10"])
     assert result.exit_code == 0, result.output
