@@ -71,8 +71,8 @@ def _check_shapes(identity: dict[str, Any], complete: bool, arrays: dict[str, np
             raise CorruptError(f"no array {name}")
         got = arrays[name]
         if shape is not None and got.shape != shape:
-            raise CorruptError(f"{name} of shape {got.shape} where its identity (n_layers {L}, neurons_per_layer {M}, k {K}, "
-                               f"prompts {P}) says {shape}")
+            raise CorruptError(f"{name} of shape {got.shape} where its identity (n_layers {L}, neurons_per_layer {M}, "
+                               f"k {K}, prompts {P}) says {shape}")
         if name in INTEGERS and got.dtype.kind not in "iu":
             raise CorruptError(f"{name} of dtype {got.dtype}, not integers")
     if complete:
