@@ -105,6 +105,8 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
     if index is not None:
         from detjac.analysis import relabel
 
+        # the model's shape, known once traced: compared whether or not the index or the model has a digest
+        index.check({k: g.info.get(k) for k in ("family", "n_layers", "neurons_per_layer")})
         g.labels = relabel(g.labels, g.neurons, index)
     supernodes, grouping = _groups(g, index) if group and index is not None else ([], None)
     data = write_graph(g, out, model=model.name, slug=slug, node_threshold=node_threshold,
@@ -152,7 +154,8 @@ def _neuron_index(path: str, identity: dict, model_options: ModelOptions):  # no
     from detjac.store import open_neuron_index
 
     index = open_neuron_index(path)
-    index.check({"weights_sha256": identity.get("weights_sha256"), "convention": model_options.convention})
+    digest = identity.get("weights_sha256")  # none for a model without files: its shape is compared once traced
+    index.check({"convention": model_options.convention, **({"weights_sha256": digest} if digest else {})})
     return index
 
 

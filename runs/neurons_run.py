@@ -9,7 +9,6 @@ write vector through the unembedding and the corpus tokens' texts, and marks the
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -72,14 +71,6 @@ class NeuronOutcome:
     shape: tuple[int, int]
 
 
-def corpus_digest(prompts: PromptsFile) -> str:
-    """SHA-256 of the corpus as the index reads it (each prompt's line and text), whatever the file's name."""
-    sha = hashlib.sha256()
-    for item in prompts.prompts:
-        sha.update(f"{item.line}\t{item.text}\n".encode())
-    return sha.hexdigest()
-
-
 def model_digest(engine: Engine, model: ModelRef) -> dict[str, Any]:
     """What names the model in an index's identity (and in a graph that asks for one): its weights' SHA-256 and
     family, or, for a model without files (a test's in-memory model), its parameter count."""
@@ -139,10 +130,8 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
     NeuronIndexMismatch
         An index at ``out`` made with another model or settings (``force_new`` replaces it).
     """
-    import time
-
     from detjac.engine import ModelRef
-    from detjac.store import commit_index, start_index
+    from detjac.store import writing_index
 
     options.check()
     corpus = prompts if isinstance(prompts, PromptsFile) else read_prompts(prompts)
@@ -157,9 +146,22 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
     probe = max(ids, key=len)  # the write vectors are read on its trace (a mixture of experts: routed to most)
     n_neurons = _neurons_per_layer(engine, probe)  # refuses an engine without neurons before a file is written
     identity = {**model_digest(engine, ref), "dtype": options.dtype, "convention": options.convention,
-                "k": options.top_k, "shard_prompts": options.shard_prompts, "corpus_sha256": corpus_digest(corpus),
-                "prompts": len(ids), "n_neurons": n_neurons}
+                "k": options.top_k, "shard_prompts": options.shard_prompts, "corpus_sha256": corpus.digest(),
+                "prompts": len(ids), "neurons_per_layer": n_neurons}
     out = Path(out)
+    with writing_index(out):  # held to the end: another run on this index is refused, --force-new included
+        return _build(out, engine, spec, ids, corpus, identity, options, probe, log, progress)
+
+
+def _build(out: Path, engine: Engine, spec: ModelSpec, ids: list[list[int]], corpus: PromptsFile,
+           identity: dict[str, Any], options: NeuronOptions, probe: list[int], log: Log | None,
+           progress: bool) -> NeuronOutcome:
+    """Start (or resume) the index at ``out``, compute and commit its pending shards, then its last commit."""
+    import time
+
+    from detjac.store import commit_index, start_index
+
+    n_neurons = identity["neurons_per_layer"]
     done = set(start_index(out, identity, options.force_new))
     size = options.shard_prompts
     shards = [list(range(s, min(s + size, len(ids)))) for s in range(0, len(ids), size)]
@@ -177,7 +179,7 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
         state.merge(stats)
         computed += stats.n_tokens
         done.add(shard)
-        commit_index(out, state, corpus_arrays, {"shards": sorted(done), "complete": False})
+        commit_index(out, identity, state, corpus_arrays, sorted(done))
 
     with _TokenBar(sum(len(ids[p]) for s in pending for p in shards[s]), progress) as bar:
         work = [(s, [(p, ids[p]) for p in shards[s]]) for s in pending]
@@ -189,7 +191,7 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
             for shard, items in work:
                 commit(shard, shard_stats(engine, items, options.top_k, n_neurons, bar.update))
     seconds = time.perf_counter() - start
-    _finish(out, engine, state, corpus_arrays, probe, sorted(done))
+    _finish(out, engine, identity, state, corpus_arrays, probe, sorted(done))
     return NeuronOutcome(out, len(ids), state.n_tokens, computed, seconds, already, (engine.n_layers, n_neurons))
 
 
@@ -217,8 +219,8 @@ def _corpus_arrays(corpus: PromptsFile, ids: list[list[int]]) -> dict[str, np.nd
             "prompt_line": np.asarray([item.line for item in corpus.prompts], dtype=np.int64)}
 
 
-def _finish(out: Path, engine: Engine, state: NeuronStats, corpus_arrays: dict[str, np.ndarray], probe: list[int],
-            shards: list[int]) -> None:
+def _finish(out: Path, engine: Engine, identity: dict[str, Any], state: NeuronStats,
+            corpus_arrays: dict[str, np.ndarray], probe: list[int], shards: list[int]) -> None:
     """The last commit: write effects, the texts of every token the index names, ``complete``."""
     from detjac.engine import write_effects
     from detjac.store import commit_index
@@ -229,8 +231,8 @@ def _finish(out: Path, engine: Engine, state: NeuronStats, corpus_arrays: dict[s
     texts = [t.encode("utf-8", "surrogatepass") for t in token_labels(engine.tokenizer, vocab.tolist())]
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
     utf8 = np.frombuffer(b"".join(texts), dtype=np.uint8)
-    commit_index(out, state, {**corpus_arrays, "vocab_ids": vocab, "vocab_utf8": utf8, "vocab_offsets": offsets},
-                 {"shards": shards, "complete": True},
+    commit_index(out, identity, state,
+                 {**corpus_arrays, "vocab_ids": vocab, "vocab_utf8": utf8, "vocab_offsets": offsets}, shards,
                  {"write_ids": write_ids, "write_values": write_values})
 
 

@@ -6,6 +6,7 @@ on disk"."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,17 @@ class PromptsFile:
 
     def __str__(self) -> str:
         return str(self.path)
+
+    def digest(self) -> str:
+        """SHA-256 of the prompts as parsed, whatever the file's name or format: each prompt's line number, its kind
+        (``text`` or token ``ids``) and its text or ids. A ``.txt`` line ``[1, 450]`` (text) and a ``.jsonl``
+        ``{"prompt": [1, 450]}`` (ids) differ; metadata fields of a ``.jsonl`` line are left out (the engine never
+        reads them)."""
+        sha = hashlib.sha256()
+        for item in self.prompts:
+            kind, value = ("text", item.text) if item.ids is None else ("ids", list(item.ids))
+            sha.update((json.dumps([item.line, kind, value]) + "\n").encode())
+        return sha.hexdigest()
 
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl"}  # by suffix; any other needs the format named

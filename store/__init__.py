@@ -29,8 +29,10 @@ from .neuron_index import (
     NeuronIndexMismatch,
     commit_index,
     index_state,
+    lock_path,
     open_neuron_index,
     start_index,
+    writing_index,
 )
 from .neuron_stats import NeuronStats
 from .reader import StoreReader, VerifyResult

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 EMBEDDING, NEURON, LOGIT, BIAS = "embedding", "mlp neuron", "logit", "bias"
 NODE_TYPES = (EMBEDDING, NEURON, LOGIT, BIAS)
-INFO_SHOWN = ("model", "family", "dtype", "n_layers", "exact", "error_nodes", "completeness", "edge_threshold",
-              "max_nodes", "active_neurons", "nodes_before_pruning", "logit_share_kept", "weights_sha256")
+INFO_SHOWN = ("model", "family", "dtype", "n_layers", "neurons_per_layer", "exact", "error_nodes", "completeness",
+              "edge_threshold", "max_nodes", "active_neurons", "nodes_before_pruning", "logit_share_kept",
+              "weights_sha256")
 
 
 def stored_graph(prompt: StoredPrompt) -> dict[str, Any] | None:

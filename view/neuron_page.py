@@ -7,9 +7,11 @@ In a static export (``detjac view ... --export DIR --neurons neurons.zarr``) the
 the exported graphs only (:func:`graph_neurons`), not the whole index; ``neurons`` then lists them (``only``) and the
 page's search box offers those.
 
-The index must have been made with the model of the graph or store it is shown with: its weights' SHA-256 is
-compared with the graph's (``metadata.info.weights_sha256``) or the store run's, and a difference is refused by
-name before the server starts."""
+The index must have been made with the model of the graph or store it is shown with: a graph's family, layer count
+and neurons per layer (``metadata.info``) are compared with the index's whether or not the graph carries its weights'
+SHA-256 (one written from Python may not), the digest too where it does, and every neuron node of the graph must lie
+inside the index; a store run's family (``model_type``) and digest likewise. A difference is refused by name before
+the server starts or a file is written."""
 
 from __future__ import annotations
 
@@ -35,9 +37,9 @@ class NeuronPages:
         self.pages, self.index = pages, index
         self.only = None if only is None else sorted(set(only))
         self.path = getattr(pages, "path", None)
-        wanted = _model_digest(pages)
-        if wanted is not None:
-            index.check({"weights_sha256": wanted})
+        index.check(_model_of(pages))
+        if isinstance(getattr(pages, "graph", None), dict):
+            graph_neurons(pages, ["graph"], index)  # refuses a neuron the index lacks
 
     def __len__(self) -> int:
         return len(self.pages)
@@ -82,7 +84,10 @@ class NeuronPages:
 
 def graph_neurons(pages: Any, keys: Iterable[str], index: NeuronIndex) -> list[tuple[int, int]]:
     """The (layer, neuron) of every neuron node (``mlp neuron``, id ``layer_index_position``) of the graphs among
-    the pages ``keys`` (``graph``, ``prompt/<id>/graph``) that the index holds, sorted, each once."""
+    the pages ``keys`` (``graph``, ``prompt/<id>/graph``), sorted, each once; NeuronIndexMismatch for one outside
+    the index (a graph of another model)."""
+    from ..store import NeuronIndexMismatch
+
     layers, per_layer = index.shape
     found = set()
     for key in keys:
@@ -90,18 +95,29 @@ def graph_neurons(pages: Any, keys: Iterable[str], index: NeuronIndex) -> list[t
             continue
         for node in pages.data(key)["nodes"]:
             match = NEURON_ID.match(node["id"]) if node["type"] == "mlp neuron" else None
-            if match and int(match[1]) < layers and int(match[2]) < per_layer:
+            if match and (int(match[1]) >= layers or int(match[2]) >= per_layer):
+                raise NeuronIndexMismatch(f"Expected the graph's neurons inside the neuron index {index.path} "
+                                          f"({layers} layers x {per_layer} neurons). Got neuron {node['id']} "
+                                          f"(layer {match[1]}, neuron {match[2]}): a graph of another model.")
+            if match:
                 found.add((int(match[1]), int(match[2])))
     return sorted(found)
 
 
-def _model_digest(pages: Any) -> str | None:
-    """The weights' SHA-256 of the model the pages show: a graph file's, or a store run's (None if unknown)."""
+# what a graph's ``metadata.info`` and a store's ``run`` say of their model, compared with an index's identity
+GRAPH_MODEL = ("family", "n_layers", "neurons_per_layer", "weights_sha256")
+RUN_MODEL = ("model_type", "weights_sha256")
+
+
+def _model_of(pages: Any) -> dict[str, Any]:
+    """What the pages say of their model (a graph file's ``metadata.info``, a store's run), the keys of
+    :data:`GRAPH_MODEL` or :data:`RUN_MODEL` they hold: each is compared with the index's."""
     graph = getattr(pages, "graph", None)
     if isinstance(graph, dict):
-        found = graph.get("metadata", {}).get("info", {}).get("weights_sha256")
-        return found if isinstance(found, str) else None
-    view = getattr(pages, "view", None)
-    run = getattr(view, "run", None) if view is not None else None
-    found = run.get("weights_sha256") if isinstance(run, dict) else None
-    return found if isinstance(found, str) else None
+        info = graph.get("metadata", {}).get("info", {})
+        said, keys = (info if isinstance(info, dict) else {}), GRAPH_MODEL
+    else:
+        view = getattr(pages, "view", None)
+        run = getattr(view, "run", None) if view is not None else None
+        said, keys = (run if isinstance(run, dict) else {}), RUN_MODEL
+    return {k: said[k] for k in keys if isinstance(said.get(k), str | int) and not isinstance(said.get(k), bool)}

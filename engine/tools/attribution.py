@@ -173,7 +173,8 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
         biases=bias_nodes(engine, n, p),
         info={"family": engine.family.name, "model_type": engine.config.model_type,
               "dtype": str(engine.dtype).removeprefix("torch."), "n_layers": engine.n_layers,
-              "d_model": engine.d_model, "max_nodes": max_nodes, "engine": type(engine).__name__},
+              "d_model": engine.d_model, "neurons_per_layer": int(next(iter(acts.values())).shape[1]),
+              "max_nodes": max_nodes, "engine": type(engine).__name__},
     )
     if request.heads:
         out.pruned_at = (request.node_threshold, request.edge_threshold)

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from neuron_helpers import resealed
 from store_helpers import write_prompts
 
 from detjac.cli.main import main
@@ -170,14 +171,8 @@ def test_graph_labels_come_from_the_index(built, tmp_path):
 
 
 def test_graph_refuses_an_index_of_another_model(built, tmp_path):
-    import shutil
-
     _, out = built
-    other = tmp_path / "other.zarr"
-    shutil.copytree(out, other)
-    meta = json.loads((other / "zarr.json").read_text())
-    meta["attributes"]["identity"]["weights_sha256"] = "f" * 64
-    (other / "zarr.json").write_text(json.dumps(meta))
+    other = resealed(out, tmp_path / "other.zarr", {"weights_sha256": "f" * 64})
     result = CliRunner().invoke(main, ["graph", "-p", "Paris", "--out", str(tmp_path / "g.json"),
                                        "--neurons", str(other)])
     assert result.exit_code != 0

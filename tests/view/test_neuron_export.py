@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from neuron_helpers import resealed
 
 from detjac.analysis import neuron_page
 from detjac.cli.main import main
@@ -65,13 +66,24 @@ def test_the_export_holds_the_page_of_every_neuron_of_its_graph_and_no_other(exp
 
 
 def test_an_index_of_another_model_is_refused_and_nothing_written(graph_file, neuron_index, tmp_path):
-    other = tmp_path / "other.zarr"
-    shutil.copytree(neuron_index, other)
-    meta = json.loads((other / "zarr.json").read_text())
-    meta["attributes"]["identity"]["weights_sha256"] = "f" * 64
-    (other / "zarr.json").write_text(json.dumps(meta))
+    other = resealed(neuron_index, tmp_path / "other.zarr", {"weights_sha256": "f" * 64})
     out = tmp_path / "pages"
     result = CliRunner().invoke(main, ["view", str(graph_file), "--neurons", str(other), "--export", str(out)])
     assert result.exit_code != 0
     assert "weights_sha256: 'ffff" in result.output and len(result.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("position", [-3, 999])
+def test_a_resealed_index_pointing_outside_its_prompts_is_refused_and_nothing_written(graph_file, neuron_index,
+                                                                                        tmp_path, position):
+    arrays = open_neuron_index(neuron_index).arrays
+    changed = arrays["top_position"].copy()
+    changed[tuple(np.argwhere(arrays["top_prompt"] >= 0)[0])] = position  # Python would read -3 from the end
+    bad = resealed(neuron_index, tmp_path / "bad.zarr", arrays={"top_position": changed})
+    out = tmp_path / "pages"
+    result = CliRunner().invoke(main, ["view", str(graph_file), "--neurons", str(bad), "--export", str(out)])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and f"top_position {position} outside its prompt" in message, message
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.zarr"]  # no pages, no .pages.tmp-* folder
