@@ -19,6 +19,7 @@ import numpy as np
 
 from detjac.errors import InvalidArgumentError
 from detjac.model_settings import ModelSettings
+from detjac.outputs import STORE, check_output
 
 from .plan import ModelSpec
 from .prompts import PromptsFile, check_tokenized, read_prompts, tokenize_each
@@ -134,6 +135,8 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
     from detjac.store import writing_index
 
     options.check()
+    reads = [] if isinstance(prompts, PromptsFile) else [("the corpus", prompts)]
+    check_output(out, kind=STORE, reads=reads)  # Python callers get the command's rules: never into a store or index
     corpus = prompts if isinstance(prompts, PromptsFile) else read_prompts(prompts)
     ref = model if isinstance(model, ModelRef) else ModelRef.resolve(str(model), options.gguf_file, options.revision)
     spec = ModelSpec.of(ref, options)

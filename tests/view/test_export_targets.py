@@ -73,3 +73,22 @@ def test_a_missing_folder_and_a_link_get_one_answer_from_two_writers_and_force_r
     replaced = _invoke("store", "export", made.path, pid, "--out", tmp_path / "kept.npz", "--force")
     assert replaced.exit_code == 0, replaced.output
     assert np.array_equal(np.load(tmp_path / "kept.npz")["token_ids"], made.open().get(pid).array("token_ids"))
+
+
+def test_an_index_built_from_python_into_a_store_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from detjac.errors import InvalidArgumentError
+    from detjac.runs import NeuronOptions, build_neuron_index
+    from detjac.runs import plan
+
+    store = make_store(tmp_path / "run.zarr", prompts=1).path
+    before = _listing(store)
+    (tmp_path / "corpus.txt").write_text("a b\n")
+    monkeypatch.setattr(plan.ModelSpec, "load", lambda self: (_ for _ in ()).throw(AssertionError("loaded")))
+    try:
+        build_neuron_index("default", tmp_path / "corpus.txt", store / "nidx.zarr", NeuronOptions(top_k=2),
+                           progress=False)
+    except InvalidArgumentError as exc:
+        assert f"inside {store} (a zarr group" in str(exc)
+    else:
+        raise AssertionError("an index inside a store was written")
+    assert _listing(store) == before
