@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreFormatError
+from ..errors import InvalidArgumentError, StoreFormatError, UnreadableJSONError
+from ..safe_json import read_json
 from .integrity import INTEGRITY, attrs_digest
 
 FORMAT_VERSION = 2
@@ -226,10 +227,10 @@ def read_root(path: Path) -> dict[str, Any]:
         raise StoreFormatError(f"Expected a detjac store (a zarr v3 folder with zarr.json) at {path}. "
                                f"Got {'a file' if path.is_file() else 'a folder without zarr.json'} instead.")
     try:
-        meta = json.loads(meta_file.read_text())
-    except RecursionError:
-        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got values nested too deep to read.") from None
-    except (OSError, ValueError) as exc:
+        meta = read_json(meta_file)
+    except UnreadableJSONError as exc:
+        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got {exc}.") from None
+    except OSError as exc:
         raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got an error: {exc}.") from exc
     attributes = meta.get("attributes", {}) if isinstance(meta, dict) else None
     if not isinstance(attributes, dict):

@@ -143,7 +143,7 @@ def read_attention(path: str | Path) -> dict[str, Any]:
         The file cannot be read, is not JSON (:mod:`detjac.safe_json`'s refusals included) or not such a file.
     """
     try:
-        raw = read_json(path)
+        raw = read_json(path, kind="attention")
     except (OSError, ValueError) as exc:
         raise InvalidArgumentError(f"Expected an attention JSON file written by `detjac attention --out`. Got "
                                    f"{path}, which cannot be read as JSON ({exc}).") from exc
