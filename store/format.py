@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreFormatError, UnreadableJSONError
+from ..numerals import parse_index
 from ..safe_json import read_json
 from .integrity import INTEGRITY, attrs_digest
 
@@ -96,8 +97,9 @@ class Keep:
         if text in ("full", NO_JACOBIAN):
             return cls(jacobian=text == "full")
         kind, _, value = str(text).partition(":")
-        if kind == "rank" and value.isdigit() and int(value) > 0:
-            return cls(rank=int(value))
+        rank = parse_index(value) if kind == "rank" else None
+        if rank:  # a positive integer
+            return cls(rank=rank)
         raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none "
                                    f"(with --lens). Got {text!r}.")
 

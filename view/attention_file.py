@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..numerals import parse_index
 from ..safe_json import read_json
 
 TERMS_SHOWN = 16  # terms per key on the page, largest |value| first; the rest summed
 COMPONENT = re.compile(r"^(?:E|B|bias|A(?P<a>\d{1,6})\.\d{1,6}|M(?P<m>\d{1,6})(?:\.(?:\d{1,9}|rest))?"
-                       r"|B(?P<b>\d{1,6}))$")
+                       r"|B(?P<b>\d{1,6}))$", re.ASCII)  # ASCII: a Unicode digit is no layer (detjac.numerals)
 SPECIAL = re.compile(r"^<[^<>\s]{1,40}>$")  # a leading special token (<s>, <|begin_of_text|>) the tokenizer adds
 SCALARS = ("family", "model_type", "name_or_path", "dtype", "source", "weights_sha256", "n_layers", "n_heads")
 
@@ -155,8 +156,9 @@ def graph_token_ids(nodes: list[dict[str, Any]]) -> dict[int, int]:
     found = {}
     for n in nodes:
         parts = n["id"].split("_")
-        if n["type"] == "embedding" and len(parts) == 3 and parts[1].isdigit() and len(parts[1]) < 12:
-            found[n["ctx"]] = int(parts[1])
+        token = parse_index(parts[1]) if n["type"] == "embedding" and len(parts) == 3 else None
+        if token is not None:
+            found[n["ctx"]] = token
     return found
 
 

@@ -23,18 +23,18 @@ nothing (the panel says how many are loaded).
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..numerals import parse_index
 from .graph_drivers import driver_shares
 
 HEADS_SHOWN = 4  # heads listed per crossed layer of a clicked link (the rest summed, so each layer still sums)
 HEADS_RANKED = 40  # rows of the heads panel
+MAX_INDEX = 1_000_000  # layers and heads: far more than any model has
 SUM_TOLERANCE = 1e-5  # a layer's loadings and skip against the link's weight, relative to their magnitudes
-INDEX = re.compile(r"^\d{1,6}$")
 SKIP = "skip"
 HEADS_MEANING = (
     "Heads ranked by how much of the top logit's graph they carry. Each link carries a flow of the top logit: the "
@@ -47,10 +47,11 @@ HEADS_MEANING = (
 
 
 def _index(text: Any, what: str, where: str) -> int:
-    if not isinstance(text, str) or not INDEX.match(text):
+    index = parse_index(text, below=MAX_INDEX)
+    if index is None:
         raise InvalidArgumentError(f"Expected head loadings keyed by a {what} number in {where}. "
                                    f"Got {str(text)[:40]!r}.")
-    return int(text)
+    return index
 
 
 def _finite(value: Any) -> bool:
