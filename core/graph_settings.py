@@ -36,3 +36,36 @@ def check_heads(heads: Any) -> int:
         raise InvalidArgumentError(f"Expected --heads to be a non-negative integer (links to split by attention "
                                    f"head). Got {heads!r}.")
     return heads
+
+
+def crossed_layers(source: tuple[str, int | None], target: tuple[str, int | None],
+                   n_layers: int | None) -> range | None:
+    """The attention layers a graph's link crosses (docs/graphs.md, "Head loadings"): after its source's MLP (from
+    layer 0 for a token) up to its target's attention, inclusive (up to the last layer for a logit).
+
+    Parameters
+    ----------
+    source, target : tuple of (str, int or None)
+        Each end's node kind (the JSON's ``feature_type``: ``embedding``, ``mlp neuron``, ``logit``, ``bias``) and
+        layer (a neuron's; None for the others).
+    n_layers : int or None
+        The model's layer count (None where unknown).
+
+    Returns
+    -------
+    range or None
+        The layers, empty for a link that crosses none (a last-layer neuron into a logit; a link from a bias node,
+        which carries no loadings); None when it depends on the unknown ``n_layers`` (a link into a logit).
+    """
+    (source_kind, source_layer), (target_kind, target_layer) = source, target
+    if source_kind == "embedding":
+        first = 0
+    elif source_kind == "mlp neuron" and source_layer is not None:
+        first = source_layer + 1
+    else:
+        return range(0)
+    if target_kind == "mlp neuron" and target_layer is not None:
+        return range(first, target_layer + 1)
+    if target_kind == "logit":
+        return None if n_layers is None else range(first, n_layers)
+    return range(0)
