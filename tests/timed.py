@@ -1,31 +1,47 @@
-"""A call that might block, run with a time limit: a regression that hangs (a FIFO read, say) fails its test instead
-of hanging the suite."""
+"""A call that might block or grow without end, run in a child process with a time limit and a memory cap: a
+regression that hangs (a FIFO read) or reads without end (``/dev/zero``) fails its test instead of hanging the suite
+or exhausting the machine's memory."""
 
 from __future__ import annotations
 
-import threading
+import multiprocessing
+import os
+import resource
 from collections.abc import Callable
 from typing import Any
 
+EXTRA_BYTES = 512 * 2**20  # address space the child may add to what it inherits
+
+
+def _child(call: Callable[[], Any], sink: Any) -> None:
+    with open("/proc/self/statm") as handle:  # the address space inherited, in pages
+        inherited = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (inherited + EXTRA_BYTES, resource.RLIM_INFINITY))
+    try:
+        sink.send({"value": call()})
+    except BaseException as exc:  # noqa: BLE001 - handed back to the test
+        sink.send({"error": exc})
+
 
 def within(seconds: float, call: Callable[[], Any]) -> dict[str, Any]:
-    """``{"value": call()}`` or ``{"error": the exception it raised}``, run in a daemon thread given ``seconds``.
+    """``{"value": call()}`` or ``{"error": the exception it raised}`` (both pickled back), run in a forked child
+    given ``seconds`` and :data:`EXTRA_BYTES` of memory beyond what it inherits.
 
     Raises
     ------
     AssertionError
-        ``call`` is still running after ``seconds`` (its thread is left behind, a daemon).
+        ``call`` is still running after ``seconds`` (the child is killed) or its child died without an answer.
     """
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s"
-    return out
+    parent, child = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(target=_child, args=(call, child), daemon=True)
+    process.start()
+    child.close()
+    try:
+        ready = parent.poll(seconds)
+        assert ready, f"still running after {seconds} s"
+        return parent.recv()
+    except EOFError:
+        raise AssertionError(f"the child died without an answer (exit code {process.exitcode})") from None
+    finally:
+        process.kill()
+        process.join()
