@@ -115,3 +115,23 @@ def test_head_loadings_on_every_head_of_every_crossed_layer_are_drawn():
     assert [x.get("heads") for x in page["links"]] == [
         [{"layer": 0, "top": [[0, 1.5], [1, -0.5]], "rest": 0, "n_rest": 0, "skip": 1.0}], None, [],
         [{"layer": 0, "top": [[0, 0.25], [1, 0.25]], "rest": 0, "n_rest": 0, "skip": 0.5}]]
+
+
+def test_a_graph_records_its_model_s_heads_and_an_attention_file_of_other_heads_is_refused(graph):
+    from detjac.engine.checkpoints.gcide import MODEL
+    from detjac.view.attention_file import graph_token_ids
+
+    info = graph["metadata"]["info"]
+    assert (info["n_heads"], info["d_model"], info["n_layers"]) == \
+        (MODEL["num_attention_heads"], MODEL["hidden_size"], MODEL["num_hidden_layers"])
+    page = graph_payload(graph)
+    ids = graph_token_ids(page["nodes"])
+    tokens = page["metadata"]["prompt_tokens"]
+    model = {**qk_file()["model"], **{k: info[k] for k in ("family", "model_type", "n_layers", "d_model")},
+             "source": info.get("model", "default")}
+    model.pop("weights_sha256")
+    ours = qk_file(tokens=tokens, token_ids=[ids[k] for k in range(len(tokens))], model=model)
+    check_belongs(parse_attention(ours, "qk.json"), page, info, "qk.json")
+    other = qk_file(tokens=tokens, token_ids=[ids[k] for k in range(len(tokens))], model={**model, "n_heads": 8})
+    with pytest.raises(InvalidArgumentError, match="graph's model .* Got one of n_heads 8"):
+        check_belongs(parse_attention(other, "qk.json"), page, info, "qk.json")
