@@ -36,6 +36,7 @@ GRAPH_MAX_BYTES = 4 * 2**30
 ATTENTION_MAX_BYTES = 1 * 2**30
 METADATA_MAX_BYTES = 64 * 2**20
 MAX_BYTES = {"graph": GRAPH_MAX_BYTES, "attention": ATTENTION_MAX_BYTES, "metadata": METADATA_MAX_BYTES}
+KIND_NAMES = {"graph": "a graph JSON file", "attention": "an attention file", "metadata": "a metadata file"}
 READ_CHUNK = 16 * 2**20
 FILE_TYPES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -95,7 +96,7 @@ def _not_regular(mode: int) -> str | None:
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+    return f"{n // 2**30} GiB" if n % 2**30 == 0 else f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n:,} bytes"
 
 
 def read_capped(path: str | Path, kind: str = "metadata") -> bytes:
@@ -130,8 +131,8 @@ def read_capped(path: str | Path, kind: str = "metadata") -> bytes:
         if what is not None:
             raise UnreadableJSONError(f"{what}, not a regular file")
         if info.st_size > cap:
-            raise UnreadableJSONError(f"a file of {_size(info.st_size)}, more than the {_size(cap)} a {kind} file "
-                                      f"may hold")
+            raise UnreadableJSONError(f"a file of {info.st_size:,} bytes, more than the {_size(cap)} "
+                                      f"{KIND_NAMES[kind]} may hold")
         parts, total = [], 0
         while total <= cap:
             chunk = os.read(fd, min(READ_CHUNK, cap + 1 - total))
@@ -142,7 +143,7 @@ def read_capped(path: str | Path, kind: str = "metadata") -> bytes:
     finally:
         os.close(fd)
     if total > cap:
-        raise UnreadableJSONError(f"a file that grew past the {_size(cap)} a {kind} file may hold while read")
+        raise UnreadableJSONError(f"a file that grew past the {_size(cap)} {KIND_NAMES[kind]} may hold while read")
     return b"".join(parts)
 
 

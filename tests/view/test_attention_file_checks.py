@@ -41,6 +41,18 @@ def test_a_planted_attention_file_is_refused_at_once_in_one_line(tmp_path, plant
     assert not (tmp_path / "out").exists()
 
 
+def test_an_attention_file_over_its_cap_is_refused_before_reading(tmp_path):
+    from detjac.safe_json import ATTENTION_MAX_BYTES
+
+    (tmp_path / "g.json").write_text(json.dumps(small_graph()))
+    with open(tmp_path / "g.qk.L2.H1.json", "wb") as handle:  # sparse: its size, no data
+        handle.truncate(ATTENTION_MAX_BYTES + 1)
+    out = within(10, lambda: GraphFile(tmp_path / "g.json"))
+    assert isinstance(out.get("error"), InvalidArgumentError), out
+    assert "which cannot be read as JSON (a file of 1,073,741,825 bytes, more than the 1 GiB an attention file may " \
+        "hold)" in str(out["error"])
+
+
 def _view(*args):
     result = CliRunner().invoke(main, ["view", *args])
     return result.exit_code, result.output
