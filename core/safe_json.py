@@ -124,7 +124,7 @@ def read_capped(path: str | Path, kind: str = "metadata") -> bytes:
     if what is not None:
         raise UnreadableJSONError(f"{what}, not a regular file")
     # Non-blocking: were the file swapped for a FIFO after the check above, opening it would wait for a writer.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)  # what was opened, whatever the path names by now
         what = _not_regular(info.st_mode)

@@ -2,8 +2,8 @@
 
 It serves the page's own files (a fixed list, never a path from the request), and the pages'
 data as JSON under ``/api/<key>`` (:class:`~detjac.view.pages.Pages`, which looks keys up and
-never opens a path built from them; a key that names no page, a number not written in ASCII digits included, is a
-404). Every other method is refused, nothing is written. Bound
+never opens a path built from them; a key that names no page, one with a number not written in
+ASCII digits included, is a 404). Every other method is refused, nothing is written. Bound
 to a loopback address, it also refuses requests whose ``Host`` is not that address (a page on
 another site cannot reach it by DNS rebinding).
 """
