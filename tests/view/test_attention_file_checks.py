@@ -53,6 +53,22 @@ def test_an_attention_file_over_its_cap_is_refused_before_reading(tmp_path):
         "hold)" in str(out["error"])
 
 
+def test_a_planted_or_oversized_graph_file_is_refused_before_reading(tmp_path):
+    from detjac.safe_json import GRAPH_MAX_BYTES
+
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    with open(tmp_path / "big.json", "wb") as handle:  # sparse: its size, no data
+        handle.truncate(GRAPH_MAX_BYTES + 1)
+    for name, got in (("fifo.json", "Got a file of neither kind."), ("zero.json", "Got a file of neither kind."),
+                      ("big.json", f"a file of {GRAPH_MAX_BYTES + 1:,} bytes, more than the 4 GiB a graph JSON file "
+                                   "may hold")):
+        code, output = within(10, lambda name=name: _view(str(tmp_path / name), "--export", str(tmp_path / "out")))[
+            "value"]
+        assert code == 1 and got in output and len(output.strip().splitlines()) == 1, output
+        assert not (tmp_path / "out").exists()
+
+
 def _view(*args):
     result = CliRunner().invoke(main, ["view", *args])
     return result.exit_code, result.output
