@@ -16,7 +16,9 @@ EXTRA_BYTES = 512 * 2**20  # address space the child may add to what it inherits
 def _child(call: Callable[[], Any], sink: Any) -> None:
     with open("/proc/self/statm") as handle:  # the address space inherited, in pages
         inherited = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (inherited + EXTRA_BYTES, resource.RLIM_INFINITY))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)  # a shell's `ulimit -v` may have set one: kept
+    soft = inherited + EXTRA_BYTES if hard == resource.RLIM_INFINITY else min(inherited + EXTRA_BYTES, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     try:
         sink.send({"value": call()})
     except BaseException as exc:  # noqa: BLE001 - handed back to the test
@@ -41,6 +43,7 @@ def within(seconds: float, call: Callable[[], Any]) -> dict[str, Any]:
         assert ready, f"still running after {seconds} s"
         return parent.recv()
     except EOFError:
+        process.join(5)
         raise AssertionError(f"the child died without an answer (exit code {process.exitcode})") from None
     finally:
         process.kill()
