@@ -38,10 +38,27 @@ def check_heads(heads: Any) -> int:
     return heads
 
 
+def first_crossed(kind: str, layer: int | None) -> int | None:
+    """The first attention layer a link from a node of ``kind`` (the JSON's ``feature_type``) crosses: layer 0 from a
+    token (``embedding``), the next layer from a neuron of ``layer`` (after its MLP); None from anything else (a bias
+    node's links carry no head loadings)."""
+    if kind == "embedding":
+        return 0
+    return layer + 1 if kind == "mlp neuron" and layer is not None else None
+
+
+def last_crossed(kind: str, layer: int | None, n_layers: int | None) -> int | None:
+    """The last attention layer a link into a node of ``kind`` crosses: a neuron's own ``layer`` (its attention comes
+    before its MLP), the model's last for a logit (None where ``n_layers`` is unknown); None for anything else."""
+    if kind == "mlp neuron" and layer is not None:
+        return layer
+    return n_layers - 1 if kind == "logit" and n_layers is not None else None
+
+
 def crossed_layers(source: tuple[str, int | None], target: tuple[str, int | None],
                    n_layers: int | None) -> range | None:
-    """The attention layers a graph's link crosses (docs/graphs.md, "Head loadings"): after its source's MLP (from
-    layer 0 for a token) up to its target's attention, inclusive (up to the last layer for a logit).
+    """The attention layers a graph's link crosses (docs/graphs.md, "Head loadings"): from :func:`first_crossed` of
+    its source to :func:`last_crossed` of its target, inclusive.
 
     Parameters
     ----------
@@ -54,18 +71,10 @@ def crossed_layers(source: tuple[str, int | None], target: tuple[str, int | None
     Returns
     -------
     range or None
-        The layers, empty for a link that crosses none (a last-layer neuron into a logit; a link from a bias node,
-        which carries no loadings); None when it depends on the unknown ``n_layers`` (a link into a logit).
+        The layers, empty for a link that crosses none (a last-layer neuron into a logit; a link from a bias node);
+        None when it depends on the unknown ``n_layers`` (a link into a logit).
     """
-    (source_kind, source_layer), (target_kind, target_layer) = source, target
-    if source_kind == "embedding":
-        first = 0
-    elif source_kind == "mlp neuron" and source_layer is not None:
-        first = source_layer + 1
-    else:
-        return range(0)
-    if target_kind == "mlp neuron" and target_layer is not None:
-        return range(first, target_layer + 1)
-    if target_kind == "logit":
-        return None if n_layers is None else range(first, n_layers)
-    return range(0)
+    first, last = first_crossed(*source), last_crossed(*target, n_layers)
+    if first is not None and target[0] == "logit" and n_layers is None:
+        return None
+    return range(0) if first is None or last is None else range(first, max(first, last + 1))
