@@ -18,6 +18,7 @@ import numpy as np
 from ..aside import reason_of
 from ..errors import InvalidArgumentError, OutputError
 from ..outputs import write_output
+from ..numerals import parse_index
 from ..singular import decode_blocks
 from ..tokens import piece
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd
@@ -205,8 +206,8 @@ def token_id(store: StoreReader, text: str) -> int:
     """The one token id of ``text`` by the store's tokenizer, or ``id:N`` for an id given directly."""
     vocab = store.model_array("embedding").shape[0]
     if text.startswith("id:"):
-        tid = int(text[3:]) if text[3:].isdigit() else -1
-        if not 0 <= tid < vocab:
+        tid = parse_index(text[3:], below=vocab)
+        if tid is None:
             raise InvalidArgumentError(f"Expected id:N with 0 <= N < {vocab}. Got {text!r}.")
         return tid
     tok = stored_tokenizer(store)

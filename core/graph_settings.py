@@ -36,3 +36,45 @@ def check_heads(heads: Any) -> int:
         raise InvalidArgumentError(f"Expected --heads to be a non-negative integer (links to split by attention "
                                    f"head). Got {heads!r}.")
     return heads
+
+
+def first_crossed(kind: str, layer: int | None) -> int | None:
+    """The first attention layer a link from a node of ``kind`` (the JSON's ``feature_type``) crosses: layer 0 from a
+    token (``embedding``), the next layer from a neuron of ``layer`` (after its MLP); None from anything else (a bias
+    node's links carry no head loadings)."""
+    if kind == "embedding":
+        return 0
+    return layer + 1 if kind == "mlp neuron" and layer is not None else None
+
+
+def last_crossed(kind: str, layer: int | None, n_layers: int | None) -> int | None:
+    """The last attention layer a link into a node of ``kind`` crosses: a neuron's own ``layer`` (its attention comes
+    before its MLP), the model's last for a logit (None where ``n_layers`` is unknown); None for anything else."""
+    if kind == "mlp neuron" and layer is not None:
+        return layer
+    return n_layers - 1 if kind == "logit" and n_layers is not None else None
+
+
+def crossed_layers(source: tuple[str, int | None], target: tuple[str, int | None],
+                   n_layers: int | None) -> range | None:
+    """The attention layers a graph's link crosses (docs/graphs.md, "Head loadings"): from :func:`first_crossed` of
+    its source to :func:`last_crossed` of its target, inclusive.
+
+    Parameters
+    ----------
+    source, target : tuple of (str, int or None)
+        Each end's node kind (the JSON's ``feature_type``: ``embedding``, ``mlp neuron``, ``logit``, ``bias``) and
+        layer (a neuron's; None for the others).
+    n_layers : int or None
+        The model's layer count (None where unknown).
+
+    Returns
+    -------
+    range or None
+        The layers, empty for a link that crosses none (a last-layer neuron into a logit; a link from a bias node);
+        None when it depends on the unknown ``n_layers`` (a link into a logit).
+    """
+    first, last = first_crossed(*source), last_crossed(*target, n_layers)
+    if first is not None and target[0] == "logit" and n_layers is None:
+        return None
+    return range(0) if first is None or last is None else range(first, max(first, last + 1))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detjac.errors import InvalidArgumentError, StoreFormatError
+from detjac.numerals import parse_index
 from detjac.outputs import check_output, write_output
 from detjac.revisions import cached_commit, check_inside
 
@@ -146,7 +147,8 @@ def _matrices(found: Any, key: str, path: Path) -> dict[int, Any]:
                                f"{type(found).__name__}{' (empty)' if isinstance(found, dict) else ''}.")
     out = {}
     for layer, m in found.items():
-        if type(layer) is not int and not (isinstance(layer, str) and layer.isdigit()) or int(layer) < 0:
+        index = layer if type(layer) is int else parse_index(layer)
+        if index is None or index < 0:
             raise StoreFormatError(f"Expected layer indices (non-negative integers) as the keys of {key!r} in "
                                    f"{path}. Got {layer!r}.")
         if not isinstance(m, torch.Tensor) or m.dim() != 2 or m.shape[0] != m.shape[1]:
@@ -154,7 +156,7 @@ def _matrices(found: Any, key: str, path: Path) -> dict[int, Any]:
             raise StoreFormatError(f"Expected {key}[{layer}] to be a square (d_model, d_model) tensor in {path}. "
                                    f"Got {got}.")
         _check_stored(m, f"{key}[{layer}]", path)
-        out[int(layer)] = m
+        out[index] = m
     shapes = sorted({tuple(m.shape) for m in out.values()})
     if len(shapes) > 1:
         raise StoreFormatError(f"Expected every matrix of {key!r} in {path} of one shape. Got {shapes}.")

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreFormatError
+from ..errors import InvalidArgumentError, StoreFormatError, UnreadableJSONError
+from ..numerals import parse_index
+from ..safe_json import read_json
 from .integrity import INTEGRITY, attrs_digest
 
 FORMAT_VERSION = 2
@@ -95,8 +97,9 @@ class Keep:
         if text in ("full", NO_JACOBIAN):
             return cls(jacobian=text == "full")
         kind, _, value = str(text).partition(":")
-        if kind == "rank" and value.isdigit() and int(value) > 0:
-            return cls(rank=int(value))
+        rank = parse_index(value) if kind == "rank" else None
+        if rank:  # a positive integer
+            return cls(rank=rank)
         raise InvalidArgumentError(f"Expected --keep full, --keep rank:K with K a positive integer, or --keep none "
                                    f"(with --lens). Got {text!r}.")
 
@@ -226,10 +229,10 @@ def read_root(path: Path) -> dict[str, Any]:
         raise StoreFormatError(f"Expected a detjac store (a zarr v3 folder with zarr.json) at {path}. "
                                f"Got {'a file' if path.is_file() else 'a folder without zarr.json'} instead.")
     try:
-        meta = json.loads(meta_file.read_text())
-    except RecursionError:
-        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got values nested too deep to read.") from None
-    except (OSError, ValueError) as exc:
+        meta = read_json(meta_file)
+    except UnreadableJSONError as exc:
+        raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got {exc}.") from None
+    except OSError as exc:
         raise StoreFormatError(f"Expected readable JSON in {meta_file}. Got an error: {exc}.") from exc
     attributes = meta.get("attributes", {}) if isinstance(meta, dict) else None
     if not isinstance(attributes, dict):

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from ..graph_settings import crossed_layers
 
 KINDS = ("mlp neuron", "embedding", "logit", "bias")  # node_kind codes 0-3 (the JSON's feature_type)
 NEURON, TOKEN, LOGIT, BIAS = range(4)
@@ -143,6 +144,40 @@ def _check_loadings(arrays: dict[str, np.ndarray], m: int) -> None:
     if which.size and (which.min() < 0 or which.max() >= m or np.unique(which).size != which.size):
         raise StoreError(f"Expected head loadings of distinct links among the graph's {m}. Got links "
                          f"{int(which.min())} to {int(which.max())}, {which.size - np.unique(which).size} repeated.")
+    _check_crossed(arrays, which, values)
+
+
+def _check_crossed(arrays: dict[str, np.ndarray], which: np.ndarray, values: np.ndarray) -> None:
+    """Refuse loadings that would read back as another split (NaN marks a layer the link does not cross): a row of
+    a layer partly NaN, NaN on a layer the link crosses (it would read as crossing fewer layers, or none), numbers
+    on a layer it does not cross (:func:`detjac.graph_settings.crossed_layers`; the model's layer count is a
+    logit's layer less one)."""
+    kind, layer = arrays["node_kind"], arrays["node_layer"]
+    logits = layer[kind == LOGIT]
+    n_layers = int(logits[0]) - 1 if logits.size else None
+    nan = np.isnan(values)  # (loaded, layer, head + 1)
+    for i, k in enumerate(which.tolist()):
+        ends = [(KINDS[kind[x]], int(layer[x]) if kind[x] == NEURON else None)
+                for x in (int(arrays["link_source"][k]), int(arrays["link_target"][k]))]
+        crossed = crossed_layers(ends[0], ends[1], n_layers)
+        partly = np.flatnonzero(nan[i].any(1) & ~nan[i].all(1))
+        wanted = np.zeros(max(values.shape[1], crossed.stop if crossed else 0), dtype=bool)
+        if crossed is not None:
+            wanted[crossed.start:crossed.stop] = True
+        held = np.r_[~nan[i].all(1), np.zeros(wanted.size - values.shape[1], dtype=bool)]
+        missing = np.flatnonzero(wanted & ~held) if crossed is not None else []
+        extra = np.flatnonzero(~wanted & held) if crossed is not None else []
+        for rows, what in ((partly, "a NaN among the loadings of layer"), (missing, "no loadings (NaN) at layer"),
+                           (extra, "loadings at layer")):
+            if len(rows):
+                raise StoreError(f"Expected head loadings on every head of exactly the layers each loaded link "
+                                 f"crosses. Got {what} {int(rows[0])} of link {k} ({ends[0][0]} to {ends[1][0]}, "
+                                 f"crossing {_span(crossed)}): the graph is damaged.")
+
+
+def _span(crossed: range | None) -> str:
+    return "an unknown span" if crossed is None else "no layer" if not crossed else \
+        f"layers {crossed.start} to {crossed.stop - 1}"
 
 
 def _check_codes(arrays: dict[str, np.ndarray]) -> None:

@@ -3,7 +3,8 @@
 The file (docs/graphs.md, "Why a head attends where it does") holds the head's pattern at one query position and every
 QK term: per key position ``{"position": j, "score": s, "probability": p, "terms": [{"query": Q, "key": K, "value":
 v}, ...]}``. :func:`parse_attention` refuses anything else by name (a damaged file is an error, never numbers): the
-fields' types, positions inside the prompt and up to the query, components named as ``detjac attention`` names them
+fields' types, the model's identity complete (:data:`IDENTITY`), the layer and head within the model's, positions
+inside the prompt and up to the query, components named as ``detjac attention`` names them
 (``E``, ``B``, ``bias``, ``A{l}.{h}``, ``M{l}``, ``M{l}.{i}``, ``M{l}.rest``, ``B{l}``, each of a layer below the
 head's), probabilities that sum to 1, and each key's terms summing to its score. :func:`check_belongs` refuses a file
 of another model or another prompt than the graph's. The page gets each key's :data:`TERMS_SHOWN` largest terms and
@@ -19,13 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..numerals import parse_index
 from ..safe_json import read_json
 
 TERMS_SHOWN = 16  # terms per key on the page, largest |value| first; the rest summed
 COMPONENT = re.compile(r"^(?:E|B|bias|A(?P<a>\d{1,6})\.\d{1,6}|M(?P<m>\d{1,6})(?:\.(?:\d{1,9}|rest))?"
-                       r"|B(?P<b>\d{1,6}))$")
+                       r"|B(?P<b>\d{1,6}))$", re.ASCII)  # ASCII: a Unicode digit is no layer (detjac.numerals)
 SPECIAL = re.compile(r"^<[^<>\s]{1,40}>$")  # a leading special token (<s>, <|begin_of_text|>) the tokenizer adds
-SCALARS = ("family", "model_type", "name_or_path", "dtype", "source", "weights_sha256", "n_layers", "n_heads")
+IDENTITY = {"family": str, "model_type": str, "name_or_path": str, "dtype": str, "n_layers": int, "n_heads": int,
+            "d_model": int}  # what `detjac attention` records of every model (engine/tools/qk.py)
+OPTIONAL = ("source", "weights_sha256")  # what the CLI adds: the model as named, a local checkpoint's SHA-256
+MAX_SIZE = 1_000_000  # layers, heads, d_model: far more than any model has
+COMPARED = ("family", "model_type", "n_layers", "n_heads", "d_model")  # against the graph's, wherever it has them
 
 
 def page_key(layer: int, head: int, query: int) -> str:
@@ -58,6 +64,20 @@ def _component(name: Any, layer: int, where: str) -> str:
     return name
 
 
+def _model(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """The file's model identity: every field of :data:`IDENTITY` of its type (sizes positive and below
+    :data:`MAX_SIZE`), and the :data:`OPTIONAL` strings it has."""
+    for name, kind in IDENTITY.items():
+        value = raw.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) or \
+                (kind is int and not 0 < value < MAX_SIZE) or (name != "name_or_path" and not value):
+            got = f"{name} {str(value)[:40]!r}" if name in raw else f"no {name}"
+            raise InvalidArgumentError(f"Expected the model of {where} to record its {', '.join(IDENTITY)} (as "
+                                       f"`detjac attention --out` writes them; sizes positive). Got {got}.")
+    return {k: raw[k] for k in [*IDENTITY, *OPTIONAL] if isinstance(raw.get(k), str | int)
+            and not isinstance(raw.get(k), bool)}
+
+
 def parse_attention(raw: Any, where: str) -> dict[str, Any]:
     """The attention page's data from ``detjac attention``'s JSON object ``raw`` (module docstring).
 
@@ -84,10 +104,9 @@ def parse_attention(raw: Any, where: str) -> dict[str, Any]:
             not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise InvalidArgumentError(f"Expected 'tokens' (texts) and 'token_ids' (integers) of the same length in "
                                    f"{where}. Got {str(tokens)[:80]} and {str(ids)[:80]}.")
-    layer, head = _int(raw, "layer", where), _int(raw, "head", where)
+    model = _model(raw["model"], where)
+    layer, head = _int(raw, "layer", where, below=model["n_layers"]), _int(raw, "head", where, below=model["n_heads"])
     query = _int(raw, "query_position", where, below=len(tokens))
-    model = {k: v for k, v in raw["model"].items() if k in SCALARS and isinstance(v, str | int)
-             and not isinstance(v, bool)}
     exact = model.get("dtype") == "float64"
     keys, seen, total_p = [], set(), 0.0
     for entry in raw["keys"]:
@@ -143,7 +162,7 @@ def read_attention(path: str | Path) -> dict[str, Any]:
         The file cannot be read, is not JSON (:mod:`detjac.safe_json`'s refusals included) or not such a file.
     """
     try:
-        raw = read_json(path)
+        raw = read_json(path, kind="attention")
     except (OSError, ValueError) as exc:
         raise InvalidArgumentError(f"Expected an attention JSON file written by `detjac attention --out`. Got "
                                    f"{path}, which cannot be read as JSON ({exc}).") from exc
@@ -155,8 +174,9 @@ def graph_token_ids(nodes: list[dict[str, Any]]) -> dict[int, int]:
     found = {}
     for n in nodes:
         parts = n["id"].split("_")
-        if n["type"] == "embedding" and len(parts) == 3 and parts[1].isdigit() and len(parts[1]) < 12:
-            found[n["ctx"]] = int(parts[1])
+        token = parse_index(parts[1]) if n["type"] == "embedding" and len(parts) == 3 else None
+        if token is not None:
+            found[n["ctx"]] = token
     return found
 
 
@@ -170,13 +190,14 @@ def check_belongs(qk: dict[str, Any], graph: dict[str, Any], raw_info: dict[str,
     graph : dict
         The graph page's data (:func:`~detjac.view.graph_page.graph_payload`).
     raw_info : dict
-        The graph JSON's ``metadata.info`` as written (model name, weights' SHA-256, family, layers).
+        The graph JSON's ``metadata.info`` as written (model name, weights' SHA-256, family, layers, ...).
 
     Raises
     ------
     InvalidArgumentError
         The prompts' tokens (texts or ids) differ, or the models do (weights' SHA-256 where both files have it,
-        else the model's name, family or layer count), or the layer is beyond the graph's.
+        else the model's name; and :data:`COMPARED`, family, model type, layer and head counts and d_model,
+        wherever the graph records them), or the layer is beyond the graph's.
     """
     tokens = graph["metadata"]["prompt_tokens"]
     ids = graph_token_ids(graph["nodes"])
@@ -186,8 +207,8 @@ def check_belongs(qk: dict[str, Any], graph: dict[str, Any], raw_info: dict[str,
                                    f"{''.join(qk['tokens'])[:80]!r}.")
     model = qk["model"]
     pairs = [("weights_sha256", "weights_sha256")] if raw_info.get("weights_sha256") and \
-        model.get("weights_sha256") else [("model", "source"), ("family", "family"), ("n_layers", "n_layers")]
-    for ours, theirs in pairs:
+        model.get("weights_sha256") else [("model", "source")]
+    for ours, theirs in [*pairs, *((name, name) for name in COMPARED)]:
         if raw_info.get(ours) is not None and model.get(theirs) is not None and \
                 str(raw_info[ours]) != str(model[theirs]):
             raise InvalidArgumentError(f"Expected an attention file of the graph's model ({ours} "

@@ -42,7 +42,7 @@ class GraphFile:
     def __init__(self, path: str | Path, attention: Sequence[str | Path] = ()) -> None:
         self.path = Path(path)
         try:
-            raw = read_json(self.path)
+            raw = read_json(self.path, kind="graph")
         except (OSError, ValueError) as exc:
             raise InvalidArgumentError(f"Expected a graph JSON file written by `detjac graph`. Got {self.path}, "
                                        f"which cannot be read as JSON ({exc}).") from exc
@@ -50,7 +50,10 @@ class GraphFile:
         info = raw.get("metadata", {}).get("info") if isinstance(raw.get("metadata"), dict) else None
         self.attention: dict[str, dict[str, Any]] = {}
         heads: dict[tuple[int, int, int], str] = {}
-        files = list(dict.fromkeys(p.resolve() for p in [*map(Path, attention), *beside(self.path)]))
+        found: dict[Path, Path] = {}  # each file once, however named; read and named by the path given
+        for given in [*map(Path, attention), *beside(self.path)]:
+            found.setdefault(given.resolve(), given)
+        files = list(found.values())
         for file in files:
             qk = read_attention(file)
             check_belongs(qk, self.graph, info if isinstance(info, dict) else {}, str(file))

@@ -108,10 +108,11 @@ def group_links(groups: list[tuple[str, list[str]]], links: list[dict[str, Any]]
 
 
 def grouped_page(page: dict[str, Any], supernodes: Any, where: str) -> dict[str, Any]:
-    """``page`` (:func:`~detjac.view.graph_page.graph_payload`) with ``groups``: ``{nodes, links, meaning}``
-    (:func:`group_nodes`, :func:`group_links`); unchanged where ``supernodes`` is empty or missing."""
+    """``page`` (:func:`~detjac.view.graph_page.graph_payload`) with ``groups``: ``{nodes, links, meaning, skipped}``
+    (:func:`group_nodes`, :func:`group_links`; the note names each group not drawn collapsed, and why, even when
+    none is); unchanged where ``supernodes`` is empty or missing."""
     groups, skipped = parse_supernodes(supernodes, page["nodes"], where) if supernodes else ([], [])
-    if not groups:
+    if not groups and not skipped:
         return page
     note = (f" Not drawn collapsed (only neurons of one layer make an exact group): {'; '.join(skipped)}."
             if skipped else "")

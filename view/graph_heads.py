@@ -23,18 +23,18 @@ nothing (the panel says how many are loaded).
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..numerals import parse_index
 from .graph_drivers import driver_shares
 
 HEADS_SHOWN = 4  # heads listed per crossed layer of a clicked link (the rest summed, so each layer still sums)
 HEADS_RANKED = 40  # rows of the heads panel
+MAX_INDEX = 1_000_000  # layers and heads: far more than any model has
 SUM_TOLERANCE = 1e-5  # a layer's loadings and skip against the link's weight, relative to their magnitudes
-INDEX = re.compile(r"^\d{1,6}$")
 SKIP = "skip"
 HEADS_MEANING = (
     "Heads ranked by how much of the top logit's graph they carry. Each link carries a flow of the top logit: the "
@@ -47,25 +47,44 @@ HEADS_MEANING = (
 
 
 def _index(text: Any, what: str, where: str) -> int:
-    if not isinstance(text, str) or not INDEX.match(text):
+    index = parse_index(text, below=MAX_INDEX)
+    if index is None:
         raise InvalidArgumentError(f"Expected head loadings keyed by a {what} number in {where}. "
                                    f"Got {str(text)[:40]!r}.")
-    return int(text)
+    return index
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_loadings(raw: Any, weight: float, where: str) -> list[dict[str, Any]]:
+def parse_loadings(raw: Any, weight: float, where: str, crossed: range | None = None,
+                   n_heads: int | None = None) -> list[dict[str, Any]]:
     """A link's ``head_loadings``, checked: ``[{"layer": l, "heads": [[h, w], ...] (largest |w| first), "skip": w},
     ...]`` by layer.
+
+    Parameters
+    ----------
+    raw : Any
+        The link's ``head_loadings`` as read.
+    weight : float
+        The link's weight.
+    where : str
+        The link and its file, for messages.
+    crossed : range, optional
+        The layers the link crosses (:func:`detjac.graph_settings.crossed_layers`): the loadings must be on those
+        layers and no other. None: not checked (the model's layer count unknown).
+    n_heads : int, optional
+        The model's heads per layer: each layer must list heads 0 to ``n_heads - 1``. None: as many as the link's
+        first layer lists, in every layer.
 
     Raises
     ------
     InvalidArgumentError
-        Not an object of layers, each an object of heads and ``skip`` with finite numbers; or a layer whose loadings
-        and skip do not sum to ``weight`` (within :data:`SUM_TOLERANCE` of their magnitudes).
+        Not an object of layers, each an object of heads and ``skip`` with finite numbers; a layer whose loadings
+        and skip do not sum to ``weight`` (within :data:`SUM_TOLERANCE` of their magnitudes); loadings on a layer the
+        link does not cross, or missing on one it crosses; a layer without every head of the model, or with one
+        it lacks.
     """
     if not isinstance(raw, dict):  # empty: a link that crosses no attention layer (a last-layer neuron to a logit)
         raise InvalidArgumentError(f"Expected head_loadings to be an object of layers in {where}. "
@@ -85,7 +104,28 @@ def parse_loadings(raw: Any, weight: float, where: str) -> list[dict[str, Any]]:
                                        f"{where}. Got layer {layer} summing to {total:.6g} for a weight of "
                                        f"{weight:.6g}: the file is damaged or was edited.")
         layers.append({"layer": layer, "heads": heads, "skip": float(per[SKIP])})
-    return sorted(layers, key=lambda x: x["layer"])
+    layers.sort(key=lambda x: x["layer"])
+    _check_complete(layers, crossed, n_heads, where)
+    return layers
+
+
+def _check_complete(layers: list[dict[str, Any]], crossed: range | None, n_heads: int | None, where: str) -> None:
+    """Refuse loadings on other layers than ``crossed`` or other heads than ``0 .. n_heads - 1`` (see
+    :func:`parse_loadings`): a link's loadings are split over every head of every layer it crosses, so a layer or a
+    head missing or added would draw another split than the model's."""
+    found = [x["layer"] for x in layers]
+    if crossed is not None and found != list(crossed):
+        span = f"layers {crossed.start} to {crossed.stop - 1}" if crossed else "no layer"
+        raise InvalidArgumentError(f"Expected head loadings on the layers the link crosses ({span}) in {where}. Got "
+                                   f"{'layers ' + str(found)[1:-1][:80] if found else 'none'}: the file is damaged "
+                                   f"or was edited.")
+    for x in layers:
+        heads = sorted(h for h, _ in x["heads"])
+        want = n_heads if n_heads is not None else len(layers[0]["heads"])
+        if heads != list(range(want)):
+            raise InvalidArgumentError(f"Expected the loadings of each head of the model (0 to {want - 1}) at "
+                                       f"every layer in {where}. Got heads {str(heads)[1:-1][:80]} at layer "
+                                       f"{x['layer']}: the file is damaged or was edited.")
 
 
 def compact_loadings(layers: list[dict[str, Any]], shown: int = HEADS_SHOWN) -> list[dict[str, Any]]:

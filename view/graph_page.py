@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
-from ..graph_settings import KEPT_SHARE_MEANING
+from ..graph_settings import KEPT_SHARE_MEANING, crossed_layers
 from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
 from .graph_groups import grouped_page
@@ -65,6 +65,23 @@ def _logit_token(node: dict[str, Any]) -> str | None:
     clerp = str(node.get("clerp") or "")
     found = LOGIT_CLERP.match(clerp)
     return found.group("token") if found else clerp or None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_LAYERS else None
+
+
+def _model_size(info: dict[str, Any], nodes: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """The model's layers (``info.n_layers``, else a logit's layer less one) and heads per layer (``info.n_heads``),
+    None where the graph does not say."""
+    logit_rows = [n["row"] for n in nodes if n["type"] == LOGIT]
+    n_layers = _count(info.get("n_layers")) or (_count(logit_rows[0] - 2) if logit_rows else None)
+    return n_layers, _count(info.get("n_heads"))
+
+
+def _end(node: dict[str, Any]) -> tuple[str, int | None]:
+    """A node as :func:`~detjac.graph_settings.crossed_layers` takes it: its kind and (a neuron's) layer."""
+    return node["type"], node["row"] - 1 if node["type"] == NEURON else None
 
 
 def _number(value: Any) -> float | None:
@@ -121,7 +138,9 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                       "influence": _number(node.get("influence")), "clerp": str(node.get("clerp") or ""),
                       "p": _number(node.get("token_prob")),
                       "token": _logit_token(node) if kind == LOGIT else None})
-    known = {node["id"] for node in nodes}
+    known = {node["id"]: node for node in nodes}
+    info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
+    n_layers, n_heads = _model_size(info, nodes)
     links, loadings = [], []
     for link in graph["links"]:
         if not isinstance(link, dict) or link.get("source") not in known or link.get("target") not in known or \
@@ -130,11 +149,13 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                                        f"weight. Got {str(link)[:200]}.")
         links.append({"source": link["source"], "target": link["target"], "weight": float(link["weight"])})
         loads, ends = link.get("head_loadings"), f"{str(link['source'])[:40]} -> {str(link['target'])[:40]}"
+        crossed = crossed_layers(_end(known[link["source"]]), _end(known[link["target"]]), n_layers)
         loadings.append(None if loads is None else parse_loadings(loads, links[-1]["weight"],
-                                                                  f"the link {ends} of {where}"))
+                                                                  f"the link {ends} of {where}", crossed, n_heads))
+        if loadings[-1]:
+            n_heads = n_heads or len(loadings[-1][0]["heads"])  # the first loaded layer's, for every other link
         if loadings[-1] is not None:
             links[-1]["heads"] = compact_loadings(loadings[-1])
-    info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
     drivers, computed = node_drivers(nodes, links)
     for node, found in zip(nodes, drivers, strict=True):
         node["drivers"] = found

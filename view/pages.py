@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..numerals import parse_index
 from .corpus_page import Corpus
 from .graph_page import graph_payload, stored_graph
 from .layers_page import layers_payload
@@ -114,10 +115,10 @@ class Pages:
     def _token(self, pid: str, text: str) -> int | None:
         if text == "combined":
             return None
-        n = self.view.get(pid).n_tokens
-        if not (text.isdigit() and int(text) < n and str(int(text)) == text):
+        token = parse_index(text, below=self.view.get(pid).n_tokens)
+        if token is None:
             raise NotFound(f"prompt/{pid}/operator/{text}")
-        return int(text)
+        return token
 
     def _kept_or(self, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         with self._compute:

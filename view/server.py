@@ -2,7 +2,8 @@
 
 It serves the page's own files (a fixed list, never a path from the request), and the pages'
 data as JSON under ``/api/<key>`` (:class:`~detjac.view.pages.Pages`, which looks keys up and
-never opens a path built from them). Every other method is refused, nothing is written. Bound
+never opens a path built from them; a key that names no page, one with a number not written in
+ASCII digits included, is a 404). Every other method is refused, nothing is written. Bound
 to a loopback address, it also refuses requests whose ``Host`` is not that address (a page on
 another site cannot reach it by DNS rebinding).
 """
@@ -141,6 +142,8 @@ class ViewHandler(BaseHTTPRequestHandler):
         """The page ``key``'s data as JSON, or (``script``: ``/api/KEY?js``) as the script the page loads
         (:func:`~detjac.view.assets.data_script`; an error is passed in it, with status 200 so that it runs)."""
         try:
+            if not key.isascii():  # every page's key is ASCII: a Unicode digit ('²') never reaches a parser
+                raise NotFound(key)
             self.server.pages.refresh()  # the folder may hold another store by now (run --force-new)
             status, data = HTTPStatus.OK, self.server.pages.data(key)
         except NotFound:

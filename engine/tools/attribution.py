@@ -173,6 +173,7 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
         biases=bias_nodes(engine, n, p),
         info={"family": engine.family.name, "model_type": engine.config.model_type,
               "dtype": str(engine.dtype).removeprefix("torch."), "n_layers": engine.n_layers,
+              "n_heads": int(getattr(engine.config.get_text_config(), "num_attention_heads", 0)),
               "d_model": engine.d_model, "neurons_per_layer": int(next(iter(acts.values())).shape[1]),
               "max_nodes": max_nodes, "engine": type(engine).__name__},
     )

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graph_settings import first_crossed, last_crossed
 
 from ..interface import Engine
 from ..pieces.heads import head_cotangents, head_values, heads_output
@@ -141,12 +142,20 @@ class Nodes:
         return layer, pos, int((self.chosen[:c, 0] == layer).sum())
 
     def first(self, source: int) -> int:
-        """The first layer a link from ``source`` crosses."""
-        return int(self.chosen[source, 0]) + 1 if source < self.M else 0
+        """The first layer a link from ``source`` (a neuron or a token) crosses (:func:`~detjac.graph_settings.
+        first_crossed`)."""
+        found = first_crossed(*(("mlp neuron", int(self.chosen[source, 0])) if source < self.M else
+                                ("embedding", None)))
+        assert found is not None  # a neuron or a token: bias nodes are never loaded (loadable_links)
+        return found
 
     def top(self, target: int, n_layers: int) -> int:
-        """The last layer a link into ``target`` crosses."""
-        return int(self.chosen[target, 0]) if target < self.M else n_layers - 1
+        """The last layer a link into ``target`` (a neuron or a logit) crosses (:func:`~detjac.graph_settings.
+        last_crossed`)."""
+        found = last_crossed(*(("mlp neuron", int(self.chosen[target, 0])) if target < self.M else ("logit", None)),
+                             n_layers)
+        assert found is not None
+        return found
 
     def write(self, source: int) -> torch.Tensor:
         """(n, d) what ``source`` writes: a token's embedding, a neuron's value times its write row."""

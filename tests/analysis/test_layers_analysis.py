@@ -167,6 +167,9 @@ def test_report_includes_the_layerwise_section(layer_store, tmp_path):
     assert summary["layerwise_prompts"] == 1 and 0 <= summary["prediction_emerges_in_u1"] <= 1
     assert {"layers.parquet", "emergence.parquet", "dims.parquet", "emergence.png"} <= set(summary["files"])
     assert jobs.token_id(layer_store, "id:5") == 5
+    for text in ("id:²", "id:05"):  # a Unicode digit or a second way to write 5: refused by name, no ValueError
+        with pytest.raises(InvalidArgumentError, match="Expected id:N with 0 <= N <"):
+            jobs.token_id(layer_store, text)
 
 
 def test_thin_svd_retries_the_transpose_when_lapack_does_not_converge(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import numpy as np
 import pytest
@@ -181,3 +182,47 @@ def test_a_chunk_of_another_node_count_is_one_line(tmp_path):
     reseal_group(folder)  # resealed: the chunk decodes to fewer values than its array's shape
     with pytest.raises(CorruptError, match="a chunk that does not decode to its array's shape"):
         open_store(made.path).get(big).graph()
+
+
+def _loaded_graph():
+    """A synthetic graph (two layers) whose links carry head loadings (two heads) on exactly the layers each crosses:
+    a token into a layer-0 neuron crosses layer 0, into a layer-1 neuron layers 0 and 1; a layer-0 neuron into the
+    logit layer 1; a layer-1 neuron into the logit none. Its arrays, and the loaded row of each such link."""
+    from types import SimpleNamespace
+
+    truth = SimpleNamespace(id="p", text="a b c d", n_tokens=4, token_ids=[1, 2, 3, 4], next_token_id=5)
+    data = synthetic_graph(truth, [(0, 3, 1), (1, 5, 2)])
+    crossing = {("E_1_0", "0_3_1"): [0], ("E_1_0", "1_5_2"): [0, 1], ("0_3_1", "3_5_3"): [1], ("1_5_2", "3_5_3"): []}
+    for link in data["links"]:
+        layers = crossing.get((link["source"], link["target"]))
+        if layers is not None:
+            w = link["weight"]
+            link["head_loadings"] = {str(layer): {"0": w / 4, "1": w / 2, "skip": w / 4} for layer in layers}
+    arrays, attrs = graph_tables(data)
+    ids = [n["node_id"] for n in data["nodes"]]
+    row = {(ids[arrays["link_source"][k]], ids[arrays["link_target"][k]]): i
+           for i, k in enumerate(arrays["loaded_link"].tolist())}
+    return data, arrays, attrs, row
+
+
+def test_stored_loadings_read_back_on_the_layers_each_link_crosses():
+    data, arrays, attrs, _ = _loaded_graph()
+    assert graph_json(arrays, attrs) == data
+    assert [len(link["head_loadings"]) for link in data["links"] if "head_loadings" in link] == [1, 2, 1, 0]
+
+
+@pytest.mark.parametrize(("link", "layer", "heads", "got"), [
+    (("E_1_0", "1_5_2"), 1, slice(None), "no loadings (NaN) at layer 1 of link"),  # would read as crossing 0 only
+    (("E_1_0", "0_3_1"), 0, slice(None), "no loadings (NaN) at layer 0 of link"),  # would read as crossing none
+    (("E_1_0", "1_5_2"), 0, 1, "a NaN among the loadings of layer 0"),
+    (("0_3_1", "3_5_3"), 0, "numbers", "loadings at layer 0 of link"),  # a layer it does not cross
+])
+def test_damaged_stored_loadings_raise_instead_of_reading_as_another_split(link, layer, heads, got):
+    _, arrays, attrs, row = _loaded_graph()
+    values = arrays["loaded_heads"].copy()
+    if heads == "numbers":
+        values[row[link], layer] = 1.0
+    else:
+        values[row[link], layer, heads] = np.nan
+    with pytest.raises(StoreError, match=r"exactly the layers each loaded link crosses\. Got " + re.escape(got)):
+        graph_json({**arrays, "loaded_heads": values}, attrs)

@@ -149,3 +149,18 @@ def test_a_graph_without_supernodes_has_no_groups(grouped):
     graph = json.loads(path.read_text())
     assert "groups" not in graph_payload({**graph, "qParams": {"supernodes": []}})
     assert "groups" not in graph_payload({k: v for k, v in graph.items() if k != "qParams"})
+
+
+def test_when_no_group_is_valid_the_note_still_names_each_and_why(grouped):
+    path, _, _ = grouped
+    graph = json.loads(path.read_text())
+    names = _named(graph)
+    supernodes = [[names.get(x, x) for x in group] for groups, _ in (SKIPPED["unknown"], SKIPPED["two-layers"])
+                  for group in groups]
+    page = graph_payload({**graph, "qParams": {"supernodes": supernodes}}, "g.json")
+    assert page["groups"]["nodes"] == [] and page["groups"]["links"] == []
+    skipped = page["groups"]["skipped"]
+    assert len(skipped) == 2 and "group 0 (g): 'nowhere' is no neuron" in skipped[0]
+    assert "group 1 (g): neurons of layers" in skipped[1]
+    assert all(reason in page["groups"]["meaning"] for reason in skipped)
+    assert drawn(page) == (page["nodes"], page["links"])  # every node and link drawn as it is

@@ -72,3 +72,21 @@ def test_a_group_is_drawn_collapsed_expands_on_click_and_keeps_its_name_as_text(
             browser.switch_to.alert.text  # noqa: B018 - raises when no alert() ran
     finally:
         server.stop()
+
+
+def test_when_no_group_is_valid_the_page_still_says_why_each_is_not_drawn(browser, graph, tmp_path):
+    neurons = [n for n in graph["nodes"] if n["feature_type"] == "mlp neuron"]
+    token = next(n["node_id"] for n in graph["nodes"] if n["feature_type"] == "embedding")
+    path = tmp_path / "ungrouped.json"
+    supernodes = [[HOSTILE, neurons[0]["node_id"], token]]  # a token in it: no exact group
+    path.write_text(json.dumps({**graph, "qParams": {**graph["qParams"], "supernodes": supernodes}}))
+    server = Served(path)
+    try:
+        browser.get(server.url)
+        wait_for(browser, "#group-note")
+        note = css(browser, "#group-note")[0].text
+        assert f"group 0 ({HOSTILE}): {token!r} is no neuron of this graph" in note
+        assert css(browser, "#graph-svg .node-group") == [] and css(browser, "#group-panel .group-toggle") == []
+        assert css(browser, "img") == []
+    finally:
+        server.stop()

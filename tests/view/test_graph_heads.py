@@ -52,19 +52,24 @@ def test_the_heads_panel_of_a_graph_worked_by_hand():
 
 
 def test_the_heads_panel_equals_a_dense_computation_on_random_graphs():
-    n, n_heads = 60, 5
+    n, n_heads, n_layers = 60, 5, 5
     s, t, w = random_dag(3, n)
+    level = np.random.default_rng(3).integers(0, 6, n)  # random_dag's levels: every link goes up
     rng = np.random.default_rng(4)
-    nodes = [{"node_id": str(i), "feature_type": "logit" if i in (58, 59) else "mlp neuron", "layer": "0",
-              "ctx_idx": 0, "token_prob": 0.9 if i == 59 else 0.1} for i in range(n)]
+    # level 0: tokens; level k: neurons of layer k - 1; 58 and 59 logits (after the last layer)
+    nodes = [{"node_id": str(i), "feature_type": "logit" if i in (58, 59) else "embedding" if level[i] == 0
+              else "mlp neuron", "layer": str(n_layers + 1) if i in (58, 59) else "E" if level[i] == 0
+              else str(level[i] - 1), "ctx_idx": 0, "token_prob": 0.9 if i == 59 else 0.1} for i in range(n)]
     loads = {}
     links = []
     for k, (a, b, x) in enumerate(zip(s, t, w, strict=True)):
         link = {"source": str(a), "target": str(b), "weight": float(x)}
-        if k % 2 == 0:
-            per = rng.normal(size=(2, n_heads))
+        crossed = range(0 if level[a] == 0 else level[a], n_layers if b in (58, 59) else level[b])
+        if k % 2 == 0 and a not in (58, 59) and crossed:  # loadings on the layers the link crosses, as detjac's
+            per = np.zeros((n_layers, n_heads))
+            per[crossed] = rng.normal(size=(len(crossed), n_heads))
             link["head_loadings"] = {str(layer): {**{str(h): float(v) for h, v in enumerate(per[layer])},
-                                                  "skip": float(x - per[layer].sum())} for layer in range(2)}
+                                                  "skip": float(x - per[layer].sum())} for layer in crossed}
             loads[k] = per
         links.append(link)
     heads = graph_payload({"metadata": {"prompt_tokens": ["a"]}, "nodes": nodes, "links": links})["metadata"]["heads"]
@@ -73,13 +78,14 @@ def test_the_heads_panel_equals_a_dense_computation_on_random_graphs():
     total = A.sum(1, keepdims=True)
     A /= np.where(total > 0, total, 1.0)
     reach = np.linalg.solve(np.eye(n) - A, np.eye(n))[59]  # sum_{k >= 0} A^k: the flow from logit 59
-    expected = np.zeros((2, n_heads))
+    expected = np.zeros((n_layers, n_heads))
     for k, per in loads.items():  # a link's own share of its target's |weight| (two links may join the same nodes)
         expected += reach[t[k]] * abs(w[k]) / total[t[k], 0] * per / w[k]
-    got = np.zeros((2, n_heads))
+    got = np.zeros((n_layers, n_heads))
     for r in heads["rows"]:
         got[r["layer"], r["head"]] = r["flow"]
-    assert np.abs(got - expected).max() < 1e-12 and len(heads["rows"]) == 2 * n_heads
+    covered = {layer for per in loads.values() for layer in np.flatnonzero(per.any(1))}
+    assert np.abs(got - expected).max() < 1e-12 and len(heads["rows"]) == len(covered) * n_heads
     for x in heads["layers"]:  # a layer's heads and skip sum to the flow of its loaded links
         assert expected[x["layer"]].sum() + x["skip"] == pytest.approx(x["covered"], abs=1e-12)
     assert heads["logit"] == "59"
@@ -126,8 +132,8 @@ def qk_file(**change):
         keys.append({"position": j, "score": sum(x["value"] for x in terms), "probability": p,
                      "terms": sorted(terms, key=lambda x: -abs(x["value"]))})
     data = {"layer": 2, "head": 1, "query_position": 2, "token_ids": [1, 7, 9], "tokens": TOKENS,
-            "model": {"family": "Llama", "dtype": "float64", "source": "default", "weights_sha256": "ab" * 32,
-                      "n_layers": 4, "n_heads": 4},
+            "model": {"family": "Llama", "model_type": "llama", "name_or_path": "", "dtype": "float64",
+                      "source": "default", "weights_sha256": "ab" * 32, "n_layers": 4, "n_heads": 4, "d_model": 16},
             "query_token": "b", "residual_error": 1e-16, "score_error": 2e-16, "scaling": 0.125, "softcap": None,
             "neurons": 0, "keys": keys}
     data.update(change)

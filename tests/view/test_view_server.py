@@ -250,3 +250,46 @@ def test_a_pages_data_as_a_script_is_its_json_and_an_error_is_passed_to_the_page
         code, kind, body = get(server, "/api/prompt/nope?js")  # 200, so that the script runs and the page says why
         assert get(server, "/api/prompt/nope")[0] == 404 and code == 200
         assert body == 'detjacData("prompt/nope", null, "no page \'prompt/nope\' in this store");\n'
+
+
+def raw_get(port: int, target: bytes) -> tuple[int, bytes]:
+    """The status and body of ``GET target``, its bytes sent as they are (a client that does not percent-encode: the
+    server reads the byte 0xB2 as '²')."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET " + target + f" HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        raw = b""
+        while piece := sock.recv(65536):
+            raw += piece
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_a_number_in_the_path_not_in_ascii_digits_is_a_404(layered_store):
+    pid = layered_store.ids[0]
+    err = io.StringIO()
+    with serving(layered_store) as server, redirect_stderr(err):
+        assert raw_get(server.port, f"/api/prompt/{pid}/operator/0".encode())[0] == 200
+        for segment in (b"\xb2", b"1\xb2", "٣".encode(), b"%C2%B2", b"01", b"-1", b"99999999999999999999"):
+            code, body = raw_get(server.port, f"/api/prompt/{pid}/operator/".encode() + segment)
+            assert code == 404 and b"no page" in body, (segment, code, body)
+    assert "Traceback" not in err.getvalue()
+
+
+def test_a_neuron_page_not_in_ascii_digits_is_a_404(graph_file, neuron_index):
+    from detjac.store import open_neuron_index
+    from detjac.view import GraphFile
+
+    err = io.StringIO()
+    server = make_server(GraphFile(graph_file), neurons=open_neuron_index(neuron_index))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with redirect_stderr(err):
+            assert raw_get(server.port, b"/api/neuron/0/5")[0] == 200
+            for target in (b"/api/neuron/\xb2/5", b"/api/neuron/0/\xb2", "/api/neuron/٣/5".encode(),
+                           b"/api/neuron/\xb2/5?js"):
+                code, body = raw_get(server.port, target)
+                assert code == (200 if target.endswith(b"?js") else 404) and b"no page" in body, (target, code, body)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in err.getvalue()

@@ -30,9 +30,11 @@ const GraphGroups = (() => {
       svg("text", {x: x + w / 2 + 3, y: y + 4, class: "group-label"}, `${name} ×${n.size}`)];  // haloed: readable
   }
 
-  // The list of groups, each a button that expands or collapses it, and the note on what a group is.
+  // The list of groups, each a button that expands or collapses it, and the note on what a group is (alone when no
+  // group is drawn collapsed: it says why each is not).
   function panel(data, state, onChange) {
-    if (!state.groups.length) return null;
+    const note = data.groups ? h("p", {class: "note", id: "group-note"}, data.groups.meaning) : null;
+    if (!state.groups.length) return note && h("div", {class: "group-panel", id: "group-panel"}, note);  // why none
     const toggle = (id) => {
       if (state.expanded.has(id)) state.expanded.delete(id); else state.expanded.add(id);
       onChange();
@@ -48,7 +50,7 @@ const GraphGroups = (() => {
         state.expanded.has(g.id) ? "collapse " : "expand ", h("span", {class: "text"}, g.name), ` (${g.size})`)),
         h("button", {type: "button", id: "groups-expand", onclick: () => all(true)}, "expand all"),
         h("button", {type: "button", id: "groups-collapse", onclick: () => all(false)}, "collapse all")),
-      h("p", {class: "note", id: "group-note"}, data.groups.meaning));
+      note);
   }
 
   return {attach, shape, panel};
