@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from detjac.numerals import parse_index
 from .jsonable import jsonable
 
 if TYPE_CHECKING:
@@ -64,11 +65,11 @@ class NeuronPages:
 
             parts = key.removeprefix(PREFIX).split("/")
             layers, per_layer = self.index.shape
-            if len(parts) != 2 or not all(p.isdigit() and str(int(p)) == p for p in parts) or \
-                    int(parts[0]) >= layers or int(parts[1]) >= per_layer or \
-                    (self.only is not None and (int(parts[0]), int(parts[1])) not in self.only):
+            layer, neuron = (parse_index(parts[0], layers), parse_index(parts[1], per_layer)) if len(parts) == 2 \
+                else (None, None)
+            if layer is None or neuron is None or (self.only is not None and (layer, neuron) not in self.only):
                 raise NotFound(key)
-            return jsonable(neuron_page(self.index, int(parts[0]), int(parts[1])))
+            return jsonable(neuron_page(self.index, layer, neuron))
         data = self.pages.data(key)
         if key == "corpus":
             data = {**data, "neurons": True}

@@ -87,3 +87,13 @@ def test_a_resealed_index_pointing_outside_its_prompts_is_refused_and_nothing_wr
     message = result.output.strip()
     assert len(message.splitlines()) == 1 and f"top_position {position} outside its prompt" in message, message
     assert [p.name for p in tmp_path.iterdir()] == ["bad.zarr"]  # no pages, no .pages.tmp-* folder
+
+
+@pytest.mark.parametrize("key", ["neuron/²/5", "neuron/0/٣", "neuron/01/2", "neuron/0/-1", "neuron/0", "neuron/0/9999"])
+def test_a_neuron_key_not_written_in_ascii_digits_or_out_of_range_is_not_found(neuron_index, key):
+    from detjac.view.neuron_page import NeuronPages
+    from detjac.view.pages import NotFound
+
+    pages = NeuronPages(None, open_neuron_index(neuron_index))
+    with pytest.raises(NotFound):
+        pages.data(key)
