@@ -99,7 +99,7 @@ def test_integrated_gradients_complete_within_the_midpoint_bound(kind, joint):
 
 @pytest.mark.parametrize("kind", peers.UNIT_KINDS)
 def test_detjac_along_the_path_averages_the_gradients_of_the_model_detached_at_each_point(model, kind):
-    """The variant of issue 68, item 3: at each midpoint of the path every unit of the kind is set to its point, the
+    """The detached path variant: at each midpoint of the path every unit of the kind is set to its point, the
     model detached there (a forward of its own, one point at a time), and the detached gradient averaged."""
     t, steps = _target(model), 4
     acts = peers.gradients(model, IDS, t, kind).acts
