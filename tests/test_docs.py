@@ -46,7 +46,8 @@ def test_docs_build_in_strict_mode(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     api = (tmp_path / "site" / "api" / "engine" / "index.html").read_text()
     assert "load_engine" in api and "hf download" in api  # rendered from the docstrings
-    pages = ("user-guide", "store-format", "engine", "benchmarks", "notebooks/tour", "notebooks/layers-and-steering")
+    pages = ("user-guide", "store-format", "engine", "graphs", "performance", "results", "notebooks/tour",
+             "notebooks/layers-and-steering")
     for page in pages:
         assert (tmp_path / "site" / page / "index.html").is_file()
 
