@@ -72,7 +72,7 @@ def test_atp_is_activation_times_autograd_gradient(model, kind):
 @pytest.mark.parametrize("joint", [True, False])
 def test_integrated_gradients_complete_within_the_midpoint_bound(kind, joint):
     # Llama only: Gemma's post-MLP and post-attention norms make the path a step near the zero baseline (the norm of
-    # a vanishing branch), where the midpoint rule's bound is huge; docs/graphs.md says so.
+    # a vanishing branch), where the midpoint rule's bound is huge; the peers report in docs/results/ says so.
     model = tiny_model("llama", seed=7)
     t, steps = _target(model), 32
     acts = peers.gradients(model, IDS, t, kind).acts
