@@ -1,4 +1,4 @@
-"""The corpus of the SmolLM2 neuron index (docs/benchmarks.md, "Neuron indexes"): 2,061 prompts available offline.
+"""The corpus of the SmolLM2 neuron index (docs/performance.md, "Neuron indexes"): 2,061 prompts available offline.
 
 Every Factbook prompt (``benchmarks/data/factbook_prompts.jsonl``, 561), every held-out GCIDE prefix
 (``benchmarks/data/heldout_prompts.txt``, 300), and 1,200 prefixes of GCIDE training entries: the 1,000 of

@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", "docs/user-guide.md", "docs/lens.md", "docs/store-format.md", "docs/real-models.md",
-         "docs/graphs.md")
+         "docs/graphs.md", "docs/performance.md")
 NOT_RUN = re.compile(r"<!--\s*docs:\s*not run:\s*(?P<reason>.*?)\s*-->")
 PRINTED = re.compile(r"<!--\s*docs:\s*printed by the python block above\s*-->")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")

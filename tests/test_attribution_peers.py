@@ -72,7 +72,7 @@ def test_atp_is_activation_times_autograd_gradient(model, kind):
 @pytest.mark.parametrize("joint", [True, False])
 def test_integrated_gradients_complete_within_the_midpoint_bound(kind, joint):
     # Llama only: Gemma's post-MLP and post-attention norms make the path a step near the zero baseline (the norm of
-    # a vanishing branch), where the midpoint rule's bound is huge; docs/graphs.md says so.
+    # a vanishing branch), where the midpoint rule's bound is huge; the peers report in docs/results/ says so.
     model = tiny_model("llama", seed=7)
     t, steps = _target(model), 32
     acts = peers.gradients(model, IDS, t, kind).acts
@@ -99,7 +99,7 @@ def test_integrated_gradients_complete_within_the_midpoint_bound(kind, joint):
 
 @pytest.mark.parametrize("kind", peers.UNIT_KINDS)
 def test_detjac_along_the_path_averages_the_gradients_of_the_model_detached_at_each_point(model, kind):
-    """The variant of issue 68, item 3: at each midpoint of the path every unit of the kind is set to its point, the
+    """The detached path variant: at each midpoint of the path every unit of the kind is set to its point, the
     model detached there (a forward of its own, one point at a time), and the detached gradient averaged."""
     t, steps = _target(model), 4
     acts = peers.gradients(model, IDS, t, kind).acts

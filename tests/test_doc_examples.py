@@ -116,7 +116,7 @@ def test_the_readme_python_block_prints_what_the_readme_shows(tmp_path: Path) ->
 
 
 def test_the_docs_build_says_what_it_runs_as_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 54, item 10: running a page's examples for the docs build prints a line per example as it ends (on
+    """Running a page's examples for the docs build prints a line per example as it ends (on
     stderr), so a build that takes minutes is never silent."""
     from doc_examples import with_outputs
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,28 @@ def test_docs_build_in_strict_mode(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     api = (tmp_path / "site" / "api" / "engine" / "index.html").read_text()
     assert "load_engine" in api and "hf download" in api  # rendered from the docstrings
-    pages = ("user-guide", "store-format", "engine", "benchmarks", "notebooks/tour", "notebooks/layers-and-steering")
+    pages = ("user-guide", "store-format", "engine", "modules", "graphs", "performance", "results", "notebooks/tour",
+             "notebooks/layers-and-steering")
     for page in pages:
         assert (tmp_path / "site" / page / "index.html").is_file()
+    inventory = (tmp_path / "site" / "modules" / "index.html").read_text()
+    unlisted = [name for name in module_names() if f"<code>{name}</code>" not in inventory]
+    assert not unlisted, f"Expected the Modules page to list every module. Got these missing: {unlisted}"
+    assert "The one error hierarchy of detjac." in inventory  # core/errors.py's docstring, read at build time
+
+
+def module_names() -> list[str]:
+    """Every module of the package as Python imports it, from pyproject.toml's package-dir (independent of the hook
+    that writes the Modules page)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    names = []
+    for package, folder in mapping.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            names.append(".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)]))
+    return names
 
 
 def test_a_broken_link_or_reference_fails_the_build(tmp_path: Path) -> None:

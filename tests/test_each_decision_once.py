@@ -1,4 +1,4 @@
-"""Issue 51, items 6-8, and issue 63, items 3-4: each decision has one home, which these tests hold to its contract
+"""Each decision has one home, which these tests hold to its contract
 (no model is loaded, except the shipped default one's config)."""
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def test_a_job_opens_each_prompt_once():
 
 
 def test_a_dtype_is_read_one_way_by_every_model_source(tmp_path, monkeypatch):
-    """Issue 67, item 2: ``load_engine(gguf, dtype="float32")`` reached the GGUF loader as a string and crashed."""
+    """``load_engine(gguf, dtype="float32")`` reaches the GGUF loader as a torch dtype, never as a string."""
     import torch
 
     import detjac.engine.checkpoints.gguf as gguf
@@ -252,7 +252,7 @@ def test_a_dtype_is_read_one_way_by_every_model_source(tmp_path, monkeypatch):
 
 
 def test_a_prompts_reconstruction_errors_are_computed_in_the_prompt_pass_only():
-    """Issue 63, item 2: the prompt pass accumulates every target's reconstruction from its blocks and computes the
+    """The prompt pass accumulates every target's reconstruction from its blocks and computes the
     error; a run's batch and the Jacobian verb read them from its products instead of computing their own."""
     root = Path(__file__).resolve().parents[1]
     for path in ("runs/batch.py", "engine/verbs.py"):
@@ -262,7 +262,7 @@ def test_a_prompts_reconstruction_errors_are_computed_in_the_prompt_pass_only():
 
 
 def test_analyze_svd_opens_each_prompt_once(tmp_path, monkeypatch):
-    """Issue 63: the SVD opens a prompt, and the analysis writer takes its source digest from the prompt's checked
+    """The SVD opens a prompt, and the analysis writer takes its source digest from the prompt's checked
     attributes, not by opening it again."""
     from click.testing import CliRunner
 

@@ -16,7 +16,7 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "lens.md"
 @pytest.mark.parametrize("model, layers, worst", [("default", 3, 3e-7), ("smollm2", 29, 1e-5)])
 def test_the_committed_agreement_is_the_full_check(model, layers, worst):
     r = json.loads(RESULTS.read_text())[model]
-    assert (r["fit_prompts"], r["eval_prompts"]) == (16, 40), "the issue's sets: 16 fit texts, 40 prompts"
+    assert (r["fit_prompts"], r["eval_prompts"]) == (16, 40), "the benchmark's sets: 16 fit texts, 40 prompts"
     assert r["same_fit_tokens"] and len(r["layers"]) == layers
     assert r["worst_max_abs_diff_over_max_abs"] < worst
     for side in ("tl_reads_detjac_artifact_vs_detjac", "detjac_reads_tl_artifact_vs_tl"):

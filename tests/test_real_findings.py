@@ -76,7 +76,7 @@ def test_committed_summary_is_recomputed_from_the_records():
         entry = results[name]
         rows = entry["prompts"]
         assert rows, name
-        for r in rows:  # every record says what the issue asks, consistently
+        for r in rows:  # every record says what the benchmark measures, consistently
             assert r["u1_hit"] == (r["next_token_id"] in r["u1_top10"]) and len(r["u1_top10"]) == 10
             assert r["recon_detached"] < 1e-12, (name, r["index"], r["recon_detached"])
             assert 8 <= len(r["token_ids"]) <= 64

@@ -1,4 +1,4 @@
-"""Issue 67, item 5: the CLI runs numpy's OpenBLAS on one thread (its idle threads spin: the small SVDs of `analyze
+"""The CLI runs numpy's OpenBLAS on one thread (its idle threads spin: the small SVDs of `analyze
 svd` and `view --export` took 30x the CPU on two), unless the user set OPENBLAS_NUM_THREADS."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 67, item 6: a mistyped MODEL, prompts file, ``--out`` or ``--max-memory`` is refused as the command line is
+"""A mistyped MODEL, prompts file, ``--out`` or ``--max-memory`` is refused as the command line is
 parsed, before torch or transformers is imported (it took 4-16 s, their import time, to say so); ``view`` of a file
 that is neither a store nor a graph JSON names both."""
 
@@ -41,7 +41,7 @@ def test_bad_paths_and_budgets_are_refused_before_torch_is_imported(tmp_path):
     assert out[4] == f"1 Error: Expected a prompts file at {missing}.txt. Got no such file."
     assert out[5].startswith("1 Error: Expected a Hugging Face checkpoint directory") and missing in out[5]
     assert out[6] == (f"1 Error: Expected a detjac store (a folder) or a graph JSON file (*.json, from `detjac graph`) "
-                      f"at {tmp_path / 'blank.txt'}. Got a file of neither kind.")  # issue 67, item 9
+                      f"at {tmp_path / 'blank.txt'}. Got a file of neither kind.")
     assert out[7] == f"2 Error: Invalid value for '--out' / '-o': Expected a path ending in .json. Got " \
                      f"{str(tmp_path / 'g.txt')!r}."
     assert out[8] == f"1 Error: Expected an existing folder for {missing}/x.npz. Got none at {missing}."

@@ -145,7 +145,7 @@ def _command(words: list[str]):
 def test_the_one_prompt_commands_share_one_option_set():
     """The prompt and model options of jacobian, svd, steer, demo and lens apply are one definition: the same
     names, flags and help everywhere (steer's default dtype is float32, it generates; demo's prompts repeat); lens
-    apply lists only those it accepts (issue 67, item 8: it listed --dtype, then refused it)."""
+    apply lists only those it accepts (never one it then refuses)."""
     seen = {}
     for words in ONE_PROMPT_COMMANDS:
         params = {p.name: p for p in _command(words).params}
@@ -189,7 +189,7 @@ def test_an_option_a_command_cannot_honour_is_refused_by_name():
 
 
 def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_path: Path):
-    """Issue 54, item 1: an engine's result, ``explain`` on an engine, a stored prompt and the CLI turn ids into the
+    """An engine's result, ``explain`` on an engine, a stored prompt and the CLI turn ids into the
     same text; a result's tokens are text (they join back into the prompt), never ids or byte-level BPE pieces."""
     from detjac.analysis import piece_reader
     from detjac.engine import jacobian
@@ -219,7 +219,7 @@ def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_pa
 
 
 def test_a_refused_resume_names_the_setting_in_the_words_the_user_set(tmp_path: Path):
-    """Issue 54, item 2: a resume refused for other settings says which options differ, as they are typed."""
+    """A resume refused for other settings says which options differ, as they are typed."""
     (tmp_path / "p.txt").write_text("The oak tree\n")
     out = str(tmp_path / "r.zarr")
     assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out).exit_code == 0
@@ -231,7 +231,7 @@ def test_a_refused_resume_names_the_setting_in_the_words_the_user_set(tmp_path: 
 
 @pytest.mark.slow
 def test_one_gguf_file_has_one_run_identity_whichever_engine_reads_it(tmp_path: Path):
-    """Issue 54, item 2: a store begun on a GGUF file by one engine is resumed by the other (same ids, same run)."""
+    """A store begun on a GGUF file by one engine is resumed by the other (same ids, same run)."""
     from real_models import smollm2_path
 
     from detjac.engine import resolve_model
@@ -250,7 +250,7 @@ def test_one_gguf_file_has_one_run_identity_whichever_engine_reads_it(tmp_path: 
 
 
 def test_ctrl_c_in_one_process_exits_130_with_the_prompts_kept(tmp_path: Path, monkeypatch):
-    """Issue 54, item 3: Ctrl-C during a one-process run is told from an error (exit 130, as --help says), keeps the
+    """Ctrl-C during a one-process run is told from an error (exit 130, as --help says), keeps the
     committed prompts, says how many, and the same command resumes."""
     import detjac.runs.local as local
 
@@ -296,7 +296,7 @@ def _garbled(text: str) -> list[str]:
 
 
 def test_every_commands_help_renders_as_written():
-    """Issue 54, item 4: the help of every command and option renders as written (no line broken mid-sentence,
+    """The help of every command and option renders as written (no line broken mid-sentence,
     no runs of spaces, examples aligned), and --help works for each."""
     bad = {}
     for path, command in _every_command():
@@ -312,7 +312,7 @@ def test_every_commands_help_renders_as_written():
 
 
 def test_a_prompt_id_is_prompt_id_and_the_old_spellings_still_work(tmp_path: Path):
-    """Issue 54, item 7: --prompt is prompt text everywhere; where a command takes a stored prompt's id the option is
+    """--prompt is prompt text everywhere; where a command takes a stored prompt's id the option is
     --prompt-id (the old --prompt still works, with a deprecation message); demo takes MODEL like every command
     (--model still works, with a message); a default is never an error (decode on a rank-4 store)."""
     (tmp_path / "p.txt").write_text("The oak tree\nA cat sat on\n")
@@ -342,7 +342,7 @@ def test_a_prompt_id_is_prompt_id_and_the_old_spellings_still_work(tmp_path: Pat
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_one_bar_per_unit_of_work_and_none_for_nothing(tmp_path: Path, monkeypatch, streamed: bool):
-    """Issue 54, item 6: a prompt's blocks are counted by one bar (not the run's and the engine's side by side), and
+    """A prompt's blocks are counted by one bar (not the run's and the engine's side by side), and
     a run with nothing to do, or an export refused, prints no empty bar."""
     monkeypatch.setenv("DETJAC_PROGRESS_INTERVAL", "0")  # every update a line: the bars as they are
     (tmp_path / "p.txt").write_text("The oak tree\n")
@@ -367,7 +367,7 @@ def _make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v make"], capture_output=True).returncode != 0,
                     reason="no make on this machine")
 def test_make_install_notices_a_different_torch_spec(tmp_path: Path):
-    """Issue 54, item 5: the CUDA message's `make install TORCH_SPEC=...` reinstalls PyTorch on an existing venv (it
+    """The CUDA message's `make install TORCH_SPEC=...` reinstalls PyTorch on an existing venv (it
     said "Nothing to be done"); the same spec again does nothing. A fake venv python records what make runs."""
     log = tmp_path / "pip.log"
     python = tmp_path / "venv" / "bin" / "python"
@@ -388,7 +388,7 @@ def test_make_install_notices_a_different_torch_spec(tmp_path: Path):
 
 
 def test_a_budget_too_small_is_told_in_units_that_show_the_numbers():
-    """Issue 54, item 9: sizes are written in a unit that shows them (not "0.0 MiB", "0.00 GiB")."""
+    """Sizes are written in a unit that shows them (not "0.0 MiB", "0.00 GiB")."""
     from detjac.engine.memory import format_bytes
 
     assert [format_bytes(n) for n in (512, 3 * 2**10, 2**20, int(1.5 * 2**30))] == ["512 B", "3.0 KiB", "1.0 MiB",

@@ -1,4 +1,4 @@
-"""Issue 67, item 7: ``detjac jacobian --no-ordinary`` skips the ordinary Jacobian's pass; each pass's progress bar
+"""``detjac jacobian --no-ordinary`` skips the ordinary Jacobian's pass; each pass's progress bar
 carries its own label (the two shared one, and read as one bar running backwards)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 67, item 1: without --row-block, the commands that sweep leave the row block to the engine's plan (its cost
+"""Without --row-block, the commands that sweep leave the row block to the engine's plan (its cost
 model, from the budget and the machine); --row-block overrides it, and --help says what the default does."""
 
 from __future__ import annotations

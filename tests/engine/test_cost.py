@@ -68,7 +68,7 @@ SMOLLM2 = dict(d_model=576, ffn=1536, n_layers=30, itemsize=8, layer_bytes=0, he
 
 
 def test_without_a_budget_the_block_takes_a_share_of_the_memory_this_machine_has_free(monkeypatch) -> None:
-    """Issue 67, item 1: no --row-block and no budget, the cost model sizes the block from the machine: all d rows
+    """No --row-block and no budget, the cost model sizes the block from the machine: all d rows
     (they fold) where a quarter of the free memory holds them, else as many as fit, never below 512 MiB's worth."""
     from detjac.engine.streamed import cost as cost_module
 
@@ -85,7 +85,7 @@ def test_without_a_budget_the_block_takes_a_share_of_the_memory_this_machine_has
 
 
 def test_a_worker_sizes_its_unbudgeted_block_from_its_own_memory_limit(monkeypatch) -> None:
-    """Issue 67: N workers on one machine each see the machine's free memory; each sizes its block from its own
+    """N workers on one machine each see the machine's free memory; each sizes its block from its own
     limit (dask's per-worker memory limit, set by the run's model plugin) less what it holds."""
     from types import SimpleNamespace
 

@@ -87,8 +87,8 @@ def test_demo_runs_on_the_shipped_model(tmp_path):
 
 
 def test_an_engine_says_what_it_holds():
-    """Issue 67, item 9: ``print(engine)`` named only the class and an address; ``help(load_engine)`` left out GGUF
-    files and ``default``."""
+    """``print(engine)`` names more than the class and an address; ``help(load_engine)`` names GGUF files and
+    ``default``."""
     from detjac.engine import KeptEngine, load_engine
 
     engine = load_engine("default", dtype="float32")

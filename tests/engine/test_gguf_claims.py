@@ -1,5 +1,5 @@
 """A GGUF header is checked against its tensor table before anything is built or allocated for it, and crafted
-values are one clear line naming the field and the value, never a traceback (issue 53, items 2 and 3). The files
+values are one clear line naming the field and the value, never a traceback. The files
 are tiny Llamas written here with the gguf package's writer."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_a_lens_is_refused_on_other_weights_and_in_the_wrong_role(fitted, tmp_pa
 
 
 def test_a_lens_carries_its_model(fitted, tmp_path):
-    """Issue 67, item 8: the lens records the model's layer count and where the model is, so `lens export` needs no
+    """The lens records the model's layer count and where the model is, so `lens export` needs no
     --model (it was "Expected --model: the lens does not record the model's layer count") and `lens apply` defaults
     to the lens's own model, not to `default`."""
     import torch

@@ -1,6 +1,5 @@
 """Options at their edges: a --row-block above d_model runs (clamped to the rows there are), a --workers count the
-machine's memory cannot hold is refused in one line before a store is created, and a URL with a host is refused
-(issue 53, items 4, 5 and 10)."""
+machine's memory cannot hold is refused in one line before a store is created, and a URL with a host is refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shapes claimed in metadata edited and resealed (issue 66, item 6) are held against the rest of the group before
+"""Shapes claimed in metadata edited and resealed are held against the rest of the group before
 anything is allocated: a Jacobian wider than the prompt's embeddings, graph tables of 1e11 rows, a saved lens of
 (4, 1e5, 1e5) are one line, never a MemoryError or a reshape traceback."""
 

@@ -1,5 +1,5 @@
 """Every ``zarr.json`` a read depends on is checked against the seal when a prompt (or the model group) is opened,
-and an analysis result never outlives the content it was computed from (issue 53, item 1)."""
+and an analysis result never outlives the content it was computed from."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metadata that lies (issue 53, items 7, 8 and 9): malformed JSON in the root or a prompt is one line, links that
+"""Metadata that lies: malformed JSON in the root or a prompt is one line, links that
 leave the store are never read through, and a root claiming an older format than its contents is refused."""
 
 from __future__ import annotations

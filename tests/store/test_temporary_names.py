@@ -1,4 +1,4 @@
-"""Temporary names no one can plant a link at (issue 66, item 1): every write beside its destination goes through a
+"""Temporary names no one can plant a link at: every write beside its destination goes through a
 new entry created exclusively under an unpredictable name (``detjac.aside``), so a symbolic link planted at the
 name a writer used to choose (``.NAME.tmp-<pid>``, ``.NAME.<pid>.tmp``, ``.NAME.old-<pid>``) is never written
 through, and nothing of the writer is left beside its destination."""

@@ -316,7 +316,7 @@ def test_an_export_the_disk_refuses_midway_leaves_nothing_and_says_so_in_one_lin
 
 
 def test_each_prompt_is_opened_once_and_the_tokenizer_parsed_once(layered_store):
-    """Issue 67, item 5: an export asks for a prompt once per page (its page, one per operator, its graph) and for
+    """An export asks for a prompt once per page (its page, one per operator, its graph) and for
     the tokenizer on every page; the viewer opens (and checks) each prompt once and parses the tokenizer once."""
     from detjac.analysis import piece_reader
     from detjac.analysis.jobs import stored_tokenizer
