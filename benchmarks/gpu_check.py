@@ -44,8 +44,8 @@ cli            ``detjac run`` on the 8B shape (the default model's tokenizer cop
 call cannot rot before a GPU is lent. On the GPU machine (no network; the missing packages travel as wheels,
 ``make gpu-wheels`` here):
 
-    bash scripts/gpu_install.sh -- python benchmarks/gpu_check.py --out "$OUT"
-    .venv/bin/python benchmarks/gpu_check.py --dry-run --out /tmp/gpu-dry
+    bash scripts/gpu_install.sh -- python -m benchmarks.gpu_check --out "$OUT"
+    .venv/bin/python -m benchmarks.gpu_check --dry-run --out /tmp/gpu-dry
 
 Then ``benchmarks/results/gpu.json`` is ``DIR/gpu.json``, and ``--table DIR/gpu.json`` prints the docs table.
 """
@@ -68,7 +68,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from detjac.real_shapes import REAL_SHAPES
+from .support.real_shapes import REAL_SHAPES
 
 SCHEMA = 1
 BUDGET_S = 420.0
@@ -182,7 +182,7 @@ def step_machine(args: argparse.Namespace, out: Partial) -> None:
     import torch
     import transformers
 
-    from detjac.engine.streamed.flops import matmul_flops
+    from .support.flops import matmul_flops
 
     s = sizes(args.dry_run)
     info: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -299,8 +299,9 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     import torch
 
     from detjac.engine import StreamedEngine, Target, reconstruct, relative_error
-    from detjac.engine.streamed.flops import matmul_flops, sweep_flops
     from detjac.errors import InvalidArgumentError
+
+    from .support.flops import matmul_flops, sweep_flops
 
     s = sizes(args.dry_run)
     cfg, dtype = s[which], getattr(torch, dtype_name)
@@ -568,7 +569,7 @@ class Worker:
     under a timeout (then the worker is killed, and the next step starts a new one)."""
 
     def __init__(self, args: argparse.Namespace, log: Any) -> None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(args.out), "--device",
+        cmd = [sys.executable, "-m", __spec__.name, "--worker", "--out", str(args.out), "--device",
                args.device, "--tmp", args.tmp, *(["--dry-run"] if args.dry_run else [])]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)

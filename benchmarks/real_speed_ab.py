@@ -17,7 +17,7 @@ streamed, streamed_sync, budgeted
 
 Results go to ``benchmarks/results/real_speed_ab.json`` keyed by model/tokens/dtype. Never a timed assertion.
 
-    .venv/bin/python benchmarks/real_speed_ab.py --tokens 8 --dtype float64 --rounds 3
+    .venv/bin/python -m benchmarks.real_speed_ab --tokens 8 --dtype float64 --rounds 3
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ cores, 37 GiB read).
 Results go to ``benchmarks/results/stored_rehearsal.json`` after every run; a run already there is skipped, so the
 script resumes where it stopped. The checkpoints are written once into ``--work`` (reused)::
 
-    nohup .venv/bin/python benchmarks/stored_rehearsal.py --work /tmp/detjac-rehearsal &
+    nohup .venv/bin/python -m benchmarks.stored_rehearsal --work /tmp/detjac-rehearsal &
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from detjac.real_shapes import REAL_SHAPES
+from .support.real_shapes import REAL_SHAPES
 
 RESULTS = Path(__file__).parent / "results" / "stored_rehearsal.json"
 LLAMA32_1B: dict[str, Any] = REAL_SHAPES["llama-3.2-1b"]
@@ -153,8 +153,8 @@ def main() -> None:
             print(f"{name}: done already", flush=True)
             continue
         print(f"{name}: running", flush=True)
-        proc = subprocess.run([sys.executable, __file__, source, dtype, budget, str(tokens)], capture_output=True,
-                              text=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
+        proc = subprocess.run([sys.executable, "-m", __spec__.name, source, dtype, budget, str(tokens)],
+                              capture_output=True, text=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
         if proc.returncode != 0:
             print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)
             continue

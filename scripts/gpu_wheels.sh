@@ -6,7 +6,7 @@
 #   - the cp312 manylinux x86_64 wheels of zarr, numcodecs, crc32c, dask, distributed, gguf and of exactly those of
 #     their runtime dependencies (Requires-Dist) that such a machine lacks, pinned below;
 #   - a wheel of detjac itself, built from this working tree (its package-dir layout maps detjac to core/ etc., so
-#     the repository root on sys.path is not enough for `import detjac` there).
+#     the repository root on the import path is not enough for `import detjac` there).
 # scripts/gpu_install.sh installs them there (pip --no-index --no-deps --target), without building anything.
 # bitsandbytes (the `quant` extra) is left out: its wheel is far too large for the transfer, and nothing a GPU
 # benchmark run does needs it (detjac imports it only for quantized checkpoints).
@@ -102,7 +102,7 @@ if [[ ${#detjac_wheels[@]} -ne 1 ]]; then
     exit 1
 fi
 # the sources it was built from: gpu_install.sh refuses a wheel built from other code than the tree it runs in
-"$PY" "$ROOT/scripts/gpu_source_digest.py" "$ROOT" >"$OUT/detjac-source.sha256"
+(cd "$ROOT" && "$PY" -m scripts.gpu_source_digest "$ROOT") >"$OUT/detjac-source.sha256"
 
 ls -l "$OUT"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}' | sed "s|$OUT/||"
 total=$(find "$OUT" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')

@@ -1,5 +1,5 @@
-"""``benchmarks/gpu_check.py --dry-run``: the prepared GPU call runs its every step on the CPU at tiny shapes, so it
-cannot rot before a GPU is lent; its JSON holds what the GPU run will fill, and its figures are right."""
+"""``python -m benchmarks.gpu_check --dry-run``: the prepared GPU call runs its every step on the CPU at tiny shapes, so
+it cannot rot before a GPU is lent; its JSON holds what the GPU run will fill, and its figures are right."""
 
 from __future__ import annotations
 
@@ -10,24 +10,22 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+from benchmarks.gpu_check import STEPS
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_CHECK = [sys.executable, "-m", "benchmarks.gpu_check"]  # run from the repository root (cwd=ROOT)
 
 
 def script_steps() -> list[str]:
-    """The step names of the script's ``STEPS`` table, read from its source (tests never import a benchmark)."""
-    import ast
-
-    tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
-    table = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
-                 and getattr(node.target, "id", None) == "STEPS")
-    return [ast.literal_eval(pair.elts[0]) for pair in table.elts]  # type: ignore[attr-defined]
+    """The step names of the script's ``STEPS`` table, in order."""
+    return [name for name, _ in STEPS]
 
 
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     out, tmp = tmp_path_factory.mktemp("gpu"), tmp_path_factory.mktemp("checkpoints")
-    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--tmp", str(tmp)],
-                         capture_output=True, text=True, timeout=900)
+    got = subprocess.run([*GPU_CHECK, "--dry-run", "--out", str(out), "--tmp", str(tmp)],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert got.returncode == 0, got.stdout[-4000:] + got.stderr[-4000:]
     return out, json.loads((out / "gpu.json").read_text()), got.stdout
 
@@ -73,10 +71,10 @@ def test_the_dry_run_figures_are_right(dry):
 def test_a_step_cut_short_is_killed_and_the_next_runs_in_a_new_worker(tmp_path):
     """A step past its time is killed (its worker with it) and marked cut_short, keeping what it wrote; the next
     step starts a new worker; gpu.json stays complete JSON."""
-    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--tmp",
+    got = subprocess.run([*GPU_CHECK, "--dry-run", "--out", str(tmp_path), "--tmp",
                           str(tmp_path / "ckpt"), "--only", "machine,exactness,checkpoint-8b",
                           "--step-timeout-s", "exactness=0.5"],  # seven models cannot be done in half a second
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
     report = json.loads((tmp_path / "gpu.json").read_text())
     steps = report["steps"]
     assert steps["machine"]["status"] == "done", got.stdout[-3000:]
@@ -85,8 +83,8 @@ def test_a_step_cut_short_is_killed_and_the_next_runs_in_a_new_worker(tmp_path):
 
 
 def test_steps_with_no_time_left_are_skipped_saying_so(tmp_path):
-    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--budget-s", "10"],
-                         capture_output=True, text=True, timeout=120)
+    got = subprocess.run([*GPU_CHECK, "--dry-run", "--out", str(tmp_path), "--budget-s", "10"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert got.returncode == 0, got.stderr
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert {s["status"] for s in report["steps"].values()} == {"skipped"}
@@ -95,16 +93,17 @@ def test_steps_with_no_time_left_are_skipped_saying_so(tmp_path):
 
 
 def test_unknown_steps_are_refused_naming_the_known_ones(tmp_path):
-    got = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "gpu"],
-                         capture_output=True, text=True)
+    got = subprocess.run([*GPU_CHECK, "--dry-run", "--out", str(tmp_path), "--only", "gpu"],
+                         capture_output=True, text=True, cwd=ROOT)
     assert got.returncode == 2 and "expected steps among machine, exactness" in got.stderr
 
 
 def test_the_user_guide_shows_the_planners_table_as_printed():
     """docs/user-guide.md's budget table is what ``gpu_check.py --plans`` prints (the engine's own cost model)."""
-    got = subprocess.run([sys.executable, str(SCRIPT), "--plans"], capture_output=True, text=True, check=True)
-    page = (SCRIPT.parent.parent / "docs" / "user-guide.md").read_text(encoding="utf-8")
-    assert got.stdout.strip() in page, "run benchmarks/gpu_check.py --plans and paste its table into the GPU section"
+    got = subprocess.run([*GPU_CHECK, "--plans"], capture_output=True, text=True, check=True, cwd=ROOT)
+    page = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    assert got.stdout.strip() in page, ("run python -m benchmarks.gpu_check --plans and paste its table into the "
+                                        "GPU section")
     # the layers counted as stored (two) plus the one in use widened, a matrix at a time (†) where the budget needs
     # it: 70B in float32 and float64 fits 8 GiB from bf16 weights
     assert "| Llama-3.3-70B | bf16 | float32 | 16 | 1.59 / 3.19 | refused | 8 × 1024 † |" in got.stdout

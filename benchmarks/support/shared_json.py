@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .aside import write_file
+from detjac.aside import write_file
 
 
 def load_entries(path: str | Path) -> dict[str, Any]:

@@ -33,9 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from detjac.engine import linearized
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
-
-from ..detach.model import linearized
 
 UNIT_KINDS = ("neurons", "heads")
 TARGETS = ("logit", "logprob")  # the demeaned logit of the predicted token, its log-probability
