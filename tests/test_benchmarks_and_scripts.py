@@ -17,7 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 BENCHMARKS, SCRIPTS = ROOT / "benchmarks", ROOT / "scripts"
-SUBPROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output"}
 LOADERS = {"spec_from_file_location", "run_path", "SourceFileLoader"}
 
 
@@ -25,18 +24,32 @@ def _is_sys_path(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys"
 
 
-def _runs_a_file(node: ast.Call) -> bool:
-    """A subprocess call or a file loader given ``__file__`` (a module run by its path) or a path into benchmarks/
-    or scripts/ (a ``"benchmarks"`` or ``"scripts"`` part, or a string that starts with one)."""
-    func = getattr(node.func, "attr", None)
-    if func not in SUBPROCESS_CALLS | LOADERS:
-        return False
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name) and n.id == "__file__":
-            return True
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) \
-                and n.value.split("/")[0] in ("benchmarks", "scripts") and n.value.split("/")[-1] != "":
-            return True
+BY_PATH_OK = {"mkdocs_hooks.py"}  # mkdocs loads its hooks by path (mkdocs.yml); it imports no benchmark or script
+
+
+def _names_a_file(node: ast.AST, own: bool = True) -> bool:
+    """``__file__`` (``own``: the module itself), or a path into benchmarks/ or scripts/: a ``"benchmarks"`` or
+    ``"scripts"`` part joined with a ``.py`` file (``ROOT / "scripts" / "x.py"``) or a string that starts with one
+    (``"benchmarks/x.py"``)."""
+    words = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    files = {w.rsplit("/", 1)[-1] for w in words if w.endswith(".py")} - BY_PATH_OK
+    return (own and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node))) \
+        or any(w.split("/")[0] in ("benchmarks", "scripts") and "/" in w and not w.endswith(tuple(BY_PATH_OK))
+               for w in words) \
+        or bool(files and words & {"benchmarks", "scripts"})
+
+
+def _runs_a_file(node: ast.AST) -> bool:
+    """A command list holding ``sys.executable`` and a file by its path, a file loader given one, or a path to a
+    file of benchmarks/ or scripts/ built with ``/`` (judged whole, at its outermost ``/``)."""
+    if isinstance(node, ast.List | ast.Tuple):
+        runs = any(isinstance(e, ast.Attribute) and e.attr == "executable" and getattr(e.value, "id", None) == "sys"
+                   for e in node.elts)
+        return runs and _names_a_file(node)
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in LOADERS:
+        return _names_a_file(node)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return not isinstance(getattr(node, "parent", None), ast.BinOp) and _names_a_file(node, own=False)
     return False
 
 
@@ -44,16 +57,20 @@ def scan(path: Path) -> tuple[list[int], list[tuple[int, str, list[str]]], list[
     """(lines using ``sys.path``, (line, module, names) of every absolute import, lines running or loading a Python
     file by its path)."""
     edits, imports, loads = [], [], []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child.parent = node  # type: ignore[attr-defined]  # a path is judged whole, at its outermost "/"
+    for node in ast.walk(tree):
         if _is_sys_path(node):
             edits.append(node.lineno)  # any use: insert, append, assignment, remove
         elif isinstance(node, ast.Import):
             imports += [(node.lineno, alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             imports.append((node.lineno, node.module, [alias.name for alias in node.names]))
-        elif isinstance(node, ast.Call) and _runs_a_file(node):
+        elif _runs_a_file(node):
             loads.append(node.lineno)
-    return edits, imports, loads
+    return edits, imports, sorted(set(loads))
 
 
 def _private(module: str, names: list[str]) -> bool:
@@ -102,14 +119,20 @@ def test_the_offences_are_found(tmp_path):
         "subprocess.run([sys.executable, __file__, '--one'])\n"
         "import importlib.util\nimportlib.util.spec_from_file_location('c', ROOT / 'scripts' / 'corpus.py')\n"
         "from .support import peers\nfrom detjac.engine import jacobian\nimport benchmarks.support.flops\n"
-        "subprocess.run([sys.executable, '-m', __spec__.name, '--one'])\n")
+        "subprocess.run([sys.executable, '-m', __spec__.name, '--one'])\n"
+        "cmd = [sys.executable, str(Path(__file__).resolve()), '--worker']\n"
+        "SCRIPT = Path(__file__).parent.parent / 'benchmarks' / 'gpu_check.py'\n"
+        "HOOK = ROOT / 'scripts' / 'mkdocs_hooks.py'\nDATA = Path(__file__).parent / 'data' / 'x.txt'\n")
     assert offences(path, "benchmarks") == [
         "line 2: uses sys.path", "line 7: runs or loads a file by its path", "line 9: runs or loads a file by its path",
+        "line 14: runs or loads a file by its path", "line 15: runs or loads a file by its path",
         "line 3: imports tiny_models", "line 4: imports scripts.lens_prompts",
         "line 5: imports a private part of detjac (detjac.engine._x: y)",
         "line 6: imports a private part of detjac (detjac.engine: _z)"]
     assert offences(path, "tests") == ["line 2: uses sys.path", "line 7: runs or loads a file by its path",
-                                       "line 9: runs or loads a file by its path"]
+                                       "line 9: runs or loads a file by its path",
+                                       "line 14: runs or loads a file by its path",
+                                       "line 15: runs or loads a file by its path"]
 
 
 def runnable(folder: Path) -> list[str]:
