@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 
 from detjac.machine import cpu_name
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
 RECORDS = HERE / "results" / "attribution_vs_peers.{model}{tag}.jsonl"

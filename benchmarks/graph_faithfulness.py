@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from detjac.machine import cpu_name
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_faithfulness.json"
 PROMPTS = Path(__file__).parent / "data" / "factbook_prompts.jsonl"

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_fold.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as graphs.py

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import shipped_gguf
+
+from .support.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_long.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py

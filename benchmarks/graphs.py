@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graphs.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py

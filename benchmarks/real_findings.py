@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import host
-from detjac.shipped import SHIPPED, shipped_gguf
 
 from .support.findings import (
     example_markdown,
@@ -62,6 +61,7 @@ from .support.findings import (
     lens_evaluation_ranks,
 )
 from .support.shared_json import holding, load_entries, save_entry
+from .support.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
 PROMPTS = HERE / "data" / "factbook_prompts.jsonl"

@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import SHIPPED, shipped_gguf
 
 from .support.flops import matmul_flops
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "real_speed.json"
 METHODS = ("reference", "memory", "streamed", "budgeted", "memory_unfolded", "streamed_sync")

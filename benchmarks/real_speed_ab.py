@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import shipped_gguf
+
+from .support.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "real_speed_ab.json"
 BUDGET = "cpu=300MiB"  # as real_speed.py

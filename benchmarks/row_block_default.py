@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import available_memory, cpu_name
-from detjac.shipped import shipped_gguf
+
+from .support.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "row_block_default.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()

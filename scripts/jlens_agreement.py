@@ -113,9 +113,9 @@ def hf_folder(work: Path, model: str) -> Path:
         return folder
     import torch
 
+    from benchmarks.support.shipped import shipped_gguf
     from detjac.engine import load_engine
     from detjac.engine.checkpoints.gguf import load_gguf_model
-    from detjac.shipped import shipped_gguf
 
     path = shipped_gguf("smollm2")
     load_gguf_model(path, dtype=torch.float32).save_pretrained(folder)
