@@ -19,15 +19,15 @@ explicit
 Time (32 and 128 tokens by default): the three run interleaved in one process, ``--repeats`` times,
 each time from the trace (the reference from its forward pass) to the last row; reported are the
 medians, the median of the per-repeat ratios to the reference, and two fractions of ``torch.matmul``'s
-rate that the sweeps reach on the FLOP model of ``detjac.engine.streamed.flops.sweep_flops``, each measured just before
+rate that the sweeps reach on the FLOP model of ``benchmarks.support.flops.sweep_flops``, each measured just before
 or
 just after the run it is paired with (on a shared machine the rate itself moves by 2x):
 
 square
-    against one 2048² product (``detjac.engine.streamed.flops.matmul_flops``);
+    against one 2048² product (``benchmarks.support.flops.matmul_flops``);
 shapes
     against ``torch.matmul`` on exactly the GEMMs the method ran: every matrix product of one whole
-    run is recorded once (``detjac.engine.streamed.gemm_share.record_gemms``) and replayed alone on random operands of
+    run is recorded once (``benchmarks.support.gemm_share.record_gemms``) and replayed alone on random operands of
     the
     same layouts after each timed run. ``square = shape factor x shapes``, the shape factor being the
     rate on those shapes over the square product's: the gap splits into "GEMM shape" and the rest
@@ -41,10 +41,10 @@ row block) points per sweeps kind, against the cost model's prediction (``CostMo
 CPU time by kind (GEMM, copies, element-wise). Never a timed assertion: a report
 (``benchmarks/results/adjoint_sweeps.json``).
 
-    .venv/bin/python benchmarks/adjoint_sweeps.py --repeats 3
-    .venv/bin/python benchmarks/adjoint_sweeps.py --model issue --tokens 32 --repeats 1 --no-memory
-    .venv/bin/python benchmarks/adjoint_sweeps.py --memory-model --profile --no-timing --no-memory
-    .venv/bin/python benchmarks/adjoint_sweeps.py --quick   # a smaller model and prompts, to check the script
+    .venv/bin/python -m benchmarks.adjoint_sweeps --repeats 3
+    .venv/bin/python -m benchmarks.adjoint_sweeps --model issue --tokens 32 --repeats 1 --no-memory
+    .venv/bin/python -m benchmarks.adjoint_sweeps --memory-model --profile --no-timing --no-memory
+    .venv/bin/python -m benchmarks.adjoint_sweeps --quick   # a smaller model and prompts, to check the script
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from detjac.engine.streamed.flops import matmul_flops, sweep_flops
-from detjac.engine.streamed.gemm_share import gemm_flops, record_gemms, replay_seconds, shape_table
 from detjac.machine import peak_mib, reset_peak
+
+from .support.flops import matmul_flops, sweep_flops
+from .support.gemm_share import gemm_flops, record_gemms, replay_seconds, shape_table
 
 # The same random Llamas as benchmarks/matrix_free.py (MODEL, QUICK) and benchmarks/streamed.py (SMALL, "the issue's").
 MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
@@ -210,7 +211,8 @@ def child_profile(cfg: dict[str, Any], n: int, method: str, threads: int, blocks
     import torch
 
     from detjac.engine import StreamedEngine
-    from detjac.engine.streamed.gemm_share import profile_kinds
+
+    from .support.gemm_share import profile_kinds
 
     model, ids = _setup(cfg, n, threads)
     sm = StreamedEngine(model, dtype=torch.float32, sweeps=method)
@@ -221,7 +223,8 @@ def child_profile(cfg: dict[str, Any], n: int, method: str, threads: int, blocks
 
 def _child(*args: str) -> dict[str, Any]:
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}  # as the detjac command sets it
-    proc = subprocess.run([sys.executable, __file__, "_child", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "_child", *args], capture_output=True, text=True,
+                          env=env)
     if proc.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -10,8 +10,8 @@ rows), streamed chunk by chunk (``svd_compressed`` on this short, wide operator 
 limits). Then, on a subset that fits in memory, numpy's full SVD against both dask
 methods, in the same run.
 
-    .venv/bin/python benchmarks/analysis_ooc.py            # ~3 minutes on 2 cores
-    .venv/bin/python benchmarks/analysis_ooc.py --quick
+    .venv/bin/python -m benchmarks.analysis_ooc            # ~3 minutes on 2 cores
+    .venv/bin/python -m benchmarks.analysis_ooc --quick
 """
 
 from __future__ import annotations

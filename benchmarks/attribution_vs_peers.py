@@ -1,11 +1,11 @@
 """Is exact better? detjac's attributions against attribution patching and integrated gradients, scored on the same
-ablations of the *unmodified* model (docs/graphs.md, "Against attribution patching and integrated gradients").
+ablations of the *unmodified* model (docs/results/2026-11-28-attribution-vs-peers.md).
 
 For each held-out prompt on SmolLM2-135M-Instruct and Gemma 3 270M (float64, dequantized from their GGUF files), the
 target is the model's top prediction ``t`` at the last position: its demeaned logit (and its log-probability).
 Units: MLP neurons ``(layer, position, index)`` and attention heads ``(layer, head)`` (a head's output at every
 position). Baselines: zero, and the unit's mean over a reference corpus. Methods (:data:`METHODS`), each predicting
-the target's change when a unit is set to the baseline (:mod:`detjac.engine.tools.peers`):
+the target's change when a unit is set to the baseline (:mod:`benchmarks.support.peers`):
 
 - ``detjac_total``: ``(b - a) · ∂m/∂a`` in the detached model (attention probabilities, norm scales, gates frozen),
   every path: the graph's ranking pullback; ``detjac_direct``: the same with every MLP's output held fixed, the
@@ -38,10 +38,10 @@ other settings. ``--summary`` scores the records into ``benchmarks/results/attri
 files, named with them (``attribution_vs_peers.{model}.top50-random50.jsonl``, ``...top50-random50.json``,
 ``attribution-vs-peers.top50-random50.png``): ``--summary`` takes the same options to score them.
 
-    .venv/bin/python benchmarks/attribution_vs_peers.py --models smollm2 gemma3 --prompts 100
-    .venv/bin/python benchmarks/attribution_vs_peers.py --add detjac_path     # to the records already written
-    .venv/bin/python benchmarks/attribution_vs_peers.py --add ig_layer --prompts 10   # to the first 10 records
-    .venv/bin/python benchmarks/attribution_vs_peers.py --summary
+    .venv/bin/python -m benchmarks.attribution_vs_peers --models smollm2 gemma3 --prompts 100
+    .venv/bin/python -m benchmarks.attribution_vs_peers --add detjac_path     # to the records already written
+    .venv/bin/python -m benchmarks.attribution_vs_peers --add ig_layer --prompts 10   # to the first 10 records
+    .venv/bin/python -m benchmarks.attribution_vs_peers --summary
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 
 from detjac.machine import cpu_name
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
 RECORDS = HERE / "results" / "attribution_vs_peers.{model}{tag}.jsonl"
@@ -132,7 +133,7 @@ def one_kind(model: Any, ids: list[int], t: int, kind: str, base: dict[str, list
     """Every method's predictions and the ablations of one unit kind (see the module docstring)."""
     import torch
 
-    from detjac.engine.tools import peers
+    from .support import peers
 
     def timed(name: str, fn: Any) -> Any:
         start = time.perf_counter()
@@ -182,7 +183,7 @@ def deletion_curves(model: Any, ids: list[int], t: int, kind: str, orders: dict[
                     base: list[Any], clean: np.ndarray, args: argparse.Namespace) -> dict[str, list[list[float]]]:
     """Each order's deletion curve: its first k units ablated together, for each k of ``ks``; the targets' change
     from ``clean`` (k, 2)."""
-    from detjac.engine.tools import peers
+    from .support import peers
 
     groups = [[int(u) for u in orders[m][:k]] for m in orders for k in ks]
     deleted = peers.ablate(model, ids, t, kind, groups, base, batch=args.batch) - clean
@@ -194,7 +195,7 @@ def path_prediction(model: Any, ids: list[int], t: int, kind: str, base: list[An
     """(2, units) the predictions of a path method: ``ig`` (the unmodified model, every layer moved together),
     ``ig_layer`` (the same, one layer at a time), ``detjac_path`` (detached at each point of the joint path) or
     ``detjac_path_layer`` (detached at each point of the one-layer paths)."""
-    from detjac.engine.tools import peers
+    from .support import peers
 
     return peers.integrated_gradients(model, ids, t, kind, base, steps=args.steps, acts=acts,
                                       joint=method not in PER_LAYER,
@@ -206,7 +207,7 @@ def add_method(model: Any, record: dict[str, Any], method: str, base: dict[str, 
                args: argparse.Namespace) -> dict[str, float]:
     """Put ``method``'s predictions of the units ``record`` ablated, and its deletion curve, into ``record`` (the
     rest as recorded); returns its seconds and those of its deletion ablations."""
-    from detjac.engine.tools import peers
+    from .support import peers
 
     ids, t, seconds = record["token_ids"], record["target"], {}
     for kind in ("neurons", "heads"):
@@ -229,7 +230,7 @@ def one_prompt(model: Any, tokenizer: Any, text: str, base: dict[str, dict[str, 
                args: argparse.Namespace, index: int) -> dict[str, Any]:
     import torch
 
-    from detjac.engine.tools import peers
+    from .support import peers
 
     ids = list(tokenizer(text)["input_ids"])
     with torch.no_grad():
@@ -260,7 +261,8 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from detjac.engine import load_engine
-    from detjac.engine.tools import peers
+
+    from .support import peers
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -298,7 +300,8 @@ def add_to_records(args: argparse.Namespace) -> None:
     import torch
 
     from detjac.engine import load_engine
-    from detjac.engine.tools import peers
+
+    from .support import peers
 
     if args.threads:
         torch.set_num_threads(args.threads)

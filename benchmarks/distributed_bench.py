@@ -19,8 +19,8 @@ agree with the single-process store. Never a timed assertion: a report, also wri
 ``benchmarks/results/distributed.json``. The machine's load average is recorded with it;
 other work on the machine changes the figures.
 
-    .venv/bin/python benchmarks/distributed_bench.py                  # ~10 minutes on 2 cores
-    .venv/bin/python benchmarks/distributed_bench.py --prompts 8 --rounds 1 --out /tmp/d.json   # smoke test
+    .venv/bin/python -m benchmarks.distributed_bench                  # ~10 minutes on 2 cores
+    .venv/bin/python -m benchmarks.distributed_bench --prompts 8 --rounds 1 --out /tmp/d.json   # smoke test
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def measure(config: str, prompts: Path, folder: Path) -> dict[str, Any]:
     """One configuration in a fresh process; adds the end-to-end wall time."""
     out = folder / f"{config.replace('=', '')}.zarr"
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--one", config, "--prompt-file", str(prompts),
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--one", config, "--prompt-file", str(prompts),
                            "--store", str(out)], capture_output=True, text=True)
     wall = time.perf_counter() - started
     if proc.returncode != 0:

@@ -1,6 +1,6 @@
 """Reconstruction error per family and dtype on the tiny random models (a report, no assertion).
 
-    .venv/bin/python benchmarks/exactness_table.py --tokens 13
+    .venv/bin/python -m benchmarks.exactness_table --tokens 13
 """
 
 from __future__ import annotations

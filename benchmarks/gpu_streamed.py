@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from detjac.engine.checkpoints.random_weights import write_random_checkpoint
-from detjac.engine.streamed.flops import sweep_flops
 from detjac.machine import peak_mib
+
+from .support.flops import sweep_flops
 
 TOKENS = 32
 LLAMA3_70B_LAYERS = 80

@@ -13,7 +13,7 @@ Reported per model and k: the Pearson correlation of predicted and actual change
 the median ratio actual / predicted, and the mean actual change of top-k against random. Results go to
 ``benchmarks/results/graph_faithfulness.json`` (one record per prompt, then the summary), resumable.
 
-    .venv/bin/python benchmarks/graph_faithfulness.py --models smollm2 --prompts 50
+    .venv/bin/python -m benchmarks.graph_faithfulness --models smollm2 --prompts 50
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from detjac.machine import cpu_name
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_faithfulness.json"
 PROMPTS = Path(__file__).parent / "data" / "factbook_prompts.jsonl"

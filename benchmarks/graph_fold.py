@@ -9,7 +9,7 @@ the first case's (the same graph up to rounding).
 
 Results go to ``benchmarks/results/graph_fold.json``. Never a timed assertion: a report.
 
-    .venv/bin/python benchmarks/graph_fold.py                    # SmolLM2, 16 tokens, float32: about 10 minutes
+    .venv/bin/python -m benchmarks.graph_fold                    # SmolLM2, 16 tokens, float32: about 10 minutes
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_fold.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as graphs.py
@@ -87,8 +88,8 @@ def main() -> None:
         out = work / f"{rows}-{mode}.npy"
         print(f"{time.strftime('%H:%M:%S')} {args.model} {args.tokens} tokens {args.dtype}, {rows} rows per pass, "
               f"fold {mode} ...", flush=True)
-        proc = subprocess.run([sys.executable, __file__, "--one", args.model, str(args.tokens), args.dtype, rows,
-                               mode, str(out)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", __spec__.name, "--one", args.model, str(args.tokens), args.dtype,
+                               rows, mode, str(out)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{case} failed:\n{proc.stderr[-3000:]}")
         record = json.loads(proc.stdout.strip().splitlines()[-1])

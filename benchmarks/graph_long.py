@@ -8,7 +8,7 @@ the dearest); the whole graph's time is then the measured parts plus the adjacen
 neurons of the default (each row's cost is proportional to the layers below its neuron). Peak RSS is measured over
 the run. Results go to ``benchmarks/results/graph_long.json``.
 
-    .venv/bin/python benchmarks/graph_long.py --tokens 1024 --max-memory cpu=2GiB
+    .venv/bin/python -m benchmarks.graph_long --tokens 1024 --max-memory cpu=2GiB
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import shipped_gguf
+
+from .support.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graph_long.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py

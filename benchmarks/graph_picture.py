@@ -1,7 +1,7 @@
 """A picture of an attribution graph JSON (written by ``detjac graph``): nodes by layer and position, the strongest
 links by weight and sign. For the docs' worked example.
 
-    .venv/bin/python benchmarks/graph_picture.py france.json docs/graph-france.png --links 250
+    .venv/bin/python -m benchmarks.graph_picture france.json docs/graph-france.png --links 250
 """
 
 from __future__ import annotations

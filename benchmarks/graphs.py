@@ -12,8 +12,8 @@ logit the pruned graph carries.
 Results go to ``benchmarks/results/graphs.json``, one record per case as it finishes; a rerun skips the cases
 already there (``--redo`` recomputes them). Never a timed assertion: a report.
 
-    .venv/bin/python benchmarks/graphs.py                                   # every case
-    .venv/bin/python benchmarks/graphs.py --models smollm2 --tokens 16 --dtypes float64
+    .venv/bin/python -m benchmarks.graphs                                   # every case
+    .venv/bin/python -m benchmarks.graphs --models smollm2 --tokens 16 --dtypes float64
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "graphs.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()  # as real_speed.py
@@ -118,8 +119,8 @@ def main() -> None:
         if key in done and not args.redo:
             continue
         print(f"{time.strftime('%H:%M:%S')} {model} {tokens} tokens {dtype} {kind} {budget or ''}", flush=True)
-        out = subprocess.run([sys.executable, __file__, "--one", model, str(tokens), dtype, kind, budget or "-"],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run([sys.executable, "-m", __spec__.name, "--one", model, str(tokens), dtype, kind,
+                              budget or "-"], capture_output=True, text=True, check=False)
         if out.returncode != 0:
             print(out.stderr[-2000:], flush=True)
             continue

@@ -6,11 +6,12 @@ prompt), then times the whole layer report on fresh copies of it, with the Jacob
 (``DENSE_BYTES = 0``, the path larger Jacobians take, and the only one before). Reports both times (wall and
 CPU: the machine may be shared), their ratios and the largest difference between the two reports' numbers.
 
-    .venv/bin/python benchmarks/layer_report.py        # ~1.5 minutes on 2 shared cores
+    .venv/bin/python -m benchmarks.layer_report        # ~1.5 minutes on 2 shared cores
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -45,6 +46,7 @@ def report_seconds(store: Path, work: Path, name: str, dense_bytes: int) -> tupl
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     from click.testing import CliRunner
 
     from detjac.cli.main import main as cli

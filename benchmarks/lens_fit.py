@@ -8,9 +8,9 @@ wall time for the fit (imports excluded) and its peak resident memory (``getrusa
 used: the first 3 words of each line of ``benchmarks/data/lens_fit_prompts.txt``, longer where needed to keep
 them distinct, ~9.7 tokens each)::
 
-    .venv/bin/python benchmarks/lens_fit.py --write-prefixes prefix3.txt
+    .venv/bin/python -m benchmarks.lens_fit --write-prefixes prefix3.txt
     detjac run default prefix3.txt --out fit1000.zarr --layers all --components to_output --dtype float32
-    .venv/bin/python benchmarks/lens_fit.py fit fit1000.zarr --counts 100,250,500,1000
+    .venv/bin/python -m benchmarks.lens_fit fit fit1000.zarr --counts 100,250,500,1000
 
 **Routes.** ``routes PROMPTS --limit N``: the first N prompts through ``detjac run --lens`` and through
 ``detjac run --layers all --components to_output`` + ``detjac lens fit`` (each a fresh process, the same

@@ -19,8 +19,8 @@ each child), the products used, and the largest relative difference of the 16 si
 (the formed path's full SVD as the reference); then the ratios formed / matrix-free. Never a
 timed assertion: this is a report (``benchmarks/results/matrix_free.json``).
 
-    .venv/bin/python benchmarks/matrix_free.py                    # 64, 256 and 1024 tokens
-    .venv/bin/python benchmarks/matrix_free.py --tokens 64 --quick  # a smaller model, to check the script
+    .venv/bin/python -m benchmarks.matrix_free                    # 64, 256 and 1024 tokens
+    .venv/bin/python -m benchmarks.matrix_free --tokens 64 --quick  # a smaller model, to check the script
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def child_matrix_free(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
 
 def _run_child(kind: str, cfg: dict[str, Any], n: int, out: Path) -> dict[str, Any]:
     load = os.getloadavg()[0]  # the machine is shared: say how busy it was
-    proc = subprocess.run([sys.executable, __file__, "_child", kind, json.dumps(cfg), str(n), str(out)],
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "_child", kind, json.dumps(cfg), str(n), str(out)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"child {kind} at {n} tokens failed:\n{proc.stderr[-3000:]}")

@@ -9,8 +9,8 @@ token is among the top ``--top`` tokens. Baselines: a random unit vector decoded
 way (trained model's unembedding and prediction), and an untrained model of the same shape
 and tokenizer (seeded initialisation) with its own prediction.
 
-    .venv/bin/python benchmarks/meaningful.py            # ~5 minutes on 2 cores
-    .venv/bin/python benchmarks/meaningful.py --limit 20 # quick look
+    .venv/bin/python -m benchmarks.meaningful            # ~5 minutes on 2 cores
+    .venv/bin/python -m benchmarks.meaningful --limit 20 # quick look
 
 Prints the table and writes it to ``benchmarks/results/meaningful.json``.
 """

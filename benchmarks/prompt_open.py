@@ -6,8 +6,8 @@ temporary folder; every prompt is then opened ``--rounds`` times in this process
 open is printed. Opening checks the prompt's attributes, its files' names and sizes, and (since issue 53) the
 SHA-256 of every ``zarr.json`` the reads depend on.
 
-    .venv/bin/python benchmarks/prompt_open.py              # ~30 s on 2 cores
-    .venv/bin/python benchmarks/prompt_open.py --prompts 20 --rounds 2
+    .venv/bin/python -m benchmarks.prompt_open              # ~30 s on 2 cores
+    .venv/bin/python -m benchmarks.prompt_open --prompts 20 --rounds 2
 
 Warm page cache; the figure depends on whatever else runs on the machine. Never used in tests.
 """

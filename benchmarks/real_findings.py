@@ -35,11 +35,11 @@ depend on it. Progress goes to stdout, one line per prompt. The two models can r
 (each save merges only its own model's entry into the file); a second process on a model already running is
 refused.
 
-    .venv/bin/python benchmarks/real_findings.py --model smollm2 --part records          # ~35 s a prompt
-    .venv/bin/python benchmarks/real_findings.py --model gemma3 --part layerwise --layer-prompts 40
-    .venv/bin/python benchmarks/real_findings.py --summary --plot docs/real-models-layers.png
-    .venv/bin/python benchmarks/real_findings.py --example-table     # the tables of docs/real-models.md
-    .venv/bin/python benchmarks/real_findings.py --lens-table        # the tables of docs/lens.md
+    .venv/bin/python -m benchmarks.real_findings --model smollm2 --part records          # ~35 s a prompt
+    .venv/bin/python -m benchmarks.real_findings --model gemma3 --part layerwise --layer-prompts 40
+    .venv/bin/python -m benchmarks.real_findings --summary --plot docs/real-models-layers.png
+    .venv/bin/python -m benchmarks.real_findings --example-table     # the tables of docs/real-models.md
+    .venv/bin/python -m benchmarks.real_findings --lens-table        # the tables of docs/lens.md
 """
 
 from __future__ import annotations
@@ -52,15 +52,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from detjac.analysis.findings import (
+from detjac.machine import host
+
+from .support.findings import (
     example_markdown,
     findings_summary,
     lens_comparison_markdown,
     lens_evaluation_ranks,
 )
-from detjac.machine import host
-from detjac.shared_json import holding, load_entries, save_entry
-from detjac.shipped import SHIPPED, shipped_gguf
+from .support.shared_json import holding, load_entries, save_entry
+from .support.shipped import SHIPPED, shipped_gguf
 
 HERE = Path(__file__).parent
 PROMPTS = HERE / "data" / "factbook_prompts.jsonl"
@@ -77,8 +78,9 @@ def load_results() -> dict[str, Any]:
 
 
 def save_results(results: dict[str, Any], name: str, key: str | None = None) -> None:
-    """Model ``name``'s entry (or only its ``key``) merged into the file as it is on disk now (``detjac.shared_json``):
-    a process running another model at the same time keeps what it wrote, and a kill leaves the previous file."""
+    """Model ``name``'s entry (or only its ``key``) merged into the file as it is on disk now
+    (``benchmarks.support.shared_json``): a process running another model at the same time keeps what it wrote,
+    and a kill leaves the previous file."""
     save_entry(RESULTS, results, name, key)
 
 

@@ -32,8 +32,8 @@ rate against one 2048^2 product.
 Results go to ``benchmarks/results/real_speed.json``, one record per case as it finishes; a rerun skips the
 cases already there (``--redo`` recomputes them). Never a timed assertion: a report.
 
-    .venv/bin/python benchmarks/real_speed.py                          # every case: hours on 2 cores
-    .venv/bin/python benchmarks/real_speed.py --models smollm2 --tokens 8 --dtypes float64 --rates
+    .venv/bin/python -m benchmarks.real_speed                          # every case: hours on 2 cores
+    .venv/bin/python -m benchmarks.real_speed --models smollm2 --tokens 8 --dtypes float64 --rates
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from detjac.engine.streamed.flops import matmul_flops
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import SHIPPED, shipped_gguf
+
+from .support.flops import matmul_flops
+from .support.shipped import SHIPPED, shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "real_speed.json"
 METHODS = ("reference", "memory", "streamed", "budgeted", "memory_unfolded", "streamed_sync")
@@ -69,7 +70,7 @@ def _ids(engine: Any, n: int) -> list[int]:
 
 def _flops(cfg: Any, n: int) -> float:
     """FLOP model of pulling all d rows back through every layer (``streamed.sweep_flops``, GQA widths)."""
-    from detjac.engine.streamed.flops import sweep_flops
+    from .support.flops import sweep_flops
 
     c = cfg.get_text_config()
     shape = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
@@ -145,7 +146,7 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
         for key in ("layers_prefetched", "layers_kept", "layers_read_unused"):
             record[key] = getattr(stats, key, 0)
     if rates:
-        from detjac.engine.streamed.gemm_share import gemm_flops, record_gemms, replay_seconds
+        from .support.gemm_share import gemm_flops, record_gemms, replay_seconds
 
         calls = record_gemms(lambda: run(ids))
         replay = replay_seconds(calls)
@@ -222,7 +223,7 @@ def _measure(model: str, n: int, dtype: str, pending: list[str], args: argparse.
     for method in runs:
         key = _key(model, n, dtype, method)
         out = ref_file if method == "reference" else args.work / f"{method}.pt"
-        cmd = [sys.executable, __file__, "--threads", str(args.threads), "--repeat", str(args.repeat),
+        cmd = [sys.executable, "-m", __spec__.name, "--threads", str(args.threads), "--repeat", str(args.repeat),
                *(["--rates"] if args.rates else []), "--child", model, str(n), dtype, method, str(out)]
         print(f"{time.strftime('%H:%M:%S')} {key} ...", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -17,7 +17,7 @@ streamed, streamed_sync, budgeted
 
 Results go to ``benchmarks/results/real_speed_ab.json`` keyed by model/tokens/dtype. Never a timed assertion.
 
-    .venv/bin/python benchmarks/real_speed_ab.py --tokens 8 --dtype float64 --rounds 3
+    .venv/bin/python -m benchmarks.real_speed_ab --tokens 8 --dtype float64 --rounds 3
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import cpu_name, peak_mib, reset_peak
-from detjac.shipped import shipped_gguf
+
+from .support.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "real_speed_ab.json"
 BUDGET = "cpu=300MiB"  # as real_speed.py

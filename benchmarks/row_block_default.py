@@ -23,9 +23,9 @@ llama1b/float32/N
 Results: ``benchmarks/results/row_block_default.json``, keyed by case, written after every measurement (an
 interrupted run resumes where it stopped). Never a timed assertion.
 
-    .venv/bin/python benchmarks/row_block_default.py --rounds 2
-    .venv/bin/python benchmarks/row_block_default.py --cases smollm2/float32/8 --rounds 3
-    .venv/bin/python benchmarks/row_block_default.py --table
+    .venv/bin/python -m benchmarks.row_block_default --rounds 2
+    .venv/bin/python -m benchmarks.row_block_default --cases smollm2/float32/8 --rounds 3
+    .venv/bin/python -m benchmarks.row_block_default --table
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from detjac.machine import available_memory, cpu_name
-from detjac.shipped import shipped_gguf
+
+from .support.shipped import shipped_gguf
 
 RESULTS = Path(__file__).parent / "results" / "row_block_default.json"
 TEXT = (Path(__file__).parent / "data" / "harbour.txt").read_text(encoding="utf-8").strip()

@@ -15,9 +15,9 @@ folder, so every number is taken on the same disk:
    process, which times ``open_store(path).prompt_ids()`` and ``store.get(pid).operator(k)``
    for seeded random ``(pid, k)`` pairs.
 
-    .venv/bin/python benchmarks/store_bench.py            # ~3-5 minutes on 2 cores
-    .venv/bin/python benchmarks/store_bench.py --quick    # smoke test, seconds
-    .venv/bin/python benchmarks/store_bench.py --dir /mnt/data --prompts 100
+    .venv/bin/python -m benchmarks.store_bench            # ~3-5 minutes on 2 cores
+    .venv/bin/python -m benchmarks.store_bench --quick    # smoke test, seconds
+    .venv/bin/python -m benchmarks.store_bench --dir /mnt/data --prompts 100
 
 Prints a table and writes ``benchmarks/results/store_bench.json`` (not in ``--quick`` mode
 unless ``--out`` is given). The operating system's page cache is not dropped, so reads are
@@ -259,7 +259,7 @@ def run_worker(store: Path, pairs: list[list[Any]], work: Path) -> dict[str, Any
     """``read_worker`` in a fresh Python process (no torch imported, nothing cached in Python objects)."""
     pairs_file = work / "pairs.json"
     pairs_file.write_text(json.dumps(pairs))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--read-worker", str(store), str(pairs_file)]
+    cmd = [sys.executable, "-m", __spec__.name, "--read-worker", str(store), str(pairs_file)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.stderr.write(done.stderr)

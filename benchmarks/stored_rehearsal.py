@@ -11,7 +11,7 @@ cores, 37 GiB read).
 Results go to ``benchmarks/results/stored_rehearsal.json`` after every run; a run already there is skipped, so the
 script resumes where it stopped. The checkpoints are written once into ``--work`` (reused)::
 
-    nohup .venv/bin/python benchmarks/stored_rehearsal.py --work /tmp/detjac-rehearsal &
+    nohup .venv/bin/python -m benchmarks.stored_rehearsal --work /tmp/detjac-rehearsal &
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from detjac.real_shapes import REAL_SHAPES
+from .support.real_shapes import REAL_SHAPES
 
 RESULTS = Path(__file__).parent / "results" / "stored_rehearsal.json"
 LLAMA32_1B: dict[str, Any] = REAL_SHAPES["llama-3.2-1b"]
@@ -105,7 +105,7 @@ def runs(paths: dict[str, Path]) -> list[tuple[str, str, str, str, int]]:
 
 
 def table(report: dict[str, Any]) -> str:
-    """The markdown table of docs/benchmarks.md's section, one row per run done."""
+    """The markdown table of docs/results/2026-11-28-layer-streamed-engine.md's table, one row per run done."""
     lines = ["| run | row blocks | seconds | s / layer / block | peak RSS MiB (before layers) | engine's share MiB | "
              "GiB of layers read | layer MiB stored / widened | reconstruction |", "|---" * 9 + "|"]
     for name, r in report.get("runs", {}).items():
@@ -124,7 +124,7 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-rehearsal"), help="where the checkpoints go")
     p.add_argument("--with-8b", action="store_true", help="also the 8B shape (21 minutes of 2 quiet cores)")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--table", action="store_true", help="print the results' table (docs/benchmarks.md), then stop")
+    p.add_argument("--table", action="store_true", help="print the results' table (docs/results/2026-11-28-layer-streamed-engine.md), then stop")
     p.add_argument("--again", nargs="+", default=[], metavar="RUN",
                    help="run these again (e.g. 1b-q4_0-float64), replacing their results")
     p.add_argument("_child", nargs="*", help=argparse.SUPPRESS)
@@ -153,8 +153,8 @@ def main() -> None:
             print(f"{name}: done already", flush=True)
             continue
         print(f"{name}: running", flush=True)
-        proc = subprocess.run([sys.executable, __file__, source, dtype, budget, str(tokens)], capture_output=True,
-                              text=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
+        proc = subprocess.run([sys.executable, "-m", __spec__.name, source, dtype, budget, str(tokens)],
+                              capture_output=True, text=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
         if proc.returncode != 0:
             print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)
             continue

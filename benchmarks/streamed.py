@@ -14,7 +14,7 @@ compare
     as they come. Reported: time ratio (detjac / reference), peak RSS above the loaded
     weights and its ratio, max |difference| of the two Jacobians, and efficiency: the
     achieved FLOP/s of detjac's row sweeps divided by ``torch.matmul``'s FLOP/s measured
-    in the same process (FLOP model: :func:`detjac.engine.streamed.flops.sweep_flops`). The reference runs with 4 KiB
+    in the same process (FLOP model: :func:`benchmarks.support.flops.sweep_flops`). The reference runs with 4 KiB
     pages
     and with huge pages (``THP_MEM_ALLOC_ENABLE``; the faster is the baseline). detjac runs twice:
     as ``detjac run --streamed`` does (huge pages, row blocks of 64), and under a CPU
@@ -35,7 +35,7 @@ gpu
     extrapolated to 80 layers; and a 14B-shaped (Qwen3-14B config) bf16 run under an
     8 GiB GPU budget.
 
-    .venv/bin/python benchmarks/streamed.py compare layerwise ooc
+    .venv/bin/python -m benchmarks.streamed compare layerwise ooc
 """
 
 from __future__ import annotations
@@ -127,9 +127,10 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     torch = _torch()
     from detjac.engine import StreamedEngine, Target, honour_cpu_budget
     from detjac.engine.streamed.cost import depth
-    from detjac.engine.streamed.flops import matmul_flops, sweep_flops
-    from detjac.runs.batch import _shard_bytes
+    from detjac.runs.batch import budget_shard_bytes
     from detjac.store import create_store
+
+    from .support.flops import matmul_flops, sweep_flops
 
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -152,7 +153,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     t_sweeps = time.perf_counter()
     d = sm.d_model
     writers = {t: store.begin(f"{i:016x}", n_rows=d, n_tokens=n, n_cols=d, dtype="float32", row_block=plan.row_block,
-                              shard_bytes=_shard_bytes(sm))
+                              shard_bytes=budget_shard_bytes(sm))
                for i, t in enumerate(targets)}
     checked = targets[0] if layers is None else Target(_checked(layers), "layer")
     for b in sm.blocks(trace, targets, plan):  # row blocks go to the store as they come
@@ -224,7 +225,8 @@ def _run_child(*args: str, huge_pages: bool = True) -> dict[str, Any]:
     """One measurement in a fresh process; ``huge_pages``: THP_MEM_ALLOC_ENABLE as the CLI sets it (PyTorch reads
     it at its first allocation)."""
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1" if huge_pages else "0"}
-    proc = subprocess.run([sys.executable, __file__, "_child", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "_child", *args], capture_output=True, text=True,
+                          env=env)
     if proc.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -322,7 +324,7 @@ def main() -> None:
         for section in args.sections:
             if section == "gpu":  # CUDA machines only: benchmarks/gpu_streamed.py, in its own process
                 out = Path(tmp) / "gpu_streamed.json"
-                subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_streamed.py")), "--out", str(out)],
+                subprocess.run([sys.executable, "-m", f"{__package__}.gpu_streamed", "--out", str(out)],
                                check=True)
                 results["gpu"] = json.loads(out.read_text())
             else:

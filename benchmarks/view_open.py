@@ -16,8 +16,8 @@ The corpus payload alone (``Pages.data("corpus")`` of a new store handle, in thi
 (listing the folder). The machine's other work shows in the figures: run it on a quiet one. Prints a table and
 writes ``benchmarks/results/view_open.json``.
 
-    .venv/bin/python benchmarks/view_open.py                 # ~1 minute (writing the store: ~40 s)
-    .venv/bin/python benchmarks/view_open.py --store /tmp/big.zarr --repeat 5
+    .venv/bin/python -m benchmarks.view_open                 # ~1 minute (writing the store: ~40 s)
+    .venv/bin/python -m benchmarks.view_open --store /tmp/big.zarr --repeat 5
 """
 
 from __future__ import annotations

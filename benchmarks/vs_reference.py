@@ -7,7 +7,7 @@ method runs in a fresh process on the same random Llama (float64); we report wal
 peak RSS growth over the loaded model, their ratios, and the max |difference| of the two
 Jacobians. Never a timed assertion: this is a report.
 
-    .venv/bin/python benchmarks/vs_reference.py --d-model 256 --layers 4 --tokens 16
+    .venv/bin/python -m benchmarks.vs_reference --d-model 256 --layers 4 --tokens 16
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main() -> None:
         return
     res = {}
     for method in ("reference", "detjac"):
-        cmd = [sys.executable, __file__, "--worker", method] + [
+        cmd = [sys.executable, "-m", __spec__.name, "--worker", method] + [
             f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "worker"]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         res[method] = json.loads(out.strip().splitlines()[-1])

@@ -83,7 +83,7 @@ class _Prompt:
         assert plan is not None  # the prompt pass plans before it opens a sink
         with self.store.begin(self.pid, n_rows=d, n_tokens=len(self.ids), n_cols=d, dtype=self.storage,
                               row_block=plan.row_block, rank=rank, layerwise=layerwise,
-                              shard_bytes=_shard_bytes(self.engine), jacobian=jacobian,
+                              shard_bytes=budget_shard_bytes(self.engine), jacobian=jacobian,
                               graph=products.graph is not None) as writer:
             self.writer = writer
             yield
@@ -221,9 +221,20 @@ def _layerwise_attrs(errors: dict[Target, float], specs: dict[str, Any]) -> dict
                           for t, e in errors.items() if not t.is_output}}
 
 
-def _shard_bytes(engine: Engine) -> int | None:
-    """Under a CPU memory budget, jacobian shards of at most 1/64 of it (the writer holds up to one shard and
-    zarr about two more while it writes one); None: the store's default."""
+def budget_shard_bytes(engine: Engine) -> int | None:
+    """The Jacobian shard size a run writes with under the engine's CPU memory budget.
+
+    Parameters
+    ----------
+    engine : Engine
+        The engine whose CPU budget (``memory_budget("cpu")``) bounds the shards.
+
+    Returns
+    -------
+    int or None
+        At most 1/64 of the budget (the writer holds up to one shard and zarr about two more while it writes one);
+        None without a budget: the store's default.
+    """
     from detjac.store import SHARD_BYTES
 
     budget = engine.memory_budget("cpu")

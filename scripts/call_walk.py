@@ -16,9 +16,9 @@ caller is in cli/ or runs/ (what a reader of a command's orchestration follows; 
 
 Usage::
 
-    python scripts/call_walk.py                   # this checkout (the detjac the interpreter imports)
-    python scripts/call_walk.py --root /tmp/old   # another checkout's source tree, imported in place of it
-    python scripts/call_walk.py --list            # also the orchestration path's call sites, in first-call order
+    python -m scripts.call_walk                   # this checkout (the detjac the interpreter imports)
+    python -m scripts.call_walk --root /tmp/old   # another checkout's source tree, imported in place of it
+    python -m scripts.call_walk --list            # also the orchestration path's call sites, in first-call order
 """
 
 from __future__ import annotations

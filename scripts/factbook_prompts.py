@@ -13,11 +13,12 @@ registry (pinned version, checked by SHA-256) and read in memory. The rule, fixe
 Writes ``benchmarks/data/factbook_prompts.jsonl`` (one ``{"text", "split", "file", "sentence"}`` per line); the
 benchmark reads that file and needs no network. Each model keeps the prompts of 8 to 64 tokens in its tokenizer.
 
-    .venv/bin/python scripts/factbook_prompts.py
+    .venv/bin/python -m scripts.factbook_prompts
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -80,6 +81,7 @@ def prompts(tarball: bytes) -> list[dict[str, object]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rows = prompts(fetch())
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

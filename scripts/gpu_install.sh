@@ -25,7 +25,7 @@ _gpu_install() {
         echo "gpu_install.sh: no detjac wheel in $wheels: run \`make gpu-wheels\` on a machine with the package index first" >&2
         return 1
     fi
-    if [[ "$("$py" "$root/scripts/gpu_source_digest.py" "$root")" != "$(cat "$wheels/detjac-source.sha256" 2>/dev/null)" ]]; then
+    if [[ "$(cd "$root" && "$py" -m scripts.gpu_source_digest "$root")" != "$(cat "$wheels/detjac-source.sha256" 2>/dev/null)" ]]; then
         echo "gpu_install.sh: the detjac wheel in $wheels was built from other sources than $root: run \`make gpu-wheels\` again" >&2
         return 1
     fi

@@ -5,8 +5,8 @@ the working tree's before installing, so that a GPU run never measures a wheel b
 
 from __future__ import annotations
 
+import argparse
 import hashlib
-import sys
 from pathlib import Path
 
 PACKAGE_DIRS = ("core", "engine", "store", "analysis", "runs", "view", "cli")
@@ -23,4 +23,7 @@ def digest(root: Path) -> str:
 
 
 if __name__ == "__main__":
-    print(digest(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("root", type=Path, nargs="?", default=Path(__file__).resolve().parent.parent,
+                        help="the repository root (default: this checkout's)")
+    print(digest(parser.parse_args().root))

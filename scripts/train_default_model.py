@@ -7,8 +7,8 @@ same corpus version, torch version and CPU reproduces the shipped weights; the s
 
 Example::
 
-    .venv/bin/python scripts/train_default_model.py                 # rebuild the shipped model
-    .venv/bin/python scripts/train_default_model.py --steps 20 --out /tmp/smoke   # smoke run
+    .venv/bin/python -m scripts.train_default_model                 # rebuild the shipped model
+    .venv/bin/python -m scripts.train_default_model --steps 20 --out /tmp/smoke   # smoke run
 
 Writes to ``--out``: the Hugging Face checkpoint (``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``generation_config.json``, ...) and ``training.json`` (settings, loss,

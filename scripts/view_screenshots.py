@@ -15,11 +15,11 @@ beside the graph as ``graph.qk.L{l}.H{h}.json`` so that ``detjac view`` finds it
 With ``--neuron-graph GRAPH --neuron-index INDEX --neuron L_N``, only the neuron page of neuron N of layer L
 (``view-neuron.png``), picked in the search box of ``detjac view GRAPH --neurons INDEX``.
 
-    .venv/bin/python scripts/view_screenshots.py                  # writes docs/view-*.png
-    .venv/bin/python scripts/view_screenshots.py --out /tmp/shots --store /tmp/dictionary.zarr   # kept, reused
-    .venv/bin/python scripts/view_screenshots.py --heads-model SmolLM2-135M-Instruct.Q4_1.gguf \\
+    .venv/bin/python -m scripts.view_screenshots                  # writes docs/view-*.png
+    .venv/bin/python -m scripts.view_screenshots --out /tmp/shots --store /tmp/dictionary.zarr   # kept, reused
+    .venv/bin/python -m scripts.view_screenshots --heads-model SmolLM2-135M-Instruct.Q4_1.gguf \\
         --heads-prompt "The capital of France is"                 # writes docs/view-heads.png, view-attention.png
-    .venv/bin/python scripts/view_screenshots.py --neuron-graph france.json --neuron-index smol-neurons.zarr \\
+    .venv/bin/python -m scripts.view_screenshots --neuron-graph france.json --neuron-index smol-neurons.zarr \\
         --neuron 29_864                                            # writes docs/view-neuron.png
 """
 

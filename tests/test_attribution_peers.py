@@ -1,4 +1,4 @@
-"""Each attribution method of :mod:`detjac.engine.tools.peers` held to its definition on tiny random models:
+"""Each attribution method of :mod:`benchmarks.support.peers` held to its definition on tiny random models:
 attribution patching equal to activation times an autograd gradient taken another way, integrated gradients
 complete within the midpoint rule's bound, ablations equal to forward passes with the units overwritten, and
 detjac's total and direct attributions equal to the graph's own pullbacks."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.support import peers
 from detjac.engine import PullRequest, Seed, as_engine, linearized, logit_attribution, logit_vectors
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.pullback import OUTPUT, neurons_of
-from detjac.engine.tools import peers
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
 IDS = list(range(3, 12))  # 9 tokens

@@ -308,12 +308,12 @@ def test_store_and_analysis_tests_import_neither_torch_nor_a_model():
 
 def test_store_and_analysis_test_modules_load_without_torch():
     """Importing them (conftest.py first, as pytest does) loads neither torch nor the engine, transitively."""
+    import os
     import subprocess
     import sys
 
     files = [str(p) for folder in TORCH_FREE_TESTS for p in sorted((TESTS / folder).glob("*.py"))]
     code = ("import importlib.util, sys\n"
-            f"sys.path.insert(0, {str(TESTS)!r})\n"
             f"for i, f in enumerate(sorted({files!r}, key=lambda f: not f.endswith('conftest.py'))):\n"
             "    spec = importlib.util.spec_from_file_location(f'm{i}', f)\n"
             "    sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)\n"
@@ -321,6 +321,9 @@ def test_store_and_analysis_test_modules_load_without_torch():
             "print(sorted({m if m.startswith('detjac') else m.partition('.')[0] for m in sys.modules\n"
             "              if m.partition('.')[0] in ('torch', 'transformers', 'tiny_models')\n"
             "              or m.startswith(('detjac.engine', 'detjac.runs'))}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    # the import path pytest gives the tests (pyproject's pythonpath: the root and tests/), given the same way
+    path = os.pathsep.join([str(ROOT), str(TESTS)])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": path})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"Expected no torch, engine or runs modules. Got {out.stdout.strip()}."

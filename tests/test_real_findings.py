@@ -1,8 +1,9 @@
-"""The summaries ``benchmarks/real_findings.py`` takes from the library (``detjac.analysis.findings``, the layerwise
-spectra of ``detjac.analysis.spectra``, the lens resume check of ``detjac.runs``, its results file by
-``detjac.shared_json``) and the committed ``benchmarks/results/real_models.json`` agree: the figures
-docs/real-models.md quotes are recomputed from the per-prompt records, the controls of the ``u_1`` hit rate count
-what they say, and the layerwise spectra equal an SVD's."""
+"""The summaries ``benchmarks/real_findings.py`` takes from its support and the library
+(``benchmarks.support.findings``, the layerwise spectra of ``detjac.analysis.spectra``, the lens resume check of
+``detjac.runs``, its results file by ``benchmarks.support.shared_json``) and the committed
+``benchmarks/results/real_models.json`` agree: the figures docs/real-models.md quotes are recomputed from the
+per-prompt records, the controls of the ``u_1`` hit rate count what they say, and the layerwise spectra equal an
+SVD's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detjac.analysis import findings
+from benchmarks.support import findings
 from detjac.analysis.lens.lens_eval import wilson
 from detjac.analysis.spectra import gram_left_spectrum
 from detjac.machine import host
@@ -228,7 +229,7 @@ def test_docs_lens_page_shows_the_measured_comparison():
 def test_saving_one_model_keeps_what_another_process_saved(tmp_path):
     """Two processes, one per model, each holding a stale copy of the file: each save merges only its own model's
     entry (or, for the summary, only that key), and a second process on the same model is refused."""
-    from detjac.shared_json import holding, load_entries, save_entry
+    from benchmarks.support.shared_json import holding, load_entries, save_entry
 
     path = tmp_path / "real_models.json"
     mine, theirs = load_entries(path), load_entries(path)

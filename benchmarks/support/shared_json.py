@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .outputs import write_output
+from detjac.outputs import write_output
 
 
 def load_entries(path: str | Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .lens.lens_eval import wilson
+from detjac.analysis.lens import wilson
 
 
 def quantiles(values: list[float]) -> dict[str, float]:

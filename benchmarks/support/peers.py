@@ -20,7 +20,7 @@ reference corpus: :func:`site_means`); every method predicts the change ``m(abla
 
 Scope: a pre-norm decoder whose layers hold ``mlp.down_proj`` and ``self_attn.o_proj`` (Llama, Gemma 3 and their
 kin), refused by name otherwise. Forward hooks are put on the loaded model's own instances and removed on exit.
-Definitions and results: docs/graphs.md, "Against attribution patching and integrated gradients"."""
+Definitions and results: docs/results/2026-11-28-attribution-vs-peers.md."""
 
 from __future__ import annotations
 
@@ -33,9 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from detjac.engine import linearized
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
-
-from ..detach.model import linearized
 
 UNIT_KINDS = ("neurons", "heads")
 TARGETS = ("logit", "logprob")  # the demeaned logit of the predicted token, its log-probability

@@ -15,4 +15,8 @@ REAL_SHAPES: dict[str, dict[str, Any]] = {
                      "num_attention_heads": 32, "head_dim": 128, "tie_word_embeddings": False},
     "llama-3.3-70b": {**_LLAMA3, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
                       "num_attention_heads": 64, "head_dim": 128, "tie_word_embeddings": False},
+    "smollm2-135m": {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                     "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 8192},
 }

