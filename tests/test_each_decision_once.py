@@ -153,6 +153,35 @@ def test_the_load_and_cluster_options_are_declared_once_and_composed():
     assert declared == {flag: ["options.py"] for flag in declared}, declared
 
 
+def test_every_command_and_run_loads_through_load_engine():
+    """cli/ and runs/ build a LoadSpec and call load_engine: no engine constructor or raw model loader of their own."""
+    raw = calls_of({"load_model", "StreamedEngine", "InMemoryEngine", "as_engine", "load_default_model"})
+    assert {path: names for path, names in raw.items() if path.startswith(("cli/", "runs/"))} == {}
+    from detjac.engine import load_engine
+
+    with pytest.raises(InvalidArgumentError, match="Expected a load spec naming a resolved model"):
+        load_engine(LoadSpec())  # nothing resolved: refused before anything loads
+
+
+def test_the_cpu_budget_allocator_setting_is_the_clis(monkeypatch):
+    """A CPU budget on the CPU sets the process's allocator from the CLI (which owns the process), never from a
+    library call of load_engine."""
+    import detjac.engine as engine
+    from detjac.cli.options import set_process_allocator
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine, "return_freed_memory", lambda: calls.append(1))
+    set_process_allocator(LoadSpec(max_memory="cuda:0=8GiB"))
+    set_process_allocator(LoadSpec(device="cuda:0", max_memory="cpu=8GiB"))
+    assert calls == []
+    set_process_allocator(LoadSpec(max_memory="cuda:0=8GiB,cpu=8GiB"))
+    assert calls == [1]
+    # the CLI, a run's worker processes and the engine's own helper; no loader
+    assert calls_of({"honour_cpu_budget", "return_freed_memory"}) == {
+        "cli/options.py": {"return_freed_memory"}, "runs/cluster.py": {"honour_cpu_budget"},
+        "engine/memory.py": {"return_freed_memory"}}
+
+
 def test_a_model_reference_is_resolved_once_and_kept_portable(tmp_path):
     from detjac.engine import DEFAULT_MODEL_DIR, ModelRef
 
