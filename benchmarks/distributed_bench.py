@@ -45,10 +45,12 @@ def one(config: str, prompts: str, out: str) -> dict[str, Any]:
     started = time.perf_counter()
     import torch  # noqa: F401 - imported first, so that the planning phase is not the imports
 
+    from detjac.engine import ModelRef
+    from detjac.model_settings import LoadSpec
     from detjac.runs.cluster import run_on_cluster
     from detjac.runs.local import run_local
-    from detjac.runs.plan import ModelSpec, RunSummary, open_run_store, prepare_run
-    from detjac.runs.scheduler import dask_client
+    from detjac.runs.plan import RunSummary, open_run_store, prepare_run
+    from detjac.runs.scheduler import ClusterOptions, dask_cluster
 
     class TimedSummary(RunSummary):
         """Counts as the run does, and notes when each prompt was committed."""
@@ -61,7 +63,8 @@ def one(config: str, prompts: str, out: str) -> dict[str, Any]:
 
     imported = time.perf_counter()
     workers = int(config.split("=")[1]) if config.startswith("workers=") else 0
-    plan = prepare_run("default", prompts, ModelSpec("default"), row_block=None, max_tokens=None, keep="full",
+    spec = LoadSpec(model=ModelRef.resolve("default"))
+    plan = prepare_run("default", prompts, spec, row_block=None, max_tokens=None, keep="full",
                        lenient=workers > 0, load_device="cpu")
     summary = TimedSummary(duplicates=plan.duplicates, blank_lines=plan.prompts.blank)
     planned = time.perf_counter()
@@ -70,7 +73,7 @@ def one(config: str, prompts: str, out: str) -> dict[str, Any]:
         tasks = plan.pending(store, summary)
         if workers:
             cluster_started = time.perf_counter()
-            with dask_client(workers, None, "auto", trim_memory=False, log=print) as client:
+            with dask_cluster(ClusterOptions(workers), trim_memory=False, log=print) as client:
                 phases["cluster_start_s"] = time.perf_counter() - cluster_started
                 begin = time.perf_counter()
                 run_on_cluster(client, plan, store, tasks, summary, torch_threads=max(1, _cores() // workers),

@@ -6,12 +6,17 @@ scheduler of :mod:`detjac.runs.scheduler`, and prints what it returns.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from detjac.targets import COMPONENTS, OUTPUT
 
 from . import render
-from .options import TABLE_HELP, check_results, parse_target, parse_token, prompt_id_option, scheduler_options
+from .options import TABLE_HELP, check_results, cluster_options, parse_target, parse_token, prompt_id_option
+
+if TYPE_CHECKING:
+    from detjac.runs import ClusterOptions
 
 
 @click.group()
@@ -60,9 +65,9 @@ def default_k(store: object) -> int:
 @click.option("--power-iterations", type=click.IntRange(min=0), default=6, show_default=True)
 @click.option("--target", default=OUTPUT, show_default=True,
               help="'output' (the model's), or a stored layerwise target such as layer.2, attn.0, mlp_local.3.")
-@scheduler_options
+@cluster_options(memory_limit="2GiB", work="the computation")
 def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int | None, top: int, method: str,
-            power_iterations: int, target: str, workers: int, memory_limit: str, scheduler: str | None) -> None:
+            power_iterations: int, target: str, cluster: ClusterOptions) -> None:
     """Top singular values and decoded tokens per prompt; results are kept in the store.
 
     Left singular vectors are decoded through the unembedding (for a layerwise target, after
@@ -77,14 +82,14 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int | None, t
     """
     from detjac.analysis import decode_report
     from detjac.progress import tqdm
-    from detjac.runs import dask_scheduler
+    from detjac.runs import dask_cluster
     from detjac.store import open_store
 
     index = parse_token(token)
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
     k = default_k(store) if k is None else k
-    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
+    with dask_cluster(cluster, log=click.echo), \
             tqdm(total=len(ids), desc="svd", unit="prompt") as bar:
         result = decode_report(store, ids, k=k, top=top, token=index, target=parse_target(target), method=method,
                                power_iterations=power_iterations, progress=bar)
@@ -105,10 +110,9 @@ def svd_cmd(path: str, prompt_ids: tuple[str, ...], token: str, k: int | None, t
               help=f"{TABLE_HELP} One row per triplet; left_tokens and right_tokens are lists of token texts "
                    "(Parquet list columns; in CSV, JSON arrays such as [\" Paris\", \" the\"]), right_position is "
                    "the token the right vector is decoded at, left_ids and right_ids the token ids.")
-@scheduler_options
+@cluster_options(memory_limit="2GiB", work="the computation")
 def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, k: int | None, top: int,
-               plot: str | None, table_path: str | None, workers: int, memory_limit: str,
-               scheduler: str | None) -> None:
+               plot: str | None, table_path: str | None, cluster: ClusterOptions) -> None:
     """Singular vectors decoded to tokens, as text, a figure and a table.
 
     Uses the triplets `detjac analyze svd` kept in the store for the same parameters (and
@@ -123,7 +127,7 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
       detjac analyze decode run.zarr --target layer.1 --token -1 --table decoded.parquet
     """
     from detjac.analysis import decode_report
-    from detjac.runs import dask_scheduler
+    from detjac.runs import dask_cluster
     from detjac.store import open_store
 
     index = parse_token(token)
@@ -131,7 +135,7 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
     k = default_k(store) if k is None else k
-    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo):
+    with dask_cluster(cluster, log=click.echo):
         result = decode_report(store, ids, k=k, top=top, token=index, target=parse_target(target), plot=plot,
                                table=table_path)
     render.echo_decoded(result.spectra)
@@ -143,9 +147,8 @@ def decode_cmd(path: str, prompt_ids: tuple[str, ...], target: str, token: str, 
 @click.argument("path", type=click.Path())
 @prompt_id_option(multiple=True, help="A stored prompt's id (repeatable; default: all).")
 @click.option("--table", "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help=TABLE_HELP)
-@scheduler_options
-def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, workers: int, memory_limit: str,
-             scheduler: str | None) -> None:
+@cluster_options(memory_limit="2GiB", work="the computation")
+def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, cluster: ClusterOptions) -> None:
     """Stable rank, participation ratio and n90/n99 of every prompt's combined and per-token operators.
 
     (Per layer and component: `detjac analyze layers`.) Needs every singular value: a
@@ -157,14 +160,14 @@ def dims_cmd(path: str, prompt_ids: tuple[str, ...], csv_path: str | None, worke
     """
     from detjac.analysis import dims_report, require_full
     from detjac.progress import tqdm
-    from detjac.runs import dask_scheduler
+    from detjac.runs import dask_cluster
     from detjac.store import open_store
 
     check_results([path], files=(csv_path,))
     store = open_store(path)
     require_full(store, "analyze dims")  # before the bar
     ids = list(prompt_ids) or store.prompt_ids()
-    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
+    with dask_cluster(cluster, log=click.echo), \
             tqdm(total=len(ids), desc="dims", unit="prompt") as bar:
         result = dims_report(store, ids, table=csv_path, progress=bar)
     render.echo_dims(result.rows)
@@ -242,10 +245,9 @@ def graphs_cmd(path: str, prompt_ids: tuple[str, ...], min_graphs: int, top: int
 @click.option("--heatmaps", type=click.IntRange(min=0), default=4, show_default=True,
               help="Heatmaps for this many prompts (the first ones).")
 @click.option("--format", "table_format", type=click.Choice(["csv", "parquet"]), default="csv", show_default=True)
-@scheduler_options
+@cluster_options(memory_limit="2GiB", work="the computation")
 def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top: int, token_text: str | None,
-               component: str, heatmaps: int, table_format: str, workers: int, memory_limit: str,
-               scheduler: str | None) -> None:
+               component: str, heatmaps: int, table_format: str, cluster: ClusterOptions) -> None:
     """Layerwise decomposition: spectra, decoded tokens and where the prediction emerges.
 
     Needs a store written with `detjac run ... --layers`. For every stored target (layer.L,
@@ -264,13 +266,13 @@ def layers_cmd(path: str, prompt_ids: tuple[str, ...], out_dir: str, k: int, top
     """
     from detjac.analysis import layerwise_report
     from detjac.progress import tqdm
-    from detjac.runs import dask_scheduler
+    from detjac.runs import dask_cluster
     from detjac.store import open_store
 
     check_results([path], folders=(out_dir,))
     store = open_store(path)
     ids = list(prompt_ids) or store.prompt_ids()
-    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
+    with dask_cluster(cluster, log=click.echo), \
             tqdm(total=len(ids), desc="layers", unit="prompt") as bar:
         report = layerwise_report(store, ids, out_dir, k=k, top=top, token=token_text, component=component,
                               heatmaps=heatmaps, table_format=table_format, progress=bar)
@@ -309,9 +311,8 @@ def compare_cmd(detached_path: str, ordinary_path: str, top: int, plot: str, csv
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Decoded tokens of u_1 searched for the prediction.")
 @click.option("--format", "table_format", type=click.Choice(["csv", "parquet"]), default="csv", show_default=True)
-@scheduler_options
-def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: int, memory_limit: str,
-               scheduler: str | None) -> None:
+@cluster_options(memory_limit="2GiB", work="the computation")
+def report_cmd(path: str, out_dir: str, top: int, table_format: str, cluster: ClusterOptions) -> None:
     """Corpus report: dimensionality and decoded u_1 of every prompt, as tables and figures.
 
     Writes dims.csv, decoded.csv (or .parquet), summary.json, spectra.png,
@@ -326,13 +327,13 @@ def report_cmd(path: str, out_dir: str, top: int, table_format: str, workers: in
     """
     from detjac.analysis import analysis_report, require_full
     from detjac.progress import tqdm
-    from detjac.runs import dask_scheduler
+    from detjac.runs import dask_cluster
     from detjac.store import open_store
 
     check_results([path], folders=(out_dir,))
     store = open_store(path)
     require_full(store, "analyze report")  # before the bar
-    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo), \
+    with dask_cluster(cluster, log=click.echo), \
             tqdm(total=len(store), desc="report", unit="prompt") as bar:
         summary = analysis_report(store, out_dir, top, progress=bar, table_format=table_format)
     click.echo(f"{summary['prompts']} prompts: prediction among the top-{top} tokens of u_1 in "

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.model_settings import LoadSpec
+
 from .options import (
-    ModelOptions,
     check_out,
     model_argument,
     model_options,
@@ -15,6 +16,7 @@ from .options import (
     out_option,
     output_check,
     prompt_options,
+    refuse_options,
 )
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 @out_option("Write every term as JSON here (a .json file).", check=output_check(".json"))
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True,
               help="Terms printed for each of the three most attended keys.")
-def attention(model: ModelRef, prompt: str, model_options: ModelOptions, layer: int, head: int, query: int | None,
+def attention(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int, head: int, query: int | None,
               neurons: int, out: str | None, force: bool, top: int) -> None:
     """Exact QK attribution of one attention head at one query position.
 
@@ -51,14 +53,14 @@ def attention(model: ModelRef, prompt: str, model_options: ModelOptions, layer: 
       detjac attention -p "Copper, n. A common metal" --layer 3 --head 1 --out qk.json
       detjac attention model.gguf -p "The capital of France is" --layer 10 --head 4 --neurons 5
     """
-    from detjac.engine import qk_attribution, write_qk
+    from detjac.engine import load_engine, qk_attribution, write_qk
     from detjac.runs import model_identity
 
     if out is not None:  # again, now that MODEL is resolved: not into what it reads
         check_out(out, force=force, suffix=".json", reads=model_reads(model))
-    model_options.refuse("detjac attention", "a QK attribution needs the whole model in memory", streamed=False,
-                         max_memory=None)
-    res = qk_attribution(model_options.engine(model), prompt, layer, head, query=query, neurons=neurons)
+    refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
+                   streamed=False, max_memory=None)
+    res = qk_attribution(load_engine(model_options), prompt, layer, head, query=query, neurons=neurons)
     _echo(res, model.name, top)
     if out is not None:
         identity = {k: v for k, v in model_identity(model.source).items() if isinstance(v, str)}

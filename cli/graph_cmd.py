@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import click
 
 from detjac.graph_settings import EDGE_THRESHOLD, KEPT_SHARE_MEANING, MAX_NODES, NODE_THRESHOLD
+from detjac.model_settings import LoadSpec
 
 from .options import (
-    ModelOptions,
     check_heads_option,
     check_out,
     model_argument,
@@ -65,7 +65,7 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
               help="With --neurons: group the neurons of a layer whose top contexts and write tokens agree into "
                    "supernodes (circuit-tracer's qParams.supernodes; a group's links are its members' sums). "
                    "`detjac view` draws each group as one node; a click expands it.")
-def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, force: bool, max_nodes: int,
+def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force: bool, max_nodes: int,
           node_threshold: float, edge_threshold: float, rows_per_pass: int | None, slug: str | None,
           heads: int, heads_into: str, neuron_index: str | None, group: bool) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
@@ -89,7 +89,7 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
       detjac view france.json --neurons neurons.zarr     # groups collapsed, neuron pages on a click
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
-    from detjac.engine import attribution_graph, write_graph
+    from detjac.engine import attribution_graph, load_engine, write_graph
     from detjac.runs import model_identity
     if group and not neuron_index:
         raise click.UsageError("--group needs --neurons (a group is made of neurons whose pages agree).")
@@ -97,7 +97,7 @@ def graph(model: ModelRef, prompt: str, model_options: ModelOptions, out: str, f
               reads=[*model_reads(model), *([("the neuron index", neuron_index)] if neuron_index else [])])
     identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
     index = _neuron_index(neuron_index, identity, model_options) if neuron_index else None
-    engine = model_options.engine(model)
+    engine = load_engine(model_options)
     started = time.perf_counter()
     g = attribution_graph(engine, prompt, max_nodes=max_nodes, rows_per_pass=rows_per_pass, heads=heads,
                           node_threshold=node_threshold, edge_threshold=edge_threshold, heads_into=heads_into,
@@ -149,7 +149,7 @@ def strongest_heads(g: AttributionGraph, top: int = 5) -> list[str]:
     return [f"into {g.logit_tokens[0]!r} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]
 
 
-def _neuron_index(path: str, identity: dict, model_options: ModelOptions):  # noqa: ANN202 - a NeuronIndex
+def _neuron_index(path: str, identity: dict, model_options: LoadSpec):  # noqa: ANN202 - a NeuronIndex
     """The neuron index at ``path``, refused (by name) unless made with this model and detach convention."""
     from detjac.store import open_neuron_index
 

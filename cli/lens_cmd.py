@@ -6,26 +6,29 @@ Each command parses, calls one function of :mod:`detjac.analysis.lens.lens_fit`,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from detjac.model_settings import LoadSpec
+
 from . import render
 from .options import (
-    ModelOptions,
     check_results,
+    cluster_options,
     collect_model_options,
     gguf_file_option,
     model_option,
     model_ref_option,
     prompt_options,
     resolve_model_ref,
-    scheduler_options,
 )
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
+    from detjac.runs import ClusterOptions
 
 
 @click.group()
@@ -73,10 +76,10 @@ def _layers(value: str | None) -> list[int] | None:
                    "fit does).")
 @model_option("device", default=None, show_default=False,
               help="With --estimator jlens: the torch device the model runs on, e.g. cuda:0 [default: cpu].")
-@scheduler_options
+@cluster_options(memory_limit="2GiB", work="the computation")
 def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | None, gguf_file: str | None,
-            prompts_path: str | None, ordinary: bool, force: bool, bos: bool, device: str | None, workers: int,
-            memory_limit: str, scheduler: str | None) -> None:
+            prompts_path: str | None, ordinary: bool, force: bool, bos: bool, device: str | None,
+            cluster: ClusterOptions) -> None:
     """Fit the lens of a store with to_output targets and keep it in the store (lens/fitted).
 
     Per layer: the mean of the prompts' same-position operators, their element-wise second moment and
@@ -110,11 +113,11 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
                                "fitted from the store PATH).")
     from detjac.analysis import fit_lens, load_lens, relative_spread
     from detjac.progress import tqdm
-    from detjac.runs import dask_scheduler
+    from detjac.runs import dask_cluster
     from detjac.store import open_store
 
     store = open_store(path)
-    with dask_scheduler(workers, scheduler, memory_limit, log=click.echo):
+    with dask_cluster(cluster, log=click.echo):
         report = fit_lens(store, _layers(layers), chunk=chunk,
                           progress=lambda total: tqdm(total=total, desc="lens fit", unit="task"))
     fitted = load_lens(path)
@@ -268,8 +271,8 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
               help="Also the prompt's own exact map (its to_output Jacobians: d pullbacks).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Layer x position heatmaps of the rank of the model's prediction (PNG).")
-def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options: ModelOptions, ordinary: str | None,
-              exact: bool, plot: str | None) -> None:
+def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options: LoadSpec, ordinary: str | None,
+              exact: bool, plot: str | None, gguf_file: str | None = None, revision: str | None = None) -> None:
     """Decode a new prompt's layer states through the fitted lens, beside the logit lens and the exact map.
 
     LENS_PATH: a saved lens, a store with a fitted lens, a Jacobian-lens artifact or fit checkpoint file (.pt,
@@ -284,14 +287,15 @@ def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
     from detjac.analysis import plot_positions
-    from detjac.runs import load_lens_engine, position_ranks, recorded_model, score_prompt, unembedding
+    from detjac.engine import load_engine
+    from detjac.runs import LENS_LOAD, check_lens_model, position_ranks, recorded_model, score_prompt, unembedding
 
     check_results([lens_path, *([ordinary] if ordinary else [])], files=(plot,), what="the lens")
     lenses = _lenses(lens_path, ordinary)
     o = model_options  # float64 and layer-streamed, always: a lens reads the exact states
-    model = model or o.resolve(recorded_model(next(iter(lenses.values()))) or "default")  # the lens's own model
-    engine = load_lens_engine(model, list(lenses.values()), o.device, max_memory=o.max_memory,
-                              revision=o.revision, trust_remote_code=o.trust_remote_code)
+    model = model or resolve_model_ref(recorded_model(next(iter(lenses.values()))) or "default", gguf_file,
+                                       revision)  # the lens's own model
+    engine = check_lens_model(load_engine(replace(o, model=model, **LENS_LOAD)), list(lenses.values()))
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     W_U = unembedding(engine)
     st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)
@@ -341,9 +345,10 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
       detjac lens evaluate gcide.lens --limit 50 --exact 10
     """
     from detjac.analysis import lens_markdown, plot_agreement, summarize_lens, write_table
+    from detjac.engine import load_engine
     from detjac.errors import InvalidArgumentError
     from detjac.progress import tqdm
-    from detjac.runs import evaluate_lenses, load_lens_engine, read_prompts
+    from detjac.runs import LENS_LOAD, check_lens_model, evaluate_lenses, read_prompts
 
     if prompts_path is None:
         found = Path(__file__).resolve().parents[1] / HELDOUT
@@ -354,7 +359,8 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
     check_results([lens_path, *([ordinary] if ordinary else [])], folders=(out,), what="the lens")
     prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
     lenses = _lenses(lens_path, ordinary)
-    engine = load_lens_engine(resolve_model_ref(model, gguf_file), list(lenses.values()), device)
+    engine = check_lens_model(load_engine(resolve_model_ref(model, gguf_file), device=device, **LENS_LOAD),
+                              list(lenses.values()))
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
         rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)

@@ -11,6 +11,7 @@ import click
 
 from detjac import __version__
 from detjac.errors import DetjacError
+from detjac.model_settings import LoadSpec
 
 from .analyze_cmds import analyze
 from .attention_cmd import attention
@@ -19,7 +20,6 @@ from .lens_cmd import lens
 from .neurons_cmd import neurons
 from .options import (
     ROW_BLOCK_HELP,
-    ModelOptions,
     check_out,
     deprecated_model_option,
     model_argument,
@@ -97,7 +97,7 @@ def main() -> None:
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).",
             check=lambda out, force: _check_jacobian_out(out, force))
-def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_block: int | None, n_values: int, top: int,
+def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: int | None, n_values: int, top: int,
              ordinary: bool, out: str | None, force: bool) -> None:
     """Detached Jacobian of MODEL on one prompt.
 
@@ -128,14 +128,14 @@ def jacobian(model: ModelRef, prompt: str, model_options: ModelOptions, row_bloc
       detjac jacobian -p "Kitten, n. A young" --streamed        # one layer in memory at a time
       detjac jacobian -p "Kitten, n. A young" --no-ordinary     # the detached Jacobian alone: half the time
     """
-    from detjac.engine import KeptEngine, exactness_report, explain_summed
+    from detjac.engine import KeptEngine, exactness_report, explain_summed, load_engine
 
     from .render import piece
 
     dtype = model_options.dtype
     if out is not None:  # again, now that MODEL is resolved: not into what it reads
         _check_jacobian_out(out, force, model)
-    engine = model_options.engine(model)
+    engine = load_engine(model_options)
     if out is not None and not out.lower().endswith(".npz"):
         engine = KeptEngine(engine)  # --out run.zarr stores what it computed
     tok = engine.tokenizer
@@ -171,7 +171,7 @@ def _check_jacobian_out(out: str, force: bool, model: ModelRef | None = None) ->
 
 
 def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int | None,
-                   engine: Engine, o: ModelOptions, force: bool = False) -> None:
+                   engine: Engine, o: LoadSpec, force: bool = False) -> None:
     """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
     kept the Jacobian just computed."""
     if out.lower().endswith(".npz"):
@@ -181,7 +181,7 @@ def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef
         return
     from detjac.runs import RunOptions, run_one
 
-    pid = run_one(model, prompt, out, RunOptions(row_block=row_block, **o.model_settings()), engine)
+    pid = run_one(model, prompt, out, RunOptions(load=o, row_block=row_block), engine)
     click.echo(f"stored as prompt {pid} in {out}")
 
 
@@ -250,7 +250,7 @@ def _family_check(tokens: int) -> None:
 @deprecated_model_option
 @model_options()
 def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
-         model_options: ModelOptions) -> None:
+         model_options: LoadSpec) -> None:
     """The main job on the shipped default model, offline: a small Llama trained on a dictionary
     (or on MODEL: a checkpoint folder, a hub id or a GGUF file).
 
@@ -267,7 +267,7 @@ def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top
       detjac demo SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
     """
     from detjac.analysis import SpectrumPanel, plot_spectra
-    from detjac.engine import DEFAULT_MODEL_DIR, DEMO_PROMPTS, exactness_report, explain
+    from detjac.engine import DEFAULT_MODEL_DIR, DEMO_PROMPTS, exactness_report, explain, load_engine
 
     from .render import echo_explanation, echo_prediction, piece
 
@@ -276,7 +276,7 @@ def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top
         raise click.UsageError("Expected --prompt with a MODEL other than default: the built-in prompts are "
                                "dictionary entries for the default model.")
     check_out(plot, force=True, reads=model_reads(model))  # replaced as always, never into MODEL or a store
-    engine = o.engine(model)
+    engine = load_engine(o)
     tok = engine.tokenizer
     n_params = engine.parameter_count()
     where = f"{o.dtype}, {'CPU' if o.device == 'cpu' else o.device}" + (", streamed" if o.streamed_engine else "")

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.model_settings import LoadSpec
+
 from .options import (
-    ModelOptions,
     check_out,
     check_prompts,
+    cluster_options,
     collect_model_options,
     model_argument,
     model_option,
@@ -20,6 +22,7 @@ from .options import (
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
+    from detjac.runs import ClusterOptions
 
 
 @click.command()
@@ -42,12 +45,10 @@ if TYPE_CHECKING:
 @model_option("revision")
 @model_option("trust_remote_code")
 @model_option("gguf_file")
-@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Spread the shards over a LocalCluster of this many worker processes (0: this process).")
-@click.option("--scheduler", default=None, help="Spread the shards over this dask.distributed scheduler's workers.")
-@click.option("--memory-limit", default="auto", show_default=True, help="Memory limit per LocalCluster worker.")
+@cluster_options(memory_limit="auto", work="the shards")
 @click.option("--force-new", is_flag=True, help="Replace an index made with another model or settings.")
-def neurons(model: ModelRef, corpus: str, out: str, model_options: ModelOptions, **settings: Any) -> None:
+def neurons(model: ModelRef, corpus: str, out: str, model_options: LoadSpec, cluster: ClusterOptions,
+            **settings: Any) -> None:
     """Index every MLP neuron of MODEL on the prompts of CORPUS: its top-K contexts of each sign (prompt, position,
     value), a histogram of its values, how often it is positive, and its write vector's top tokens through the
     unembedding. A neuron is the attribution graph's (`gate · up`, per expert for a mixture of experts).
@@ -68,7 +69,7 @@ def neurons(model: ModelRef, corpus: str, out: str, model_options: ModelOptions,
     check_out(out, kind="store", reads=[("the corpus", corpus), *model_reads(model)])  # not inside a store or input
     prompts_format = settings.pop("prompts_format")
     source = read_prompts(corpus, prompts_format) if prompts_format else corpus
-    options = NeuronOptions(**{**model_options.model_settings(), **settings}, gguf_file=model_options.gguf_file)
+    options = NeuronOptions(load=model_options, cluster=cluster, **settings)
     outcome = build_neuron_index(model, source, out, options, log=click.echo)
     rate = outcome.computed_tokens / outcome.seconds if outcome.seconds > 0 else 0.0
     layers, per_layer = outcome.shape

@@ -6,17 +6,17 @@ Command modules import only this module and :mod:`detjac.cli.render` from the CL
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from detjac.model_settings import DTYPES, ModelSettings, parse_budgets
+from detjac.model_settings import DTYPES, LoadSpec, parse_budgets
 from detjac.targets import OUTPUT
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, ModelRef
+    from detjac.engine import ModelRef
 
 TABLE_HELP = "Write the table to this file: Parquet for a .parquet suffix, else CSV."
 
@@ -172,30 +172,12 @@ def _read_prompt_file(path: str) -> str:
         raise PromptError(f"Expected a readable UTF-8 text file for --prompt-file. Got {path}: {exc}") from exc
 
 
-@dataclass(frozen=True)
-class ModelOptions(ModelSettings):
-    """How a command loads MODEL: the options of :func:`model_options` (the
-    :class:`~detjac.model_settings.ModelSettings` every model-loading command shares, and ``--gguf-file``)."""
-
-    gguf_file: str | None = None
-
-    def resolve(self, model: str) -> ModelRef:
-        """MODEL resolved with these options' ``--gguf-file`` and ``--revision`` (:func:`resolve_model_ref`)."""
-        return resolve_model_ref(model, self.gguf_file, self.revision)
-
-    def engine(self, model: ModelRef) -> Engine:
-        """``model`` loaded into the engine these options ask for (the layer-streamed one with ``--streamed`` or a
-        budget), under its CPU budget."""
-        from detjac.engine import load_engine_with
-
-        return load_engine_with(model, self)
-
-    def refuse(self, command: str, why: str, **defaults: Any) -> None:
-        """A UsageError when an option differs from ``defaults`` (name -> the only value ``command`` takes)."""
-        changed = [name for name, value in defaults.items() if getattr(self, name) != value]
-        if changed:
-            names = ", ".join("--" + n.replace("_", "-") for n in changed)
-            raise click.UsageError(f"Expected no {names} with {command}: {why}.")
+def refuse_options(spec: LoadSpec, command: str, why: str, **defaults: Any) -> None:
+    """A UsageError when an option of ``spec`` differs from ``defaults`` (name -> the only value ``command`` takes)."""
+    changed = [name for name, value in defaults.items() if getattr(spec, name) != value]
+    if changed:
+        names = ", ".join("--" + n.replace("_", "-") for n in changed)
+        raise click.UsageError(f"Expected no {names} with {command}: {why}.")
 
 
 _MODEL_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # name -> (declarations, click settings)
@@ -231,21 +213,39 @@ def model_option(name: str, **changes: Any) -> Any:
 
 def collect_model_options(func: Any) -> Any:
     """The options of :func:`model_option` collapsed into the command's ``model_options`` argument (a
-    :class:`ModelOptions`), and its MODEL (when given) resolved with them into a :class:`~detjac.engine.ModelRef`,
-    once, here; apply it above them."""
+    :class:`~detjac.model_settings.LoadSpec`), its MODEL resolved with ``--gguf-file`` and ``--revision`` into a
+    :class:`~detjac.engine.ModelRef`, once, here (the command receives it as ``model`` and in the spec); apply it
+    above them. A command whose MODEL may be left out (None) receives ``gguf_file`` and ``revision`` to resolve the
+    model it finds. A CPU budget on the CPU sets this process's allocator (:func:`set_process_allocator`)."""
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
-        options = ModelOptions(**{k: kwargs.pop(k) for k in _MODEL_OPTIONS if k in kwargs})
+        given = {k: kwargs.pop(k) for k in _MODEL_OPTIONS if k in kwargs}
+        gguf_file, revision = given.pop("gguf_file", None), given.pop("revision", None)
+        spec = LoadSpec(**given)
         if isinstance(kwargs.get("model"), str):
-            kwargs["model"] = options.resolve(kwargs["model"])
-        return func(*args, model_options=options, **kwargs)
+            kwargs["model"] = resolve_model_ref(kwargs["model"], gguf_file, revision)
+            spec = replace(spec, model=kwargs["model"])
+        elif "model" in kwargs:
+            kwargs.update(gguf_file=gguf_file, revision=revision)
+        set_process_allocator(spec)
+        return func(*args, model_options=spec, **kwargs)
 
     return command
 
 
+def set_process_allocator(spec: LoadSpec) -> None:
+    """With a CPU budget for a computation on the CPU, make this process's allocator hand freed memory back at once
+    (:func:`detjac.engine.return_freed_memory`): a process-wide setting, so the CLI's, which owns the process."""
+    if spec.device == "cpu" and any(device == "cpu" for device, _ in parse_budgets(spec.max_memory)):
+        from detjac.engine import return_freed_memory
+
+        return_freed_memory()
+
+
 def model_options(*, dtype: str = "float64") -> Any:
     """``--dtype``, ``--device``, ``--streamed``, ``--max-memory``, ``--revision``, ``--trust-remote-code`` and
-    ``--gguf-file``, collapsed into the command's ``model_options`` argument (a :class:`ModelOptions`)."""
+    ``--gguf-file``, collapsed into the command's ``model_options`` argument (a
+    :class:`~detjac.model_settings.LoadSpec`)."""
 
     def decorate(func: Any) -> Any:
         command = collect_model_options(func)
@@ -321,19 +321,30 @@ def model_reads(model: Any) -> list[tuple[str, str]]:
     return [("the model", location)] if local else []
 
 
-_SCHEDULER_OPTIONS = [
-    click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
-                 help="LocalCluster worker processes (0: dask's threaded scheduler in this process)."),
-    click.option("--memory-limit", default="2GiB", show_default=True, help="Memory limit per LocalCluster worker."),
-    click.option("--scheduler", default=None, help="Address of an existing dask.distributed scheduler."),
-]
+def cluster_options(*, memory_limit: str, work: str = "the work") -> Any:
+    """``--workers``, ``--scheduler`` and ``--memory-limit`` (its default ``memory_limit``: the command's), collapsed
+    into the command's ``cluster`` argument (a :class:`~detjac.runs.scheduler.ClusterOptions`); ``work`` names what
+    goes to the workers in the help."""
 
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            from detjac.runs import ClusterOptions
 
-def scheduler_options(func: Any) -> Any:
-    """``--workers``, ``--memory-limit`` and ``--scheduler`` of the dask analyses."""
-    for option in reversed(_SCHEDULER_OPTIONS):
-        func = option(func)
-    return func
+            cluster = ClusterOptions(kwargs.pop("workers"), kwargs.pop("scheduler"), kwargs.pop("memory_limit"))
+            return func(*args, cluster=cluster, **kwargs)
+
+        command = click.option("--memory-limit", default=memory_limit, show_default=True,
+                               help="Memory limit per LocalCluster worker (--workers); auto shares this machine's "
+                                    "memory.")(command)
+        command = click.option("--scheduler", default=None,
+                               help=f"Spread {work} over the workers of this dask.distributed scheduler, e.g. "
+                                    "tcp://10.0.0.5:8786.")(command)
+        return click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+                            help=f"Spread {work} over a LocalCluster of this many worker processes on this machine "
+                                 "(0: this process).")(command)
+
+    return decorate
 
 
 def parse_token(value: str) -> int | None:

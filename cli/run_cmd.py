@@ -6,19 +6,21 @@ The run itself is :func:`detjac.runs.run.run_corpus`; this module parses, calls 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+from detjac.model_settings import LoadSpec
 
 from . import render
 from .options import (
     ROW_BLOCK_HELP,
-    ModelOptions,
     check_heads_option,
     check_out,
     check_prompts,
+    cluster_options,
     collect_model_options,
     model_argument,
     model_option,
@@ -27,6 +29,7 @@ from .options import (
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
+    from detjac.runs import ClusterOptions
 
 
 @click.command()
@@ -109,15 +112,9 @@ if TYPE_CHECKING:
 @model_option("revision")
 @model_option("trust_remote_code")
 @model_option("gguf_file")
-@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Spread the prompts over a LocalCluster of this many worker processes on this machine "
-                   "(0: this process computes them all).")
-@click.option("--scheduler", default=None,
-              help="Spread the prompts over the workers of this dask.distributed scheduler, e.g. "
-                   "tcp://10.0.0.5:8786; each worker loads the model once and writes into the shared store.")
-@click.option("--memory-limit", default="auto", show_default=True,
-              help="Memory limit per LocalCluster worker (--workers); auto shares this machine's memory.")
-def run(model: ModelRef, prompts: str, out: str, model_options: ModelOptions, **settings: Any) -> None:
+@cluster_options(memory_limit="auto", work="the prompts")
+def run(model: ModelRef, prompts: str, out: str, model_options: LoadSpec, cluster: ClusterOptions,
+        **settings: Any) -> None:
     """Detached Jacobians of MODEL on every prompt of PROMPTS, streamed into a store.
 
     PROMPTS is a .txt file (one prompt per line) or a .jsonl / .ndjson file ({"prompt": ...} or
@@ -170,10 +167,11 @@ def run(model: ModelRef, prompts: str, out: str, model_options: ModelOptions, **
     from detjac.runs import RunOptions, read_prompts, run_corpus
 
     check_out(out, kind="store", reads=[("the prompts file", prompts), *model_reads(model)])  # not inside a store
-    settings["detach"] = not settings.pop("ordinary")
+    load = replace(model_options, detach=not settings.pop("ordinary"), quantize=settings.pop("quantize"),
+                   convention=settings.pop("convention"))
     prompts_format = settings.pop("prompts_format")
     source = read_prompts(prompts, prompts_format) if prompts_format else prompts
-    options = RunOptions(**{**model_options.model_settings(), **settings}, gguf_file=model_options.gguf_file)
+    options = RunOptions(load=load, cluster=cluster, **settings)
     outcome = run_corpus(model, source, out, options, log=click.echo)
     render.echo_run_outcome(outcome)
     if outcome.exit_code:

@@ -9,16 +9,18 @@ from typing import TYPE_CHECKING
 
 import click
 
+from detjac.model_settings import LoadSpec
+
 from . import render
 from .options import (
     TABLE_HELP,
-    ModelOptions,
     check_results,
     model_argument,
     model_options,
     parse_concept_source,
     parse_strengths,
     prompt_options,
+    refuse_options,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 @model_options(dtype="float32")
 def steer(model: ModelRef, concept: str, layer: int, strength: float, prompt: str | None, prompts_file: str | None,
           strengths: str, concept_tokens: str | None, max_new_tokens: int, method: str, table_path: str | None,
-          model_options: ModelOptions) -> None:
+          model_options: LoadSpec) -> None:
     """Steer MODEL's generation with a concept prompt's layer-L detached Jacobians.
 
     The concept prompt's operators J_1 ... J_n of layer L (stored by `detjac run --layers`)
@@ -79,13 +81,12 @@ def steer(model: ModelRef, concept: str, layer: int, strength: float, prompt: st
     if prompt is None and prompts_file is None:
         raise click.UsageError("Expected --prompt TEXT or --prompts FILE. Got neither.")
     o = model_options
-    o.refuse("detjac steer", "steering generates text with the whole model in memory", streamed=False,
-             max_memory=None)
+    refuse_options(o, "detjac steer", "steering generates text with the whole model in memory", streamed=False,
+                   max_memory=None)
     store_path, pid = parse_concept_source(concept)
     check_results([store_path], files=(table_path,))
     values = parse_strengths(strengths) if prompts_file is not None else []
-    session = load_concept(model, store_path, pid, layer, dtype=o.dtype, device=o.device, method=method,
-                           revision=o.revision, trust_remote_code=o.trust_remote_code)
+    session = load_concept(o, store_path, pid, layer, method=method)
     op = session.operator
     click.echo(f"concept {op.concept[:80]!r}: {op.operators.shape[0]} operators of layer {op.layer} "
                f"(method {op.method})")

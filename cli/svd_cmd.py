@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.model_settings import LoadSpec
 from detjac.sinks import sink_note
 
 from .options import (
-    ModelOptions,
     check_out,
     model_argument,
     model_options,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
               help="Also form J with the row-block engine and compare with its full SVD (short prompts only).")
 @out_option("Write U, S, V, the residuals and the token ids to this .npz file.",
             check=lambda out, force: _check_npz(out, force))
-def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: int, method: str, block: int,
+def svd(model: ModelRef, prompt: str, model_options: LoadSpec, k: int, top: int, method: str, block: int,
         oversample: int, tol: float | None, max_iters: int | None, seed: int, product_block: int | None,
         position: int | None, compare: bool, out: str | None, force: bool) -> None:
     """Top singular triplets of MODEL's detached Jacobian on one prompt, without forming it.
@@ -78,14 +78,14 @@ def svd(model: ModelRef, prompt: str, model_options: ModelOptions, k: int, top: 
       detjac svd -p "Oak, n. (Bot.) Any tree" --compare --out oak.npz
       detjac svd gemma-3-270m-q4_k_m.gguf -p "The bridge out of Marin is the" --streamed   # a GGUF file
     """
-    from detjac.engine import jacobian_operator, operator_svd
+    from detjac.engine import jacobian_operator, load_engine, operator_svd
 
     text, o = prompt, model_options
     if out is not None:
         out = _check_npz(out, force, model)  # before any work, now that MODEL is resolved: not into what it reads
     streamed, dtype, device = o.streamed_engine, o.dtype, o.device
     t0 = time.perf_counter()
-    engine = o.engine(model)
+    engine = load_engine(o)
     op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
     n, d = op.n_tokens, op.d_model
     where = f"{device}, layers streamed one at a time" if streamed else device

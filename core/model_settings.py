@@ -1,15 +1,14 @@
-"""How a command loads its model, in one place for the engine, the runs and the CLI (torch-free).
+"""How a model is loaded, in one place for the engine, the runs and the CLI (torch-free).
 
-:class:`ModelSettings` holds the options every model-loading command shares (``--dtype``, ``--device``,
-``--streamed``, ``--max-memory``, ...), which the CLI's ``ModelOptions``, the run's ``RunOptions`` and the workers'
-``ModelSpec`` extend; :func:`wants_streamed` decides when the layer-streamed engine is implied; :func:`dtype_name`
-reads a compute dtype the one way every model source takes it."""
+:class:`LoadSpec` is the one description of what to load and how (the CLI builds it from ``--dtype``, ``--device``,
+``--streamed``, ``--max-memory``, ...; a run's and a neuron index's options hold one); :func:`wants_streamed` decides
+when the layer-streamed engine is implied; :func:`dtype_name` reads a compute dtype the one way every model source
+takes it."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidArgumentError
@@ -61,48 +60,35 @@ def parse_budgets(text: str | None) -> list[tuple[str, int]]:
     return budgets
 
 
-def wants_streamed(streamed: bool, max_memory: Any = None, quantize: str | None = None,
-                   layerwise: bool = False) -> bool:
+def wants_streamed(streamed: bool, max_memory: Any = None, quantize: str | None = None) -> bool:
     """Whether a model loads into the layer-streamed engine: asked for, or implied by a memory budget (only it sizes
-    its blocks to one), by quantizing on load (only it quantizes) or by layerwise targets (a lens, ``--layers``: only
-    it computes them). Called by :attr:`ModelSettings.streamed_engine` alone: every loader reads that."""
-    return bool(streamed or max_memory or quantize or layerwise)
+    its blocks to one) or by quantizing on load (only it quantizes). Read through :attr:`LoadSpec.streamed_engine`;
+    a run's layerwise targets (a lens, ``--layers``) ask for it by setting ``streamed``."""
+    return bool(streamed or max_memory or quantize)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelSettings:
-    """How a process loads a model: the compute ``dtype`` (a torch dtype's name) and ``device``; the layer-streamed
-    engine (``streamed``, implied by ``max_memory`` and ``quantize``: :attr:`streamed_engine`); per-device budgets
-    (``max_memory``, ``"cuda:0=8GiB,cpu=32GiB"``); a hub id's ``revision``; ``trust_remote_code``; ``detach``
-    (False: the ordinary Jacobian); ``quantize`` on load (nf4, fp4, int8); the family's detach ``convention`` (None:
-    its default)."""
+class LoadSpec:
+    """What to load and how: the one description every loader takes (:func:`detjac.engine.load_engine`).
 
+    ``model`` is the model reference resolved once, at the edge (a :class:`~detjac.engine.ModelRef`: ``--gguf-file``
+    and ``--revision`` are consumed there; None until the caller names the model); the compute ``dtype`` (a torch
+    dtype's name) and ``device``; the layer-streamed engine (``streamed``, implied by ``max_memory`` and ``quantize``:
+    :attr:`streamed_engine`); per-device budgets (``max_memory``, ``"cuda:0=8GiB,cpu=32GiB"``); ``quantize`` on load
+    (nf4, fp4, int8); ``detach`` (False: the ordinary Jacobian); the family's detach ``convention`` (None: its
+    default); ``trust_remote_code``, carried to load time."""
+
+    model: Any = None
     dtype: str = "float64"
     device: str = "cpu"
     streamed: bool = False
     max_memory: str | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
-    detach: bool = True
     quantize: str | None = None
+    detach: bool = True
     convention: str | None = None
+    trust_remote_code: bool = False
 
     @property
-    def layerwise(self) -> bool:
-        """Whether these settings ask for layerwise targets (none here; a run's options may)."""
-        return False
-
-    @cached_property
     def streamed_engine(self) -> bool:
-        """Whether these settings load the layer-streamed engine (:func:`wants_streamed`): decided here, once per
-        settings (settings built from others carry the decision: :meth:`carry_decisions`)."""
-        return wants_streamed(self.streamed, self.max_memory, self.quantize, self.layerwise)
-
-    def carry_decisions(self, settings: ModelSettings) -> None:
-        """Take ``settings``' decisions (:attr:`streamed_engine`) as these settings' own: for settings built from
-        ``settings``' fields (:meth:`model_settings`), so that a command decides once."""
-        self.__dict__["streamed_engine"] = settings.streamed_engine
-
-    def model_settings(self) -> dict[str, Any]:
-        """These settings alone (not a subclass's other fields), by name: to build another kind of settings."""
-        return {f.name: getattr(self, f.name) for f in fields(ModelSettings)}
+        """Whether this spec loads the layer-streamed engine (:func:`wants_streamed`)."""
+        return wants_streamed(self.streamed, self.max_memory, self.quantize)

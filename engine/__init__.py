@@ -40,7 +40,7 @@ from .products.logits import decoding_matrix, logit_jacobian, output_logits
 from .prompt_products import BlockSink, PromptProducts, assemble, prompt_pass
 from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult, reconstruct
-from .selection import as_engine, check_layerwise_request, load_engine, load_engine_with
+from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine, StreamedResult
 from .tools.attribution import AttributionGraph, GraphRequest, check_graph_request, logit_attribution, logit_vectors
 from .tools.exactness_report import ExactnessReport, exactness_report

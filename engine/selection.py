@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from detjac.model_settings import ModelSettings
+from detjac.errors import InvalidArgumentError
+from detjac.model_settings import LoadSpec
 
 from .checkpoints.loading import load_model
 from .checkpoints.reference import ModelRef
@@ -30,9 +31,11 @@ def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, devic
     Parameters
     ----------
     source
-        What to load, as the CLI's MODEL takes it: ``"default"`` (the shipped model), a GGUF file (``*.gguf``, its
-        weights dequantized to ``dtype``), a checkpoint folder, a Hugging Face hub id ``org/name`` (from the cache, or
-        downloaded), or a :class:`~detjac.engine.ModelRef` already resolved. A string is resolved here, once.
+        What to load: a :class:`~detjac.model_settings.LoadSpec` (then it says everything and the other arguments
+        are not read), or the model as the CLI's MODEL takes it: ``"default"`` (the shipped model), a GGUF file
+        (``*.gguf``, its weights dequantized to ``dtype``), a checkpoint folder, a Hugging Face hub id ``org/name``
+        (from the cache, or downloaded), or a :class:`~detjac.engine.ModelRef` already resolved. A string is resolved
+        here, once (with ``revision``).
     dtype
         Compute dtype, a torch dtype or its name (``"float64"``, ``"float32"``, ``"bfloat16"``); default float64,
         the exactness mode.
@@ -51,39 +54,29 @@ def load_engine(source: Any, *, streamed: bool = False, dtype: Any = None, devic
     CheckpointError
         ``source`` names nothing loadable (the message says what was expected).
     InvalidArgumentError
-        A dtype, budget or convention that is not one.
+        A dtype, budget or convention that is not one, or a spec that names no model.
     """
-    settings = ModelSettings(device=device, streamed=streamed, max_memory=max_memory,  # type: ignore[arg-type]
-                             revision=revision, trust_remote_code=trust_remote_code, detach=detach, quantize=quantize,
-                             convention=convention)
-    return _load(ModelRef.of(source, revision), settings, "float64" if dtype is None else dtype, device,
-                 settings.streamed_engine, max_memory)
+    if isinstance(source, LoadSpec):
+        return _load(source)
+    spec = LoadSpec(model=ModelRef.of(source, revision), dtype="float64" if dtype is None else dtype,  # type: ignore[arg-type]
+                    device=device, streamed=streamed, max_memory=max_memory,  # type: ignore[arg-type]
+                    quantize=quantize, detach=detach, convention=convention, trust_remote_code=trust_remote_code)
+    return _load(spec)
 
 
-def load_engine_with(source: Any, settings: ModelSettings, *, device: str | None = None) -> Engine:
-    """``source`` (a :class:`~detjac.engine.ModelRef`) loaded into the engine ``settings`` ask for (see
-    :func:`load_engine`), under this process's CPU budget (:func:`detjac.engine.honour_cpu_budget`). ``device`` other
-    than the settings' own loads there without the memory budget, which names the settings' devices (a distributed
-    run's client plans on the CPU)."""
-    from .memory import honour_cpu_budget
-
-    device = device or settings.device
-    engine = _load(ModelRef.of(source, settings.revision), settings, settings.dtype, device, settings.streamed_engine,
-                   settings.max_memory if device == settings.device else None)
-    honour_cpu_budget(engine)  # this process computes under a CPU budget: keep the resident set honest
-    return engine
-
-
-def _load(ref: ModelRef, s: ModelSettings, dtype: Any, device: str, streamed: bool,
-          max_memory: str | dict[str, int] | None) -> Engine:
-    """``ref`` loaded into the engine chosen already (``streamed``), in ``dtype`` (a torch dtype or its name: the
-    loaders read it, :func:`detjac.engine.memory.compute_dtype`)."""
-    if streamed:
-        return StreamedEngine(ref, dtype=dtype, device=device, detach=s.detach, max_memory=max_memory,
-                              quantize=s.quantize, revision=s.revision, trust_remote_code=s.trust_remote_code,
-                              convention=s.convention)
-    model = load_model(ref, dtype=dtype, device=device, revision=s.revision, trust_remote_code=s.trust_remote_code)
-    engine = InMemoryEngine(model, detach=s.detach, convention=s.convention)
+def _load(spec: LoadSpec) -> Engine:
+    """``spec.model`` loaded into the engine ``spec`` asks for, in its dtype (a torch dtype or its name: the loaders
+    read it, :func:`detjac.engine.memory.compute_dtype`)."""
+    ref = spec.model
+    if not isinstance(ref, ModelRef):
+        raise InvalidArgumentError(f"Expected a load spec naming a resolved model (a ModelRef). Got model={ref!r}.")
+    if spec.streamed_engine:
+        return StreamedEngine(ref, dtype=spec.dtype, device=spec.device, detach=spec.detach,
+                              max_memory=spec.max_memory, quantize=spec.quantize, revision=ref.revision,
+                              trust_remote_code=spec.trust_remote_code, convention=spec.convention)
+    model = load_model(ref, dtype=spec.dtype, device=spec.device, revision=ref.revision,
+                       trust_remote_code=spec.trust_remote_code)
+    engine = InMemoryEngine(model, detach=spec.detach, convention=spec.convention)
     engine.model_ref = ref  # what print(engine) names
     return engine
 
@@ -101,7 +94,6 @@ def check_layerwise_request(source: Any, components: str) -> None:
     """
     from types import SimpleNamespace
 
-    from detjac.errors import InvalidArgumentError
     from detjac.targets import TO_OUTPUT, Target, kinds, parse_components
 
     from .checkpoints.loading import read_checkpoint

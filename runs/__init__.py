@@ -15,11 +15,12 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .export import save_result
     from .fingerprint import model_identity, weights_identity
     from .lens_apply import (
+        LENS_LOAD,
         check_lens_kinds,
+        check_lens_model,
         evaluate_lenses,
         fit_jlens,
         jlens_fitted_on,
-        load_lens_engine,
         position_ranks,
         recorded_model,
         score_prompt,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .neurons_run import NeuronOptions, build_neuron_index
     from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one
-    from .scheduler import dask_scheduler
+    from .scheduler import ClusterOptions, dask_cluster
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)

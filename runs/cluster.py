@@ -25,9 +25,11 @@ from detjac.errors import (
 )
 
 from .description import RunDescription
-from .plan import Failure, LoadedModel, ModelSpec, PromptTask, RunPlan, RunSummary, write_one
+from .plan import Failure, PromptTask, RunPlan, RunSummary, write_one
 
 if TYPE_CHECKING:
+    from detjac.engine import Engine
+    from detjac.model_settings import LoadSpec
     from detjac.store import StoreWriter
     from detjac.targets import Target
 
@@ -39,10 +41,10 @@ RETRIES = 2  # further attempts at a prompt whose task raised anything else (a t
 class ModelPlugin(WorkerPlugin):
     """The run's model on one worker: loaded once, at the worker's first prompt, and dropped when the run ends."""
 
-    def __init__(self, spec: ModelSpec, name: str, torch_threads: int | None = None, local: bool = False) -> None:
+    def __init__(self, spec: LoadSpec, name: str, torch_threads: int | None = None, local: bool = False) -> None:
         self.spec, self.name, self.torch_threads, self.local = spec, name, torch_threads, local
         self.loads, self.load_seconds = 0, 0.0
-        self._loaded: LoadedModel | None = None
+        self._loaded: Engine | None = None
         self._sums: Any = None  # a --lens run's RunningSums on this worker
         self._guard: Any = None
 
@@ -73,24 +75,28 @@ class ModelPlugin(WorkerPlugin):
         if self._sums is not None:
             self._sums.flush()
 
-    def get(self) -> LoadedModel:
-        """The loaded model; the first call on this worker loads it (tasks on other threads wait for it)."""
+    def get(self) -> Engine:
+        """The model's engine; the first call on this worker loads it (tasks on other threads wait for it)."""
         with self._guard:
             if self._loaded is None:
                 import torch
                 from transformers.utils import logging as hf_logging
 
-                import detjac.engine  # noqa: F401 - imported before the clock starts: the load time is the model's
+                from detjac.engine import (  # before the clock: the load time is the model's
+                    honour_cpu_budget,
+                    load_engine,
+                )
 
                 hf_logging.disable_progress_bar()  # no weight-loading bars in the workers' logs
                 if self.torch_threads:
                     torch.set_num_threads(self.torch_threads)
                 start = time.perf_counter()
                 try:
-                    self._loaded = self.spec.load()
+                    self._loaded = load_engine(self.spec)
                 except Exception as exc:
                     raise WorkerError(f"A worker could not load the model {self.spec.model.location!r} on "
                                       f"{self.spec.device}: {type(exc).__name__}: {exc}") from exc
+                honour_cpu_budget(self._loaded)  # this worker process is the run's: its allocator too
                 self.loads += 1
                 self.load_seconds += time.perf_counter() - start
             return self._loaded
@@ -128,7 +134,7 @@ def compute_prompt(task: PromptTask, job: PromptJob) -> PromptOutcome:
 
     worker = get_worker()
     plugin = worker.plugins[job.plugin]
-    loaded = plugin.get()
+    engine = plugin.get()
     try:
         store = attach_store(job.store, job.lease)
     except StoreError as exc:
@@ -136,7 +142,7 @@ def compute_prompt(task: PromptTask, job: PromptJob) -> PromptOutcome:
                           f"see it at the same path): {exc}") from exc
     found = (task.pid, worker.address, plugin.loads, plugin.load_seconds)
     try:
-        error = write_one(loaded, store, task, job.run, job.targets, tqdm(disable=True), progress=False,
+        error = write_one(engine, store, task, job.run, job.targets, tqdm(disable=True), progress=False,
                           sums=plugin.sums(job.run, job.lens_flush))
     except DETERMINISTIC as exc:
         return PromptOutcome(*found, failure=str(exc), error=type(exc).__name__)

@@ -19,7 +19,7 @@ import numpy as np
 from detjac.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, ModelRef
+    from detjac.engine import Engine
 
 
 @dataclass
@@ -52,7 +52,7 @@ def check_lens_kinds(lenses: dict[str, Any]) -> None:
 def recorded_model(lens: Any) -> str | None:
     """The model ``lens`` records (``info["model"]["model_path"]``: where it was found when the lens was fitted, or
     ``default``) when it is found on this machine, else None: a lens carries its model, so ``lens apply`` and
-    ``lens export`` need no ``--model`` (:func:`load_lens_engine` still checks its digests against the lens's)."""
+    ``lens export`` need no ``--model`` (:func:`check_lens_model` still checks its digests against the lens's)."""
     path = (lens.info.get("model") or {}).get("model_path")
     if not isinstance(path, str) or not path:
         return None
@@ -61,23 +61,25 @@ def recorded_model(lens: Any) -> str | None:
     return path if path == "default" or Path(path).exists() else None
 
 
-def load_lens_engine(model: ModelRef | str, lenses: Sequence[Any], device: str = "cpu", *,
-                     max_memory: str | None = None, revision: str | None = None,
-                     trust_remote_code: bool = False) -> Any:
-    """The float64 layer-streamed engine of ``model`` (a :class:`~detjac.engine.ModelRef`; a string is resolved into
-    one), checked against the
-    lenses: same hidden size, fitted layers within the model, the lens's config SHA-256 (when the checkpoint
-    folder has a ``config.json``) and its weights SHA-256 (when both the lens and the model have one: the same
-    config with other weights is another model)."""
+LENS_LOAD = {"dtype": "float64", "streamed": True}  # how every lens reads a model: its exact states, layer by layer
+
+
+def check_lens_model(engine: Engine, lenses: Sequence[Any]) -> Engine:
+    """``engine`` (loaded float64 and layer-streamed, :data:`LENS_LOAD`: a lens reads the exact states) when it is
+    the model the lenses were fitted on: same hidden size, fitted layers within the model, the lens's config SHA-256
+    (when the checkpoint folder has a ``config.json``) and its weights SHA-256 (when both the lens and the model have
+    one: the same config with other weights is another model).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A lens fitted on another model, naming both.
+    """
     import hashlib
-
-    import torch
-
-    from detjac.engine import ModelRef, load_engine
 
     from .fingerprint import weights_identity
 
-    ref = ModelRef.of(model, revision)
+    ref = engine.model_ref
     source, model = ref.source, ref.name
     config = source / "config.json"
     digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
@@ -89,8 +91,6 @@ def load_lens_engine(model: ModelRef | str, lenses: Sequence[Any], device: str =
                 f"Expected a lens fitted on the weights of {model} (SHA-256 {weights[:12]}…). Got one fitted on "
                 f"weights {fitted[:12]}… ({lens.info.get('model', {}).get('model_id')}): another model, even if "
                 "its config is the same.")
-    engine = load_engine(ref, streamed=True, dtype=torch.float64, device=device, max_memory=max_memory,
-                         revision=revision, trust_remote_code=trust_remote_code)
     for lens in lenses:
         d, layers = lens.mean.shape[-1], [int(x) for x in lens.layers]
         fitted = lens.info.get("model", {}).get("config_sha256")

@@ -14,7 +14,7 @@ layer's output, so a reading is ``norm(J h)``), float16 by default. A fit checkp
 checkpoint, or ``org/name:path/in/repo.pt`` from the local Hugging Face cache (never the network) into one
 :class:`~detjac.analysis.Lens`, checked (keys, shapes, finite values) before anything uses it. Only
 ``torch.load(weights_only=True)`` ever reads a file: a pickled object is refused. Whether the lens fits a model
-(``d_model``, layers) is checked where the model is loaded (:func:`detjac.runs.lens_apply.load_lens_engine`).
+(``d_model``, layers) is checked where the model is loaded (:func:`detjac.runs.lens_apply.check_lens_model`).
 
 Guarantees and limits: a lens fitted onto the final normed state ``y`` (detjac's same-position lens, and ``jlens``
 lenses saved before the reference's conventions were adopted) is exported as ``diag(1/g) T̄`` with ``g`` the final

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from detjac.errors import InvalidArgumentError
-from detjac.model_settings import ModelSettings
+from detjac.model_settings import LoadSpec
 from detjac.outputs import STORE, check_output
 
-from .plan import ModelSpec
+from .plan import load_for
 from .prompts import PromptsFile, check_tokenized, read_prompts, tokenize_each
+from .scheduler import ClusterOptions
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, ModelRef
@@ -36,19 +37,18 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True, kw_only=True)
-class NeuronOptions(ModelSettings):
+class NeuronOptions:
     """``detjac neurons``'s options: ``top_k`` contexts kept per neuron and sign; ``shard_prompts`` prompts per
-    shard (one commit each); ``workers`` / ``scheduler`` / ``memory_limit`` as ``detjac run``'s; ``force_new``
-    replaces an index made otherwise; ``gguf_file`` and the model settings as every model-loading command's."""
+    shard (one commit each); ``force_new`` replaces an index made otherwise; how the model loads (``load``, a
+    :class:`~detjac.model_settings.LoadSpec`) and where the shards are computed (``cluster``, a
+    :class:`~detjac.runs.scheduler.ClusterOptions`) as every model-loading command and ``detjac run``."""
 
+    load: LoadSpec = field(default_factory=LoadSpec)
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
     top_k: int = TOP_K
     shard_prompts: int = SHARD_PROMPTS
     max_tokens: int | None = None
-    workers: int = 0
-    scheduler: str | None = None
-    memory_limit: str = "auto"
     force_new: bool = False
-    gguf_file: str | None = None
 
     def check(self) -> None:
         """Refuse, before anything is read or written, a K or shard size below 1 or both cluster options."""
@@ -57,8 +57,7 @@ class NeuronOptions(ModelSettings):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgumentError(f"Expected {name.replace('_', ' ')} to be a positive integer (at least 1). "
                                            f"Got {value!r}. Nothing was written.")
-        if self.workers and self.scheduler:
-            raise InvalidArgumentError("Expected --workers or --scheduler, not both.")
+        self.cluster.check()
 
 
 @dataclass
@@ -138,17 +137,15 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
     reads = [] if isinstance(prompts, PromptsFile) else [("the corpus", prompts)]
     check_output(out, kind=STORE, reads=reads)  # Python callers get the command's rules: never into a store or index
     corpus = prompts if isinstance(prompts, PromptsFile) else read_prompts(prompts)
-    ref = model if isinstance(model, ModelRef) else ModelRef.resolve(str(model), options.gguf_file, options.revision)
-    spec = ModelSpec.of(ref, options)
-    loaded = spec.load()
-    engine = loaded.engine
+    spec = replace(options.load, model=ModelRef.of(model))  # a string is the API's: resolved here, once
+    ref, engine = spec.model, load_for(spec)
     max_tokens = options.max_tokens or engine.context
     tokenized = tokenize_each(corpus, engine.prompt_model(), engine.tokenizer, max_tokens)
     check_tokenized(corpus, tokenized, max_tokens)
     ids = [t.ids for t in tokenized]
     probe = max(ids, key=len)  # the write vectors are read on its trace (a mixture of experts: routed to most)
     n_neurons = _neurons_per_layer(engine, probe)  # refuses an engine without neurons before a file is written
-    identity = {**model_digest(engine, ref), "dtype": options.dtype, "convention": options.convention,
+    identity = {**model_digest(engine, ref), "dtype": spec.dtype, "convention": spec.convention,
                 "k": options.top_k, "shard_prompts": options.shard_prompts, "corpus_sha256": corpus.digest(),
                 "prompts": len(ids), "neurons_per_layer": n_neurons}
     out = Path(out)
@@ -156,7 +153,7 @@ def build_neuron_index(model: str | ModelRef, prompts: str | Path | PromptsFile,
         return _build(out, engine, spec, ids, corpus, identity, options, probe, log, progress)
 
 
-def _build(out: Path, engine: Engine, spec: ModelSpec, ids: list[list[int]], corpus: PromptsFile,
+def _build(out: Path, engine: Engine, spec: LoadSpec, ids: list[list[int]], corpus: PromptsFile,
            identity: dict[str, Any], options: NeuronOptions, probe: list[int], log: Log | None,
            progress: bool) -> NeuronOutcome:
     """Start (or resume) the index at ``out``, compute and commit its pending shards, then its last commit."""
@@ -186,7 +183,7 @@ def _build(out: Path, engine: Engine, spec: ModelSpec, ids: list[list[int]], cor
 
     with _TokenBar(sum(len(ids[p]) for s in pending for p in shards[s]), progress) as bar:
         work = [(s, [(p, ids[p]) for p in shards[s]]) for s in pending]
-        if options.scheduler or options.workers:
+        if options.cluster.distributed:
             for shard, stats in _on_cluster(spec, work, options, n_neurons, log):
                 bar.update(stats.n_tokens)
                 commit(shard, stats)
@@ -264,17 +261,18 @@ class _TokenBar:
         self.bar.close()
 
 
-def _on_cluster(spec: ModelSpec, work: list[tuple[int, list[tuple[int, list[int]]]]], options: NeuronOptions,
+def _on_cluster(spec: LoadSpec, work: list[tuple[int, list[tuple[int, list[int]]]]], options: NeuronOptions,
                 n_neurons: int, log: Log | None) -> Iterator[tuple[int, NeuronStats]]:
     """Each shard's statistics, computed on the workers, in the order they finish."""
     from distributed import as_completed
 
     from .cluster import ModelPlugin
-    from .scheduler import dask_client
+    from .scheduler import dask_cluster
 
-    threads = max(1, len(os.sched_getaffinity(0)) // options.workers) if options.workers else None
-    with dask_client(options.workers, options.scheduler, options.memory_limit, trim_memory=False, log=log) as client:
-        plugin = ModelPlugin(replace(spec), f"detjac-neurons-{os.getpid()}", threads, options.scheduler is None)
+    c = options.cluster
+    threads = max(1, len(os.sched_getaffinity(0)) // c.workers) if c.workers else None
+    with dask_cluster(c, trim_memory=False, log=log) as client:
+        plugin = ModelPlugin(spec, f"detjac-neurons-{os.getpid()}", threads, c.scheduler is None)
         client.register_plugin(plugin)
         futures = [client.submit(_shard_on_worker, plugin.name, items, options.top_k, n_neurons,
                                  key=f"detjac-neurons-shard-{shard}-{os.getpid()}", retries=2)
@@ -291,4 +289,4 @@ def _on_cluster(spec: ModelSpec, work: list[tuple[int, list[tuple[int, list[int]
 def _shard_on_worker(plugin: str, items: list[tuple[int, list[int]]], k: int, n_neurons: int) -> NeuronStats:
     from distributed import get_worker
 
-    return shard_stats(get_worker().plugins[plugin].get().engine, items, k, n_neurons)
+    return shard_stats(get_worker().plugins[plugin].get(), items, k, n_neurons)

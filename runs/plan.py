@@ -1,6 +1,6 @@
 """A corpus run, planned once, then executed in one process (``local.py``) or on a cluster (``cluster.py``).
 
-:func:`prepare_run` loads the model (:meth:`ModelSpec.load`), checks the prompts and describes the run;
+:func:`prepare_run` loads the model (:func:`load_for`), checks the prompts and describes the run;
 :func:`open_run_store` creates or resumes the store, and :meth:`RunPlan.pending` leaves out the prompts already
 in it."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, ModelRef
+    from detjac.engine import Engine
     from detjac.store import Keep, StoreWriter
     from detjac.targets import Target
 
-from detjac.model_settings import ModelSettings
+from detjac.model_settings import LoadSpec
 
 from .batch import storage_dtype, write_prompt
 from .description import RunDescription, StreamedSettings, describe_run, setting_differences
@@ -23,56 +23,14 @@ from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
 
 
-@dataclass(frozen=True)
-class ModelSpec(ModelSettings):
-    """How a process loads the run's model: the run's :class:`~detjac.model_settings.ModelSettings` (the streamed
-    engine decided already, by :func:`detjac.runs.run.check_options`, and carried: :meth:`of`) and the model,
-    resolved once (:class:`~detjac.engine.ModelRef`; a string is resolved into one, once). Pickled to every worker of
-    a distributed run."""
+def load_for(spec: LoadSpec, device: str | None = None) -> Engine:
+    """The engine ``spec`` describes, on ``device`` when given (a distributed run's client plans on the CPU: then
+    without the memory budget, which names the workers' devices, and streamed as the workers will be)."""
+    from detjac.engine import load_engine
 
-    model: ModelRef
-
-    def __post_init__(self) -> None:
-        if not hasattr(self.model, "location"):  # a string: the Python API's, resolved once, here
-            from detjac.engine import ModelRef
-
-            object.__setattr__(self, "model", ModelRef.of(self.model, self.revision))
-
-    @classmethod
-    def of(cls, model: Any, settings: ModelSettings) -> ModelSpec:
-        """``model`` loaded with ``settings`` (a run's or an index's options), their decisions carried, not re-made."""
-        spec = cls(model, **settings.model_settings())
-        spec.carry_decisions(settings)
-        return spec
-
-    def load(self, device: str | None = None) -> LoadedModel:
-        """Load the engine on ``device`` (default: this spec's device; elsewhere, as a distributed run's client
-        does to plan, without the memory budget, which names the workers' devices)."""
-        from detjac.engine import load_engine_with
-
-        return LoadedModel(load_engine_with(self.model, self, device=device), self.model)
-
-
-@dataclass
-class LoadedModel:
-    """An engine and the model it was loaded from."""
-
-    engine: Engine
-    model: ModelRef
-
-    @property
-    def source(self) -> Path:
-        """The checkpoint folder or GGUF file it was read from."""
-        return self.model.source
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    @property
-    def context(self) -> int:
-        """The model's context length in tokens (unbounded when its config does not say)."""
-        return self.engine.context
+    if device is not None and device != spec.device:
+        spec = replace(spec, device=device, max_memory=None, streamed=spec.streamed_engine)
+    return load_engine(spec)
 
 
 @dataclass(frozen=True)
@@ -113,8 +71,8 @@ class RunSummary:
 @dataclass
 class RunPlan:
     prompts: PromptsFile
-    spec: ModelSpec
-    loaded: LoadedModel
+    spec: LoadSpec  # with its model resolved; pickled to every worker of a distributed run
+    engine: Engine
     run: RunDescription  # the store's run description (identity and settings)
     targets: list[Target]  # layerwise targets (streamed engine)
     tasks: list[PromptTask]  # the unique prompts, in file order
@@ -134,7 +92,7 @@ class RunPlan:
         return [t for t in self.tasks if t.pid not in done]
 
 
-def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
+def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: LoadSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: Keep | str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
                 lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None) -> RunPlan:
@@ -158,30 +116,29 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     if layers is not None:
         check_layerwise_request(spec.model, components)
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
-    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model)
+    engine = load_for(spec, load_device) if engine is None else engine
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
         from detjac.engine import check_graph_request
 
-        check_graph_request(loaded.engine, graph["max_nodes"])
+        check_graph_request(engine, graph["max_nodes"])
     targets: list[Target] = []
     if layers is not None:
         from detjac.targets import layer_targets
 
-        targets = layer_targets(layers, components, loaded.engine.n_layers)
-    limit = min(max_tokens or loaded.context, loaded.context)
-    tokenized = tokenize_each(prompts, loaded.engine.prompt_model(), loaded.tokenizer, limit)
+        targets = layer_targets(layers, components, engine.n_layers)
+    limit = min(max_tokens or engine.context, engine.context)
+    tokenized = tokenize_each(prompts, engine.prompt_model(), engine.tokenizer, limit)
     if not lenient:
         check_tokenized(prompts, tokenized, limit)
-    model_dir = loaded.source  # a folder or a GGUF file
+    model_dir = spec.model.source  # a folder or a GGUF file
     lens_settings = None
     if lens:  # the lens layers' to_output rows are summed, never stored
         from .lens_run import lens_description
 
         lens_settings, targets = lens_description(targets), []
-    engine = loaded.engine
     if row_block is not None:  # a block cannot hold more rows than there are (zarr refuses such a chunk shape)
         row_block = min(row_block, engine.d_model)
-    run = describe_run(engine, model_arg, model_dir, spec.revision, spec.dtype,
+    run = describe_run(engine, model_arg, model_dir, spec.model.revision, spec.dtype,
                        row_block, limit, keep,
                        None if engine.convention == engine.family.conventions[0] else engine.convention,
                        hub=spec.model.kind == "hub")
@@ -197,7 +154,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
             duplicates += 1
         else:
             tasks[pid] = PromptTask(pid, item, tok.ids, tok.error)
-    return RunPlan(prompts, spec, loaded, run, targets, list(tasks.values()), duplicates)
+    return RunPlan(prompts, spec, engine, run, targets, list(tasks.values()), duplicates)
 
 
 def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> Any:
@@ -207,7 +164,7 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
 
     try:
         return create_store(out, plan.run.as_dict(), force_new=force_new,
-                            model_data=lambda: model_for_decoding(plan.loaded, plan.spec.dtype))
+                            model_data=lambda: model_for_decoding(plan.engine, plan.spec))
     except StoreMismatchError as exc:
         from .lens_run import check_lens_store
 
@@ -222,22 +179,22 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
         raise StoreMismatchError(" ".join([str(exc).removesuffix(advice), *named, *words]) + advice) from None
 
 
-def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Target],
+def write_one(engine: Engine, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Target],
               bar: Any, progress: bool = True, sums: Any = None) -> float:
     """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
     its reconstruction error."""
-    return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums)
+    return write_prompt(store, engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums)
 
 
-def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+def model_for_decoding(engine: Engine, spec: LoadSpec) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The embedding and unembedding matrices (row readers where the engine streams), the final norm's gain and the
     tokenizer file, kept in the store for decoding."""
     import torch
 
-    storage = getattr(torch, storage_dtype(dtype))
-    arrays = loaded.engine.decoding_rows(storage)
-    tok_file = None if loaded.model.is_gguf else loaded.source / "tokenizer.json"
+    storage = getattr(torch, storage_dtype(spec.dtype))
+    arrays = engine.decoding_rows(storage)
+    tok_file = None if spec.model.is_gguf else spec.model.source / "tokenizer.json"
     if tok_file is not None and tok_file.is_file():
         return arrays, {"tokenizer.json": tok_file.read_bytes()}
-    backend = getattr(loaded.tokenizer, "backend_tokenizer", None)  # a GGUF's, built from its metadata
+    backend = getattr(engine.tokenizer, "backend_tokenizer", None)  # a GGUF's, built from its metadata
     return arrays, {"tokenizer.json": backend.to_str().encode()} if backend is not None else {}

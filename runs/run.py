@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
 from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD, check_heads
-from detjac.model_settings import ModelSettings
+from detjac.model_settings import LoadSpec
+
+from .scheduler import ClusterOptions
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, ModelRef
@@ -25,16 +27,14 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class RunOptions(ModelSettings):
-    """How ``detjac run`` computes and stores: the command's options, by the same names; how it loads the model
-    (``dtype``, ``device``, ``streamed``, ``max_memory``, ``quantize``, ...) are the
-    :class:`~detjac.model_settings.ModelSettings` every model-loading command shares.
-
-    ``detach=False`` stores the ordinary Jacobian (``--ordinary``); ``convention`` picks the family's detach
-    convention (None: its default; recorded in the store's run attributes when another); ``gguf_file`` names a GGUF
-    file inside the folder or hub id MODEL (``--gguf-file``). ``workers`` (a LocalCluster
-    of that many processes) and ``scheduler`` (an existing cluster's address) exclude each
-    other; with neither, this process computes every prompt. ``lens`` accumulates the lens at ``layers`` (default
+class RunOptions:
+    """How ``detjac run`` computes and stores: the command's options, by the same names. ``load`` says how the
+    model loads (a :class:`~detjac.model_settings.LoadSpec`: ``dtype``, ``device``, ``streamed``, ``max_memory``,
+    ``quantize``; ``detach=False`` stores the ordinary Jacobian, ``--ordinary``; ``convention`` picks the family's
+    detach convention, recorded in the store's run attributes when not its default); ``cluster`` where the prompts
+    are computed (a :class:`~detjac.runs.scheduler.ClusterOptions`: ``workers``, a LocalCluster of that many
+    processes, and ``scheduler``, an existing cluster's address, exclude each other; with neither, this process
+    computes every prompt). ``lens`` accumulates the lens at ``layers`` (default
     all) while computing, storing no layerwise Jacobian and, unless ``keep`` is ``full``, no Jacobian at all
     (``keep`` None: ``full``, or ``none`` with ``lens``); its sums are flushed every ``lens_flush`` prompts.
     ``graph`` stores each prompt's attribution graph too (``graph_max_nodes`` ranked into the adjacency, pruned at
@@ -42,6 +42,8 @@ class RunOptions(ModelSettings):
     strongest links split by attention head.
     """
 
+    load: LoadSpec = field(default_factory=LoadSpec)
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
     row_block: int | None = None
     max_tokens: int | None = None
     keep: Keep | str | None = None  # --keep's text; check_options parses it into a Keep
@@ -49,10 +51,6 @@ class RunOptions(ModelSettings):
     components: str = "layer"
     mode: str = "auto"
     force_new: bool = False
-    gguf_file: str | None = None
-    workers: int = 0
-    scheduler: str | None = None
-    memory_limit: str = "auto"
     lens: bool = False
     lens_flush: int = 1
     graph: bool = False
@@ -62,12 +60,9 @@ class RunOptions(ModelSettings):
     graph_heads: int = 0
 
     @property
-    def distributed(self) -> bool:
-        return self.scheduler is not None or self.workers > 0
-
-    @property
     def layerwise(self) -> bool:
-        """A lens or ``--layers``: targets only the layer-streamed engine computes (it is then implied)."""
+        """A lens or ``--layers``: targets only the layer-streamed engine computes (:func:`check_options` then asks
+        for it)."""
         return self.lens or bool(self.layers)
 
 
@@ -91,7 +86,8 @@ class RunOutcome:
 
 
 def check_options(options: RunOptions) -> RunOptions:
-    """The options with ``streamed`` implied by ``layers``, ``max_memory`` or ``quantize``; raises for
+    """The options with the load spec's ``streamed`` set when implied (by ``layers`` or ``lens`` here, by
+    ``max_memory`` or ``quantize`` in the spec: :attr:`~detjac.model_settings.LoadSpec.streamed_engine`); raises for
     combinations that cannot run (before any model is loaded).
 
     Raises
@@ -116,7 +112,7 @@ def check_options(options: RunOptions) -> RunOptions:
     elif o.graph_heads:
         raise InvalidArgumentError(f"Expected --heads with --graph (it splits links of each prompt's graph by "
                                    f"attention head). Got --heads {o.graph_heads} alone.")
-    streamed = o.streamed_engine
+    streamed = o.load.streamed_engine or o.layerwise
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
     if o.layers is not None:
@@ -126,20 +122,12 @@ def check_options(options: RunOptions) -> RunOptions:
                                    f"Got --keep {o.keep}.")
     if not streamed and o.mode != "auto":
         raise InvalidArgumentError(f"Expected --mode with the streamed engine (--streamed). Got --mode {o.mode} alone.")
-    if o.scheduler is not None and o.workers:
-        raise InvalidArgumentError(f"Expected either --scheduler (an existing cluster) or --workers (a LocalCluster). "
-                                   f"Got both: --scheduler {o.scheduler} --workers {o.workers}.")
-    if o.scheduler is None:
-        from .scheduler import check_workers
-
-        check_workers(o.workers, o.memory_limit)  # before a store is created or a model loaded
-    checked = replace(o, streamed=streamed)
-    checked.carry_decisions(o)
-    return checked
+    o.cluster.check()  # before a store is created or a model loaded
+    return replace(o, load=replace(o.load, streamed=streamed))
 
 
 def _check_graph_options(o: RunOptions) -> None:
-    if not o.detach:
+    if not o.load.detach:
         raise InvalidArgumentError("Expected --graph without --ordinary. Got both: an attribution graph is defined on "
                                    "the detached model (its edges sum to each node's value only with the gates, "
                                    "attention and norm scales frozen).")
@@ -172,9 +160,9 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     Parameters
     ----------
     model : str or ModelRef
-        A checkpoint folder, a GGUF file, a Hugging Face hub id (``org/name``) or ``default`` (with
-        ``options.gguf_file``: a GGUF file inside it), resolved here once the options are checked; or a
-        :class:`~detjac.engine.ModelRef` resolved already.
+        A checkpoint folder, a GGUF file, a Hugging Face hub id (``org/name``) or ``default``, resolved here once
+        the options are checked; or a :class:`~detjac.engine.ModelRef` resolved already (a GGUF file inside a
+        folder or hub id, a hub revision: ``ModelRef.resolve(model, gguf_file, revision)``).
     prompts : str, Path or PromptsFile
         A .txt (one prompt per line) or .jsonl file, or prompts already read (:mod:`detjac.runs.prompts`).
     out : str
@@ -201,15 +189,14 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     from detjac.engine import ModelRef
 
     from .description import graph_settings
-    from .plan import ModelSpec, open_run_store, prepare_run
+    from .plan import open_run_store, prepare_run
 
     o = check_options(options)
-    ref = model if isinstance(model, ModelRef) else ModelRef.resolve(model, o.gguf_file, o.revision)  # the API's
-    spec = ModelSpec.of(ref, o)
+    spec = replace(o.load, model=ModelRef.of(model))  # a string is the API's: resolved here, once
     # A distributed run's client plans on the CPU; the workers compute on --device.
-    plan = prepare_run(ref.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
-                       layers=o.layers, components=o.components, mode=o.mode, lenient=o.distributed,
-                       load_device="cpu" if o.distributed else None, lens=o.lens, engine=engine,
+    plan = prepare_run(spec.model.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
+                       layers=o.layers, components=o.components, mode=o.mode, lenient=o.cluster.distributed,
+                       load_device="cpu" if o.cluster.distributed else None, lens=o.lens, engine=engine,
                        graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold,
                                             o.graph_heads) if o.graph else None)
     summary = plan.summary()
@@ -223,7 +210,7 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
                     f"{out} (it was kept aside as {store.restored_earlier.name}).")
             if log is not None:
                 log(plan_line(plan, summary, tasks, prompts, out))
-            if o.distributed:
+            if o.cluster.distributed:
                 interrupted = _run_distributed(plan, store, tasks, summary, o, log)
             else:
                 from .local import run_local
@@ -245,7 +232,7 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     if log is not None and store.restored is not None:
         log(restored_line)
         total = len(store.prompt_ids())
-    return RunOutcome(summary, out, total, o.distributed, interrupted, lens, stored_worst)
+    return RunOutcome(summary, out, total, o.cluster.distributed, interrupted, lens, stored_worst)
 
 
 def recorded_worst_error(store: StoreReader) -> float | None:
@@ -267,7 +254,7 @@ def run_one(model: str | ModelRef, prompt: str, out: str, options: RunOptions, e
     from .prompts import PromptLine, PromptsFile
 
     prompts = PromptsFile(Path("--prompt"), [PromptLine(1, prompt)], 0)
-    run_corpus(model, prompts, out, replace(options, workers=0, scheduler=None), engine=engine)
+    run_corpus(model, prompts, out, replace(options, cluster=ClusterOptions()), engine=engine)
     return prompt_id(open_store(out).run, prompt)
 
 
@@ -292,13 +279,14 @@ def _run_distributed(plan: RunPlan, store: StoreWriter, tasks: list[PromptTask],
                      log: Log | None) -> bool:
     """Run ``tasks`` on a cluster; returns True when interrupted (Ctrl-C), after cancelling what was queued."""
     from .cluster import run_on_cluster
-    from .scheduler import dask_client
+    from .scheduler import dask_cluster
 
+    c = o.cluster
     # LocalCluster workers share this machine's cores; a scheduler's workers keep their own thread settings.
-    threads = max(1, len(os.sched_getaffinity(0)) // o.workers) if o.workers else None
+    threads = max(1, len(os.sched_getaffinity(0)) // c.workers) if c.workers else None
     try:
-        with dask_client(o.workers, o.scheduler, o.memory_limit, trim_memory=False, log=log) as client:
-            run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=o.scheduler is None,
+        with dask_cluster(c, trim_memory=False, log=log) as client:
+            run_on_cluster(client, plan, store, tasks, summary, torch_threads=threads, local=c.scheduler is None,
                            lens_flush=o.lens_flush)
     except KeyboardInterrupt:
         return True

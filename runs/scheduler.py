@@ -41,6 +41,39 @@ class ClusterInfo:
         return f"dask scheduler {self.address} ({self.workers} workers), dashboard {self.dashboard}"
 
 
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where a job's dask work runs (``--workers``, ``--scheduler``, ``--memory-limit``): a LocalCluster of
+    ``workers`` processes of ``memory_limit`` each (``"auto"`` or a size such as ``"2GiB"``), an existing cluster at
+    ``scheduler``, or, with neither, this process (:func:`dask_cluster`)."""
+
+    workers: int = 0
+    scheduler: str | None = None
+    memory_limit: str = "auto"
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the work goes to a cluster (not this process)."""
+        return self.scheduler is not None or self.workers > 0
+
+    def check(self) -> None:
+        """Refuse both ``workers`` and ``scheduler``, or more workers than this machine holds, before anything runs.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming what was given.
+        """
+        from detjac.errors import InvalidArgumentError
+
+        if self.scheduler is not None and self.workers:
+            raise InvalidArgumentError(f"Expected either --scheduler (an existing cluster) or --workers (a "
+                                       f"LocalCluster). Got both: --scheduler {self.scheduler} --workers "
+                                       f"{self.workers}.")
+        if self.scheduler is None:
+            check_workers(self.workers, self.memory_limit)
+
+
 def check_workers(workers: int, memory_limit: str, available: int | None = None) -> None:
     """Refuse a LocalCluster of more workers than this machine's memory holds.
 
@@ -83,43 +116,39 @@ def check_workers(workers: int, memory_limit: str, available: int | None = None)
 
 
 @contextlib.contextmanager
-def dask_client(workers: int, scheduler: str | None, memory_limit: str, trim_memory: bool = True,
-                log: Log | None = None) -> Iterator[Any]:
-    """A client of ``scheduler``, or of a LocalCluster of ``workers`` processes with one thread each and
-    ``memory_limit`` each, listening on 127.0.0.1 with the dashboard on a free port. Hands where it runs and
-    the dashboard link to ``log`` (:meth:`ClusterInfo.describe`); the LocalCluster is closed on exit.
+def dask_cluster(options: ClusterOptions, *, trim_memory: bool = True, log: Log | None = None) -> Iterator[Any]:
+    """A dask.distributed client of ``options.scheduler``, or of a LocalCluster of ``options.workers`` processes with
+    one thread each and ``options.memory_limit`` each, listening on 127.0.0.1 with the dashboard on a free port
+    (closed on exit); with neither, no client (None) and dask's threaded scheduler in this process. Hands where it
+    runs and the dashboard link to ``log`` (:meth:`ClusterInfo.describe`).
+
+    Without a client, dask's own progress bar reports every array computation that takes over two seconds (on
+    stderr); with one, the dashboard shows the task stream.
 
     ``trim_memory=False`` starts the LocalCluster's workers without dask's ``MALLOC_TRIM_THRESHOLD_``: the
     engine allocates and frees large buffers for every row block, and with glibc handing each back to the
     system at once a run was 25-40 % slower here (a ``detjac run`` of 8 prompts, in one process, with and
     without the variable).
 
-    Parameters
-    ----------
-    workers : int
-        LocalCluster worker processes (ignored with ``scheduler``).
-    scheduler : str or None
-        Address of an existing scheduler, e.g. ``tcp://10.0.0.5:8786``.
-    memory_limit : str
-        Memory limit per LocalCluster worker, e.g. ``"2GiB"`` or ``"auto"``.
-    trim_memory : bool
-        Keep dask's ``MALLOC_TRIM_THRESHOLD_`` in the LocalCluster workers' environment.
-    log : callable or None
-        Called once with a line saying where the client runs.
-
     Yields
     ------
-    distributed.Client
+    distributed.Client or None
     """
+    if not options.distributed:
+        from dask.diagnostics import ProgressBar
+
+        # dt is also how long leaving the bar waits after each compute (0.5 s cost analyze svd 13 s of 15)
+        with ProgressBar(minimum=2.0, dt=0.1, out=sys.stderr):
+            yield None
+        return
     from distributed import Client, LocalCluster
 
-    if scheduler is None:
-        check_workers(workers, memory_limit)
-    if scheduler is not None:
-        with Client(scheduler) as client:
-            _log(log, cluster_info(client, scheduler, local=False))
+    if options.scheduler is not None:  # an existing cluster: --workers is not read
+        with Client(options.scheduler) as client:
+            _log(log, cluster_info(client, options.scheduler, local=False))
             yield client
         return
+    check_workers(options.workers, options.memory_limit)
     import dask
 
     # A LocalCluster gives up on a dead worker's replacement that has not joined within this time (dask's
@@ -127,30 +156,11 @@ def dask_client(workers: int, scheduler: str | None, memory_limit: str, trim_mem
     settings: dict[str, Any] = {"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}
     if not trim_memory:
         settings["distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"] = None  # None: not set at all
+    workers, limit = options.workers, options.memory_limit
     with dask.config.set(settings), _quiet_shutdown(), \
-            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, memory_limit=memory_limit,
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, memory_limit=limit,
                          host="127.0.0.1", dashboard_address=":0") as cluster, Client(cluster) as client:
-        _log(log, cluster_info(client, cluster.scheduler_address, local=True, workers=workers,
-                               memory_limit=memory_limit))
-        yield client
-
-
-@contextlib.contextmanager
-def dask_scheduler(workers: int, scheduler: str | None, memory_limit: str, log: Log | None = None) -> Iterator[Any]:
-    """A dask.distributed client: on ``scheduler`` if given, else a LocalCluster of ``workers`` (0: none).
-
-    Without a client, dask's own progress bar reports every array computation that takes over
-    two seconds (on stderr); with one, the dashboard (its link goes to ``log``) shows the task stream.
-    Yields the client, or None.
-    """
-    if scheduler is None and workers == 0:
-        from dask.diagnostics import ProgressBar
-
-        # dt is also how long leaving the bar waits after each compute (0.5 s cost analyze svd 13 s of 15)
-        with ProgressBar(minimum=2.0, dt=0.1, out=sys.stderr):
-            yield None
-        return
-    with dask_client(workers, scheduler, memory_limit, log=log) as client:
+        _log(log, cluster_info(client, cluster.scheduler_address, local=True, workers=workers, memory_limit=limit))
         yield client
 
 

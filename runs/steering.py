@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
+from detjac.model_settings import LoadSpec
 
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
@@ -129,30 +130,30 @@ def _method_jacobian(store: StoreReader, prompt: StoredPrompt, layer: int, metho
     return J if gain is None else gain[:, None, None] * J
 
 
-def load_concept(model: ModelRef | str, store_path: str | Path, prompt_id: str, layer: int, *, dtype: str = "float32",
-                 device: str = "cpu", method: str = "detjac", revision: str | None = None,
+def load_concept(model: LoadSpec | ModelRef | str, store_path: str | Path, prompt_id: str, layer: int, *,
+                 dtype: str = "float32", device: str = "cpu", method: str = "detjac", revision: str | None = None,
                  trust_remote_code: bool = False) -> ConceptSession:
-    """Load ``model`` (a checkpoint folder or ``default``) and the ``method``'s operator of ``prompt_id`` in the store.
+    """Load ``model`` (a :class:`~detjac.model_settings.LoadSpec`, which then says how; or a checkpoint folder or
+    ``default``, loaded in ``dtype`` on ``device``) in memory and the ``method``'s operator of ``prompt_id`` in the
+    store.
 
     Raises
     ------
     InvalidArgumentError
         When the model has no tokenizer, or as :func:`concept_operator`.
     """
-    import torch
-
-    from detjac.engine import ModelRef, check_method, get_tokenizer, load_model
+    from detjac.engine import ModelRef, check_method, load_engine
     from detjac.store import open_store
 
     check_method(method)  # before the model loads
-    ref, store = ModelRef.of(model, revision), open_store(store_path)
-    model = ref.name
-    check_same_model(store, ref.source, model)
-    lm = load_model(ref, dtype=getattr(torch, dtype), device=device, revision=revision,
-                    trust_remote_code=trust_remote_code)
-    tok = get_tokenizer(lm)
+    spec = model if isinstance(model, LoadSpec) else LoadSpec(
+        model=ModelRef.of(model, revision), dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    ref, store = spec.model, open_store(store_path)
+    check_same_model(store, ref.source, ref.name)
+    engine = load_engine(spec)  # in memory: steering generates with the whole model
+    lm, tok = engine.model, engine.tokenizer
     if tok is None:
-        raise InvalidArgumentError(f"Expected a tokenizer with {model} to encode prompts. Got none.")
+        raise InvalidArgumentError(f"Expected a tokenizer with {ref.name} to encode prompts. Got none.")
     return ConceptSession(lm, tok, concept_operator(store, prompt_id, layer, lm, method))
 
 

@@ -158,11 +158,12 @@ def detjac_readouts(folder: Path, lens, eval_ids: list[list[int]]) -> list[dict[
     """detjac's top 10 at each evaluation prompt's last position, per layer of ``lens``."""
 
     from detjac.analysis import lens_reading
-    from detjac.runs import load_lens_engine, unembedding
+    from detjac.engine import load_engine
+    from detjac.runs import LENS_LOAD, check_lens_model, unembedding
     from detjac.runs.lens_apply import prompt_states
     from detjac.singular import decode_top
 
-    engine = load_lens_engine(str(folder), [lens])
+    engine = check_lens_model(load_engine(str(folder), **LENS_LOAD), [lens])
     W_U = unembedding(engine)
     layers = [int(x) for x in lens.layers]
     rows = []

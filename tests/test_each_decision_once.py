@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from detjac.errors import InvalidArgumentError, LinearizationError
 from detjac.exactness import check_exact, pieces_bound
-from detjac.model_settings import ModelSettings, wants_streamed
+from detjac.model_settings import LoadSpec, wants_streamed
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ("core", "engine", "store", "analysis", "runs", "view", "cli")
@@ -35,19 +36,19 @@ def calls_of(names: set[str]) -> dict[str, set[str]]:
 def test_the_streamed_engine_is_implied_in_one_place():
     assert not wants_streamed(False, None, None)
     assert wants_streamed(True) and wants_streamed(False, "cpu=1GiB") and wants_streamed(False, None, "nf4")
-    assert wants_streamed(False, layerwise=True)
     assert not wants_streamed(False, "", None)  # an empty budget asks for nothing, as load_engine has always read it
-    assert ModelSettings(max_memory="cpu=1GiB").streamed_engine and not ModelSettings().streamed_engine
-    # every loader and the run read ModelSettings.streamed_engine; nothing else decides
+    assert LoadSpec(max_memory="cpu=1GiB").streamed_engine and not LoadSpec().streamed_engine
+    # every loader and the run read LoadSpec.streamed_engine; nothing else decides
     assert calls_of({"wants_streamed"}) == {"core/model_settings.py": {"wants_streamed"}}
 
 
-def test_a_run_with_layerwise_targets_implies_the_streamed_engine_through_the_settings():
+def test_a_run_with_layerwise_targets_implies_the_streamed_engine_through_its_load_spec():
     from detjac.runs.run import RunOptions, check_options
 
-    assert RunOptions(lens=True).streamed_engine and RunOptions(layers="0").streamed_engine
-    assert not RunOptions().streamed_engine
-    assert check_options(RunOptions(layers="all", components="layer")).streamed
+    assert check_options(RunOptions(lens=True)).load.streamed_engine
+    assert check_options(RunOptions(layers="0")).load.streamed_engine
+    assert not check_options(RunOptions()).load.streamed_engine
+    assert check_options(RunOptions(layers="all", components="layer")).load.streamed
 
 
 def test_what_a_model_names_is_asked_in_one_place():
@@ -134,30 +135,61 @@ def test_what_model_names_is_asked_once_per_command(tmp_path, monkeypatch):
         assert len(asked) == 1, asked
 
 
-def test_the_model_settings_are_defined_once_and_extended():
-    from detjac.cli.options import ModelOptions
-    from detjac.runs.plan import ModelSpec
-    from detjac.runs.run import RunOptions
+def test_the_load_and_cluster_options_are_declared_once_and_composed():
+    """A run's and a neuron index's options hold one load spec and one cluster-options value and repeat none of
+    their fields; the CLI declares each of those options in one place."""
+    from detjac.runs import ClusterOptions, NeuronOptions, RunOptions
 
-    shared = {f.name for f in fields(ModelSettings)}
-    for kind in (ModelOptions, RunOptions, ModelSpec):
-        assert issubclass(kind, ModelSettings) and shared <= {f.name for f in fields(kind)}
-    o = ModelOptions(dtype="float32", max_memory="cpu=2GiB", gguf_file="x.gguf")
-    assert RunOptions(**o.model_settings()).max_memory == "cpu=2GiB"
-    assert "gguf_file" not in o.model_settings()
+    shared = {f.name for f in fields(LoadSpec)} | {f.name for f in fields(ClusterOptions)}
+    for kind in (RunOptions, NeuronOptions):
+        names = {f.name: f.type for f in fields(kind)}
+        assert names["load"] == "LoadSpec" and names["cluster"] == "ClusterOptions", kind
+        assert not shared & set(names), (kind, shared & set(names))
+    declared = {}
+    for path in (ROOT / "cli").glob("*.py"):
+        for flag in ("--memory-limit", "--workers", "--scheduler", "--max-memory", "--gguf-file", "--revision"):
+            found = re.findall(rf'option\(\s*"{flag}"|\(\("{flag}",\)', path.read_text())  # a click declaration
+            declared.setdefault(flag, []).extend([path.name] * len(found))
+    assert declared == {flag: ["options.py"] for flag in declared}, declared
+
+
+def test_every_command_and_run_loads_through_load_engine():
+    """cli/ and runs/ build a LoadSpec and call load_engine: no engine constructor or raw model loader of their own."""
+    raw = calls_of({"load_model", "StreamedEngine", "InMemoryEngine", "as_engine", "load_default_model"})
+    assert {path: names for path, names in raw.items() if path.startswith(("cli/", "runs/"))} == {}
+    from detjac.engine import load_engine
+
+    with pytest.raises(InvalidArgumentError, match="Expected a load spec naming a resolved model"):
+        load_engine(LoadSpec())  # nothing resolved: refused before anything loads
+
+
+def test_the_cpu_budget_allocator_setting_is_the_clis(monkeypatch):
+    """A CPU budget on the CPU sets the process's allocator from the CLI (which owns the process), never from a
+    library call of load_engine."""
+    import detjac.engine as engine
+    from detjac.cli.options import set_process_allocator
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine, "return_freed_memory", lambda: calls.append(1))
+    set_process_allocator(LoadSpec(max_memory="cuda:0=8GiB"))
+    set_process_allocator(LoadSpec(device="cuda:0", max_memory="cpu=8GiB"))
+    assert calls == []
+    set_process_allocator(LoadSpec(max_memory="cuda:0=8GiB,cpu=8GiB"))
+    assert calls == [1]
+    # the CLI, a run's worker processes and the engine's own helper; no loader
+    assert calls_of({"honour_cpu_budget", "return_freed_memory"}) == {
+        "cli/options.py": {"return_freed_memory"}, "runs/cluster.py": {"honour_cpu_budget"},
+        "engine/memory.py": {"return_freed_memory"}}
 
 
 def test_a_model_reference_is_resolved_once_and_kept_portable(tmp_path):
     from detjac.engine import DEFAULT_MODEL_DIR, ModelRef
-    from detjac.runs.plan import ModelSpec
 
     (tmp_path / "ckpt").mkdir()
     ref = ModelRef.resolve(str(tmp_path / "ckpt" / ".." / "ckpt"))
     assert ref.location == str((tmp_path / "ckpt").resolve()) and ref.name == str(tmp_path / "ckpt" / ".." / "ckpt")
     default = ModelRef.resolve("default")
     assert default.location == "default" and Path(default.source) == DEFAULT_MODEL_DIR  # each process finds its own
-    assert ModelSpec("default").model == ModelRef("default", "default")  # a string is resolved, once, there
-    assert ModelSpec(ref).model is ref
 
 
 @pytest.mark.parametrize("error", [1e-3, math.nan])
@@ -282,22 +314,3 @@ def test_analyze_svd_opens_each_prompt_once(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["analyze", "svd", str(tmp_path / "s.zarr")], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert len(opened) == 3 and len(set(opened)) == 3
-
-
-def test_a_run_decides_the_streamed_engine_once(monkeypatch):
-    """check_options decides; the options it returns and the ModelSpec built from them carry the decision."""
-    import detjac.model_settings as settings
-    from detjac.engine import ModelRef
-    from detjac.runs.plan import ModelSpec
-    from detjac.runs.run import RunOptions, check_options
-
-    calls = []
-    decide = settings.wants_streamed
-    monkeypatch.setattr(settings, "wants_streamed", lambda *a, **k: calls.append(a) or decide(*a, **k))
-    for options, streamed in ((RunOptions(max_memory="cpu=1GiB"), True), (RunOptions(layers="0"), True),
-                              (RunOptions(), False)):
-        calls.clear()
-        checked = check_options(options)
-        spec = ModelSpec.of(ModelRef.resolve("default"), checked)
-        assert checked.streamed_engine is spec.streamed_engine is spec.streamed_engine is streamed
-        assert len(calls) == 1

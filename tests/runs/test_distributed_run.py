@@ -113,12 +113,15 @@ def _attempts(out):
 def test_a_worker_killed_mid_prompt_leaves_a_complete_identical_store(tmp_path, reference, cluster):
     from concurrent.futures import ThreadPoolExecutor
 
+    from detjac.engine import ModelRef
+    from detjac.model_settings import LoadSpec
     from detjac.runs.cluster import run_on_cluster
-    from detjac.runs.plan import ModelSpec, open_run_store, prepare_run
+    from detjac.runs.plan import open_run_store, prepare_run
 
     _, client = cluster
     out = tmp_path / "s.zarr"
-    plan = prepare_run("default", write_prompts(tmp_path / "p.txt", CORPUS), ModelSpec("default"), row_block=None,
+    spec = LoadSpec(model=ModelRef.resolve("default"))
+    plan = prepare_run("default", write_prompts(tmp_path / "p.txt", CORPUS), spec, row_block=None,
                        max_tokens=None, keep="full", lenient=True)
     pids = set(client.run(os.getpid).values())
     summary = plan.summary()
@@ -173,11 +176,14 @@ def test_local_cluster_run_records_deterministic_failures_and_runs_the_others(tm
 
 
 def test_a_prompt_that_fails_on_its_worker_is_recorded(tmp_path, cluster):
+    from detjac.engine import ModelRef
+    from detjac.model_settings import LoadSpec
     from detjac.runs.cluster import run_on_cluster
-    from detjac.runs.plan import ModelSpec, PromptTask, open_run_store, prepare_run
+    from detjac.runs.plan import PromptTask, open_run_store, prepare_run
 
     _, client = cluster
-    plan = prepare_run("default", write_prompts(tmp_path / "p.txt", PROMPTS[:2]), ModelSpec("default"),
+    spec = LoadSpec(model=ModelRef.resolve("default"))
+    plan = prepare_run("default", write_prompts(tmp_path / "p.txt", PROMPTS[:2]), spec,
                        row_block=None, max_tokens=None, keep="full", lenient=True)
     bad = PromptTask(plan.tasks[1].pid, plan.tasks[1].item, [1, 99999])  # a token id outside the vocabulary
     summary = plan.summary()

@@ -16,6 +16,7 @@ from detjac.cli.main import main
 from detjac.engine import get_tokenizer, load_model
 from detjac.engine.checkpoints.default import load_default_model
 from detjac.errors import InvalidArgumentError, PromptsFileError
+from detjac.model_settings import LoadSpec
 from detjac.progress import PlainBar, tqdm
 from detjac.runs.prompts import read_prompts
 from detjac.runs.run import RunOptions, run_corpus
@@ -150,5 +151,5 @@ def test_a_memory_budget_below_one_layer_is_refused_before_a_store_exists(tmp_pa
     out = tmp_path / "r.zarr"
     with pytest.raises(InvalidArgumentError, match="raise --max-memory"):
         run_corpus(str(llama_checkpoint), write_prompts(tmp_path / "p.txt", ["a b"]), str(out),
-                   RunOptions(max_memory="cpu=1KiB"))
+                   RunOptions(load=LoadSpec(max_memory="cpu=1KiB")))
     assert not out.exists()

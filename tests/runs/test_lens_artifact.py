@@ -153,13 +153,14 @@ def test_a_file_that_is_not_a_torch_file_is_refused(tmp_path) -> None:
 def test_an_artifact_is_read_like_a_lens_folder_and_checked_against_the_model(tmp_path) -> None:
     """The same lens as a folder and as a float32 artifact reads a prompt the same on the default model (the
     readings go through the final norm); a lens of another width or with a layer beyond the model is refused."""
-    from detjac.runs import load_lens_engine, score_prompt, unembedding
+    from detjac.engine import load_engine
+    from detjac.runs import LENS_LOAD, check_lens_model, score_prompt, unembedding
 
     lens = _lens()
     folder = save_lens(lens, tmp_path / "texts.jlens")
     artifact = export_lens(lens, tmp_path / "texts.pt", dtype="float32")
     lenses = {"folder": read_lens(folder), "file": read_lens(artifact)}
-    engine = load_lens_engine("default", list(lenses.values()))
+    engine = check_lens_model(load_engine("default", **LENS_LOAD), list(lenses.values()))
     _, rows = score_prompt(engine, lenses, "Oak, n. A tree of the genus", unembedding(engine), [0, 2], exact=False)
     by = {(r["layer"], r["method"]): r for r in rows}
     for layer in (0, 2):
@@ -167,10 +168,10 @@ def test_an_artifact_is_read_like_a_lens_folder_and_checked_against_the_model(tm
         assert abs(by[layer, "folder"]["error"] - by[layer, "file"]["error"]) < 1e-5
         assert by[layer, "folder"]["error"] != by[layer, "logit"]["error"]
     with pytest.raises(InvalidArgumentError, match="Expected a lens fitted on default \\(d_model 256, 4 layers"):
-        load_lens_engine("default", [artifact_lens(export_lens(_lens(d=64), tmp_path / "narrow.pt"))])
+        check_lens_model(engine, [artifact_lens(export_lens(_lens(d=64), tmp_path / "narrow.pt"))])
     torch.save({"J": {5: torch.eye(D)}, "n_prompts": 1, "d_model": D, "source_layers": [5]}, tmp_path / "deep.pt")
     with pytest.raises(InvalidArgumentError, match="layers \\[5\\]"):
-        load_lens_engine("default", [read_lens(tmp_path / "deep.pt")])
+        check_lens_model(engine, [read_lens(tmp_path / "deep.pt")])
 
 
 def test_a_published_lens_of_ordinary_jacobians_is_applied_and_evaluated(tmp_path) -> None:

@@ -17,12 +17,12 @@ from detjac.store.testing import make_store
 def test_a_two_worker_fit_equals_the_one_process_fit(tmp_path):
     synthetic = make_store(tmp_path / "s.zarr", prompts=7, d_model=6, n_tokens=4, n_layers=2,
                            targets=("to_output.0", "to_output.1"))
-    from detjac.runs.scheduler import dask_client
+    from detjac.runs.scheduler import ClusterOptions, dask_cluster
 
     copy = tmp_path / "copy.zarr"
     shutil.copytree(synthetic.path, copy)
     lens_fit.fit_lens(open_store(copy), chunk=2)
-    with dask_client(2, None, "1GiB") as client:
+    with dask_cluster(ClusterOptions(2, None, "1GiB")) as client:
         assert len(client.nthreads()) == 2
         lens_fit.fit_lens(open_store(synthetic.path), chunk=2)
     a, b = lenses.load_lens(synthetic.path), lenses.load_lens(copy)

@@ -30,14 +30,15 @@ def fitted(tmp_path_factory):
 
 
 def test_the_exact_map_reads_the_output_and_the_lens_is_the_stored_mean(fitted):
-    from detjac.runs.lens_apply import load_lens_engine, score_prompt, unembedding
+    from detjac.engine import load_engine
+    from detjac.runs.lens_apply import LENS_LOAD, check_lens_model, score_prompt, unembedding
 
     folder, store = fitted
     lens = lenses.load_lens(store.path)
     assert list(lens.layers) == [0, 3] and list(lens.count) == [2, 2]
     blocks = np.stack([np.asarray(p.layerwise("to_output.3")[:, -1, :]) for p in store])
     assert np.abs(lens.operator(3) - blocks.mean(axis=0)).max() < 1e-12
-    engine = load_lens_engine("default", [lens])
+    engine = check_lens_model(load_engine("default", **LENS_LOAD), [lens])
     _, rows = score_prompt(engine, {"lens": lens}, PROMPTS[2], unembedding(engine), [0, 3])
     by = {(r["layer"], r["method"]): r for r in rows}
     for layer in (0, 3):

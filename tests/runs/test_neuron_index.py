@@ -12,7 +12,7 @@ from neuron_helpers import resealed
 from store_helpers import write_prompts
 
 from detjac.cli.main import main
-from detjac.runs import NeuronOptions, build_neuron_index
+from detjac.runs import ClusterOptions, NeuronOptions, build_neuron_index
 from detjac.store import NeuronIndexMismatch, open_neuron_index
 
 PROMPTS = ["The capital of France is", "Copper, n. A common metal", "Kitten, n. A young cat",
@@ -129,7 +129,8 @@ def test_two_dask_workers_give_the_one_process_index(built, tmp_path):
     out = tmp_path / "n.zarr"
     from dataclasses import replace
 
-    build_neuron_index("default", prompts, out, replace(OPTIONS, workers=2, memory_limit="1GiB"), progress=False)
+    options = replace(OPTIONS, cluster=ClusterOptions(workers=2, memory_limit="1GiB"))
+    build_neuron_index("default", prompts, out, options, progress=False)
     ia, ib = open_neuron_index(out), open_neuron_index(whole)
     a, b = ia.arrays, ib.arrays
     for name in ("histogram", "n_positive", "n_negative", "write_ids"):

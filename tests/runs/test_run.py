@@ -9,7 +9,9 @@ import pytest
 from store_helpers import PROMPTS, write_prompts
 
 from detjac.errors import InvalidArgumentError, StoreMismatchError
+from detjac.model_settings import LoadSpec
 from detjac.runs.run import RunOptions, RunOutcome, check_options, model_ref, run_corpus
+from detjac.runs.scheduler import ClusterOptions
 from detjac.store import open_store
 
 
@@ -18,7 +20,7 @@ from detjac.store import open_store
     ({"layers": "1", "keep": "rank:2"}, "Expected --keep full with --layers (layerwise Jacobians are stored whole). "
                                         "Got --keep rank:2."),
     ({"mode": "forward"}, "Expected --mode with the streamed engine (--streamed). Got --mode forward alone."),
-    ({"workers": 2, "scheduler": "tcp://h:1"}, "Expected either --scheduler (an existing cluster) or --workers "
+    ({"cluster": ClusterOptions(2, "tcp://h:1")}, "Expected either --scheduler (an existing cluster) or --workers "
                                                 "(a LocalCluster). Got both: --scheduler tcp://h:1 --workers 2."),
     ({"keep": "rank:0"}, "Expected --keep full, --keep rank:K with K a positive integer, or --keep none (with "
                           "--lens). Got 'rank:0'."),
@@ -33,12 +35,13 @@ def test_options_that_cannot_run_are_refused_before_anything_loads(changes, mess
 
 
 def test_the_streamed_engine_is_implied_by_layers_memory_budgets_and_quantization():
-    assert not check_options(RunOptions()).streamed
-    for changes in ({"layers": "all"}, {"max_memory": "cpu=4GiB"}, {"quantize": "nf4"}, {"streamed": True}):
-        assert check_options(RunOptions(**changes)).streamed, changes
+    assert not check_options(RunOptions()).load.streamed
+    for changes in ({"layers": "all"}, {"lens": True}, {"load": LoadSpec(max_memory="cpu=4GiB")},
+                    {"load": LoadSpec(quantize="nf4")}, {"load": LoadSpec(streamed=True)}):
+        assert check_options(RunOptions(**changes)).load.streamed, changes
     assert check_options(RunOptions(layers="1", mode="forward")).mode == "forward"
-    assert RunOptions(workers=2).distributed and RunOptions(scheduler="tcp://h:1").distributed
-    assert not RunOptions().distributed
+    assert ClusterOptions(workers=2).distributed and ClusterOptions(scheduler="tcp://h:1").distributed
+    assert not RunOptions().cluster.distributed
 
 
 def test_exit_codes_and_model_references(tmp_path):
@@ -66,7 +69,7 @@ def test_a_run_logs_its_plan_counts_what_it_did_and_resumes(tmp_path):
     assert sorted(p.prompt for p in open_store(out)) == sorted(PROMPTS[:2])
     again = run_corpus("default", prompts, out, RunOptions())  # no log: nothing to say
     assert (again.summary.written, again.summary.skipped_complete, again.total) == (0, 2, 2)
-    ordinary = replace(RunOptions(), detach=False)
+    ordinary = RunOptions(load=LoadSpec(detach=False))
     with pytest.raises(StoreMismatchError, match="Use --force-new to replace it"):  # another run's settings
         run_corpus("default", prompts, out, ordinary)
     replaced = run_corpus("default", prompts, out, replace(ordinary, force_new=True))

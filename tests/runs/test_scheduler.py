@@ -9,10 +9,10 @@ import pytest
 from detjac.runs.scheduler import (
     LOST_WORKER_TIMEOUT,
     ClusterInfo,
+    ClusterOptions,
     _quiet_shutdown,
     dashboard,
-    dask_client,
-    dask_scheduler,
+    dask_cluster,
 )
 
 
@@ -62,7 +62,7 @@ def test_quiet_shutdown_drops_only_the_slow_exit_warning_and_only_inside():
 
 def test_without_workers_or_scheduler_there_is_no_client_and_nothing_is_logged():
     logged: list[str] = []
-    with dask_scheduler(0, None, "1GiB", log=logged.append) as client:
+    with dask_cluster(ClusterOptions(0, None, "1GiB"), log=logged.append) as client:
         assert client is None
     assert logged == []
 
@@ -75,7 +75,7 @@ def test_a_local_cluster_on_loopback_then_a_client_of_its_scheduler():
     logged: list[str] = []
     setting = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
     default_trim = dask.config.get(setting, "unset")
-    with dask_client(1, None, "1GiB", trim_memory=False, log=logged.append) as client:
+    with dask_cluster(ClusterOptions(1, None, "1GiB"), trim_memory=False, log=logged.append) as client:
         assert dask.config.get("distributed.deploy.lost-worker-timeout") == LOST_WORKER_TIMEOUT
         assert dask.config.get(setting) is None  # not set in the workers' environment
         workers = client.scheduler_info()["workers"]
@@ -85,7 +85,7 @@ def test_a_local_cluster_on_loopback_then_a_client_of_its_scheduler():
         address = client.scheduler.address
         assert logged == [f"dask LocalCluster: 1 workers x 1GiB, dashboard {client.dashboard_link}"]
         assert client.dashboard_link.startswith("http://127.0.0.1:")
-        with dask_scheduler(0, address, "ignored", log=logged.append) as other:
+        with dask_cluster(ClusterOptions(0, address, "ignored"), log=logged.append) as other:
             assert other.submit(sum, [1, 2]).result() == 3
             assert logged[1] == f"dask scheduler {address} (1 workers), dashboard {dashboard(other)}"
     assert dask.config.get(setting, "unset") == default_trim  # the settings end with the cluster

@@ -19,6 +19,7 @@ from store_helpers import write_prompts
 from detjac.engine import load_engine, load_model
 from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 from detjac.errors import CheckpointError, StoreMismatchError
+from detjac.model_settings import LoadSpec
 from detjac.runs.fingerprint import DigestCache, combined_digest, content_sample, weights_fingerprint
 from detjac.runs.run import RunOptions, run_corpus
 from detjac.store import open_store
@@ -147,7 +148,8 @@ def test_a_checkpoint_missing_a_tensor_or_with_an_extra_one_is_refused(tmp_path:
         load_engine(folder, streamed=streamed)
     out = tmp_path / "run.zarr"
     with pytest.raises(CheckpointError):
-        run_corpus(str(folder), write_prompts(tmp_path / "p.txt", ["Oak"]), str(out), RunOptions(streamed=streamed))
+        run_corpus(str(folder), write_prompts(tmp_path / "p.txt", ["Oak"]), str(out),
+                   RunOptions(load=LoadSpec(streamed=streamed)))
     assert not out.exists()  # refused before a store was created
 
 

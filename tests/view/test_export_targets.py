@@ -76,14 +76,14 @@ def test_a_missing_folder_and_a_link_get_one_answer_from_two_writers_and_force_r
 
 
 def test_an_index_built_from_python_into_a_store_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    import detjac.engine
     from detjac.errors import InvalidArgumentError
     from detjac.runs import NeuronOptions, build_neuron_index
-    from detjac.runs import plan
 
     store = make_store(tmp_path / "run.zarr", prompts=1).path
     before = _listing(store)
     (tmp_path / "corpus.txt").write_text("a b\n")
-    monkeypatch.setattr(plan.ModelSpec, "load", lambda self: (_ for _ in ()).throw(AssertionError("loaded")))
+    monkeypatch.setattr(detjac.engine, "load_engine", lambda spec: (_ for _ in ()).throw(AssertionError("loaded")))
     try:
         build_neuron_index("default", tmp_path / "corpus.txt", store / "nidx.zarr", NeuronOptions(top_k=2),
                            progress=False)
