@@ -17,8 +17,8 @@ import numpy as np
 
 from ..aside import reason_of
 from ..errors import InvalidArgumentError, OutputError
-from ..outputs import write_output
 from ..numerals import parse_index
+from ..outputs import write_output
 from ..singular import decode_blocks
 from ..tokens import piece
 from .spectra import Spectrum, decode, dimensionality, singular_values, stored_svd

@@ -124,7 +124,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/detjac-rehearsal"), help="where the checkpoints go")
     p.add_argument("--with-8b", action="store_true", help="also the 8B shape (21 minutes of 2 quiet cores)")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--table", action="store_true", help="print the results' table (docs/results/2026-11-28-layer-streamed-engine.md), then stop")
+    p.add_argument("--table", action="store_true",
+                   help="print the results' table (docs/results/2026-11-28-layer-streamed-engine.md), then stop")
     p.add_argument("--again", nargs="+", default=[], metavar="RUN",
                    help="run these again (e.g. 1b-q4_0-float64), replacing their results")
     p.add_argument("_child", nargs="*", help=argparse.SUPPRESS)

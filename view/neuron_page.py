@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from detjac.numerals import parse_index
+
 from .jsonable import jsonable
 
 if TYPE_CHECKING:
