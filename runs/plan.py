@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, ModelRef
+    from detjac.engine import BlockSink, Engine, ModelRef
     from detjac.store import Keep, StoreWriter
     from detjac.targets import Target
 
@@ -55,10 +55,12 @@ class ModelSpec(ModelSettings):
 
 @dataclass
 class LoadedModel:
-    """An engine and the model it was loaded from."""
+    """An engine and the model it was loaded from; ``tee``: where each prompt pass's blocks also go (``detjac
+    jacobian --out run.zarr`` keeps the Jacobian it prints), else None."""
 
     engine: Engine
     model: ModelRef
+    tee: BlockSink | None = None
 
     @property
     def source(self) -> Path:
@@ -137,7 +139,8 @@ class RunPlan:
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: Keep | str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
-                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None) -> RunPlan:
+                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None,
+                tee: BlockSink | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
     With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
@@ -147,6 +150,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     client plans on the CPU; its workers compute on their devices). ``lens``: a ``--lens`` run, whose ``layers``
     (default all) are the lens's and whose prompts store no layerwise Jacobian. ``graph``: a ``--graph`` run's
     settings (:func:`detjac.runs.description.graph_settings`), checked against the model once it is loaded.
+    ``engine`` and ``tee``: see :class:`LoadedModel`.
     """
     from detjac.store import prompt_id
 
@@ -158,7 +162,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     if layers is not None:
         check_layerwise_request(spec.model, components)
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
-    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model)
+    loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model, tee)
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
         from detjac.engine import check_graph_request
 
@@ -226,7 +230,8 @@ def write_one(loaded: LoadedModel, store: StoreWriter, task: PromptTask, run: Ru
               bar: Any, progress: bool = True, sums: Any = None) -> float:
     """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
     its reconstruction error."""
-    return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums)
+    return write_prompt(store, loaded.engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums,
+                        loaded.tee)
 
 
 def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +16,7 @@ from detjac.errors import InvalidArgumentError
 from detjac.targets import OUTPUTS, Target
 
 from ..checkpoints.loading import get_tokenizer
+from ..cost import MODES, CostModel, check_request
 from ..detach.model import linearized
 from ..families import family_for
 from ..interface import Engine
@@ -25,11 +25,9 @@ from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
 from ..pullback import EMBEDDINGS, PullRequest, Site, check_pull
 from ..pullback import OUTPUT as OUTPUT_SITE
-from ..streamed.cost import MODES, CostModel, check_request
 from ..types import EngineStats, JacobianBlock, Plan, Prompt, Trace
-from ..verbs import DeprecatedVerbs
 from .model_pieces import FrozenModel
-from .rows import JacobianStream, trace_model
+from .rows import InMemoryTrace, pull, trace_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -37,19 +35,7 @@ if TYPE_CHECKING:
 FORWARD_MODES = ("transpose", "jvp")
 
 
-@dataclass
-class InMemoryTrace(Trace):
-    """A :class:`~detjac.engine.interface.Trace` holding the linearized forward pass's pullback."""
-
-    stream: JacobianStream | None = field(default=None, repr=False)
-    @property
-    def frozen(self) -> FrozenModel | None:
-        """The explicit sweeps' pieces; None on the autograd path (the stream keeps a pullback)."""
-        return self.stream.frozen if self.stream is not None else None
-    transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
-
-
-class InMemoryEngine(DeprecatedVerbs, Engine):
+class InMemoryEngine(Engine):
     """A loaded model behind the :class:`~detjac.engine.interface.Engine` interface.
 
     Parameters
@@ -104,12 +90,12 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
         """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
         family, the offset ``b``); the first fallback from explicit to autograd warns."""
-        s = trace_model(self.model, prompt, detach=self.detach, position=position, tokenizer=self.tokenizer,
+        t = trace_model(self.model, prompt, detach=self.detach, position=position, tokenizer=self.tokenizer,
                         convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
-        self._warned = self._warned or s.fallback is not None  # said once per engine
-        if s.frozen is not None:
-            s.frozen.stats = self.stats
-        return InMemoryTrace(s.token_ids, s.position % len(s.token_ids), s.embeddings, s.output, s.bias, s)
+        self._warned = self._warned or t.fallback is not None  # said once per engine
+        if t.frozen is not None:
+            t.frozen.stats = self.stats
+        return t
 
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:
@@ -130,7 +116,7 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
     def _cost(self, trace: Trace) -> CostModel:
         """The cost model of this engine's sweeps on ``trace`` (the weights are held already: no layer to read), whose
         plan sizes the row block when none is given: all d rows in one block where the MLPs fold and the block fits
-        the memory this machine has free, else as many as fit (:meth:`~detjac.engine.streamed.cost.CostModel.plan`,
+        the memory this machine has free, else as many as fit (:meth:`~detjac.engine.cost.CostModel.plan`,
         the layer-streamed engine's rule without a budget)."""
         explicit = isinstance(trace, InMemoryTrace) and trace.frozen is not None
         return CostModel.of(self.model.config, trace.embeddings.element_size(), 0, detach=self.detach,
@@ -140,9 +126,16 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
                progress: bool = False) -> Iterator[JacobianBlock]:
         """Rows of the output's Jacobian, ``plan.row_block`` at a time, from vmapped basis pullbacks."""
         plan = plan if plan is not None else self.plan(trace, targets)
-        if plan.reverse:
-            for r in _stream(trace).rows(plan.row_block, progress):
-                yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
+        if not plan.reverse:
+            return
+        from detjac.progress import progress_bar
+
+        t, d = _in_memory(trace), self.d_model
+        eye = torch.eye(d, dtype=t.output.dtype, device=t.output.device)
+        starts = range(0, d, plan.row_block)
+        for start in progress_bar(starts, progress, "row blocks", "block", total=plan.n_row_blocks):
+            stop = min(start + plan.row_block, d)
+            yield JacobianBlock(OUTPUTS, start, stop, 0, t.n_tokens, pull(t, eye[start:stop]))
 
     @contextmanager
     def walk(self, trace: Trace) -> Iterator[FrozenModel]:
@@ -150,7 +143,7 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
         frozen = _in_memory(trace).frozen
         if frozen is None:
             raise InvalidArgumentError("Expected a trace with the model's explicit pieces. Got one whose sweeps went "
-                                       f"through torch.func: {_stream(trace).fallback or 'chosen'}.")
+                                       f"through torch.func: {_in_memory(trace).fallback or 'chosen'}.")
         with torch.no_grad():
             yield frozen
 
@@ -166,11 +159,11 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
             if any(s.site != OUTPUT_SITE for s in request.seeds) or set(request.reads) != {EMBEDDINGS}:
                 raise InvalidArgumentError(
                     "Expected the output's cotangents read at the embeddings from the in-memory engine's autograd "
-                    f"sweeps ({t.stream.fallback if t.stream and t.stream.fallback else 'chosen'}). Got seeds at "
+                    f"sweeps ({t.fallback or 'chosen'}). Got seeds at "
                     f"{', '.join(s.site.name for s in request.seeds)} read at "
                     f"{', '.join(r.name for r in request.reads)}."
                 )
-            yield j, EMBEDDINGS, _stream(trace).pull(torch.stack([s.values for s in request.seeds]).sum(0))
+            yield j, EMBEDDINGS, pull(t, torch.stack([s.values for s in request.seeds]).sum(0))
 
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
@@ -180,7 +173,7 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
         if self.forward == "jvp":
             return self._jvp(t, tangents)
         if t.transpose is None:  # any point will do: the pullback is linear in its cotangent
-            pullback = _stream(t).pullback
+            pullback = t.pullback
             with torch.enable_grad():
                 _, t.transpose = torch.func.vjp(lambda u: pullback(u)[0], torch.zeros_like(t.output))
         with torch.no_grad():
@@ -211,14 +204,9 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
 
 
 def _in_memory(trace: Trace) -> InMemoryTrace:
-    if not isinstance(trace, InMemoryTrace) or trace.stream is None:
+    if not isinstance(trace, InMemoryTrace):
         raise InvalidArgumentError(
             f"Expected a trace from the in-memory engine's own trace(). Got a {type(trace).__name__}."
         )
     return trace
 
-
-def _stream(trace: Trace) -> JacobianStream:
-    stream = _in_memory(trace).stream
-    assert stream is not None  # checked by _in_memory
-    return stream

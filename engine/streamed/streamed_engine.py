@@ -17,30 +17,27 @@ from torch import nn
 
 from detjac.errors import InvalidArgumentError
 from detjac.progress import progress_bar
-from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
+from detjac.targets import OUTPUTS, Target
 
 from ..checkpoints.reference import ModelRef
 from ..checkpoints.sources import open_source
 from ..checkpoints.stored import check_compute_dtype
 from ..checkpoints.weights import check_complete, check_shapes
+from ..cost import CostModel
 from ..detach.model import linearized
 from ..interface import Engine
-from ..memory import budgets_of, check_device, compute_dtype, device_key, parse_memory, return_freed_memory
+from ..memory import budgets_of, check_device, compute_dtype, device_key
 from ..types import JacobianBlock, Plan, Prompt, Trace
-from ..verbs import DeprecatedVerbs
 from . import passes as sweeps
 from .adjoint import make_adjoint
-from .cost import CostModel
-from .result import StreamedResult
 from .skeleton import Skeleton
 from .source import check_quantize, load_tokenizer, model_class, streamable_family
 from .tracing import LayerSteps, StreamedTrace
 
-__all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedEngine", "StreamedResult", "StreamedTrace", "Target",
-           "layer_targets", "parse_memory", "return_freed_memory"]
+__all__ = ["StreamedEngine"]
 
 
-class StreamedEngine(DeprecatedVerbs, Engine):
+class StreamedEngine(Engine):
     """A causal LM whose decoder layers are materialized one at a time.
 
     Parameters
@@ -197,7 +194,7 @@ class StreamedEngine(DeprecatedVerbs, Engine):
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:
         """Split ``targets`` between reverse and forward mode and size the blocks
-        (:mod:`detjac.engine.streamed.cost`)."""
+        (:mod:`detjac.engine.cost`)."""
         return self.cost.plan(trace.n_tokens, targets, mode=mode, row_block=row_block, token_block=token_block)
 
     def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
@@ -303,24 +300,6 @@ class StreamedEngine(DeprecatedVerbs, Engine):
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
         """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
         return self.skeleton.embed(ids)
-
-    # -- deprecated ---------------------------------------------------------------------
-
-    def jacobians(self, prompt: Prompt, targets: Sequence[Target | str] = (OUTPUTS,), *, mode: str = "auto",
-                  row_block: int | None = None, token_block: int | None = None, position: int = -1,
-                  progress: bool = False) -> StreamedResult:
-        """Deprecated: :func:`detjac.engine.prompt_pass` (``prompt_pass(engine, prompt, targets).jacobians``)."""
-        import warnings
-
-        from ..prompt_products import prompt_pass
-
-        warnings.warn("StreamedEngine.jacobians(prompt, targets) is deprecated: use "
-                      "detjac.engine.prompt_pass(engine, prompt, targets).jacobians.", DeprecationWarning, stacklevel=2)
-        wanted = [t if isinstance(t, Target) else Target.parse(t, self.n_layers) for t in targets]
-        products = prompt_pass(self, prompt, wanted, position=position, mode=mode, row_block=row_block,
-                               token_block=token_block, progress=progress)
-        assert products.plan is not None  # planned: targets were asked for
-        return StreamedResult(products.trace, products.jacobians, products.plan)
 
 
 def _streamed(trace: Trace) -> StreamedTrace:

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from detjac.engine import (
-    OUTPUTS,
     Engine,
     InMemoryEngine,
     StreamedEngine,
-    Target,
     as_engine,
+    jacobian,
     jacobian_operator,
     load_engine,
     load_model,
@@ -19,6 +18,7 @@ from detjac.engine import (
 from detjac.engine.detach.wrappers import DetachedNorm
 from detjac.errors import InvalidArgumentError, PromptError
 from detjac.exactness import relative_error
+from detjac.targets import OUTPUTS, Target
 
 
 @pytest.fixture(params=["in-memory", "streamed"])
@@ -29,9 +29,8 @@ def engine(request, llama_checkpoint) -> Engine:
 @pytest.fixture(scope="module")
 def reference(llama_checkpoint):
     """The output's Jacobian (d, n, d) of the in-memory model, formed directly."""
-    from detjac.engine import detached_jacobian
 
-    return detached_jacobian(load_model(llama_checkpoint), list(range(3, 20)))
+    return jacobian(InMemoryEngine(load_model(llama_checkpoint)), list(range(3, 20)))
 
 
 def test_load_engine_picks_by_the_options(llama_checkpoint):
