@@ -1,8 +1,9 @@
 """The in-memory engine: a loaded transformers model of any supported family behind the engine interface.
 
-One linearized forward pass per prompt; rows, ``J^T u`` and ``J v`` by its explicit pieces (the default,
-:mod:`detjac.engine.inmemory.model_pieces`) or by ``torch.func`` (``sweeps="autograd"``, and the fallback). Only the
-``output`` target. Details: docs/engine.md, "The row-block engine"."""
+One linearized forward pass per prompt; its walk is the model's explicit pieces (the default,
+:mod:`detjac.engine.inmemory.model_pieces`) or the autograd walk, its ``torch.func`` pullback (``sweeps="autograd"``,
+the ordinary Jacobian, and the fallback: :class:`~detjac.engine.inmemory.rows.AutogradWalk`), which the sweeps of
+:mod:`detjac.engine.sweeps` cross. Only the ``output`` target. Details: docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 
@@ -13,21 +14,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import OUTPUTS, Target
 
 from ..checkpoints.loading import get_tokenizer
-from ..cost import MODES, CostModel, check_request
-from ..detach.model import linearized
+from ..cost import CostModel
 from ..families import family_for
 from ..interface import Engine
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
-from ..pullback import EMBEDDINGS, PullRequest, Site, check_pull
-from ..pullback import OUTPUT as OUTPUT_SITE
-from ..types import EngineStats, JacobianBlock, Plan, Prompt, Trace
+from ..types import EngineStats, Plan, Prompt, Trace
 from .model_pieces import FrozenModel
-from .rows import InMemoryTrace, pull, trace_model
+from .rows import AutogradWalk, InMemoryTrace, trace_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -97,23 +94,7 @@ class InMemoryEngine(Engine):
             t.frozen.stats = self.stats
         return t
 
-    def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
-             token_block: int | None = None) -> Plan:
-        """Row blocks of the output's Jacobian (reverse mode: the only one this engine has)."""
-        if mode not in MODES or mode == "forward":
-            raise InvalidArgumentError(f"Expected mode auto or reverse for the in-memory engine. Got {mode!r}.")
-        others = [t.name for t in targets if not t.is_output]
-        if others:
-            raise InvalidArgumentError(
-                f"Expected only the 'output' target from the in-memory engine. Got {', '.join(others)}: layerwise "
-                "targets need the layer-streamed engine (detjac run --layers, or StreamedEngine)."
-            )
-        check_request("reverse", row_block, token_block)
-        rows = row_block or self._cost(trace).plan(trace.n_tokens, [OUTPUTS], mode="reverse").row_block
-        return Plan([OUTPUTS] if targets else [], [], rows, 1, float(self.d_model), 0.0,
-                    -(-self.d_model // rows) if targets else 0, 0)
-
-    def _cost(self, trace: Trace) -> CostModel:
+    def cost_model(self, trace: Trace) -> CostModel:
         """The cost model of this engine's sweeps on ``trace`` (the weights are held already: no layer to read), whose
         plan sizes the row block when none is given: all d rows in one block where the MLPs fold and the block fits
         the memory this machine has free, else as many as fit (:meth:`~detjac.engine.cost.CostModel.plan`,
@@ -122,70 +103,13 @@ class InMemoryEngine(Engine):
         return CostModel.of(self.model.config, trace.embeddings.element_size(), 0, detach=self.detach,
                             sweeps="explicit" if explicit else "autograd")
 
-    def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
-               progress: bool = False) -> Iterator[JacobianBlock]:
-        """Rows of the output's Jacobian, ``plan.row_block`` at a time, from vmapped basis pullbacks."""
-        plan = plan if plan is not None else self.plan(trace, targets)
-        if not plan.reverse:
-            return
-        from detjac.progress import progress_bar
-
-        t, d = _in_memory(trace), self.d_model
-        eye = torch.eye(d, dtype=t.output.dtype, device=t.output.device)
-        starts = range(0, d, plan.row_block)
-        for start in progress_bar(starts, progress, "row blocks", "block", total=plan.n_row_blocks):
-            stop = min(start + plan.row_block, d)
-            yield JacobianBlock(OUTPUTS, start, stop, 0, t.n_tokens, pull(t, eye[start:stop]))
-
     @contextmanager
-    def walk(self, trace: Trace) -> Iterator[FrozenModel]:
-        """The trace's frozen pieces of the whole model (explicit sweeps), refused by name where there are none."""
-        frozen = _in_memory(trace).frozen
-        if frozen is None:
-            raise InvalidArgumentError("Expected a trace with the model's explicit pieces. Got one whose sweeps went "
-                                       f"through torch.func: {_in_memory(trace).fallback or 'chosen'}.")
-        with torch.no_grad():
-            yield frozen
-
-    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
-        """The walk's sweep (explicit sweeps); on the autograd path only the output's cotangents read at the
-        embeddings, by the kept pullback."""
+    def walk(self, trace: Trace, plan: Plan | None = None) -> Iterator[FrozenModel | AutogradWalk]:
+        """The trace's frozen pieces of the whole model (explicit sweeps), else the autograd walk (its ``torch.func``
+        pullback, which honours the output's cotangents read at the embeddings)."""
         t = _in_memory(trace)
-        if t.frozen is not None:
-            yield from super().pulls(trace, requests)
-            return
-        check_pull(requests, self.pullback_sites, self.detach)
-        for j, request in enumerate(requests):
-            if any(s.site != OUTPUT_SITE for s in request.seeds) or set(request.reads) != {EMBEDDINGS}:
-                raise InvalidArgumentError(
-                    "Expected the output's cotangents read at the embeddings from the in-memory engine's autograd "
-                    f"sweeps ({t.fallback or 'chosen'}). Got seeds at "
-                    f"{', '.join(s.site.name for s in request.seeds)} read at "
-                    f"{', '.join(r.name for r in request.reads)}."
-                )
-            yield j, EMBEDDINGS, pull(t, torch.stack([s.values for s in request.seeds]).sum(0))
-
-    def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
-        """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
-        t = _in_memory(trace)
-        if t.frozen is not None:
-            return t.frozen.push(tangents)
-        if self.forward == "jvp":
-            return self._jvp(t, tangents)
-        if t.transpose is None:  # any point will do: the pullback is linear in its cotangent
-            pullback = t.pullback
-            with torch.enable_grad():
-                _, t.transpose = torch.func.vjp(lambda u: pullback(u)[0], torch.zeros_like(t.output))
         with torch.no_grad():
-            return torch.func.vmap(t.transpose)(tangents)[0]
-
-    def _jvp(self, trace: InMemoryTrace, tangents: torch.Tensor) -> torch.Tensor:
-        x, p = trace.embeddings, trace.position
-        with linearized(self.model, detach=self.detach, convention=self.convention) as lin, torch.no_grad():
-            def target(e: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
-                return lin.decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, p]
-
-            return torch.func.vmap(lambda v: torch.func.jvp(target, (x,), (v,))[1])(tangents)
+            yield t.frozen if t.frozen is not None else AutogradWalk(t, self)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The model's own matrices (an encoder's left vectors decode through its word embeddings)."""

@@ -141,3 +141,67 @@ def trace_model(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tens
         output, pullback, aux = torch.func.vjp(forward, embeddings, has_aux=True)
     return InMemoryTrace(ids, at, embeddings, output.detach(), aux[0] if aux else None, pullback=pullback,
                          fallback=fallback)
+
+
+class AutogradWalk:
+    """The autograd walk: the whole model crossed at once by the trace's ``torch.func`` pullback, a
+    :class:`~detjac.engine.pullback.Walk` with no layer of its own (the sweep goes from the output straight to the
+    embeddings). It honours the output's cotangents read at the embeddings, and nothing inside the model.
+
+    ``engine``: the in-memory engine whose trace it is (its model, ``detach``, convention, and ``forward``: how
+    :meth:`push` computes ``J v``)."""
+
+    n_layers = 0
+
+    def __init__(self, trace: InMemoryTrace, engine: Any) -> None:
+        self.trace, self.engine, self.n_tokens = trace, engine, trace.n_tokens
+
+    def supports(self, request: Any) -> str | None:
+        from ..pullback import EMBEDDINGS, OUTPUT
+
+        if any(s.site != OUTPUT for s in request.seeds) or set(request.reads) != {EMBEDDINGS} or request.cut:
+            return (f"its sweeps go through torch.func ({self.trace.fallback or 'chosen'}), which honours the output's "
+                    f"cotangents read at the embeddings; got seeds at {', '.join(s.site.name for s in request.seeds)}"
+                    f" read at {', '.join(r.name for r in request.reads)}")
+        return None
+
+    def final(self, seed: Any) -> torch.Tensor:
+        """(B, d) cotangents of the output -> (B, n, d) at the embeddings: the whole model's pullback."""
+        return pull(self.trace, seed.values)
+
+    def layer(self, i: int) -> Any:
+        """Refused by name: the sweep never enters a layer of this walk, and what asks for one needs explicit
+        pieces (neurons, heads)."""
+        raise InvalidArgumentError(f"Expected a trace with the model's explicit pieces for layer {i}. Got one whose "
+                                   f"sweeps went through torch.func: {self.trace.fallback or 'chosen'}.")
+
+    def embed(self, g: torch.Tensor) -> torch.Tensor:
+        return g  # final() already reached the embeddings
+
+    def enter(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise InvalidArgumentError("Expected a trace with the model's explicit pieces for the residual stream's ends. "
+                                   f"Got one whose sweeps went through torch.func: {self.trace.fallback or 'chosen'}.")
+
+    def push(self, tangents: torch.Tensor) -> torch.Tensor:
+        """``J v``: (c, n, d) -> (c, d), by the transposed pullback (``forward="transpose"``: the pullback of the
+        kept pullback, any point will do as it is linear in its cotangent) or forward mode (``"jvp"``)."""
+        t = self.trace
+        if self.engine.forward == "jvp":
+            return self._jvp(tangents)
+        if t.transpose is None:
+            pullback = t.pullback
+            with torch.enable_grad():
+                _, t.transpose = torch.func.vjp(lambda u: pullback(u)[0], torch.zeros_like(t.output))
+        with torch.no_grad():
+            return torch.func.vmap(t.transpose)(tangents)[0]
+
+    def _jvp(self, tangents: torch.Tensor) -> torch.Tensor:
+        e, x, p = self.engine, self.trace.embeddings, self.trace.position
+        with linearized(e.model, detach=e.detach, convention=e.convention) as lin, torch.no_grad():
+            def target(v: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
+                return lin.decoder(inputs_embeds=v[None], use_cache=False).last_hidden_state[0, p]
+
+            return torch.func.vmap(lambda v: torch.func.jvp(target, (x,), (v,))[1])(tangents)

@@ -47,14 +47,14 @@ def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, d
 
 
 def test_a_sweep_from_every_position_refuses_other_targets() -> None:
-    from detjac.engine.streamed import passes as sweeps
+    from detjac.engine import sweeps
 
     sm = StreamedEngine(tiny_model("llama", seed=7), dtype=torch.float64)
     trace = sm.trace([5, 6, 7])
     seed = torch.zeros(2, 3, sm.d_model, dtype=torch.float64)
-    with pytest.raises(InvalidArgumentError, match="Expected only output and to_output targets"):
-        list(sweeps.reverse(sm.skeleton, sm.steps, trace, [Target(0, "layer")], 0, 2, seed=seed,
-                            every_position=True))
+    with pytest.raises(InvalidArgumentError, match="Expected only output and to_output targets"), \
+            sm.walk(trace) as walk:
+        list(sweeps.reverse(sm, walk, trace, [Target(0, "layer")], 0, 2, seed=seed, every_position=True))
     with pytest.raises(InvalidArgumentError, match="Expected a layer index in"):
         pull_every_position(sm, trace, seed[:, 0], [sm.n_layers])
 
