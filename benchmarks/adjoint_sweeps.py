@@ -94,7 +94,7 @@ def _setup(cfg: dict[str, Any], n: int, threads: int) -> tuple[Any, list[int]]:
 def _reference(model: Any, ids: list[int]) -> Any:
     import torch
 
-    from detjac.engine import linearized
+    from detjac.engine.detach.model import linearized
 
     with linearized(model) as lin:
         x = lin.decoder.get_input_embeddings()(torch.tensor([ids]))[0].detach()

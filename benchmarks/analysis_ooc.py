@@ -32,14 +32,14 @@ def real_jacobians(count: int) -> list[tuple[str, np.ndarray, np.ndarray, np.nda
     """(text, J, embeddings, output) of the first ``count`` held-out prompts, float64."""
     import torch
 
-    from detjac.engine import detached_jacobian
+    from detjac.engine import InMemoryEngine, jacobian
     from detjac.engine.checkpoints.default import load_default_model
 
     model = load_default_model()
     texts = (HERE / "data" / "heldout_prompts.txt").read_text().splitlines()[:count]
     out = []
     for text in texts:
-        res = detached_jacobian(model, text)
+        res = jacobian(InMemoryEngine(model), text)
         out.append((text, res.jacobian.numpy(), res.embeddings.numpy(), res.output.numpy()))
     del torch
     return out

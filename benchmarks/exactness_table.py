@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from detjac.engine import detached_jacobian
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.tiny import tiny_model, tiny_model_types
 from detjac.engine.tools.exactness_report import exactness_report
 
@@ -23,8 +23,8 @@ def main() -> None:
           f"{'f32 detached':>12} {'bf16 detached':>13}")
     for mt in tiny_model_types():
         rep = exactness_report(tiny_model(mt), ids)
-        f32 = detached_jacobian(tiny_model(mt, dtype=torch.float32), ids).reconstruction_error
-        bf16 = detached_jacobian(tiny_model(mt, dtype=torch.bfloat16), ids).reconstruction_error
+        f32 = jacobian(InMemoryEngine(tiny_model(mt, dtype=torch.float32)), ids).reconstruction_error
+        bf16 = jacobian(InMemoryEngine(tiny_model(mt, dtype=torch.bfloat16)), ids).reconstruction_error
         print(f"{mt:<12} {rep.detached.reconstruction_error:>12.2e} {rep.ordinary.reconstruction_error:>12.2e} "  # type: ignore[union-attr]
               f"{rep.stock_logit_diff:>17.2e} {f32:>12.2e} {bf16:>13.2e}")
 

@@ -138,7 +138,10 @@ def _max_memory(device: str, budget_gib: float | None) -> str | None:
 
 def _one_run(name: str, spec: dict[str, Any], device: str, tmp: Path, tokens: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import StreamedEngine, Target, reconstruct, relative_error
+    from detjac.engine import StreamedEngine
+    from detjac.engine.result import reconstruct
+    from detjac.exactness import relative_error
+    from detjac.targets import Target
 
     cfg, meter = spec["cfg"], _Meter(device)
     folder = tmp / name

@@ -71,7 +71,8 @@ def _ablated_logits(engine: Any, ids: list[int], position: int, neurons: list[tu
 
 
 def one_prompt(engine: Any, text: str, rng: np.random.Generator) -> dict[str, Any]:
-    from detjac.engine import logit_attribution, logit_vectors
+    from detjac.engine import logit_attribution
+    from detjac.engine.tools.attribution import logit_vectors
 
     trace = engine.trace(text)
     ids, p = list(trace.token_ids), trace.position

@@ -30,9 +30,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from detjac.engine import load_engine, neurons, return_freed_memory
+    from detjac.engine import load_engine, return_freed_memory
     from detjac.engine.tools import graph_adjacency as adj
     from detjac.engine.tools import graph_targets as at
+    from detjac.engine.tools.neurons import neurons
     from detjac.graph_settings import MAX_NODES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

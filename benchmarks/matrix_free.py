@@ -59,14 +59,14 @@ def _setup(cfg: dict[str, Any], n: int) -> tuple[Any, list[int]]:
 def child_formed(cfg: dict[str, Any], n: int, out: str) -> dict[str, Any]:
     import torch
 
-    from detjac.engine import detached_jacobian
+    from detjac.engine import InMemoryEngine, jacobian
     from detjac.engine.products.decode import dense_svd
 
     model, ids = _setup(cfg, n)
-    dense_svd(detached_jacobian(model, ids[:4]).combined(), K)  # warm up kernels and allocator
+    dense_svd(jacobian(InMemoryEngine(model), ids[:4]).combined(), K)  # warm up kernels and allocator
     base = peak_mib()
     t0 = time.perf_counter()
-    res = detached_jacobian(model, ids, row_block=64)
+    res = jacobian(InMemoryEngine(model), ids, row_block=64)
     t_form = time.perf_counter() - t0
     svd = dense_svd(res.combined(), K, orient=res.produced)
     seconds = time.perf_counter() - t0

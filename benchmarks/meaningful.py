@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from detjac.analysis.lens.lens_eval import wilson
-from detjac.engine import detached_jacobian, get_tokenizer, load_model
+from detjac.engine import InMemoryEngine, get_tokenizer, jacobian, load_model
 from detjac.engine.checkpoints.default import default_model_dir
 from detjac.engine.products.decode import decode_top, dense_svd
 
@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 
 def leading_vector_hit(model, tokenizer, prompt: str, top: int) -> tuple[bool, int, int]:
     """(prediction in top-``top`` of decoded u_1, predicted id, rank of the prediction in the decode)."""
-    res = detached_jacobian(model, prompt, tokenizer=tokenizer)
+    res = jacobian(InMemoryEngine(model, tokenizer=tokenizer), prompt)
     svd = dense_svd(res.combined(), 1, orient=res.output)
     unembed = model.get_output_embeddings().weight.detach()
     ids, _ = decode_top(svd.U, unembed, unembed.shape[0])

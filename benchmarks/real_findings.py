@@ -138,10 +138,11 @@ def record(model: Any, W_U: Any, index: int, item: dict[str, Any]) -> dict[str, 
     """One prompt's record, or the reason it is skipped (its length in tokens)."""
     import torch
 
-    from detjac.engine import dense_svd, detached_jacobian
+    from detjac.engine import InMemoryEngine, jacobian
+    from detjac.engine.products.decode import dense_svd
 
     t0 = time.perf_counter()
-    res = detached_jacobian(model, item["text"], check=False)
+    res = jacobian(InMemoryEngine(model), item["text"], check=False)
     n = len(res.token_ids)
     if not MIN_TOKENS <= n <= MAX_TOKENS:
         return f"{n} tokens"
@@ -215,7 +216,7 @@ def left_spectrum(op: Any, orient: Any) -> tuple[Any, Any]:
 def run_layerwise(name: str, count: int, limit: int | None) -> None:
     import torch
 
-    from detjac.engine import load_engine
+    from detjac.engine import load_engine, prompt_pass
     from detjac.targets import OUTPUTS, Target
 
     results = load_results()
@@ -234,14 +235,15 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
     targets = [Target(layer, "layer_normed") for layer in range(engine.n_layers)] + [OUTPUTS]
     for k, rec in enumerate(todo[:limit] if limit else todo):
         t0 = time.perf_counter()
-        res = engine.jacobians(rec["token_ids"], targets)
+        res = prompt_pass(engine, rec["token_ids"], targets)
         seconds_jacobians = time.perf_counter() - t0
         layers = []
         for t in targets:
-            S, u1 = left_spectrum(res[t].reshape(res[t].shape[0], -1), res.trace.value(t))
+            J = res.jacobians[t]
+            S, u1 = left_spectrum(J.reshape(J.shape[0], -1), res.trace.value(t))
             top = top_tokens(u1, W_U)
             layers.append({"layer": t.layer if not t.is_output else "output", **spectrum_figures(S),
-                           "recon": res.reconstruction_error(t), "u1_top10": top,
+                           "recon": res.errors[t], "u1_top10": top,
                            "hit": rec["next_token_id"] in top})
         emergence = next((row["layer"] for row in layers if row["hit"]), None)
         seconds = time.perf_counter() - t0
@@ -257,14 +259,14 @@ def run_layerwise(name: str, count: int, limit: int | None) -> None:
 def run_example(name: str) -> None:
     import torch
 
-    from detjac.engine import detached_jacobian, load_model
+    from detjac.engine import InMemoryEngine, jacobian, load_model
     from detjac.engine.tools.triplets import explain
 
     results = load_results()
     entry = model_results(results, name)
     model = load_model(shipped_gguf(name), dtype=torch.float64)
     t0 = time.perf_counter()
-    res = detached_jacobian(model, EXAMPLE)
+    res = jacobian(InMemoryEngine(model), EXAMPLE)
     expl = explain(res, model, k=3, top=TOP)
 
     def decoded(op: Any) -> dict[str, Any]:

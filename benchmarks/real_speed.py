@@ -87,7 +87,8 @@ def child(model: str, n: int, dtype_name: str, method: str, threads: int, rates:
 
     import torch
 
-    from detjac.engine import assemble, linearized, load_engine
+    from detjac.engine import assemble, load_engine
+    from detjac.engine.detach.model import linearized
     from detjac.engine.pieces import fold
     from detjac.targets import OUTPUTS
 

@@ -44,7 +44,8 @@ def runners(model: str, dtype: Any) -> dict[str, Any]:
     """One function of the token ids per method, each returning (J, seconds waited on weights)."""
     import torch
 
-    from detjac.engine import assemble, linearized, load_engine
+    from detjac.engine import assemble, load_engine
+    from detjac.engine.detach.model import linearized
     from detjac.engine.pieces import fold
     from detjac.engine.streamed.prefetch import SyncReader
     from detjac.targets import OUTPUTS

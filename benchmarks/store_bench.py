@@ -76,17 +76,19 @@ def compute_samples(texts: list[str], dtype: str, row_block: int) -> tuple[list[
     """Detached Jacobians of the default model in ``dtype``; returns the samples and engine seconds."""
     import torch
 
-    from detjac.engine import load_model, stream_jacobian
+    from detjac.engine import InMemoryEngine, load_model
     from detjac.engine.checkpoints.default import default_model_dir
+    from detjac.targets import OUTPUTS
 
-    model = load_model(default_model_dir(), dtype=getattr(torch, dtype))
+    engine = InMemoryEngine(load_model(default_model_dir(), dtype=getattr(torch, dtype)))
     started = time.perf_counter()
     samples = []
     for text in texts:
-        stream = stream_jacobian(model, text, row_block=row_block)
-        blocks = [block.values.numpy() for block in stream]
-        samples.append(Sample(text, np.concatenate(blocks, axis=0), stream.embeddings.numpy(),
-                              stream.output.numpy(), np.asarray(stream.token_ids, dtype=np.int64)))
+        trace = engine.trace(text)
+        plan = engine.plan(trace, [OUTPUTS], row_block=row_block)
+        blocks = [block.values.numpy() for block in engine.blocks(trace, [OUTPUTS], plan)]
+        samples.append(Sample(text, np.concatenate(blocks, axis=0), trace.embeddings.numpy(),
+                              trace.output.numpy(), np.asarray(trace.token_ids, dtype=np.int64)))
     return samples, time.perf_counter() - started
 
 

@@ -88,7 +88,7 @@ def _torch() -> Any:
 
 def child_reference(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import linearized
+    from detjac.engine.detach.model import linearized
 
     model = _model(cfg, n)
     ids = torch.randint(3, cfg["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -125,10 +125,11 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     layers (what the budget sets aside for streamed weights; here they are resident, not copied) plus that many MiB,
     the row block chosen by the plan and the store's shards sized as the CLI sizes them under a budget."""
     torch = _torch()
-    from detjac.engine import StreamedEngine, Target, honour_cpu_budget
-    from detjac.engine.streamed.cost import depth
+    from detjac.engine import StreamedEngine, honour_cpu_budget, prompt_pass
+    from detjac.engine.cost import depth
     from detjac.runs.batch import budget_shard_bytes
     from detjac.store import create_store
+    from detjac.targets import Target
 
     from .support.flops import matmul_flops, sweep_flops
 
@@ -142,7 +143,7 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
         sm = StreamedEngine(model, dtype=torch.float32, max_memory={"cpu": budget})
         honour_cpu_budget(sm)  # as the detjac command does
         row_block = None
-    sm.jacobians(ids[:2], ["output"], row_block=row_block)  # warm up
+    prompt_pass(sm, ids[:2], row_block=row_block)  # warm up
     shutil.rmtree(Path(out).with_suffix(".zarr"), ignore_errors=True)  # a fresh store per run
     store = create_store(Path(out).with_suffix(".zarr"), {"model_id": "bench"})
     base = reset_peak()
@@ -197,7 +198,8 @@ def _checked(layers: list[int]) -> int:
 
 def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
     torch = _torch()
-    from detjac.engine import StreamedEngine, Target, honour_cpu_budget
+    from detjac.engine import StreamedEngine, honour_cpu_budget
+    from detjac.targets import Target
 
     sm = StreamedEngine(folder, dtype=torch.float32, max_memory=budget)
     honour_cpu_budget(sm)  # as the detjac command does

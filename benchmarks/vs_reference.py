@@ -27,8 +27,9 @@ def _rss_mib() -> float:
 def _worker(method: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from detjac.engine import detached_jacobian, linearized
+    from detjac.engine import InMemoryEngine, jacobian
     from detjac.engine.checkpoints.tiny import tiny_model
+    from detjac.engine.detach.model import linearized
 
     torch.set_num_threads(args.threads)
     heads = max(1, args.d_model // 64)
@@ -36,11 +37,11 @@ def _worker(method: str, args: argparse.Namespace) -> dict[str, float]:
                        num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=heads,
                        vocab_size=1000, max_position_embeddings=max(64, args.tokens))
     ids = torch.randint(3, 1000, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
-    detached_jacobian(model, ids[:2], row_block=args.row_block)  # warm up kernels and allocator
+    jacobian(InMemoryEngine(model), ids[:2], row_block=args.row_block)  # warm up kernels and allocator
     base = _rss_mib()
     t0 = time.perf_counter()
     if method == "detjac":
-        jac = detached_jacobian(model, ids, row_block=args.row_block).jacobian
+        jac = jacobian(InMemoryEngine(model), ids, row_block=args.row_block).jacobian
     else:
         with linearized(model) as lin:
             x = lin.decoder.get_input_embeddings()(torch.tensor([ids]))[0]

@@ -21,7 +21,6 @@ from .neurons_cmd import neurons
 from .options import (
     ROW_BLOCK_HELP,
     check_out,
-    deprecated_model_option,
     model_argument,
     model_options,
     model_reads,
@@ -50,6 +49,13 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 # (17-29 s wall) on two. The store's larger analyses run in dask's threads, one BLAS thread each (dask's own advice).
 # torch (MKL) is not affected; OPENBLAS_NUM_THREADS set by the user is kept.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+# Measured on 2 loaded cores: the shipped model, "Kitten, n. A young", 2.1-2.6 s detached and 6.0-7.8 s ordinary, in
+# memory and layer-streamed alike; the Llama-3.2-1B shape layer-streamed, 380 s detached and 2,059 s with the ordinary.
+ORDINARY_COSTS_MORE = ("Note: the ordinary Jacobian goes through torch.func, several times the detached pass's time "
+                       "(3 times on the shipped model, 4 to 5 at Llama-3.2-1B layer-streamed); --no-ordinary skips "
+                       "it.")
 
 
 class DetjacGroup(click.Group):
@@ -93,7 +99,9 @@ def main() -> None:
               help="Decoded tokens per singular vector (left and right share a line, so fewer than demo's).")
 @click.option("--ordinary/--no-ordinary", default=True, show_default=True,
               help="Also compute the ordinary Jacobian, whose reconstruction error (order 1) is the contrast that "
-                   "shows the detached one is exact; --no-ordinary skips that second pass and halves the time.")
+                   "shows the detached one is exact. It goes through torch.func, several times the detached pass's "
+                   "time where that one takes the explicit pieces (a line says so before it starts); --no-ordinary "
+                   "skips it.")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).",
             check=lambda out, force: _check_jacobian_out(out, force))
@@ -113,8 +121,11 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
     through the unembedding, right vectors through the input embedding).
 
     The ordinary Jacobian is computed by default (--ordinary): its reconstruction error, of
-    order 1, is the contrast that shows the detached one is exact. It is a second pass of
-    the same cost; --no-ordinary skips it. Each pass shows its own labelled progress bar.
+    order 1, is the contrast that shows the detached one is exact. It has no explicit pieces:
+    it goes through torch.func, which costs more than the detached pass by its explicit
+    pieces (measured about 3 times on the shipped model, in memory or layer-streamed, and
+    4 to 5 times layer-streamed at the Llama-3.2-1B shape), and a line on stderr says so
+    before the work starts; --no-ordinary skips it. Each pass shows its own labelled progress bar.
 
     \b
     Examples:
@@ -126,9 +137,9 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
       detjac jacobian -p "Kitten, n. A young" --out kitten.npz  # numpy.load("kitten.npz")["jacobian"]
       detjac jacobian -p "Kitten, n. A young" --out kitten.zarr # a store: detjac store ls kitten.zarr
       detjac jacobian -p "Kitten, n. A young" --streamed        # one layer in memory at a time
-      detjac jacobian -p "Kitten, n. A young" --no-ordinary     # the detached Jacobian alone: half the time
+      detjac jacobian -p "Kitten, n. A young" --no-ordinary     # the detached Jacobian alone
     """
-    from detjac.engine import KeptEngine, exactness_report, explain_summed, load_engine
+    from detjac.engine import exactness_report, explain_summed, load_engine
 
     from .render import piece
 
@@ -136,10 +147,13 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
     if out is not None:  # again, now that MODEL is resolved: not into what it reads
         _check_jacobian_out(out, force, model)
     engine = load_engine(model_options)
-    if out is not None and not out.lower().endswith(".npz"):
-        engine = KeptEngine(engine)  # --out run.zarr stores what it computed
     tok = engine.tokenizer
-    rep = exactness_report(engine, prompt, row_block=row_block, ordinary=ordinary, progress=True)
+    if ordinary and engine.explicit_sweeps:  # the detached pass by explicit pieces, the ordinary one by torch.func
+        click.echo(ORDINARY_COSTS_MORE, err=True)
+    stored, detached = None, None
+    if out is not None and not out.lower().endswith(".npz"):  # stored by the run's own path, computed once
+        stored, detached = _store_jacobian(out, model, prompt, row_block, engine, model_options)
+    rep = exactness_report(engine, prompt, row_block=row_block, ordinary=ordinary, progress=True, detached=detached)
     res = rep.detached
     click.echo(f"model       {model.name} ({res.family}, {dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
@@ -159,8 +173,12 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
         left = " ".join(piece(tok, t) for t in summed.left_ids[i].tolist())
         right = " ".join(piece(tok, t) for t in summed.right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
-    if out is not None:
-        _save_jacobian(out, res, res.tokens, model, prompt, row_block, engine, model_options, force)
+    if out is not None and out.lower().endswith(".npz"):
+        from detjac.runs import save_result
+
+        click.echo(f"wrote {save_result(res, out, model=model.name, tokens=res.tokens, force=force)}")
+    elif out is not None:
+        click.echo(f"stored as prompt {stored} in {out}")
 
 
 def _check_jacobian_out(out: str, force: bool, model: ModelRef | None = None) -> None:
@@ -170,19 +188,20 @@ def _check_jacobian_out(out: str, force: bool, model: ModelRef | None = None) ->
               reads=model_reads(model))
 
 
-def _save_jacobian(out: str, res: Any, pieces: list[str] | None, model: ModelRef, prompt: str, row_block: int | None,
-                   engine: Engine, o: LoadSpec, force: bool = False) -> None:
-    """``--out``: an .npz of the result, or the prompt into a store by the run's own path, with ``engine``, which
-    kept the Jacobian just computed."""
-    if out.lower().endswith(".npz"):
-        from detjac.runs import save_result
+def _store_jacobian(out: str, model: ModelRef, prompt: str, row_block: int | None, engine: Engine,
+                    o: LoadSpec) -> tuple[str, tuple[Any, float] | None]:
+    """``--out run.zarr``: the prompt into the store by the run's own path, its blocks teed into a
+    :class:`~detjac.engine.ResultSink`: its prompt id and (the detached Jacobian it stored, seconds), or None in their
+    place when the store held the prompt already (the report then computes it)."""
+    import time
 
-        click.echo(f"wrote {save_result(res, out, model=model.name, tokens=pieces, force=force)}")
-        return
+    from detjac.engine import ResultSink
     from detjac.runs import RunOptions, run_one
 
-    pid = run_one(model, prompt, out, RunOptions(load=o, row_block=row_block), engine)
-    click.echo(f"stored as prompt {pid} in {out}")
+    kept = ResultSink(engine, prompt)
+    t0 = time.perf_counter()
+    pid = run_one(model, prompt, out, RunOptions(load=o, row_block=row_block), engine, tee=kept)
+    return pid, (kept.result, time.perf_counter() - t0) if kept.result is not None else None
 
 
 @main.command()
@@ -247,7 +266,6 @@ def _family_check(tokens: int) -> None:
                    "them for every token too).")
 @click.option("--top", type=click.IntRange(min=1, max=50), default=8, show_default=True,
               help="Decoded tokens per singular vector (left and right each get a line).")
-@deprecated_model_option
 @model_options()
 def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top: int,
          model_options: LoadSpec) -> None:

@@ -95,43 +95,10 @@ def resolve_model_ref(model: str, gguf_file: str | None = None, revision: str | 
 
 def prompt_id_option(*, multiple: bool, help: str) -> Any:
     """``--prompt-id ID``: a stored prompt's id, into the command's ``prompt_ids`` (a tuple, with ``multiple``) or
-    ``prompt_id`` (None when not given). ``--prompt``, its old spelling, still works with a deprecation message on
-    stderr: everywhere else ``--prompt`` is prompt text, so an id gets its own name."""
+    ``prompt_id`` (None when not given)."""
     dest = "prompt_ids" if multiple else "prompt_id"
-
-    def decorate(func: Any) -> Any:
-        @functools.wraps(func)
-        def command(*args: Any, **kwargs: Any) -> Any:
-            old = kwargs.pop("old_prompt_ids")
-            if old:
-                click.echo("Warning: --prompt is deprecated here (it takes a stored prompt's id; elsewhere --prompt "
-                           "is prompt text): use --prompt-id.", err=True)
-                if not multiple and (kwargs[dest] is not None or len(old) > 1):
-                    raise click.UsageError(f"Expected one prompt id. Got {len(old) + (kwargs[dest] is not None)}.")
-                kwargs[dest] = (*kwargs[dest], *old) if multiple else old[0]
-            return func(*args, **kwargs)
-
-        command = click.option("--prompt", "old_prompt_ids", multiple=True, hidden=True)(command)
-        return click.option("--prompt-id", dest, multiple=multiple, default=() if multiple else None,
-                            metavar="ID", help=help)(command)
-
-    return decorate
-
-
-def deprecated_model_option(func: Any) -> Any:
-    """``--model``, the old spelling of a command's MODEL argument: still taken (MODEL wins when both are given),
-    with a deprecation message on stderr; the command receives ``model``."""
-    @functools.wraps(func)
-    def command(*args: Any, **kwargs: Any) -> Any:
-        old = kwargs.pop("old_model")
-        if old is not None:
-            click.echo("Warning: --model is deprecated: give MODEL as the first argument, as every command takes it "
-                       f"(detjac demo {old} ...).", err=True)
-            if kwargs["model"] in (None, "default"):
-                kwargs["model"] = old
-        return func(*args, **kwargs)
-
-    return click.option("--model", "old_model", default=None, hidden=True)(command)
+    return click.option("--prompt-id", dest, multiple=multiple, default=() if multiple else None, metavar="ID",
+                        help=help)
 
 
 # -- the one option set of the one-prompt commands (jacobian, svd, steer, demo, lens apply) ------------------------
@@ -211,6 +178,10 @@ def model_option(name: str, **changes: Any) -> Any:
     return click.option(*declarations, **{**settings, **changes})
 
 
+# torch runs bfloat16 matmuls on most CPUs without native support: a run in it is slow and nothing said why.
+BF16_ON_CPU = "Note: --dtype bfloat16 is a GPU dtype; on a CPU it is slow (SmolLM2-135M took 186 s a prompt)."
+
+
 def collect_model_options(func: Any) -> Any:
     """The options of :func:`model_option` collapsed into the command's ``model_options`` argument (a
     :class:`~detjac.model_settings.LoadSpec`), its MODEL resolved with ``--gguf-file`` and ``--revision`` into a
@@ -222,6 +193,8 @@ def collect_model_options(func: Any) -> Any:
         given = {k: kwargs.pop(k) for k in _MODEL_OPTIONS if k in kwargs}
         gguf_file, revision = given.pop("gguf_file", None), given.pop("revision", None)
         spec = LoadSpec(**given)
+        if spec.dtype == "bfloat16" and str(spec.device).startswith("cpu"):  # said before any work starts
+            click.echo(BF16_ON_CPU, err=True)
         if isinstance(kwargs.get("model"), str):
             kwargs["model"] = resolve_model_ref(kwargs["model"], gguf_file, revision)
             spec = replace(spec, model=kwargs["model"])

@@ -19,7 +19,7 @@ TO_OUTPUT = "to_output"
 COMPONENTS = (*BASE_COMPONENTS, RESID_MID, *(c + NORMED_SUFFIX for c in BASE_COMPONENTS), TO_OUTPUT)
 LOCAL_SUFFIX = "_local"
 OUTPUT = "output"
-DEFAULT_ROW_BLOCK = 64  # the fewest rows the cost model puts in a block without a budget (engine/streamed/cost.py)
+DEFAULT_ROW_BLOCK = 64  # the fewest rows the cost model puts in a block without a budget (engine/cost.py)
 _NAME = re.compile(r"([a-z_]+?)(_local)?\.(-?\d+)")
 
 # The array a layerwise target's Jacobian multiplies when it is not the input embeddings (store names).

@@ -1,10 +1,11 @@
-"""The engine interface: what every engine provides, so that no caller asks which one it holds.
+"""The engine interface: what only an engine can answer, so that no caller asks which one it holds.
 
-:class:`Engine`, implemented by the in-memory and the layer-streamed engine, has eight primitives: :meth:`~Engine.trace`
-a prompt, :meth:`~Engine.plan` a request, yield its :meth:`~Engine.blocks`, hand out the prompt's
-:meth:`~Engine.walk` for the pullback primitive, :meth:`~Engine.push` tangents forward, give the
-:meth:`~Engine.logits`, the :meth:`~Engine.decoding_matrices` and the :meth:`~Engine.stock_logits`. Everything else is
-derived from them, here (:meth:`~Engine.pulls`, :meth:`~Engine.pull`, :meth:`~Engine.ordinary`) or as free functions
+:class:`Engine`, implemented by the in-memory and the layer-streamed engine, asks six things: :meth:`~Engine.trace` a
+prompt, hand out its :meth:`~Engine.walk` (what the pullback primitive sweeps), map hidden states to
+:meth:`~Engine.logits` and give the :meth:`~Engine.decoding_matrices`, the stock model's own
+:meth:`~Engine.stock_logits` (the independent check), and its :meth:`~Engine.cost_model`. Blocks, plan and ``J v``
+are written once over any walk (:mod:`detjac.engine.sweeps`; here as :meth:`~Engine.plan`, :meth:`~Engine.blocks`,
+:meth:`~Engine.push`), and so are :meth:`~Engine.pulls` and :meth:`~Engine.pull`; other products are free functions
 beside their users (:func:`detjac.engine.prompt_pass`, :mod:`detjac.engine.tools.neurons`,
 :mod:`detjac.engine.tools.lens_pulls`). The data types are in :mod:`detjac.engine.types`. Details: docs/engine.md,
 "Two engines, one interface"."""
@@ -21,12 +22,15 @@ import torch
 
 from detjac.targets import Target
 
+from . import sweeps
+from .cost import CostModel
+from .products.decode import numpy_dtype
 from .pullback import CUTS, EMBEDDINGS, OUTPUT, READ_KINDS, SEED_KINDS, PullRequest, Seed, Site, Walk, check_pull, pulls
 from .types import EngineStats, JacobianBlock, Plan, Prompt, Trace
 
 
 class Engine(ABC):
-    """A loaded model that linearizes prompts: eight primitives (see the module docstring), the rest derived.
+    """A loaded model that linearizes prompts: six abstract methods (see the module docstring), the rest derived.
 
     Attributes
     ----------
@@ -49,7 +53,12 @@ class Engine(ABC):
         The model's tokenizer, or None when the checkpoint has none (prompts must then be token ids).
     stats : EngineStats
         Layers read and run so far.
+    layerwise : bool
+        Whether it computes layer targets and forward mode (the layer-streamed engine), or the output's Jacobian in
+        reverse mode only.
     """
+
+    layerwise = False
 
     model: Any
     config: Any
@@ -98,9 +107,13 @@ class Engine(ABC):
         """
 
     @abstractmethod
+    def cost_model(self, trace: Trace) -> CostModel:
+        """The cost model of this engine's sweeps on ``trace``: its shapes, bytes per number and per layer, memory
+        budget (:class:`~detjac.engine.cost.CostModel`), which :meth:`plan` sizes the blocks by."""
+
     def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
              token_block: int | None = None) -> Plan:
-        """Split ``targets`` between reverse and forward mode and size the blocks.
+        """Split ``targets`` between reverse and forward mode and size the blocks (:func:`detjac.engine.sweeps.plan`).
 
         Raises
         ------
@@ -108,18 +121,20 @@ class Engine(ABC):
             A target this engine cannot compute, an unknown mode, a non-positive block, or a memory budget
             too small for one block.
         """
+        return sweeps.plan(self, trace, targets, mode=mode, row_block=row_block, token_block=token_block)
 
-    @abstractmethod
     def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
                progress: bool = False) -> Iterator[JacobianBlock]:
-        """Every requested Jacobian, block by block (reverse mode first, then forward mode)."""
+        """Every requested Jacobian, block by block, reverse mode first (:func:`detjac.engine.sweeps.blocks`)."""
+        return sweeps.blocks(self, trace, targets, plan, progress=progress)
 
     # -- the pullback primitive (detjac.engine.pullback) ---------------------------------------
 
     @abstractmethod
-    def walk(self, trace: Trace) -> AbstractContextManager[Walk]:
+    def walk(self, trace: Trace, plan: Plan | None = None) -> AbstractContextManager[Walk]:
         """The prompt's model as a :class:`~detjac.engine.pullback.Walk` (its final norm, its layers one at a time,
-        what comes before them), for the duration of a ``with`` block.
+        what comes before them; ``push`` for ``J v``), for the duration of a ``with`` block; ``plan``: the blocks it
+        will serve, when known (a budget's layers kept between them).
 
         Raises
         ------
@@ -161,9 +176,10 @@ class Engine(ABC):
         read = {site: values for _, site, values in self.pulls(trace, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])}
         return read[EMBEDDINGS]
 
-    @abstractmethod
     def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
-        """``J v`` of the output's Jacobian: (c, n_tokens, d_model) input directions -> (c, d_model)."""
+        """``J v`` of the output's Jacobian: (c, n_tokens, d_model) input directions -> (c, d_model)
+        (:func:`detjac.engine.sweeps.push`)."""
+        return sweeps.push(self, trace, tangents)
 
     @abstractmethod
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -172,8 +188,9 @@ class Engine(ABC):
 
     def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """The matrices of :meth:`decoding_matrices` for copying out in row blocks: numpy arrays, or
-        :class:`~detjac.engine.products.decode.RowBlocks` read on demand where an engine has a memory budget to keep."""
-        return {k: v.numpy() for k, v in self.decoding_matrices(dtype).items()}
+        :class:`~detjac.engine.products.decode.RowBlocks` read on demand where an engine has a memory budget to keep;
+        a 16-bit ``dtype`` (default: the compute dtype) is widened to float32, which numpy holds."""
+        return {k: v.numpy() for k, v in self.decoding_matrices(numpy_dtype(dtype or self.dtype)).items()}
 
     @abstractmethod
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ prompt is traced once whatever is asked of it. Details: docs/engine.md, "One pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -115,7 +115,7 @@ def prompt_pass(engine: Engine, prompt: Prompt, targets: Sequence[Target] = (OUT
     if not wanted:
         return products
     products.plan = engine.plan(trace, wanted, mode=mode, row_block=row_block, token_block=token_block)
-    whole = _Whole(engine, trace, wanted) if sink is None else None
+    whole = Assembled(engine, trace, wanted) if sink is None else None
     into: BlockSink = whole if whole is not None else sink  # type: ignore[assignment]
     with into.open(products):
         products.reconstructions = _sweep(engine, trace, products.plan, into, progress and sink is None)
@@ -131,7 +131,7 @@ def assemble(engine: Engine, trace: Trace, targets: Sequence[Target], plan: Plan
              progress: bool = False) -> dict[Target, torch.Tensor]:
     """Every requested Jacobian whole, (d_model, n_tokens, d_model) each, from the engine's blocks of ``trace``
     under ``plan`` (small inputs; stores take the blocks as they come)."""
-    whole = _Whole(engine, trace, targets)
+    whole = Assembled(engine, trace, targets)
     for b in engine.blocks(trace, targets, plan, progress=progress):
         whole.take(b)
         del b  # let a block go before the engine computes the next (:func:`_sweep`)
@@ -158,8 +158,35 @@ def _sweep(engine: Engine, trace: Trace, plan: Plan, sink: BlockSink, progress: 
     return recon
 
 
-class _Whole:
-    """A sink that assembles every target's Jacobian whole."""
+class Tee:
+    """A sink that hands every block to each of ``sinks`` in turn: a store's staged prompt and, beside it, what a caller
+    keeps of the same pass (``detjac jacobian --out run.zarr`` prints the Jacobian it stores, computed once). Opened,
+    finished and asked for more in order; a sweep is repeated while any sink asks for it."""
+
+    def __init__(self, *sinks: BlockSink) -> None:
+        self.sinks = sinks
+
+    @contextmanager
+    def open(self, products: PromptProducts) -> Iterator[None]:
+        with ExitStack() as stack:
+            for s in self.sinks:
+                stack.enter_context(s.open(products))
+            yield
+
+    def take(self, block: JacobianBlock) -> None:
+        for s in self.sinks:
+            s.take(block)
+
+    def more(self) -> bool:
+        return any([s.more() for s in self.sinks])  # a list: every sink is told that a sweep ended
+
+    def finish(self, products: PromptProducts) -> None:
+        for s in self.sinks:
+            s.finish(products)
+
+
+class Assembled:
+    """A sink that assembles every target's Jacobian whole, (d_model, n_tokens, d_model) each, in ``jacobians``."""
 
     def __init__(self, engine: Engine, trace: Trace, targets: Sequence[Target]) -> None:
         d, n = engine.d_model, trace.n_tokens

@@ -143,6 +143,10 @@ class Walk(Protocol):
         """(n, d) each: the residual stream on the prompt entering the first layer and leaving the last (what an
         affine family's constants before and after the layers are read against)."""
 
+    def push(self, tangents: torch.Tensor) -> torch.Tensor:
+        """``J v`` of the output: (c, n, d) tangents at the input embeddings -> (c, d) (:func:`detjac.engine.sweeps.
+        push`)."""
+
 
 def neuron_activations(walk: Walk, layers: Sequence[int]) -> Iterator[tuple[int, torch.Tensor, Any]]:
     """``(layer, (n, n_neurons) its neurons' values, its MLP piece)`` for each of ``layers``, one layer resident at a
@@ -238,11 +242,11 @@ def pulls(walk: Walk, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Si
         A malformed request, one the walk cannot honour (a cut or neurons where a layer has no explicit pieces),
         or requests with different cuts.
     """
-    for request in requests:
-        check_request(request, walk.n_layers, walk.n_tokens)
+    for request in requests:  # what the walk cannot honour is said first: the autograd walk has no layers to check
         problem = walk.supports(request)
         if problem is not None:
             raise InvalidArgumentError(f"Expected a pull request this engine can honour. Got one it cannot: {problem}.")
+        check_request(request, walk.n_layers, walk.n_tokens)
     cuts = {r.cut for r in requests}
     if len(cuts) > 1:
         raise InvalidArgumentError(f"Expected one cut for requests swept together. Got {len(cuts)}.")

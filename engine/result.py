@@ -1,5 +1,5 @@
 """What a Jacobian computation gives back: :class:`JacobianResult`, the one result type of
-:func:`detjac.engine.jacobian` and :func:`detjac.engine.detached_jacobian`."""
+:func:`detjac.engine.jacobian`."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ reconstructs, as a :class:`~detjac.engine.result.JacobianResult`), and :func:`at
 
 from __future__ import annotations
 
-import warnings
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from detjac.targets import OUTPUTS
 from detjac.tokens import token_texts
 
 from .interface import Engine
-from .prompt_products import prompt_pass
+from .prompt_products import Assembled, PromptProducts, prompt_pass
 from .result import JacobianResult
 from .tools.attribution import AttributionGraph, GraphRequest
 from .tools.graph_targets import LOGIT_PROBABILITY, MAX_LOGITS
@@ -37,7 +37,33 @@ def jacobian(engine: Engine, prompt: Prompt, *, position: int | None = None, row
         As :meth:`Engine.trace` and :meth:`Engine.plan` raise them.
     """
     products = prompt_pass(engine, prompt, [OUTPUTS], position=position, row_block=row_block, progress=progress)
-    trace, jac = products.trace, products.jacobians[OUTPUTS]
+    return _result(engine, prompt, position, check, products, products.jacobians[OUTPUTS])
+
+
+class ResultSink(Assembled):
+    """A block sink that assembles the output's Jacobian and, once its prompt pass finishes, holds the
+    :class:`~detjac.engine.result.JacobianResult` that :func:`jacobian` would return (``result``; None until then).
+    Beside a store's sink (:class:`~detjac.engine.prompt_products.Tee`), the Jacobian a run stores is the one a
+    caller prints, computed once (``detjac jacobian --out run.zarr``)."""
+
+    def __init__(self, engine: Engine, prompt: Prompt, *, position: int | None = None, check: bool = True) -> None:
+        self.engine, self.prompt, self.position, self.check = engine, prompt, position, check
+        self.result: JacobianResult | None = None
+        self.jacobians: dict = {}
+
+    def open(self, products: PromptProducts) -> AbstractContextManager[Any]:
+        super().__init__(self.engine, products.trace, [OUTPUTS])  # sized by the trace, known only now
+        return nullcontext()
+
+    def finish(self, products: PromptProducts) -> None:
+        self.result = _result(self.engine, self.prompt, self.position, self.check, products,
+                              self.jacobians[OUTPUTS])
+
+
+def _result(engine: Engine, prompt: Prompt, position: int | None, check: bool, products: PromptProducts,
+            jac: torch.Tensor) -> JacobianResult:
+    """The output's Jacobian ``jac`` of one prompt pass with what it reconstructs, checked (see :func:`jacobian`)."""
+    trace = products.trace
     recon, err = products.reconstructions[OUTPUTS], products.errors[OUTPUTS]
     if check:
         check_exact(err, jac.dtype, detached=engine.detach, family=engine.family.name)
@@ -104,12 +130,3 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     assert graph is not None  # asked for
     return graph
 
-
-class DeprecatedVerbs:
-    """``engine.jacobian(prompt)``, the method form of :func:`jacobian` kept for one release."""
-
-    def jacobian(self, prompt: Prompt, **options: Any) -> JacobianResult:
-        """Deprecated: :func:`detjac.engine.jacobian` (``jacobian(engine, prompt)``)."""
-        warnings.warn("Engine.jacobian(prompt) is deprecated: use detjac.engine.jacobian(engine, prompt).",
-                      DeprecationWarning, stacklevel=2)
-        return jacobian(self, prompt, **options)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from .description import RunDescription
 from .prompts import PromptLine
 
 if TYPE_CHECKING:
-    from detjac.engine import AttributionGraph, Engine, JacobianBlock, PromptProducts
+    from detjac.engine import AttributionGraph, BlockSink, Engine, JacobianBlock, PromptProducts
     from detjac.store import PromptWriter, StoreWriter
     from detjac.targets import Target
 
@@ -28,7 +28,8 @@ LOW_RANK_PASSES = 3  # sweeps of the row stream per prompt in low-rank mode (2 p
 
 
 def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine, ids: list[int], run: RunDescription,
-                 targets: list[Target], bar: Any, progress: bool = True, sums: Any = None) -> float:
+                 targets: list[Target], bar: Any, progress: bool = True, sums: Any = None,
+                 tee: BlockSink | None = None) -> float:
     """One prompt through ``engine`` into ``store`` by one :func:`detjac.engine.prompt_pass` (one trace); returns the
     output's reconstruction error. ``progress`` shows the engine's own bar of the forward pass (``bar`` alone counts
     the blocks).
@@ -36,8 +37,9 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     What the prompt produces decides how it is written: its whole Jacobian, block by block, with every layerwise
     ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:class:`_Swept`); or, with ``--keep rank:K``,
     the output's top triplets (:class:`_LowRank`). A ``--graph`` run (``run.graph``) commits either with its
-    attribution graph (:func:`graph_json`), computed on the same trace."""
-    from detjac.engine import GraphRequest, prompt_pass
+    attribution graph (:func:`graph_json`), computed on the same trace. ``tee``: a sink the blocks also go to
+    (:class:`detjac.engine.Tee`)."""
+    from detjac.engine import GraphRequest, Tee, prompt_pass
     from detjac.targets import OUTPUTS
 
     from .lens_run import lens_targets
@@ -54,7 +56,7 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
         sink = _Swept(store, engine, pid, item, ids, run, bar, targets, lens)
         wanted, mode = [*([OUTPUTS] if run.keeps_jacobian else []), *targets, *lens], run.mode
     prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=graph,
-                sink=sink, progress=progress)
+                sink=sink if tee is None else Tee(sink, tee), progress=progress)
     if isinstance(sink, _Swept) and sink.collected is not None and sums is not None:
         sums.add(store, pid, sink.collected.blocks)  # counted only once committed: see detjac.analysis.lens.lens_sums
     return sink.error

@@ -24,7 +24,7 @@ def run_local(plan: RunPlan, store: StoreWriter, tasks: list[PromptTask], summar
         with tqdm(total=len(tasks), desc="prompts", unit="prompt") as outer, \
                 tqdm(desc="blocks", unit="block", leave=False) as inner:
             for task in tasks:
-                error = write_one(plan.engine, store, task, plan.run, plan.targets, inner, sums=sums)
+                error = write_one(plan.engine, store, task, plan.run, plan.targets, inner, sums=sums, tee=plan.tee)
                 summary.add_written(error)
                 outer.set_postfix(error=f"{error:.1e}")
                 outer.update()

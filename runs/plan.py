@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine
+    from detjac.engine import BlockSink, Engine
     from detjac.store import Keep, StoreWriter
     from detjac.targets import Target
 
@@ -77,6 +77,7 @@ class RunPlan:
     targets: list[Target]  # layerwise targets (streamed engine)
     tasks: list[PromptTask]  # the unique prompts, in file order
     duplicates: int
+    tee: BlockSink | None = None  # where each prompt pass's blocks also go (``detjac jacobian --out run.zarr``)
 
     def summary(self) -> RunSummary:
         return RunSummary(duplicates=self.duplicates, blank_lines=self.prompts.blank)
@@ -95,7 +96,8 @@ class RunPlan:
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: LoadSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: Keep | str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
-                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None) -> RunPlan:
+                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None,
+                tee: BlockSink | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
     With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
@@ -105,6 +107,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Lo
     client plans on the CPU; its workers compute on their devices). ``lens``: a ``--lens`` run, whose ``layers``
     (default all) are the lens's and whose prompts store no layerwise Jacobian. ``graph``: a ``--graph`` run's
     settings (:func:`detjac.runs.description.graph_settings`), checked against the model once it is loaded.
+    ``engine``: an engine the caller loaded already, used as it is; ``tee``: see :class:`RunPlan`.
     """
     from detjac.store import prompt_id
 
@@ -154,7 +157,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Lo
             duplicates += 1
         else:
             tasks[pid] = PromptTask(pid, item, tok.ids, tok.error)
-    return RunPlan(prompts, spec, engine, run, targets, list(tasks.values()), duplicates)
+    return RunPlan(prompts, spec, engine, run, targets, list(tasks.values()), duplicates, tee)
 
 
 def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> Any:
@@ -180,10 +183,11 @@ def open_run_store(plan: RunPlan, out: str | Path, force_new: bool = False) -> A
 
 
 def write_one(engine: Engine, store: StoreWriter, task: PromptTask, run: RunDescription, targets: list[Target],
-              bar: Any, progress: bool = True, sums: Any = None) -> float:
-    """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``); returns
-    its reconstruction error."""
-    return write_prompt(store, engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums)
+              bar: Any, progress: bool = True, sums: Any = None, tee: BlockSink | None = None) -> float:
+    """Compute one prompt and commit it to ``store`` (a ``--lens`` run's blocks then go into ``sums``; ``tee``: a
+    sink its blocks also go to, as ``detjac jacobian --out run.zarr`` keeps the Jacobian it prints); returns its
+    reconstruction error."""
+    return write_prompt(store, engine, task.pid, task.item, task.ids, run, targets, bar, progress, sums, tee)
 
 
 def model_for_decoding(engine: Engine, spec: LoadSpec) -> tuple[dict[str, Any], dict[str, bytes]]:

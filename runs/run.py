@@ -18,7 +18,7 @@ from detjac.model_settings import LoadSpec
 from .scheduler import ClusterOptions
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, ModelRef
+    from detjac.engine import BlockSink, Engine, ModelRef
     from detjac.store import Keep, StoreReader, StoreWriter
 
     from .plan import PromptTask, RunPlan, RunSummary
@@ -154,7 +154,7 @@ def _check_lens_options(o: RunOptions) -> None:
 
 
 def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, options: RunOptions,
-               log: Log | None = None, engine: Engine | None = None) -> RunOutcome:
+               log: Log | None = None, engine: Engine | None = None, tee: BlockSink | None = None) -> RunOutcome:
     """Detached Jacobians of ``model`` on every prompt of the file ``prompts``, into the store ``out``.
 
     Parameters
@@ -173,6 +173,8 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
         for a distributed run, with where its cluster runs.
     engine : Engine or None
         The model loaded already (in one process only); None: loaded from ``model`` and ``options``.
+    tee : BlockSink or None
+        With ``engine``: a sink every prompt's blocks also go to (:class:`detjac.engine.Tee`).
 
     Returns
     -------
@@ -196,7 +198,7 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     # A distributed run's client plans on the CPU; the workers compute on --device.
     plan = prepare_run(spec.model.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.cluster.distributed,
-                       load_device="cpu" if o.cluster.distributed else None, lens=o.lens, engine=engine,
+                       load_device="cpu" if o.cluster.distributed else None, lens=o.lens, engine=engine, tee=tee,
                        graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold,
                                             o.graph_heads) if o.graph else None)
     summary = plan.summary()
@@ -246,15 +248,16 @@ def recorded_worst_error(store: StoreReader) -> float | None:
     return max(errors, default=None)
 
 
-def run_one(model: str | ModelRef, prompt: str, out: str, options: RunOptions, engine: Engine | None = None) -> str:
+def run_one(model: str | ModelRef, prompt: str, out: str, options: RunOptions, engine: Engine | None = None,
+            tee: BlockSink | None = None) -> str:
     """One prompt (text) into the store ``out`` (created, or resumed), as ``detjac run`` would store it from a
-    file holding that line, with ``engine`` when given (see :func:`run_corpus`); returns its prompt id."""
+    file holding that line, with ``engine`` and ``tee`` when given (see :func:`run_corpus`); returns its prompt id."""
     from detjac.store import open_store, prompt_id
 
     from .prompts import PromptLine, PromptsFile
 
     prompts = PromptsFile(Path("--prompt"), [PromptLine(1, prompt)], 0)
-    run_corpus(model, prompts, out, replace(options, cluster=ClusterOptions()), engine=engine)
+    run_corpus(model, prompts, out, replace(options, cluster=ClusterOptions()), engine=engine, tee=tee)
     return prompt_id(open_store(out).run, prompt)
 
 

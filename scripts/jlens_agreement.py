@@ -105,9 +105,9 @@ def hf_folder(work: Path, model: str) -> Path:
     """SmolLM2 as a float32 transformers folder, dequantized from the GGUF wheel's file (or the shipped default
     model's own folder)."""
     if model == "default":
-        from detjac.engine import resolve_model
+        from detjac.engine import ModelRef
 
-        return Path(resolve_model("default"))
+        return ModelRef.resolve("default").source
     folder = work / "smollm2-f32"
     if (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file():
         return folder

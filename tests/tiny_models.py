@@ -6,13 +6,16 @@ analysis tests do not import this module, so they run without torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from detjac.engine.checkpoints.tiny import WINDOW, save_tiny_checkpoint, tiny_config, tiny_model, tiny_model_types
 from detjac.engine.families import family_for
+from detjac.targets import Target
 
 FAMILIES = tiny_model_types()
 STREAMABLE = [t for t in FAMILIES if family_for(tiny_config(t)).streamable]
@@ -48,3 +51,29 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class Swept:
+    """One prompt pass's Jacobians (:func:`detjac.engine.prompt_pass`, assembled whole), looked up by target name or
+    :class:`~detjac.targets.Target`, with each target's reconstruction error as the pass computed it."""
+
+    def __init__(self, products: Any) -> None:
+        self.products, self.trace, self.plan, self.jacobians = (products, products.trace, products.plan,
+                                                                products.jacobians)
+
+    def _target(self, name: str | Target) -> Target:
+        return name if isinstance(name, Target) else next(t for t in self.jacobians if t.name == name)
+
+    def __getitem__(self, name: str | Target) -> torch.Tensor:
+        return self.jacobians[self._target(name)]
+
+    def reconstruction_error(self, name: str | Target) -> float:
+        return self.products.errors[self._target(name)]
+
+
+def swept(engine: Any, prompt: Any, targets: Sequence[str | Target], **options: Any) -> Swept:
+    """``prompt_pass(engine, prompt, targets, **options)`` with targets given by name (``"layer.1"``) too."""
+    from detjac.engine import prompt_pass
+
+    wanted = [t if isinstance(t, Target) else Target.parse(t, engine.n_layers) for t in targets]
+    return Swept(prompt_pass(engine, prompt, wanted, **options))

@@ -159,9 +159,9 @@ def checkpoint(args: argparse.Namespace, which: str) -> Path:
 
 
 def _copy_default_tokenizer(folder: Path) -> None:
-    from detjac.engine import resolve_model
+    from detjac.engine import ModelRef
 
-    default = Path(resolve_model("default"))
+    default = ModelRef.resolve("default").source
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (default / name).is_file():
             shutil.copy(default / name, folder / name)

@@ -67,7 +67,7 @@ def step_machine(args: argparse.Namespace, out: Partial) -> None:
 def step_exactness(args: argparse.Namespace, out: Partial) -> None:
     import torch
 
-    from detjac.engine import detached_jacobian, load_model
+    from detjac.engine import InMemoryEngine, jacobian, load_model
     from detjac.engine.checkpoints.tiny import tiny_model
 
     s = sizes(args.dry_run)
@@ -79,7 +79,7 @@ def step_exactness(args: argparse.Namespace, out: Partial) -> None:
         model = make()
         vocab = model.config.get_text_config().vocab_size
         ids = random_ids(vocab, s["exact_tokens"])
-        ref = detached_jacobian(model, ids).jacobian
+        ref = jacobian(InMemoryEngine(model), ids).jacobian
         scale = float(ref.abs().max())
         row: dict[str, Any] = {"tokens": len(ids)}
         for label, dtype, tf32 in (("float64", torch.float64, False), ("float32", torch.float32, False),
@@ -87,7 +87,7 @@ def step_exactness(args: argparse.Namespace, out: Partial) -> None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
             on = model.to(device=args.device, dtype=dtype)
-            res = detached_jacobian(on, ids, check=dtype == torch.float64)
+            res = jacobian(InMemoryEngine(on), ids, check=dtype == torch.float64)
             diff = float((res.jacobian.to("cpu", torch.float64) - ref).abs().max()) / scale
             row[label] = {"rel_error_vs_cpu_float64": diff, "reconstruction_error": float(res.reconstruction_error)}
             model = on.to(device="cpu", dtype=torch.float64)
@@ -106,8 +106,11 @@ def step_streamed(args: argparse.Namespace, out: Partial, which: str, tokens: in
     """The output's J at ``tokens`` tokens on the ``which`` shape, layer-streamed under the budget."""
     import torch
 
-    from detjac.engine import StreamedEngine, Target, reconstruct, relative_error
+    from detjac.engine import StreamedEngine
+    from detjac.engine.result import reconstruct
     from detjac.errors import InvalidArgumentError
+    from detjac.exactness import relative_error
+    from detjac.targets import Target
 
     from .flops import matmul_flops, sweep_flops
 
@@ -279,7 +282,8 @@ def step_cli(args: argparse.Namespace, out: Partial) -> None:
 def step_reference(args: argparse.Namespace, out: Partial) -> None:
     import torch
 
-    from detjac.engine import linearized, load_model
+    from detjac.engine import load_model
+    from detjac.engine.detach.model import linearized
 
     s = sizes(args.dry_run)
     folder = checkpoint(args, "8b")

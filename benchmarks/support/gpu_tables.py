@@ -19,10 +19,10 @@ def plans() -> str:
     a time, CostModel.per_matrix), or "refused" where the layers' weights (two as stored: the one in use and the next,
     read ahead; the one in use widened to the compute dtype, whole or a matrix at a time) and one vector do not fit. A
     markdown table (docs/user-guide.md shows it)."""
-    from detjac.engine import Target
     from detjac.engine.checkpoints.tiny import tiny_config
-    from detjac.engine.streamed.cost import CostModel
+    from detjac.engine.cost import CostModel
     from detjac.errors import InvalidArgumentError
+    from detjac.targets import Target
 
     lines = ["| shape | stored | dtype | tokens | one layer GiB (stored / compute) | "
              + " | ".join(f"{b} GiB" for b in PLAN_BUDGETS_GIB) + " |",

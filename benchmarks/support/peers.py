@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from detjac.engine import linearized
+from detjac.engine.detach.model import linearized
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
 UNIT_KINDS = ("neurons", "heads")

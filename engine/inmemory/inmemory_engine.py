@@ -1,35 +1,30 @@
 """The in-memory engine: a loaded transformers model of any supported family behind the engine interface.
 
-One linearized forward pass per prompt; rows, ``J^T u`` and ``J v`` by its explicit pieces (the default,
-:mod:`detjac.engine.inmemory.model_pieces`) or by ``torch.func`` (``sweeps="autograd"``, and the fallback). Only the
-``output`` target. Details: docs/engine.md, "The row-block engine"."""
+One linearized forward pass per prompt; its walk is the model's explicit pieces (the default,
+:mod:`detjac.engine.inmemory.model_pieces`) or the autograd walk, its ``torch.func`` pullback (``sweeps="autograd"``,
+the ordinary Jacobian, and the fallback: :class:`~detjac.engine.inmemory.rows.AutogradWalk`), which the sweeps of
+:mod:`detjac.engine.sweeps` cross. Only the ``output`` target. Details: docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import OUTPUTS, Target
 
 from ..checkpoints.loading import get_tokenizer
-from ..detach.model import linearized
+from ..cost import CostModel
 from ..families import family_for
 from ..interface import Engine
 from ..pieces.runner import chosen_sweeps
 from ..products.decode import model_decoding_matrices
 from ..products.logits import output_logits
-from ..pullback import EMBEDDINGS, PullRequest, Site, check_pull
-from ..pullback import OUTPUT as OUTPUT_SITE
-from ..streamed.cost import MODES, CostModel, check_request
-from ..types import EngineStats, JacobianBlock, Plan, Prompt, Trace
-from ..verbs import DeprecatedVerbs
+from ..types import EngineStats, Plan, Prompt, Trace
 from .model_pieces import FrozenModel
-from .rows import JacobianStream, trace_model
+from .rows import AutogradWalk, InMemoryTrace, trace_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -37,19 +32,7 @@ if TYPE_CHECKING:
 FORWARD_MODES = ("transpose", "jvp")
 
 
-@dataclass
-class InMemoryTrace(Trace):
-    """A :class:`~detjac.engine.interface.Trace` holding the linearized forward pass's pullback."""
-
-    stream: JacobianStream | None = field(default=None, repr=False)
-    @property
-    def frozen(self) -> FrozenModel | None:
-        """The explicit sweeps' pieces; None on the autograd path (the stream keeps a pullback)."""
-        return self.stream.frozen if self.stream is not None else None
-    transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
-
-
-class InMemoryEngine(DeprecatedVerbs, Engine):
+class InMemoryEngine(Engine):
     """A loaded model behind the :class:`~detjac.engine.interface.Engine` interface.
 
     Parameters
@@ -104,95 +87,29 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
     def trace(self, prompt: Prompt, *, position: int | None = None, progress: bool = False) -> InMemoryTrace:
         """The linearized forward pass, its pieces (explicit) or its pullback (autograd) kept (and, for an affine
         family, the offset ``b``); the first fallback from explicit to autograd warns."""
-        s = trace_model(self.model, prompt, detach=self.detach, position=position, tokenizer=self.tokenizer,
+        t = trace_model(self.model, prompt, detach=self.detach, position=position, tokenizer=self.tokenizer,
                         convention=self.convention, sweeps=self.sweeps, warn=not self._warned)
-        self._warned = self._warned or s.fallback is not None  # said once per engine
-        if s.frozen is not None:
-            s.frozen.stats = self.stats
-        return InMemoryTrace(s.token_ids, s.position % len(s.token_ids), s.embeddings, s.output, s.bias, s)
+        self._warned = self._warned or t.fallback is not None  # said once per engine
+        if t.frozen is not None:
+            t.frozen.stats = self.stats
+        return t
 
-    def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
-             token_block: int | None = None) -> Plan:
-        """Row blocks of the output's Jacobian (reverse mode: the only one this engine has)."""
-        if mode not in MODES or mode == "forward":
-            raise InvalidArgumentError(f"Expected mode auto or reverse for the in-memory engine. Got {mode!r}.")
-        others = [t.name for t in targets if not t.is_output]
-        if others:
-            raise InvalidArgumentError(
-                f"Expected only the 'output' target from the in-memory engine. Got {', '.join(others)}: layerwise "
-                "targets need the layer-streamed engine (detjac run --layers, or StreamedEngine)."
-            )
-        check_request("reverse", row_block, token_block)
-        rows = row_block or self._cost(trace).plan(trace.n_tokens, [OUTPUTS], mode="reverse").row_block
-        return Plan([OUTPUTS] if targets else [], [], rows, 1, float(self.d_model), 0.0,
-                    -(-self.d_model // rows) if targets else 0, 0)
-
-    def _cost(self, trace: Trace) -> CostModel:
+    def cost_model(self, trace: Trace) -> CostModel:
         """The cost model of this engine's sweeps on ``trace`` (the weights are held already: no layer to read), whose
         plan sizes the row block when none is given: all d rows in one block where the MLPs fold and the block fits
-        the memory this machine has free, else as many as fit (:meth:`~detjac.engine.streamed.cost.CostModel.plan`,
+        the memory this machine has free, else as many as fit (:meth:`~detjac.engine.cost.CostModel.plan`,
         the layer-streamed engine's rule without a budget)."""
         explicit = isinstance(trace, InMemoryTrace) and trace.frozen is not None
         return CostModel.of(self.model.config, trace.embeddings.element_size(), 0, detach=self.detach,
                             sweeps="explicit" if explicit else "autograd")
 
-    def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
-               progress: bool = False) -> Iterator[JacobianBlock]:
-        """Rows of the output's Jacobian, ``plan.row_block`` at a time, from vmapped basis pullbacks."""
-        plan = plan if plan is not None else self.plan(trace, targets)
-        if plan.reverse:
-            for r in _stream(trace).rows(plan.row_block, progress):
-                yield JacobianBlock(OUTPUTS, r.start, r.stop, 0, trace.n_tokens, r.values)
-
     @contextmanager
-    def walk(self, trace: Trace) -> Iterator[FrozenModel]:
-        """The trace's frozen pieces of the whole model (explicit sweeps), refused by name where there are none."""
-        frozen = _in_memory(trace).frozen
-        if frozen is None:
-            raise InvalidArgumentError("Expected a trace with the model's explicit pieces. Got one whose sweeps went "
-                                       f"through torch.func: {_stream(trace).fallback or 'chosen'}.")
-        with torch.no_grad():
-            yield frozen
-
-    def pulls(self, trace: Trace, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:
-        """The walk's sweep (explicit sweeps); on the autograd path only the output's cotangents read at the
-        embeddings, by the kept pullback."""
+    def walk(self, trace: Trace, plan: Plan | None = None) -> Iterator[FrozenModel | AutogradWalk]:
+        """The trace's frozen pieces of the whole model (explicit sweeps), else the autograd walk (its ``torch.func``
+        pullback, which honours the output's cotangents read at the embeddings)."""
         t = _in_memory(trace)
-        if t.frozen is not None:
-            yield from super().pulls(trace, requests)
-            return
-        check_pull(requests, self.pullback_sites, self.detach)
-        for j, request in enumerate(requests):
-            if any(s.site != OUTPUT_SITE for s in request.seeds) or set(request.reads) != {EMBEDDINGS}:
-                raise InvalidArgumentError(
-                    "Expected the output's cotangents read at the embeddings from the in-memory engine's autograd "
-                    f"sweeps ({t.stream.fallback if t.stream and t.stream.fallback else 'chosen'}). Got seeds at "
-                    f"{', '.join(s.site.name for s in request.seeds)} read at "
-                    f"{', '.join(r.name for r in request.reads)}."
-                )
-            yield j, EMBEDDINGS, _stream(trace).pull(torch.stack([s.values for s in request.seeds]).sum(0))
-
-    def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
-        """``J v``: (c, n, d) -> (c, d), by the transposed pullback or forward mode (see ``forward``)."""
-        t = _in_memory(trace)
-        if t.frozen is not None:
-            return t.frozen.push(tangents)
-        if self.forward == "jvp":
-            return self._jvp(t, tangents)
-        if t.transpose is None:  # any point will do: the pullback is linear in its cotangent
-            pullback = _stream(t).pullback
-            with torch.enable_grad():
-                _, t.transpose = torch.func.vjp(lambda u: pullback(u)[0], torch.zeros_like(t.output))
         with torch.no_grad():
-            return torch.func.vmap(t.transpose)(tangents)[0]
-
-    def _jvp(self, trace: InMemoryTrace, tangents: torch.Tensor) -> torch.Tensor:
-        x, p = trace.embeddings, trace.position
-        with linearized(self.model, detach=self.detach, convention=self.convention) as lin, torch.no_grad():
-            def target(e: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
-                return lin.decoder(inputs_embeds=e[None], use_cache=False).last_hidden_state[0, p]
-
-            return torch.func.vmap(lambda v: torch.func.jvp(target, (x,), (v,))[1])(tangents)
+            yield t.frozen if t.frozen is not None else AutogradWalk(t, self)
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The model's own matrices (an encoder's left vectors decode through its word embeddings)."""
@@ -211,14 +128,9 @@ class InMemoryEngine(DeprecatedVerbs, Engine):
 
 
 def _in_memory(trace: Trace) -> InMemoryTrace:
-    if not isinstance(trace, InMemoryTrace) or trace.stream is None:
+    if not isinstance(trace, InMemoryTrace):
         raise InvalidArgumentError(
             f"Expected a trace from the in-memory engine's own trace(). Got a {type(trace).__name__}."
         )
     return trace
 
-
-def _stream(trace: Trace) -> JacobianStream:
-    stream = _in_memory(trace).stream
-    assert stream is not None  # checked by _in_memory
-    return stream

@@ -1,13 +1,14 @@
-"""Row-block Jacobians of the (detached) forward pass: :func:`trace_model`.
+"""The in-memory engine's trace: one (linearized) forward pass of a loaded model, :func:`trace_model`.
 
-One forward pass, then rows block by block (:class:`JacobianStream`), by the explicit pieces or vmapped
-``torch.func.vjp``; an affine family's offset ``b`` comes from a replay on zero inputs
-(:mod:`detjac.engine.detach.factors`). Details: docs/engine.md, "The row-block engine"."""
+The trace keeps what the sweeps need: the model's frozen pieces (the explicit sweeps) or a ``torch.func`` pullback
+(the autograd sweeps, the ordinary Jacobian, and the fallback for a piece without an explicit rule); an affine
+family's offset ``b`` comes from a replay on zero inputs (:mod:`detjac.engine.detach.factors`). :func:`pull` is
+``u -> u J`` on either. Details: docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from detjac.errors import InvalidArgumentError
-from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
 
 from ..checkpoints.loading import parse_prompt
 from ..detach.factors import FactorTape
@@ -25,86 +25,30 @@ from ..detach.model import linearized
 from ..families import family_for
 from ..pieces import NotAPiece
 from ..pieces.runner import chosen_sweeps
-from ..result import reconstruct
-from ..types import JacobianBlock
+from ..types import Trace
 from .model_pieces import FrozenModel, freeze_model
 
 
 @dataclass
-class JacobianStream:
-    """A forward pass whose Jacobian rows are produced lazily, block by block.
+class InMemoryTrace(Trace):
+    """A :class:`~detjac.engine.types.Trace` of a loaded model: its frozen pieces (explicit sweeps) or its
+    ``torch.func`` pullback (autograd sweeps), and why the explicit sweeps were asked for and not taken."""
 
-    Attributes
-    ----------
-    token_ids : list[int]
-        Prompt token ids (n_tokens).
-    embeddings : torch.Tensor
-        (n_tokens, d_model) input embeddings the model consumed.
-    output : torch.Tensor
-        (d_model,) final normed hidden state at ``position``.
-    row_block : int
-        Rows per block.
-    bias : torch.Tensor or None
-        (d_model,) offset ``b`` of an affine model's detached map (None for linear families
-        and for the ordinary Jacobian).
-    frozen : FrozenModel or None
-        The explicit sweeps' pieces (then ``pullback`` is None).
-    fallback : str or None
-        Why the explicit sweeps were asked for and not taken (an unknown piece), else None.
-    """
-
-    token_ids: list[int]
-    embeddings: torch.Tensor
-    output: torch.Tensor
-    position: int
-    row_block: int
-    detached: bool
-    family: str
-    detach_rules: list[str]
-    pullback: Any = field(repr=False)
-    progress: bool = False
-    bias: torch.Tensor | None = None
     frozen: FrozenModel | None = field(default=None, repr=False)
+    pullback: Any = field(default=None, repr=False)  # u -> (u J,): the autograd sweeps' pullback
     fallback: str | None = None
+    transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
 
-    def reconstruct(self, jacobian: torch.Tensor) -> torch.Tensor:
-        """``sum_k J_k x_k (+ b)`` for rows of the Jacobian (rows, n_tokens, d_model) -> (rows,)."""
-        return reconstruct(jacobian, self.embeddings, self.bias)
 
-    @property
-    def n_rows(self) -> int:
-        return int(self.output.shape[0])
-
-    @property
-    def n_blocks(self) -> int:
-        return -(-self.n_rows // self.row_block)
-
-    def __iter__(self) -> Iterator[JacobianBlock]:
-        return self.rows(self.row_block, self.progress)
-
-    def rows(self, row_block: int, progress: bool = False) -> Iterator[JacobianBlock]:
-        """Every row of J, ``row_block`` at a time, from vmapped pullbacks of basis cotangents."""
-        from detjac.progress import progress_bar
-
-        eye = torch.eye(self.n_rows, dtype=self.output.dtype, device=self.output.device)
-        starts = range(0, self.n_rows, row_block)
-        for start in progress_bar(starts, progress, "row blocks", "block", total=-(-self.n_rows // row_block)):
-            stop = min(start + row_block, self.n_rows)
-            yield JacobianBlock(OUTPUTS, start, stop, 0, len(self.token_ids), self.pull(eye[start:stop]))
-
-    def pull(self, cotangents: torch.Tensor) -> torch.Tensor:
-        """``cotangents @ J`` for a block of output-space rows (rows, d_model) -> (rows, n_tokens, d_model).
-
-        Basis rows give rows of J (what iterating the stream does); any other rows give products with
-        ``J^T`` without forming J (:mod:`detjac.engine.products.linear_operator`).
-        """
-        # torch.func pullbacks build a graph of the backward itself (for higher-order
-        # transforms) unless grad mode is off; that graph would keep every intermediate
-        # cotangent of the block alive (3x the peak memory at d_model=512).
-        if self.frozen is not None:
-            return self.frozen.pull(cotangents)
-        with torch.no_grad():
-            return torch.func.vmap(self.pullback)(cotangents)[0]
+def pull(trace: InMemoryTrace, cotangents: torch.Tensor) -> torch.Tensor:
+    """``cotangents @ J`` for output-space rows (rows, d_model) -> (rows, n_tokens, d_model): basis rows give rows
+    of J, any other rows products with ``J^T`` without forming J."""
+    if trace.frozen is not None:
+        return trace.frozen.pull(cotangents)
+    # torch.func pullbacks build a graph of the backward itself (for higher-order transforms) unless grad mode is
+    # off; that graph would keep every intermediate cotangent of the block alive (3x the peak memory at d_model=512).
+    with torch.no_grad():
+        return torch.func.vmap(trace.pullback)(cotangents)[0]
 
 
 def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, position: int | None,
@@ -126,20 +70,10 @@ def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.
     return ids, position
 
 
-def trace_model(
-    model: PreTrainedModel,
-    prompt: str | Sequence[int] | torch.Tensor,
-    *,
-    row_block: int = DEFAULT_ROW_BLOCK,
-    detach: bool = True,
-    position: int | None = None,
-    tokenizer: Any | None = None,
-    progress: bool = False,
-    convention: str | None = None,
-    sweeps: str | None = None,
-    warn: bool = True,
-) -> JacobianStream:
-    """Run the forward pass and return a stream of Jacobian row blocks.
+def trace_model(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, *, detach: bool = True,
+                position: int | None = None, tokenizer: Any | None = None, convention: str | None = None,
+                sweeps: str | None = None, warn: bool = True) -> InMemoryTrace:
+    """Run the (linearized) forward pass of ``prompt`` and keep what its Jacobian's sweeps need.
 
     Parameters
     ----------
@@ -147,13 +81,11 @@ def trace_model(
         A loaded causal LM of a supported family (see :func:`load_model`).
     prompt
         Text (tokenized with the model's tokenizer, special tokens added) or token ids.
-    row_block
-        Cotangent rows per vmapped pullback: memory grows linearly with it.
     detach
         Freeze the nonlinear factors (detached Jacobian) or not (ordinary Jacobian).
     position
-        Token position whose output is the target. Default: the last (causal models), 0
-        (the [CLS] token) for encoders.
+        Token position whose output is the target. Default: the last (causal models), 0 (the [CLS] token) for
+        encoders.
     convention
         The family's detach convention (None: its default; see :func:`linearized`).
     sweeps
@@ -168,28 +100,25 @@ def trace_model(
     PromptError
         Empty prompt, unknown token ids, or more tokens than the model's context.
     InvalidArgumentError
-        ``row_block`` < 1, ``position`` outside the prompt, a convention the family lacks, or a bad ``sweeps``.
+        ``position`` outside the prompt, a convention the family lacks, or a bad ``sweeps``.
     UnsupportedModelError
         Unknown family or a module without a detach rule.
     """
-    if not isinstance(row_block, int) or row_block < 1:
-        raise InvalidArgumentError(f"Expected row_block to be a positive integer. Got {row_block!r} instead.")
     ids, position = prompt_position(model, prompt, position, tokenizer)
+    at = position % len(ids)
     explicit = detach and chosen_sweeps(sweeps) == "explicit"
     fallback = None
     with linearized(model, detach=detach, convention=convention) as lin:
         device = next(model.parameters()).device
         input_ids = torch.tensor([ids], device=device)
         embeddings = lin.decoder.get_input_embeddings()(input_ids)[0].detach()  # (n, d)
-        rules = lin.family.describe(lin.convention) if detach else []
         if explicit:
             try:
-                frozen, output, bias = freeze_model(lin, embeddings, position % len(ids))
+                frozen, output, bias = freeze_model(lin, embeddings, at)
             except NotAPiece as e:
                 fallback = str(e)
             else:
-                return JacobianStream(ids, embeddings, output, position, row_block, detach, lin.family.name, rules,
-                                      None, progress, bias, frozen)
+                return InMemoryTrace(ids, at, embeddings, output, bias, frozen=frozen)
             if warn:
                 warnings.warn(f"{lin.family.name} {fallback}; its sweeps go through torch.func (the autograd sweeps) "
                               "instead of explicit matmuls.", RuntimeWarning, stacklevel=2)
@@ -210,9 +139,69 @@ def trace_model(
             return y, (bias.detach(),)
 
         output, pullback, aux = torch.func.vjp(forward, embeddings, has_aux=True)
-        bias = aux[0] if aux else None
-    return JacobianStream(
-        token_ids=ids, embeddings=embeddings, output=output.detach(), position=position,
-        row_block=row_block, detached=detach, family=lin.family.name, detach_rules=rules, pullback=pullback,
-        progress=progress, bias=bias, fallback=fallback,
-    )
+    return InMemoryTrace(ids, at, embeddings, output.detach(), aux[0] if aux else None, pullback=pullback,
+                         fallback=fallback)
+
+
+class AutogradWalk:
+    """The autograd walk: the whole model crossed at once by the trace's ``torch.func`` pullback, a
+    :class:`~detjac.engine.pullback.Walk` with no layer of its own (the sweep goes from the output straight to the
+    embeddings). It honours the output's cotangents read at the embeddings, and nothing inside the model.
+
+    ``engine``: the in-memory engine whose trace it is (its model, ``detach``, convention, and ``forward``: how
+    :meth:`push` computes ``J v``)."""
+
+    n_layers = 0
+
+    def __init__(self, trace: InMemoryTrace, engine: Any) -> None:
+        self.trace, self.engine, self.n_tokens = trace, engine, trace.n_tokens
+
+    def supports(self, request: Any) -> str | None:
+        from ..pullback import EMBEDDINGS, OUTPUT
+
+        if any(s.site != OUTPUT for s in request.seeds) or set(request.reads) != {EMBEDDINGS} or request.cut:
+            return (f"its sweeps go through torch.func ({self.trace.fallback or 'chosen'}), which honours the output's "
+                    f"cotangents read at the embeddings; got seeds at {', '.join(s.site.name for s in request.seeds)}"
+                    f" read at {', '.join(r.name for r in request.reads)}")
+        return None
+
+    def final(self, seed: Any) -> torch.Tensor:
+        """(B, d) cotangents of the output -> (B, n, d) at the embeddings: the whole model's pullback."""
+        return pull(self.trace, seed.values)
+
+    def layer(self, i: int) -> Any:
+        """Refused by name: the sweep never enters a layer of this walk, and what asks for one needs explicit
+        pieces (neurons, heads)."""
+        raise InvalidArgumentError(f"Expected a trace with the model's explicit pieces for layer {i}. Got one whose "
+                                   f"sweeps went through torch.func: {self.trace.fallback or 'chosen'}.")
+
+    def embed(self, g: torch.Tensor) -> torch.Tensor:
+        return g  # final() already reached the embeddings
+
+    def enter(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise InvalidArgumentError("Expected a trace with the model's explicit pieces for the residual stream's ends. "
+                                   f"Got one whose sweeps went through torch.func: {self.trace.fallback or 'chosen'}.")
+
+    def push(self, tangents: torch.Tensor) -> torch.Tensor:
+        """``J v``: (c, n, d) -> (c, d), by the transposed pullback (``forward="transpose"``: the pullback of the
+        kept pullback, any point will do as it is linear in its cotangent) or forward mode (``"jvp"``)."""
+        t = self.trace
+        if self.engine.forward == "jvp":
+            return self._jvp(tangents)
+        if t.transpose is None:
+            pullback = t.pullback
+            with torch.enable_grad():
+                _, t.transpose = torch.func.vjp(lambda u: pullback(u)[0], torch.zeros_like(t.output))
+        with torch.no_grad():
+            return torch.func.vmap(t.transpose)(tangents)[0]
+
+    def _jvp(self, tangents: torch.Tensor) -> torch.Tensor:
+        e, x, p = self.engine, self.trace.embeddings, self.trace.position
+        with linearized(e.model, detach=e.detach, convention=e.convention) as lin, torch.no_grad():
+            def target(v: torch.Tensor) -> torch.Tensor:  # (n, d) -> (d,)
+                return lin.decoder(inputs_embeds=v[None], use_cache=False).last_hidden_state[0, p]
+
+            return torch.func.vmap(lambda v: torch.func.jvp(target, (x,), (v,))[1])(tangents)

@@ -5,7 +5,7 @@ With its gate frozen, a gated MLP at position ``p`` is the linear map ``F_p = W_
 through the intermediate of width ``f``: ``4 B d f`` FLOPs per position. Folded, ``F_p`` costs ``2 d² f`` once per
 position and the block ``2 B d²``: fewer FLOPs when ``B > d f / (2 f - d)`` (for SmolLM2, d 576, f 1536: 355 rows of
 576, so only where one block carries most of the d rows of a short prompt). :func:`fold_pays` prices both per layer
-(its shapes) and per block (its rows); :class:`~detjac.engine.streamed.cost.CostModel` asks it too.
+(its shapes) and per block (its rows); :class:`~detjac.engine.cost.CostModel` asks it too.
 
 Scope of exactness: the same products summed in another order, so the result differs from the unfolded path by
 rounding only (about 1e-16 relative in float64). A mixture of experts never folds: its experts are crossed by their own

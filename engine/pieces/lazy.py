@@ -1,6 +1,6 @@
 """A layer widened a matrix at a time: each linear weight stays in its stored form and is widened just before its use.
 
-Where the cost model says so (:meth:`~detjac.engine.streamed.cost.CostModel.per_matrix`), the skeleton does not widen
+Where the cost model says so (:meth:`~detjac.engine.cost.CostModel.per_matrix`), the skeleton does not widen
 a layer's linear weights when the layer is loaded: each ``nn.Linear`` gets a :class:`LazyWeight` and a pair of hooks
 that widen its weight for the duration of its forward call and put it back on ``meta`` afterwards, and the explicit
 pieces (:mod:`.layer`) take the :class:`LazyWeight` itself (``projection``), fold the norm gains

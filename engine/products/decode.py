@@ -14,6 +14,12 @@ from detjac.errors import CheckpointError
 from detjac.singular import orient as orient_pairs
 
 
+def numpy_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype a tensor of ``dtype`` is copied to numpy in: its own, but float32 for 16-bit floats (numpy has
+    no bfloat16; float16 is widened with it, so that both decode alike)."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 class RowBlocks:
     """A (rows, ...) matrix handed out in row blocks: ``m.shape``, ``m.dtype`` (numpy) and ``m[start:stop]`` (a numpy
     array), read on demand by ``read(start, stop)``, so that a vocabulary-sized matrix can be copied into a store
@@ -21,8 +27,8 @@ class RowBlocks:
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, read: Callable[[int, int], torch.Tensor]) -> None:
         self.shape = tuple(int(s) for s in shape)
-        self._torch_dtype = dtype
-        self.dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self._torch_dtype = numpy_dtype(dtype)
+        self.dtype = torch.empty(0, dtype=self._torch_dtype).numpy().dtype
         self._read = read
 
     def __getitem__(self, index: slice) -> np.ndarray:
@@ -53,8 +59,11 @@ def dense_svd(op: torch.Tensor, k: int, orient: torch.Tensor | None = None) -> S
 
     Singular vectors are defined up to a joint sign. With ``orient`` (d_out,) given, each
     pair is flipped so that ``u . orient >= 0`` (e.g. the output the operator produced),
-    which makes decoded tokens comparable across runs.
+    which makes decoded tokens comparable across runs. A 16-bit operator is decomposed in float32 (torch has no
+    16-bit SVD on the CPU), and so are its triplets.
     """
+    wide = numpy_dtype(op.dtype)
+    op, orient = op.to(wide), (orient.to(wide) if orient is not None else None)
     U, S, Vh = torch.linalg.svd(op, full_matrices=False)
     U, S, V = U[:, :k], S[:k], Vh[:k].T
     if orient is not None:
@@ -86,8 +95,7 @@ def _numpy(t: torch.Tensor | RowBlocks | np.ndarray) -> Any:
     :class:`RowBlocks` (rows read on demand) or a numpy array as it is."""
     if not isinstance(t, torch.Tensor):
         return t
-    t = t.detach().cpu()
-    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+    return t.detach().to(device="cpu", dtype=numpy_dtype(t.dtype)).numpy()
 
 
 def final_norm_gain(model: torch.nn.Module) -> torch.Tensor | None:

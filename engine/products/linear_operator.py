@@ -15,9 +15,9 @@ from detjac.errors import InvalidArgumentError
 from detjac.exactness import check_exact, relative_error
 from detjac.targets import OUTPUTS
 
+from ..cost import check_positive
 from ..interface import Engine
 from ..selection import as_engine
-from ..streamed.cost import check_positive
 from ..types import Prompt, Trace
 
 

@@ -31,7 +31,7 @@ class AutogradAdjoint:
         self.sk, self.steps = sk, steps
 
     def sizing(self) -> str:
-        """The sweeps the cost model sizes blocks for (:class:`~detjac.engine.streamed.cost.CostModel`)."""
+        """The sweeps the cost model sizes blocks for (:class:`~detjac.engine.cost.CostModel`)."""
         return self.name
 
     def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:

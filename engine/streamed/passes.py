@@ -1,8 +1,9 @@
-"""The sweeps of the layer-streamed engine: blocks of vectors through one detached layer at a time.
+"""The layer-streamed engine's walk: blocks of vectors through one detached layer at a time.
 
-:func:`reverse` takes row blocks from the top layer down, :func:`forward` token blocks from the bottom up (causally
-truncated); both also take arbitrary vectors, for the matrix-free operator. Details: docs/engine.md, "Reverse and
-forward sweeps"."""
+:class:`StreamedWalk` is what the sweeps (:mod:`detjac.engine.sweeps`) cross from the top layer down, row block by
+row block; forward mode, which only this engine has, is its :meth:`~StreamedWalk.columns` (:func:`forward`: token
+blocks from the bottom up, causally truncated) and :meth:`~StreamedWalk.push` (arbitrary directions, for the
+matrix-free operator). Details: docs/engine.md, "Reverse and forward sweeps"."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from contextlib import contextmanager
 
 import torch
 
-from detjac.errors import InvalidArgumentError
 from detjac.progress import progress_bar
 from detjac.targets import OUTPUTS, RESID_MID, Target
 
-from ..pullback import EMBEDDINGS, EVERY_POSITION, LayerPull, PullRequest, Seed, Site, input_of, pulls
 from ..pullback import OUTPUT as OUTPUT_SITE
+from ..pullback import LayerPull, PullRequest, Seed
 from ..types import JacobianBlock
 from .adjoint import AutogradAdjoint
 from .skeleton import Skeleton
@@ -59,85 +59,19 @@ class StreamedWalk:
     def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.trace.inputs[0].to(self.sk.device), self.trace.inputs[-1].to(self.sk.device)
 
+    def norm_matrix(self, v: torch.Tensor) -> torch.Tensor:
+        """(d, d) the final norm's Jacobian, frozen at ``v`` (d,): the ``*_normed`` targets' map."""
+        return self.steps.norm_matrix(v)
 
-def reverse(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], r0: int, r1: int,
-            progress: bool = False, seed: torch.Tensor | None = None, adjoint: AutogradAdjoint | None = None,
-            every_position: bool = False) -> Iterator[JacobianBlock]:
-    """Rows ``r0:r1`` of every target; with ``seed`` (r1 - r0, n, d), its rows at the target position are
-    pulled back instead of the basis rows ``r0:r1``: the values are then ``seed[:, p] @ J`` (matrix-free).
-    With ``every_position`` the seed's rows at *every* position are pulled back through the final normed state
-    there, so the output's cotangents at layer ``L`` are ``sum_p' seed[:, p'] @ dy_p' / dh_L`` (the Jacobian lens
-    of the literature sums these over ``p'``); only the output and ``to_output`` targets are then defined.
+    def columns(self, targets: list[Target], k0: int, k1: int, progress: bool = False) -> Iterator[JacobianBlock]:
+        """Forward mode: the columns of tokens ``k0:k1`` of every target (:func:`forward`)."""
+        return forward(self.sk, self.steps, self.trace, targets, k0, k1, progress, adjoint=self.adjoint)
 
-    Each target is one :class:`~detjac.engine.pullback.PullRequest` (the output and every ``to_output`` share one:
-    ``to_output.L`` is the output's cotangents at layer ``L``'s output), swept together by
-    :func:`~detjac.engine.pullback.pulls`. ``adjoint`` moves the block through each layer (default: ``torch.func``)."""
-    n, d, p = len(trace.token_ids), sk.d_model, trace.position
-    rows = r1 - r0
-    adjoint = adjoint if adjoint is not None else AutogradAdjoint(sk, steps)
-    if seed is None:
-        seed = torch.zeros(rows, n, d, dtype=sk.dtype, device=sk.device)
-        seed[torch.arange(rows), p, torch.arange(r0, r1)] = 1.0
-    swept = [t for t in targets if not t.is_output and not t.is_to_output]
-    if every_position and (swept or seed.shape[:2] != (rows, n)):
-        raise InvalidArgumentError("Expected only output and to_output targets and a seed (rows, n_tokens, d) for a "
-                                   f"sweep from every position. Got {', '.join(t.name for t in swept) or 'no'} other "
-                                   f"targets and a seed of shape {tuple(seed.shape)}.")
-    requests, owners = _requests(steps, trace, targets, seed, every_position)
-    walk = StreamedWalk(sk, steps, trace, adjoint)
-    bar = progress_bar(None, progress, "reverse sweep", "layer", total=sk.n_layers, leave=False)
-    last = sk.n_layers
-    try:
-        for j, site, values in pulls(walk, requests):
-            if bar is not None and site.kind == "input" and site.layer < last:
-                bar.update(last - site.layer)
-                last = site.layer
-            block = JacobianBlock(owners[j][site], r0, r1, 0, n, values)
-            del values
-            yield block
-            del block  # a read the caller has taken is not held while the sweep goes on
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _requests(steps: LayerSteps, trace: StreamedTrace, targets: list[Target], seed: torch.Tensor,
-              every_position: bool) -> tuple[list[PullRequest], list[dict[Site, Target]]]:
-    """One pull request per target (the output and the ``to_output`` targets share one), and which target each
-    request's reads belong to."""
-    requests: list[PullRequest] = []
-    owners: list[dict[Site, Target]] = []
-    to_output = [t for t in targets if t.is_to_output]
-    want_output = any(t.is_output for t in targets)
-    if want_output or to_output:
-        site_seed = Seed(EVERY_POSITION, seed) if every_position else Seed(OUTPUT_SITE, seed[:, trace.position])
-        owner = {input_of(t.layer + 1): t for t in to_output}
-        if want_output:
-            owner[EMBEDDINGS] = OUTPUTS
-        requests.append(PullRequest((site_seed,), tuple(owner)))
-        owners.append(owner)
-    for t in (t for t in targets if not t.is_output and not t.is_to_output):
-        own = _normed_seed(steps, trace, t, seed) if t.normed else seed
-        read = input_of(t.layer) if t.local else EMBEDDINGS
-        requests.append(PullRequest((Seed(_seed_site(t), own),), (read,)))
-        owners.append({read: t})
-    return requests, owners
-
-
-def _seed_site(t: Target) -> Site:
-    """Where a layer target's cotangents enter: its residual-stream vector."""
-    kind = {"layer": "input", "attn": "attn", RESID_MID: "mid", "mlp": "mlp"}[t.base]
-    return Site(kind, t.layer + 1 if kind == "input" else t.layer)
-
-
-def _normed_seed(steps: LayerSteps, trace: StreamedTrace, t: Target, seed: torch.Tensor) -> torch.Tensor:
-    """``seed`` at the position times the final norm's Jacobian ``M`` at the target's own vector: the cotangents of
-    the un-normed vector that give the normed target's rows (``J_normed = M J``)."""
-    p = trace.position
-    M = steps.norm_matrix(trace.base_value(t).to(seed.device))  # (d, d)
-    out = torch.zeros_like(seed)
-    out[:, p] = seed[:, p] @ M
-    return out
+    def push(self, tangents: torch.Tensor) -> torch.Tensor:
+        """``J v`` of the output by one forward-mode sweep: (c, n, d) -> (c, d)."""
+        (block,) = forward(self.sk, self.steps, self.trace, [OUTPUTS], 0, tangents.shape[0], tangent=tangents,
+                           adjoint=self.adjoint)
+        return block.values.T
 
 
 def forward(sk: Skeleton, steps: LayerSteps, trace: StreamedTrace, targets: list[Target], k0: int, k1: int,

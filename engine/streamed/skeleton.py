@@ -22,7 +22,7 @@ from detjac.singular import VOCAB_CHUNK_BYTES
 from ..checkpoints.stored import Stored, check_stored_dtype, stored_bytes, widen
 from ..checkpoints.weights import ModuleWeights, WeightSource
 from ..pieces import lazy
-from ..products.decode import RowBlocks, final_norm_gain
+from ..products.decode import RowBlocks, final_norm_gain, numpy_dtype
 from ..types import EngineStats
 from .prefetch import LayerFeed, make_reader
 
@@ -303,8 +303,8 @@ class Skeleton:
 
     def decoding_rows(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """``embedding`` and ``unembedding`` as :class:`RowBlocks` over the source (each block read when asked for),
-        ``final_norm`` (d,) as a numpy array."""
-        dtype = dtype or self.dtype
+        ``final_norm`` (d,) as a numpy array; a 16-bit ``dtype`` (default: the compute dtype) widened to float32."""
+        dtype = numpy_dtype(dtype or self.dtype)
         out: dict[str, Any] = {}
         for which in ("embedding", "unembedding"):
             key = self._matrix_key(which)

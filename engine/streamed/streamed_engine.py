@@ -16,31 +16,27 @@ import torch
 from torch import nn
 
 from detjac.errors import InvalidArgumentError
-from detjac.progress import progress_bar
-from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS, Target, layer_targets
+from detjac.targets import OUTPUTS
 
 from ..checkpoints.reference import ModelRef
 from ..checkpoints.sources import open_source
 from ..checkpoints.stored import check_compute_dtype
 from ..checkpoints.weights import check_complete, check_shapes
+from ..cost import CostModel
 from ..detach.model import linearized
 from ..interface import Engine
-from ..memory import budgets_of, check_device, compute_dtype, device_key, parse_memory, return_freed_memory
-from ..types import JacobianBlock, Plan, Prompt, Trace
-from ..verbs import DeprecatedVerbs
-from . import passes as sweeps
+from ..memory import budgets_of, check_device, compute_dtype, device_key
+from ..types import Plan, Prompt, Trace
 from .adjoint import make_adjoint
-from .cost import CostModel
-from .result import StreamedResult
+from .passes import StreamedWalk
 from .skeleton import Skeleton
 from .source import check_quantize, load_tokenizer, model_class, streamable_family
 from .tracing import LayerSteps, StreamedTrace
 
-__all__ = ["DEFAULT_ROW_BLOCK", "JacobianBlock", "Plan", "StreamedEngine", "StreamedResult", "StreamedTrace", "Target",
-           "layer_targets", "parse_memory", "return_freed_memory"]
+__all__ = ["StreamedEngine"]
 
 
-class StreamedEngine(DeprecatedVerbs, Engine):
+class StreamedEngine(Engine):
     """A causal LM whose decoder layers are materialized one at a time.
 
     Parameters
@@ -86,6 +82,8 @@ class StreamedEngine(DeprecatedVerbs, Engine):
     CheckpointError
         A weight stored in a dtype the engine does not convert (an integer tensor where a float one belongs).
     """
+
+    layerwise = True
 
     def __init__(self, source: ModelRef | str | Path | nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu", detach: bool = True,
@@ -194,50 +192,20 @@ class StreamedEngine(DeprecatedVerbs, Engine):
         with self._linear(), torch.no_grad():
             return self.steps.norm(v.to(self.device))
 
-    def plan(self, trace: Trace, targets: Sequence[Target], *, mode: str = "auto", row_block: int | None = None,
-             token_block: int | None = None) -> Plan:
-        """Split ``targets`` between reverse and forward mode and size the blocks
-        (:mod:`detjac.engine.streamed.cost`)."""
-        return self.cost.plan(trace.n_tokens, targets, mode=mode, row_block=row_block, token_block=token_block)
-
-    def blocks(self, trace: Trace, targets: Sequence[Target], plan: Plan | None = None, *,
-               progress: bool = False) -> Iterator[JacobianBlock]:
-        """Every requested Jacobian, block by block (reverse mode first, then forward mode)."""
-        st = _streamed(trace)
-        plan = plan if plan is not None else self.plan(st, targets)
-        d, n = self.d_model, st.n_tokens
-        self.skeleton.per_matrix = plan.widen == "matrix"
-        self.skeleton.feed.keep(self.cost.spare_bytes(n, plan))
-        bar = progress_bar(None, progress, "blocks", "block", total=plan.n_blocks)
-        try:
-            with self._linear():
-                for start in range(0, d, plan.row_block) if plan.reverse else ():
-                    yield from sweeps.reverse(self.skeleton, self.steps, st, plan.reverse, start,
-                                              min(start + plan.row_block, d), progress, adjoint=self.adjoint)
-                    if bar is not None:
-                        bar.update()
-                for k0 in range(0, n, plan.token_block) if plan.forward else ():
-                    yield from sweeps.forward(self.skeleton, self.steps, st, plan.forward, k0,
-                                              min(k0 + plan.token_block, n), progress, adjoint=self.adjoint)
-                    if bar is not None:
-                        bar.update()
-        finally:
-            if bar is not None:
-                bar.close()
-
-    def push(self, trace: Trace, tangents: torch.Tensor) -> torch.Tensor:
-        """``J v`` by one forward-mode sweep: (c, n, d) -> (c, d)."""
-        with self._linear():
-            (block,) = sweeps.forward(self.skeleton, self.steps, _streamed(trace), [OUTPUTS], 0, tangents.shape[0],
-                                      tangent=tangents, adjoint=self.adjoint)
-        return block.values.T
-
     @contextmanager
-    def walk(self, trace: Trace) -> Iterator[sweeps.StreamedWalk]:
-        """Each layer read in as the sweep reaches it (:class:`~detjac.engine.streamed.passes.StreamedWalk`)."""
+    def walk(self, trace: Trace, plan: Plan | None = None) -> Iterator[StreamedWalk]:
+        """Each layer read in as the sweep reaches it (:class:`~detjac.engine.streamed.passes.StreamedWalk`); under
+        ``plan``, its layers widened as it says and the layers its budget spares kept between its blocks."""
         st = _streamed(trace)
+        if plan is not None:
+            self.skeleton.per_matrix = plan.widen == "matrix"
+            self.skeleton.feed.keep(self.cost.spare_bytes(st.n_tokens, plan))
         with self._linear():
-            yield sweeps.StreamedWalk(self.skeleton, self.steps, st, self.adjoint)
+            yield StreamedWalk(self.skeleton, self.steps, st, self.adjoint)
+
+    def cost_model(self, trace: Trace | None = None) -> CostModel:
+        """:attr:`cost` (the same for every prompt: its shapes and budget)."""
+        return self.cost
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Read whole from the source (see :func:`~detjac.engine.products.decode.final_norm_gain`)."""
@@ -303,24 +271,6 @@ class StreamedEngine(DeprecatedVerbs, Engine):
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
         """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
         return self.skeleton.embed(ids)
-
-    # -- deprecated ---------------------------------------------------------------------
-
-    def jacobians(self, prompt: Prompt, targets: Sequence[Target | str] = (OUTPUTS,), *, mode: str = "auto",
-                  row_block: int | None = None, token_block: int | None = None, position: int = -1,
-                  progress: bool = False) -> StreamedResult:
-        """Deprecated: :func:`detjac.engine.prompt_pass` (``prompt_pass(engine, prompt, targets).jacobians``)."""
-        import warnings
-
-        from ..prompt_products import prompt_pass
-
-        warnings.warn("StreamedEngine.jacobians(prompt, targets) is deprecated: use "
-                      "detjac.engine.prompt_pass(engine, prompt, targets).jacobians.", DeprecationWarning, stacklevel=2)
-        wanted = [t if isinstance(t, Target) else Target.parse(t, self.n_layers) for t in targets]
-        products = prompt_pass(self, prompt, wanted, position=position, mode=mode, row_block=row_block,
-                               token_block=token_block, progress=progress)
-        assert products.plan is not None  # planned: targets were asked for
-        return StreamedResult(products.trace, products.jacobians, products.plan)
 
 
 def _streamed(trace: Trace) -> StreamedTrace:

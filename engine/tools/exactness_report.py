@@ -43,15 +43,21 @@ class ExactnessReport:
 
 
 def exactness_report(model: Engine | PreTrainedModel, prompt: Prompt, *, row_block: int | None = None,
-                     ordinary: bool = True, tokenizer: Any | None = None, progress: bool = False) -> ExactnessReport:
+                     ordinary: bool = True, tokenizer: Any | None = None, progress: bool = False,
+                     detached: tuple[JacobianResult, float] | None = None) -> ExactnessReport:
     """Compute the detached (and, with ``ordinary``, the ordinary) Jacobian of ``prompt`` with an engine (or a loaded
     model, in the in-memory engine) and compare with the unmodified model; with ``progress``, one bar per pass,
-    labelled ``detached Jacobian`` and ``ordinary Jacobian``."""
+    labelled ``detached Jacobian`` and ``ordinary Jacobian``. ``detached``: the detached Jacobian of ``prompt``
+    computed already, and its seconds (a run that stored it, :class:`~detjac.engine.verbs.ResultSink`); None:
+    computed here."""
     engine = as_engine(model, tokenizer=tokenizer)
-    t0 = time.perf_counter()
-    with labelled("detached Jacobian"):  # one labelled bar per pass: the two passes' bars are told apart
-        det = jacobian(engine, prompt, row_block=row_block, progress=progress)
-    seconds = time.perf_counter() - t0
+    if detached is None:
+        t0 = time.perf_counter()
+        with labelled("detached Jacobian"):  # one labelled bar per pass: the two passes' bars are told apart
+            det = jacobian(engine, prompt, row_block=row_block, progress=progress)
+        seconds = time.perf_counter() - t0
+    else:
+        det, seconds = detached
     ordi = None
     if ordinary:
         with labelled("ordinary Jacobian"):

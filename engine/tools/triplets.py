@@ -148,7 +148,7 @@ def explain(result: JacobianResult, model: Engine | torch.nn.Module, k: int = 5,
     Parameters
     ----------
     result : JacobianResult
-        From :func:`detached_jacobian` with ``target="hidden"``.
+        From :func:`~detjac.engine.verbs.jacobian`.
     model : Engine or torch.nn.Module
         The engine (or loaded model) the result came from (its input and output embedding matrices are used).
     k : int

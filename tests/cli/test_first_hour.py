@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from detjac.engine import StreamedEngine, detached_jacobian, load_engine, load_model
+from detjac.engine import InMemoryEngine, StreamedEngine, jacobian, load_engine, load_model
 from detjac.engine.memory import check_device
 from detjac.engine.tools.triplets import explain
 from detjac.errors import InvalidArgumentError
@@ -61,7 +61,7 @@ def test_the_api_takes_the_cli_model_names():
 
 def test_every_result_prints_short_and_says_what_it_is():
     lm = load_model("default")
-    result = detached_jacobian(lm, "The cat sat")
+    result = jacobian(InMemoryEngine(lm), "The cat sat")
     text = repr(result)
     assert len(text) < 300 and "\n" not in text
     assert re.search(r"llama .*'The cat sat': 4 tokens, jacobian \(256, 4, 256\) float64, detached, reconstruction "
@@ -73,16 +73,13 @@ def test_every_result_prints_short_and_says_what_it_is():
     assert printed.startswith("  combined [J_1 ... J_n] (256 x 1024); top singular values:")
     assert "#1 sigma" in printed and "per token J_k" in printed and len(printed.splitlines()) == 1 + 4 + 1 + 4 * 3
     assert "<table" in expl._repr_html_() and "&lt;" not in repr(expl)
-    streamed = load_engine("default", streamed=True).jacobians("The cat", ["layer.1", "output"])
-    assert repr(streamed) == "<StreamedResult 3 tokens: layer.1, output; each (256, 3, 256) float64>"
-    assert "reconstruction error" in streamed._repr_html_()
 
 
 def test_the_cli_and_str_of_an_explanation_are_the_same_table(tmp_path):
     result = invoke("demo", "-p", "The cat sat", "--k", "2", "--top", "3", "--plot", str(tmp_path / "d.png"))
     assert result.exit_code == 0, result.output
     lm = load_model("default")
-    expl = explain(detached_jacobian(lm, "The cat sat"), lm, k=2, top=3)
+    expl = explain(jacobian(InMemoryEngine(lm), "The cat sat"), lm, k=2, top=3)
     assert str(expl) in result.output
 
 
@@ -120,7 +117,7 @@ def test_a_low_rank_store_is_analyzed_where_its_triplets_suffice(tmp_path: Path)
         assert result.output.count("#1 sigma") == 2
     pid = store.prompt_ids()[0]
     stored = store.get(pid).triplets()[1]
-    assert f"#1 sigma {stored[0]:<9.4g}" in invoke("analyze", "svd", out, "--k", "1", "--prompt", pid).output
+    assert f"#1 sigma {stored[0]:<9.4g}" in invoke("analyze", "svd", out, "--k", "1", "--prompt-id", pid).output
     too_many = invoke("analyze", "svd", out, "--k", "5")
     assert too_many.exit_code == 1 and "Expected k <= 4" in too_many.output
     for command in ("dims", "report"):
@@ -168,7 +165,7 @@ def test_a_prompt_file_works_wherever_a_prompt_does(tmp_path: Path):
     def lines(*args: str) -> list[str]:
         result = runner.invoke(main, ["jacobian", *args, "--k", "2"])
         assert result.exit_code == 0, result.output
-        return [line.split("   (")[0] for line in result.output.splitlines() if not line.startswith("blocks")]
+        return [line.split("   (")[0] for line in result.stdout.splitlines()]  # the bars (stderr) aside
 
     assert lines("--prompt-file", str(tmp_path / "p.txt")) == lines("-p", text)
     both = runner.invoke(main, ["jacobian", "-p", text, "--prompt-file", str(tmp_path / "p.txt")])
@@ -205,7 +202,7 @@ def test_ids_become_text_one_way_in_results_explain_the_store_and_the_cli(tmp_pa
     assert re.search(r"#1 sigma \S+\s+left -> '.+' '.+' '.+'$", printed, re.M), printed
     assert f"{res.tokens[-1]!r} sigma" in printed  # per-token labels are texts, not ids
     lm = load_model("default")
-    assert printed == str(explain(detached_jacobian(lm, prompt), lm, k=2, top=3))
+    assert printed == str(explain(jacobian(InMemoryEngine(lm), prompt), lm, k=2, top=3))
     (tmp_path / "p.txt").write_text(prompt + "\n")
     out = str(tmp_path / "r.zarr")
     assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out).exit_code == 0
@@ -234,7 +231,7 @@ def test_one_gguf_file_has_one_run_identity_whichever_engine_reads_it(tmp_path: 
     """A store begun on a GGUF file by one engine is resumed by the other (same ids, same run)."""
     from real_models import smollm2_path
 
-    from detjac.engine import resolve_model
+    from detjac.engine.checkpoints.reference import resolve_model
     from detjac.runs.description import describe_run
 
     path = smollm2_path()
@@ -311,33 +308,27 @@ def test_every_commands_help_renders_as_written():
     assert "\n  Examples:\n    detjac run default prompts.txt --out run.zarr\n" in shown
 
 
-def test_a_prompt_id_is_prompt_id_and_the_old_spellings_still_work(tmp_path: Path):
-    """--prompt is prompt text everywhere; where a command takes a stored prompt's id the option is
-    --prompt-id (the old --prompt still works, with a deprecation message); demo takes MODEL like every command
-    (--model still works, with a message); a default is never an error (decode on a rank-4 store)."""
+def test_a_prompt_id_is_prompt_id_and_model_an_argument(tmp_path: Path):
+    """--prompt is prompt text everywhere; where a command takes a stored prompt's id the option is --prompt-id (the
+    old spelling --prompt is refused there, as --model is: MODEL is every command's argument); a default is never an
+    error (decode on a rank-4 store)."""
     (tmp_path / "p.txt").write_text("The oak tree\nA cat sat on\n")
     out = str(tmp_path / "lr.zarr")
     assert invoke("run", "default", str(tmp_path / "p.txt"), "--out", out, "--keep", "rank:4").exit_code == 0
     pid = open_store(out).prompt_ids()[1]
     for words in (["analyze", "svd"], ["analyze", "decode"], ["analyze", "columns"], ["analyze", "image"],
                   ["analyze", "dims"], ["analyze", "layers"], ["analyze", "path"], ["view"]):
-        options = {o for p in _command(words).params if not getattr(p, "hidden", False) for o in p.opts}
+        options = {o for p in _command(words).params for o in p.opts}
         assert "--prompt-id" in options and "--prompt" not in options, words
     new = invoke("analyze", "svd", out, "--prompt-id", pid)
     old = invoke("analyze", "svd", out, "--prompt", pid)
-    assert new.exit_code == old.exit_code == 0 and new.output.count("#1 sigma") == 1
-    assert "--prompt is deprecated here" not in new.output
-    assert ("Warning: --prompt is deprecated here (it takes a stored prompt's id; elsewhere --prompt is prompt "
-            "text): use --prompt-id." in old.output and old.output.count("#1 sigma") == 1)
+    assert new.exit_code == 0 and new.output.count("#1 sigma") == 1
+    assert old.exit_code == 2 and "No such option '--prompt'" in old.output
     decoded = invoke("analyze", "decode", out, "--prompt-id", pid)  # the default --k on a rank-4 store
     assert decoded.exit_code == 0 and decoded.output.count("sigma") >= 4 and "#5 sigma" not in decoded.output
     assert [p.name for p in _command(["demo"]).params if p.param_type_name == "argument"] == ["model"]
-    plot = str(tmp_path / "d.png")
-    positional = invoke("demo", "default", "-p", "The cat", "--k", "1", "--plot", plot)
-    flagged = invoke("demo", "--model", "default", "-p", "The cat", "--k", "1", "--plot", plot)
-    assert positional.exit_code == flagged.exit_code == 0, positional.output
-    assert "Warning: --model is deprecated: give MODEL as the first argument" in flagged.output
-    assert "deprecated" not in positional.output
+    flagged = invoke("demo", "--model", "default", "-p", "The cat", "--k", "1", "--plot", str(tmp_path / "d.png"))
+    assert flagged.exit_code == 2 and "No such option" in flagged.output and "--model" in flagged.output
 
 
 @pytest.mark.parametrize("streamed", [False, True])

@@ -18,3 +18,23 @@ def test_each_pass_has_its_labelled_bar_and_the_ordinary_one_can_be_skipped():
     assert "ordinary not computed (--no-ordinary)" in alone.stdout and "ordinary not computed" not in both.stdout
     detached = [line for line in both.stdout.splitlines() if line.startswith("reconstruction error")][0].split()[3]
     assert float(detached) < 1e-12 and detached in alone.stdout  # the same detached Jacobian either way
+
+
+def test_the_ordinary_pass_and_bfloat16_on_a_cpu_are_said_before_the_work():
+    from detjac.cli.main import ORDINARY_COSTS_MORE
+    from detjac.cli.options import BF16_ON_CPU
+
+    shown = " ".join(CliRunner().invoke(main, ["jacobian", "--help"]).output.split())
+    assert "same cost" not in shown and "It goes through torch.func, several times the detached pass's time" in shown
+    args = ["jacobian", "-p", "Oak", "--k", "1", "--top", "1"]
+    both = CliRunner().invoke(main, args)
+    assert both.exit_code == 0, both.output
+    assert both.stderr.splitlines()[0] == ORDINARY_COSTS_MORE  # before the first pass's bar
+    assert "several times the detached pass's time" in ORDINARY_COSTS_MORE and "--no-ordinary" in ORDINARY_COSTS_MORE
+    assert ORDINARY_COSTS_MORE not in both.stdout  # the printed results (README's) stay as they are
+    alone = CliRunner().invoke(main, [*args, "--no-ordinary"])
+    assert alone.exit_code == 0 and ORDINARY_COSTS_MORE not in alone.output and BF16_ON_CPU not in alone.output
+    bf16 = CliRunner().invoke(main, [*args, "--no-ordinary", "--dtype", "bfloat16"])
+    assert bf16.exit_code == 0, bf16.output
+    assert bf16.stderr.splitlines()[0] == BF16_ON_CPU and bf16.output.count(BF16_ON_CPU) == 1
+    assert "bfloat16 is a GPU dtype" in BF16_ON_CPU

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from detjac.engine import detached_jacobian, load_model
+from detjac.engine import InMemoryEngine, jacobian, load_model
 
 PROMPT = "The fog rolls over the bay in the morning"
 ROW = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\S+)\s+(.*) \| \[(\d+) (.*), (\d+)%\] (.*)$", flags=re.M)
@@ -39,7 +39,7 @@ def test_svd_command_prints_triplets_that_match_the_formed_jacobian(llama_checkp
     saved = np.load(out)
     n = int(saved["token_ids"].shape[0])
     assert saved["U"].shape == (32, 4) and saved["V"].shape == (n, 32, 4) and saved["S"].shape == (4,)
-    J = detached_jacobian(load_model(llama_checkpoint), saved["token_ids"].tolist()).combined().numpy()
+    J = jacobian(InMemoryEngine(load_model(llama_checkpoint)), saved["token_ids"].tolist()).combined().numpy()
     V = saved["V"].reshape(n * 32, 4)
     np.testing.assert_allclose(J @ V, saved["U"] * saved["S"], rtol=0, atol=1e-8 * saved["S"][0])
     np.testing.assert_allclose(_sigmas(text), saved["S"], rtol=1e-4)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import swept
 
 from detjac.engine import load_model
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
@@ -20,9 +21,9 @@ from detjac.engine.pieces.layer import check_layer
 from detjac.engine.pieces.record import layer_pieces
 from detjac.engine.pieces.runner import SWEEPS_ENV
 from detjac.engine.streamed.adjoint import ExplicitAdjoint
-from detjac.engine.streamed.streamed_engine import StreamedEngine, layer_targets
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.errors import InvalidArgumentError
-from detjac.targets import COMPONENTS, LOCAL_SUFFIX, TO_OUTPUT
+from detjac.targets import COMPONENTS, LOCAL_SUFFIX, TO_OUTPUT, layer_targets
 
 ALL_COMPONENTS = ",".join([*COMPONENTS, *(f"{c}{LOCAL_SUFFIX}" for c in COMPONENTS if c != TO_OUTPUT)])
 EXACT = 1e-12
@@ -49,11 +50,11 @@ def _agree(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> 
     cumulative = [t for t in targets if LOCAL_SUFFIX not in t and TO_OUTPUT not in t]
     with _no_fallback():
         for position in (-1, 5):  # the last token, and one before the sliding windows' reach
-            a = ref.jacobians(prompt_ids, targets, mode="reverse", row_block=9, position=position)
-            b = ours.jacobians(prompt_ids, targets, mode="reverse", row_block=9, position=position)
+            a = swept(ref, prompt_ids, targets, mode="reverse", row_block=9, position=position)
+            b = swept(ours, prompt_ids, targets, mode="reverse", row_block=9, position=position)
             assert _worst(a, b) <= EXACT, position
-        a = ref.jacobians(prompt_ids, cumulative, mode="forward", token_block=3, position=7)
-        b = ours.jacobians(prompt_ids, cumulative, mode="forward", token_block=3, position=7)
+        a = swept(ref, prompt_ids, cumulative, mode="forward", token_block=3, position=7)
+        b = swept(ours, prompt_ids, cumulative, mode="forward", token_block=3, position=7)
         assert _worst(a, b) <= EXACT
         for t in b.jacobians:
             assert b.reconstruction_error(t) < EXACT, t.name
@@ -108,11 +109,11 @@ def test_explicit_products_equal_autograd_from_memory_and_from_safetensors(
 
 def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids: list[int]) -> None:
     model = tiny_model("llama", seed=4)
-    ref = StreamedEngine(model, sweeps="autograd").jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
+    ref = swept(StreamedEngine(model, sweeps="autograd"), prompt_ids, ["output", "mlp.1"], row_block=16)
     sm = StreamedEngine(model, sweeps="explicit")
     sm.steps.family = dataclasses.replace(sm.family, attentions=())  # as if the attention class were unknown
     with pytest.warns(RuntimeWarning, match="LlamaAttention is not a known piece") as record:
-        got = sm.jacobians(prompt_ids, ["output", "mlp.1"], row_block=16)
+        got = swept(sm, prompt_ids, ["output", "mlp.1"], row_block=16)
     assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1  # said once
     assert _worst(ref, got) <= EXACT
     assert sm.stats.explicit_layers == 0
@@ -120,10 +121,10 @@ def test_an_unknown_piece_falls_back_to_autograd_once_and_stays_exact(prompt_ids
 
 def test_the_ordinary_jacobian_goes_through_autograd_silently(prompt_ids: list[int]) -> None:
     model = tiny_model("mistral", seed=2)
-    ref = StreamedEngine(model, detach=False, sweeps="autograd").jacobians(prompt_ids, ["layer.1"], mode="forward")
+    ref = swept(StreamedEngine(model, detach=False, sweeps="autograd"), prompt_ids, ["layer.1"], mode="forward")
     sm = StreamedEngine(model, detach=False, sweeps="explicit")
     with _no_fallback():
-        got = sm.jacobians(prompt_ids, ["layer.1"], mode="forward")
+        got = swept(sm, prompt_ids, ["layer.1"], mode="forward")
     assert sm.stats.explicit_layers == 0 and _worst(ref, got) == 0.0
 
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from store_helpers import write_prompts
+from tiny_models import swept
 
 from detjac.cli.main import main
-from detjac.engine import InMemoryEngine, StreamedEngine
+from detjac.engine import InMemoryEngine, StreamedEngine, jacobian
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.detach.wrappers import DetachedGatedMLP
 from detjac.engine.families import family_for
@@ -42,15 +43,15 @@ def test_gate_convention_mlp_equals_the_formula_written_out() -> None:
 def test_gate_convention_is_exact_in_both_engines(prompt_ids: list[int]) -> None:
     model = tiny_model("phi3", seed=7)
     mem = InMemoryEngine(model.double(), convention="gate")
-    res = mem.jacobian(prompt_ids)
+    res = jacobian(mem, prompt_ids)
     J = res.jacobian
     assert mem.convention == "gate"
     err = (torch.einsum("rtc,tc->r", J, res.embeddings) - res.output).norm() / res.output.norm()
     assert err < EXACT
-    J_up = InMemoryEngine(model).jacobian(prompt_ids).jacobian
+    J_up = jacobian(InMemoryEngine(model), prompt_ids).jacobian
     assert (J - J_up).abs().max() > 1e-3
     sm = StreamedEngine(model, dtype=torch.float64, convention="gate")
-    res = sm.jacobians(prompt_ids, ["output", "layer.0", "mlp.1", "mlp_normed.1", "to_output.0"], row_block=16)
+    res = swept(sm, prompt_ids, ["output", "layer.0", "mlp.1", "mlp_normed.1", "to_output.0"], row_block=16)
     assert (res["output"] - J).abs().max() < EXACT
     for t in res.jacobians:
         assert res.reconstruction_error(t) < EXACT, t.name

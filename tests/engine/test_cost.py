@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tiny_models import swept
 
 from detjac.engine.checkpoints.tiny import tiny_model
-from detjac.engine.streamed.cost import CostModel
+from detjac.engine.cost import CostModel
 from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.targets import OUTPUTS
 
@@ -60,7 +61,7 @@ def test_the_engine_sizes_for_the_sweeps_it_runs(prompt_ids: list[int]) -> None:
     # once a layer falls back to torch.func, blocks are sized for it
     explicit.steps.family = dataclasses.replace(explicit.family, attentions=())
     with pytest.warns(RuntimeWarning, match="not a known piece"):
-        explicit.jacobians(prompt_ids, ["output"], row_block=8)
+        swept(explicit, prompt_ids, ["output"], row_block=8)
     assert explicit.cost.sweeps == "autograd"
 
 
@@ -70,7 +71,7 @@ SMOLLM2 = dict(d_model=576, ffn=1536, n_layers=30, itemsize=8, layer_bytes=0, he
 def test_without_a_budget_the_block_takes_a_share_of_the_memory_this_machine_has_free(monkeypatch) -> None:
     """No --row-block and no budget, the cost model sizes the block from the machine: all d rows
     (they fold) where a quarter of the free memory holds them, else as many as fit, never below 512 MiB's worth."""
-    from detjac.engine.streamed import cost as cost_module
+    from detjac.engine import cost as cost_module
 
     cost, n = CostModel(**SMOLLM2), 128  # SmolLM2's shape in float64: one vector 3 MiB at 128 tokens
     free = {"bytes": 64 * 2**30}
@@ -90,7 +91,7 @@ def test_a_worker_sizes_its_unbudgeted_block_from_its_own_memory_limit(monkeypat
     from types import SimpleNamespace
 
     from detjac import machine
-    from detjac.engine.streamed import cost as cost_module
+    from detjac.engine import cost as cost_module
     from detjac.runs.cluster import ModelPlugin
 
     cost, n = CostModel(**SMOLLM2), 128
@@ -114,7 +115,7 @@ def test_the_in_memory_engine_plans_its_block_with_the_cost_model(monkeypatch, p
     """The in-memory engine has no rule of its own: without a row block its plan is its cost model's (for the sweeps
     its trace runs), the detached and the ordinary Jacobian alike."""
     from detjac.engine import InMemoryEngine
-    from detjac.engine.streamed import cost as cost_module
+    from detjac.engine import cost as cost_module
 
     model = tiny_model("llama", seed=7, hidden_size=96, intermediate_size=256, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=24).double()

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from detjac.cli.main import main
-from detjac.engine import detached_jacobian, get_tokenizer, load_model
+from detjac.engine import InMemoryEngine, get_tokenizer, jacobian, load_model
 from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, default_model_dir, resolve_model
 
 
@@ -38,7 +38,7 @@ def test_shipped_files_match_the_model_card():
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", DEMO_PROMPTS)
 def test_load_model_reconstructs_exactly_in_float64(default_model, prompt):
-    res = detached_jacobian(default_model, prompt)
+    res = jacobian(InMemoryEngine(default_model), prompt)
     assert res.jacobian.dtype == torch.float64 and res.jacobian.shape[0] == default_model.config.hidden_size
     assert res.reconstruction_error < 1e-12
     ids = torch.tensor([res.token_ids])
@@ -89,11 +89,10 @@ def test_demo_runs_on_the_shipped_model(tmp_path):
 def test_an_engine_says_what_it_holds():
     """``print(engine)`` names more than the class and an address; ``help(load_engine)`` names GGUF files and
     ``default``."""
-    from detjac.engine import KeptEngine, load_engine
+    from detjac.engine import load_engine
 
     engine = load_engine("default", dtype="float32")
     assert repr(engine) == ("<InMemoryEngine of 'default': Llama, float32, cpu, in memory, detached, 4 layers, "
                             "d_model 256>")
-    assert repr(KeptEngine(engine)).startswith("<KeptEngine of 'default': Llama, float32, cpu, in memory")
     assert "layer-streamed, ordinary" in repr(load_engine("default", streamed=True, detach=False))
     assert all(word in load_engine.__doc__ for word in ('"default"', "GGUF file", "hub id", "checkpoint folder"))

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from detjac.engine import (
-    OUTPUTS,
     Engine,
     InMemoryEngine,
     StreamedEngine,
-    Target,
     as_engine,
+    jacobian,
     jacobian_operator,
     load_engine,
     load_model,
@@ -19,6 +18,7 @@ from detjac.engine import (
 from detjac.engine.detach.wrappers import DetachedNorm
 from detjac.errors import InvalidArgumentError, PromptError
 from detjac.exactness import relative_error
+from detjac.targets import OUTPUTS, Target
 
 
 @pytest.fixture(params=["in-memory", "streamed"])
@@ -29,9 +29,8 @@ def engine(request, llama_checkpoint) -> Engine:
 @pytest.fixture(scope="module")
 def reference(llama_checkpoint):
     """The output's Jacobian (d, n, d) of the in-memory model, formed directly."""
-    from detjac.engine import detached_jacobian
 
-    return detached_jacobian(load_model(llama_checkpoint), list(range(3, 20)))
+    return jacobian(InMemoryEngine(load_model(llama_checkpoint)), list(range(3, 20)))
 
 
 def test_load_engine_picks_by_the_options(llama_checkpoint):
@@ -132,3 +131,25 @@ def test_the_cpu_budget_allocator_setting_follows_the_compute_device(monkeypatch
     on_gpu = SimpleNamespace(device=torch.device("cuda:0"), memory_budget=lambda device: 8 * 2**30)
     budget.honour_cpu_budget(on_gpu)  # a CPU budget of a GPU run does not concern this process's allocator
     assert calls == [1]
+
+
+def test_an_engine_answers_six_things_and_every_walk_is_swept_by_the_same_functions():
+    from detjac.engine.checkpoints.tiny import tiny_model
+
+    assert sorted(Engine.__abstractmethods__) == ["cost_model", "decoding_matrices", "logits", "stock_logits",
+                                                  "trace", "walk"]
+    model, ids = tiny_model("llama", seed=7), [5, 6, 7, 8, 9]
+    got = {}
+    for sweeps in ("explicit", "autograd"):
+        engine = InMemoryEngine(model, sweeps=sweeps)
+        trace = engine.trace(ids)
+        with engine.walk(trace) as walk:
+            got[sweeps] = (type(walk).__name__, walk.n_layers)
+            if sweeps == "autograd":  # the whole model at once: no layer to enter, refused by name
+                with pytest.raises(InvalidArgumentError, match="explicit pieces for layer 0. Got one whose sweeps "
+                                                               "went through torch.func: chosen"):
+                    walk.layer(0)
+        got[sweeps + " rows"] = torch.cat([b.values for b in engine.blocks(trace, [OUTPUTS])])
+    assert got["explicit"] == ("FrozenModel", 3) and got["autograd"] == ("AutogradWalk", 0)
+    want = got["explicit rows"]
+    assert (got["autograd rows"] - want).abs().max() <= 1e-12 * want.abs().max()

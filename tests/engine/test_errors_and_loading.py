@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detjac.engine import detached_jacobian, get_tokenizer, load_model
+from detjac.engine import InMemoryEngine, get_tokenizer, jacobian, load_model
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.errors import CheckpointError, InvalidArgumentError, PromptError, UnsupportedModelError
 
@@ -16,7 +16,7 @@ from detjac.errors import CheckpointError, InvalidArgumentError, PromptError, Un
 def test_load_checkpoint_float64_and_reconstruct(llama_checkpoint):
     model = load_model(llama_checkpoint, dtype=torch.float64)
     assert model.dtype == torch.float64 and not model.training
-    res = detached_jacobian(model, "The bridge out of Marin is the", row_block=64)
+    res = jacobian(InMemoryEngine(model), "The bridge out of Marin is the", row_block=64)
     assert res.tokens[0] == "<s>" and res.prompt == "The bridge out of Marin is the"
     assert res.reconstruction_error < 1e-12
     assert get_tokenizer(model).decode(res.token_ids, skip_special_tokens=True) == res.prompt
@@ -33,7 +33,7 @@ def test_already_loaded_model_is_accepted(llama_checkpoint):
     model = load_model(hf, dtype=torch.float64)
     assert model is hf and model.dtype == torch.float64
     # the tokenizer is found next to the weights the model came from
-    assert detached_jacobian(model, "the sea").reconstruction_error < 1e-12
+    assert jacobian(InMemoryEngine(model), "the sea").reconstruction_error < 1e-12
 
 
 @pytest.mark.parametrize("prompt, expected", [
@@ -44,7 +44,7 @@ def test_already_loaded_model_is_accepted(llama_checkpoint):
 def test_empty_prompt(llama_checkpoint, prompt, expected):
     model = load_model(llama_checkpoint)
     with pytest.raises(PromptError) as e:
-        detached_jacobian(model, prompt)
+        jacobian(InMemoryEngine(model), prompt)
     assert str(e.value) == expected
 
 
@@ -52,27 +52,25 @@ def test_prompt_longer_than_context(llama_checkpoint):
     model = load_model(llama_checkpoint)
     with pytest.raises(PromptError, match=r"at most 64 tokens \(the model's max_position_embeddings\)\. "
                                           r"Got 65 tokens instead\."):
-        detached_jacobian(model, [5] * 65)
+        jacobian(InMemoryEngine(model), [5] * 65)
 
 
 def test_token_id_out_of_vocabulary():
     with pytest.raises(PromptError, match=r"Expected token ids in \[0, 160\)\. Got \[160\]"):
-        detached_jacobian(tiny_model("llama"), [3, 160])
+        jacobian(InMemoryEngine(tiny_model("llama")), [3, 160])
 
 
 def test_text_prompt_without_tokenizer():
     with pytest.raises(PromptError, match="Expected a tokenizer"):
-        detached_jacobian(tiny_model("llama"), "hello")
+        jacobian(InMemoryEngine(tiny_model("llama")), "hello")
 
 
 def test_bad_row_block_and_position(prompt_ids):
     model = tiny_model("llama")
     with pytest.raises(InvalidArgumentError, match="row_block to be a positive integer. Got 0"):
-        detached_jacobian(model, prompt_ids, row_block=0)
+        jacobian(InMemoryEngine(model), prompt_ids, row_block=0)
     with pytest.raises(InvalidArgumentError, match=r"position in \[-13, 13\)\. Got 13"):
-        detached_jacobian(model, prompt_ids, position=13)
-    with pytest.raises(InvalidArgumentError, match="Expected target 'hidden' or 'logits'. Got 'probs'"):
-        detached_jacobian(model, prompt_ids, target="probs")
+        jacobian(InMemoryEngine(model), prompt_ids, position=13)
 
 
 def test_missing_directory(tmp_path):
@@ -126,7 +124,7 @@ def test_model_type_unknown_to_transformers_too(tmp_path):
 
 
 def test_single_token_prompt(llama_checkpoint):
-    res = detached_jacobian(load_model(llama_checkpoint), [1])
+    res = jacobian(InMemoryEngine(load_model(llama_checkpoint)), [1])
     assert res.jacobian.shape[1] == 1 and res.reconstruction_error < 1e-12
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import N_TOKENS, STREAMABLE
+from tiny_models import N_TOKENS, STREAMABLE, swept
 
-from detjac.engine import pull_every_position, pull_final_block
+from detjac.engine import pull_final_block
 from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.families import family_for
-from detjac.engine.streamed.streamed_engine import StreamedEngine, Target
+from detjac.engine.streamed.streamed_engine import StreamedEngine
+from detjac.engine.tools.lens_pulls import pull_every_position
 from detjac.errors import InvalidArgumentError
+from detjac.targets import Target
 
 CAUSAL = [t for t in STREAMABLE if not family_for(tiny_config(t)).encoder]
 
@@ -25,7 +27,7 @@ def _over_prefixes(sm: StreamedEngine, ids: list[int], layer: int) -> torch.Tens
     n, d, target = len(ids), sm.d_model, Target(layer, "to_output")
     total = torch.zeros(d, n, d, dtype=torch.float64)
     for end in range(1, n + 1):
-        total[:, :end] += sm.jacobians(ids[:end], [target])[target]
+        total[:, :end] += swept(sm, ids[:end], [target])[target]
     return total
 
 
@@ -39,20 +41,20 @@ def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, d
     for layer in layers:
         ref = _over_prefixes(sm, ids, layer)
         assert (got[layer] - ref).abs().max() <= 1e-12 * ref.abs().max(), (model_type, layer)
-        same_position = sm.jacobians(ids, [Target(layer, "to_output")])[Target(layer, "to_output")]
+        same_position = swept(sm, ids, [Target(layer, "to_output")])[Target(layer, "to_output")]
         assert (got[layer][:, -1] - same_position[:, -1]).abs().max() <= 1e-12 * ref.abs().max()  # p' = n-1 only
         assert (got[layer][:, 0] - same_position[:, 0]).abs().max() > 1e-6 * ref.abs().max()  # later p' count
 
 
 def test_a_sweep_from_every_position_refuses_other_targets() -> None:
-    from detjac.engine.streamed import passes as sweeps
+    from detjac.engine import sweeps
 
     sm = StreamedEngine(tiny_model("llama", seed=7), dtype=torch.float64)
     trace = sm.trace([5, 6, 7])
     seed = torch.zeros(2, 3, sm.d_model, dtype=torch.float64)
-    with pytest.raises(InvalidArgumentError, match="Expected only output and to_output targets"):
-        list(sweeps.reverse(sm.skeleton, sm.steps, trace, [Target(0, "layer")], 0, 2, seed=seed,
-                            every_position=True))
+    with pytest.raises(InvalidArgumentError, match="Expected only output and to_output targets"), \
+            sm.walk(trace) as walk:
+        list(sweeps.reverse(sm, walk, trace, [Target(0, "layer")], 0, 2, seed=seed, every_position=True))
     with pytest.raises(InvalidArgumentError, match="Expected a layer index in"):
         pull_every_position(sm, trace, seed[:, 0], [sm.n_layers])
 
@@ -68,7 +70,7 @@ def _final_block_over_prefixes(sm: StreamedEngine, ids: list[int], layer: int, v
         trace = sm.trace(prefix)
         h = trace.inputs[sm.n_layers][-1]
         scale = trace.norm(h) / h  # (d,) g s
-        total[:, :end + 1] += sm.jacobians(prefix, [target])[target] / scale[:, None, None]
+        total[:, :end + 1] += swept(sm, prefix, [target])[target] / scale[:, None, None]
     return total[:, valid.start:valid.stop].mean(1)
 
 

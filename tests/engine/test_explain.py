@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from detjac.analysis.plots import SpectrumPanel, plot_spectra
-from detjac.engine import detached_jacobian
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.tools.triplets import explain
 
@@ -14,7 +14,7 @@ from detjac.engine.tools.triplets import explain
 @pytest.fixture(scope="module")
 def explained():
     model = tiny_model("llama", seed=3)
-    res = detached_jacobian(model, list(range(5, 14)))
+    res = jacobian(InMemoryEngine(model), list(range(5, 14)))
     return model, res, explain(res, model, k=3, top=4)
 
 

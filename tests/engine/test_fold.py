@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import swept
 
 from detjac.engine import assemble
 from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.cost import CostModel
 from detjac.engine.detach.model import linearized
 from detjac.engine.inmemory.inmemory_engine import InMemoryEngine
 from detjac.engine.pieces import fold
-from detjac.engine.streamed.cost import CostModel
 from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.errors import InvalidArgumentError
 from detjac.targets import DEFAULT_ROW_BLOCK, OUTPUTS
@@ -88,7 +89,7 @@ def test_the_fold_in_the_streamed_engine_both_directions(model_type: str, prompt
     for mode, direction in (("never", "reverse"), ("always", "reverse"), ("always", "forward")):
         counted.clear()
         with fold.folding(mode):
-            got[mode, direction] = engine.jacobians(prompt_ids, targets, mode=direction)
+            got[mode, direction] = swept(engine, prompt_ids, targets, mode=direction)
         assert (len(counted) > 0) == (mode == "always")
     ref = _reference(model, prompt_ids, len(prompt_ids) - 1)
     for key, res in got.items():
@@ -115,7 +116,7 @@ def test_the_pricing_folds_only_blocks_of_enough_rows() -> None:
 
 
 def test_the_cost_model_chooses_one_whole_block_only_for_short_prompts(monkeypatch) -> None:
-    from detjac.engine.streamed import cost as cost_module
+    from detjac.engine import cost as cost_module
 
     monkeypatch.setattr(cost_module, "available_memory", lambda: None)  # a machine whose free memory is unknown
     cost = CostModel(576, 1536, 30, 8, 28 * 2**20, heads=9, q=576, kv=192)

@@ -15,8 +15,9 @@ import pytest
 import torch
 from real_models import gemma3_path, smollm2_path
 from test_independent_jacobian import manual_detached_llama
+from tiny_models import swept
 
-from detjac.engine import detached_jacobian, get_tokenizer, load_engine, load_model
+from detjac.engine import InMemoryEngine, get_tokenizer, jacobian, load_engine, load_model
 from detjac.targets import OUTPUTS, Target
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def results(models):
 
     def get(name: str, prompt: str):
         if (name, prompt) not in done:
-            done[name, prompt] = detached_jacobian(models(name)[1], prompt)
+            done[name, prompt] = jacobian(InMemoryEngine(models(name)[1]), prompt)
         return done[name, prompt]
 
     return get
@@ -180,7 +181,7 @@ def test_the_streamed_engine_under_a_budget_below_the_weights_equals_the_in_memo
     assert 300 << 20 < weights / 3  # float64 weights: 1.08 GB (SmolLM2), 2.14 GB (Gemma)
     engine = load_engine(path, streamed=True, max_memory="cpu=300MiB")
     prompt = PROMPTS[name][0]
-    got = engine.jacobians(prompt, [OUTPUTS])
+    got = swept(engine, prompt, [OUTPUTS])
     ref = results(name, prompt)
     J = got.jacobians[OUTPUTS]
     assert got.reconstruction_error("output") < 1e-12
@@ -221,7 +222,7 @@ def test_layerwise_targets_of_real_models_reconstruct(name, models, gguf_files):
     engine = load_engine(path, streamed=True)
     last = engine.n_layers - 1
     targets = [Target(layer, kind) for layer in (0, last // 2, last) for kind in ("layer", "layer_normed", "to_output")]
-    res = engine.jacobians("The bridge out of", targets)
+    res = swept(engine, "The bridge out of", targets)
     for t in targets:
         assert res.reconstruction_error(t) < 1e-12, t.name
 
@@ -282,7 +283,7 @@ def test_a_committed_findings_record_recomputes_from_its_text(name, models):
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
     rec = min(json.loads(results.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))
     model = models(name)[1]
-    res = detached_jacobian(model, rec["text"])
+    res = jacobian(InMemoryEngine(model), rec["text"])
     assert list(res.token_ids) == rec["token_ids"]
     assert res.next_token_id == rec["next_token_id"]
     assert res.reconstruction_error < 1e-12 and rec["recon_detached"] < 1e-12

@@ -9,15 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from detjac.engine import (
-    InMemoryEngine,
-    StreamedEngine,
-    attribution_graph,
-    pull_every_position,
-    tiny_model,
-    tiny_model_types,
-)
+from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, tiny_model, tiny_model_types
 from detjac.engine.pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
+from detjac.engine.tools.lens_pulls import pull_every_position
 from detjac.errors import InvalidArgumentError, PromptError, UnsupportedModelError
 
 IDS = [3, 17, 5, 42, 9, 11, 2, 30, 7, 19]  # longer than a tiny model's sliding window
@@ -145,7 +139,8 @@ def test_edges_match_autograd_of_a_hand_written_cut_model():
 
 
 def test_total_attribution_matches_autograd_through_every_path():
-    from detjac.engine import logit_attribution, logit_vectors
+    from detjac.engine import logit_attribution
+    from detjac.engine.tools.attribution import logit_vectors
 
     model = _model("llama", seed=5)
     engine = InMemoryEngine(model)

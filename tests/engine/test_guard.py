@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from detjac.engine import detached_jacobian, linearized
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.engine.detach.model import linearized
 from detjac.errors import DetjacError, LinearizationError, UnsupportedModelError
 
 
@@ -17,7 +18,7 @@ def test_unknown_model_type_lists_supported(prompt_ids):
     model = OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=16, ffn_dim=32, word_embed_proj_dim=16,
                                      num_attention_heads=2, vocab_size=160))
     with pytest.raises(UnsupportedModelError) as e:
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
     msg = str(e.value)
     assert "model_type='opt'" in msg
     for mt in ("bert", "gemma3_text", "gpt2", "llama", "mistral", "olmo2", "phi3", "qwen2", "qwen3"):
@@ -29,14 +30,14 @@ def test_injected_activation_is_named(prompt_ids):
     lin = model.model.layers[1].self_attn.o_proj
     model.model.layers[1].self_attn.o_proj = nn.Sequential(lin, nn.Tanh())
     with pytest.raises(UnsupportedModelError, match=r"Tanh at model\.layers\.1\.self_attn\.o_proj\.1"):
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
 
 
 def test_unknown_norm_is_named(prompt_ids):
     model = tiny_model("qwen3")
     model.model.layers[0].post_attention_layernorm = nn.LayerNorm(32, dtype=torch.float64)
     with pytest.raises(UnsupportedModelError, match=r"LayerNorm at model\.layers\.0\.post_attention_layernorm"):
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
 
 
 def test_biased_linear_is_refused(prompt_ids):
@@ -44,7 +45,7 @@ def test_biased_linear_is_refused(prompt_ids):
     mlp = model.model.layers[2].mlp
     mlp.down_proj.bias = nn.Parameter(torch.zeros(32, dtype=torch.float64))
     with pytest.raises(UnsupportedModelError, match=r"biased Linear at model\.layers\.2\.mlp\.inner\.down_proj"):
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
 
 
 def test_subclassed_block_is_refused(prompt_ids):
@@ -56,14 +57,14 @@ def test_subclassed_block_is_refused(prompt_ids):
     model = tiny_model("llama")
     model.model.layers[0].__class__ = Custom
     with pytest.raises(UnsupportedModelError, match=r"Custom at model\.layers\.0"):
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
 
 
 def test_frozen_branch_may_hold_any_activation(prompt_ids):
     # act(gate(x)) is frozen whatever act is, so swapping it keeps the map exact.
     model = tiny_model("olmo2")
     model.model.layers[0].mlp.act_fn = nn.Tanh()
-    assert detached_jacobian(model, prompt_ids).reconstruction_error < 1e-12
+    assert jacobian(InMemoryEngine(model), prompt_ids).reconstruction_error < 1e-12
 
 
 def test_model_restored_when_guard_refuses(prompt_ids):
@@ -85,6 +86,6 @@ def test_nonlinearity_outside_modules_is_caught_by_reconstruction(prompt_ids):
     original = layer.forward
     layer.forward = lambda *a, **k: torch.tanh(original(*a, **k))
     with pytest.raises(LinearizationError, match="escaped the Llama detach rules") as e:
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
     assert isinstance(e.value, DetjacError) and isinstance(e.value, RuntimeError)
-    assert detached_jacobian(model, prompt_ids, check=False).reconstruction_error > 1e-6
+    assert jacobian(InMemoryEngine(model), prompt_ids, check=False).reconstruction_error > 1e-6

@@ -305,7 +305,8 @@ def test_links_into_the_logits_only_carry_the_same_loadings():
 def test_the_strongest_heads_into_a_target_are_its_links_loadings_summed():
     """What `detjac graph --heads` prints: per head, the loadings of the loaded links into the target summed; the
     skip never ranked; links into other targets ignored."""
-    from detjac.engine import HeadLoadings, strongest_heads
+    from detjac.engine import strongest_heads
+    from detjac.engine.tools.head_loadings import HeadLoadings
 
     nan = np.nan
     loadings = np.array([[[0.5, -0.1, 0.6], [nan, nan, nan]],  # link 0 into 9 crosses layer 0 only

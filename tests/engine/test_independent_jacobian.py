@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from detjac.engine import detached_jacobian
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
 
 
@@ -57,7 +57,7 @@ def manual_detached_llama(model: torch.nn.Module, x: torch.Tensor) -> torch.Tens
 def test_jacobian_matches_reference_autograd(prompt_ids):
     model = tiny_model("llama", seed=3)
     model.requires_grad_(False)
-    res = detached_jacobian(model, prompt_ids, row_block=7)
+    res = jacobian(InMemoryEngine(model), prompt_ids, row_block=7)
     ref_out = manual_detached_llama(model, res.embeddings)
     assert torch.allclose(ref_out, res.output, rtol=0, atol=1e-12)
     ref = torch.autograd.functional.jacobian(lambda x: manual_detached_llama(model, x), res.embeddings,
@@ -65,7 +65,7 @@ def test_jacobian_matches_reference_autograd(prompt_ids):
     assert ref.shape == res.jacobian.shape
     assert (ref - res.jacobian).abs().max() < 1e-10
     # and the ordinary Jacobian differs from it by far more than that
-    assert (detached_jacobian(model, prompt_ids, detach=False).jacobian - ref).abs().max() > 1e-3
+    assert (jacobian(InMemoryEngine(model, detach=False), prompt_ids).jacobian - ref).abs().max() > 1e-3
 
 
 def manual_detached_gpt2(model: torch.nn.Module, x: torch.Tensor, factors: list[torch.Tensor],
@@ -107,7 +107,7 @@ def test_affine_jacobian_and_offset_match_reference_autograd(prompt_ids):
     # GPT-2: J from autograd of a hand-written detached forward, b from replaying its factors on zeros.
     model = tiny_model("gpt2", seed=3)
     model.requires_grad_(False)
-    res = detached_jacobian(model, prompt_ids, row_block=7)
+    res = jacobian(InMemoryEngine(model), prompt_ids, row_block=7)
     factors: list[torch.Tensor] = []
     assert torch.allclose(manual_detached_gpt2(model, res.embeddings, factors), res.output, rtol=0, atol=1e-12)
     ref = torch.autograd.functional.jacobian(

@@ -5,7 +5,7 @@ Jacobian once, and the renamed names still importable with one warning."""
 from __future__ import annotations
 
 import re
-import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -14,15 +14,15 @@ from click.testing import CliRunner
 from detjac.engine import (
     InMemoryEngine,
     JacobianResult,
-    KeptEngine,
+    ResultSink,
     StreamedEngine,
-    detached_jacobian,
+    Tee,
     exactness_report,
     explain,
     jacobian,
+    prompt_pass,
 )
 from detjac.engine.checkpoints.tiny import tiny_model
-from detjac.targets import OUTPUTS
 
 EXACT = 1e-12
 
@@ -34,13 +34,13 @@ def model() -> torch.nn.Module:
 
 def test_both_engines_give_one_result_type_with_the_same_jacobian(model, prompt_ids):
     mem, streamed = jacobian(InMemoryEngine(model), prompt_ids), jacobian(StreamedEngine(model), prompt_ids)
-    direct = detached_jacobian(model, prompt_ids)
+    direct = jacobian(InMemoryEngine(model), prompt_ids)
     for res in (mem, streamed, direct):
         assert isinstance(res, JacobianResult) and res.jacobian.shape == (32, len(prompt_ids), 32)
         assert res.reconstruction_error < EXACT and res.detached and res.family == "Llama"
     assert (mem.jacobian - streamed.jacobian).abs().max() / mem.jacobian.abs().max() < EXACT
     assert torch.equal(mem.jacobian, direct.jacobian) and direct.row_block == mem.row_block == 32  # one plan
-    assert detached_jacobian(model, prompt_ids, row_block=5).row_block == 5
+    assert jacobian(InMemoryEngine(model), prompt_ids, row_block=5).row_block == 5
     assert mem.detach_rules == streamed.detach_rules == direct.detach_rules != []
     assert mem.next_token_id == streamed.next_token_id
     ordinary = jacobian(StreamedEngine(model).ordinary(), prompt_ids)
@@ -57,16 +57,39 @@ def test_the_exactness_report_and_the_triplets_stream(model, prompt_ids):
                                                                                  b.combined.right_ids)
 
 
-def test_a_kept_engine_hands_back_what_it_computed(model, prompt_ids, monkeypatch):
-    kept = KeptEngine(InMemoryEngine(model))
-    res = jacobian(kept, prompt_ids, row_block=7)
-    trace = kept.trace(prompt_ids, position=-1)
-    monkeypatch.setattr(kept.inner, "blocks", lambda *a, **k: pytest.fail("computed again"))
-    plan = kept.plan(trace, [OUTPUTS], row_block=7)
-    blocks = list(kept.blocks(trace, [OUTPUTS], plan))
-    assert [(b.start, b.stop) for b in blocks] == [(r, min(r + 7, 32)) for r in range(0, 32, 7)]
-    assert torch.equal(torch.cat([b.values for b in blocks]), res.jacobian)
-    assert kept.trace(prompt_ids[:-1]) is not trace  # another prompt: the inner engine's own trace
+class _Seen:
+    """A sink that records what it is handed (a store's stand-in)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.blocks: list[tuple[int, int]] = []
+
+    @contextmanager
+    def open(self, products):
+        self.events.append("open")
+        yield
+        self.events.append("closed")
+
+    def take(self, block) -> None:
+        self.blocks.append((block.start, block.stop))
+
+    def more(self) -> bool:
+        return False
+
+    def finish(self, products) -> None:
+        self.events.append("finish")
+
+
+def test_a_result_sink_teed_beside_a_store_holds_what_jacobian_returns(model, prompt_ids):
+    engine = InMemoryEngine(model)
+    seen, kept = _Seen(), ResultSink(engine, prompt_ids[:6])
+    products = prompt_pass(engine, prompt_ids[:6], row_block=7, sink=Tee(seen, kept))
+    assert seen.blocks == [(r, min(r + 7, 32)) for r in range(0, 32, 7)] and seen.events == ["open", "finish",
+                                                                                            "closed"]
+    want = jacobian(engine, prompt_ids[:6], row_block=7)
+    assert products.jacobians == {} and kept.result is not None  # the sinks took the blocks
+    assert torch.equal(kept.result.jacobian, want.jacobian) and torch.equal(kept.result.logits, want.logits)
+    assert kept.result.reconstruction_error == want.reconstruction_error < EXACT
 
 
 def test_jacobian_out_store_computes_the_jacobian_once(llama_checkpoint, tmp_path, monkeypatch):
@@ -89,23 +112,26 @@ def test_jacobian_out_store_computes_the_jacobian_once(llama_checkpoint, tmp_pat
     store = open_store(out)
     (pid,) = store.prompt_ids()
     assert store.get(pid).attrs["reconstruction_error"] < EXACT
+    again = CliRunner().invoke(main, ["jacobian", str(llama_checkpoint), "-p", "The fog rolls over the",
+                                      "--no-ordinary", "--out", str(out)])
+    assert again.exit_code == 0, again.output  # stored already: the run computes nothing, the report its own
+    assert calls == [True, False, True] and f"stored as prompt {pid} in {out}" in again.output
+    detached = [re.search(r"reconstruction error  detached (\S+)", r.output).group(1) for r in (result, again)]
+    assert detached[0] == detached[1]  # the stored pass's and the report's own
 
 
-def test_renamed_names_warn_once():
+def test_the_facade_holds_what_users_and_the_layers_above_need():
+    from types import ModuleType
+
     import detjac.engine as engine
 
-    engine._warned.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from detjac.engine import RowBlock, StreamedModel
-        from detjac.engine import StreamedModel as again
-    assert StreamedModel is again is StreamedEngine and RowBlock is engine.JacobianBlock
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert messages == ["detjac.engine.RowBlock is now JacobianBlock; the old name will be removed.",
-                        "detjac.engine.StreamedModel is now StreamedEngine; the old name will be removed."]
+    public = {n for n in dir(engine) if not n.startswith("_") and not isinstance(getattr(engine, n), ModuleType)}
+    assert public == set(engine.__all__) and len(public) <= 60
+    for gone in ("RowBlock", "StreamedModel", "detached_jacobian", "stream_jacobian", "KeptEngine", "JacobianStream",
+                 "StreamedResult"):
+        assert not hasattr(engine, gone), gone
     with pytest.raises(ImportError):
         from detjac.engine import NoSuchName  # noqa: F401
-
 
 def test_jacobian_prints_the_same_streamed(llama_checkpoint):
     from detjac.cli.main import main
@@ -115,7 +141,7 @@ def test_jacobian_prints_the_same_streamed(llama_checkpoint):
         assert result.exit_code == 0, result.output
         # progress lines ("detached Jacobian: blocks: 1/1 block (100%) in 0.0 s")
         bars = re.compile(r"^([\w ]+: )+\d+(/\d+)? \w+")
-        return [line.split("   (")[0] for line in result.output.splitlines() if not bars.match(line)]  # time aside
+        return [line.split("   (")[0] for line in result.stdout.splitlines() if not bars.match(line)]  # time aside
 
     in_memory, streamed = lines(), lines("--streamed")
     assert len(in_memory) >= 8 and in_memory[:3] == streamed[:3]  # model, tokens, next token

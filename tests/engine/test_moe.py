@@ -6,9 +6,10 @@ import pytest
 import torch
 from tiny_models import FAMILIES
 
-from detjac.engine import detached_jacobian, linearized
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.tiny import tiny_config, tiny_model
 from detjac.engine.detach.factors import FactorTape
+from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
 from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.errors import UnsupportedModelError
@@ -34,19 +35,19 @@ def test_two_of_four_experts_per_token_and_every_expert_used(model_type, prompt_
         assert torch.all(chosen[:, 0] != chosen[:, 1]) and torch.all(weights > 0)
         per_block.append(set(chosen.unique().tolist()))
     assert {0, 1, 2, 3} in per_block  # tokens of one block spread over all four experts
-    assert detached_jacobian(model, prompt_ids).reconstruction_error < 1e-12
+    assert jacobian(InMemoryEngine(model), prompt_ids).reconstruction_error < 1e-12
 
 
 def test_olmoe_value_clipping_is_refused(prompt_ids):
     with pytest.raises(UnsupportedModelError, match="clip_qkv=0.5 clamps the attention values"):
-        detached_jacobian(tiny_model("olmoe", clip_qkv=0.5), prompt_ids)
+        jacobian(InMemoryEngine(tiny_model("olmoe", clip_qkv=0.5)), prompt_ids)
 
 
 def test_unknown_expert_layout_is_refused(prompt_ids):
     model = tiny_model("mixtral")
     model.model.layers[0].mlp.experts.is_transposed = True
     with pytest.raises(UnsupportedModelError, match="is_transposed=True"):
-        detached_jacobian(model, prompt_ids)
+        jacobian(InMemoryEngine(model), prompt_ids)
 
 
 @pytest.mark.parametrize("model_type", MOE)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detjac.engine import JacobianStream, detached_jacobian, load_model
+from detjac.engine import InMemoryEngine, jacobian, load_model
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.products.lanczos import operator_svd
 from detjac.engine.products.linear_operator import (
@@ -59,7 +59,7 @@ class MatrixOperator(JacobianOperator):
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "qwen2", "gpt2", "bert", "qwen3_moe"])
 def test_products_equal_the_formed_jacobian(model_type, prompt_ids):
     model = tiny_model(model_type, seed=7)
-    res = detached_jacobian(model, prompt_ids)
+    res = jacobian(InMemoryEngine(model), prompt_ids)
     J = res.combined()  # (d, n d)
     V, U = _randn(J.shape[1], 5, seed=1), _randn(J.shape[0], 5, seed=2)
     for forward in ("transpose", "jvp"):
@@ -84,7 +84,7 @@ def test_products_are_adjoint_without_forming_j(prompt_ids):
 
 
 def test_streamed_operator_equals_formed_jacobian_and_streams_layers(llama_checkpoint: Path, prompt_ids):
-    J = detached_jacobian(load_model(llama_checkpoint), prompt_ids).combined()
+    J = jacobian(InMemoryEngine(load_model(llama_checkpoint)), prompt_ids).combined()
     sm = StreamedEngine(llama_checkpoint)
     op = jacobian_operator(sm, prompt_ids, block=3)
     assert isinstance(op, JacobianOperator) and op.engine is sm and op.shape == tuple(J.shape)
@@ -102,7 +102,7 @@ def test_streamed_operator_equals_formed_jacobian_and_streams_layers(llama_check
 @pytest.mark.parametrize("method", ["lanczos", "randomized"])
 def test_operator_svd_matches_the_full_svd(method, prompt_ids):
     model = tiny_model("llama", seed=7)
-    J = detached_jacobian(model, prompt_ids).combined()
+    J = jacobian(InMemoryEngine(model), prompt_ids).combined()
     U_ref, S_ref, Vh_ref = torch.linalg.svd(J, full_matrices=False)
     k = 6
     op = jacobian_operator(model, prompt_ids, block=8)
@@ -163,7 +163,7 @@ def test_long_prompt_never_forms_j(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("the row-forming path was called")
 
-    monkeypatch.setattr(JacobianStream, "__iter__", refuse)
+    monkeypatch.setattr(InMemoryEngine, "blocks", refuse)
     monkeypatch.setattr(StreamedEngine, "blocks", refuse)
     model = tiny_model("llama", seed=1, hidden_size=64, intermediate_size=96, num_attention_heads=1,
                        num_key_value_heads=1, max_position_embeddings=512)

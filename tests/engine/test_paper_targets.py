@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import swept
 
 from detjac.engine import assemble
 from detjac.engine.detach.model import linearized
 from detjac.engine.families import family_for
 from detjac.engine.products.decode import final_norm_gain
-from detjac.engine.streamed.streamed_engine import StreamedEngine, Target, layer_targets
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.errors import InvalidArgumentError
-from detjac.targets import kinds
+from detjac.targets import Target, kinds, layer_targets
 
 EXACT = 1e-12
 NEW = "resid_mid,layer_normed,attn_normed,mlp_normed,to_output"
@@ -36,11 +37,11 @@ def test_new_targets_reconstruct_in_both_modes_for_every_family(streamable_model
                                                                prompt_ids: list[int]) -> None:
     sm = StreamedEngine(streamable_model, dtype=torch.float64)
     targets = ["output", *(t.name for t in layer_targets("all", f"{NEW},{NEW_LOCAL}", sm.n_layers))]
-    rev = sm.jacobians(prompt_ids, targets, mode="reverse", row_block=9)
+    rev = swept(sm, prompt_ids, targets, mode="reverse", row_block=9)
     for t in rev.jacobians:
         assert rev.reconstruction_error(t) < EXACT, t.name
     cumulative = [t for t in targets if "local" not in t and "to_output" not in t]
-    fwd = sm.jacobians(prompt_ids, cumulative, mode="forward", token_block=3)
+    fwd = swept(sm, prompt_ids, cumulative, mode="forward", token_block=3)
     assert fwd.plan.reverse == []
     for t in fwd.jacobians:
         assert fwd.reconstruction_error(t) < EXACT, t.name
@@ -53,7 +54,7 @@ def test_new_targets_reconstruct_in_both_modes_for_every_family(streamable_model
 def test_normed_targets_equal_autograd_of_the_frozen_norm(streamable_model: torch.nn.Module,
                                                          prompt_ids: list[int]) -> None:
     sm = StreamedEngine(streamable_model, dtype=torch.float64)
-    res = sm.jacobians(prompt_ids, [f"{c}_normed.{i}" for i in range(sm.n_layers) for c in ("layer", "mlp")],
+    res = swept(sm, prompt_ids, [f"{c}_normed.{i}" for i in range(sm.n_layers) for c in ("layer", "mlp")],
                        row_block=16)
     model, p = streamable_model.double(), len(prompt_ids) - 1
     x = sm.embed(prompt_ids)
@@ -74,13 +75,13 @@ def test_normed_targets_equal_autograd_of_the_frozen_norm(streamable_model: torc
             # the normed Jacobian is the un-normed one scaled by the frozen norm's diagonal
             assert (res[f"mlp_normed.{i}"] - _frozen_norm(model, res.trace.base_value(
                 Target(i, "mlp_normed"))).div(res.trace.base_value(Target(i, "mlp")))[:, None, None]
-                    * sm.jacobians(prompt_ids, [f"mlp.{i}"])[f"mlp.{i}"]).abs().max().item() < 1e-10
+                    * swept(sm, prompt_ids, [f"mlp.{i}"])[f"mlp.{i}"]).abs().max().item() < 1e-10
 
 
 def test_to_output_equals_autograd_from_the_layer_state(streamable_model: torch.nn.Module,
                                                        prompt_ids: list[int]) -> None:
     sm = StreamedEngine(streamable_model, dtype=torch.float64)
-    res = sm.jacobians(prompt_ids, [f"to_output.{i}" for i in range(sm.n_layers)], row_block=16)
+    res = swept(sm, prompt_ids, [f"to_output.{i}" for i in range(sm.n_layers)], row_block=16)
     assert res.plan.forward == []
     model, p, last = streamable_model.double(), len(prompt_ids) - 1, sm.n_layers - 1
     x = sm.embed(prompt_ids)

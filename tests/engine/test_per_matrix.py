@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from benchmarks.support.real_shapes import REAL_SHAPES
-from detjac.engine import InMemoryEngine, StreamedEngine, Target, jacobian, load_model, prompt_pass
+from detjac.engine import InMemoryEngine, StreamedEngine, jacobian, load_model, prompt_pass
 from detjac.engine.checkpoints.random_weights import write_random_gguf
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_config
+from detjac.engine.cost import CostModel
 from detjac.engine.pieces.lazy import ATTR, LazyWeight
-from detjac.engine.streamed.cost import CostModel
 from detjac.errors import InvalidArgumentError
+from detjac.targets import Target
 
 IDS = [5, 17, 42, 9, 77, 120, 3, 64, 150, 11, 98, 31, 7]
 EXACT = 1e-12

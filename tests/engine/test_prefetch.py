@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import swept
 
 from detjac.engine.streamed import prefetch
 from detjac.engine.streamed.streamed_engine import StreamedEngine
@@ -54,7 +55,7 @@ def test_layers_are_read_ahead_in_sweep_order_and_the_jacobian_is_unchanged(llam
     sm = StreamedEngine(llama_checkpoint, dtype=torch.float64)
     assert isinstance(sm.skeleton.feed.reader, prefetch.ThreadReader)  # a CPU run never makes a CUDA reader
     seen = _spy_reads(sm)
-    res = sm.jacobians(prompt_ids, ["output"], row_block=16)
+    res = swept(sm, prompt_ids, ["output"], row_block=16)
     L, blocks = sm.n_layers, -(-sm.d_model // 16)
     # the trace goes up, each reverse block down; after the trace the top layer is read again for the first block
     want = [*range(L), *[i for _ in range(blocks) for i in range(L - 1, -1, -1)]]
@@ -68,7 +69,7 @@ def test_layers_are_read_ahead_in_sweep_order_and_the_jacobian_is_unchanged(llam
     assert not _readers()  # drained when the engine returned
     plain = StreamedEngine(llama_checkpoint, dtype=torch.float64)
     plain.skeleton.feed.reader = prefetch.SyncReader(plain.skeleton.feed.reader.read)
-    ref = plain.jacobians(prompt_ids, ["output"], row_block=16)
+    ref = swept(plain, prompt_ids, ["output"], row_block=16)
     assert torch.equal(res["output"], ref["output"])  # the same tensors, whichever way they came
 
 
@@ -76,7 +77,7 @@ def test_a_budget_keeps_decoded_layers_across_passes_and_counts_the_one_in_fligh
                                                                                   prompt_ids: list[int]) -> None:
     probe = StreamedEngine(llama_checkpoint, dtype=torch.float64)
     n, layer = len(prompt_ids), probe.skeleton.stored_layer_bytes()  # layers are kept as stored
-    ref = probe.jacobians(prompt_ids, ["output"], row_block=16)
+    ref = swept(probe, prompt_ids, ["output"], row_block=16)
     # a budget whose plan leaves room for exactly two layers to be kept
     cost = probe.cost
     budget = cost.weights_bytes + cost.block_bytes(n, 0) + 16 * cost.vector_bytes(n) + 2 * layer + layer // 2
@@ -84,7 +85,7 @@ def test_a_budget_keeps_decoded_layers_across_passes_and_counts_the_one_in_fligh
     plan = sm.plan(sm.trace(prompt_ids), [OUTPUTS], row_block=16)
     spare = sm.cost.spare_bytes(n, plan)
     assert 2 * layer <= spare < 3 * layer
-    res = sm.jacobians(prompt_ids, ["output"], row_block=16)
+    res = swept(sm, prompt_ids, ["output"], row_block=16)
     assert torch.equal(res["output"], ref["output"])
     s = sm.stats
     assert s.layers_kept > 0 and len(sm.skeleton.feed.kept) == 2
@@ -111,7 +112,7 @@ def test_an_error_in_the_reader_thread_is_raised_in_the_caller_and_no_thread_is_
     sm = StreamedEngine(llama_checkpoint, dtype=torch.float64)
     sm.skeleton.feed.reader = _failing(sm.skeleton.feed.reader, bad=1)
     with pytest.raises(CheckpointError, match="Expected layer 1 readable"):
-        sm.jacobians(prompt_ids, ["output"], row_block=16)
+        swept(sm, prompt_ids, ["output"], row_block=16)
     assert not _readers() and not sm.stats.resident
     assert all(p.device.type == "meta" for p in sm.layers[1].parameters())
 

@@ -1,6 +1,5 @@
 """One prompt pass: every product of a prompt from one trace, whatever asks for it (``detjac run``, also with
-``--graph``, ``detjac graph``, ``jacobian()``, ``attribution_graph()``); the old Jacobian entry points still answer,
-each with a ``DeprecationWarning``."""
+``--graph``, ``detjac graph``, ``jacobian()``, ``attribution_graph()``)."""
 
 from __future__ import annotations
 
@@ -8,13 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from detjac.engine import (
-    GraphRequest,
-    InMemoryEngine,
-    StreamedEngine,
-    jacobian,
-    prompt_pass,
-)
+from detjac.engine import GraphRequest, InMemoryEngine, StreamedEngine, jacobian, prompt_pass
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.targets import OUTPUTS
 
@@ -83,24 +76,6 @@ def test_a_pass_without_targets_only_traces(model, prompt_ids):
     assert products.plan is None and products.errors == {} and products.trace.n_tokens == 4
 
 
-def test_the_old_entry_points_warn_and_agree(model, prompt_ids):
-    from detjac.engine import detached_jacobian, stream_jacobian
-
-    ids = prompt_ids[:5]
-    want = jacobian(InMemoryEngine(model), ids).jacobian
-    with pytest.warns(DeprecationWarning, match=r"detached_jacobian\(model, prompt\) is deprecated"):
-        assert torch.equal(detached_jacobian(model, ids).jacobian, want)
-    with pytest.warns(DeprecationWarning, match=r"Engine.jacobian\(prompt\) is deprecated"):
-        assert torch.equal(InMemoryEngine(model).jacobian(ids).jacobian, want)
-    with pytest.warns(DeprecationWarning, match=r"stream_jacobian\(model, prompt\) is deprecated"):
-        stream = stream_jacobian(model, ids, row_block=8)
-    assert (torch.cat([b.values for b in stream]) - want).abs().max() <= 1e-12 * want.abs().max()
-    streamed = StreamedEngine(model)
-    with pytest.warns(DeprecationWarning, match=r"StreamedEngine.jacobians\(prompt, targets\) is deprecated"):
-        got = streamed.jacobians(ids, ["output"])["output"]
-    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
-
-
 def test_a_taken_block_is_let_go_before_the_next_is_computed(model, monkeypatch) -> None:
     """A budget counts one block's rows at a time: each block's values are freed once taken, before the streamed
     engine takes the next block into any layer (held until then, they were a block's rows the budget never saw)."""
@@ -110,7 +85,7 @@ def test_a_taken_block_is_let_go_before_the_next_is_computed(model, monkeypatch)
     from detjac.engine.streamed import passes
 
     events: list[str] = []
-    take, layer = prompt_products._Whole.take, passes.StreamedWalk.layer
+    take, layer = prompt_products.Assembled.take, passes.StreamedWalk.layer
 
     def taking(self, block):
         take(self, block)
@@ -122,7 +97,7 @@ def test_a_taken_block_is_let_go_before_the_next_is_computed(model, monkeypatch)
         events.append("layer")
         return layer(self, i)
 
-    monkeypatch.setattr(prompt_products._Whole, "take", taking)
+    monkeypatch.setattr(prompt_products.Assembled, "take", taking)
     monkeypatch.setattr(passes.StreamedWalk, "layer", entering)
     sm = StreamedEngine(model)
     result = jacobian(sm, [5, 17, 42], row_block=sm.d_model // 4)

@@ -13,8 +13,10 @@ import bitsandbytes.functional as bnbf  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+from tiny_models import swept  # noqa: E402
 from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from detjac.engine import InMemoryEngine, jacobian  # noqa: E402
 from detjac.engine.checkpoints.quantized import (  # noqa: E402
     QUANT_METHODS,
     dequantize_layer,
@@ -215,26 +217,24 @@ def _rounded_model(float_model: LlamaForCausalLM, method: str) -> LlamaForCausal
 def test_streamed_quantize_on_load_is_exact_for_the_quantized_model(
     float_checkpoint: tuple[Path, LlamaForCausalLM], method: str,
 ) -> None:
-    from detjac.engine import detached_jacobian
     from detjac.engine.streamed.streamed_engine import StreamedEngine
 
     src, float_model = float_checkpoint
     ids = [3, 17, 42, 5, 9, 30]
     sm = StreamedEngine(src, dtype=torch.float32, quantize=method)
-    res = sm.jacobians(ids, ["output"], row_block=16)
+    res = swept(sm, ids, ["output"], row_block=16)
     # float32 compute: the streamed model quantizes the float32 weights exactly as bnb would
-    ref32 = detached_jacobian(_rounded_model(float_model, method).to(torch.float32), ids, check=False)
+    ref32 = jacobian(InMemoryEngine(_rounded_model(float_model, method).to(torch.float32)), ids, check=False)
     torch.testing.assert_close(res["output"], ref32.jacobian, rtol=1e-5, atol=1e-5)
     # float64 compute on the same quantized weights reconstructs within 1e-12
-    res64 = StreamedEngine(src, dtype=torch.float64, quantize=method).jacobians(ids, ["output", "layer.0"])
-    ref64 = detached_jacobian(_rounded_model(float_model, method), ids, check=False)
+    res64 = swept(StreamedEngine(src, dtype=torch.float64, quantize=method), ids, ["output", "layer.0"])
+    ref64 = jacobian(InMemoryEngine(_rounded_model(float_model, method)), ids, check=False)
     assert (res64["output"] - ref64.jacobian).abs().max().item() <= 1e-12
     assert res64.reconstruction_error("output") < 1e-12 and res64.reconstruction_error("layer.0") < 1e-12
 
 
 def test_streamed_reads_a_saved_4bit_checkpoint(float_checkpoint: tuple[Path, LlamaForCausalLM],
                                                 tmp_path: Path) -> None:
-    from detjac.engine import detached_jacobian
     from detjac.engine.streamed.streamed_engine import StreamedEngine
 
     src, float_model = float_checkpoint
@@ -244,8 +244,8 @@ def test_streamed_reads_a_saved_4bit_checkpoint(float_checkpoint: tuple[Path, Ll
     ids = [1, 2, 60, 33, 8]
     sm = StreamedEngine(tmp_path, dtype=torch.float64)
     assert sm.source.quantized == "nf4"
-    res = sm.jacobians(ids, ["output"])
-    ref = detached_jacobian(_rounded_model(float_model, "nf4"), ids, check=False)
+    res = swept(sm, ids, ["output"])
+    ref = jacobian(InMemoryEngine(_rounded_model(float_model, "nf4")), ids, check=False)
     assert (res["output"] - ref.jacobian).abs().max().item() <= 1e-12
     assert res.reconstruction_error("output") < 1e-12
     with pytest.raises(InvalidArgumentError, match="already quantized"):

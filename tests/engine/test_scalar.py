@@ -7,9 +7,10 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from detjac.engine import detached_jacobian
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.detach.activations import activation_ratio, softcap_ratio
+from detjac.engine.products.logits import logit_jacobian as logit_jacobian_of
 
 Z = torch.cat([torch.linspace(-8, 8, 401, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 
@@ -41,12 +42,13 @@ def test_softcap_ratio_is_finite_at_zero_and_differentiable():
 def test_gemma2_capped_logit_jacobian(detach, prompt_ids):
     # final-logit soft-capping at 2 (logits reach ~1.5): frozen ratio (detached) or its derivative (ordinary)
     model = tiny_model("gemma2", seed=7)
-    res = detached_jacobian(model, prompt_ids, target="logits", logit_tokens=[3, 17, 42], detach=detach)
+    res = jacobian(InMemoryEngine(model, detach=detach), prompt_ids)
+    logit_jacobian = logit_jacobian_of(model, res, [3, 17, 42])
     W = model.get_output_embeddings().weight[[3, 17, 42]].detach()
     z = W @ res.output
     factor = 2.0 * torch.tanh(z / 2.0) / z if detach else 1 - torch.tanh(z / 2.0) ** 2
     expected = torch.einsum("td,dnk->tnk", W, res.jacobian) * factor[:, None, None]
-    assert torch.allclose(res.logit_jacobian, expected, rtol=0, atol=1e-13)
+    assert torch.allclose(logit_jacobian, expected, rtol=0, atol=1e-13)
     if detach:
-        recon = torch.einsum("tnk,nk->t", res.logit_jacobian, res.embeddings)
+        recon = torch.einsum("tnk,nk->t", logit_jacobian, res.embeddings)
         assert torch.allclose(recon, res.logits[[3, 17, 42]], rtol=0, atol=1e-12)

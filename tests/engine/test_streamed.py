@@ -6,13 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import swept
 
-from detjac.engine import detached_jacobian, load_model, output_logits
+from detjac.engine import InMemoryEngine, jacobian, load_model
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_model
 from detjac.engine.checkpoints.weights import SafetensorsWeights, resolve_key
-from detjac.engine.streamed.streamed_engine import StreamedEngine, Target, layer_targets, parse_memory
+from detjac.engine.memory import parse_memory
+from detjac.engine.products.logits import output_logits
+from detjac.engine.streamed.streamed_engine import StreamedEngine
 from detjac.engine.streamed.tracing import suffix_kwargs
 from detjac.errors import CheckpointError, InvalidArgumentError
+from detjac.targets import Target, layer_targets
 
 ALL_COMPONENTS = "layer,attn,mlp,layer_local,attn_local,mlp_local"
 EXACT = 1e-12
@@ -20,9 +24,9 @@ EXACT = 1e-12
 
 def test_streamed_equals_in_memory_engine_for_every_family(streamable_model: torch.nn.Module,
                                                            prompt_ids: list[int]) -> None:
-    ref = detached_jacobian(streamable_model, prompt_ids, row_block=16)
+    ref = jacobian(InMemoryEngine(streamable_model), prompt_ids, row_block=16)
     sm = StreamedEngine(streamable_model, dtype=torch.float64)
-    res = sm.jacobians(prompt_ids, ["output"], row_block=7)  # blocks that do not divide d_model
+    res = swept(sm, prompt_ids, ["output"], row_block=7)  # blocks that do not divide d_model
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
     assert sm.stats.pulled_suffix_layers >= res.plan.n_blocks  # at least the top layer, from the last position only
     assert res.reconstruction_error("output") < EXACT
@@ -33,8 +37,8 @@ def test_streamed_equals_in_memory_engine_for_every_family(streamable_model: tor
 def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.Module, prompt_ids: list[int]) -> None:
     sm = StreamedEngine(streamable_model, dtype=torch.float64)
     targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, sm.n_layers))]
-    rev = sm.jacobians(prompt_ids, targets, mode="reverse", row_block=9)
-    fwd = sm.jacobians(prompt_ids, [t for t in targets if "local" not in t], mode="forward", token_block=3)
+    rev = swept(sm, prompt_ids, targets, mode="reverse", row_block=9)
+    fwd = swept(sm, prompt_ids, [t for t in targets if "local" not in t], mode="forward", token_block=3)
     assert rev.plan.forward == [] and fwd.plan.reverse == []
     assert sm.stats.pulled_suffix_layers >= rev.plan.n_blocks  # the top layer (more below a sliding window)
     for t in rev.jacobians:
@@ -54,19 +58,19 @@ def test_layerwise_targets_reconstruct_in_both_modes(streamable_model: torch.nn.
 @pytest.mark.slow
 def test_forward_mode_truncation_at_an_earlier_position_and_without_detaching(prompt_ids: list[int]) -> None:
     model = tiny_model("mistral", seed=2)  # a sliding window shorter than the prompt
-    ref = StreamedEngine(model).jacobians(prompt_ids, ["layer.1", "output"], mode="reverse", position=3)
+    ref = swept(StreamedEngine(model), prompt_ids, ["layer.1", "output"], mode="reverse", position=3)
     sm = StreamedEngine(model)
-    fwd = sm.jacobians(prompt_ids, ["layer.1", "output"], mode="forward", token_block=2, position=3)
+    fwd = swept(sm, prompt_ids, ["layer.1", "output"], mode="forward", token_block=2, position=3)
     for t in fwd.jacobians:
         assert (fwd[t] - ref[t]).abs().max().item() <= EXACT, t.name
         assert not fwd[t][:, 4:].any(), t.name  # tokens after the target position do not reach it
     assert sm.stats.suffix_layers > 0
     ordinary = StreamedEngine(model, detach=False)  # no frozen probabilities: never truncated
-    exact = ordinary.jacobians(prompt_ids, ["layer.1"], mode="forward", token_block=2)
+    exact = swept(ordinary, prompt_ids, ["layer.1"], mode="forward", token_block=2)
     assert ordinary.stats.suffix_layers == 0
-    ordinary.jacobians(prompt_ids, ["output"], mode="reverse")
+    swept(ordinary, prompt_ids, ["output"], mode="reverse")
     assert ordinary.stats.pulled_suffix_layers == 0
-    assert (exact["layer.1"] - ordinary.jacobians(prompt_ids, ["layer.1"], mode="reverse")["layer.1"]
+    assert (exact["layer.1"] - swept(ordinary, prompt_ids, ["layer.1"], mode="reverse")["layer.1"]
             ).abs().max().item() <= EXACT
 
 
@@ -84,8 +88,8 @@ def test_suffix_arguments_slice_positions_and_refuse_unknown_ones() -> None:
 
 def test_ordinary_jacobian_matches_in_memory_engine(prompt_ids: list[int]) -> None:
     model = tiny_model("qwen3", seed=3)
-    ref = detached_jacobian(model, prompt_ids, detach=False, check=False)
-    res = StreamedEngine(model, detach=False).jacobians(prompt_ids, ["output"])
+    ref = jacobian(InMemoryEngine(model, detach=False), prompt_ids, check=False)
+    res = swept(StreamedEngine(model, detach=False), prompt_ids, ["output"])
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
 
 
@@ -94,21 +98,21 @@ def test_streaming_from_safetensors_matches_loaded_model(tmp_path: Path, model_t
                                                          prompt_ids: list[int]) -> None:
     path = save_tiny_checkpoint(tmp_path / model_type, model_type, dtype=torch.bfloat16)
     model = load_model(path, dtype=torch.float64)
-    ref = detached_jacobian(model, prompt_ids)
+    ref = jacobian(InMemoryEngine(model), prompt_ids)
     sm = StreamedEngine(path, dtype=torch.float64)
-    res = sm.jacobians(prompt_ids, ["output", "layer.0", "mlp_local.1"], row_block=16)
+    res = swept(sm, prompt_ids, ["output", "layer.0", "mlp_local.1"], row_block=16)
     assert (res["output"] - ref.jacobian).abs().max().item() <= EXACT
     assert res.reconstruction_error("layer.0") < EXACT and res.reconstruction_error("mlp_local.1") < EXACT
     with torch.no_grad():
         stock = output_logits(model, ref.output)
     assert torch.allclose(sm.logits(res.trace.output), stock, rtol=0, atol=1e-12)
     assert sm.tokenizer is not None
-    assert sm.jacobians("The bridge", ["output"]).trace.token_ids == sm.tokenizer("The bridge")["input_ids"]
+    assert swept(sm, "The bridge", ["output"]).trace.token_ids == sm.tokenizer("The bridge")["input_ids"]
 
 
 def test_layers_are_streamed_one_at_a_time_and_released(llama_checkpoint: Path, prompt_ids: list[int]) -> None:
     sm = StreamedEngine(llama_checkpoint)
-    res = sm.jacobians(prompt_ids, ["output"], row_block=16)
+    res = swept(sm, prompt_ids, ["output"], row_block=16)
     n_blocks = -(-sm.d_model // 16)
     assert res.plan.n_row_blocks == n_blocks
     assert sm.stats.max_resident_layers == 1 and not sm.stats.resident
@@ -142,7 +146,7 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     budget = sm.cost.weights_bytes + sm.cost.block_bytes(len(prompt_ids), 0) + 5 * one_vector
     tight = StreamedEngine(llama_checkpoint, max_memory={"cpu": budget})
     assert tight.plan(trace, [Target(-1, "output")]).row_block == 5
-    res = tight.jacobians(prompt_ids, ["output"])
+    res = swept(tight, prompt_ids, ["output"])
     assert res.plan.row_block == 5 and res.reconstruction_error("output") < EXACT
     d = sm.d_model  # room for 60 % of the rows: two even blocks, not one full and one short
     evened = StreamedEngine(llama_checkpoint, max_memory={"cpu": budget + (d * 6 // 10 - 5) * one_vector})

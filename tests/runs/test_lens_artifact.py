@@ -194,7 +194,8 @@ def test_a_published_lens_of_ordinary_jacobians_is_applied_and_evaluated(tmp_pat
 
 
 def test_export_of_a_same_position_lens_takes_the_gain_from_the_model(tmp_path) -> None:
-    from detjac.engine import load_engine, resolve_model
+    from detjac.engine import load_engine
+    from detjac.engine.checkpoints.reference import resolve_model
 
     saved = save_lens(_lens(target="to_output", layers=(0, 3)), tmp_path / "same.lens")
     out = tmp_path / "same.pt"

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from store_helpers import PROMPTS, assert_all_equal, reseal, store_snapshot, write_prompts
 
 from detjac.cli.main import main
-from detjac.engine import detached_jacobian
+from detjac.engine import InMemoryEngine, jacobian
 from detjac.engine.checkpoints.default import load_default_model
 from detjac.engine.checkpoints.tiny import tiny_model_types
 from detjac.store import open_store
@@ -39,7 +39,7 @@ def test_round_trip_is_bit_for_bit(run_store):
     model = load_default_model()
     assert len(store) == 4
     for prompt in store:
-        res = detached_jacobian(model, prompt.prompt, row_block=48)
+        res = jacobian(InMemoryEngine(model), prompt.prompt, row_block=48)
         assert_all_equal(prompt.jacobian(lazy=False), res.jacobian.numpy())
         assert_all_equal(prompt.array("embeddings"), res.embeddings.numpy())
         assert_all_equal(prompt.array("output"), res.output.numpy())

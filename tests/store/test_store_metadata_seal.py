@@ -51,7 +51,7 @@ def test_a_same_size_edit_of_a_jacobian_s_zarr_json_is_refused_on_open(store):
     _same_size_edit(folder / "jacobian" / "zarr.json", '"separator": "/"', '"separator": "."')
     with pytest.raises(CorruptError, match=r"jacobian/zarr\.json changed since commit"):
         open_store(store).get(pid)
-    result = invoke("analyze", "svd", store, "--prompt", pid, "--k", "2")
+    result = invoke("analyze", "svd", store, "--prompt-id", pid, "--k", "2")
     assert result.exit_code != 0 and "jacobian/zarr.json changed since commit" in result.output
     assert not (store / "analysis" / pid).exists()  # nothing computed from it is cached
 

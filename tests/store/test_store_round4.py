@@ -50,7 +50,7 @@ def test_malformed_root_json_is_one_line_in_every_command(store, text, got):
 def test_a_prompt_s_json_nested_too_deep_is_a_damaged_prompt(store):
     pid = open_store(store).prompt_ids()[0]
     (store / "prompts" / pid / "zarr.json").write_text('{"attributes": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    result = invoke("analyze", "svd", store, "--prompt", pid)
+    result = invoke("analyze", "svd", store, "--prompt-id", pid)
     assert result.exit_code == 1 and "values nested too deep to read" in result.output, result.output
     assert "Traceback" not in result.output
 

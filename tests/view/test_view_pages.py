@@ -249,7 +249,7 @@ def test_the_export_refuses_a_folder_in_use_and_unknown_prompts(layered_store, t
     with pytest.raises(InvalidArgumentError, match="Expected complete prompts of .* Got nope"):
         export_static(layered_store.open(), tmp_path / "two", ["nope"])
     assert not (tmp_path / "two").exists()  # refused before anything is written
-    result = CliRunner().invoke(main, ["view", str(layered_store.path), "--prompt", pid])
+    result = CliRunner().invoke(main, ["view", str(layered_store.path), "--prompt-id", pid])
     assert result.exit_code == 2 and "--prompt-id applies to --export only" in result.output
 
 

@@ -1,4 +1,4 @@
-"""The cost model and block sizing of the layer-streamed engine.
+"""The cost model and block sizing of both engines' sweeps.
 
 :class:`CostModel` splits targets between reverse and forward mode and sizes the blocks to a memory budget, from upper
 bounds per vector and per layer that depend on the sweeps. Derivation and measurements: docs/engine.md, "Cost model"."""
@@ -13,10 +13,10 @@ from detjac.errors import InvalidArgumentError
 from detjac.machine import available_memory
 from detjac.targets import DEFAULT_ROW_BLOCK, Target
 
-from ..memory import format_bytes
-from ..pieces import layer as pieces
-from ..pieces.fold import fold_bytes, fold_pays
-from ..types import Plan
+from .memory import format_bytes
+from .pieces import layer as pieces
+from .pieces.fold import fold_bytes, fold_pays
+from .types import Plan
 
 # Without a budget, a row block holds as many vectors as fit in this many bytes (at least DEFAULT_ROW_BLOCK): each
 # block is one more pass over every layer's weights (read, and dequantized again for a quantized file).
