@@ -42,7 +42,7 @@ from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult, reconstruct
 from .selection import as_engine, check_layerwise_request, load_engine, load_engine_with
 from .streamed.streamed_engine import StreamedEngine, StreamedResult
-from .tools.attribution import AttributionGraph, GraphRequest, check_graph_request, logit_attribution, logit_vectors
+from .tools.attribution import AttributionGraph, check_graph, logit_attribution, logit_vectors
 from .tools.exactness_report import ExactnessReport, exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.graph_prune import Pruned, prune
@@ -75,7 +75,7 @@ __all__ = [
     "Site",
     "as_engine",
     "attribution_graph",
-    "check_graph_request",
+    "check_graph",
     "decode_top",
     "dense_svd",
     "exactness_report",

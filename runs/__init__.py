@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .description import RunDescription
     from .export import save_result
     from .fingerprint import model_identity, weights_identity
+    from .graph_run import graph_file
     from .lens_apply import (
         check_lens_kinds,
         evaluate_lenses,

@@ -20,7 +20,7 @@ from .description import RunDescription
 from .prompts import PromptLine
 
 if TYPE_CHECKING:
-    from detjac.engine import AttributionGraph, Engine, JacobianBlock, PromptProducts
+    from detjac.engine import Engine, JacobianBlock, PromptProducts
     from detjac.store import PromptWriter, StoreWriter
     from detjac.targets import Target
 
@@ -36,15 +36,12 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     What the prompt produces decides how it is written: its whole Jacobian, block by block, with every layerwise
     ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:class:`_Swept`); or, with ``--keep rank:K``,
     the output's top triplets (:class:`_LowRank`). A ``--graph`` run (``run.graph``) commits either with its
-    attribution graph (:func:`graph_json`), computed on the same trace."""
-    from detjac.engine import GraphRequest, prompt_pass
+    attribution graph (:func:`detjac.runs.graph_run.graph_json`), computed on the same trace."""
+    from detjac.engine import prompt_pass
     from detjac.targets import OUTPUTS
 
     from .lens_run import lens_targets
 
-    graph = GraphRequest(max_nodes=run.graph["max_nodes"], heads=run.graph.get("heads", 0),
-                         node_threshold=run.graph["node_threshold"],
-                         edge_threshold=run.graph["edge_threshold"], heads_up_to=True) if run.graph else None
     sink: _Prompt
     if run.rank is not None:
         assert not targets, "a low-rank run has no layerwise targets (refused by check_options)"
@@ -53,7 +50,7 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
         lens = lens_targets(run)
         sink = _Swept(store, engine, pid, item, ids, run, bar, targets, lens)
         wanted, mode = [*([OUTPUTS] if run.keeps_jacobian else []), *targets, *lens], run.mode
-    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=graph,
+    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=run.graph,
                 sink=sink, progress=progress)
     if isinstance(sink, _Swept) and sink.collected is not None and sums is not None:
         sums.add(store, pid, sink.collected.blocks)  # counted only once committed: see detjac.analysis.lens.lens_sums
@@ -105,6 +102,8 @@ class _Prompt:
         self.error = error
         _write_small(writer, trace.embeddings, trace.output, self.ids, self.storage, trace.bias)
         if products.graph is not None:
+            from .graph_run import graph_json
+
             writer.write_graph(graph_json(products.graph, self.pid, self.run))
         affine = {"affine": True} if trace.bias is not None else {}
         next_id = int(self.engine.logits(trace.output).argmax())  # the token the model predicts
@@ -195,22 +194,6 @@ class _LowRank(_Prompt):
         attrs = self.writer.write_triplets(*self.iteration.finish())
         self.check(products.errors)
         self.commit(products, products.errors[OUTPUTS], {**attrs, "passes": LOW_RANK_PASSES})
-
-
-GRAPH_IDENTITY = ("config_sha256", "weights_sha256", "tokenizer_sha256")  # a stored graph's metadata.info names them
-
-
-def graph_json(graph: AttributionGraph, pid: str, run: RunDescription) -> dict[str, Any]:
-    """The prompt's attribution graph as a ``--graph`` run stores it: :func:`detjac.engine.graph_dict` of the graph
-    computed with the run's graph settings, the prompt id as its slug, the run's ``model_id`` as its model and the
-    run's model digests (:data:`GRAPH_IDENTITY`) in its ``metadata.info``."""
-    from detjac.engine import graph_dict
-
-    settings = dict(run.graph or {})
-    described = run.as_dict()
-    identity = {key: described[key] for key in GRAPH_IDENTITY if isinstance(described.get(key), str)}
-    return graph_dict(graph, slug=pid, model=run.model_id, node_threshold=settings["node_threshold"],
-                      edge_threshold=settings["edge_threshold"], identity=identity)
 
 
 def _layerwise_attrs(errors: dict[Target, float], specs: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, ModelRef
+    from detjac.graph_settings import GraphSettings
     from detjac.store import Keep, StoreWriter
     from detjac.targets import Target
 
@@ -137,7 +138,7 @@ class RunPlan:
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: ModelSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: Keep | str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
-                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None) -> RunPlan:
+                lens: bool = False, engine: Engine | None = None, graph: GraphSettings | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
     With ``lenient=False`` a prompt the tokenizer refuses, or one longer than ``max_tokens`` (or
@@ -146,7 +147,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     ``load_device`` loads the model somewhere else than ``spec.device`` (a distributed run's
     client plans on the CPU; its workers compute on their devices). ``lens``: a ``--lens`` run, whose ``layers``
     (default all) are the lens's and whose prompts store no layerwise Jacobian. ``graph``: a ``--graph`` run's
-    settings (:func:`detjac.runs.description.graph_settings`), checked against the model once it is loaded.
+    settings, checked against the model once it is loaded.
     """
     from detjac.store import prompt_id
 
@@ -160,9 +161,9 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Mo
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
     loaded = spec.load(load_device) if engine is None else LoadedModel(engine, spec.model)
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
-        from detjac.engine import check_graph_request
+        from detjac.engine import check_graph
 
-        check_graph_request(loaded.engine, graph["max_nodes"])
+        check_graph(loaded.engine, graph)
     targets: list[Target] = []
     if layers is not None:
         from detjac.targets import layer_targets

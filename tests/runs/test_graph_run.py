@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from store_helpers import write_prompts
 
 from detjac.cli.main import main
+from detjac.graph_settings import GraphSettings
 from detjac.store import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def direct_graph(engine, store, prompt) -> dict:
     run = store.run
     keys = ("config_sha256", "weights_sha256", "tokenizer_sha256")
     identity = {k: run[k] for k in keys if isinstance(run.get(k), str)}
-    graph = attribution_graph(engine, prompt.prompt, max_nodes=int(NODES))
+    graph = attribution_graph(engine, prompt.prompt, GraphSettings(max_nodes=int(NODES)))
     return graph_dict(graph, slug=prompt.id, model=run["model_id"], identity=identity)
 
 
@@ -73,7 +74,7 @@ def test_an_interrupted_run_resumes_to_the_same_graphs(graph_run, tmp_path, monk
 
     prompts, reference = graph_run
     out = tmp_path / "s.zarr"
-    options = RunOptions(graph=True, graph_max_nodes=int(NODES))
+    options = RunOptions(graph=GraphSettings(max_nodes=int(NODES)))
     real, calls = ZarrPromptWriter.write_graph, []
 
     def stopped(writer, data):
