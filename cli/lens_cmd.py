@@ -45,12 +45,14 @@ def lens() -> None:
 
 
 def _layers(value: str | None) -> list[int] | None:
-    if value in (None, "all"):
-        return None
+    """``--layers``, read by :func:`detjac.targets.parse_layers` (None: all)."""
+    from detjac.errors import InvalidArgumentError
+    from detjac.targets import parse_layers
+
     try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError as exc:
-        raise click.BadParameter(f"Expected all or layer indices like 0,2,-1. Got {value!r}.") from exc
+        return None if value is None else parse_layers(value)
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @lens.command("fit")

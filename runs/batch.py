@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detjac import __version__
-from detjac.store import NO_JACOBIAN
+from detjac.store import NO_JACOBIAN, storage_dtype
 
 from .description import RunDescription
 from .prompts import PromptLine
@@ -244,11 +244,6 @@ def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int
             "detached": run.detach, "dtype": run.dtype, "storage_dtype": storage, "model_id": run.model_id,
             "revision": run.revision, "model_type": run.model_type, "position": run.position,
             "detach_rules": list(run.detach_rules), "detjac_version": __version__, "written_at": now()}
-
-
-def storage_dtype(dtype: str) -> str:
-    """The dtype results are stored in: the compute dtype, but float32 for 16-bit ones (numpy has no bfloat16)."""
-    return "float32" if dtype in ("bfloat16", "float16") else dtype
 
 
 def _numpy(t: Any, storage: str) -> Any:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 from detjac.model_settings import ModelSettings
 
-from .batch import storage_dtype, write_prompt
+from .batch import write_prompt
 from .description import RunDescription, StreamedSettings, describe_run, setting_differences
 from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
@@ -234,6 +234,8 @@ def model_for_decoding(loaded: LoadedModel, dtype: str) -> tuple[dict[str, Any],
     """The embedding and unembedding matrices (row readers where the engine streams), the final norm's gain and the
     tokenizer file, kept in the store for decoding."""
     import torch
+
+    from detjac.store import storage_dtype
 
     storage = getattr(torch, storage_dtype(dtype))
     arrays = loaded.engine.decoding_rows(storage)
