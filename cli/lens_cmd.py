@@ -131,8 +131,6 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
                ordinary: bool, force: bool, bos: bool = True, device: str = "cpu") -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
 
-    import torch
-
     from detjac.analysis import check_lens_target, relative_spread, save_lens
     from detjac.engine import load_engine
     from detjac.progress import tqdm
@@ -145,7 +143,7 @@ def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None,
     check_lens_target(path, force, reads=[("the prompts file", prompts_path)])  # before the model loads
     texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
     ref = resolve_model_ref(model, gguf_file)
-    engine = load_engine(ref, streamed=True, dtype=torch.float64, detach=not ordinary, device=device)
+    engine = load_engine(ref, streamed=True, dtype="float64", detach=not ordinary, device=device)
     wanted = _layers(layers)
     # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
     chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
@@ -218,39 +216,12 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
       detjac lens export texts.jlens texts.pt
       detjac lens export fit.zarr gcide.pt --model default --dtype float32
     """
-    from detjac.outputs import check_output
-    from detjac.runs import export_lens, read_lens, recorded_model
+    from detjac.runs import export_lens_file
 
-    if Path(lens_path).exists():  # a lens on this machine (not ORG/NAME:FILE of the cache): not overwritten
-        check_output(out, force=force, reads=[("the lens", lens_path)])
-    found = read_lens(lens_path)
-    gain = n_layers = None
-    if model is None and gguf_file is None and (not found.before_norm or found.info.get("n_layers") is None):
-        model = recorded_model(found)  # a lens carries its model: --model only overrides it
-    if model is not None:
-        import torch
-
-        from detjac.engine import load_engine
-
-        engine = load_engine(resolve_model_ref(model, gguf_file), streamed=True, dtype=torch.float64)
-        if engine.d_model != found.mean.shape[-1]:
-            raise click.UsageError(f"Expected the model the lens was fitted on (d_model {found.mean.shape[-1]}). Got "
-                                   f"{model}, of d_model {engine.d_model}.")
-        gain = engine.decoding_matrices(torch.float64).get("final_norm")
-        gain = None if gain is None else gain.numpy()
-        if gain is None and not found.before_norm:
-            raise click.UsageError(f"Expected a final norm with a plain gain in {model} to write a lens onto the final "
-                                   "normed state in the format. Got a norm without one (a centring LayerNorm).")
-        n_layers = engine.n_layers
-    elif found.info.get("n_layers") is None:
-        raise click.UsageError("Expected --model: the lens records neither the model's layer count nor a model "
-                               "found on this machine, and the format leaves the last layer out.")
-    written = export_lens(found, out, dtype=dtype, force=force, gain=gain, n_layers=n_layers)
-    import torch
-
-    layers = torch.load(written, weights_only=True)["source_layers"]
-    click.echo(f"{found.kind} {found.info.get('estimator', 'same-position')} lens, layers {layers[0]}..{layers[-1]} "
-               f"({len(layers)}), {dtype}: written to {written}")
+    done = export_lens_file(lens_path, out, dtype=dtype, model=model, gguf_file=gguf_file, force=force)
+    layers = done.layers
+    click.echo(f"{done.lens.kind} {done.lens.info.get('estimator', 'same-position')} lens, layers "
+               f"{layers[0]}..{layers[-1]} ({len(layers)}), {dtype}: written to {done.path}")
 
 
 @lens.command("apply")

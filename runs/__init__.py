@@ -13,6 +13,7 @@ from detjac.facade import lazy_exports
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
     from .description import RunDescription
     from .export import save_result
+    from .family_check import family_checks
     from .fingerprint import model_identity, weights_identity
     from .graph_run import graph_file
     from .lens_apply import (
@@ -27,10 +28,12 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
         unembedding,
     )
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
+    from .lens_export import export_lens_file
     from .neurons_run import NeuronOptions, build_neuron_index
     from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import dask_scheduler
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
+    from .svd_run import compare_svd, decoded_triplets, save_svd
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)
