@@ -130,29 +130,14 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
 def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
                ordinary: bool, force: bool, bos: bool = True, device: str = "cpu") -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
-
-    from detjac.analysis import check_lens_target, relative_spread, save_lens
-    from detjac.engine import load_engine
-    from detjac.progress import tqdm
-    from detjac.runs import fit_jlens, read_prompts, weights_identity
-    from detjac.targets import layer_index
+    from detjac.analysis import relative_spread
+    from detjac.runs import fit_jlens_folder
 
     if model is None or prompts_path is None:
         raise click.UsageError("Expected --model and --prompts with --estimator jlens (it runs the model on the "
                                "texts).")
-    check_lens_target(path, force, reads=[("the prompts file", prompts_path)])  # before the model loads
-    texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
-    ref = resolve_model_ref(model, gguf_file)
-    engine = load_engine(ref, streamed=True, dtype="float64", detach=not ordinary, device=device)
-    wanted = _layers(layers)
-    # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
-    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
-    info = {"model_id": ref.name, "model_path": ref.location, "model_type": engine.config.model_type,
-            "dtype": "float64", "detach": not ordinary,
-            "weights_sha256": weights_identity(ref.source).get("weights_sha256")}
-    with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
-        fitted = fit_jlens(engine, texts, chosen, info, bos=bos, progress=bar)
-    written = save_lens(fitted, path, force=force)
+    fitted, written, chosen = fit_jlens_folder(path, prompts_path, model, gguf_file=gguf_file, layers=_layers(layers),
+                                               ordinary=ordinary, force=force, bos=bos, device=device)
     click.echo(f"{fitted.kind} jlens lens of {fitted.info['n_prompts']} texts ({fitted.info['skipped_prompts']} "
                f"too short), layers {', '.join(map(str, chosen))}: written to {written}")
     for layer, spread in zip(fitted.layers, relative_spread(fitted), strict=True):
