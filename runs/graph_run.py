@@ -1,6 +1,6 @@
 """An attribution graph from a model to its JSON, once for ``detjac graph`` (:func:`graph_file`: identity, neuron
 index, engine, graph, labels, groups, file) and ``detjac run --graph`` (:func:`graph_json`: a prompt's graph as its
-store keeps it).
+store keeps it), both through :func:`graph_document`.
 
 Both record the same model digests in the graph's ``metadata.info`` (:func:`graph_identity`), so a graph written by
 either names the weights it was computed from; a neuron index is refused, by name, before the model loads unless it
@@ -8,7 +8,7 @@ was made with the same model and detach convention."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,15 +42,22 @@ def graph_identity(described: Mapping[str, Any]) -> dict[str, str]:
     return {key: described[key] for key in GRAPH_IDENTITY if isinstance(described.get(key), str)}
 
 
-def graph_json(graph: AttributionGraph, pid: str, run: RunDescription) -> dict[str, Any]:
-    """The prompt's attribution graph as a ``--graph`` run stores it: :func:`detjac.engine.graph_dict` of the graph
-    computed with the run's graph settings, the prompt id as its slug, the run's ``model_id`` as its model and the
-    run's model digests (:func:`graph_identity`) in its ``metadata.info``."""
+def graph_document(graph: AttributionGraph, *, slug: str, model: str, settings: GraphSettings,
+                   identity: Mapping[str, Any], supernodes: Sequence[tuple[str, Sequence[int]]] = ()) -> dict[str, Any]:
+    """A graph as circuit-tracer's JSON object (:func:`detjac.engine.graph_dict`), pruned at ``settings``'
+    thresholds, its ``metadata.info`` naming the model's digests found in ``identity`` (:func:`graph_identity`):
+    what ``detjac graph`` writes and a ``--graph`` run stores."""
     from detjac.engine import graph_dict
 
+    return graph_dict(graph, slug=slug, model=model, node_threshold=settings.node_threshold,
+                      edge_threshold=settings.edge_threshold, identity=graph_identity(identity), supernodes=supernodes)
+
+
+def graph_json(graph: AttributionGraph, pid: str, run: RunDescription) -> dict[str, Any]:
+    """The prompt's attribution graph as a ``--graph`` run stores it (:func:`graph_document`): the prompt id as its
+    slug, the run's ``model_id`` as its model, the run's graph settings and model digests."""
     assert run.graph is not None  # a --graph run's prompt
-    return graph_dict(graph, slug=pid, model=run.model_id, node_threshold=run.graph.node_threshold,
-                      edge_threshold=run.graph.edge_threshold, identity=graph_identity(run.as_dict()))
+    return graph_document(graph, slug=pid, model=run.model_id, settings=run.graph, identity=run.as_dict())
 
 
 def graph_file(model: ModelRef, prompt: str, loading: ModelSettings, out: str | Path, settings: GraphSettings, *,
@@ -94,8 +101,10 @@ def graph_file(model: ModelRef, prompt: str, loading: ModelSettings, out: str | 
     """
     import time
 
-    from detjac.engine import attribution_graph, write_graph
+    from detjac.engine import attribution_graph
     from detjac.errors import InvalidArgumentError
+    from detjac.graph_index import slug_of, write_graph_file
+    from detjac.outputs import check_output
 
     from .fingerprint import model_identity
 
@@ -114,9 +123,10 @@ def graph_file(model: ModelRef, prompt: str, loading: ModelSettings, out: str | 
         index.check({k: g.info.get(k) for k in ("family", "n_layers", "neurons_per_layer")})
         g.labels = relabel(g.labels, g.neurons, index)
     supernodes, grouping = _groups(g, index) if group and index is not None else ([], None)
-    data = write_graph(g, out, model=model.name, slug=slug, node_threshold=settings.node_threshold,
-                       edge_threshold=settings.edge_threshold, force=force, supernodes=supernodes,
-                       identity=graph_identity(identity))
+    path = check_output(out, force=force, suffix=".json")
+    data = graph_document(g, slug=slug or slug_of(path), model=model.name, settings=settings, identity=identity,
+                          supernodes=supernodes)
+    write_graph_file(path, data)  # graph-metadata.json beside it lists it
     heads = heads_into_top_logit(g) if g.head_loadings is not None else []
     return GraphOutcome(g, data, time.perf_counter() - started, index, grouping, heads)
 

@@ -66,6 +66,23 @@ def test_each_prompt_keeps_the_graph_a_direct_call_gives(graph_run, engine):
 
 
 @pytest.mark.slow
+def test_detjac_graph_writes_what_the_run_stores_for_the_same_prompt(graph_run, tmp_path):
+    """``detjac graph`` and ``detjac run --graph`` go through one pipeline: the same settings give the same nodes,
+    links and model digests (only the slug, the graph's name, differs)."""
+    import json
+
+    _, out = graph_run
+    prompt = next(iter(open_store(out)))
+    written = tmp_path / "g.json"
+    result = invoke("graph", "-p", prompt.prompt, "--max-nodes", NODES, "--out", str(written))
+    assert result.exit_code == 0, result.output
+    alone, stored = json.loads(written.read_text()), prompt.graph()
+    assert alone["nodes"] == stored["nodes"] and alone["links"] == stored["links"]
+    info = {k: v for k, v in alone["metadata"]["info"].items() if k.endswith("sha256")}
+    assert info == {k: v for k, v in stored["metadata"]["info"].items() if k.endswith("sha256")} and len(info) == 3
+
+
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_same_graphs(graph_run, tmp_path, monkeypatch):
     """Stopped once the second prompt's graph is staged, with what a kill -9 leaves (its staged folder, graph group
     and all), the same run resumes."""
