@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .fingerprint import model_identity
+
 if TYPE_CHECKING:
     from detjac.engine import AttributionGraph, Engine, ModelRef
     from detjac.graph_settings import GraphSettings
@@ -105,8 +107,6 @@ def graph_file(model: ModelRef, prompt: str, loading: ModelSettings, out: str | 
     from detjac.errors import InvalidArgumentError
     from detjac.graph_index import slug_of, write_graph_file
     from detjac.outputs import check_output
-
-    from .fingerprint import model_identity
 
     if group and not neuron_index:
         raise InvalidArgumentError("Expected --group with --neurons (a group is made of neurons whose pages agree). "
