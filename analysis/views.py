@@ -12,7 +12,7 @@ from ..errors import InvalidArgumentError
 from ..singular import decode_top, orient
 from ..targets import OUTPUT, Target
 from .layers import lens, target_spectrum
-from .spectra import operator, operator_inputs
+from .spectra import dimensionality, operator, operator_inputs
 
 if TYPE_CHECKING:
     from ..store import StoredPrompt, StoreReader
@@ -74,12 +74,13 @@ def largest_columns(store: StoreReader, prompt_id: str, *, target: str | None = 
 
 
 def jacobian_image(store: StoreReader, prompt_id: str, *, target: str | None = None, token: int = -1) -> dict[str, Any]:
-    """``J_k`` (rows, cols) of one token and its singular values, for the image of
+    """``J_k`` (rows, cols) of one token, its singular values and stable rank, for the image of
     :func:`~detjac.analysis.view_plots.plot_jacobian_image`."""
     prompt = store.get(prompt_id)
     k = _token_index(prompt, token)
     J = np.asarray(operator(prompt, k, target).compute(), dtype=np.float64)
-    return {"matrix": J, "singular_values": np.linalg.svd(J, compute_uv=False), "token": k,
+    s = np.linalg.svd(J, compute_uv=False)
+    return {"matrix": J, "singular_values": s, "stable_rank": dimensionality(s).stable_rank, "token": k,
             "target": target or OUTPUT, "prompt": prompt.prompt}
 
 

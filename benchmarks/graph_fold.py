@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from detjac.graph_settings import GraphSettings
 from detjac.machine import cpu_name
 
 from .support.shipped import SHIPPED, shipped_gguf
@@ -53,10 +54,10 @@ def one(model: str, tokens: int, dtype: str, rows: int, mode: str, out: str) -> 
 
     layer.fold_pays = counted
     with fold.folding(mode):
-        attribution_graph(engine, ids[:2], max_nodes=8, rows_per_pass=rows)  # warm-up
+        attribution_graph(engine, ids[:2], GraphSettings(max_nodes=8, rows_per_pass=rows))  # warm-up
         counts.update(folded=0, crossed=0)
         start = time.perf_counter()
-        g = attribution_graph(engine, ids, rows_per_pass=rows)
+        g = attribution_graph(engine, ids, GraphSettings(rows_per_pass=rows))
         seconds = time.perf_counter() - start
     np.save(out, g.adjacency)
     return {"model": model, "tokens": len(ids), "dtype": dtype, "rows_per_pass": rows, "fold": mode,

@@ -34,7 +34,7 @@ def main() -> None:
     from detjac.engine.tools import graph_adjacency as adj
     from detjac.engine.tools import graph_targets as at
     from detjac.engine.tools.neurons import neurons
-    from detjac.graph_settings import MAX_NODES
+    from detjac.graph_settings import LOGIT_PROBABILITY, MAX_LOGITS, MAX_NODES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=1024)
@@ -54,7 +54,7 @@ def main() -> None:
     trace = engine.trace(ids)
     times["trace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    targets = at.logit_targets(engine, trace.output, at.MAX_LOGITS, at.LOGIT_PROBABILITY)
+    targets = at.logit_targets(engine, trace.output, MAX_LOGITS, LOGIT_PROBABILITY)
     acts = {layer: z for layer, z, _ in neurons(engine, trace)}
     times["neurons"] = time.perf_counter() - t0
     t0 = time.perf_counter()

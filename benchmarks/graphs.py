@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from detjac.graph_settings import GraphSettings
 from detjac.machine import cpu_name, peak_mib, reset_peak
 
 from .support.shipped import SHIPPED, shipped_gguf
@@ -51,7 +52,7 @@ def one_case(model: str, tokens: int, dtype: str, engine_kind: str, budget: str 
     path = shipped_gguf(model)
     engine = load_engine(str(path), streamed=engine_kind == "streamed", dtype=getattr(torch, dtype),
                          max_memory=budget)
-    attribution_graph(engine, _ids(engine, 2), max_nodes=8)  # warm-up
+    attribution_graph(engine, _ids(engine, 2), GraphSettings(max_nodes=8))  # warm-up
     base = reset_peak()
     ids = _ids(engine, tokens)
     start = time.perf_counter()

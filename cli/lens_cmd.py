@@ -48,12 +48,14 @@ def lens() -> None:
 
 
 def _layers(value: str | None) -> list[int] | None:
-    if value in (None, "all"):
-        return None
+    """``--layers``, read by :func:`detjac.targets.parse_layers` (None: all)."""
+    from detjac.errors import InvalidArgumentError
+    from detjac.targets import parse_layers
+
     try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError as exc:
-        raise click.BadParameter(f"Expected all or layer indices like 0,2,-1. Got {value!r}.") from exc
+        return None if value is None else parse_layers(value)
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @lens.command("fit")
@@ -131,31 +133,14 @@ def fit_cmd(path: str, layers: str, chunk: int, estimator: str, model: str | Non
 def _fit_jlens(path: str, layers: str, model: str | None, gguf_file: str | None, prompts_path: str | None,
                ordinary: bool, force: bool, bos: bool = True, device: str = "cpu") -> None:
     """``lens fit --estimator jlens``: the lens of the texts, computed from the model, saved at ``path``."""
-
-    import torch
-
-    from detjac.analysis import check_lens_target, relative_spread, save_lens
-    from detjac.engine import load_engine
-    from detjac.progress import tqdm
-    from detjac.runs import fit_jlens, read_prompts, weights_identity
-    from detjac.targets import layer_index
+    from detjac.analysis import relative_spread
+    from detjac.runs import fit_jlens_folder
 
     if model is None or prompts_path is None:
         raise click.UsageError("Expected --model and --prompts with --estimator jlens (it runs the model on the "
                                "texts).")
-    check_lens_target(path, force, reads=[("the prompts file", prompts_path)])  # before the model loads
-    texts = [p.text for p in read_prompts(prompts_path, "txt").prompts]  # one per line; refuses an empty file
-    ref = resolve_model_ref(model, gguf_file)
-    engine = load_engine(ref, streamed=True, dtype=torch.float64, detach=not ordinary, device=device)
-    wanted = _layers(layers)
-    # the reference fits layers 0 .. L-2: at the last layer the transport onto its own output is the identity
-    chosen = sorted({layer_index(i, engine.n_layers) for i in wanted}) if wanted else list(range(engine.n_layers - 1))
-    info = {"model_id": ref.name, "model_path": ref.location, "model_type": engine.config.model_type,
-            "dtype": "float64", "detach": not ordinary,
-            "weights_sha256": weights_identity(ref.source).get("weights_sha256")}
-    with tqdm(total=len(texts), desc="jlens fit", unit="text") as bar:
-        fitted = fit_jlens(engine, texts, chosen, info, bos=bos, progress=bar)
-    written = save_lens(fitted, path, force=force)
+    fitted, written, chosen = fit_jlens_folder(path, prompts_path, model, gguf_file=gguf_file, layers=_layers(layers),
+                                               ordinary=ordinary, force=force, bos=bos, device=device)
     click.echo(f"{fitted.kind} jlens lens of {fitted.info['n_prompts']} texts ({fitted.info['skipped_prompts']} "
                f"too short), layers {', '.join(map(str, chosen))}: written to {written}")
     for layer, spread in zip(fitted.layers, relative_spread(fitted), strict=True):
@@ -219,39 +204,12 @@ def export_cmd(lens_path: str, out: str, dtype: str, model: str | None, gguf_fil
       detjac lens export texts.jlens texts.pt
       detjac lens export fit.zarr gcide.pt --model default --dtype float32
     """
-    from detjac.outputs import check_output
-    from detjac.runs import export_lens, read_lens, recorded_model
+    from detjac.runs import export_lens_file
 
-    if Path(lens_path).exists():  # a lens on this machine (not ORG/NAME:FILE of the cache): not overwritten
-        check_output(out, force=force, reads=[("the lens", lens_path)])
-    found = read_lens(lens_path)
-    gain = n_layers = None
-    if model is None and gguf_file is None and (not found.before_norm or found.info.get("n_layers") is None):
-        model = recorded_model(found)  # a lens carries its model: --model only overrides it
-    if model is not None:
-        import torch
-
-        from detjac.engine import load_engine
-
-        engine = load_engine(resolve_model_ref(model, gguf_file), streamed=True, dtype=torch.float64)
-        if engine.d_model != found.mean.shape[-1]:
-            raise click.UsageError(f"Expected the model the lens was fitted on (d_model {found.mean.shape[-1]}). Got "
-                                   f"{model}, of d_model {engine.d_model}.")
-        gain = engine.decoding_matrices(torch.float64).get("final_norm")
-        gain = None if gain is None else gain.numpy()
-        if gain is None and not found.before_norm:
-            raise click.UsageError(f"Expected a final norm with a plain gain in {model} to write a lens onto the final "
-                                   "normed state in the format. Got a norm without one (a centring LayerNorm).")
-        n_layers = engine.n_layers
-    elif found.info.get("n_layers") is None:
-        raise click.UsageError("Expected --model: the lens records neither the model's layer count nor a model "
-                               "found on this machine, and the format leaves the last layer out.")
-    written = export_lens(found, out, dtype=dtype, force=force, gain=gain, n_layers=n_layers)
-    import torch
-
-    layers = torch.load(written, weights_only=True)["source_layers"]
-    click.echo(f"{found.kind} {found.info.get('estimator', 'same-position')} lens, layers {layers[0]}..{layers[-1]} "
-               f"({len(layers)}), {dtype}: written to {written}")
+    done = export_lens_file(lens_path, out, dtype=dtype, model=model, gguf_file=gguf_file, force=force)
+    layers = done.layers
+    click.echo(f"{done.lens.kind} {done.lens.info.get('estimator', 'same-position')} lens, layers "
+               f"{layers[0]}..{layers[-1]} ({len(layers)}), {dtype}: written to {done.path}")
 
 
 @lens.command("apply")

@@ -237,22 +237,18 @@ def families(check: bool, tokens: int) -> None:
 
 
 def _family_check(tokens: int) -> None:
-    import torch
+    from detjac.runs import family_checks
 
-    from detjac.engine import exactness_report, tiny_model, tiny_model_types
-
-    prompt = torch.randint(3, 160, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     click.echo(f"\nTiny random models (d_model=32, 3 layers, window 4), prompt of {tokens} random tokens, float64.")
     click.echo(f"{'family':<12} {'detached err':>13} {'ordinary err':>13} {'|logit-stock|':>14} "
                f"{'argmax':>7} {'time':>7}")
-    for model_type in tiny_model_types():
-        rep = exactness_report(tiny_model(model_type), prompt)
+    families, dtypes = family_checks(tokens)
+    for model_type, rep in families:
         click.echo(f"{model_type:<12} {rep.detached.reconstruction_error:>13.2e} "
                    f"{rep.ordinary.reconstruction_error:>13.2e} {rep.stock_logit_diff:>14.2e} "  # type: ignore[union-attr]
                    f"{'same' if rep.argmax_agrees else 'DIFF':>7} {rep.seconds:>6.2f}s")
     click.echo("\nOther dtypes (llama), detached reconstruction error:")
-    for dt in ("float32", "bfloat16"):
-        rep = exactness_report(tiny_model("llama", dtype=getattr(torch, dt)), prompt, ordinary=False)
+    for dt, rep in dtypes:
         click.echo(f"  {dt:<9} {rep.detached.reconstruction_error:.2e}")
 
 

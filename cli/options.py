@@ -352,14 +352,3 @@ def parse_concept_source(value: str) -> tuple[str, str]:
     if not sep or not path or not pid:
         raise click.BadParameter(f"Expected STORE:PROMPT_ID (e.g. run.zarr:3f2a9c0d1e2b4a5f). Got {value!r}.")
     return path, pid
-
-
-def check_heads_option(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    """``--heads``: a non-negative number of links to split by attention head, checked before torch is imported."""
-    from detjac.errors import InvalidArgumentError
-    from detjac.graph_settings import check_heads
-
-    try:
-        return check_heads(value)
-    except InvalidArgumentError as exc:
-        raise click.BadParameter(str(exc)) from exc

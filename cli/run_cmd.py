@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
 from detjac.model_settings import LoadSpec
 
 from . import render
+from .graph_options import graph_options
 from .options import (
     ROW_BLOCK_HELP,
-    check_heads_option,
     check_out,
     check_prompts,
     cluster_options,
@@ -78,21 +77,11 @@ if TYPE_CHECKING:
 @click.option("--lens-flush", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --lens: write the sums every this many prompts (a kill costs at most that many prompts' "
                    "recomputation; each flush writes 2 x layers x d_model^2 float64 numbers).")
-@click.option("--graph", is_flag=True,
-              help="Also store each prompt's exact attribution graph (nodes: tokens, MLP neurons, top logits), "
-                   "pruned as circuit-tracer prunes, as checksummed node and link tables (docs/graphs.md, \"In the "
-                   "store\"); a prompt is complete only with its graph. `detjac store export STORE ID --out g.json` "
-                   "writes its JSON, `detjac analyze graphs` finds the neurons that recur across prompts.")
-@click.option("--graph-max-nodes", type=click.IntRange(min=1), default=MAX_NODES, show_default=True,
-              help="With --graph: neurons ranked into each graph's adjacency.")
-@click.option("--graph-node-threshold", type=click.FloatRange(0, 1), default=NODE_THRESHOLD, show_default=True,
-              help="With --graph: keep the nodes that hold this share of the influence on the logits.")
-@click.option("--graph-edge-threshold", type=click.FloatRange(0, 1), default=EDGE_THRESHOLD, show_default=True,
-              help="With --graph: keep the edges that hold this share of the influence.")
-@click.option("--heads", "graph_heads", type=int, default=0, show_default=True, callback=check_heads_option,
-              help="With --graph: split each graph's N strongest links (token or neuron to neuron or logit, among "
-                   "those it keeps) by attention head, stored with it (docs/graphs.md, \"Head loadings\"); a graph "
-                   "with fewer has all of them split.")
+@graph_options("graph-", switch=(
+    "Also store each prompt's exact attribution graph (nodes: tokens, MLP neurons, top logits), pruned as "
+    "circuit-tracer prunes, as checksummed node and link tables (docs/graphs.md, \"In the store\"); a prompt is "
+    "complete only with its graph. `detjac store export STORE ID --out g.json` writes its JSON, `detjac analyze "
+    "graphs` finds the neurons that recur across prompts."))
 @model_option("streamed",
               help="Use the layer-streamed engine: one decoder layer's weights in memory at a time, read from "
                    "the checkpoint (for models larger than memory). Implied by --layers, --max-memory, --quantize.")

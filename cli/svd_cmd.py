@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -104,9 +103,16 @@ def svd(model: ModelRef, prompt: str, model_options: LoadSpec, k: int, top: int,
                f"{float(result.residuals.max()):.1e} sigma_1  ({seconds:.1f} s in all)")
     _echo_triplets(engine, op, result, top)
     if compare:
-        _compare(op, result)
+        from detjac.runs import compare_svd
+
+        taken, n_values, rel = compare_svd(op, result)
+        click.echo(f"compare     formed J and its full SVD in {taken:.1f} s: max relative "
+                   f"error of the top {n_values} singular values {rel:.1e}")
     if out is not None:
-        _save(out, op, result, model.name, text)
+        from detjac.runs import save_svd
+
+        save_svd(out, op, result, model.name, text)
+        click.echo(f"wrote U (d, k), S (k,), V (token, d, k) and residuals to {out}")
 
 
 def _check_npz(out: str, force: bool, model: ModelRef | None = None) -> str:
@@ -117,51 +123,14 @@ def _check_npz(out: str, force: bool, model: ModelRef | None = None) -> str:
 
 
 def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> None:
-    import torch
-
-    from detjac.engine import decode_blocks, decode_top
+    from detjac.runs import decoded_triplets
 
     from .render import piece, pieces
 
     tok = engine.tokenizer
-    half = engine.dtype in (torch.bfloat16, torch.float16)  # numpy has no bfloat16: decoded in float32, as before
-    mats = engine.decoding_rows(torch.float32 if half else None)  # streamed: read a chunk of the vocabulary at a time
-    left_ids, _ = decode_top(result.U.cpu(), mats["unembedding"], top)
-    right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, mats["embedding"], top)
     click.echo(f"  {'#':>3}  {'sigma':>10}  {'residual':>8}  left -> tokens | right [token, share of |v|^2] -> tokens")
-    for i, s in enumerate(result.S.tolist()):
-        at = piece(tok, op.token_ids[int(picks[i])])
-        flag = sink_note(int(picks[i]), float(shares[i]), combined=op.n_tokens > 1)
-        click.echo(f"  {i + 1:>3}  {s:>10.5g}  {float(result.residuals[i]):>8.1e}  {pieces(tok, left_ids[i].tolist())}"
-                   f" | [{int(picks[i])} {at}, {float(shares[i]):.0%}{'; ' + flag if flag else ''}] "
-                   f"{pieces(tok, right_ids[i].tolist())}")
-
-
-def _compare(op: Any, result: Any) -> None:
-    """Form J by row blocks with the same engine, take its full SVD and compare (the check products avoid)."""
-    import torch
-
-    from detjac.engine import jacobian
-
-    t0 = time.perf_counter()
-    J = jacobian(op.engine, op.token_ids, position=op.position).jacobian
-    S = torch.linalg.svdvals(J.reshape(J.shape[0], -1))[: result.S.shape[0]].to(result.S.device)
-    rel = float(((result.S - S).abs() / S).max())
-    click.echo(f"compare     formed J and its full SVD in {time.perf_counter() - t0:.1f} s: max relative "
-               f"error of the top {S.shape[0]} singular values {rel:.1e}")
-
-
-def _save(path: str, op: Any, result: Any, model: str, text: str) -> None:
-
-    import numpy as np
-
-    from detjac.store import write_npz
-
-    arrays = {"U": result.U, "S": result.S, "V": result.right_blocks(op.n_tokens).permute(1, 2, 0),
-              "residuals": result.residuals}
-    write_npz(Path(path), {**{k: v.detach().cpu().numpy() for k, v in arrays.items()},
-                           "token_ids": np.asarray(op.token_ids, dtype=np.int64), "position": np.int64(op.position),
-                           "model": np.str_(model), "prompt": np.str_(text), "method": np.str_(result.method),
-                           "matvecs": np.int64(result.matvecs), "rmatvecs": np.int64(result.rmatvecs),
-                           "converged": np.bool_(result.converged)})
-    click.echo(f"wrote U (d, k), S (k,), V (token, d, k) and residuals to {path}")
+    for i, t in enumerate(decoded_triplets(engine, op, result, top)):
+        flag = sink_note(t.token, t.share, combined=op.n_tokens > 1)
+        click.echo(f"  {i + 1:>3}  {t.sigma:>10.5g}  {t.residual:>8.1e}  {pieces(tok, t.left_ids)}"
+                   f" | [{t.token} {piece(tok, op.token_ids[t.token])}, {t.share:.0%}{'; ' + flag if flag else ''}] "
+                   f"{pieces(tok, t.right_ids)}")

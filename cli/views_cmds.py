@@ -82,7 +82,7 @@ def image_cmd(path: str, prompt_id: str | None, target: str, token: int, png: st
     image = jacobian_image(store, pid, target=parse_target(target), token=token)
     s = image["singular_values"]
     click.echo(f"{pid} {image['target']} J_{image['token']}: {image['matrix'].shape[0]} x {image['matrix'].shape[1]}, "
-               f"sigma_1 {s[0]:.4g}, stable rank {float((s**2).sum() / s[0]**2):.2f}")
+               f"sigma_1 {s[0]:.4g}, stable rank {image['stable_rank']:.2f}")
     written = plot_jacobian_image(image, png, f"{pid} {image['target']}: J_{image['token']} of "
                                               f"{image['prompt'][:80]!r}")
     click.echo(f"wrote {written}")

@@ -1,10 +1,12 @@
-"""The attribution graphs' defaults, and what their kept share means, in one place for the engine, the runs, the
-CLI and the viewer (torch-free).
+"""The attribution graphs' settings (:class:`GraphSettings`: one value, checked in one place), their defaults, and
+what their kept share means, in one place for the engine, the runs, the CLI and the viewer (torch-free).
 
 circuit-tracer's defaults, so that graphs compare: at most :data:`MAX_NODES` neurons enter the adjacency, and pruning
 keeps the nodes holding :data:`NODE_THRESHOLD` and the edges holding :data:`EDGE_THRESHOLD` of the influence on the
 logits (docs/graphs.md)."""
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from detjac.errors import InvalidArgumentError
@@ -12,6 +14,9 @@ from detjac.errors import InvalidArgumentError
 MAX_NODES = 7500  # neurons that enter the adjacency (circuit-tracer's default max_feature_nodes)
 NODE_THRESHOLD = 0.8
 EDGE_THRESHOLD = 0.98
+MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
+LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
+HEADS_INTO = ("all", "logits")  # the links --heads chooses among: into any neuron or logit, or into the logits only
 
 # What `metadata.info.logit_share_kept` is (engine/tools/graph_json.py computes it), said the same way by
 # `detjac graph` and the graph page.
@@ -24,7 +29,90 @@ KEPT_SHARE_MEANING = (
     "ones pull it back.")
 
 
-def check_heads(heads: Any) -> int:
+@dataclass(frozen=True)
+class GraphSettings:
+    """What one attribution graph is computed with: the one value :func:`detjac.engine.attribution_graph`, a
+    ``--graph`` run (:class:`detjac.runs.RunOptions`, its stored description) and both commands' options carry.
+
+    Attributes
+    ----------
+    max_nodes : int
+        Neurons that enter the adjacency, ranked by their total attribution to the logits (probability weighted).
+    node_threshold, edge_threshold : float
+        The pruning (circuit-tracer's): the nodes, the edges holding this share of the influence on the logits.
+    heads : int
+        Links to split by attention head (0: none): the strongest ``|weight|`` among the links from a token or neuron
+        to a neuron or logit that the graph pruned at the thresholds keeps (docs/graphs.md, "Head loadings").
+    heads_into : str
+        ``all`` (links into neurons and logits) or ``logits`` (only links into the logits).
+    heads_up_to : bool
+        A corpus run's: a graph with fewer links than ``heads`` has all of them split (else that is refused).
+    max_logits, logit_probability : int, float
+        The logit targets: the most probable tokens, at most ``max_logits``, until their probabilities reach
+        ``logit_probability``.
+    rows_per_pass : int or None
+        Adjacency rows pulled back together (memory grows with it); None: from the engine's memory budget. How the
+        graph is computed, not what it is: not part of :meth:`stored`.
+    """
+
+    max_nodes: int = MAX_NODES
+    node_threshold: float = NODE_THRESHOLD
+    edge_threshold: float = EDGE_THRESHOLD
+    heads: int = 0
+    heads_into: str = "all"
+    heads_up_to: bool = False
+    max_logits: int = MAX_LOGITS
+    logit_probability: float = LOGIT_PROBABILITY
+    rows_per_pass: int | None = None
+
+    def check(self, flags: Mapping[str, str] | None = None) -> "GraphSettings":
+        """These settings, or the error naming the first one out of range (by its name in ``flags``, a field's
+        command-line option, where given; else as the Python keyword, ``--heads`` and ``--heads-into`` by flag).
+
+        Raises
+        ------
+        InvalidArgumentError
+            A non-positive ``max_nodes``, ``max_logits`` or ``rows_per_pass``, a probability outside (0, 1], a
+            threshold outside [0, 1], a negative ``heads`` or an unknown ``heads_into``.
+        """
+        name = {"heads": "--heads", "heads_into": "--heads-into", **(flags or {})}.get
+        for key in ("max_nodes", "max_logits", "rows_per_pass"):
+            value = getattr(self, key)
+            if (value is not None or key != "rows_per_pass") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidArgumentError(f"Expected {name(key, key)} to be a positive integer. Got {value!r}.")
+        if not _number(self.logit_probability) or not 0.0 < self.logit_probability <= 1.0:
+            raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {self.logit_probability!r}.")
+        for key in ("node_threshold", "edge_threshold"):
+            value = getattr(self, key)
+            if not _number(value) or not 0.0 <= value <= 1.0:
+                raise InvalidArgumentError(f"Expected {name(key, key)} in [0, 1]. Got {value!r}.")
+        check_heads(self.heads, name("heads", "heads"))
+        if self.heads_into not in HEADS_INTO:
+            raise InvalidArgumentError(f"Expected {name('heads_into', 'heads_into')} among {', '.join(HEADS_INTO)}. "
+                                       f"Got {self.heads_into!r}.")
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The ``graph`` of a ``--graph`` run's description, key for key as stores keep it (and prompt ids hash it):
+        ``max_nodes``, ``node_threshold``, ``edge_threshold``, and ``heads`` only where some are split (a run without
+        keeps its identity)."""
+        return {"max_nodes": int(self.max_nodes), "node_threshold": float(self.node_threshold),
+                "edge_threshold": float(self.edge_threshold), **({"heads": int(self.heads)} if self.heads else {})}
+
+    @classmethod
+    def of_stored(cls, stored: Mapping[str, Any]) -> "GraphSettings":
+        """The settings a ``--graph`` run's description (:meth:`stored`) names: its prompts' graphs are computed with
+        them (each graph's links split up to ``heads``)."""
+        return cls(max_nodes=stored["max_nodes"], node_threshold=stored["node_threshold"],
+                   edge_threshold=stored["edge_threshold"], heads=stored.get("heads", 0), heads_up_to=True)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_heads(heads: Any, name: str = "--heads") -> int:
     """``--heads`` (links of a graph to split by attention head) as a non-negative integer.
 
     Raises
@@ -33,7 +121,7 @@ def check_heads(heads: Any) -> int:
         Anything else.
     """
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
-        raise InvalidArgumentError(f"Expected --heads to be a non-negative integer (links to split by attention "
+        raise InvalidArgumentError(f"Expected {name} to be a non-negative integer (links to split by attention "
                                    f"head). Got {heads!r}.")
     return heads
 

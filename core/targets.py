@@ -150,6 +150,28 @@ def parse_components(components: str | Sequence[str]) -> list[str]:
     return names
 
 
+def parse_layers(text: str) -> list[int] | None:
+    """``--layers`` as every command reads it: ``all`` (any case, spaces around it ignored) -> None, else the
+    comma-separated layer indices (negative ones count from the end; resolved against a model by
+    :func:`layer_index`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Anything that is not ``all`` or at least one integer.
+    """
+    if text.strip().lower() == "all":
+        return None
+    try:
+        picked = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise InvalidArgumentError(
+            f"Expected --layers 'all' or comma-separated layer indices (e.g. 0,5,10). Got {text!r}.") from None
+    if not picked:
+        raise InvalidArgumentError(f"Expected at least one layer in --layers. Got {text!r}.")
+    return picked
+
+
 def layer_targets(layers: str | Sequence[int], components: str | Sequence[str], n_layers: int) -> list[Target]:
     """Targets for ``--layers all|0,5,10`` and ``--components layer,attn,mlp[,...]`` (:func:`kinds`), sorted.
 
@@ -158,19 +180,7 @@ def layer_targets(layers: str | Sequence[int], components: str | Sequence[str], 
     InvalidArgumentError
         Layers that are not ``all`` or integers, an unknown component, or nothing picked.
     """
-    if isinstance(layers, str):
-        text = layers.strip().lower()
-        if text == "all":
-            picked = list(range(n_layers))
-        else:
-            try:
-                picked = [int(p) for p in text.split(",") if p.strip()]
-            except ValueError:
-                raise InvalidArgumentError(
-                    f"Expected --layers 'all' or comma-separated layer indices (e.g. 0,5,10). Got {layers!r}."
-                ) from None
-    else:
-        picked = list(layers)
+    picked = (parse_layers(layers) or list(range(n_layers))) if isinstance(layers, str) else list(layers)
     names = parse_components(components)
     if not picked:
         raise InvalidArgumentError(f"Expected at least one layer in --layers. Got {layers!r}.")

@@ -33,7 +33,7 @@ from .pullback import PullRequest, Seed, Site
 from .result import JacobianResult
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine
-from .tools.attribution import AttributionGraph, GraphRequest, check_graph_request, logit_attribution
+from .tools.attribution import AttributionGraph, check_graph, logit_attribution
 from .tools.exactness_report import exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.head_loadings import strongest_heads
@@ -46,10 +46,10 @@ from .types import JacobianBlock
 from .verbs import ResultSink, attribution_graph, jacobian
 
 __all__ = [
-    "DEFAULT_MODEL_DIR", "DEMO_PROMPTS", "FAMILIES", "AttributionGraph", "BlockSink", "Engine", "GraphRequest",
+    "DEFAULT_MODEL_DIR", "DEMO_PROMPTS", "FAMILIES", "AttributionGraph", "BlockSink", "Engine",
     "InMemoryEngine", "JacobianBlock", "JacobianOperator", "JacobianResult", "ModelRef", "PromptProducts",
     "PullRequest", "ResultSink", "Seed", "Site", "SteeringOperator", "StreamedEngine", "Tee", "as_engine", "assemble",
-    "attribution_graph", "batch_neuron_values", "check_checkpoint_dir", "check_graph_request",
+    "attribution_graph", "batch_neuron_values", "check_checkpoint_dir", "check_graph",
     "check_layerwise_request", "check_method", "decode_blocks", "decode_top", "evaluate", "exactness_report", "explain",
     "explain_summed", "family_for", "generate", "get_tokenizer", "graph_dict", "honour_cpu_budget", "hub_cache_dir",
     "is_hub_id", "jacobian", "jacobian_operator", "load_engine", "load_model", "logit_attribution", "logit_jacobian",

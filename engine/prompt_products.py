@@ -16,11 +16,12 @@ from typing import Any, Protocol
 import torch
 
 from detjac import exactness
+from detjac.graph_settings import GraphSettings
 from detjac.targets import OUTPUTS, Target
 
 from .interface import Engine
 from .result import reconstruct
-from .tools.attribution import AttributionGraph, GraphRequest, check_graph, graph_of_trace
+from .tools.attribution import AttributionGraph, check_graph, graph_of_trace
 from .types import JacobianBlock, Plan, Prompt, Trace
 
 
@@ -71,7 +72,7 @@ class BlockSink(Protocol):
 
 def prompt_pass(engine: Engine, prompt: Prompt, targets: Sequence[Target] = (OUTPUTS,), *,
                 position: int | None = None, mode: str = "auto", row_block: int | None = None,
-                token_block: int | None = None, graph: GraphRequest | None = None, sink: BlockSink | None = None,
+                token_block: int | None = None, graph: GraphSettings | None = None, sink: BlockSink | None = None,
                 progress: bool = False) -> PromptProducts:
     """Every product of one prompt from one trace: the trace, ``targets``' Jacobian blocks and reconstruction
     errors, and the attribution graph when ``graph`` is given.

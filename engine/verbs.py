@@ -10,15 +10,14 @@ from typing import Any
 import torch
 
 from detjac.exactness import check_exact
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD
+from detjac.graph_settings import GraphSettings
 from detjac.targets import OUTPUTS
 from detjac.tokens import token_texts
 
 from .interface import Engine
 from .prompt_products import Assembled, PromptProducts, prompt_pass
 from .result import JacobianResult
-from .tools.attribution import AttributionGraph, GraphRequest
-from .tools.graph_targets import LOGIT_PROBABILITY, MAX_LOGITS
+from .tools.attribution import AttributionGraph
 from .types import Prompt
 
 
@@ -81,10 +80,8 @@ def _result(engine: Engine, prompt: Prompt, position: int | None, check: bool, p
     )
 
 
-def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NODES, max_logits: int = MAX_LOGITS,
-                      logit_probability: float = LOGIT_PROBABILITY, rows_per_pass: int | None = None,
-                      heads: int = 0, node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
-                      heads_into: str = "all", progress: bool = False) -> AttributionGraph:
+def attribution_graph(engine: Engine, prompt: Prompt, settings: GraphSettings | None = None, *,
+                      progress: bool = False) -> AttributionGraph:
     """The exact attribution graph of the prediction at the prompt's last position
     (:mod:`detjac.engine.tools.attribution`).
 
@@ -94,22 +91,10 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
         Any engine with neuron sites (:attr:`~detjac.engine.Engine.pullback_sites`): explicit detached sweeps.
     prompt
         Text or token ids.
-    max_nodes
-        Neurons that enter the adjacency, ranked by their total attribution to the logits (probability weighted).
-    max_logits, logit_probability
-        The logit targets: the most probable tokens, at most ``max_logits``, until their probabilities reach
-        ``logit_probability``.
-    rows_per_pass
-        Adjacency rows pulled back together (memory grows with it); default from the engine's memory budget.
-    heads
-        Split this many links by attention head (``graph.head_loadings``): the strongest ``|weight|`` among the links
-        from a token or neuron to a neuron or logit that the graph pruned at ``node_threshold`` / ``edge_threshold``
-        keeps (its JSON, written with the same thresholds, shows them; docs/graphs.md, "Head loadings"). 0: none.
-    node_threshold, edge_threshold
-        The pruning the loaded links are chosen in (only with ``heads``).
-    heads_into
-        ``all`` (links into neurons and logits) or ``logits`` (only links into the logits: what carries the
-        prediction, which the strongest links of a graph, among its first token's neurons, often leave out).
+    settings
+        What the graph is computed with (:class:`~detjac.graph_settings.GraphSettings`: neurons ranked into the
+        adjacency, logit targets, rows per pass, links split by attention head and the pruning they are chosen in);
+        None: circuit-tracer's defaults.
     progress
         Show a progress bar.
 
@@ -118,15 +103,13 @@ def attribution_graph(engine: Engine, prompt: Prompt, *, max_nodes: int = MAX_NO
     UnsupportedModelError
         A family whose neurons have no definition here (post-norm layers; an MLP not known as one).
     InvalidArgumentError
-        A non-positive ``max_nodes`` or ``rows_per_pass``, a probability outside (0, 1], an engine without neuron
-        sites (autograd sweeps, ordinary Jacobian), or a ``max_nodes`` the memory budget cannot hold; a negative
-        ``heads`` (before any work), or more than the pruned graph's links (before any is loaded).
+        Settings out of range (before any work), an engine without neuron sites (autograd sweeps, ordinary
+        Jacobian), a ``max_nodes`` the memory budget cannot hold, or more ``heads`` than the pruned graph's links
+        (before any is loaded).
     PromptError
         An empty prompt, unknown ids, or more tokens than the model's context.
     """
-    request = GraphRequest(max_nodes, max_logits, logit_probability, rows_per_pass, heads, node_threshold,
-                           edge_threshold, heads_into=heads_into)
-    graph = prompt_pass(engine, prompt, [], graph=request, progress=progress).graph
+    graph = prompt_pass(engine, prompt, [], graph=settings or GraphSettings(), progress=progress).graph
     assert graph is not None  # asked for
     return graph
 

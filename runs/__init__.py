@@ -13,7 +13,10 @@ from detjac.facade import lazy_exports
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
     from .description import RunDescription
     from .export import save_result
+    from .family_check import family_checks
     from .fingerprint import model_identity, weights_identity
+    from .graph_run import graph_file
+    from .jlens_fit import fit_jlens_folder
     from .lens_apply import (
         LENS_LOAD,
         check_lens_kinds,
@@ -27,10 +30,12 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
         unembedding,
     )
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
+    from .lens_export import export_lens_file
     from .neurons_run import NeuronOptions, build_neuron_index
     from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import ClusterOptions, dask_cluster
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
+    from .svd_run import compare_svd, decoded_triplets, save_svd
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detjac import __version__
-from detjac.store import NO_JACOBIAN
+from detjac.store import NO_JACOBIAN, storage_dtype
 
 from .description import RunDescription
 from .prompts import PromptLine
 
 if TYPE_CHECKING:
-    from detjac.engine import AttributionGraph, BlockSink, Engine, JacobianBlock, PromptProducts
+    from detjac.engine import BlockSink, Engine, JacobianBlock, PromptProducts
     from detjac.store import PromptWriter, StoreWriter
     from detjac.targets import Target
 
@@ -37,16 +37,13 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     What the prompt produces decides how it is written: its whole Jacobian, block by block, with every layerwise
     ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:class:`_Swept`); or, with ``--keep rank:K``,
     the output's top triplets (:class:`_LowRank`). A ``--graph`` run (``run.graph``) commits either with its
-    attribution graph (:func:`graph_json`), computed on the same trace. ``tee``: a sink the blocks also go to
-    (:class:`detjac.engine.Tee`)."""
-    from detjac.engine import GraphRequest, Tee, prompt_pass
+    attribution graph (:func:`detjac.runs.graph_run.graph_json`), computed on the same trace. ``tee``: a sink the
+    blocks also go to (:class:`detjac.engine.Tee`)."""
+    from detjac.engine import Tee, prompt_pass
     from detjac.targets import OUTPUTS
 
     from .lens_run import lens_targets
 
-    graph = GraphRequest(max_nodes=run.graph["max_nodes"], heads=run.graph.get("heads", 0),
-                         node_threshold=run.graph["node_threshold"],
-                         edge_threshold=run.graph["edge_threshold"], heads_up_to=True) if run.graph else None
     sink: _Prompt
     if run.rank is not None:
         assert not targets, "a low-rank run has no layerwise targets (refused by check_options)"
@@ -55,7 +52,7 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
         lens = lens_targets(run)
         sink = _Swept(store, engine, pid, item, ids, run, bar, targets, lens)
         wanted, mode = [*([OUTPUTS] if run.keeps_jacobian else []), *targets, *lens], run.mode
-    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=graph,
+    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=run.graph,
                 sink=sink if tee is None else Tee(sink, tee), progress=progress)
     if isinstance(sink, _Swept) and sink.collected is not None and sums is not None:
         sums.add(store, pid, sink.collected.blocks)  # counted only once committed: see detjac.analysis.lens.lens_sums
@@ -107,6 +104,8 @@ class _Prompt:
         self.error = error
         _write_small(writer, trace.embeddings, trace.output, self.ids, self.storage, trace.bias)
         if products.graph is not None:
+            from .graph_run import graph_json
+
             writer.write_graph(graph_json(products.graph, self.pid, self.run))
         affine = {"affine": True} if trace.bias is not None else {}
         next_id = int(self.engine.logits(trace.output).argmax())  # the token the model predicts
@@ -199,22 +198,6 @@ class _LowRank(_Prompt):
         self.commit(products, products.errors[OUTPUTS], {**attrs, "passes": LOW_RANK_PASSES})
 
 
-GRAPH_IDENTITY = ("config_sha256", "weights_sha256", "tokenizer_sha256")  # a stored graph's metadata.info names them
-
-
-def graph_json(graph: AttributionGraph, pid: str, run: RunDescription) -> dict[str, Any]:
-    """The prompt's attribution graph as a ``--graph`` run stores it: :func:`detjac.engine.graph_dict` of the graph
-    computed with the run's graph settings, the prompt id as its slug, the run's ``model_id`` as its model and the
-    run's model digests (:data:`GRAPH_IDENTITY`) in its ``metadata.info``."""
-    from detjac.engine import graph_dict
-
-    settings = dict(run.graph or {})
-    described = run.as_dict()
-    identity = {key: described[key] for key in GRAPH_IDENTITY if isinstance(described.get(key), str)}
-    return graph_dict(graph, slug=pid, model=run.model_id, node_threshold=settings["node_threshold"],
-                      edge_threshold=settings["edge_threshold"], identity=identity)
-
-
 def _layerwise_attrs(errors: dict[Target, float], specs: dict[str, Any]) -> dict[str, Any]:
     """The ``layerwise`` attribute of a prompt: each target's reconstruction error and mode (none: no attribute)."""
     if not specs:
@@ -263,11 +246,6 @@ def _prompt_attrs(tokenizer: Any, item: PromptLine, ids: list[int], next_id: int
             "detached": run.detach, "dtype": run.dtype, "storage_dtype": storage, "model_id": run.model_id,
             "revision": run.revision, "model_type": run.model_type, "position": run.position,
             "detach_rules": list(run.detach_rules), "detjac_version": __version__, "written_at": now()}
-
-
-def storage_dtype(dtype: str) -> str:
-    """The dtype results are stored in: the compute dtype, but float32 for 16-bit ones (numpy has no bfloat16)."""
-    return "float32" if dtype in ("bfloat16", "float16") else dtype
 
 
 def _numpy(t: Any, storage: str) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detjac import __version__
+from detjac.graph_settings import GraphSettings
 
 if TYPE_CHECKING:
     from detjac.engine import Engine
@@ -33,7 +34,8 @@ class RunDescription:
     """One run's model, settings and identity. ``row_block`` None: each prompt's engine picks (stored ``"auto"``);
     ``fingerprint``: the weight and tokenizer files' digests (:func:`detjac.runs.fingerprint.weights_identity`);
     ``lens``: a ``--lens`` run's layers and settings (:func:`detjac.runs.lens_run.lens_description`); ``graph``: a
-    ``--graph`` run's settings (:func:`graph_settings`), each prompt then stored with its attribution graph."""
+    ``--graph`` run's settings (kept as :meth:`~detjac.graph_settings.GraphSettings.stored`), each prompt then stored
+    with its attribution graph."""
 
     model_id: str
     model_path: str
@@ -54,7 +56,7 @@ class RunDescription:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     lens: Mapping[str, Any] | None = None
     streamed: StreamedSettings | None = None
-    graph: Mapping[str, Any] | None = None  # `--graph`: max_nodes, node_threshold, edge_threshold (None: no graph)
+    graph: GraphSettings | None = None  # `--graph` (None: no graph)
     n_layers: int | None = None  # the model's layer count (not part of the identity): a lens fitted here records it
 
     def __post_init__(self) -> None:
@@ -88,7 +90,7 @@ class RunDescription:
             "row_block": AUTO if self.row_block is None else self.row_block, "max_tokens": self.max_tokens,
             "detjac_version": self.detjac_version, **self.fingerprint, "lens": self.lens}
         if self.graph is not None:  # absent otherwise: the runs description of a store without graphs is unchanged
-            out["graph"] = dict(self.graph)
+            out["graph"] = self.graph.stored()
         if self.n_layers is not None:
             out["n_layers"] = self.n_layers
         if self.streamed is not None:
@@ -96,13 +98,6 @@ class RunDescription:
             out.update({"engine": "streamed", "layerwise": list(s.layerwise), "quantize": s.quantize, "mode": s.mode,
                         "max_memory": s.max_memory})
         return out
-
-
-def graph_settings(max_nodes: int, node_threshold: float, edge_threshold: float, heads: int = 0) -> dict[str, Any]:
-    """The ``graph`` of a ``--graph`` run's description: what its prompts' attribution graphs were computed with
-    (``heads``, the links split by attention head, only where some are: a run without keeps its identity)."""
-    return {"max_nodes": int(max_nodes), "node_threshold": float(node_threshold),
-            "edge_threshold": float(edge_threshold), **({"heads": int(heads)} if heads else {})}
 
 
 def describe_run(engine: Engine, model_arg: str, model_dir: Path | None, revision: str | None, dtype: str,

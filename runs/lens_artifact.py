@@ -91,10 +91,7 @@ def artifact_payload(lens: Lens, *, dtype: str = "float16", gain: np.ndarray | N
                                        "non-finite values.")
         rows = 1.0 / g
     n_layers = n_layers if n_layers is not None else lens.info.get("n_layers")
-    layers = [int(x) for x in lens.layers if n_layers is None or int(x) < int(n_layers) - 1]
-    if not layers:
-        raise InvalidArgumentError(f"Expected a lens with a layer below the last ({int(n_layers or 0) - 1}). Got "
-                                   f"layers {', '.join(map(str, lens.layers))}.")
+    layers = artifact_layers(lens, n_layers)
     J = {}
     for layer in layers:
         m = lens.operator(layer)
@@ -114,6 +111,23 @@ def artifact_payload(lens: Lens, *, dtype: str = "float16", gain: np.ndarray | N
         "left_out_layers": [int(x) for x in lens.layers if int(x) not in layers]}
     return {"J": J, "n_prompts": int(min(lens.count)), "source_layers": layers, "d_model": d,
             "metadata": {DETJAC_KEY: _plain(provenance)}}
+
+
+def artifact_layers(lens: Lens, n_layers: int | None = None) -> list[int]:
+    """The layers of ``lens`` its artifact holds (:func:`artifact_payload`): all but the model's last (of
+    ``n_layers``; default: the lens's record of it; all where neither says).
+
+    Raises
+    ------
+    InvalidArgumentError
+        No layer left.
+    """
+    n_layers = n_layers if n_layers is not None else lens.info.get("n_layers")
+    layers = [int(x) for x in lens.layers if n_layers is None or int(x) < int(n_layers) - 1]
+    if not layers:
+        raise InvalidArgumentError(f"Expected a lens with a layer below the last ({int(n_layers or 0) - 1}). Got "
+                                   f"layers {', '.join(map(str, lens.layers))}.")
+    return layers
 
 
 def export_lens(lens: Lens, out: str | Path, *, dtype: str = "float16", force: bool = False,

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from detjac.engine import BlockSink, Engine
+    from detjac.graph_settings import GraphSettings
     from detjac.store import Keep, StoreWriter
     from detjac.targets import Target
 
 from detjac.model_settings import LoadSpec
 
-from .batch import storage_dtype, write_prompt
+from .batch import write_prompt
 from .description import RunDescription, StreamedSettings, describe_run, setting_differences
 from .fingerprint import weights_difference, weights_identity
 from .prompts import PromptLine, PromptsFile, check_tokenized, read_prompts, tokenize_each
@@ -96,7 +97,7 @@ class RunPlan:
 def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: LoadSpec, *, row_block: int | None,
                 max_tokens: int | None, keep: Keep | str, layers: str | None = None, components: str = "layer",
                 mode: str = "auto", lenient: bool = False, load_device: str | None = None,
-                lens: bool = False, engine: Engine | None = None, graph: dict[str, Any] | None = None,
+                lens: bool = False, engine: Engine | None = None, graph: GraphSettings | None = None,
                 tee: BlockSink | None = None) -> RunPlan:
     """Read, load, tokenize and describe: everything checkable, before any store is touched.
 
@@ -106,7 +107,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Lo
     ``load_device`` loads the model somewhere else than ``spec.device`` (a distributed run's
     client plans on the CPU; its workers compute on their devices). ``lens``: a ``--lens`` run, whose ``layers``
     (default all) are the lens's and whose prompts store no layerwise Jacobian. ``graph``: a ``--graph`` run's
-    settings (:func:`detjac.runs.description.graph_settings`), checked against the model once it is loaded.
+    settings, checked against the model once it is loaded.
     ``engine``: an engine the caller loaded already, used as it is; ``tee``: see :class:`RunPlan`.
     """
     from detjac.store import prompt_id
@@ -121,9 +122,9 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Lo
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
     engine = load_for(spec, load_device) if engine is None else engine
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
-        from detjac.engine import check_graph_request
+        from detjac.engine import check_graph
 
-        check_graph_request(engine, graph["max_nodes"])
+        check_graph(engine, graph)
     targets: list[Target] = []
     if layers is not None:
         from detjac.targets import layer_targets
@@ -194,6 +195,8 @@ def model_for_decoding(engine: Engine, spec: LoadSpec) -> tuple[dict[str, Any], 
     """The embedding and unembedding matrices (row readers where the engine streams), the final norm's gain and the
     tokenizer file, kept in the store for decoding."""
     import torch
+
+    from detjac.store import storage_dtype
 
     storage = getattr(torch, storage_dtype(spec.dtype))
     arrays = engine.decoding_rows(storage)

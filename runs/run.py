@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detjac.errors import InvalidArgumentError
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD, check_heads
+from detjac.graph_settings import GraphSettings
 from detjac.model_settings import LoadSpec
 
 from .scheduler import ClusterOptions
@@ -37,9 +37,8 @@ class RunOptions:
     computes every prompt). ``lens`` accumulates the lens at ``layers`` (default
     all) while computing, storing no layerwise Jacobian and, unless ``keep`` is ``full``, no Jacobian at all
     (``keep`` None: ``full``, or ``none`` with ``lens``); its sums are flushed every ``lens_flush`` prompts.
-    ``graph`` stores each prompt's attribution graph too (``graph_max_nodes`` ranked into the adjacency, pruned at
-    ``graph_node_threshold`` / ``graph_edge_threshold``; docs/graphs.md, "In the store"), its ``graph_heads``
-    strongest links split by attention head.
+    ``graph`` (None: none) stores each prompt's attribution graph too, computed with these settings
+    (docs/graphs.md, "In the store"); a graph with fewer links than their ``heads`` has all of them split.
     """
 
     load: LoadSpec = field(default_factory=LoadSpec)
@@ -53,11 +52,7 @@ class RunOptions:
     force_new: bool = False
     lens: bool = False
     lens_flush: int = 1
-    graph: bool = False
-    graph_max_nodes: int = MAX_NODES
-    graph_node_threshold: float = NODE_THRESHOLD
-    graph_edge_threshold: float = EDGE_THRESHOLD
-    graph_heads: int = 0
+    graph: GraphSettings | None = None
 
     @property
     def layerwise(self) -> bool:
@@ -107,11 +102,8 @@ def check_options(options: RunOptions) -> RunOptions:
     elif not o.keep.jacobian:
         raise InvalidArgumentError("Expected --keep none with --lens only (the prompts' Jacobians then go into the "
                                    "lens's sums). Got --keep none alone: every prompt would keep nothing to analyse.")
-    if o.graph:
-        _check_graph_options(o)
-    elif o.graph_heads:
-        raise InvalidArgumentError(f"Expected --heads with --graph (it splits links of each prompt's graph by "
-                                   f"attention head). Got --heads {o.graph_heads} alone.")
+    if o.graph is not None:
+        o = replace(o, graph=_check_graph_options(o))
     streamed = o.load.streamed_engine or o.layerwise
     if o.layers is None and o.components != "layer":
         raise InvalidArgumentError(f"Expected --layers with --components. Got --components {o.components} alone.")
@@ -126,18 +118,19 @@ def check_options(options: RunOptions) -> RunOptions:
     return replace(o, load=replace(o.load, streamed=streamed))
 
 
-def _check_graph_options(o: RunOptions) -> None:
+def _check_graph_options(o: RunOptions) -> GraphSettings:
+    """A run's graph settings, checked: what its store records (:meth:`GraphSettings.stored`), each graph's links split
+    up to ``heads``."""
     if not o.load.detach:
         raise InvalidArgumentError("Expected --graph without --ordinary. Got both: an attribution graph is defined on "
                                    "the detached model (its edges sum to each node's value only with the gates, "
                                    "attention and norm scales frozen).")
-    if isinstance(o.graph_max_nodes, bool) or not isinstance(o.graph_max_nodes, int) or o.graph_max_nodes < 1:
-        raise InvalidArgumentError(f"Expected --graph-max-nodes to be a positive integer. Got {o.graph_max_nodes!r}.")
-    for name, value in (("--graph-node-threshold", o.graph_node_threshold),
-                        ("--graph-edge-threshold", o.graph_edge_threshold)):
-        if not 0.0 <= value <= 1.0:
-            raise InvalidArgumentError(f"Expected {name} in [0, 1]. Got {value!r}.")
-    check_heads(o.graph_heads)
+    graph = replace(o.graph.check(), heads_up_to=True)
+    recorded = replace(GraphSettings.of_stored(graph.stored()), rows_per_pass=graph.rows_per_pass)
+    if graph != recorded:  # a setting the store would not record would give prompts an identity they do not have
+        raise InvalidArgumentError(f"Expected a run's graph settings among those its store records (max_nodes, "
+                                   f"node_threshold, edge_threshold, heads; rows_per_pass). Got {o.graph}.")
+    return graph
 
 
 def _check_lens_options(o: RunOptions) -> None:
@@ -190,7 +183,6 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     """
     from detjac.engine import ModelRef
 
-    from .description import graph_settings
     from .plan import open_run_store, prepare_run
 
     o = check_options(options)
@@ -199,8 +191,7 @@ def run_corpus(model: str | ModelRef, prompts: str | Path | Any, out: str, optio
     plan = prepare_run(spec.model.name, prompts, spec, row_block=o.row_block, max_tokens=o.max_tokens, keep=o.keep,
                        layers=o.layers, components=o.components, mode=o.mode, lenient=o.cluster.distributed,
                        load_device="cpu" if o.cluster.distributed else None, lens=o.lens, engine=engine, tee=tee,
-                       graph=graph_settings(o.graph_max_nodes, o.graph_node_threshold, o.graph_edge_threshold,
-                                            o.graph_heads) if o.graph else None)
+                       graph=o.graph)
     summary = plan.summary()
     interrupted = False
     restored_line = f"No prompt was stored: the store --force-new replaced is back at {out}, unchanged."

@@ -21,7 +21,17 @@ from .backend.zarr_prompt import ZarrPrompt, verify_prompt
 from .backend.zarr_store import ZarrStore, attach_store, open_store
 from .backend.zarr_writer import ZarrPromptWriter
 from .compare import StoreComparison, compare_stores
-from .format import FORMAT_VERSION, NO_JACOBIAN, SHARD_BYTES, Keep, model_differences, now, prompt_id, read_root
+from .format import (
+    FORMAT_VERSION,
+    NO_JACOBIAN,
+    SHARD_BYTES,
+    Keep,
+    model_differences,
+    now,
+    prompt_id,
+    read_root,
+    storage_dtype,
+)
 from .integrity import INTEGRITY, damage_reason
 from .location import store_path
 from .neuron_index import (
@@ -64,5 +74,6 @@ __all__ = [
     "model_differences",
     "open_store",
     "prompt_id",
+    "storage_dtype",
     "verify_prompt",
 ]

@@ -130,6 +130,12 @@ class Keep:
         return f"rank:{self.rank}" if self.rank is not None else "full" if self.jacobian else NO_JACOBIAN
 
 
+def storage_dtype(dtype: str) -> str:
+    """The dtype a run's results are stored in: its compute dtype, but float32 for 16-bit ones (numpy has no
+    bfloat16)."""
+    return "float32" if dtype in ("bfloat16", "float16") else dtype
+
+
 def now() -> str:
     """UTC timestamp, ISO 8601, seconds."""
     return datetime.now(UTC).replace(microsecond=0).isoformat()

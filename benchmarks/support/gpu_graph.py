@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from detjac.graph_settings import GraphSettings
+
 from .gpu_run import EXACT, Meter, Partial, checkpoint, random_ids, say, sizes
 
 
@@ -58,7 +60,7 @@ def step_graph_heads(args: argparse.Namespace, out: Partial) -> None:
         meter.reset()
         t0 = meter.now()
         engine = load_engine(str(folder), dtype="float64", device=device)
-        graph = attribution_graph(engine, ids, max_nodes=options["max_nodes"], heads=options["heads"])
+        graph = attribution_graph(engine, ids, GraphSettings(max_nodes=options["max_nodes"], heads=options["heads"]))
         seconds = meter.now() - t0
         graphs[label] = graph
         out.put(**{label: {"device": device, "seconds": seconds, "neurons": graph.n_neurons,

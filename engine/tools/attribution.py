@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from detjac.errors import InvalidArgumentError, UnsupportedModelError
-from detjac.graph_settings import EDGE_THRESHOLD, MAX_NODES, NODE_THRESHOLD, check_heads
+from detjac.errors import UnsupportedModelError
+from detjac.graph_settings import GraphSettings
 from detjac.tokens import token_labels
 
 from ..interface import Engine
@@ -27,34 +27,17 @@ from ..types import Trace
 from .graph_adjacency import adjacency, bias_nodes, neuron_sites, sized_rows
 from .graph_prune import Pruned, prune
 from .graph_targets import (
-    LOGIT_PROBABILITY,
-    MAX_LOGITS,
     chosen_values,
     logit_attribution,
     logit_targets,
     logit_vectors,
     rank_neurons,
 )
-from .head_loadings import INTO, HeadLoadings, Nodes, choose_links, head_loadings
+from .head_loadings import HeadLoadings, Nodes, choose_links, head_loadings
 from .neurons import activations, check_neurons
 
-__all__ = ["AttributionGraph", "GraphRequest", "check_graph_request", "graph_of_trace", "logit_attribution",
+__all__ = ["AttributionGraph", "check_graph", "graph_of_trace", "logit_attribution",
            "logit_vectors"]
-
-
-@dataclass(frozen=True)
-class GraphRequest:
-    """The settings of one attribution graph (:func:`detjac.engine.attribution_graph` describes each)."""
-
-    max_nodes: int = MAX_NODES
-    max_logits: int = MAX_LOGITS
-    logit_probability: float = LOGIT_PROBABILITY
-    rows_per_pass: int | None = None
-    heads: int = 0
-    node_threshold: float = NODE_THRESHOLD
-    edge_threshold: float = EDGE_THRESHOLD
-    heads_up_to: bool = False  # a corpus run's: load all links of a graph that has fewer than ``heads``
-    heads_into: str = "all"  # "logits": load only links into the logits
 
 
 @dataclass
@@ -151,7 +134,7 @@ class AttributionGraph:
                 f"{biases}, {self.n_logits} logits; completeness {self.worst_completeness:.1e}>")
 
 
-def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress: bool = False) -> AttributionGraph:
+def graph_of_trace(engine: Engine, trace: Trace, request: GraphSettings, progress: bool = False) -> AttributionGraph:
     """The exact attribution graph of the prediction at ``trace``'s position (see the module docstring), from the
     engine's trace of the prompt; the settings checked before the trace by :func:`check_graph`."""
     max_nodes, max_logits = request.max_nodes, request.max_logits
@@ -192,34 +175,18 @@ def graph_of_trace(engine: Engine, trace: Trace, request: GraphRequest, progress
     return out
 
 
-def check_graph_request(engine: Engine, max_nodes: int = MAX_NODES) -> None:
-    """Raise, before any work, what :func:`detjac.engine.attribution_graph` would raise for ``engine`` and
-    ``max_nodes`` whatever the prompt (``detjac run --graph`` checks it before a store is touched).
+def check_graph(engine: Engine, settings: GraphSettings) -> None:
+    """Raise, before any work, what :func:`graph_of_trace` would raise for ``engine`` and ``settings`` whatever the
+    prompt (``detjac run --graph`` checks it before a store is touched).
 
     Raises
     ------
     UnsupportedModelError
         A family whose neurons have no definition here.
     InvalidArgumentError
-        A non-positive ``max_nodes``, or an engine without neuron sites.
+        Settings out of range (:meth:`~detjac.graph_settings.GraphSettings.check`), or an engine without neuron
+        sites.
     """
-    check_graph(engine, GraphRequest(max_nodes))
-
-
-def check_graph(engine: Engine, request: GraphRequest) -> None:
-    """Raise, before any work, what :func:`graph_of_trace` would raise for ``engine`` and ``request`` whatever the
-    prompt (:func:`check_graph_request`).
-
-    Raises
-    ------
-    UnsupportedModelError
-        A family whose neurons have no definition here.
-    InvalidArgumentError
-        A non-positive ``max_nodes``, ``max_logits`` or ``rows_per_pass``, a probability outside (0, 1], a negative
-        ``heads``, a threshold outside [0, 1], or an engine without neuron sites.
-    """
-    max_nodes, max_logits, probability, rows = (request.max_nodes, request.max_logits, request.logit_probability,
-                                                request.rows_per_pass)
     family = engine.family
     if family.post_norm:
         raise UnsupportedModelError(
@@ -227,19 +194,5 @@ def check_graph(engine: Engine, request: GraphRequest) -> None:
             f"reading a normed copy of the residual stream). Got {family.name}: post-norm layers, whose MLP output "
             "is normed together with the residual stream, so no neuron writes to it alone."
         )
-    for name, value in (("max_nodes", max_nodes), ("max_logits", max_logits)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidArgumentError(f"Expected {name} to be a positive integer. Got {value!r}.")
-    if rows is not None and (not isinstance(rows, int) or rows < 1):
-        raise InvalidArgumentError(f"Expected rows_per_pass to be a positive integer. Got {rows!r}.")
-    if not 0.0 < probability <= 1.0:
-        raise InvalidArgumentError(f"Expected a logit probability in (0, 1]. Got {probability!r}.")
-    check_heads(request.heads)
-    if request.heads_into not in INTO:
-        raise InvalidArgumentError(f"Expected --heads-into among {', '.join(INTO)}. Got {request.heads_into!r}.")
-    for name, value in (("node_threshold", request.node_threshold), ("edge_threshold", request.edge_threshold)):
-        if not 0.0 <= value <= 1.0:
-            raise InvalidArgumentError(f"Expected {name} in [0, 1]. Got {value!r}.")
+    settings.check()
     check_neurons(engine)
-
-

@@ -17,9 +17,6 @@ from ..interface import Engine
 from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
 from .neurons import activations
 
-MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
-LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
-
 
 @dataclass
 class LogitTargets:

@@ -88,7 +88,6 @@ def strongest_heads(loaded: HeadLoadings, adjacency: np.ndarray, target: int,
     return links, weight, [(int(i // heads.shape[1]), int(i % heads.shape[1]), float(heads.flat[i])) for i in order]
 
 
-INTO = ("all", "logits")  # which links may be loaded: into any neuron or logit, or into the logits only
 
 
 def loadable_links(adjacency: np.ndarray, pruned: Pruned, M: int, B: int, n: int, into: str = "all") -> np.ndarray:

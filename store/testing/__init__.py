@@ -43,12 +43,11 @@ from .model import (
     layer_targets,
     prompt_texts,
     run_description,
-    storage_dtype,
     synthetic_model,
     synthetic_prompt,
 )
 from .write import SyntheticStore, make_store, write_prompt
 
 __all__ = ["EPS", "UNK", "WORDS", "LayerwiseTruth", "PromptTruth", "SyntheticModel", "SyntheticStore", "factory_rank",
-           "layer_targets", "make_store", "prompt_texts", "run_description", "storage_dtype", "synthetic_graph",
+           "layer_targets", "make_store", "prompt_texts", "run_description", "synthetic_graph",
            "synthetic_model", "synthetic_prompt", "write_prompt"]

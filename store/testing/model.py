@@ -107,11 +107,6 @@ def factory_rank(keep: str) -> int | None:
     return parsed.rank
 
 
-def storage_dtype(dtype: str) -> str:
-    """As ``runs/batch.py``: 16-bit results are stored as float32."""
-    return "float32" if dtype in ("bfloat16", "float16") else dtype
-
-
 def run_description(model: SyntheticModel, *, n_layers: int, dtype: str = "float64", keep: str = "full",
                     detach: bool = True, row_block: int = 3, targets: Sequence[str] = (), mode: str = "reverse",
                     affine: bool = False, model_id: str = "synthetic") -> dict[str, Any]:

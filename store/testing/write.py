@@ -13,7 +13,7 @@ import numpy as np
 from ... import __version__
 from ...exactness import relative_error
 from ...targets import Target
-from .. import JacobianStore, LayerwiseSpec, SubspaceIteration, create_store, open_store
+from .. import JacobianStore, LayerwiseSpec, SubspaceIteration, create_store, open_store, storage_dtype
 from .model import (
     LOW_RANK_PASSES,
     PromptTruth,
@@ -22,7 +22,6 @@ from .model import (
     factory_rank,
     prompt_texts,
     run_description,
-    storage_dtype,
     synthetic_model,
     synthetic_prompt,
 )

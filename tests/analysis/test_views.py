@@ -48,6 +48,8 @@ def test_jacobian_image_is_the_stored_matrix(store):
     J = prompt.layerwise("layer.1", lazy=False)[:, -2].astype(float)
     assert image["token"] == prompt.n_tokens - 2 and np.array_equal(image["matrix"], J)
     np.testing.assert_allclose(image["singular_values"], np.linalg.svd(J, compute_uv=False), rtol=1e-12)
+    # the stable rank ||J||_F^2 / sigma_1^2, from the one dimensionality function
+    assert image["stable_rank"] == pytest.approx(np.linalg.norm(J) ** 2 / np.linalg.norm(J, 2) ** 2, rel=1e-12)
 
 
 def test_singular_path_projects_each_layer_on_the_last(store):

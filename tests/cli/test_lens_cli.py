@@ -60,3 +60,18 @@ def test_fit_on_a_read_only_store_says_so_in_one_line(tmp_path, monkeypatch):
         assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.exception  # not a traceback
         assert out.output.count("\n") == 1 and "the file system is read-only" in out.output, out.output
         assert out.output.startswith(f"Error: Could not {'write lens/fitted' if folder.name == 'lens' else 'take'}")
+
+
+
+def test_layers_read_the_same_by_lens_fit_and_run(tmp_path):
+    """``--layers`` has one parser: ``All`` (any case) is every layer for ``lens fit`` as for ``run``'s targets, and
+    what it refuses it refuses in the same words."""
+    from detjac.targets import layer_targets
+
+    assert [t.layer for t in layer_targets(" All ", "layer", 3)] == [0, 1, 2]
+    store = make_store(tmp_path / "s.zarr", prompts=2, d_model=4, n_layers=2, targets=("to_output.1",))
+    fitted = CliRunner().invoke(main, ["lens", "fit", str(store.path), "--layers", "All"])
+    assert fitted.exit_code == 0 and "layers 1:" in fitted.output, fitted.output
+    refused = CliRunner().invoke(main, ["lens", "fit", str(store.path), "--layers", "1,x"])
+    assert refused.exit_code == 2
+    assert "Expected --layers 'all' or comma-separated layer indices (e.g. 0,5,10). Got '1,x'." in refused.output

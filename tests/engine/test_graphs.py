@@ -13,6 +13,7 @@ from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, tin
 from detjac.engine.pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
 from detjac.engine.tools.lens_pulls import pull_every_position
 from detjac.errors import InvalidArgumentError, PromptError, UnsupportedModelError
+from detjac.graph_settings import GraphSettings
 
 IDS = [3, 17, 5, 42, 9, 11, 2, 30, 7, 19]  # longer than a tiny model's sliding window
 
@@ -33,7 +34,7 @@ def _graph_families() -> list[str]:
 
 @pytest.mark.parametrize("family", _graph_families())
 def test_every_nodes_incoming_edges_sum_to_its_value(family):
-    g = attribution_graph(InMemoryEngine(_model(family)), IDS, max_nodes=60, rows_per_pass=16)
+    g = attribution_graph(InMemoryEngine(_model(family)), IDS, GraphSettings(max_nodes=60, rows_per_pass=16))
     assert g.n_neurons == 60 and g.n_logits >= 1
     assert g.worst_completeness < 1e-12, family
     # every edge goes up: a neuron's sources are tokens or neurons of lower layers at positions not after its own
@@ -45,15 +46,15 @@ def test_every_nodes_incoming_edges_sum_to_its_value(family):
 
 def test_a_family_without_a_neuron_definition_is_refused_by_name():
     with pytest.raises(UnsupportedModelError, match="attribution graphs.*post-norm layers"):
-        attribution_graph(InMemoryEngine(_model("bert")), IDS, max_nodes=5)
+        attribution_graph(InMemoryEngine(_model("bert")), IDS, GraphSettings(max_nodes=5))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_both_engines_give_the_same_graph(family):
     model = _model(family)
-    a = attribution_graph(InMemoryEngine(model), IDS, max_nodes=40)
-    b = attribution_graph(StreamedEngine(model), IDS, max_nodes=40, rows_per_pass=7)
+    a = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=40))
+    b = attribution_graph(StreamedEngine(model), IDS, GraphSettings(max_nodes=40, rows_per_pass=7))
     assert np.array_equal(a.neurons, b.neurons)
     assert np.abs(a.adjacency - b.adjacency).max() <= 1e-12 * np.abs(a.adjacency).max()
     assert b.worst_completeness < 1e-12
@@ -105,7 +106,7 @@ def _cut_llama(model: torch.nn.Module, x: torch.Tensor, z: list[torch.Tensor] | 
 def test_edges_match_autograd_of_a_hand_written_cut_model():
     model = _model("llama", seed=4)
     engine = InMemoryEngine(model)
-    g = attribution_graph(engine, IDS, max_nodes=80, rows_per_pass=13)
+    g = attribution_graph(engine, IDS, GraphSettings(max_nodes=80, rows_per_pass=13))
     x = model.model.embed_tokens.weight[IDS].clone()
     _, acts = _cut_llama(model, x, None)
     W = model.lm_head.weight
@@ -196,7 +197,7 @@ def _cut_gpt2(model: torch.nn.Module, x: torch.Tensor, z: list[torch.Tensor] | N
 
 def test_bias_nodes_match_autograd_of_a_hand_written_cut_gpt2():
     model = _model("gpt2", seed=6)
-    g = attribution_graph(InMemoryEngine(model), IDS, max_nodes=50, rows_per_pass=9)
+    g = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=50, rows_per_pass=9))
     L, n, M, B = model.config.n_layer, len(IDS), g.n_neurons, g.n_biases
     assert B == L * n + 1 and g.worst_completeness < 1e-12
     x = model.transformer.wte.weight[IDS].clone()
@@ -235,7 +236,7 @@ def test_bias_nodes_vanish_without_biases(family):
         for name, p in model.named_parameters():
             if name.endswith("bias") or "wpe" in name:
                 p.zero_()
-    g = attribution_graph(InMemoryEngine(model), IDS, max_nodes=30)
+    g = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=30))
     M, B = g.n_neurons, g.n_biases
     assert B > 0 and g.worst_completeness < 1e-12
     assert np.abs(g.adjacency[:, M:M + B]).max() <= 1e-12 * np.abs(g.adjacency).max()
@@ -256,7 +257,7 @@ def test_neuron_reads_seeds_and_cut_are_refused_on_the_autograd_sweeps():
     engine = InMemoryEngine(_model("llama"), sweeps="autograd")
     assert "neurons" not in engine.pullback_sites and "cut:mlp" not in engine.pullback_sites
     with pytest.raises(InvalidArgumentError, match="neurons.*autograd sweeps were chosen"):
-        attribution_graph(engine, IDS, max_nodes=5)
+        attribution_graph(engine, IDS, GraphSettings(max_nodes=5))
     trace = engine.trace(IDS)
     u = torch.randn(2, engine.d_model, dtype=torch.float64)
     with pytest.raises(InvalidArgumentError, match="cut:mlp"):
@@ -304,9 +305,9 @@ def test_every_position_pullback_is_the_same_on_both_engines():
 def test_bad_settings_and_prompts_are_refused_before_any_work():
     engine = InMemoryEngine(_model("llama"))
     with pytest.raises(InvalidArgumentError, match="max_nodes to be a positive integer. Got 0"):
-        attribution_graph(engine, IDS, max_nodes=0)
+        attribution_graph(engine, IDS, GraphSettings(max_nodes=0))
     with pytest.raises(InvalidArgumentError, match="logit probability in \\(0, 1\\]. Got 1.5"):
-        attribution_graph(engine, IDS, logit_probability=1.5)
+        attribution_graph(engine, IDS, GraphSettings(logit_probability=1.5))
     with pytest.raises(PromptError):
         attribution_graph(engine, [])
     budgeted = StreamedEngine(engine.model, max_memory="cpu=24MiB")  # not all 1,440 neurons' graph
@@ -318,19 +319,19 @@ def test_under_a_budget_the_graph_is_the_same_and_its_passes_are_sized_by_what_t
     from detjac.engine.tools import attribution
 
     model = _model("llama")
-    free = attribution_graph(InMemoryEngine(model), IDS, max_nodes=40)
+    free = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=40))
     sizes: list[int] = []
     sized = attribution.sized_rows
     monkeypatch.setattr(attribution, "sized_rows", lambda *a: sizes.append(sized(*a)) or sizes[-1])
     roomy = StreamedEngine(model, max_memory="cpu=1GiB")
     own = 2**30 - roomy.sweep_memory(len(IDS))[0]  # the engine's own layer and trace, counted first
     for budget in (own + 2**18, 2**30):  # room for the graph and a few rows; for everything
-        g = attribution_graph(StreamedEngine(model, max_memory=f"cpu={budget}B"), IDS, max_nodes=40)
+        g = attribution_graph(StreamedEngine(model, max_memory=f"cpu={budget}B"), IDS, GraphSettings(max_nodes=40))
         assert np.abs(g.adjacency - free.adjacency).max() <= 1e-12 * np.abs(free.adjacency).max()
     assert 1 <= sizes[0] < sizes[1] == 40 + 10  # a small budget: fewer rows a pass; a large one: every row at once
     with pytest.raises(InvalidArgumentError, match="--max-nodes whose graph fits in the cpu budget left .* "
                                                    "Got 2000, .* at most \\d+ fit"):
-        attribution_graph(StreamedEngine(model, max_memory=f"cpu={own + 2**18}B"), IDS, max_nodes=2000)
+        attribution_graph(StreamedEngine(model, max_memory=f"cpu={own + 2**18}B"), IDS, GraphSettings(max_nodes=2000))
 
 
 # -- memory: the graph's whole working set, bounded ------------------------------------------------------------
@@ -357,13 +358,13 @@ def test_a_refusal_names_a_number_of_nodes_that_is_then_accepted(monkeypatch):
     calls: list[int] = []
     monkeypatch.setattr(attribution, "adjacency", lambda *a: calls.append(1) or _reached())
     with pytest.raises(InvalidArgumentError, match="Got 1000, which needs .* MiB; at most \\d+ fit") as refused:
-        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, max_nodes=1000)
+        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, GraphSettings(max_nodes=1000))
     most = _most(refused)
     assert 0 < most < 1000 and not calls  # refused before any pullback
     with pytest.raises(_Reached):  # accepted: the work goes on to the adjacency
-        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, max_nodes=most)
+        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, GraphSettings(max_nodes=most))
     with pytest.raises(InvalidArgumentError, match=f"Got {most + 1}, .* at most {most} fit"):
-        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, max_nodes=most + 1)
+        attribution_graph(StreamedEngine(model, max_memory="cpu=16MiB"), IDS, GraphSettings(max_nodes=most + 1))
 
 
 def test_pruning_holds_no_more_than_the_budget_counts():
@@ -386,9 +387,9 @@ def test_without_a_budget_the_machine_s_available_memory_bounds_the_graph(monkey
 
     monkeypatch.setattr(machine, "available_memory", lambda: 12 * 2**20)
     with pytest.raises(InvalidArgumentError, match="this machine's available memory .* at most \\d+ fit") as refused:
-        attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=10**12)
+        attribution_graph(InMemoryEngine(_model("llama")), IDS, GraphSettings(max_nodes=10**12))
     assert "Got 1000000000000, which needs" in str(refused.value)
-    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=_most(refused))
+    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, GraphSettings(max_nodes=_most(refused)))
     assert g.n_neurons == _most(refused)
 
 
@@ -403,7 +404,7 @@ def test_a_full_disk_keeps_the_computed_graph_and_says_where(tmp_path, monkeypat
     from detjac.engine import write_graph
     from detjac.errors import OutputError
 
-    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, max_nodes=20)
+    g = attribution_graph(InMemoryEngine(_model("llama")), IDS, GraphSettings(max_nodes=20))
     (tmp_path / "graph-metadata.json").write_text("[" * 100_000 + "]" * 100_000)  # unreadable: started anew
     write_graph(g, tmp_path / "g.json", model="tiny")
     assert [e["slug"] for e in json.loads((tmp_path / "graph-metadata.json").read_text())["graphs"]] == ["g"]

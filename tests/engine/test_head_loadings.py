@@ -23,6 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, write_graph
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graph_settings import GraphSettings
 
 DECODERS = [t for t in FAMILIES if t != "bert"]
 IDS = [3, 17, 5, 42, 9, 11]  # longer than a tiny model's sliding window (4)
@@ -50,7 +51,8 @@ def _case(family: str) -> tuple[str, torch.nn.Module, Any]:
     """(family, model, its graph with HEADS links loaded), made once per module."""
     if family not in _GRAPHS:
         model = _model(family)
-        _GRAPHS[family] = family, model, attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=HEADS)
+        graph = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=30, heads=HEADS))
+        _GRAPHS[family] = family, model, graph
     return _GRAPHS[family]
 
 
@@ -239,7 +241,7 @@ def test_loadings_equal_autograd_of_the_stock_model_made_into_the_cut_model(case
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "olmo2"])  # its walk is the same code for all
 def test_the_streamed_engine_under_a_budget_gives_the_same_loadings(family):
     _, model, g = _case(family)
-    s = attribution_graph(StreamedEngine(model, max_memory="cpu=1GiB"), IDS, max_nodes=30, heads=HEADS)
+    s = attribution_graph(StreamedEngine(model, max_memory="cpu=1GiB"), IDS, GraphSettings(max_nodes=30, heads=HEADS))
     assert np.array_equal(s.head_loadings.links, g.head_loadings.links)
     a, b = g.head_loadings.loadings, s.head_loadings.loadings
     assert np.array_equal(np.isnan(a), np.isnan(b))
@@ -251,7 +253,7 @@ def test_one_target_per_block_gives_the_same_loadings(monkeypatch):
     from detjac.engine.tools import head_loadings
 
     monkeypatch.setattr(head_loadings, "HEAD_BLOCK_BYTES", 1)  # every target its own pullback and push
-    one = attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=HEADS).head_loadings.loadings
+    one = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=30, heads=HEADS)).head_loadings.loadings
     a = g.head_loadings.loadings
     assert np.array_equal(np.isnan(a), np.isnan(one))
     assert np.nanmax(np.abs(a - one)) <= 1e-12 * np.nanmax(np.abs(a))
@@ -276,11 +278,11 @@ def test_bad_heads_are_refused():
     _, model, g = _case("llama")
     engine = InMemoryEngine(model)
     with pytest.raises(InvalidArgumentError, match=r"Expected --heads to be a non-negative integer.*Got -1"):
-        attribution_graph(engine, IDS, max_nodes=30, heads=-1)
+        attribution_graph(engine, IDS, GraphSettings(max_nodes=30, heads=-1))
     with pytest.raises(InvalidArgumentError, match=r"Expected --heads at most the pruned graph's \d+ links"):
-        attribution_graph(engine, IDS, max_nodes=30, heads=10**6)
+        attribution_graph(engine, IDS, GraphSettings(max_nodes=30, heads=10**6))
     with pytest.raises(UnsupportedModelError, match="post-norm"):
-        attribution_graph(InMemoryEngine(_model_bert()), IDS, max_nodes=5, heads=3)
+        attribution_graph(InMemoryEngine(_model_bert()), IDS, GraphSettings(max_nodes=5, heads=3))
 
 
 def _model_bert() -> torch.nn.Module:
@@ -289,7 +291,8 @@ def _model_bert() -> torch.nn.Module:
 
 def test_links_into_the_logits_only_carry_the_same_loadings():
     _, model, g = _case("mistral")
-    into = attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=6, heads_into="logits").head_loadings
+    settings = GraphSettings(max_nodes=30, heads=6, heads_into="logits")
+    into = attribution_graph(InMemoryEngine(model), IDS, settings).head_loadings
     first_logit = g.n_neurons + g.n_biases + g.n_tokens
     assert (into.links[:, 0] >= first_logit).all() and len(into.links) == 6
     rows = {tuple(link): k for k, link in enumerate(g.head_loadings.links.tolist())}
@@ -299,7 +302,7 @@ def test_links_into_the_logits_only_carry_the_same_loadings():
         a, b = into.loadings[k], g.head_loadings.loadings[j]
         assert np.array_equal(np.isnan(a), np.isnan(b)) and np.nanmax(np.abs(a - b)) <= 1e-12 * np.nanmax(np.abs(b))
     with pytest.raises(InvalidArgumentError, match="Expected --heads-into among all, logits. Got 'tokens'"):
-        attribution_graph(InMemoryEngine(model), IDS, max_nodes=30, heads=6, heads_into="tokens")
+        attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=30, heads=6, heads_into="tokens"))
 
 
 def test_the_strongest_heads_into_a_target_are_its_links_loadings_summed():

@@ -7,8 +7,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from detjac.engine import GraphRequest, InMemoryEngine, StreamedEngine, jacobian, prompt_pass
+from detjac.engine import InMemoryEngine, StreamedEngine, jacobian, prompt_pass
 from detjac.engine.checkpoints.tiny import tiny_model
+from detjac.graph_settings import GraphSettings
 from detjac.targets import OUTPUTS
 
 PROMPTS = ["The fog", "A cat"]  # short: every test here costs seconds
@@ -63,7 +64,7 @@ def test_graph_traces_the_prompt_once(llama_checkpoint, tmp_path, traces):
 
 def test_one_pass_gives_the_jacobian_its_errors_and_the_graph_from_one_trace(model, prompt_ids, traces):
     engine = InMemoryEngine(model)
-    products = prompt_pass(engine, prompt_ids[:6], graph=GraphRequest(max_nodes=4))
+    products = prompt_pass(engine, prompt_ids[:6], graph=GraphSettings(max_nodes=4))
     assert len(traces) == 1 and products.graph is not None and products.graph.n_tokens == 6
     jac = products.jacobians[OUTPUTS]
     assert products.errors[OUTPUTS] < 1e-12 and jac.shape == (32, 6, 32)
@@ -162,6 +163,6 @@ def test_a_graph_lets_each_layer_go_before_the_next_is_widened(model, monkeypatc
     from detjac.engine import attribution_graph
 
     events = _layer_events(monkeypatch, lambda pull: pull.mlp())  # the MLP piece: its widened weights
-    attribution_graph(StreamedEngine(model), [5, 17, 42], max_nodes=8)
+    attribution_graph(StreamedEngine(model), [5, 17, 42], GraphSettings(max_nodes=8))
     # values, sites and at least one pullback
     assert len(_freed_before_the_next_load(events)) >= 3 * model.config.num_hidden_layers, events

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from store_helpers import write_prompts
 
 from detjac.cli.main import main
+from detjac.graph_settings import GraphSettings
 from detjac.store import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def direct_graph(engine, store, prompt) -> dict:
     run = store.run
     keys = ("config_sha256", "weights_sha256", "tokenizer_sha256")
     identity = {k: run[k] for k in keys if isinstance(run.get(k), str)}
-    graph = attribution_graph(engine, prompt.prompt, max_nodes=int(NODES))
+    graph = attribution_graph(engine, prompt.prompt, GraphSettings(max_nodes=int(NODES)))
     return graph_dict(graph, slug=prompt.id, model=run["model_id"], identity=identity)
 
 
@@ -65,6 +66,23 @@ def test_each_prompt_keeps_the_graph_a_direct_call_gives(graph_run, engine):
 
 
 @pytest.mark.slow
+def test_detjac_graph_writes_what_the_run_stores_for_the_same_prompt(graph_run, tmp_path):
+    """``detjac graph`` and ``detjac run --graph`` go through one pipeline: the same settings give the same nodes,
+    links and model digests (only the slug, the graph's name, differs)."""
+    import json
+
+    _, out = graph_run
+    prompt = next(iter(open_store(out)))
+    written = tmp_path / "g.json"
+    result = invoke("graph", "-p", prompt.prompt, "--max-nodes", NODES, "--out", str(written))
+    assert result.exit_code == 0, result.output
+    alone, stored = json.loads(written.read_text()), prompt.graph()
+    assert alone["nodes"] == stored["nodes"] and alone["links"] == stored["links"]
+    info = {k: v for k, v in alone["metadata"]["info"].items() if k.endswith("sha256")}
+    assert info == {k: v for k, v in stored["metadata"]["info"].items() if k.endswith("sha256")} and len(info) == 3
+
+
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_same_graphs(graph_run, tmp_path, monkeypatch):
     """Stopped once the second prompt's graph is staged, with what a kill -9 leaves (its staged folder, graph group
     and all), the same run resumes."""
@@ -73,7 +91,7 @@ def test_an_interrupted_run_resumes_to_the_same_graphs(graph_run, tmp_path, monk
 
     prompts, reference = graph_run
     out = tmp_path / "s.zarr"
-    options = RunOptions(graph=True, graph_max_nodes=int(NODES))
+    options = RunOptions(graph=GraphSettings(max_nodes=int(NODES)))
     real, calls = ZarrPromptWriter.write_graph, []
 
     def stopped(writer, data):

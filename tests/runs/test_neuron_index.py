@@ -12,6 +12,7 @@ from neuron_helpers import resealed
 from store_helpers import write_prompts
 
 from detjac.cli.main import main
+from detjac.graph_settings import GraphSettings
 from detjac.runs import ClusterOptions, NeuronOptions, build_neuron_index
 from detjac.store import NeuronIndexMismatch, open_neuron_index
 
@@ -187,7 +188,7 @@ def test_grouped_graphs_keep_completeness(built, engine):
 
     _, out = built
     index = open_neuron_index(out)
-    g = attribution_graph(engine, "The capital of France is", max_nodes=120)
+    g = attribution_graph(engine, "The capital of France is", GraphSettings(max_nodes=120))
     groups = group_neurons(index, g.neurons)
     assert groups and all(len(set(g.neurons[m, 0])) == 1 for m in groups)  # one layer per group
     M = g.n_neurons

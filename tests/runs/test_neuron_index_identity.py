@@ -157,9 +157,9 @@ def tiny_index(built, tmp_path_factory):
 
 
 def test_graph_compares_the_models_shape_when_it_has_no_digest(tiny_index, tmp_path, monkeypatch):
-    import detjac.runs
+    import detjac.runs.graph_run
 
-    monkeypatch.setattr(detjac.runs, "model_identity", lambda source: {})  # a model without files
+    monkeypatch.setattr(detjac.runs.graph_run, "model_identity", lambda source: {})  # a model without files
     graph = tmp_path / "g.json"
     result = CliRunner().invoke(main, ["graph", "-p", "Paris", "--out", str(graph), "--max-nodes", "10",
                                        "--neurons", str(tiny_index)])

@@ -13,6 +13,7 @@ import pytest
 
 from detjac.analysis import group_adjacency, group_completeness
 from detjac.errors import InvalidArgumentError
+from detjac.graph_settings import GraphSettings
 from detjac.view.graph_file import GraphFile
 from detjac.view.graph_groups import PREFIX, drawn
 from detjac.view.graph_page import graph_payload
@@ -26,7 +27,7 @@ def grouped(tmp_path_factory):
     three by three (a grouping need not agree on anything to be exact): the JSON file, its page and the graph."""
     from detjac.engine import attribution_graph, load_engine, write_graph
 
-    g = attribution_graph(load_engine("default"), "Copper, n. A", max_nodes=40)
+    g = attribution_graph(load_engine("default"), "Copper, n. A", GraphSettings(max_nodes=40))
     rows: dict[int, list[int]] = {}
     for i, (layer, _, _) in enumerate(g.neurons.tolist()):
         rows.setdefault(layer, []).append(i)

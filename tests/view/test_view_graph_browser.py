@@ -14,6 +14,7 @@ import pytest
 from test_view_browser import css, wait_for
 from view_helpers import INJECTED, kept_by_thresholds, stored_graphs
 
+from detjac.graph_settings import GraphSettings
 from detjac.store import open_store
 from detjac.view.headless import INSTALL, Served, browser_missing
 from detjac.view.server import make_server
@@ -134,7 +135,7 @@ def test_an_affine_familys_bias_nodes_are_drawn_and_shown(browser, tmp_path):
     from detjac.engine import InMemoryEngine, attribution_graph, tiny_model, write_graph
 
     model = tiny_model("gpt2", seed=3).to(torch.float64)
-    data = write_graph(attribution_graph(InMemoryEngine(model), [3, 17, 5, 42, 9, 11], max_nodes=20),
+    data = write_graph(attribution_graph(InMemoryEngine(model), [3, 17, 5, 42, 9, 11], GraphSettings(max_nodes=20)),
                        tmp_path / "gpt2.json", model="tiny-gpt2", node_threshold=1.0, edge_threshold=1.0)
     biases = [n for n in data["nodes"] if n["feature_type"] == "bias"]
     assert biases

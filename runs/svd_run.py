@@ -1,0 +1,78 @@
+"""What ``detjac svd`` reports of a product-only SVD (:func:`detjac.engine.operator_svd` of a
+:func:`detjac.engine.jacobian_operator`): its triplets decoded to token ids, its comparison with the full SVD of the
+formed Jacobian, and its ``.npz`` file (written whole or not at all, by :func:`detjac.store.write_npz`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from detjac.engine import Engine, JacobianOperator
+
+
+@dataclass(frozen=True)
+class DecodedTriplet:
+    """One singular triplet of ``J = [J_1 ... J_n]``: its value and residual, the top token ids of its left vector
+    (through the unembedding), the token block carrying most of its right vector (``token``, with that ``share`` of
+    ``|v|^2``) and that block's top token ids (through the input embedding)."""
+
+    sigma: float
+    residual: float
+    left_ids: list[int]
+    token: int
+    share: float
+    right_ids: list[int]
+
+
+def decoded_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> list[DecodedTriplet]:
+    """Each triplet of ``result`` (an :func:`~detjac.engine.operator_svd` of ``op``) decoded to its ``top`` tokens;
+    a 16-bit engine's matrices decoded in float32 (numpy has no bfloat16)."""
+    import torch
+
+    from detjac.engine import decode_blocks, decode_top
+
+    half = engine.dtype in (torch.bfloat16, torch.float16)
+    mats = engine.decoding_rows(torch.float32 if half else None)  # streamed: read a chunk of the vocabulary at a time
+    left_ids, _ = decode_top(result.U.cpu(), mats["unembedding"], top)
+    right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, mats["embedding"], top)
+    return [DecodedTriplet(float(s), float(result.residuals[i]), left_ids[i].tolist(), int(picks[i]),
+                           float(shares[i]), right_ids[i].tolist()) for i, s in enumerate(result.S.tolist())]
+
+
+def compare_svd(op: JacobianOperator, result: Any) -> tuple[float, int, float]:
+    """Form ``J`` by row blocks with the same engine, take its full SVD and compare (what the products avoid).
+
+    Returns
+    -------
+    tuple of (float, int, float)
+        Seconds taken, the number of singular values compared, and their largest relative error.
+    """
+    import torch
+
+    from detjac.engine import jacobian
+
+    t0 = time.perf_counter()
+    J = jacobian(op.engine, op.token_ids, position=op.position).jacobian
+    S = torch.linalg.svdvals(J.reshape(J.shape[0], -1))[: result.S.shape[0]].to(result.S.device)
+    rel = float(((result.S - S).abs() / S).max())
+    return time.perf_counter() - t0, int(S.shape[0]), rel
+
+
+def save_svd(path: str | Path, op: JacobianOperator, result: Any, model: str, text: str) -> Path:
+    """Write U (d, k), S (k,), V (token, d, k), the residuals, the token ids and the settings to the ``.npz`` file
+    ``path`` (checked by the caller)."""
+    import numpy as np
+
+    from detjac.store import write_npz
+
+    arrays = {"U": result.U, "S": result.S, "V": result.right_blocks(op.n_tokens).permute(1, 2, 0),
+              "residuals": result.residuals}
+    write_npz(Path(path), {**{k: v.detach().cpu().numpy() for k, v in arrays.items()},
+                           "token_ids": np.asarray(op.token_ids, dtype=np.int64), "position": np.int64(op.position),
+                           "model": np.str_(model), "prompt": np.str_(text), "method": np.str_(result.method),
+                           "matvecs": np.int64(result.matvecs), "rmatvecs": np.int64(result.rmatvecs),
+                           "converged": np.bool_(result.converged)})
+    return Path(path)
