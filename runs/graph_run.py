@@ -111,6 +111,8 @@ def graph_file(model: ModelRef, prompt: str, loading: LoadSpec, out: str | Path,
     if group and not neuron_index:
         raise InvalidArgumentError("Expected --group with --neurons (a group is made of neurons whose pages agree). "
                                    "Got --group alone.")
+    reads = [("the model", model.source), *([("the neuron index", neuron_index)] if neuron_index else [])]
+    path = check_output(out, force=force, suffix=".json", reads=reads)  # before any work, as the command checks it
     identity = model_identity(model.source)  # the weights' SHA-256, as a store's run records it
     index = _neuron_index(neuron_index, identity, loading.convention) if neuron_index else None
     engine = _load(replace(loading, model=model))
@@ -123,7 +125,6 @@ def graph_file(model: ModelRef, prompt: str, loading: LoadSpec, out: str | Path,
         index.check({k: g.info.get(k) for k in ("family", "n_layers", "neurons_per_layer")})
         g.labels = relabel(g.labels, g.neurons, index)
     supernodes, grouping = _groups(g, index) if group and index is not None else ([], None)
-    path = check_output(out, force=force, suffix=".json")
     data = graph_document(g, slug=slug or slug_of(path), model=model.name, settings=settings, identity=identity,
                           supernodes=supernodes)
     write_graph_file(path, data)  # graph-metadata.json beside it lists it

@@ -168,3 +168,18 @@ def test_an_affine_familys_graph_keeps_its_bias_nodes_through_the_store(tmp_path
     except ImportError:
         pytest.skip("circuit-tracer is not installed (pip install --no-deps circuit-tracer==0.5.0)")
     assert len(Model(**graph).nodes) == len(graph["nodes"])
+
+
+def test_graph_file_from_python_refuses_an_output_inside_the_model_before_loading_it(monkeypatch):
+    """The graph pipeline checks its output as the command does (never into what it reads), before any work."""
+    from detjac.engine import ModelRef
+    from detjac.errors import InvalidArgumentError
+    from detjac.model_settings import LoadSpec
+    from detjac.runs import graph_file, graph_run
+
+    model = ModelRef.resolve("default")
+    before = sorted(p.name for p in model.source.iterdir())
+    monkeypatch.setattr(graph_run, "_load", lambda spec: pytest.fail("the model was loaded"))
+    with pytest.raises(InvalidArgumentError, match="which this command reads"):
+        graph_file(model, "Copper, n. A", LoadSpec(), model.source / "g.json", GraphSettings())
+    assert sorted(p.name for p in model.source.iterdir()) == before
