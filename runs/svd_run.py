@@ -29,13 +29,10 @@ class DecodedTriplet:
 
 def decoded_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> list[DecodedTriplet]:
     """Each triplet of ``result`` (an :func:`~detjac.engine.operator_svd` of ``op``) decoded to its ``top`` tokens;
-    a 16-bit engine's matrices decoded in float32 (numpy has no bfloat16)."""
-    import torch
-
+    a 16-bit engine's matrices decoded in float32 (``decoding_rows`` widens them: numpy has no bfloat16)."""
     from detjac.engine import decode_blocks, decode_top
 
-    half = engine.dtype in (torch.bfloat16, torch.float16)
-    mats = engine.decoding_rows(torch.float32 if half else None)  # streamed: read a chunk of the vocabulary at a time
+    mats = engine.decoding_rows()  # streamed: read a chunk of the vocabulary at a time
     left_ids, _ = decode_top(result.U.cpu(), mats["unembedding"], top)
     right_ids, _, picks, shares = decode_blocks(result.V.cpu(), op.n_tokens, mats["embedding"], top)
     return [DecodedTriplet(float(s), float(result.residuals[i]), left_ids[i].tolist(), int(picks[i]),
