@@ -55,8 +55,11 @@ class QKAttribution:
         The prompt (n) and each token's text.
     keys : list[dict]
         Per key position the mask allows, ascending: ``{"position": j, "score": s, "probability": p, "terms":
-        [{"query": Q, "key": K, "value": v}, ...]}``, every pair listed, largest ``|v|`` first; ``score`` is the
-        real model's (before the mask and the soft-cap), ``probability`` its attention weight.
+        [{"query": Q, "key": K, "value": v}, ...], "query_sums": [{"component": Q, "value": v}, ...],
+        "key_sums": [...]}``, every pair listed, largest ``|v|`` first; ``score`` is the real model's (before the
+        mask and the soft-cap), ``probability`` its attention weight. ``query_sums`` gives each query-side
+        component's sum over every key-side component (its marginal), ``key_sums`` each key-side component's; each
+        list adds up to the score, as the terms do.
     query_components : list[str]
         The components' names at the query position.
     residual_error : float
@@ -303,6 +306,15 @@ def _keys(real: Captured, q: torch.Tensor, k: torch.Tensor, names: list[list[lis
         order = flat.abs().argsort(descending=True).tolist()
         c = terms.shape[2]
         out.append({"position": j, "score": float(scores[j]), "probability": float(probs[j]),
+                    "query_sums": _side_sums(terms[a].sum(1), [n[i] for n in q_names]),
+                    "key_sums": _side_sums(terms[a].sum(0), [n[j] for n in k_names]),
                     "terms": [{"query": q_names[o // c][i], "key": k_names[o % c][j], "value": float(flat[o])}
                               for o in order]})
     return out, error
+
+
+def _side_sums(values: torch.Tensor, names: list[str]) -> list[dict[str, Any]]:
+    """Each component's sum over every component of the other side, largest ``|value|`` first: one side's exact
+    split of the score (the values add up to it)."""
+    order = values.abs().argsort(descending=True).tolist()
+    return [{"component": names[o], "value": float(values[o])} for o in order]

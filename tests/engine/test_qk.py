@@ -110,6 +110,28 @@ def test_terms_sum_to_the_stock_score(family_case: dict[str, Any], case: tuple[i
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_each_side_sums_to_the_stock_score(family_case: dict[str, Any], case: tuple[int, int, int]) -> None:
+    """Each query-side component's marginal (its terms summed over every key-side component), and each key-side
+    one's, add up to the stock score, and each equals its own terms' sum."""
+    layer, head, _ = case
+    res = family_case["results"][case]
+    want = _score(family_case["stock"], layer, head, res.query_position)
+    scale = float(want[[k["position"] for k in res.keys]].abs().max())
+    for key in res.keys:
+        for side, name in (("query_sums", "query"), ("key_sums", "key")):
+            sums = {s["component"]: s["value"] for s in key[side]}
+            assert len(sums) == len(key[side]) == len(res.query_components)  # one row per component
+            grouped: dict[str, float] = {}
+            for t in key["terms"]:
+                grouped[t[name]] = grouped.get(t[name], 0.0) + t["value"]
+            assert max(abs(sums[c] - grouped[c]) for c in sums) / scale < SCORE_BOUND
+            total = sum(sums.values())
+            assert abs(total - float(want[key["position"]])) / scale < SCORE_BOUND, (family_case["type"], side)
+            values = [abs(s["value"]) for s in key[side]]
+            assert values == sorted(values, reverse=True)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_probabilities_and_allowed_keys_are_the_stock_models(family_case: dict[str, Any],
                                                              case: tuple[int, int, int]) -> None:
     layer, head, _ = case
