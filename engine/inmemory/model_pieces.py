@@ -24,7 +24,7 @@ from ..pieces.layer import LayerPieces, PiecesPull, check_layer, push_layer
 from ..pieces.norms import NormPiece, norm_piece
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
-from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, sweep
+from ..pullback import OUTPUT, PullRequest, Seed
 from ..types import EngineStats
 
 
@@ -46,7 +46,7 @@ class Event:
 @dataclass
 class FrozenModel:
     """A prompt's detached model as frozen pieces (see the module docstring): a
-    :class:`~detjac.engine.pullback.Walk`, so every pullback goes through :func:`~detjac.engine.pullback.sweep`."""
+    :class:`~detjac.engine.pullback.Walk`, so every pullback goes through :func:`~detjac.engine.pullback.pulls`."""
 
     layers: list[LayerRecord]
     before: list[NormPiece]  # between the input embeddings and the first layer: scales (n,)
@@ -112,12 +112,7 @@ class FrozenModel:
         assert self.ends is not None, "freeze_model records the residual stream's ends"
         return self.ends
 
-    # -- the output's J^T u and J v -------------------------------------------------------
-
-    def pull(self, u: torch.Tensor) -> torch.Tensor:
-        """``J^T u``: (c, d) cotangents of the output -> (c, n, d) at the input embeddings."""
-        with torch.no_grad():
-            return sweep(self, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
+    # -- the output's J v ------------------------------------------------------------------
 
     def push(self, v: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) tangents of the input embeddings -> (c, d) at the output."""

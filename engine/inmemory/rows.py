@@ -2,8 +2,8 @@
 
 The trace keeps what the sweeps need: the model's frozen pieces (the explicit sweeps) or a ``torch.func`` pullback
 (the autograd sweeps, the ordinary Jacobian, and the fallback for a piece without an explicit rule); an affine
-family's offset ``b`` comes from a replay on zero inputs (:mod:`detjac.engine.detach.factors`). :func:`pull` is
-``u -> u J`` on either. Details: docs/engine.md, "The row-block engine"."""
+family's offset ``b`` comes from a replay on zero inputs (:mod:`detjac.engine.detach.factors`). Details:
+docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 
@@ -38,17 +38,6 @@ class InMemoryTrace(Trace):
     pullback: Any = field(default=None, repr=False)  # u -> (u J,): the autograd sweeps' pullback
     fallback: str | None = None
     transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
-
-
-def pull(trace: InMemoryTrace, cotangents: torch.Tensor) -> torch.Tensor:
-    """``cotangents @ J`` for output-space rows (rows, d_model) -> (rows, n_tokens, d_model): basis rows give rows
-    of J, any other rows products with ``J^T`` without forming J."""
-    if trace.frozen is not None:
-        return trace.frozen.pull(cotangents)
-    # torch.func pullbacks build a graph of the backward itself (for higher-order transforms) unless grad mode is
-    # off; that graph would keep every intermediate cotangent of the block alive (3x the peak memory at d_model=512).
-    with torch.no_grad():
-        return torch.func.vmap(trace.pullback)(cotangents)[0]
 
 
 def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, position: int | None,
@@ -167,7 +156,11 @@ class AutogradWalk:
 
     def final(self, seed: Any) -> torch.Tensor:
         """(B, d) cotangents of the output -> (B, n, d) at the embeddings: the whole model's pullback."""
-        return pull(self.trace, seed.values)
+        # torch.func pullbacks build a graph of the backward itself (for higher-order transforms) unless grad mode
+        # is off; that graph would keep every intermediate cotangent of the block alive (3x the peak memory at
+        # d_model=512).
+        with torch.no_grad():
+            return torch.func.vmap(self.trace.pullback)(seed.values)[0]
 
     def layer(self, i: int) -> Any:
         """Refused by name: the sweep never enters a layer of this walk, and what asks for one needs explicit

@@ -143,10 +143,6 @@ class Mlp:
         """(n, ffn) neuron values -> (n, d) the MLP's output."""
         return (z if self.post is None else z * self.post[:, None]) @ wide(self.down).T
 
-    def read_vectors(self) -> torch.Tensor:
-        """(ffn, d) each neuron's read direction (the gain of the norm before the MLP folded in)."""
-        return wide(self.up)
-
     def write_vectors(self) -> torch.Tensor:
         """(ffn, d) what each neuron writes per unit of its value, before the scales of any norm after the MLP
         (positive per position: the direction is the same at every position); the neuron pages' logit effects."""
