@@ -67,7 +67,7 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
     dtype = getattr(torch, dtype_name)
     t0 = time.perf_counter()
     sm = StreamedEngine(source, dtype=dtype, max_memory=budget)
-    honour_cpu_budget(sm)  # as the detjac command does
+    honour_cpu_budget(sm.device, budget)  # as the detjac command does
     ids = list(range(1, 1 + 37 * tokens, 37))  # ids the tiny checks hold too
     plan: Plan = sm.cost.plan(tokens, [OUTPUTS], mode="reverse")  # the cost model's block, passed explicitly
     load_s = time.perf_counter() - t0
