@@ -38,7 +38,7 @@ def checkpoints(work: Path, with_8b: bool) -> dict[str, Path]:
     """The random checkpoints, written once (a folder or file that exists is reused)."""
     import torch
 
-    from detjac.engine.checkpoints.random_weights import write_random_checkpoint, write_random_gguf
+    from .support.random_weights import write_random_checkpoint, write_random_gguf
 
     work.mkdir(parents=True, exist_ok=True)
     out = {"1b-bf16": work / "llama32-1b-bf16", "1b-q4_0": work / "llama32-1b-q4_0.gguf"}

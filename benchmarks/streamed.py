@@ -285,7 +285,7 @@ def section_layerwise(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 
 
 def section_ooc(tmp: Path, quick: bool) -> dict[str, Any]:
-    from detjac.engine.checkpoints.random_weights import write_random_checkpoint
+    from .support.random_weights import write_random_checkpoint
 
     torch = _torch()
     cfg = {**OOC, "num_hidden_layers": 4} if quick else OOC
