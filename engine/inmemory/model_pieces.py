@@ -15,12 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from detjac.exactness import pieces_bound
-
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from ..pieces import NotAPiece
-from ..pieces.layer import LayerPieces, PiecesPull, check_layer, push_layer
+from ..pieces.layer import LayerPieces, PiecesPull, check_layer, check_rebuilt, push_layer
 from ..pieces.norms import NormPiece, norm_piece
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
@@ -160,11 +158,7 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int) -> tuple[FrozenModel,
             bias = decoder(inputs_embeds=torch.zeros_like(x)[None], use_cache=False).last_hidden_state[0, position]
     frozen = _assemble(events, tape, len(layers), position, x.shape[0])
     output = hidden[position]
-    got = frozen.push(x[None])[0] + (bias if bias is not None else 0)
-    err = float((got - output).norm() / output.norm().clamp_min(torch.finfo(output.dtype).tiny))
-    bound = pieces_bound(x.dtype)
-    if not err <= bound:
-        raise NotAPiece(f"its pieces rebuild the model's output with relative error {err:.1e} (bound {bound:g})")
+    check_rebuilt(frozen.push(x[None])[0] + (bias if bias is not None else 0), output, "the model's output")
     return frozen, output, bias
 
 

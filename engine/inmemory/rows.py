@@ -62,36 +62,15 @@ def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.
 def trace_model(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, *, detach: bool = True,
                 position: int | None = None, tokenizer: Any | None = None, convention: str | None = None,
                 sweeps: str | None = None, warn: bool = True) -> InMemoryTrace:
-    """Run the (linearized) forward pass of ``prompt`` and keep what its Jacobian's sweeps need.
-
-    Parameters
-    ----------
-    model
-        A loaded causal LM of a supported family (see :func:`load_model`).
-    prompt
-        Text (tokenized with the model's tokenizer, special tokens added) or token ids.
-    detach
-        Freeze the nonlinear factors (detached Jacobian) or not (ordinary Jacobian).
-    position
-        Token position whose output is the target. Default: the last (causal models), 0 (the [CLS] token) for
-        encoders.
-    convention
-        The family's detach convention (None: its default; see :func:`linearized`).
-    sweeps
-        ``"explicit"`` (the model's frozen pieces) or ``"autograd"`` (``torch.func.vjp``); default: the
-        ``DETJAC_SWEEPS`` environment variable, else ``"explicit"``. The ordinary Jacobian is always autograd.
-    warn
-        Warn (``RuntimeWarning``) when the explicit sweeps fall back to ``torch.func``; the reason is kept in
-        ``fallback`` either way.
+    """Run the (linearized) forward pass of ``prompt`` and keep what its Jacobian's sweeps need: the arguments as
+    :class:`~detjac.engine.InMemoryEngine` and its :meth:`~detjac.engine.Engine.trace` take them (the ordinary
+    Jacobian is always autograd); ``warn``: warn (``RuntimeWarning``) when the explicit sweeps fall back to
+    ``torch.func`` (the reason is kept in ``fallback`` either way).
 
     Raises
     ------
-    PromptError
-        Empty prompt, unknown token ids, or more tokens than the model's context.
-    InvalidArgumentError
-        ``position`` outside the prompt, a convention the family lacks, or a bad ``sweeps``.
-    UnsupportedModelError
-        Unknown family or a module without a detach rule.
+    PromptError, InvalidArgumentError, UnsupportedModelError
+        As the engine's trace raises them; a module without a detach rule.
     """
     ids, position = prompt_position(model, prompt, position, tokenizer)
     at = position % len(ids)

@@ -164,12 +164,8 @@ class ExplicitAdjoint(AutogradAdjoint):
 
     def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
         p, h = trace.position, trace.inputs[-1].to(self.sk.device)
-        if not self.steps.detach:
-            return super().pull_final(trace, seed)
-        try:
-            norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1])
-        except NotAPiece as e:
-            self._fallback("final norm", str(e))
+        norm = self._final_norm(h[p:p + 1])
+        if norm is None:
             return super().pull_final(trace, seed)
         g = seed.new_zeros(seed.shape[0], h.shape[0], h.shape[1])
         g[:, p] = norm.transpose(seed[:, None])[:, 0]
@@ -188,12 +184,13 @@ class ExplicitAdjoint(AutogradAdjoint):
 
     def _final_norm(self, h: torch.Tensor) -> NormPiece | None:
         """The final norm at ``h`` (m, d) as a piece; None where the sweeps are not detached or it is not a known
-        piece (the caller goes through torch.func)."""
+        piece (the caller goes through torch.func; the first such fallback warns)."""
         if not self.steps.detach:
             return None
         try:
             return frozen_norm(self.sk.decoder.norm, h)
-        except NotAPiece:
+        except NotAPiece as e:
+            self._fallback("final norm", str(e))
             return None
 
     def layer_pull(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> Any:
