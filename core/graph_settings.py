@@ -18,7 +18,7 @@ MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
 HEADS_INTO = ("all", "logits")  # the links --heads chooses among: into any neuron or logit, or into the logits only
 
-# What `metadata.info.logit_share_kept` is (engine/tools/graph_json.py computes it), said the same way by
+# What `metadata.info.logit_share_kept` is (graphs/document.py computes it), said the same way by
 # `detjac graph` and the graph page.
 KEPT_SHARE_MEANING = (
     "Kept share of a logit: the sum of the direct edges from the graph's kept nodes into it, divided by its value "
@@ -31,7 +31,7 @@ KEPT_SHARE_MEANING = (
 
 @dataclass(frozen=True)
 class GraphSettings:
-    """What one attribution graph is computed with: the one value :func:`detjac.engine.attribution_graph`, a
+    """What one attribution graph is computed with: the one value :func:`detjac.graphs.attribution_graph`, a
     ``--graph`` run (:class:`detjac.runs.RunOptions`, its stored description) and both commands' options carry.
 
     Attributes

@@ -12,7 +12,7 @@ from .model import WORDS, PromptTruth
 
 def synthetic_graph(truth: PromptTruth, neurons: Sequence[tuple[int, int, int]], *, n_layers: int = 2,
                     seed: int = 0) -> dict[str, Any]:
-    """A graph JSON object of the shape ``detjac.engine.graph_dict`` makes (circuit-tracer's schema_version 1) for
+    """A graph JSON object of the shape ``detjac.graphs.graph_dict`` makes (circuit-tracer's schema_version 1) for
     ``truth``'s tokens: the ``neurons`` given as (layer, index, position), every token, and two logits; links from
     every token to every neuron and from every neuron to the first logit, with random weights."""
     rng = np.random.default_rng([seed, len(neurons)])

@@ -41,7 +41,7 @@ def engine():
 
 def direct_graph(engine, store, prompt) -> dict:
     """The graph of ``prompt``'s text computed here, outside any run, with the run's settings."""
-    from detjac.engine import attribution_graph, graph_dict
+    from detjac.graphs import attribution_graph, graph_dict
 
     run = store.run
     keys = ("config_sha256", "weights_sha256", "tokenizer_sha256")

@@ -17,8 +17,8 @@ import numpy as np
 from detjac.graph_index import slug_of, write_graph_file
 from detjac.outputs import check_output
 
-from .attribution import AttributionGraph
-from .graph_prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
+from .build import AttributionGraph
+from .prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
 
 SCHEMA_VERSION = 1
 NEURON_TYPE = "mlp neuron"
@@ -34,7 +34,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
                edge_threshold: float = EDGE_THRESHOLD, pruned: Pruned | None = None,
                identity: dict[str, Any] | None = None,
                supernodes: Sequence[tuple[str, Sequence[int]]] = ()) -> dict[str, Any]:
-    """The graph, pruned (see :func:`~detjac.engine.tools.graph_prune.prune`), as circuit-tracer's JSON object;
+    """The graph, pruned (see :func:`~detjac.graphs.prune.prune`), as circuit-tracer's JSON object;
     ``identity`` (e.g. the model's ``weights_sha256``) joins its ``metadata.info``; ``supernodes`` ((label, neuron
     rows) each) become ``qParams.supernodes``, ``[label, node_id, ...]`` of each group's kept members (two or more)."""
     M, B, n = graph.n_neurons, graph.n_biases, graph.n_tokens

@@ -26,14 +26,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from detjac.engine import (
+    OUTPUT,
+    Attention,
+    Engine,
+    PullRequest,
+    Seed,
+    Site,
+    head_cotangents,
+    head_values,
+    heads_output,
+    input_of,
+)
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.graph_settings import first_crossed, last_crossed
 
-from ..interface import Engine
-from ..pieces.heads import head_cotangents, head_values, heads_output
-from ..pieces.layer import Attention
-from ..pullback import OUTPUT, PullRequest, Seed, Site, input_of
-from .graph_prune import Pruned
+from .prune import Pruned
 
 HEAD_BLOCK_BYTES = 256 * 2**20  # cotangents kept for a block of targets, without a memory budget
 SKIP = "skip"
