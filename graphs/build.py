@@ -9,7 +9,8 @@ node's incoming edges over all sources sum to its value exactly.
 :func:`build_graph` computes the graph from the prompt's one trace in phases that read top-down: the logit targets,
 the neurons ranked by one pullback per logit, the rows per pass the memory budget holds, the adjacency (one cut
 pullback per kept node, with the engine's pullback primitive), the completeness of every node's edges, the pruning,
-and with ``heads`` the strongest pruned links split by attention head (:mod:`detjac.graphs.head_loadings`).
+with ``heads`` the strongest pruned links split by attention head (:mod:`detjac.graphs.head_loadings`), and with
+``qk`` the asked heads' QK attribution (:mod:`detjac.graphs.qk_records`).
 :func:`attribution_graph` is the verb (one prompt pass, :func:`detjac.engine.prompt_pass`, with :func:`graph_step`);
 ``detjac graph`` and ``detjac run --graph`` both build through :func:`graph_step`. Definitions: docs/graphs.md."""
 
@@ -30,6 +31,7 @@ from detjac.tokens import token_labels
 from .adjacency import adjacency, bias_nodes, completeness, neuron_sites, sized_rows
 from .head_loadings import HeadLoadings, Nodes, choose_links, head_loadings
 from .prune import Pruned, prune
+from .qk_records import check_qk, qk_phase
 from .targets import (
     chosen_values,
     logit_attribution,
@@ -85,7 +87,10 @@ class AttributionGraph:
     head_loadings : HeadLoadings or None
         With ``heads`` asked for: the loadings of the strongest links of the graph pruned at ``pruned_at``.
     pruned : Pruned or None
-        The pruning the loaded links were chosen in, at ``pruned_at`` (node, edge thresholds); the JSON reuses it.
+        The pruning at ``pruned_at`` (node, edge thresholds) that the loaded links were chosen in; the JSON reuses it.
+    qk : list
+        With ``qk`` asked for: each head's QK attribution at the position
+        (:class:`~detjac.engine.tools.qk.QKAttribution`), which the JSON carries as QK records.
     """
 
     token_ids: list[int]
@@ -108,6 +113,7 @@ class AttributionGraph:
     head_loadings: HeadLoadings | None = None
     pruned: Pruned | None = None
     pruned_at: tuple[float, float] | None = None
+    qk: list[Any] = field(default_factory=list)
 
     @property
     def n_neurons(self) -> int:
@@ -176,6 +182,8 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
         graph.head_loadings = head_loadings(engine, trace, nodes, links, A[links[:, 0], links[:, 1]], held)
         graph.info.update(heads=len(links), head_loadings_error=graph.head_loadings.error,
                           head_loadings_seconds=round(time.perf_counter() - started, 3))
+    # 8. QK records: the asked heads' exact QK attribution at the position
+    graph.qk = qk_phase(engine, ids, p, settings.qk)
     return graph
 
 
@@ -251,3 +259,4 @@ def check_graph(engine: Engine, settings: GraphSettings) -> None:
         )
     settings.check()
     check_neurons(engine)
+    check_qk(engine, settings.qk)

@@ -1,8 +1,8 @@
 """An attribution graph as circuit-tracer's graph JSON (schema_version 1), so its frontend and Neuronpedia open it.
 
-Node ids follow circuit-tracer's conventions: ``E_{token}_{pos}`` for tokens, ``{layer}_{index}_{pos}`` for neurons,
-``{n_layers + 1}_{token}_{pos}`` for logits; a neuron's ``feature`` is the Cantor pairing of (layer, index), its
-``feature_type`` ``mlp neuron``. An affine family's bias nodes are ``B_{layer}_{pos}`` (``feature_type`` ``bias``).
+Nodes are written by the one schema (:mod:`detjac.graph_schema`), their kinds and ids as :mod:`detjac.graph_nodes`
+declares them, following circuit-tracer's conventions (``E_{token}_{pos}`` for tokens, ``{layer}_{index}_{pos}`` for
+neurons, ``{n_layers + 1}_{token}_{pos}`` for logits; an affine family's bias nodes ``B_{layer}_{pos}``).
 There are no error nodes: the graph is exact. A link whose head loadings were computed carries them as
 ``head_loadings`` (an extra field: circuit-tracer's models ignore it). Details: docs/graphs.md, "The JSON"."""
 
@@ -14,20 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from detjac import __version__
 from detjac.graph_index import slug_of, write_graph_file
+from detjac.graph_nodes import BIAS, HEAD, LOGIT, MLP, NEURON, TOKEN, TOKEN_LAYER, NodeKind, node_id
+from detjac.graph_schema import NODE_COLUMNS, QK_ONLY, SCHEMA_VERSION, generator, nodes_json
 from detjac.outputs import check_output
 
 from .build import AttributionGraph
 from .prune import EDGE_THRESHOLD, NODE_THRESHOLD, Pruned, prune
-
-SCHEMA_VERSION = 1
-NEURON_TYPE = "mlp neuron"
-BIAS_TYPE = "bias"  # an affine family's constants of one layer at one position (docs/graphs.md, "Bias nodes")
-
-
-def cantor(x: int, y: int) -> int:
-    """A unique integer for two non-negative integers (circuit-tracer's feature number of a (layer, index))."""
-    return (x + y) * (x + y + 1) // 2 + y
+from .qk_records import record_of
 
 
 def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold: float = NODE_THRESHOLD,
@@ -42,8 +37,10 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
         pruned = graph.pruned  # the pruning the head loadings were chosen in
     kept = pruned if pruned is not None else prune(graph.adjacency, M, n, graph.logit_probabilities,
                                                    node_threshold, edge_threshold)
-    nodes = _nodes(graph, kept)
-    ids = {i: node["node_id"] for i, node in nodes.items()}
+    rows, columns = _nodes(graph, kept)
+    records = _add_qk(graph, columns)
+    listed = nodes_json(columns, records)
+    ids = {i: node["node_id"] for i, node in zip(rows, listed, strict=False)}
     targets, sources = np.nonzero(kept.edges)
     links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(graph.adjacency[t, s])}
              for t, s in zip(targets, sources, strict=True) if int(s) in ids and int(t) in ids]
@@ -55,7 +52,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
     metadata = {
         "slug": slug, "scan": model, "transcoder_list": [], "prompt_tokens": list(graph.tokens),
         "prompt": "".join(graph.tokens), "node_threshold": node_threshold, "schema_version": SCHEMA_VERSION,
-        "info": {"generator": "detjac", "exact": True, "error_nodes": 0, "edge_threshold": edge_threshold,
+        "info": {"generator": generator(__version__), "exact": True, "error_nodes": 0, "edge_threshold": edge_threshold,
                  "completeness": graph.worst_completeness, "nodes_before_pruning": int(graph.adjacency.shape[0]),
                  "bias_nodes": B,
                  "active_neurons": graph.n_active, "logit_share_kept": [float(c) for c in carried],
@@ -65,7 +62,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
     groups = [[label, *(ids[int(m)] for m in rows if int(m) in ids)] for label, rows in supernodes]
     qparams = {"pinnedIds": [], "supernodes": [g for g in groups if len(g) > 2], "linkType": "both", "clickedId": "",
                "sg_pos": ""}
-    return {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()), "links": links}
+    return {"metadata": metadata, "qParams": qparams, "nodes": listed, "links": links}
 
 
 def _add_head_loadings(graph: AttributionGraph, links: list[dict[str, Any]], ids: dict[int, str]) -> None:
@@ -80,42 +77,81 @@ def _add_head_loadings(graph: AttributionGraph, links: list[dict[str, Any]], ids
             link["head_loadings"] = loaded.of_link(k)
 
 
-def _nodes(graph: AttributionGraph, kept: Pruned) -> dict[int, dict[str, Any]]:
+def _nodes(graph: AttributionGraph, kept: Pruned) -> tuple[list[int], dict[str, list[Any]]]:
+    """The kept nodes (neurons and biases with an edge in or out; every token and logit): their rows of the
+    adjacency and their columns (:data:`~detjac.graph_schema.NODE_COLUMNS`), for the one schema's writer."""
     M, B, n, L = graph.n_neurons, graph.n_biases, graph.n_tokens, graph.n_layers
-    out: dict[int, dict[str, Any]] = {}
     has_edge = kept.edges.any(axis=0) | kept.edges.any(axis=1)
-    for i in np.nonzero(kept.nodes)[0].tolist():
-        score = float(kept.cumulative[i])
+    rows = [i for i in np.nonzero(kept.nodes)[0].tolist() if i >= M + B or has_edge[i]]
+    columns: dict[str, list[Any]] = {name: [] for name in NODE_COLUMNS}
+    nan = float("nan")
+    for i in rows:
         if i < M:
-            if not has_edge[i]:
-                continue
-            layer, index, pos = (int(v) for v in graph.neurons[i])
-            out[i] = {"node_id": f"{layer}_{index}_{pos}", "feature": cantor(layer, index), "layer": str(layer),
-                      "ctx_idx": pos, "feature_type": NEURON_TYPE, "jsNodeId": f"{layer}_{index}-0",
-                      "clerp": graph.labels[i] if graph.labels else "", "influence": score,
-                      "activation": float(graph.activations[i])}
+            (layer, index, pos), kind = (int(v) for v in graph.neurons[i]), NEURON
+            label, act, prob = graph.labels[i] if graph.labels else "", float(graph.activations[i]), nan
         elif i < M + B:
-            if not has_edge[i]:
-                continue
-            layer, pos = (int(v) for v in graph.biases[i - M])
-            where = "the final norm" if layer == L else f"layer {layer}"
-            out[i] = {"node_id": f"B_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
-                      "feature_type": BIAS_TYPE, "jsNodeId": f"B_{layer}-{pos}",
-                      "clerp": f"Bias: {where} at “{graph.tokens[pos]}”", "influence": score}
+            (layer, pos), index, kind = (int(v) for v in graph.biases[i - M]), -1, BIAS
+            label, act, prob = _label(graph, BIAS, layer, index, pos), nan, nan
         elif i < M + B + n:
             pos = i - M - B
-            token = graph.token_ids[pos]
-            out[i] = {"node_id": f"E_{token}_{pos}", "feature": pos, "layer": "E", "ctx_idx": pos,
-                      "feature_type": "embedding", "jsNodeId": f"E_{token}-{pos}", "clerp": graph.tokens[pos],
-                      "influence": score}
+            layer, index, kind = TOKEN_LAYER, graph.token_ids[pos], TOKEN
+            label, act, prob = graph.tokens[pos], nan, nan
         else:
             k = i - M - B - n
-            token, prob = graph.logit_ids[k], float(graph.logit_probabilities[k])
-            out[i] = {"node_id": f"{L + 1}_{token}_{graph.position}", "feature": token, "layer": str(L + 1),
-                      "ctx_idx": graph.position, "feature_type": "logit", "token_prob": prob,
-                      "is_target_logit": k == 0, "jsNodeId": f"L_{token}-{graph.position}",
-                      "clerp": f'Output "{graph.logit_tokens[k]}" (p={prob:.3f})', "influence": score,
-                      "activation": float(graph.logit_values[k])}
+            layer, index, pos, kind = L + 1, graph.logit_ids[k], graph.position, LOGIT
+            prob = float(graph.logit_probabilities[k])
+            label, act = f'Output "{graph.logit_tokens[k]}" (p={prob:.3f})', float(graph.logit_values[k])
+        for name, value in zip(NODE_COLUMNS, (kind.code, layer, index, pos, kind.feature_of(layer, index, pos), act,
+                                              float(kept.cumulative[i]), prob, label), strict=True):
+            columns[name].append(value)
+    columns[QK_ONLY] = [0] * len(rows)
+    return rows, columns
+
+
+def _label(graph: AttributionGraph, kind: NodeKind, layer: int, index: int, pos: int) -> str:
+    """The clerp of a bias node or a QK component's node at ``pos``."""
+    at = f"at “{graph.tokens[pos]}”"
+    if kind is BIAS:
+        return f"Bias: {'the final norm' if layer == graph.n_layers else f'layer {layer}'} {at}"
+    if kind is HEAD:
+        return f"L{layer}.H{index} output {at}"
+    if kind is MLP:
+        return f"Layer {layer} MLP output {at}"
+    return f"Constants before layer 0 {at}" if layer < 0 else f"Layer {layer} query or key bias {at}"
+
+
+def _add_qk(graph: AttributionGraph, columns: dict[str, list[Any]]) -> dict[int, dict[str, Any]]:
+    """The graph's QK records (:mod:`detjac.graphs.qk_records`) on their heads' nodes, each added as a QK-only node,
+    with their components' nodes that ``columns`` lacks added too; returns node row -> ``qk_tracing_results``."""
+    where = {key: r for r, key in enumerate(zip(columns["node_kind"], columns["node_layer"], columns["node_index"],
+                                                  columns["node_position"], strict=True))}
+    nan = float("nan")
+
+    def row(key: tuple[NodeKind, int, int, int], act: float = nan, label: str | None = None) -> int:
+        kind, layer, index, pos = key
+        code = (kind.code, layer, index, pos)
+        if code not in where:
+            where[code] = len(columns["node_kind"])
+            values = (kind.code, layer, index, pos, kind.feature_of(layer, index, pos), act, 1.0, nan,
+                      label or _label(graph, kind, layer, index, pos), 1)
+            for name, value in zip([*NODE_COLUMNS, QK_ONLY], values, strict=True):
+                columns[name].append(value)
+        return where[code]
+
+    out: dict[int, dict[str, Any]] = {}
+    for qk in graph.qk:
+        record = record_of(qk)
+        _, layer, head, i = record["node"]
+        j = record["key"]
+        label = (f"L{layer}.H{head} at “{graph.tokens[i]}”: its score on key {j} “{graph.tokens[j]}” "
+                 f"(p={record['probability']:.3f}), split into QK terms")
+        traced = row(record["node"], record["score"], label)
+        ids = lambda key: node_id(key[0], *key[1:])  # noqa: E731
+        for key, _ in [*record["q"], *record["k"]]:
+            row(key)
+        out[traced] = {"pair_wise_contributors": [[ids(q), ids(k), v] for q, k, v in record["pairs"]],
+                       "top_q_marginal_contributors": [[ids(key), v] for key, v in record["q"]],
+                       "top_k_marginal_contributors": [[ids(key), v] for key, v in record["k"]]}
     return out
 
 
