@@ -25,6 +25,7 @@ from detjac.engine import (
     residual_ends,
 )
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graph_nodes import BIAS, LOGIT, NEURON, TOKEN, NodeKind
 from detjac.progress import progress_bar
 from detjac.tokens import token_labels
 
@@ -210,6 +211,15 @@ class Layout:
     def receiving(self, rows: np.ndarray) -> np.ndarray:
         """Adjacency rows (neurons, logits) -> positions in the (M + K,) per-receiving-node arrays."""
         return np.where(rows < self.M, rows, rows - self.B - self.n)
+
+    def kind_of(self, row: int) -> tuple[NodeKind, int]:
+        """The node kind (:mod:`detjac.graph_nodes`, by its ``span``) of adjacency row ``row``, and the row's place
+        within its kind's block: the one place a row's kind is read from the offsets."""
+        for kind, start, count in ((NEURON, 0, self.M), (BIAS, self.M, self.B), (TOKEN, self.tokens, self.n),
+                                   (LOGIT, self.logits, self.K)):
+            if start <= row < start + count:
+                return kind, row - start
+        raise IndexError(f"row {row} of a {self.size}-node graph")
 
 
 def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int, torch.Tensor], chosen: torch.Tensor,

@@ -28,7 +28,7 @@ from detjac.errors import UnsupportedModelError
 from detjac.graph_settings import GraphSettings
 from detjac.tokens import token_labels
 
-from .adjacency import adjacency, bias_nodes, completeness, neuron_sites, sized_rows
+from .adjacency import Layout, adjacency, bias_nodes, completeness, neuron_sites, sized_rows
 from .head_loadings import HeadLoadings, Nodes, choose_links, head_loadings
 from .prune import Pruned, prune
 from .qk_records import check_qk, qk_phase
@@ -114,6 +114,11 @@ class AttributionGraph:
     pruned: Pruned | None = None
     pruned_at: tuple[float, float] | None = None
     qk: list[Any] = field(default_factory=list)
+
+    @property
+    def layout(self) -> Layout:
+        """Where each node kind sits in the adjacency (neurons, bias nodes, tokens, logits)."""
+        return Layout(self.n_neurons, self.n_biases, self.n_tokens, self.n_logits)
 
     @property
     def n_neurons(self) -> int:

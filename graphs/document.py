@@ -16,7 +16,7 @@ import numpy as np
 
 from detjac import __version__
 from detjac.graph_index import slug_of, write_graph_file
-from detjac.graph_nodes import BIAS, HEAD, LOGIT, MLP, NEURON, TOKEN, TOKEN_LAYER, NodeKind, node_id
+from detjac.graph_nodes import BIAS, HEAD, MLP, NEURON, TOKEN, TOKEN_LAYER, NodeKind, node_id
 from detjac.graph_schema import NODE_COLUMNS, QK_ONLY, SCHEMA_VERSION, generator, nodes_json
 from detjac.outputs import check_output
 
@@ -46,7 +46,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
              for t, s in zip(targets, sources, strict=True) if int(s) in ids and int(t) in ids]
     _add_head_loadings(graph, links, ids)
     kept_cols = kept.nodes.copy()
-    logit_rows = M + B + n + np.arange(graph.n_logits)
+    logit_rows = graph.layout.logits + np.arange(graph.n_logits)
     carried = (graph.adjacency[logit_rows][:, kept_cols].sum(1) / np.where(graph.logit_values != 0,
                                                                            graph.logit_values, 1.0))
     metadata = {
@@ -80,27 +80,26 @@ def _add_head_loadings(graph: AttributionGraph, links: list[dict[str, Any]], ids
 def _nodes(graph: AttributionGraph, kept: Pruned) -> tuple[list[int], dict[str, list[Any]]]:
     """The kept nodes (neurons and biases with an edge in or out; every token and logit): their rows of the
     adjacency and their columns (:data:`~detjac.graph_schema.NODE_COLUMNS`), for the one schema's writer."""
-    M, B, n, L = graph.n_neurons, graph.n_biases, graph.n_tokens, graph.n_layers
+    at, L = graph.layout, graph.n_layers
     has_edge = kept.edges.any(axis=0) | kept.edges.any(axis=1)
-    rows = [i for i in np.nonzero(kept.nodes)[0].tolist() if i >= M + B or has_edge[i]]
+    rows = [i for i in np.nonzero(kept.nodes)[0].tolist() if i >= at.tokens or has_edge[i]]
     columns: dict[str, list[Any]] = {name: [] for name in NODE_COLUMNS}
     nan = float("nan")
     for i in rows:
-        if i < M:
-            (layer, index, pos), kind = (int(v) for v in graph.neurons[i]), NEURON
-            label, act, prob = graph.labels[i] if graph.labels else "", float(graph.activations[i]), nan
-        elif i < M + B:
-            (layer, pos), index, kind = (int(v) for v in graph.biases[i - M]), -1, BIAS
-            label, act, prob = _label(graph, BIAS, layer, index, pos), nan, nan
-        elif i < M + B + n:
-            pos = i - M - B
-            layer, index, kind = TOKEN_LAYER, graph.token_ids[pos], TOKEN
-            label, act, prob = graph.tokens[pos], nan, nan
+        kind, k = at.kind_of(i)
+        act, prob = nan, nan
+        if kind is NEURON:
+            layer, index, pos = (int(v) for v in graph.neurons[k])
+            label, act = graph.labels[k] if graph.labels else "", float(graph.activations[k])
+        elif kind is BIAS:
+            (layer, pos), index = (int(v) for v in graph.biases[k]), -1
+            label = _label(graph, BIAS, layer, index, pos)
+        elif kind is TOKEN:
+            layer, index, pos, label = TOKEN_LAYER, graph.token_ids[k], k, graph.tokens[k]
         else:
-            k = i - M - B - n
-            layer, index, pos, kind = L + 1, graph.logit_ids[k], graph.position, LOGIT
-            prob = float(graph.logit_probabilities[k])
-            label, act = f'Output "{graph.logit_tokens[k]}" (p={prob:.3f})', float(graph.logit_values[k])
+            layer, index, pos = L + 1, graph.logit_ids[k], graph.position
+            prob, act = float(graph.logit_probabilities[k]), float(graph.logit_values[k])
+            label = f'Output "{graph.logit_tokens[k]}" (p={prob:.3f})'
         for name, value in zip(NODE_COLUMNS, (kind.code, layer, index, pos, kind.feature_of(layer, index, pos), act,
                                               float(kept.cumulative[i]), prob, label), strict=True):
             columns[name].append(value)
