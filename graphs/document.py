@@ -57,7 +57,8 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
                  "bias_nodes": B,
                  "active_neurons": graph.n_active, "logit_share_kept": [float(c) for c in carried],
                  **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)},
-                 "model": model, **(identity or {})},
+                 "model": model, **(identity or {}),
+                 **({"qk_nodes": len(listed) - len(rows)} if graph.qk else {})},
     }
     groups = [[label, *(ids[int(m)] for m in rows if int(m) in ids)] for label, rows in supernodes]
     qparams = {"pinnedIds": [], "supernodes": [g for g in groups if len(g) > 2], "linkType": "both", "clickedId": "",
