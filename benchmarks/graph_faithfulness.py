@@ -3,7 +3,7 @@
 For Factbook prompts (``benchmarks/data/factbook_prompts.jsonl``, the evaluation split) on SmolLM2-135M-Instruct and
 Gemma 3 270M (float64, dequantized from their GGUF files): the model's top prediction ``t`` is the target; every
 MLP neuron's total attribution to its demeaned logit ``logit_t - mean_v logit_v`` comes from one pullback of the
-detached model (``detjac.engine.logit_attribution``). Then the ``k`` neurons (k = 10, 50) with the largest
+detached model (``detjac.graphs.logit_attribution``). Then the ``k`` neurons (k = 10, 50) with the largest
 ``|attribution|`` are zeroed in the unmodified model (its own norms, softmaxes and gates recomputed: a forward
 pre-hook on each MLP's down projection), and the change of the demeaned target logit is compared with the graph's
 prediction, minus the sum of their attributions (exact for the detached model, by linearity). Control: ``k`` random
@@ -71,8 +71,7 @@ def _ablated_logits(engine: Any, ids: list[int], position: int, neurons: list[tu
 
 
 def one_prompt(engine: Any, text: str, rng: np.random.Generator) -> dict[str, Any]:
-    from detjac.engine import logit_attribution
-    from detjac.engine.tools.attribution import logit_vectors
+    from detjac.graphs import logit_attribution, logit_vectors
 
     trace = engine.trace(text)
     ids, p = list(trace.token_ids), trace.position

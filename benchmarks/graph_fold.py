@@ -3,7 +3,7 @@
 A graph pulls its adjacency rows back through the layers below them in passes of ``rows_per_pass`` rows (128 without
 a memory budget; with one, as many as the budget holds). A pass folds a layer's frozen MLP where that costs fewer
 FLOPs than crossing it through its intermediate: more than ``d f / (2 f - d)`` rows (355 of SmolLM2's 576). For each
-(rows per pass, fold mode) this runs ``detjac.engine.attribution_graph`` in a fresh process (a 2-token graph first,
+(rows per pass, fold mode) this runs ``detjac.graphs.attribution_graph`` in a fresh process (a 2-token graph first,
 for kernels and allocator), times it, counts the MLP crossings that folded, and checks the graph's adjacency against
 the first case's (the same graph up to rounding).
 
@@ -38,8 +38,9 @@ def one(model: str, tokens: int, dtype: str, rows: int, mode: str, out: str) -> 
     import numpy as np
     import torch
 
-    from detjac.engine import attribution_graph, load_engine
+    from detjac.engine import load_engine
     from detjac.engine.pieces import fold, layer
+    from detjac.graphs import attribution_graph
 
     torch.set_num_threads(os.cpu_count() or 1)
     engine = load_engine(str(shipped_gguf(model)), dtype=getattr(torch, dtype))

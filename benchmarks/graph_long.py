@@ -30,11 +30,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from detjac.engine import load_engine, return_freed_memory
-    from detjac.engine.tools import graph_adjacency as adj
-    from detjac.engine.tools import graph_targets as at
-    from detjac.engine.tools.neurons import neurons
+    from detjac.engine import load_engine, neurons, return_freed_memory
     from detjac.graph_settings import LOGIT_PROBABILITY, MAX_LOGITS, MAX_NODES
+    from detjac.graphs import adjacency as adj
+    from detjac.graphs import targets as at
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=1024)
@@ -94,7 +93,7 @@ def main() -> None:
 def _subset(sites, chosen, top):  # the read and write rows of the neurons in ``top`` (rows of ``chosen``)
     import torch
 
-    from detjac.engine.tools.graph_adjacency import Sites
+    from detjac.graphs.adjacency import Sites
 
     reads, writes = {}, {}
     for layer in {int(v) for v in top[:, 0]}:

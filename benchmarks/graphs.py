@@ -1,7 +1,7 @@
 """Exact attribution graphs on the two real trained models: time, memory, size, completeness, one run per case.
 
 For SmolLM2-135M-Instruct and Gemma 3 270M (dequantized from their GGUF files), at 16 and 64 tokens of a fixed English
-text, in float64 and float32, ``detjac.engine.attribution_graph`` with its defaults (at most 7,500 neurons in the
+text, in float64 and float32, ``detjac.graphs.attribution_graph`` with its defaults (at most 7,500 neurons in the
 adjacency, logits until 0.95 probability, circuit-tracer's pruning thresholds) on the in-memory engine; with
 ``--streamed`` also on the layer-streamed engine under a CPU budget. Each case runs in a fresh process: the model is
 loaded, a 2-token graph is made first (kernels, allocator), the peak RSS is reset, then the timed graph. Reported:
@@ -46,7 +46,8 @@ def one_case(model: str, tokens: int, dtype: str, engine_kind: str, budget: str 
     import numpy as np
     import torch
 
-    from detjac.engine import attribution_graph, graph_dict, load_engine
+    from detjac.engine import load_engine
+    from detjac.graphs import attribution_graph, graph_dict
 
     torch.set_num_threads(os.cpu_count() or 1)
     path = shipped_gguf(model)

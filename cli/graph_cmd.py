@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from detjac.graph_nodes import NEURON
 from detjac.graph_settings import KEPT_SHARE_MEANING
 from detjac.model_settings import LoadSpec
 
@@ -71,6 +72,7 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
       detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --heads 100 --heads-into logits \
           --max-nodes 1000 --out paris.json
       detjac graph -p "The capital of France is" --out france.json --neurons neurons.zarr --group
+      detjac graph -p "Copper, n. A" --out copper.json --qk 1.0 --qk 3.2   # QK records of two heads
       detjac view france.json --neurons neurons.zarr     # groups collapsed, neuron pages on a click
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
@@ -82,7 +84,7 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
                       force=force)
     g, data, index = done.graph, done.data, done.index
     nodes = data["nodes"]
-    neurons = sum(1 for n in nodes if n["feature_type"] == "mlp neuron")
+    neurons = sum(1 for n in nodes if n["feature_type"] == NEURON.name)
     top = ", ".join(f"{t!r} p={p:.3f}" for t, p in zip(g.logit_tokens[:3], g.logit_probabilities[:3], strict=False))
     click.echo(f"model        {model.name} ({g.info['family']}, {g.info['dtype']}); {g.n_tokens} tokens")
     click.echo(f"logits       {g.n_logits}: {top}{' ...' if g.n_logits > 3 else ''}")
@@ -98,6 +100,10 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
                    f"{g.head_loadings.error:.1e}")
         for line in done.heads:
             click.echo(f"             {line}")
+    for node in (n for n in nodes if "qk_tracing_results" in n):
+        q = node["qk_tracing_results"]["top_q_marginal_contributors"]
+        click.echo(f"qk           {node['clerp']}: score {node['activation']:.4g}, {len(q)} query-side components "
+                   "(qk_tracing_results)")
     if done.groups:
         click.echo(f"groups       {done.groups[0]} ({len(data['qParams']['supernodes'])} with kept nodes); "
                    f"{done.groups[1]}")

@@ -11,7 +11,14 @@ from typing import Any
 import click
 
 from detjac.errors import InvalidArgumentError
-from detjac.graph_settings import EDGE_THRESHOLD, HEADS_INTO, MAX_NODES, NODE_THRESHOLD, GraphSettings
+from detjac.graph_settings import (
+    EDGE_THRESHOLD,
+    HEADS_INTO,
+    MAX_NODES,
+    NODE_THRESHOLD,
+    GraphSettings,
+    parse_qk_head,
+)
 
 # field -> (flag, takes the command's prefix, click settings); `run` declares the prefixed ones and --heads.
 _OPTIONS: dict[str, tuple[str, bool, dict[str, Any]]] = {
@@ -36,9 +43,14 @@ _OPTIONS: dict[str, tuple[str, bool, dict[str, Any]]] = {
     "heads_into": ("--heads-into", False, dict(
         type=click.Choice(HEADS_INTO), default="all", show_default=True,
         help="With --heads: the strongest links into any neuron or logit, or into the logits only.")),
+    "qk": ("--qk", False, dict(
+        multiple=True, metavar="L.H",
+        help="Trace head H of layer L (as `detjac attention --layer L --head H` names it; repeatable): its exact QK "
+             "attribution at the predicted position travels in the graph JSON as Neuronpedia's qk_tracing_results "
+             "on the head's node (docs/graphs.md, \"QK records\"). The in-memory engine only.")),
 }
 # What a corpus run stores of a graph (its other settings are the defaults), with its own word for --heads.
-_RUN_FIELDS = ("max_nodes", "node_threshold", "edge_threshold", "heads")
+_RUN_FIELDS = ("max_nodes", "node_threshold", "edge_threshold", "heads", "qk")
 _RUN_HEADS_HELP = ("Split each graph's N strongest links (token or neuron to neuron or logit, among those it keeps) by "
                    "attention head, stored with it (docs/graphs.md, \"Head loadings\"); a graph with fewer has all "
                    "of them split.")
@@ -71,7 +83,11 @@ def graph_options(prefix: str = "", switch: str | None = None) -> Any:
             if not on and values["heads"]:
                 raise click.UsageError(f"Expected --heads with --graph (it splits links of each prompt's graph by "
                                        f"attention head). Got --heads {values['heads']} alone.")
+            if not on and values["qk"]:
+                raise click.UsageError(f"Expected --qk with --graph (it traces heads of each prompt's graph). Got "
+                                       f"--qk {values['qk'][0]} alone.")
             try:
+                values["qk"] = tuple(parse_qk_head(text) for text in values["qk"])
                 settings = GraphSettings(**values, heads_up_to=switch is not None).check(flags) if on else None
             except InvalidArgumentError as exc:
                 raise click.UsageError(str(exc)) from None

@@ -1,6 +1,6 @@
 """Graph JSON files and the ``graph-metadata.json`` index circuit-tracer's server reads (the graphs of a folder, one
 metadata object each): :func:`write_graph_file` is the one writer of both, for ``detjac graph --out`` (the engine's
-:func:`~detjac.engine.write_graph`) and ``detjac store export`` (the store's ``export_graph``). Torch-free.
+:func:`~detjac.graphs.write_graph`) and ``detjac store export`` (the store's ``export_graph``). Torch-free.
 
 Its server answers ``/graph_data/SLUG.json`` from the folder, so a graph's file is named after its slug
 (:func:`slug_of`)."""

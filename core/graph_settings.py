@@ -5,11 +5,13 @@ circuit-tracer's defaults, so that graphs compare: at most :data:`MAX_NODES` neu
 keeps the nodes holding :data:`NODE_THRESHOLD` and the edges holding :data:`EDGE_THRESHOLD` of the influence on the
 logits (docs/graphs.md)."""
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from detjac.errors import InvalidArgumentError
+from detjac.graph_nodes import LOGIT, NEURON, TOKEN
 
 MAX_NODES = 7500  # neurons that enter the adjacency (circuit-tracer's default max_feature_nodes)
 NODE_THRESHOLD = 0.8
@@ -18,7 +20,7 @@ MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
 HEADS_INTO = ("all", "logits")  # the links --heads chooses among: into any neuron or logit, or into the logits only
 
-# What `metadata.info.logit_share_kept` is (engine/tools/graph_json.py computes it), said the same way by
+# What `metadata.info.logit_share_kept` is (graphs/document.py computes it), said the same way by
 # `detjac graph` and the graph page.
 KEPT_SHARE_MEANING = (
     "Kept share of a logit: the sum of the direct edges from the graph's kept nodes into it, divided by its value "
@@ -31,7 +33,7 @@ KEPT_SHARE_MEANING = (
 
 @dataclass(frozen=True)
 class GraphSettings:
-    """What one attribution graph is computed with: the one value :func:`detjac.engine.attribution_graph`, a
+    """What one attribution graph is computed with: the one value :func:`detjac.graphs.attribution_graph`, a
     ``--graph`` run (:class:`detjac.runs.RunOptions`, its stored description) and both commands' options carry.
 
     Attributes
@@ -53,6 +55,9 @@ class GraphSettings:
     rows_per_pass : int or None
         Adjacency rows pulled back together (memory grows with it); None: from the engine's memory budget. How the
         graph is computed, not what it is: not part of :meth:`stored`.
+    qk : tuple of (int, int)
+        The heads (layer, head) whose exact QK attribution at the predicted position travels in the graph as a QK
+        record (docs/graphs.md, "QK records"); ``--qk L.H`` each (:func:`parse_qk_head`).
     """
 
     max_nodes: int = MAX_NODES
@@ -64,6 +69,7 @@ class GraphSettings:
     max_logits: int = MAX_LOGITS
     logit_probability: float = LOGIT_PROBABILITY
     rows_per_pass: int | None = None
+    qk: tuple[tuple[int, int], ...] = ()
 
     def check(self, flags: Mapping[str, str] | None = None) -> "GraphSettings":
         """These settings, or the error naming the first one out of range (by its name in ``flags``, a field's
@@ -88,6 +94,13 @@ class GraphSettings:
             if not _number(value) or not 0.0 <= value <= 1.0:
                 raise InvalidArgumentError(f"Expected {name(key, key)} in [0, 1]. Got {value!r}.")
         check_heads(self.heads, name("heads", "heads"))
+        for pair in self.qk:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair)):
+                raise InvalidArgumentError(f"Expected each --qk head as (layer, head), two non-negative integers. Got "
+                                           f"{pair!r}.")
+        if len(set(self.qk)) != len(self.qk):
+            raise InvalidArgumentError(f"Expected each --qk head once. Got {list(self.qk)}.")
         if self.heads_into not in HEADS_INTO:
             raise InvalidArgumentError(f"Expected {name('heads_into', 'heads_into')} among {', '.join(HEADS_INTO)}. "
                                        f"Got {self.heads_into!r}.")
@@ -95,17 +108,33 @@ class GraphSettings:
 
     def stored(self) -> dict[str, Any]:
         """The ``graph`` of a ``--graph`` run's description, key for key as stores keep it (and prompt ids hash it):
-        ``max_nodes``, ``node_threshold``, ``edge_threshold``, and ``heads`` only where some are split (a run without
-        keeps its identity)."""
+        ``max_nodes``, ``node_threshold``, ``edge_threshold``, ``heads`` only where some are split and ``qk`` only
+        where some heads are traced (a run without keeps its identity)."""
         return {"max_nodes": int(self.max_nodes), "node_threshold": float(self.node_threshold),
-                "edge_threshold": float(self.edge_threshold), **({"heads": int(self.heads)} if self.heads else {})}
+                "edge_threshold": float(self.edge_threshold), **({"heads": int(self.heads)} if self.heads else {}),
+                **({"qk": [list(pair) for pair in self.qk]} if self.qk else {})}
 
     @classmethod
     def of_stored(cls, stored: Mapping[str, Any]) -> "GraphSettings":
         """The settings a ``--graph`` run's description (:meth:`stored`) names: its prompts' graphs are computed with
         them (each graph's links split up to ``heads``)."""
         return cls(max_nodes=stored["max_nodes"], node_threshold=stored["node_threshold"],
-                   edge_threshold=stored["edge_threshold"], heads=stored.get("heads", 0), heads_up_to=True)
+                   edge_threshold=stored["edge_threshold"], heads=stored.get("heads", 0), heads_up_to=True,
+                   qk=tuple((int(layer), int(head)) for layer, head in stored.get("qk", ())))
+
+
+def parse_qk_head(text: str) -> tuple[int, int]:
+    """``L.H`` (``3.1``; ``L3.H1`` too, as the heads panel names a head) -> (layer, head).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Anything else.
+    """
+    found = re.fullmatch(r"\s*L?(\d+)\.H?(\d+)\s*", str(text))
+    if found is None:
+        raise InvalidArgumentError(f"Expected a head as LAYER.HEAD (e.g. 3.1 or L3.H1). Got {text!r}.")
+    return int(found[1]), int(found[2])
 
 
 def _number(value: Any) -> bool:
@@ -130,17 +159,17 @@ def first_crossed(kind: str, layer: int | None) -> int | None:
     """The first attention layer a link from a node of ``kind`` (the JSON's ``feature_type``) crosses: layer 0 from a
     token (``embedding``), the next layer from a neuron of ``layer`` (after its MLP); None from anything else (a bias
     node's links carry no head loadings)."""
-    if kind == "embedding":
+    if kind == TOKEN.name:
         return 0
-    return layer + 1 if kind == "mlp neuron" and layer is not None else None
+    return layer + 1 if kind == NEURON.name and layer is not None else None
 
 
 def last_crossed(kind: str, layer: int | None, n_layers: int | None) -> int | None:
     """The last attention layer a link into a node of ``kind`` crosses: a neuron's own ``layer`` (its attention comes
     before its MLP), the model's last for a logit (None where ``n_layers`` is unknown); None for anything else."""
-    if kind == "mlp neuron" and layer is not None:
+    if kind == NEURON.name and layer is not None:
         return layer
-    return n_layers - 1 if kind == "logit" and n_layers is not None else None
+    return n_layers - 1 if kind == LOGIT.name and n_layers is not None else None
 
 
 def crossed_layers(source: tuple[str, int | None], target: tuple[str, int | None],
@@ -151,7 +180,7 @@ def crossed_layers(source: tuple[str, int | None], target: tuple[str, int | None
     Parameters
     ----------
     source, target : tuple of (str, int or None)
-        Each end's node kind (the JSON's ``feature_type``: ``embedding``, ``mlp neuron``, ``logit``, ``bias``) and
+        Each end's node kind (the JSON's ``feature_type``, a name of :data:`detjac.graph_nodes.KINDS`) and
         layer (a neuron's; None for the others).
     n_layers : int or None
         The model's layer count (None where unknown).

@@ -4,14 +4,14 @@ The façade of the engine layer: runs/, cli/ and users import from here, never f
 (tests/test_layering.py); it holds what they use and nothing else (``__all__``). Two engines implement :class:`Engine`:
 :class:`InMemoryEngine` (a loaded model) and :class:`StreamedEngine` (one layer in memory at a time);
 :func:`load_engine` picks one from the user's options, :func:`as_engine` wraps a loaded model; :func:`prompt_pass`
-computes every product of one prompt from one trace, and :func:`jacobian` (the one Jacobian entry point) and
-:func:`attribution_graph` are its verbs. The folders: docs/engine.md, "Layout".
+computes every product of one prompt from one trace, and :func:`jacobian` (the one Jacobian entry point) is its verb.
+Attribution graphs are the layer above (:mod:`detjac.graphs`); what they read of the engine (its pullback sites,
+neurons and heads) is exported here. The folders: docs/engine.md, "Layout".
 
->>> from detjac.engine import attribution_graph, load_engine, jacobian
+>>> from detjac.engine import load_engine, jacobian
 >>> engine = load_engine("default")                                         # doctest: +SKIP
 >>> res = jacobian(engine, "Kitten, n. A young")                           # doctest: +SKIP
 >>> res.jacobian.shape, res.reconstruction_error                          # doctest: +SKIP
->>> graph = attribution_graph(engine, "The capital of France is")          # doctest: +SKIP
 """
 
 from .checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS
@@ -23,37 +23,37 @@ from .checkpoints.tiny import tiny_model, tiny_model_types
 from .families import FAMILIES, family_for
 from .inmemory.inmemory_engine import InMemoryEngine
 from .interface import Engine
-from .memory import honour_cpu_budget, return_freed_memory
+from .memory import device_key, honour_cpu_budget, return_freed_memory
+from .pieces.heads import head_cotangents, head_values, heads_output
+from .pieces.layer import Attention
 from .products.decode import decode_blocks, decode_top
 from .products.lanczos import operator_svd
 from .products.linear_operator import JacobianOperator, jacobian_operator
 from .products.logits import logit_jacobian
 from .prompt_products import BlockSink, PromptProducts, Tee, assemble, prompt_pass
-from .pullback import PullRequest, Seed, Site
+from .pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of, neurons_of
 from .result import JacobianResult
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine
-from .tools.attribution import AttributionGraph, check_graph, logit_attribution
 from .tools.exactness_report import exactness_report
-from .tools.graph_json import graph_dict, write_graph
-from .tools.head_loadings import strongest_heads
 from .tools.lens_pulls import pull_final_block
 from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
+from .tools.neurons import activations, check_neurons, neurons, residual_ends
 from .tools.qk import qk_attribution, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import explain, explain_summed
-from .types import JacobianBlock
-from .verbs import ResultSink, attribution_graph, jacobian
+from .types import JacobianBlock, Trace
+from .verbs import ResultSink, jacobian
 
 __all__ = [
-    "DEFAULT_MODEL_DIR", "DEMO_PROMPTS", "FAMILIES", "AttributionGraph", "BlockSink", "Engine",
+    "DEFAULT_MODEL_DIR", "DEMO_PROMPTS", "EMBEDDINGS", "FAMILIES", "OUTPUT", "Attention", "BlockSink", "Engine",
     "InMemoryEngine", "JacobianBlock", "JacobianOperator", "JacobianResult", "ModelRef", "PromptProducts",
-    "PullRequest", "ResultSink", "Seed", "Site", "SteeringOperator", "StreamedEngine", "Tee", "as_engine", "assemble",
-    "attribution_graph", "batch_neuron_values", "check_checkpoint_dir", "check_graph",
-    "check_layerwise_request", "check_method", "decode_blocks", "decode_top", "evaluate", "exactness_report", "explain",
-    "explain_summed", "family_for", "generate", "get_tokenizer", "graph_dict", "honour_cpu_budget", "hub_cache_dir",
-    "is_hub_id", "jacobian", "jacobian_operator", "load_engine", "load_model", "logit_attribution", "logit_jacobian",
-    "operator_svd", "parse_prompt", "prompt_neuron_values", "prompt_pass", "pull_final_block", "qk_attribution",
-    "read_gguf_header", "return_freed_memory", "strongest_heads", "tiny_model", "tiny_model_types", "write_effects",
-    "write_graph", "write_qk",
+    "PullRequest", "ResultSink", "Seed", "Site", "SteeringOperator", "StreamedEngine", "Tee", "Trace", "activations",
+    "as_engine", "assemble", "batch_neuron_values", "check_checkpoint_dir", "check_layerwise_request", "check_method",
+    "check_neurons", "decode_blocks", "decode_top", "device_key", "evaluate", "exactness_report", "explain",
+    "explain_summed", "family_for", "generate", "get_tokenizer", "head_cotangents", "head_values", "heads_output",
+    "honour_cpu_budget", "hub_cache_dir", "input_of", "is_hub_id", "jacobian", "jacobian_operator", "load_engine",
+    "load_model", "logit_jacobian", "neurons", "neurons_of", "operator_svd", "parse_prompt", "prompt_neuron_values",
+    "prompt_pass", "pull_final_block", "qk_attribution", "read_gguf_header", "residual_ends", "return_freed_memory",
+    "tiny_model", "tiny_model_types", "write_effects", "write_qk",
 ]

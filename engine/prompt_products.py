@@ -1,14 +1,15 @@
 """One prompt through an engine: every product of its forward pass from one trace.
 
-:func:`prompt_pass` traces the prompt once, builds its attribution graph when asked, plans the requested Jacobians,
-sweeps their blocks (into a :class:`BlockSink`, a store's staged prompt, or assembled whole) and computes each
-target's reconstruction error on the way. ``detjac run`` (``--graph`` too), ``detjac jacobian``, ``detjac graph`` and
-the Python verbs :func:`detjac.engine.jacobian` and :func:`detjac.engine.attribution_graph` all go through it, so a
-prompt is traced once whatever is asked of it. Details: docs/engine.md, "One prompt pass"."""
+:func:`prompt_pass` traces the prompt once, hands the trace to a graph step when asked (the attribution graph of
+:mod:`detjac.graphs`, the layer above), plans the requested Jacobians, sweeps their blocks (into a :class:`BlockSink`,
+a store's staged prompt, or assembled whole) and computes each target's reconstruction error on the way. ``detjac run``
+(``--graph`` too), ``detjac jacobian``, ``detjac graph`` and the Python verbs :func:`detjac.engine.jacobian` and
+:func:`detjac.graphs.attribution_graph` all go through it, so a prompt is traced once whatever is asked of it.
+Details: docs/engine.md, "One prompt pass"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,12 +17,10 @@ from typing import Any, Protocol
 import torch
 
 from detjac import exactness
-from detjac.graph_settings import GraphSettings
 from detjac.targets import OUTPUTS, Target
 
 from .interface import Engine
 from .result import reconstruct
-from .tools.attribution import AttributionGraph, check_graph, graph_of_trace
 from .types import JacobianBlock, Plan, Prompt, Trace
 
 
@@ -36,7 +35,7 @@ class PromptProducts:
     plan : Plan or None
         How the Jacobians were computed; None when none was asked for.
     graph : AttributionGraph or None
-        The prompt's attribution graph, when asked for.
+        What the graph step made of the trace (:mod:`detjac.graphs`), when one was given.
     reconstructions : dict[Target, torch.Tensor]
         (d_model,) each target's ``sum_k J_k x_k``, the output's with an affine model's offset ``b`` added.
     errors : dict[Target, float]
@@ -47,7 +46,7 @@ class PromptProducts:
 
     trace: Trace
     plan: Plan | None = None
-    graph: AttributionGraph | None = None
+    graph: Any = None
     reconstructions: dict[Target, torch.Tensor] = field(default_factory=dict)
     errors: dict[Target, float] = field(default_factory=dict)
     jacobians: dict[Target, torch.Tensor] = field(default_factory=dict)
@@ -72,10 +71,10 @@ class BlockSink(Protocol):
 
 def prompt_pass(engine: Engine, prompt: Prompt, targets: Sequence[Target] = (OUTPUTS,), *,
                 position: int | None = None, mode: str = "auto", row_block: int | None = None,
-                token_block: int | None = None, graph: GraphSettings | None = None, sink: BlockSink | None = None,
-                progress: bool = False) -> PromptProducts:
+                token_block: int | None = None, graph: Callable[[Trace], Any] | None = None,
+                sink: BlockSink | None = None, progress: bool = False) -> PromptProducts:
     """Every product of one prompt from one trace: the trace, ``targets``' Jacobian blocks and reconstruction
-    errors, and the attribution graph when ``graph`` is given.
+    errors, and the attribution graph when a graph step is given.
 
     Parameters
     ----------
@@ -90,7 +89,8 @@ def prompt_pass(engine: Engine, prompt: Prompt, targets: Sequence[Target] = (OUT
     mode, row_block, token_block
         As :meth:`~detjac.engine.Engine.plan` takes them.
     graph
-        The attribution graph's settings, checked before the trace; None: no graph.
+        The graph step (:func:`detjac.graphs.graph_step`): called with the trace before any block, its result kept
+        as ``graph``; its settings checked by its maker before the trace. None: no graph.
     sink
         Takes the blocks (a store); None: each target's Jacobian is assembled whole in ``jacobians``.
     progress
@@ -103,15 +103,13 @@ def prompt_pass(engine: Engine, prompt: Prompt, targets: Sequence[Target] = (OUT
     Raises
     ------
     PromptError, InvalidArgumentError, UnsupportedModelError
-        As :meth:`~detjac.engine.Engine.trace`, :meth:`~detjac.engine.Engine.plan` and
-        :func:`~detjac.engine.tools.attribution.check_graph` raise them, before any block is computed.
+        As :meth:`~detjac.engine.Engine.trace`, :meth:`~detjac.engine.Engine.plan` and the graph step raise
+        them, before any block is computed.
     """
-    if graph is not None:
-        check_graph(engine, graph)
     trace = engine.trace(prompt, position=position, progress=progress)
     products = PromptProducts(trace)
     if graph is not None:
-        products.graph = graph_of_trace(engine, trace, graph, progress)
+        products.graph = graph(trace)
     wanted = list(targets)
     if not wanted:
         return products

@@ -1,6 +1,7 @@
 """The verbs of one prompt, each one :func:`~detjac.engine.prompt_products.prompt_pass`: :func:`jacobian`, the one
 Jacobian entry point (a prompt's whole output Jacobian from any :class:`~detjac.engine.interface.Engine`, with what it
-reconstructs, as a :class:`~detjac.engine.result.JacobianResult`), and :func:`attribution_graph`."""
+reconstructs, as a :class:`~detjac.engine.result.JacobianResult`); the attribution graph's verb is the layer
+above's (:func:`detjac.graphs.attribution_graph`)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ from typing import Any
 import torch
 
 from detjac.exactness import check_exact
-from detjac.graph_settings import GraphSettings
 from detjac.targets import OUTPUTS
 from detjac.tokens import token_texts
 
 from .interface import Engine
 from .prompt_products import Assembled, PromptProducts, prompt_pass
 from .result import JacobianResult
-from .tools.attribution import AttributionGraph
 from .types import Prompt
 
 
@@ -78,38 +77,4 @@ def _result(engine: Engine, prompt: Prompt, position: int | None, check: bool, p
         row_block=products.plan.row_block, detach_rules=engine.family.describe(engine.convention) if engine.detach
         else [], logits=logits, reconstruction_logits=recon_logits, bias=trace.bias,
     )
-
-
-def attribution_graph(engine: Engine, prompt: Prompt, settings: GraphSettings | None = None, *,
-                      progress: bool = False) -> AttributionGraph:
-    """The exact attribution graph of the prediction at the prompt's last position
-    (:mod:`detjac.engine.tools.attribution`).
-
-    Parameters
-    ----------
-    engine
-        Any engine with neuron sites (:attr:`~detjac.engine.Engine.pullback_sites`): explicit detached sweeps.
-    prompt
-        Text or token ids.
-    settings
-        What the graph is computed with (:class:`~detjac.graph_settings.GraphSettings`: neurons ranked into the
-        adjacency, logit targets, rows per pass, links split by attention head and the pruning they are chosen in);
-        None: circuit-tracer's defaults.
-    progress
-        Show a progress bar.
-
-    Raises
-    ------
-    UnsupportedModelError
-        A family whose neurons have no definition here (post-norm layers; an MLP not known as one).
-    InvalidArgumentError
-        Settings out of range (before any work), an engine without neuron sites (autograd sweeps, ordinary
-        Jacobian), a ``max_nodes`` the memory budget cannot hold, or more ``heads`` than the pruned graph's links
-        (before any is loaded).
-    PromptError
-        An empty prompt, unknown ids, or more tokens than the model's context.
-    """
-    graph = prompt_pass(engine, prompt, [], graph=settings or GraphSettings(), progress=progress).graph
-    assert graph is not None  # asked for
-    return graph
 

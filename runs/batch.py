@@ -37,7 +37,8 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
     What the prompt produces decides how it is written: its whole Jacobian, block by block, with every layerwise
     ``targets`` Jacobian and, in a ``--lens`` run, its lens blocks (:class:`_Swept`); or, with ``--keep rank:K``,
     the output's top triplets (:class:`_LowRank`). A ``--graph`` run (``run.graph``) commits either with its
-    attribution graph (:func:`detjac.runs.graph_run.graph_json`), computed on the same trace. ``tee``: a sink the
+    attribution graph, built on the same trace by the graphs layer's step (:func:`detjac.graphs.graph_step`, as
+    ``detjac graph`` builds it) and written by :func:`detjac.runs.graph_run.graph_json`. ``tee``: a sink the
     blocks also go to (:class:`detjac.engine.Tee`)."""
     from detjac.engine import Tee, prompt_pass
     from detjac.targets import OUTPUTS
@@ -52,7 +53,12 @@ def write_prompt(store: StoreWriter, engine: Engine, pid: str, item: PromptLine,
         lens = lens_targets(run)
         sink = _Swept(store, engine, pid, item, ids, run, bar, targets, lens)
         wanted, mode = [*([OUTPUTS] if run.keeps_jacobian else []), *targets, *lens], run.mode
-    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=run.graph,
+    graph = None
+    if run.graph is not None:  # the graphs layer's step, as `detjac graph` builds its graph
+        from detjac.graphs import graph_step
+
+        graph = graph_step(engine, run.graph, progress)
+    prompt_pass(engine, ids, wanted, position=run.position, mode=mode, row_block=run.row_block, graph=graph,
                 sink=sink if tee is None else Tee(sink, tee), progress=progress)
     if isinstance(sink, _Swept) and sink.collected is not None and sums is not None:
         sums.add(store, pid, sink.collected.blocks)  # counted only once committed: see detjac.analysis.lens.lens_sums

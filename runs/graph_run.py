@@ -1,6 +1,7 @@
 """An attribution graph from a model to its JSON, once for ``detjac graph`` (:func:`graph_file`: identity, neuron
 index, engine, graph, labels, groups, file) and ``detjac run --graph`` (:func:`graph_json`: a prompt's graph as its
-store keeps it), both through :func:`graph_document`.
+store keeps it): both build the graph with the graphs layer's one step (:func:`detjac.graphs.graph_step`, inside a
+prompt pass) and write it through :func:`graph_document`.
 
 Both record the same model digests in the graph's ``metadata.info`` (:func:`graph_identity`), so a graph written by
 either names the weights it was computed from; a neuron index is refused, by name, before the model loads unless it
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from .fingerprint import model_identity
 
 if TYPE_CHECKING:
-    from detjac.engine import AttributionGraph, Engine, ModelRef
+    from detjac.engine import Engine, ModelRef
     from detjac.graph_settings import GraphSettings
+    from detjac.graphs import AttributionGraph
     from detjac.model_settings import LoadSpec
     from detjac.store import NeuronIndex
 
@@ -46,10 +48,10 @@ def graph_identity(described: Mapping[str, Any]) -> dict[str, str]:
 
 def graph_document(graph: AttributionGraph, *, slug: str, model: str, settings: GraphSettings,
                    identity: Mapping[str, Any], supernodes: Sequence[tuple[str, Sequence[int]]] = ()) -> dict[str, Any]:
-    """A graph as circuit-tracer's JSON object (:func:`detjac.engine.graph_dict`), pruned at ``settings``'
+    """A graph as circuit-tracer's JSON object (:func:`detjac.graphs.graph_dict`), pruned at ``settings``'
     thresholds, its ``metadata.info`` naming the model's digests found in ``identity`` (:func:`graph_identity`):
     what ``detjac graph`` writes and a ``--graph`` run stores."""
-    from detjac.engine import graph_dict
+    from detjac.graphs import graph_dict
 
     return graph_dict(graph, slug=slug, model=model, node_threshold=settings.node_threshold,
                       edge_threshold=settings.edge_threshold, identity=graph_identity(identity), supernodes=supernodes)
@@ -103,9 +105,9 @@ def graph_file(model: ModelRef, prompt: str, loading: LoadSpec, out: str | Path,
     """
     import time
 
-    from detjac.engine import attribution_graph
     from detjac.errors import InvalidArgumentError
     from detjac.graph_index import slug_of, write_graph_file
+    from detjac.graphs import attribution_graph
     from detjac.outputs import check_output
 
     if group and not neuron_index:
@@ -141,8 +143,8 @@ def _load(loading: LoadSpec) -> Engine:
 
 def heads_into_top_logit(g: AttributionGraph, top: int = 5) -> list[str]:
     """The line naming the ``top`` heads that carry the most of the loaded links into the graph's top logit
-    (:func:`detjac.engine.strongest_heads` of its head loadings)."""
-    from detjac.engine import strongest_heads
+    (:func:`detjac.graphs.strongest_heads` of its head loadings)."""
+    from detjac.graphs import strongest_heads
 
     assert g.head_loadings is not None  # asked for
     links, total, heads = strongest_heads(g.head_loadings, g.adjacency, g.adjacency.shape[0] - g.n_logits, top)

@@ -122,7 +122,7 @@ def prepare_run(model_arg: str, prompts_path: str | Path | PromptsFile, spec: Lo
     # an engine the caller loaded already (``detjac jacobian --out``): used as it is
     engine = load_for(spec, load_device) if engine is None else engine
     if graph is not None:  # a family without neuron definitions is refused before any store is touched
-        from detjac.engine import check_graph
+        from detjac.graphs import check_graph
 
         check_graph(engine, graph)
     targets: list[Target] = []

@@ -9,7 +9,7 @@ import argparse
 import hashlib
 from pathlib import Path
 
-PACKAGE_DIRS = ("core", "engine", "store", "analysis", "runs", "view", "cli")
+PACKAGE_DIRS = ("core", "engine", "graphs", "store", "analysis", "runs", "view", "cli")
 
 
 def digest(root: Path) -> str:

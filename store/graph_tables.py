@@ -1,5 +1,7 @@
 """A prompt's attribution graph as the store keeps it: circuit-tracer's graph JSON (schema_version 1) split into a
-node table and a link table of named arrays, and joined back into exactly the same JSON object.
+node table and a link table of named arrays (and, where it has them, its head loadings and QK records), and joined
+back into exactly the same JSON object, both by the one schema (:mod:`detjac.graph_schema`); here, the store's
+checks that the tables form a graph, so damaged data raises instead of reading back.
 
 Pure numpy: the store never imports the engine. The layout is specified in ``docs/store-format.md`` ("The graph
 group"); :func:`graph_tables` refuses a graph that would not read back equal, so whatever is stored reads back as
@@ -13,33 +15,45 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from ..graph_nodes import BIAS as BIAS_KIND
+from ..graph_nodes import CONSTANT as CONSTANT_KIND
+from ..graph_nodes import HEAD as HEAD_KIND
+from ..graph_nodes import KINDS as NODE_KINDS
+from ..graph_nodes import LOGIT as LOGIT_KIND
+from ..graph_nodes import MLP as MLP_KIND
+from ..graph_nodes import NEURON as NEURON_KIND
+from ..graph_nodes import TOKEN as TOKEN_KIND
+from ..graph_schema import (
+    LINK_COLUMNS,
+    LOADING_COLUMNS,
+    NODE_COLUMNS,
+    QK_COLUMNS,
+    QK_ONLY,
+    columns_json,
+    graph_columns,
+)
 from ..graph_settings import crossed_layers
 
-KINDS = ("mlp neuron", "embedding", "logit", "bias")  # node_kind codes 0-3 (the JSON's feature_type)
-NEURON, TOKEN, LOGIT, BIAS = range(4)
-TOKEN_LAYER = -1  # a token node's layer ("E" in the JSON)
-NODE_ARRAYS = {  # name -> dtype; dimension "node", rows in the JSON's node order
-    "node_kind": "int8", "node_layer": "int64", "node_index": "int64", "node_position": "int64",
-    "node_feature": "int64", "node_activation": "float64", "node_influence": "float64",
-    "node_probability": "float64", "node_label": "str",
-}
-LINK_ARRAYS = {"link_source": "int64", "link_target": "int64", "link_weight": "float64"}  # dimension "link"
-ARRAYS = {**NODE_ARRAYS, **LINK_ARRAYS}
-# a graph whose strongest links carry head loadings (``detjac run --graph --heads N``) has these too: which links
-# (rows of the link arrays), and each one's loadings per layer and head, the skip last (NaN: a layer not crossed)
-LOADING_ARRAYS = {"loaded_link": "int64", "loaded_heads": "float64"}
-SKIP = "skip"
+KINDS = tuple(kind.name for kind in NODE_KINDS)  # node_kind codes (the JSON's feature_type), as the group records
+NEURON, TOKEN, LOGIT, BIAS = NEURON_KIND.code, TOKEN_KIND.code, LOGIT_KIND.code, BIAS_KIND.code
+ARRAYS = {**NODE_COLUMNS, **LINK_COLUMNS}  # every graph has these; LOADING_COLUMNS a graph with head loadings
+QK_ARRAYS = {QK_ONLY: "int8", **QK_COLUMNS}  # a graph with QK records (``--qk L.H``, graph version 2) has these
+GRAPH_VERSION = 2  # the graph group's version: 1 (no attribute) before QK records and the kinds of QK-only nodes
 
 
 def dimensions(name: str) -> tuple[str, ...]:
-    """The dimension names of a graph array (:data:`ARRAYS`, :data:`LOADING_ARRAYS`)."""
+    """The dimension names of a graph array (:data:`ARRAYS`, :data:`~detjac.graph_schema.LOADING_COLUMNS`,
+    :data:`QK_ARRAYS`)."""
     if name == "loaded_heads":
         return ("loaded", "loaded_layer", "loaded_head")
+    if name.startswith("qk_"):
+        return ("qk_record",) if name == "qk_node" else (name.rpartition("_")[0],)
     return ("loaded",) if name == "loaded_link" else ("node",) if name.startswith("node_") else ("link",)
 
 
 def graph_tables(data: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The arrays (:data:`ARRAYS`) and group attributes (``metadata``, ``qParams``, ``kinds``) of a graph JSON.
+    """The arrays (:data:`ARRAYS`, and the optional ones) and group attributes (``metadata``, ``qParams``,
+    ``kinds``, ``graph_version``) of a graph JSON, by the one schema (:func:`detjac.graph_schema.graph_columns`).
 
     Raises
     ------
@@ -47,56 +61,16 @@ def graph_tables(data: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str,
         The object is not a graph JSON of the shape detjac writes, or would not read back equal to itself.
     """
     try:
-        nodes, links = data["nodes"], data["links"]
-        arrays = _node_arrays(nodes)
-        row = {node["node_id"]: i for i, node in enumerate(nodes)}
-        arrays["link_source"] = np.asarray([row[link["source"]] for link in links], dtype=np.int64)
-        arrays["link_target"] = np.asarray([row[link["target"]] for link in links], dtype=np.int64)
-        arrays["link_weight"] = np.asarray([link["weight"] for link in links], dtype=np.float64)
-        arrays.update(_loading_arrays(links))
-        attrs = {"metadata": data["metadata"], "qParams": data["qParams"], "kinds": list(KINDS)}
+        arrays, attrs = graph_columns(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"Expected a graph in circuit-tracer's JSON (nodes with node_id, feature_type, ...; links "
                          f"with source, target, weight). Got one that is not: {type(exc).__name__}: {exc}.") from exc
+    attrs["graph_version"] = GRAPH_VERSION
     if graph_json(arrays, attrs) != data:
         raise StoreError("Expected a graph JSON whose nodes and links the store's tables hold exactly (docs/"
                          "store-format.md, 'The graph group'). Got one with keys or values they do not: nothing "
                          "was stored.")
     return arrays, attrs
-
-
-def _loading_arrays(links: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """The links' ``head_loadings`` as :data:`LOADING_ARRAYS` (none when no link has them)."""
-    loaded = [k for k, link in enumerate(links) if "head_loadings" in link]
-    if not loaded:
-        return {}
-    rows = [links[k]["head_loadings"] for k in loaded]
-    layers = 1 + max((int(layer) for row in rows for layer in row), default=-1)
-    heads = max((len(per) - 1 for row in rows for per in row.values()), default=0)
-    out = np.full((len(loaded), layers, heads + 1), np.nan)
-    for i, row in enumerate(rows):
-        for layer, per in row.items():
-            out[i, int(layer)] = [per[str(h)] for h in range(heads)] + [per[SKIP]]
-    return {"loaded_link": np.asarray(loaded, dtype=np.int64), "loaded_heads": out}
-
-
-def _node_arrays(nodes: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    kind = [KINDS.index(node["feature_type"]) for node in nodes]
-    parts = [node["node_id"].split("_") for node in nodes]
-    nan = float("nan")
-    return {
-        "node_kind": np.asarray(kind, dtype=np.int8),
-        "node_layer": np.asarray([TOKEN_LAYER if k == TOKEN else int(p[1]) if k == BIAS else int(p[0])
-                                  for k, p in zip(kind, parts, strict=True)], dtype=np.int64),
-        "node_index": np.asarray([-1 if k == BIAS else int(p[1]) for k, p in zip(kind, parts, strict=True)],
-                                 dtype=np.int64),
-        "node_position": np.asarray([node["ctx_idx"] for node in nodes], dtype=np.int64),
-        "node_feature": np.asarray([node["feature"] for node in nodes], dtype=np.int64),
-        "node_activation": np.asarray([node.get("activation", nan) for node in nodes], dtype=np.float64),
-        "node_influence": np.asarray([node["influence"] for node in nodes], dtype=np.float64),
-        "node_probability": np.asarray([node.get("token_prob", nan) for node in nodes], dtype=np.float64),
-        "node_label": np.asarray([node["clerp"] for node in nodes], dtype=str),
-    }
 
 
 def check_tables(arrays: dict[str, np.ndarray]) -> list[int]:
@@ -113,29 +87,57 @@ def check_tables(arrays: dict[str, np.ndarray]) -> list[int]:
                          f"{', '.join(missing)}.")
     n = len(arrays["node_kind"])
     m = len(arrays["link_weight"])
-    bad = [name for name in NODE_ARRAYS if np.shape(arrays[name]) != (n,)]
-    bad += [name for name in LINK_ARRAYS if np.shape(arrays[name]) != (m,)]
+    bad = [name for name in NODE_COLUMNS if np.shape(arrays[name]) != (n,)]
+    bad += [name for name in LINK_COLUMNS if np.shape(arrays[name]) != (m,)]
     if bad:
         raise StoreError(f"Expected node arrays of {n} values and link arrays of {m}. Got {', '.join(bad)} of other "
                          "shapes.")
     kinds = arrays["node_kind"].tolist()
-    if any(k not in (NEURON, TOKEN, LOGIT, BIAS) for k in kinds):
-        raise StoreError(f"Expected node kinds 0 to 3 ({', '.join(KINDS)}). Got {sorted(set(kinds))}.")
+    if any(not 0 <= k < len(KINDS) for k in kinds):
+        raise StoreError(f"Expected node kinds 0 to {len(KINDS) - 1} ({', '.join(KINDS)}). Got {sorted(set(kinds))}.")
     _check_codes(arrays)
     ends = np.r_[arrays["link_source"], arrays["link_target"]]
     if ends.size and (ends.min() < 0 or ends.max() >= n):
         raise StoreError(f"Expected links between the graph's {n} nodes. Got one to node {int(ends.max())}.")
     _check_loadings(arrays, m)
+    _check_qk(arrays, n)
     return kinds
+
+
+def _check_qk(arrays: dict[str, np.ndarray], n: int) -> None:
+    """Refuse QK records that are not whole (every array of :data:`QK_ARRAYS` or none), name a record or a node
+    that is not there, or mark QK-only nodes with anything but 0 and 1."""
+    present = [name for name in QK_ARRAYS if name in arrays]
+    if not present:
+        return
+    if QK_ONLY in arrays and (np.shape(arrays[QK_ONLY]) != (n,) or not np.isin(arrays[QK_ONLY], (0, 1)).all()):
+        raise StoreError(f"Expected {QK_ONLY} of {n} values 0 or 1. Got shape {np.shape(arrays[QK_ONLY])}.")
+    records = [name for name in QK_COLUMNS if name in arrays]
+    if records and len(records) != len(QK_COLUMNS):
+        raise StoreError(f"Expected every QK array ({', '.join(QK_COLUMNS)}) or none. Got only {', '.join(records)}.")
+    if not records:
+        return
+    traced = arrays["qk_node"]
+    for side in ("qk_pair", "qk_q", "qk_k"):
+        names = [name for name in QK_COLUMNS if name.startswith(f"{side}_")]
+        if len({np.shape(arrays[name]) for name in names}) != 1 or arrays[names[0]].ndim != 1:
+            raise StoreError(f"Expected the arrays {', '.join(names)} of one length. Got shapes "
+                             f"{[np.shape(arrays[name]) for name in names]}.")
+        rows = arrays[f"{side}_record"]
+        if rows.size and (rows.min() < 0 or rows.max() >= traced.size):
+            raise StoreError(f"Expected QK rows of the graph's {traced.size} records. Got record {int(rows.max())}.")
+    nodes = np.r_[traced, arrays["qk_pair_query"], arrays["qk_pair_key"], arrays["qk_q_node"], arrays["qk_k_node"]]
+    if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
+        raise StoreError(f"Expected QK records naming the graph's {n} nodes. Got node {int(nodes.max())}.")
 
 
 def _check_loadings(arrays: dict[str, np.ndarray], m: int) -> None:
     """Refuse head loadings that are not one row per loaded link, each link once, among the graph's ``m``."""
-    present = [name for name in LOADING_ARRAYS if name in arrays]
+    present = [name for name in LOADING_COLUMNS if name in arrays]
     if not present:
         return
-    if len(present) != len(LOADING_ARRAYS):
-        raise StoreError(f"Expected both head-loading arrays ({', '.join(LOADING_ARRAYS)}) or neither. Got only "
+    if len(present) != len(LOADING_COLUMNS):
+        raise StoreError(f"Expected both head-loading arrays ({', '.join(LOADING_COLUMNS)}) or neither. Got only "
                          f"{present[0]}.")
     which, values = arrays["loaded_link"], arrays["loaded_heads"]
     if which.ndim != 1 or values.ndim != 3 or values.shape[0] != which.shape[0]:
@@ -196,6 +198,10 @@ def _check_codes(arrays: dict[str, np.ndarray]) -> None:
         "logits whose feature is not their token, or with a probability outside [0, 1]":
             logit & ((feature != index) | ~((prob >= 0) & (prob <= 1))),
         "biases with a feature or index other than -1": bias & ((feature != -1) | (index != -1)),
+        "heads with a negative layer or head, or a feature that is not the code of its (layer, head)":
+            (kind == HEAD_KIND.code) & ((layer < 0) | (index < 0) | (feature != code)),
+        "MLP totals or constants with a feature or index other than -1":
+            np.isin(kind, (MLP_KIND.code, CONSTANT_KIND.code)) & ((feature != -1) | (index != -1)),
         "nodes at a negative position": position < 0,
     }
     for what, rows in wrong.items():
@@ -207,44 +213,17 @@ def _check_codes(arrays: dict[str, np.ndarray]) -> None:
 
 
 def graph_json(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> dict[str, Any]:
-    """The graph JSON object from the stored arrays and attributes (the inverse of :func:`graph_tables`).
+    """The graph JSON object from the stored arrays and attributes (the inverse of :func:`graph_tables`), by the one
+    schema (:func:`detjac.graph_schema.columns_json`); a graph stored before QK records (version 1) reads as it was.
 
     Raises
     ------
     StoreError
-        The arrays do not form a graph (:func:`check_tables`).
+        The arrays do not form a graph (:func:`check_tables`), or the group is of a later graph version.
     """
-    kinds = check_tables(arrays)
-    columns = zip(kinds, *(arrays[name].tolist() for name in list(NODE_ARRAYS)[1:]), strict=True)
-    nodes = []
-    first_logit = True
-    for kind, layer, index, pos, feature, act, influence, prob, label in columns:
-        node: dict[str, Any]
-        if kind == NEURON:
-            node = {"node_id": f"{layer}_{index}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
-                    "feature_type": KINDS[kind], "jsNodeId": f"{layer}_{index}-0", "clerp": label,
-                    "influence": influence, "activation": act}
-        elif kind == BIAS:
-            node = {"node_id": f"B_{layer}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
-                    "feature_type": KINDS[kind], "jsNodeId": f"B_{layer}-{pos}", "clerp": label,
-                    "influence": influence}
-        elif kind == TOKEN:
-            node = {"node_id": f"E_{index}_{pos}", "feature": feature, "layer": "E", "ctx_idx": pos,
-                    "feature_type": KINDS[kind], "jsNodeId": f"E_{index}-{pos}", "clerp": label,
-                    "influence": influence}
-        else:
-            node = {"node_id": f"{layer}_{index}_{pos}", "feature": feature, "layer": str(layer), "ctx_idx": pos,
-                    "feature_type": KINDS[kind], "token_prob": prob, "is_target_logit": first_logit,
-                    "jsNodeId": f"L_{index}-{pos}", "clerp": label, "influence": influence, "activation": act}
-            first_logit = False
-        nodes.append(node)
-    ids = [node["node_id"] for node in nodes]
-    links = [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
-             zip(arrays["link_source"].tolist(), arrays["link_target"].tolist(), arrays["link_weight"].tolist(),
-                 strict=True)]
-    if "loaded_link" in arrays:
-        heads = arrays["loaded_heads"].shape[2] - 1
-        for k, rows in zip(arrays["loaded_link"].tolist(), arrays["loaded_heads"].tolist(), strict=True):
-            links[k]["head_loadings"] = {str(layer): {**{str(h): row[h] for h in range(heads)}, SKIP: row[heads]}
-                                         for layer, row in enumerate(rows) if not all(np.isnan(row))}
-    return {"metadata": attrs.get("metadata"), "qParams": attrs.get("qParams"), "nodes": nodes, "links": links}
+    version = attrs.get("graph_version", 1)
+    if not isinstance(version, int) or not 1 <= version <= GRAPH_VERSION:
+        raise StoreError(f"Expected a graph group of version 1 to {GRAPH_VERSION}. Got {version!r}: written by a later "
+                         "detjac?")
+    check_tables(arrays)
+    return columns_json(arrays, attrs)

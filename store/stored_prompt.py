@@ -156,7 +156,7 @@ class StoredPrompt(ABC):
 
     def graph(self) -> dict[str, Any] | None:
         """The prompt's attribution graph as circuit-tracer's graph JSON object (schema_version 1: ``metadata``,
-        ``qParams``, ``nodes``, ``links``), exactly as :func:`detjac.engine.graph_dict` made it when the run computed
+        ``qParams``, ``nodes``, ``links``), exactly as :func:`detjac.graphs.graph_dict` made it when the run computed
         it (``detjac run --graph``); None when the prompt was stored without one.
 
         Raises
@@ -303,7 +303,7 @@ class PromptWriter(ABC):
         """
 
     def write_graph(self, data: dict[str, Any]) -> None:
-        """The prompt's attribution graph, circuit-tracer's graph JSON object as :func:`detjac.engine.graph_dict`
+        """The prompt's attribution graph, circuit-tracer's graph JSON object as :func:`detjac.graphs.graph_dict`
         makes it, kept as the ``graph`` group's node and link tables (``docs/store-format.md``).
 
         Raises

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from benchmarks.support import peers
-from detjac.engine import PullRequest, Seed, as_engine, logit_attribution
+from detjac.engine import OUTPUT, PullRequest, Seed, as_engine, neurons_of
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.engine.detach.model import linearized
-from detjac.engine.pullback import OUTPUT, neurons_of
-from detjac.engine.tools.attribution import logit_vectors
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graphs import logit_attribution, logit_vectors
 
 IDS = list(range(3, 12))  # 9 tokens
 

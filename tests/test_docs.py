@@ -79,7 +79,7 @@ def test_a_broken_link_or_reference_fails_the_build(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "docs", copy / "docs")
     (copy / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "mkdocs_hooks.py", copy / "scripts")
-    for folder in ("core", "engine", "store", "analysis", "runs", "cli"):
+    for folder in ("core", "engine", "graphs", "store", "analysis", "runs", "cli"):
         (copy / folder).symlink_to(ROOT / folder)
     index = copy / "docs" / "index.md"
     index.write_text(index.read_text() + "\nSee [nowhere](no-such-page.md).\n")

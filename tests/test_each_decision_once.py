@@ -16,7 +16,7 @@ from detjac.exactness import check_exact, pieces_bound
 from detjac.model_settings import LoadSpec, wants_streamed
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARY = ("core", "engine", "store", "analysis", "runs", "view", "cli")
+LIBRARY = ("core", "engine", "graphs", "store", "analysis", "runs", "view", "cli")
 
 
 def calls_of(names: set[str]) -> dict[str, set[str]]:

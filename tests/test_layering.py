@@ -1,6 +1,6 @@
 """The layers of detjac import each other one way only (README, "Architecture"); read from the source.
 
-Every ``.py`` file under core/, engine/, store/, analysis/, runs/, view/ and cli/ is parsed with
+Every ``.py`` file under core/, engine/, graphs/, store/, analysis/, runs/, view/ and cli/ is parsed with
 ``ast`` (nothing is imported, so this runs without torch in a fraction of a second), and every
 import is collected: module-level ones, those inside functions and classes, relative ones
 (resolved with the folder -> package mapping of pyproject.toml), ``importlib.import_module``
@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"core": "detjac", "engine": "detjac.engine", "store": "detjac.store", "analysis": "detjac.analysis",
-           "runs": "detjac.runs", "view": "detjac.view", "cli": "detjac.cli"}
+FOLDERS = {"core": "detjac", "engine": "detjac.engine", "graphs": "detjac.graphs", "store": "detjac.store",
+           "analysis": "detjac.analysis", "runs": "detjac.runs", "view": "detjac.view", "cli": "detjac.cli"}
 
 TORCH = ("torch", "transformers", "accelerate", "bitsandbytes")  # torch, or packages that import it
 ZARR_DASK = ("zarr", "numcodecs", "dask", "distributed")
-LAYERS = ("detjac.engine", "detjac.store", "detjac.analysis", "detjac.runs", "detjac.view", "detjac.cli")
+LAYERS = ("detjac.engine", "detjac.graphs", "detjac.store", "detjac.analysis", "detjac.runs", "detjac.view",
+          "detjac.cli")
 
 
 @dataclass(frozen=True)
@@ -114,15 +115,22 @@ def top_level(name: str) -> str:
 
 # layer -> (what it must not import, why)
 RULES = {
-    "detjac.engine": (lambda t: within(t, "detjac.store", "detjac.analysis", "detjac.runs", "detjac.cli")
-                      or top_level(t) in ZARR_DASK, "engine/ computes; it never imports store, analysis, runs, cli, "
-                                                    "zarr or dask"),
-    "detjac.store": (lambda t: within(t, "detjac.engine", "detjac.analysis", "detjac.runs", "detjac.cli")
-                     or top_level(t) in TORCH, "store/ never imports torch, engine, analysis, runs or cli"),
-    "detjac.analysis": (lambda t: within(t, "detjac.engine", "detjac.runs", "detjac.cli") or top_level(t) in TORCH,
-                        "analysis/ reads the store only: no torch, engine, runs or cli"),
-    "detjac.view": (lambda t: within(t, "detjac.engine", "detjac.runs", "detjac.cli") or top_level(t) in TORCH,
-                    "view/ shows the store and the analyses: no torch, engine, runs or cli"),
+    "detjac.engine": (lambda t: within(t, "detjac.graphs", "detjac.store", "detjac.analysis", "detjac.runs",
+                                       "detjac.cli") or top_level(t) in ZARR_DASK,
+                      "engine/ computes; it never imports graphs, store, analysis, runs, cli, zarr or dask"),
+    "detjac.graphs": (lambda t: within(t, "detjac.store", "detjac.analysis", "detjac.runs", "detjac.view",
+                                       "detjac.cli") or top_level(t) in ZARR_DASK,
+                      "graphs/ builds on the engine's façade and core only: no store, analysis, runs, view, cli, "
+                      "zarr or dask"),
+    "detjac.store": (lambda t: within(t, "detjac.engine", "detjac.graphs", "detjac.analysis", "detjac.runs",
+                                      "detjac.cli") or top_level(t) in TORCH,
+                     "store/ never imports torch, engine, graphs, analysis, runs or cli"),
+    "detjac.analysis": (lambda t: within(t, "detjac.engine", "detjac.graphs", "detjac.runs", "detjac.cli")
+                        or top_level(t) in TORCH,
+                        "analysis/ reads the store only: no torch, engine, graphs, runs or cli"),
+    "detjac.view": (lambda t: within(t, "detjac.engine", "detjac.graphs", "detjac.runs", "detjac.cli")
+                    or top_level(t) in TORCH,
+                    "view/ shows the store and the analyses: no torch, engine, graphs, runs or cli"),
 }
 
 

@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..graph_nodes import NEURON
 
 GROUP = "group"
 PREFIX = "G_"  # a group's node id: G_0, G_1, ... (no circuit-tracer id starts so)
-NEURON = "mlp neuron"
 MEANING = ("A group (supernode) is drawn as one node at its layer: its value is its members' sum and its links the "
            "sums of their links, exactly (a layer's neurons never feed each other, so a group's incoming links "
            "still sum to its value). Click a group to expand it into its members; collapse it again from the list.")
@@ -59,7 +59,7 @@ def parse_supernodes(supernodes: Any, nodes: list[dict[str, Any]], where: str
         if not isinstance(group, list) or len(group) < 3 or not all(isinstance(x, str) for x in group):
             raise InvalidArgumentError(f"{expected} Got group {k}: {str(group)[:200]}.")
         name, members = group[0], list(dict.fromkeys(group[1:]))
-        unknown = [m for m in members if m not in by_id or by_id[m]["type"] != NEURON]
+        unknown = [m for m in members if m not in by_id or by_id[m]["type"] != NEURON.name]
         layers = sorted({by_id[m]["layer"] for m in members if m not in unknown})
         again = [m for m in members if m in taken]
         if unknown or len(layers) != 1 or again or len(members) < 2:

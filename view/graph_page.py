@@ -15,6 +15,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
+from ..graph_nodes import KINDS, TOKEN
+from ..graph_nodes import LOGIT as LOGIT_KIND
+from ..graph_nodes import NEURON as NEURON_KIND
 from ..graph_settings import KEPT_SHARE_MEANING, crossed_layers
 from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
@@ -25,8 +28,8 @@ from .jsonable import jsonable
 if TYPE_CHECKING:
     from ..store import StoredPrompt
 
-EMBEDDING, NEURON, LOGIT, BIAS = "embedding", "mlp neuron", "logit", "bias"
-NODE_TYPES = (EMBEDDING, NEURON, LOGIT, BIAS)
+EMBEDDING, NEURON, LOGIT = TOKEN.name, NEURON_KIND.name, LOGIT_KIND.name
+NODE_TYPES = tuple(kind.name for kind in KINDS)
 INFO_SHOWN = ("model", "family", "dtype", "n_layers", "neurons_per_layer", "exact", "error_nodes", "completeness",
               "edge_threshold", "max_nodes", "active_neurons", "nodes_before_pruning", "logit_share_kept",
               "weights_sha256")

@@ -48,7 +48,8 @@ def compare_graphs(got: Any, want: Any) -> dict[str, Any]:
 
 def step_graph_heads(args: argparse.Namespace, out: Partial) -> None:
     """The graph with head loadings on the device, then on the CPU; their agreement (:func:`compare_graphs`)."""
-    from detjac.engine import attribution_graph, load_engine
+    from detjac.engine import load_engine
+    from detjac.graphs import attribution_graph
 
     s = sizes(args.dry_run)
     folder = checkpoint(args, "smollm2")

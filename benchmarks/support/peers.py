@@ -10,7 +10,7 @@ reference corpus: :func:`site_means`); every method predicts the change ``m(abla
 - :func:`first_order` on the gradients of :func:`gradients`: ``(b - a) · ∂m/∂a``. With ``mode="real"`` (the
   unmodified model) it is attribution patching (AtP); with ``"detached"`` (attention probabilities, norm scales and
   gates frozen: :func:`detjac.engine.linearized`) it is detjac's total attribution, the graph's ranking pullback,
-  exact for the detached model (with ``b = 0``, minus :func:`detjac.engine.logit_attribution`); with ``"cut"``
+  exact for the detached model (with ``b = 0``, minus :func:`detjac.graphs.logit_attribution`); with ``"cut"``
   (detached, and every MLP's output held fixed) it is the direct effect, the graph's edge into the logit.
 - :func:`integrated_gradients`: every unit of the kind (or one layer's, layer by layer) moved together along the
   straight path from the baseline to their values, the gradient averaged over ``steps`` midpoints; with

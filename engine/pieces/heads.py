@@ -6,7 +6,7 @@ norms folded in (the scales before it in ``P``'s columns, a norm after it, Gemma
 ``W_o``), so head ``h``'s output is ``W_o,h P_h V_kv(h) x``: its share of the attention's output through the frozen
 norm after it. The heads act in parallel, so ``y`` is exactly the sum of the heads' outputs. An affine family's value
 and output biases are constants: outside these linear maps (the layer's bias node). Used by the head loadings of
-attribution graphs (:mod:`detjac.engine.tools.head_loadings`) and the QK attribution's components
+attribution graphs (:mod:`detjac.graphs.head_loadings`) and the QK attribution's components
 (:mod:`detjac.engine.tools.qk_residual`)."""
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def check_claimed(folder: Path, what: str, sizes: dict[str, int] | None = None,
 
 def prompt_bounds(path: Path, n_tokens: int) -> tuple[dict[str, int], dict[str, int]]:
     """(sizes, at_most) of the prompt group at ``path`` for :func:`check_claimed`: ``token`` its ``n_tokens``, and a
-    graph's ``node`` and ``link`` at most its nodes before pruning (and their square)."""
+    graph's ``node`` and ``link`` at most its nodes before pruning (and their square), with its QK-only nodes
+    (``qk_nodes``) for ``node`` and the QK records' dimensions."""
     sizes = {"token": n_tokens}
     at_most: dict[str, int] = {}
     graph = path / "graph" / "zarr.json"
@@ -132,6 +133,9 @@ def prompt_bounds(path: Path, n_tokens: int) -> tuple[dict[str, int], dict[str, 
         except (OSError, ValueError, AttributeError):
             info = {}
         before = info.get("nodes_before_pruning") if isinstance(info, dict) else None
-        if type(before) is int and before >= 0:
-            at_most.update(node=before, link=before * before, loaded=before * before)
+        qk = info.get("qk_nodes", 0) if isinstance(info, dict) else 0  # QK-only nodes, added after pruning
+        if type(before) is int and before >= 0 and type(qk) is int and qk >= 0:
+            nodes = before + qk  # a record's own node is QK-only; its pairs and marginals name nodes
+            at_most.update(node=nodes, link=before * before, loaded=before * before, qk_record=qk,
+                           qk_pair=qk * nodes * nodes, qk_q=qk * nodes, qk_k=qk * nodes)
     return sizes, at_most

@@ -91,3 +91,20 @@ def test_bad_output_paths_are_refused_before_any_work(tmp_path):
     result = runner.invoke(main, ["graph", "-p", PROMPT, "--out", str(existing)])
     assert result.exit_code != 0 and "exists (--force replaces it)" in result.output
     assert existing.read_text() == "{}"
+
+
+def test_qk_records_travel_in_a_graph_circuit_tracers_models_still_read(tmp_path):
+    out = tmp_path / "qk.json"
+    result = CliRunner().invoke(main, ["graph", "-p", PROMPT, "--out", str(out), "--max-nodes", "30", "--qk", "1.0",
+                                       "--qk", "L3.H2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    traced = [n for n in data["nodes"] if "qk_tracing_results" in n]
+    assert [n["node_id"].rsplit("_", 1)[0] for n in traced] == ["A_1_0", "A_3_2"]
+    assert [line.split(":")[0] for line in result.output.splitlines() if line.startswith("qk ")] == [
+        f"qk           L1.H0 at “{data['metadata']['prompt_tokens'][-1]}”", f"qk           L3.H2 at "
+        f"“{data['metadata']['prompt_tokens'][-1]}”"]
+    Model = _ct_models()
+    assert len(Model(**data).nodes) == len(data["nodes"])  # circuit-tracer's page reads the QK-only nodes too
+    bad = CliRunner().invoke(main, ["graph", "-p", PROMPT, "--out", str(tmp_path / "b.json"), "--qk", "three"])
+    assert bad.exit_code == 2 and "Expected a head as LAYER.HEAD (e.g. 3.1 or L3.H1). Got 'three'." in bad.output

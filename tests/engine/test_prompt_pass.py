@@ -63,8 +63,10 @@ def test_graph_traces_the_prompt_once(llama_checkpoint, tmp_path, traces):
 
 
 def test_one_pass_gives_the_jacobian_its_errors_and_the_graph_from_one_trace(model, prompt_ids, traces):
+    from detjac.graphs import graph_step
+
     engine = InMemoryEngine(model)
-    products = prompt_pass(engine, prompt_ids[:6], graph=GraphSettings(max_nodes=4))
+    products = prompt_pass(engine, prompt_ids[:6], graph=graph_step(engine, GraphSettings(max_nodes=4)))
     assert len(traces) == 1 and products.graph is not None and products.graph.n_tokens == 6
     jac = products.jacobians[OUTPUTS]
     assert products.errors[OUTPUTS] < 1e-12 and jac.shape == (32, 6, 32)
@@ -160,7 +162,7 @@ def test_a_layer_is_let_go_before_the_next_is_widened(model, monkeypatch) -> Non
 def test_a_graph_lets_each_layer_go_before_the_next_is_widened(model, monkeypatch) -> None:
     """The graph's neuron values, ranking, sites and links walk the layers too: each layer's pieces (its MLP piece
     included, which the neuron walks hand out) are let go before the next layer is widened."""
-    from detjac.engine import attribution_graph
+    from detjac.graphs import attribution_graph
 
     events = _layer_events(monkeypatch, lambda pull: pull.mlp())  # the MLP piece: its widened weights
     attribution_graph(StreamedEngine(model), [5, 17, 42], GraphSettings(max_nodes=8))

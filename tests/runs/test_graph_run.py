@@ -41,7 +41,7 @@ def engine():
 
 def direct_graph(engine, store, prompt) -> dict:
     """The graph of ``prompt``'s text computed here, outside any run, with the run's settings."""
-    from detjac.engine import attribution_graph, graph_dict
+    from detjac.graphs import attribution_graph, graph_dict
 
     run = store.run
     keys = ("config_sha256", "weights_sha256", "tokenizer_sha256")
@@ -183,3 +183,38 @@ def test_graph_file_from_python_refuses_an_output_inside_the_model_before_loadin
     with pytest.raises(InvalidArgumentError, match="which this command reads"):
         graph_file(model, "Copper, n. A", LoadSpec(), model.source / "g.json", GraphSettings())
     assert sorted(p.name for p in model.source.iterdir()) == before
+
+
+def test_a_run_stores_qk_records_as_detjac_graph_computes_them(tmp_path):
+    """``--qk`` in a run: the run records the heads, and each prompt's stored graph is the one the graphs layer gives
+    for the same settings, its QK record included."""
+    from detjac.engine import load_engine
+    from detjac.graphs import attribution_graph, graph_dict
+
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:1])
+    out = tmp_path / "qk.zarr"
+    result = invoke("run", "default", str(prompts), "--out", str(out), "--graph", "--graph-max-nodes", "20",
+                    "--qk", "2.1")
+    assert result.exit_code == 0, result.output
+    store = open_store(out)
+    assert store.run["graph"] == {"max_nodes": 20, "node_threshold": 0.8, "edge_threshold": 0.98, "qk": [[2, 1]]}
+    prompt = next(iter(store))
+    stored = prompt.graph()
+    assert [n["node_id"].rsplit("_", 1)[0] for n in stored["nodes"] if "qk_tracing_results" in n] == ["A_2_1"]
+    run = store.run
+    identity = {k: run[k] for k in ("config_sha256", "weights_sha256", "tokenizer_sha256")
+                if isinstance(run.get(k), str)}
+    graph = attribution_graph(load_engine("default"), prompt.prompt, GraphSettings(max_nodes=20, qk=((2, 1),)))
+    assert stored == graph_dict(graph, slug=prompt.id, model=run["model_id"], identity=identity)
+
+
+def test_qk_heads_a_run_cannot_trace_are_refused_before_anything_is_written(tmp_path):
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:1])
+    alone = invoke("run", "default", str(prompts), "--out", str(tmp_path / "a.zarr"), "--qk", "1.0")
+    assert alone.exit_code == 2 and "Expected --qk with --graph" in alone.output
+    streamed = invoke("run", "default", str(prompts), "--out", str(tmp_path / "s.zarr"), "--graph", "--qk", "1.0",
+                      "--streamed")
+    assert streamed.exit_code == 1 and "Expected the in-memory engine for --qk" in streamed.output
+    far = invoke("run", "default", str(prompts), "--out", str(tmp_path / "f.zarr"), "--graph", "--qk", "7.0")
+    assert far.exit_code == 1 and "Got 7.0" in far.output
+    assert not any((tmp_path / name).exists() for name in ("a.zarr", "s.zarr", "f.zarr"))

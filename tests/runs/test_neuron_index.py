@@ -184,7 +184,7 @@ def test_graph_refuses_an_index_of_another_model(built, tmp_path):
 
 def test_grouped_graphs_keep_completeness(built, engine):
     from detjac.analysis import group_adjacency, group_neurons
-    from detjac.engine import attribution_graph
+    from detjac.graphs import attribution_graph
 
     _, out = built
     index = open_neuron_index(out)

@@ -226,3 +226,81 @@ def test_damaged_stored_loadings_raise_instead_of_reading_as_another_split(link,
         values[row[link], layer, heads] = np.nan
     with pytest.raises(StoreError, match=r"exactly the layers each loaded link crosses\. Got " + re.escape(got)):
         graph_json({**arrays, "loaded_heads": values}, attrs)
+
+
+# -- QK records and the graph group's version ------------------------------------------------------------------------
+
+
+def _with_qk(data):
+    """``data`` with a QK record on a head node (QK-only, as ``--qk`` adds it) naming a kept token, a kept neuron
+    and a QK-only MLP node; each side's marginals sum to the head's score."""
+    from detjac.graph_nodes import HEAD, MLP
+    from detjac.graph_schema import node_columns, nodes_json
+
+    out = copy.deepcopy(data)
+    columns = {name: values.tolist() for name, values in node_columns(out["nodes"]).items()}
+    columns["node_qk_only"] = [0] * len(out["nodes"])
+    pos = out["nodes"][-1]["ctx_idx"]
+    for kind, layer, index, act in ((HEAD, 1, 2, 0.75), (MLP, 0, -1, float("nan"))):
+        for name, value in zip(columns, (kind.code, layer, index, pos, kind.feature_of(layer, index, pos), act, 1.0,
+                                         float("nan"), f"{kind.name} {layer}", 1), strict=True):
+            columns[name].append(value)
+    head, mlp, token, neuron = len(columns["node_kind"]) - 2, len(columns["node_kind"]) - 1, len(NEURONS), 0
+    nodes = nodes_json(columns)
+    ids = [node["node_id"] for node in nodes]
+    nodes[head]["qk_tracing_results"] = {
+        "pair_wise_contributors": [[ids[mlp], ids[token], 0.5], [ids[neuron], ids[token], 0.25]],
+        "top_q_marginal_contributors": [[ids[mlp], 0.5], [ids[neuron], 0.25]],
+        "top_k_marginal_contributors": [[ids[token], 0.75]]}
+    out["nodes"] = nodes
+    return out
+
+
+def test_qk_records_and_qk_only_nodes_read_back_as_written(tmp_path):
+    written = {}
+
+    def graph(truth):
+        written[truth.id] = _with_qk(synthetic_graph(truth, NEURONS))
+        return copy.deepcopy(written[truth.id])
+
+    store = make_store(tmp_path / "qk.zarr", prompts=1, graphs=graph)
+    (pid, data), = written.items()
+    prompt = open_store(store.path).get(pid)
+    assert prompt.graph() == data
+    tables = prompt.graph_arrays()
+    assert tables["node_qk_only"].tolist() == [0] * (len(data["nodes"]) - 2) + [1, 1]
+    assert tables["qk_pair_value"].tolist() == [0.5, 0.25] and tables["qk_k_node"].tolist() == [len(NEURONS)]
+    attrs = json.loads((store.path / "prompts" / pid / "graph" / "zarr.json").read_text())["attributes"]
+    assert attrs["graph_version"] == 2 and "attention head" in attrs["kinds"]
+
+
+def test_a_graph_stored_before_qk_records_still_opens_and_a_later_version_is_refused(graph_store):
+    """A version-1 graph group (before QK records: no ``graph_version``, four kinds) reads back as written."""
+    store, written = graph_store
+    pid = sorted(written)[0]
+    group = store.path / "prompts" / pid / "graph"
+    meta = json.loads((group / "zarr.json").read_text())
+    meta["attributes"].pop("graph_version")
+    meta["attributes"]["kinds"] = ["mlp neuron", "embedding", "logit", "bias"]
+    (group / "zarr.json").write_text(json.dumps(meta))
+    reseal(group.parent)
+    assert open_store(store.path).get(pid).graph() == written[pid]
+    meta["attributes"]["graph_version"] = 3
+    (group / "zarr.json").write_text(json.dumps(meta))
+    reseal(group.parent)
+    with pytest.raises(StoreError, match="Expected a graph group of version 1 to 2. Got 3"):
+        open_store(store.path).get(pid).graph()
+
+
+def test_damaged_qk_records_raise_instead_of_reading_back(graph_store):
+    arrays, attrs = graph_tables(_with_qk(next(iter(graph_store[1].values()))))
+    for name, value, message in (("qk_pair_key", [0, 99], "naming the graph's .* nodes. Got node 99"),
+                                 ("qk_q_record", [0, 5], "records. Got record 5"),
+                                 ("node_qk_only", None, "node_qk_only of .* values 0 or 1")):
+        damaged = {**arrays, name: np.asarray(value, dtype=np.int64) if value is not None
+                   else np.full_like(arrays[name], 2)}
+        with pytest.raises(StoreError, match=message):
+            graph_json(damaged, attrs)
+    partial = {k: v for k, v in arrays.items() if k != "qk_k_value"}
+    with pytest.raises(StoreError, match="every QK array"):
+        graph_json(partial, attrs)

@@ -25,7 +25,8 @@ HOSTILE = '<img src=x onerror="alert(1)"> group'
 def grouped(tmp_path_factory):
     """The default model's graph of a short prompt, unpruned (every link kept), with each layer's neurons grouped
     three by three (a grouping need not agree on anything to be exact): the JSON file, its page and the graph."""
-    from detjac.engine import attribution_graph, load_engine, write_graph
+    from detjac.engine import load_engine
+    from detjac.graphs import attribution_graph, write_graph
 
     g = attribution_graph(load_engine("default"), "Copper, n. A", GraphSettings(max_nodes=40))
     rows: dict[int, list[int]] = {}

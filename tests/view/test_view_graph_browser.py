@@ -132,7 +132,8 @@ def test_the_thresholds_change_what_is_shown(browser, graph_served, graph):
 def test_an_affine_familys_bias_nodes_are_drawn_and_shown(browser, tmp_path):
     import torch
 
-    from detjac.engine import InMemoryEngine, attribution_graph, tiny_model, write_graph
+    from detjac.engine import InMemoryEngine, tiny_model
+    from detjac.graphs import attribution_graph, write_graph
 
     model = tiny_model("gpt2", seed=3).to(torch.float64)
     data = write_graph(attribution_graph(InMemoryEngine(model), [3, 17, 5, 42, 9, 11], GraphSettings(max_nodes=20)),

@@ -2,12 +2,17 @@
 // the top; columns are the prompt's positions, as wide as the window allows), and what its filters keep.
 "use strict";
 
+// The node kinds (the JSON's feature_type), as detjac.graph_nodes declares them: the one place the viewer's files
+// name them (tests/view/test_graph_kinds.py holds the two lists equal).
+const NODE_KIND = Object.freeze({NEURON: "mlp neuron", TOKEN: "embedding", LOGIT: "logit", BIAS: "bias",
+  HEAD: "attention head", MLP: "mlp", CONSTANT: "constant"});
+
 const GraphLayout = (() => {
   const STEP = 13;  // pixels between two nodes of one cell
   const LEFT = 78, RIGHT = 10, BOTTOM = 40, TOP_PLAIN = 14, TOP_LOGITS = 96;  // room for the logits' slanted labels
   const MIN_COL = 44;  // a column narrower than this scrolls sideways instead
 
-  const isNeuron = (n) => n.type !== "embedding" && n.type !== "logit";
+  const isNeuron = (n) => n.type !== NODE_KIND.TOKEN && n.type !== NODE_KIND.LOGIT;
 
   // What the filters keep. Nodes: tokens and logits always; a neuron (or bias node) while its influence (the
   // cumulative share of influence down to it, as `detjac graph` writes it) is at most `nodeT` and its position is not
@@ -37,7 +42,7 @@ const GraphLayout = (() => {
     const nCols = data.nodes.reduce((m, n) => Math.max(m, n.ctx + 1), Math.max(1, tokens.length));
     const rows = [...new Set(data.nodes.map((n) => n.row))].sort((a, b) => a - b);
     const maxRow = rows.length ? rows[rows.length - 1] : 0;
-    const hasLogits = data.nodes.some((n) => n.type === "logit");
+    const hasLogits = data.nodes.some((n) => n.type === NODE_KIND.LOGIT);
     const top = hasLogits ? TOP_LOGITS : TOP_PLAIN;
     const cells = new Map();
     for (const n of data.nodes) {
@@ -48,7 +53,7 @@ const GraphLayout = (() => {
     const colW = Math.max(MIN_COL, (width - LEFT - RIGHT) / nCols);
     const perLine = Math.max(2, Math.floor((colW - 12) / STEP));
     const lines = (row) => Math.max(1, ...Array.from({length: nCols}, (_, c) =>
-      Math.ceil((cells.get(`${row}/${c}`) || []).filter((n) => n.type !== "logit").length / perLine)));
+      Math.ceil((cells.get(`${row}/${c}`) || []).filter((n) => n.type !== NODE_KIND.LOGIT).length / perLine)));
     const allRows = Array.from({length: maxRow + 1}, (_, r) => r);  // every layer, empty ones too
     const rowH = new Map(allRows.map((r) => [r, Math.max(34, lines(r) * STEP + 18)]));
     const natural = top + allRows.reduce((s, r) => s + rowH.get(r), 0) + BOTTOM;
@@ -62,12 +67,12 @@ const GraphLayout = (() => {
     for (const [key, members] of cells) {
       const [row, col] = key.split("/").map(Number);
       const centre = LEFT + col * colW + colW / 2;
-      const logits = members.filter((n) => n.type === "logit");  // one line, most probable first, room for labels
+      const logits = members.filter((n) => n.type === NODE_KIND.LOGIT);  // one line, most probable first, room for labels
       logits.sort((a, b) => (b.p ?? 0) - (a.p ?? 0));
       const gap = Math.min(30, (colW - 8) / Math.max(1, logits.length));
       logits.forEach((n, i) => at.set(n.id, {x: centre + (i - (logits.length - 1) / 2) * gap,
         y: rowTop.get(row) + rowH.get(row) - 14}));
-      const rest = members.filter((n) => n.type !== "logit");
+      const rest = members.filter((n) => n.type !== NODE_KIND.LOGIT);
       rest.sort((a, b) => (a.influence ?? 0) - (b.influence ?? 0));  // the most influential first
       const nLines = Math.ceil(rest.length / perLine);  // lines spread out where the row has room (up to 3 steps)
       const lineGap = Math.max(STEP, Math.min(3 * STEP, (rowH.get(row) - 24) / Math.max(1, nLines)));
@@ -82,7 +87,7 @@ const GraphLayout = (() => {
 
   function rowName(row, maxRow, data) {
     if (row === 0) return "tokens";
-    if (row === maxRow && data.nodes.some((n) => n.type === "logit" && n.row === row)) return "logits";
+    if (row === maxRow && data.nodes.some((n) => n.type === NODE_KIND.LOGIT && n.row === row)) return "logits";
     return `layer ${row - 1}`;
   }
 

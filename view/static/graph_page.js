@@ -64,17 +64,17 @@ const GraphPage = (() => {
       if (!shown.nodes.has(n.id)) continue;
       const {x, y} = L.at.get(n.id);
       const shape = n.type === "group" ? GraphGroups.shape(n, x, y)
-        : n.type === "embedding" ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
-        : n.type === "logit" ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
-          : n.type === "bias" ? svg("polygon", {points: `${x},${y - 5} ${x + 5},${y + 4} ${x - 5},${y + 4}`})
+        : n.type === NODE_KIND.TOKEN ? svg("rect", {x: x - 5, y: y - 5, width: 10, height: 10})
+        : n.type === NODE_KIND.LOGIT ? svg("path", {d: `M${x} ${y - 6}L${x + 6} ${y}L${x} ${y + 6}L${x - 6} ${y}Z`})
+          : n.type === NODE_KIND.BIAS ? svg("polygon", {points: `${x},${y - 5} ${x + 5},${y + 4} ${x - 5},${y + 4}`})
             : svg("circle", {cx: x, cy: y, r: 4.5});
       const faded = (sel && !(focus ? focus.has(n.id) : n.id === sel)) || (ctx.highlit.size && !ctx.highlit.has(n.id));
-      const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
+      const g = svg("g", {class: `node node-${n.type === NODE_KIND.NEURON ? "neuron" : n.type}` +
         (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : "") +
         (ctx.highlit.has(n.id) ? " highlit" : ""),
       "data-id": n.id, tabindex: 0});
       g.append(...[shape].flat(), svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
-      if (n.type === "logit") {
+      if (n.type === NODE_KIND.LOGIT) {
         const text = n.token ?? n.clerp;
         const short = text.length > 14 ? text.slice(0, 13) + "…" : text;
         g.append(svg("text", {x: x + 2, y: y - 9, class: "logit-label", "text-anchor": "end",  // up and to the left

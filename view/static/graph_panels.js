@@ -15,14 +15,14 @@ const GraphPanels = (() => {
   const quoted = (text) => JSON.stringify(text ?? "");
 
   function nodeLabel(n, tokens) {
-    if (n.type === "embedding") return `token ${n.ctx} ${quoted(tokens[n.ctx])}`;
-    if (n.type === "logit" && n.token != null) return `logit ${quoted(n.token)}${n.p == null ? "" : ` p=${n.p.toFixed(3)}`}`;
+    if (n.type === NODE_KIND.TOKEN) return `token ${n.ctx} ${quoted(tokens[n.ctx])}`;
+    if (n.type === NODE_KIND.LOGIT && n.token != null) return `logit ${quoted(n.token)}${n.p == null ? "" : ` p=${n.p.toFixed(3)}`}`;
     return n.clerp || n.id;
   }
 
   // The logits, most probable first, each a button that shows what drives it; each with its kept share, explained.
   function logitBar(data, onPick) {
-    const logits = data.nodes.filter((n) => n.type === "logit");
+    const logits = data.nodes.filter((n) => n.type === NODE_KIND.LOGIT);
     if (!logits.length) return null;
     const kept = data.metadata.info.logit_share_kept || [];
     const share = new Map(logits.map((n, i) => [n.id, kept[i]]));  // logit_share_kept is in the JSON's logit order
@@ -65,7 +65,7 @@ const GraphPanels = (() => {
   function driversPanel(ctx, n) {
     const meta = ctx.data.metadata.drivers || {};
     if (n.drivers == null) {
-      const why = n.type === "embedding" ? "a token has nothing upstream"
+      const why = n.type === NODE_KIND.TOKEN ? "a token has nothing upstream"
         : n.type === "group" ? "a group's drivers are its members' (click the group to expand it)"
         : `drivers are computed for the logits and the ${meta.computed} most influential nodes of this graph`;
       return h("div", {id: "drivers"}, h("p", {class: "note"}, `No drivers shown: ${why}.`));
@@ -95,9 +95,9 @@ const GraphPanels = (() => {
     const outgoing = shown.links.filter((l) => l.source === id).sort(order);
     const all = ctx.data.links.filter((l) => (l.target === id || l.source === id) &&  // drawn or filtered out
       !ctx.off.has(l.source) && !ctx.off.has(l.target)).length;
-    const layer = n.type === "embedding" ? "tokens" : n.type === "logit" ? "logits" : `layer ${n.layer}`;
+    const layer = n.type === NODE_KIND.TOKEN ? "tokens" : n.type === NODE_KIND.LOGIT ? "logits" : `layer ${n.layer}`;
     return [
-      h("h3", {id: "node-label", class: "text"}, n.type === "logit" ? n.clerp || nodeLabel(n, tokens) : nodeLabel(n, tokens)),
+      h("h3", {id: "node-label", class: "text"}, n.type === NODE_KIND.LOGIT ? n.clerp || nodeLabel(n, tokens) : nodeLabel(n, tokens)),
       h("dl", {class: "facts", id: "node-facts"}, [["node", n.id], ["type", n.type], ["layer", layer],
         ["position", `${n.ctx} ${quoted(tokens[n.ctx])}`], ["activation", n.activation == null ? null : num(n.activation, 6)],
         ["influence", n.influence == null ? null : num(n.influence, 4)], ["probability", n.p == null ? null : num(n.p, 4)],

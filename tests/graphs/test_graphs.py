@@ -9,11 +9,21 @@ import numpy as np
 import pytest
 import torch
 
-from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, tiny_model, tiny_model_types
-from detjac.engine.pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, neurons_of
+from detjac.engine import (
+    EMBEDDINGS,
+    OUTPUT,
+    InMemoryEngine,
+    PullRequest,
+    Seed,
+    StreamedEngine,
+    neurons_of,
+    tiny_model,
+    tiny_model_types,
+)
 from detjac.engine.tools.lens_pulls import pull_every_position
 from detjac.errors import InvalidArgumentError, PromptError, UnsupportedModelError
 from detjac.graph_settings import GraphSettings
+from detjac.graphs import attribution_graph
 
 IDS = [3, 17, 5, 42, 9, 11, 2, 30, 7, 19]  # longer than a tiny model's sliding window
 
@@ -140,8 +150,7 @@ def test_edges_match_autograd_of_a_hand_written_cut_model():
 
 
 def test_total_attribution_matches_autograd_through_every_path():
-    from detjac.engine import logit_attribution
-    from detjac.engine.tools.attribution import logit_vectors
+    from detjac.graphs import logit_attribution, logit_vectors
 
     model = _model("llama", seed=5)
     engine = InMemoryEngine(model)
@@ -316,7 +325,7 @@ def test_bad_settings_and_prompts_are_refused_before_any_work():
 
 
 def test_under_a_budget_the_graph_is_the_same_and_its_passes_are_sized_by_what_the_budget_leaves(monkeypatch):
-    from detjac.engine.tools import attribution
+    from detjac.graphs import build as attribution
 
     model = _model("llama")
     free = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=40))
@@ -352,7 +361,7 @@ def _reached(*args):
 
 
 def test_a_refusal_names_a_number_of_nodes_that_is_then_accepted(monkeypatch):
-    from detjac.engine.tools import attribution
+    from detjac.graphs import build as attribution
 
     model = _model("llama")
     calls: list[int] = []
@@ -370,7 +379,7 @@ def test_a_refusal_names_a_number_of_nodes_that_is_then_accepted(monkeypatch):
 def test_pruning_holds_no_more_than_the_budget_counts():
     import tracemalloc
 
-    from detjac.engine.tools.graph_prune import prune, prune_bytes
+    from detjac.graphs import prune, prune_bytes
 
     rng = np.random.default_rng(0)
     for size in (40, 700):
@@ -401,8 +410,8 @@ def test_a_full_disk_keeps_the_computed_graph_and_says_where(tmp_path, monkeypat
     import json
 
     from detjac import graph_index
-    from detjac.engine import write_graph
     from detjac.errors import OutputError
+    from detjac.graphs import write_graph
 
     g = attribution_graph(InMemoryEngine(_model("llama")), IDS, GraphSettings(max_nodes=20))
     (tmp_path / "graph-metadata.json").write_text("[" * 100_000 + "]" * 100_000)  # unreadable: started anew

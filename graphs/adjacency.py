@@ -1,4 +1,4 @@
-"""The adjacency of an attribution graph (:mod:`detjac.engine.tools.attribution`): the kept neurons' read and write
+"""The adjacency of an attribution graph (:mod:`detjac.graphs.build`): the kept neurons' read and write
 rows, an affine family's bias nodes, the cut pullbacks grouped into passes, and the rows per pass a budget holds.
 Definitions: docs/graphs.md, "How it is computed"."""
 
@@ -11,16 +11,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from detjac.engine import (
+    EMBEDDINGS,
+    OUTPUT,
+    Engine,
+    PullRequest,
+    Seed,
+    Site,
+    decode_top,
+    device_key,
+    input_of,
+    neurons,
+    residual_ends,
+)
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graph_nodes import BIAS, LOGIT, NEURON, TOKEN, NodeKind
 from detjac.progress import progress_bar
 from detjac.tokens import token_labels
 
-from ..interface import Engine
-from ..products.decode import decode_top
-from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of
-from .graph_prune import prune_bytes
-from .graph_targets import LogitTargets, chosen_values
-from .neurons import neurons, residual_ends
+from .prune import prune_bytes
+from .targets import LogitTargets, chosen_values
 
 ROWS_PER_PASS = 128  # rows of the adjacency pulled back together (without a memory budget)
 LABEL_TOKENS = 3  # tokens in a neuron's label, each way
@@ -37,8 +47,6 @@ def sized_rows(engine: Engine, n: int, max_nodes: int, max_logits: int, acts: di
     graph the budget cannot hold beside one row -- without a budget, one the machine's available memory cannot hold
     -- naming the largest ``max_nodes`` that fits (:func:`refuse_nodes`), which is then accepted."""
     from detjac import machine
-
-    from ..memory import device_key
 
     left, per_row = engine.sweep_memory(n)
     itemsize, d = engine.dtype.itemsize, engine.d_model
@@ -204,12 +212,22 @@ class Layout:
         """Adjacency rows (neurons, logits) -> positions in the (M + K,) per-receiving-node arrays."""
         return np.where(rows < self.M, rows, rows - self.B - self.n)
 
+    def kind_of(self, row: int) -> tuple[NodeKind, int]:
+        """The node kind (:mod:`detjac.graph_nodes`, by its ``span``) of adjacency row ``row``, and the row's place
+        within its kind's block: the one place a row's kind is read from the offsets."""
+        for kind, start, count in ((NEURON, 0, self.M), (BIAS, self.M, self.B), (TOKEN, self.tokens, self.n),
+                                   (LOGIT, self.logits, self.K)):
+            if start <= row < start + count:
+                return kind, row - start
+        raise IndexError(f"row {row} of a {self.size}-node graph")
+
 
 def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int, torch.Tensor], chosen: torch.Tensor,
-               sites: Sites, rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(adjacency, completeness, kept share): one cut pullback per logit and per chosen neuron, read at every layer's
-    output (= its MLP's output, the MLPs being cut), at the embeddings, and for an affine family at the first
-    layer's input (the constants before it)."""
+              sites: Sites, rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(adjacency, totals): one cut pullback per logit and per chosen neuron, read at every layer's output (= its
+    MLP's output, the MLPs being cut), at the embeddings, and for an affine family at the first layer's input (the
+    constants before it). ``totals`` (M + K,): each neuron's and logit's incoming edges summed over *every* source
+    of the model, the kept neurons' and the others' (what :func:`completeness` compares with the values)."""
     n, L = trace.n_tokens, engine.n_layers
     at = Layout.of(chosen, targets, sites, n, L)
     affine = at.B > 0
@@ -264,12 +282,19 @@ def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int,
         nb = sites.neuron_bias.cpu().double().numpy() if sites.neuron_bias is not None else np.zeros(at.M)
         A[np.arange(at.M), own] += nb
         total[:at.M] += nb
-    all_values = np.concatenate([values.cpu().double().numpy(), targets.values.cpu().double().numpy()])
-    scale = np.maximum(np.abs(all_values), np.finfo(np.float64).tiny)
-    completeness = np.abs(total - all_values) / scale
-    receiving = np.r_[np.arange(at.M), at.logits + np.arange(at.K)]
-    kept_share = A.sum(1)[receiving] / np.where(all_values != 0, all_values, 1.0)
-    return A, completeness, kept_share
+    return A, total
+
+
+def completeness(A: np.ndarray, totals: np.ndarray, values: np.ndarray, n_logits: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(completeness, kept share), each (M + K,) over the neurons then the logits, ``values`` (M + K,) their
+    values: ``|totals - values| / |values|`` (0: the edges over every source sum to the value exactly) and the share
+    of each value that the edges from the graph's own nodes carry."""
+    scale = np.maximum(np.abs(values), np.finfo(np.float64).tiny)
+    size, M = A.shape[0], len(values) - n_logits
+    receiving = np.r_[np.arange(M), size - n_logits + np.arange(n_logits)]
+    kept_share = A.sum(1)[receiving] / np.where(values != 0, values, 1.0)
+    return np.abs(totals - values) / scale, kept_share
 
 
 def cut_pullbacks(chosen: torch.Tensor, targets: LogitTargets, sites: Sites, rows_per_pass: int, n: int, L: int

@@ -20,10 +20,11 @@ from tiny_models import FAMILIES
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from detjac.engine import InMemoryEngine, StreamedEngine, attribution_graph, write_graph
+from detjac.engine import InMemoryEngine, StreamedEngine
 from detjac.engine.checkpoints.tiny import tiny_model
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.graph_settings import GraphSettings
+from detjac.graphs import attribution_graph, write_graph
 
 DECODERS = [t for t in FAMILIES if t != "bert"]
 IDS = [3, 17, 5, 42, 9, 11]  # longer than a tiny model's sliding window (4)
@@ -250,7 +251,7 @@ def test_the_streamed_engine_under_a_budget_gives_the_same_loadings(family):
 
 def test_one_target_per_block_gives_the_same_loadings(monkeypatch):
     _, model, g = _case("gemma2")
-    from detjac.engine.tools import head_loadings
+    from detjac.graphs import head_loadings
 
     monkeypatch.setattr(head_loadings, "HEAD_BLOCK_BYTES", 1)  # every target its own pullback and push
     one = attribution_graph(InMemoryEngine(model), IDS, GraphSettings(max_nodes=30, heads=HEADS)).head_loadings.loadings
@@ -308,8 +309,7 @@ def test_links_into_the_logits_only_carry_the_same_loadings():
 def test_the_strongest_heads_into_a_target_are_its_links_loadings_summed():
     """What `detjac graph --heads` prints: per head, the loadings of the loaded links into the target summed; the
     skip never ranked; links into other targets ignored."""
-    from detjac.engine import strongest_heads
-    from detjac.engine.tools.head_loadings import HeadLoadings
+    from detjac.graphs import HeadLoadings, strongest_heads
 
     nan = np.nan
     loadings = np.array([[[0.5, -0.1, 0.6], [nan, nan, nan]],  # link 0 into 9 crosses layer 0 only

@@ -26,14 +26,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from detjac.engine import (
+    OUTPUT,
+    Attention,
+    Engine,
+    PullRequest,
+    Seed,
+    Site,
+    head_cotangents,
+    head_values,
+    heads_output,
+    input_of,
+)
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
+from detjac.graph_nodes import LOGIT, NEURON, TOKEN
 from detjac.graph_settings import first_crossed, last_crossed
 
-from ..interface import Engine
-from ..pieces.heads import head_cotangents, head_values, heads_output
-from ..pieces.layer import Attention
-from ..pullback import OUTPUT, PullRequest, Seed, Site, input_of
-from .graph_prune import Pruned
+from .prune import Pruned
 
 HEAD_BLOCK_BYTES = 256 * 2**20  # cotangents kept for a block of targets, without a memory budget
 SKIP = "skip"
@@ -143,15 +152,15 @@ class Nodes:
     def first(self, source: int) -> int:
         """The first layer a link from ``source`` (a neuron or a token) crosses (:func:`~detjac.graph_settings.
         first_crossed`)."""
-        found = first_crossed(*(("mlp neuron", int(self.chosen[source, 0])) if source < self.M else
-                                ("embedding", None)))
+        found = first_crossed(*((NEURON.name, int(self.chosen[source, 0])) if source < self.M else
+                                (TOKEN.name, None)))
         assert found is not None  # a neuron or a token: bias nodes are never loaded (loadable_links)
         return found
 
     def top(self, target: int, n_layers: int) -> int:
         """The last layer a link into ``target`` (a neuron or a logit) crosses (:func:`~detjac.graph_settings.
         last_crossed`)."""
-        found = last_crossed(*(("mlp neuron", int(self.chosen[target, 0])) if target < self.M else ("logit", None)),
+        found = last_crossed(*((NEURON.name, int(self.chosen[target, 0])) if target < self.M else (LOGIT.name, None)),
                              n_layers)
         assert found is not None
         return found

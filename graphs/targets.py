@@ -1,6 +1,6 @@
-"""The logit targets of an attribution graph and the ranking of its candidate neurons (:mod:`detjac.engine.tools.
-attribution`): each target as a vector ``w`` with ``w · y`` its demeaned logit, every neuron's total attribution to
-them from one pullback, and the neurons kept. Definitions: docs/graphs.md."""
+"""The logit targets of an attribution graph and the ranking of its candidate neurons (:mod:`detjac.graphs.build`):
+each target as a vector ``w`` with ``w · y`` its demeaned logit, every neuron's total attribution to them from one
+pullback, and the neurons kept. Definitions: docs/graphs.md."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from detjac.engine import OUTPUT, Engine, PullRequest, Seed, activations, neurons_of
 from detjac.singular import VOCAB_CHUNK_BYTES
-
-from ..interface import Engine
-from ..pullback import OUTPUT, PullRequest, Seed, neurons_of
-from .neurons import activations
 
 
 @dataclass
