@@ -72,7 +72,7 @@ const GraphPage = (() => {
       const g = svg("g", {class: `node node-${n.type === "mlp neuron" ? "neuron" : n.type}` +
         (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : "") +
         (ctx.highlit.has(n.id) ? " highlit" : ""),
-      "data-id": n.id, tabindex: 0});
+      "data-id": n.id, "data-activation": n.activation, tabindex: 0});  // its sign: which side its page leads with
       g.append(...[shape].flat(), svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
       if (n.type === "logit") {
         const text = n.token ?? n.clerp;
