@@ -105,6 +105,7 @@
       histogram(p.histogram),
       h("div", {class: "neuron-columns"}, sides),
       h("div", {class: "neuron-columns"}, effects));
+    section.dataset.shown = `${p.layer}.${p.neuron}`;  // the neuron shown, once its page is drawn
     section.hidden = false;
   }
 
