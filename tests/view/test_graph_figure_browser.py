@@ -221,3 +221,23 @@ def test_a_neurons_page_leads_with_the_side_its_node_fires_on(browser, graph_fil
                 (["neuron-lowers", "neuron-raises"] if negative else ["neuron-raises", "neuron-lowers"])
     finally:
         server.stop()
+
+
+def test_a_static_export_pins_and_saves_from_disk(browser, graph_file, graph, tmp_path):
+    from click.testing import CliRunner
+
+    from detjac.cli.main import main
+
+    out, downloads = tmp_path / "pages", tmp_path / "downloads"
+    downloads.mkdir()
+    result = CliRunner().invoke(main, ["view", str(graph_file), "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    browser.get((out / "index.html").as_uri())  # no server: file:// only
+    wait_for(browser, "#graph-svg .node-neuron")
+    first = css(browser, "#graph-svg .node-neuron")[0].get_attribute("data-id")
+    shift_click(browser, first)
+    assert pinned(browser) == [first]
+    css(browser, "#figure-save")[0].click()
+    saved = json.loads(downloaded(downloads, f"{graph['metadata']['slug']}.figure.json").read_text())
+    assert saved["qParams"]["pinnedIds"] == [first] and len(saved["links"]) == len(graph["links"])
