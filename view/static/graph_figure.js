@@ -51,7 +51,8 @@ const GraphFigure = (() => {
   // them: detjac/view/graph_groups.py, group_nodes and group_links), or `graph` itself when there are none.
   function withHand(graph, fig) {
     if (!fig.hand.length) return graph;
-    const own = graph.groups || {nodes: [], links: [], meaning: "", skipped: []};
+    const own = graph.groups || {nodes: [], links: [], skipped: [], meaning: "A group made here is drawn as one " +
+      "node: its value is its members' sum and its links their links' sums. Save the figure to keep it."};
     const byId = new Map(graph.nodes.map((n) => [n.id, n]));
     const made = fig.hand.map(([name, members], k) => {
       const rows = members.map((m) => byId.get(m));
