@@ -15,11 +15,11 @@ matters most, and :func:`listed` gives the rows shown with the remainder that ke
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from .errors import InvalidArgumentError
 
-__all__ = ["contrast_keys", "contrast_sums", "listed", "ranked", "side_sums"]
+__all__ = ["attended_key", "contrast_keys", "contrast_sums", "listed", "ranked", "side_sums"]
 
 Pair = tuple[str, float]
 
@@ -50,37 +50,49 @@ def contrast_sums(sums: Iterable[Pair], other: Iterable[Pair]) -> list[Pair]:
     return ranked(out)
 
 
+def attended_key(probabilities: Mapping[int, float], key: int | None = None) -> int:
+    """``key`` checked to be a key position of ``probabilities`` (position -> attention weight), or the most
+    attended one (ties: the earlier position).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``key`` is not a key position the query attends to.
+    """
+    return _pick(probabilities, key, "key", ())
+
+
 def contrast_keys(probabilities: Mapping[int, float], key: int | None = None,
                   other: int | None = None) -> tuple[int, int]:
-    """The two keys a contrast compares: ``key`` (default the most attended) and ``other`` (default the most
-    attended of the rest: the next-most-attended when ``key`` is the most attended), each a key position of
-    ``probabilities`` (position -> attention weight); ties go to the earlier position.
+    """The two keys a contrast compares: :func:`attended_key` and ``other`` (default the most attended of the rest:
+    the next-most-attended when ``key`` is the most attended).
 
     Raises
     ------
     InvalidArgumentError
         Fewer than two keys, a position that is not a key, or ``other`` equal to ``key``.
     """
-    keys = sorted(probabilities)
-    if len(keys) < 2:
-        raise InvalidArgumentError(f"Expected at least two key positions to contrast. Got {len(keys)}: the query "
-                                   f"attends to position {keys[0] if keys else None} only.")
-    for name, value in (("key", key), ("other key", other)):
-        if value is not None and value not in probabilities:
-            raise InvalidArgumentError(f"Expected the {name} to be a key position the query attends to "
-                                       f"({keys[0]} to {keys[-1]}, as the mask allows). Got {value}.")
-
-    def best(among: Sequence[int]) -> int:
-        return max(among, key=lambda j: (probabilities[j], -j))
-
-    key = best(keys) if key is None else key
-    other = best([j for j in keys if j != key]) if other is None else other
+    if len(probabilities) < 2:
+        raise InvalidArgumentError(f"Expected at least two key positions to contrast. Got {len(probabilities)}: "
+                                   f"the query attends to position {next(iter(probabilities), None)} only.")
+    key = attended_key(probabilities, key)
     if other == key:
         raise InvalidArgumentError(f"Expected two different key positions to contrast. Got {key} twice.")
-    return key, other
+    return key, _pick(probabilities, other, "other key", (key,))
 
 
-def listed(rows: Sequence[Pair], top: int) -> tuple[list[Pair], int, float]:
+def _pick(probabilities: Mapping[int, float], chosen: int | None, name: str, besides: Iterable[int]) -> int:
+    keys = sorted(probabilities)
+    if chosen is None:
+        among = [j for j in keys if j not in set(besides)]
+        return max(among, key=lambda j: (probabilities[j], -j))
+    if chosen not in probabilities:
+        raise InvalidArgumentError(f"Expected the {name} to be a key position the query attends to "
+                                   f"({keys[0]} to {keys[-1]}, as the mask allows). Got {chosen}.")
+    return chosen
+
+
+def listed(rows: list[Pair], top: int) -> tuple[list[Pair], int, float]:
     """The first ``top`` rows, how many others there are, and the others' sum (``math.fsum``): the rows shown and
     the remainder row that keeps the table adding up to its total."""
     rest = rows[top:]
