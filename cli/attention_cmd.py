@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.errors import InvalidArgumentError
 from detjac.model_settings import LoadSpec
 from detjac.qk_sums import attended_key, listed
 
@@ -15,7 +16,6 @@ from .options import (
     model_options,
     model_reads,
     out_option,
-    output_check,
     prompt_options,
     refuse_options,
 )
@@ -26,23 +26,30 @@ if TYPE_CHECKING:
 
 @click.command("attention")
 @model_argument()
-@prompt_options()
+@prompt_options(required=False)
 @model_options()
-@click.option("--layer", type=int, required=True, help="The attention layer (0-based).")
-@click.option("--head", type=int, required=True, help="Its query head (0-based).")
+@click.option("--layer", type=int, default=None, help="The attention layer (0-based).")
+@click.option("--head", type=int, default=None, help="Its query head (0-based).")
+@click.option("--graph", "graph", type=click.Path(dir_okay=False), default=None,
+              help="A graph JSON of this model and prompt (detjac graph --heads N): write the attention files of the "
+                   "first --top-heads heads of its heads panel, at its target position, in one model load.")
+@click.option("--top-heads", type=click.IntRange(min=1), default=None,
+              help="With --graph: how many of its ranked heads [default: 10].")
 @click.option("--query", type=int, default=None,
-              help="The query position (negative: from the end) [default: the last].")
+              help="The query position (negative: from the end) [default: the last; with --graph, its target's].")
 @click.option("--neurons", type=int, default=0, show_default=True,
               help="Split each MLP into its N neurons writing the most at each position and a remainder.")
-@out_option("Write every term as JSON here (a .json file).", check=output_check(".json"))
+@out_option("Write every term as JSON here (a .json file); with --graph, a folder for the heads' files "
+            "(GRAPH.qk.L{layer}.H{head}.json) [default: the graph's folder, where detjac view finds them].")
 @click.option("--key", "key", type=click.IntRange(min=0), default=None,
               help="The key position explained [default: the most attended].")
 @click.option("--contrast", "other", type=click.IntRange(min=0), default=None,
               help="The key position it is contrasted with [default: the next-most-attended].")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True,
               help="Rows printed per table (the others summed in one row).")
-def attention(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int, head: int, query: int | None,
-              neurons: int, out: str | None, force: bool, key: int | None, other: int | None, top: int) -> None:
+def attention(model: ModelRef, prompt: str | None, model_options: LoadSpec, layer: int | None, head: int | None,
+              graph: str | None, top_heads: int | None, query: int | None, neurons: int, out: str | None,
+              force: bool, key: int | None, other: int | None, top: int) -> None:
     """Exact QK attribution of one attention head at one query position.
 
     The head's pre-softmax score at each key the mask allows (scaled, before the mask and any soft-cap) is split
@@ -56,12 +63,33 @@ def attention(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int,
     split per query-side and per key-side component. Every table ends with what its other rows add up to, so it
     sums to its total. --out keeps every pair.
 
+    With --graph G.json (instead of --layer and --head), the heads ranked first by G's heads panel get their
+    attention files, each at G's target position (the prompt: G's), written beside G as G.qk.L{layer}.H{head}.json
+    (or into the folder --out), loading the model once; detjac view G.json then links each head to its page.
+
     \b
     Examples:
       detjac attention -p "Copper, n. A common metal" --layer 3 --head 1 --out qk.json
       detjac attention model.gguf -p "The capital of France is" --layer 10 --head 4 --neurons 5
       detjac attention -p "Copper, n. A common metal" --layer 3 --head 1 --contrast 0
+      detjac graph -p "Copper, n. A" --heads 20 --out copper.json
+      detjac attention --graph copper.json --top-heads 5      # copper.qk.L{l}.H{h}.json beside it
     """
+    if graph is not None:
+        if layer is not None or head is not None or key is not None or other is not None:
+            raise click.UsageError("Expected no --layer, --head, --key or --contrast with --graph: its heads panel "
+                                   "picks the heads.")
+        _graph_pages(model, prompt, model_options, graph, top_heads or 10, query, neurons, out, force)
+        return
+    if layer is None or head is None or prompt is None or top_heads is not None:
+        raise click.UsageError("Expected --layer, --head and a prompt (--prompt or --prompt-file), or --graph G.json "
+                               "(with --top-heads). Got " + (
+                                   "--top-heads without --graph." if top_heads is not None else "a part of them."))
+    _one_head(model, prompt, model_options, layer, head, query, neurons, out, force, key, other, top)
+
+
+def _one_head(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int, head: int, query: int | None,
+              neurons: int, out: str | None, force: bool, key: int | None, other: int | None, top: int) -> None:
     from detjac.engine import load_engine, qk_attribution, write_qk
     from detjac.runs import model_identity
 
@@ -103,6 +131,36 @@ def _echo(res: Any, model: str, top: int, key: int) -> None:
     _, n_rest, rest = listed([("", t["value"]) for t in best["terms"]], top)
     if n_rest:
         click.echo(f"  {f'the other {n_rest} terms':<27} {rest:>10.4g}")
+
+
+def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, graph: str, n_heads: int,
+                 query: int | None, neurons: int, out: str | None, force: bool) -> None:
+    """``--graph``: the graph's first ``n_heads`` heads, each file checked before the model loads."""
+    from pathlib import Path
+
+    from detjac.engine import load_engine
+    from detjac.runs import attention_pages, attention_targets, model_identity
+    from detjac.view import top_heads
+
+    refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
+                   streamed=False, max_memory=None)
+    chosen = top_heads(graph, n_heads)
+    folder = out if out is not None else str(Path(graph).parent)
+    reads = [*model_reads(model), ("the graph", graph)]
+    paths = attention_targets(folder, chosen.stem, chosen.heads, force=force, reads=reads)
+    identity = {k: v for k, v in model_identity(model.source).items() if isinstance(v, str)}
+    theirs, ours = chosen.info.get("weights_sha256"), identity.get("weights_sha256")
+    if theirs and ours and theirs != ours:
+        raise InvalidArgumentError(f"Expected the graph's model (weights_sha256 {str(theirs)[:64]}) for its heads' "
+                                   f"attention files. Got {model.name} (weights_sha256 {ours}).")
+    at = chosen.query if query is None else query
+    click.echo(f"graph        {graph}: {chosen.ranked} heads ranked; the first {len(chosen.heads)} at query "
+               f"{at} {chosen.tokens[at] if -len(chosen.tokens) <= at < len(chosen.tokens) else ''!r}")
+    attention_pages(load_engine(model_options), prompt if prompt is not None else chosen.prompt, chosen.heads,
+                    folder, stem=chosen.stem, query=at, tokens=chosen.tokens, neurons=neurons, force=force,
+                    model={"source": model.name, **identity}, reads=reads)
+    for (layer, head), path in zip(chosen.heads, paths, strict=True):
+        click.echo(f"wrote        {path} (layer {layer} head {head})")
 
 
 def _echo_contrast(res: Any, contrast: dict[str, Any], top: int) -> None:

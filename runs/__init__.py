@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from detjac.facade import lazy_exports
 
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
+    from .attention_run import attention_pages, attention_targets
     from .description import RunDescription
     from .export import save_result
     from .family_check import family_checks

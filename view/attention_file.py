@@ -22,6 +22,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..attention_names import attention_file_name
 from ..errors import InvalidArgumentError
 from ..numerals import parse_index
 from ..qk_sums import side_sums
@@ -251,17 +252,22 @@ def check_belongs(qk: dict[str, Any], graph: dict[str, Any], raw_info: dict[str,
 def command_prefix(graph: dict[str, Any]) -> str:
     """``detjac attention MODEL -p PROMPT`` for the graph's model and prompt (the prompt's text without a leading
     special token, which the tokenizer adds again); ``--layer``, ``--head`` and ``--out`` follow."""
+    model = str(graph["metadata"]["info"].get("model") or "MODEL")
+    return f"detjac attention {shlex.quote(model)} -p {shlex.quote(prompt_text(graph))}"
+
+
+def prompt_text(graph: dict[str, Any]) -> str:
+    """The text of the graph's prompt, without a leading special token (the tokenizer adds it again)."""
     tokens = list(graph["metadata"]["prompt_tokens"])
     if len(tokens) > 1 and SPECIAL.match(tokens[0]):
         tokens = tokens[1:]
-    model = str(graph["metadata"]["info"].get("model") or "MODEL")
-    return f"detjac attention {shlex.quote(model)} -p {shlex.quote(''.join(tokens))}"
+    return "".join(tokens)
 
 
 def attention_command(graph: dict[str, Any], layer: int, head: int, stem: str) -> str:
     """The ``detjac attention`` command that writes head ``(layer, head)``'s file for the graph's prompt and model,
     named so that ``detjac view STEM.json`` finds it beside the graph: ``STEM.qk.L{layer}.H{head}.json``."""
-    out = f"{stem}.qk.L{layer}.H{head}.json"
+    out = attention_file_name(stem, layer, head)
     return f"{command_prefix(graph)} --layer {layer} --head {head} --out {shlex.quote(out)}"
 
 
