@@ -122,8 +122,9 @@ def _echo(res: Any, model: str, top: int, key: int) -> None:
         click.echo(f"{j:>5}  {tokens[j]!r:<16} {k['probability']:>7.3f} {k['score']:>10.4g}")
     best = next(k for k in res.keys if k["position"] == key)
     about = f"key {key} {tokens[key]!r} (p={best['probability']:.3f}, score {best['score']:.4g})"
-    for side, at, title in (("query_sums", i, "query side"), ("key_sums", key, "key side")):
-        click.echo(f"{title} at {at} {tokens[at]!r}, each component summed over the other side, at {about}:")
+    click.echo(f"explained    {about}")
+    for side, at, title, other in (("query_sums", i, "query side", "key"), ("key_sums", key, "key side", "query")):
+        click.echo(f"{title} at {at} {tokens[at]!r}, each component's sum over the {other} side:")
         _rows([(s["component"], s["value"]) for s in best[side]], top, "components")
     click.echo(f"top terms at {about}:")
     for t in best["terms"][:top]:
