@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -136,15 +138,34 @@ def _echo(res: Any, model: str, top: int, key: int) -> None:
 
 def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, graph: str, n_heads: int,
                  query: int | None, neurons: int, out: str | None, force: bool) -> None:
-    """``--graph``: the graph's first ``n_heads`` heads, each file checked before the model loads."""
-    from pathlib import Path
-
+    """``--graph``: :func:`graph_attention_pages`, the model loaded once every file is checked."""
     from detjac.engine import load_engine
-    from detjac.runs import attention_pages, attention_targets, model_identity
-    from detjac.view import top_heads
 
     refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
                    streamed=False, max_memory=None)
+    graph_attention_pages(lambda: load_engine(model_options), model, graph, n_heads, prompt=prompt, query=query,
+                          neurons=neurons, out=out, force=force)
+
+
+def graph_attention_pages(load: Callable[[], Any], model: ModelRef, graph: str, n_heads: int, *,
+                          prompt: str | None = None, query: int | None = None, neurons: int = 0,
+                          out: str | None = None, force: bool = False) -> list[Path]:
+    """The attention files of the graph file ``graph``'s first ``n_heads`` heads (its heads panel's order), at its
+    target position (or ``query``), for its prompt, written beside it as ``STEM.qk.L{l}.H{h}.json`` (or into the
+    folder ``out``) and printed; what ``detjac attention --graph`` and ``detjac graph --attention-pages`` do.
+
+    ``load`` gives the in-memory engine of ``model`` (loading it, or one already loaded); it is called once every
+    file is checked and the graph's weights' SHA-256, where it records one, is ``model``'s.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A graph that ranks no head, a file refused by :func:`detjac.outputs.check_output`, another model or prompt
+        than the graph's: before anything is written.
+    """
+    from detjac.runs import attention_pages, attention_targets, model_identity
+    from detjac.view import top_heads
+
     chosen = top_heads(graph, n_heads)
     folder = out if out is not None else str(Path(graph).parent)
     reads = [*model_reads(model), ("the graph", graph)]
@@ -157,11 +178,12 @@ def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, g
     at = chosen.query if query is None else query
     click.echo(f"graph        {graph}: {chosen.ranked} heads ranked; the first {len(chosen.heads)} at query "
                f"{at} {chosen.tokens[at] if -len(chosen.tokens) <= at < len(chosen.tokens) else ''!r}")
-    attention_pages(load_engine(model_options), prompt if prompt is not None else chosen.prompt, chosen.heads,
-                    folder, stem=chosen.stem, query=at, tokens=chosen.tokens, neurons=neurons, force=force,
+    attention_pages(load(), prompt if prompt is not None else chosen.prompt, chosen.heads, folder, stem=chosen.stem,
+                    query=at, tokens=chosen.tokens, neurons=neurons, force=force,
                     model={"source": model.name, **identity}, reads=reads)
     for (layer, head), path in zip(chosen.heads, paths, strict=True):
         click.echo(f"wrote        {path} (layer {layer} head {head})")
+    return paths
 
 
 def _echo_contrast(res: Any, contrast: dict[str, Any], top: int) -> None:
