@@ -37,6 +37,6 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import ClusterOptions, dask_cluster
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
-    from .svd_run import compare_svd, decoded_triplets, save_svd
+    from .svd_run import SvdOutcome, SvdSettings, prompt_svd
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)
