@@ -92,11 +92,11 @@ def attention(model: ModelRef, prompt: str | None, model_options: LoadSpec, laye
 
 def _one_head(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int, head: int, query: int | None,
               neurons: int, out: str | None, force: bool, key: int | None, other: int | None, top: int) -> None:
+    if out is not None:  # before torch is imported, and not into what MODEL reads
+        check_out(out, force=force, suffix=".json", reads=model_reads(model))
     from detjac.engine import load_engine, qk_attribution, write_qk
     from detjac.runs import model_identity
 
-    if out is not None:  # again, now that MODEL is resolved: not into what it reads
-        check_out(out, force=force, suffix=".json", reads=model_reads(model))
     refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
                    streamed=False, max_memory=None)
     res = qk_attribution(load_engine(model_options), prompt, layer, head, query=query, neurons=neurons)
@@ -139,11 +139,15 @@ def _echo(res: Any, model: str, top: int, key: int) -> None:
 def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, graph: str, n_heads: int,
                  query: int | None, neurons: int, out: str | None, force: bool) -> None:
     """``--graph``: :func:`graph_attention_pages`, the model loaded once every file is checked."""
-    from detjac.engine import load_engine
+
+    def load() -> Any:
+        from detjac.engine import load_engine
+
+        return load_engine(model_options)
 
     refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
                    streamed=False, max_memory=None)
-    graph_attention_pages(lambda: load_engine(model_options), model, graph, n_heads, prompt=prompt, query=query,
+    graph_attention_pages(load, model, graph, n_heads, prompt=prompt, query=query,
                           neurons=neurons, out=out, force=force)
 
 
