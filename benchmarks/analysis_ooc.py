@@ -32,10 +32,9 @@ def real_jacobians(count: int) -> list[tuple[str, np.ndarray, np.ndarray, np.nda
     """(text, J, embeddings, output) of the first ``count`` held-out prompts, float64."""
     import torch
 
-    from detjac.engine import InMemoryEngine, jacobian
-    from detjac.engine.checkpoints.default import load_default_model
+    from detjac.engine import InMemoryEngine, jacobian, load_model
 
-    model = load_default_model()
+    model = load_model("default")
     texts = (HERE / "data" / "heldout_prompts.txt").read_text().splitlines()[:count]
     out = []
     for text in texts:

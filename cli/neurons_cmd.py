@@ -15,6 +15,8 @@ from .options import (
     check_prompts,
     cluster_options,
     collect_model_options,
+    corpus_options,
+    force_new_option,
     model_argument,
     model_option,
     model_reads,
@@ -34,10 +36,7 @@ if TYPE_CHECKING:
               help="Contexts kept per neuron and sign (its K largest values, and its K most negative).")
 @click.option("--shard", "shard_prompts", type=int, default=32, show_default=True,
               help="Prompts per shard: the unit of a commit (a kill loses at most one shard) and of a worker's task.")
-@click.option("--prompts-format", type=click.Choice(["txt", "jsonl"]), default=None,
-              help="How to read CORPUS when its name does not say (as `detjac run`).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Refuse prompts longer than this many tokens (default: the model's context).")
+@corpus_options(what="CORPUS")
 @model_option("dtype")
 @model_option("streamed")
 @model_option("max_memory")
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
 @model_option("trust_remote_code")
 @model_option("gguf_file")
 @cluster_options(memory_limit="auto", work="the shards")
-@click.option("--force-new", is_flag=True, help="Replace an index made with another model or settings.")
+@force_new_option(replaces="an index made with another model or settings")
 def neurons(model: ModelRef, corpus: str, out: str, model_options: LoadSpec, cluster: ClusterOptions,
             **settings: Any) -> None:
     """Index every MLP neuron of MODEL on the prompts of CORPUS: its top-K contexts of each sign (prompt, position,

@@ -320,6 +320,27 @@ def cluster_options(*, memory_limit: str, work: str = "the work") -> Any:
     return decorate
 
 
+def corpus_options(*, what: str, long_prompts: str = "") -> Any:
+    """``--prompts-format`` and ``--max-tokens`` for the commands that read a corpus (``run``, ``neurons``), declared
+    once; ``what`` names the corpus argument in the help, ``long_prompts`` adds what the command does with a prompt
+    over the limit."""
+
+    def decorate(func: Any) -> Any:
+        command = click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+                               help="Refuse prompts longer than this many tokens (default: the model's context)"
+                                    f"{long_prompts}.")(func)
+        return click.option("--prompts-format", type=click.Choice(["txt", "jsonl"]), default=None,
+                            help=f"How to read {what} when its name does not say (.txt: one prompt per line; .jsonl, "
+                                 ".ndjson: one JSON object per line).")(command)
+
+    return decorate
+
+
+def force_new_option(*, replaces: str) -> Any:
+    """``--force-new``, declared once: ``replaces`` says what it replaces and how, in the command's words."""
+    return click.option("--force-new", is_flag=True, help=f"Replace {replaces}.")
+
+
 def parse_token(value: str) -> int | None:
     """``--token``: ``combined`` -> None, else a token index (negative from the end)."""
     if value == "combined":

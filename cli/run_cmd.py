@@ -21,6 +21,8 @@ from .options import (
     check_prompts,
     cluster_options,
     collect_model_options,
+    corpus_options,
+    force_new_option,
     model_argument,
     model_option,
     model_reads,
@@ -38,15 +40,11 @@ if TYPE_CHECKING:
 @click.option("--out", "-o", required=True,
               help="Store folder (created, or resumed): a path or a file:// URL; with --scheduler, on a file system "
                    "every worker mounts at the same path.")
-@click.option("--prompts-format", type=click.Choice(["txt", "jsonl"]), default=None,
-              help="How to read PROMPTS when its name does not say (.txt: one prompt per line; .jsonl, .ndjson: one "
-                   "JSON object per line).")
+@corpus_options(what="PROMPTS", long_prompts="; with --workers or --scheduler they are recorded as failed "
+                                              "instead and the others run")
 @model_option("dtype", help="Compute dtype; bfloat16 results are stored as float32.")
 @click.option("--row-block", type=click.IntRange(min=1), default=None,
               help=f"{ROW_BLOCK_HELP} Also the rows per stored chunk.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Refuse prompts longer than this many tokens (default: the model's context); with --workers or "
-                   "--scheduler they are recorded as failed instead and the others run.")
 @click.option("--keep", default=None,
               help="full: the whole Jacobian; rank:K: only the top-K singular triplets of each token's J_k and of "
                    "[J_1 ... J_n], from a 3-pass subspace iteration over the streamed rows (the engine runs 3 times "
@@ -94,8 +92,8 @@ if TYPE_CHECKING:
 @click.option("--mode", type=click.Choice(("auto", "reverse", "forward")), default="auto", show_default=True,
               help="Streamed engine: reverse (row blocks, vjp) or forward (token blocks, jvp) sweeps; auto picks "
                    "the cheaper by the cost model (see docs/engine.md, section Cost model).")
-@click.option("--force-new", is_flag=True, help="Replace a store written for another model or settings (kept aside "
-                                                "until the new run stores a prompt; put back if it stores none).")
+@force_new_option(replaces="a store written for another model or settings (kept aside until the new run stores a "
+                           "prompt; put back if it stores none)")
 @model_option("device",
               help="Torch device, e.g. cuda:0 (with --scheduler: each worker's own; dask-cuda gives each one GPU).")
 @model_option("revision")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,7 +19,8 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, JacobianOperator, ModelRef
+    from detjac.engine import JacobianOperator, ModelRef
+    from detjac.runs import SvdOutcome
 
 
 @click.command("svd")
@@ -77,42 +77,38 @@ def svd(model: ModelRef, prompt: str, model_options: LoadSpec, k: int, top: int,
       detjac svd -p "Oak, n. (Bot.) Any tree" --compare --out oak.npz
       detjac svd gemma-3-270m-q4_k_m.gguf -p "The bridge out of Marin is the" --streamed   # a GGUF file
     """
-    from detjac.engine import jacobian_operator, load_engine, operator_svd
+    from detjac.runs import SvdSettings, prompt_svd
 
-    text, o = prompt, model_options
     if out is not None:
         out = _check_npz(out, force, model)  # before any work, now that MODEL is resolved: not into what it reads
-    streamed, dtype, device = o.streamed_engine, o.dtype, o.device
-    t0 = time.perf_counter()
-    engine = load_engine(o)
-    op = jacobian_operator(engine, text, position=position, block=product_block, progress=streamed)
-    n, d = op.n_tokens, op.d_model
-    where = f"{device}, layers streamed one at a time" if streamed else device
-    click.echo(f"model       {model.name} ({dtype}, {where}); target: position {op.position} of {n} tokens")
-    click.echo(f"operator    J = [J_1 ... J_n]: {d} x {n * d}, applied by products (never formed: "
-               f"{d * n * d * op.dtype.itemsize / 2**20:.1f} MiB if it were)")
-    err = op.check()
-    click.echo(f"reconstruction error of J x{' + b' if op.bias is not None else ''} (one product)  {err:.3e}")
-    result = operator_svd(op, k, method=method, block=block, oversample=oversample, tol=tol, max_iters=max_iters,
-                          seed=seed, orient=op.produced, progress=True)
-    seconds = time.perf_counter() - t0
+    settings = SvdSettings(k=k, top=top, method=method, block=block, oversample=oversample, tol=tol,
+                           max_iters=max_iters, seed=seed, product_block=product_block, position=position)
+    o = model_options
+    outcome = prompt_svd(o, prompt, settings, compare=compare, out=out, model_name=model.name,
+                      log=lambda op: _echo_operator(model, o, op))
+    op, result = outcome.op, outcome.result
+    click.echo(f"reconstruction error of J x{' + b' if op.bias is not None else ''} (one product)  "
+               f"{outcome.check_error:.3e}")
     status = "converged" if result.converged else f"NOT converged (tol {result.tol:.0e}: raise --max-iters)"
     click.echo(f"{method}: {result.iterations} iterations, basis {result.basis}, {result.matvecs} products with J "
                f"and {result.rmatvecs} with J^T in its iterations ({op.stats.products} in all with the check and the "
                f"final vectors, as the progress bar counts; {op.stats.sweeps} sweeps); {status}, max residual "
-               f"{float(result.residuals.max()):.1e} sigma_1  ({seconds:.1f} s in all)")
-    _echo_triplets(engine, op, result, top)
-    if compare:
-        from detjac.runs import compare_svd
-
-        taken, n_values, rel = compare_svd(op, result)
+               f"{float(result.residuals.max()):.1e} sigma_1  ({outcome.seconds:.1f} s in all)")
+    _echo_triplets(outcome)
+    if outcome.compared is not None:
+        taken, n_values, rel = outcome.compared
         click.echo(f"compare     formed J and its full SVD in {taken:.1f} s: max relative "
                    f"error of the top {n_values} singular values {rel:.1e}")
-    if out is not None:
-        from detjac.runs import save_svd
+    if outcome.written is not None:
+        click.echo(f"wrote U (d, k), S (k,), V (token, d, k) and residuals to {outcome.written}")
 
-        save_svd(out, op, result, model.name, text)
-        click.echo(f"wrote U (d, k), S (k,), V (token, d, k) and residuals to {out}")
+
+def _echo_operator(model: ModelRef, o: LoadSpec, op: JacobianOperator) -> None:
+    n, d = op.n_tokens, op.d_model
+    where = f"{o.device}, layers streamed one at a time" if o.streamed_engine else o.device
+    click.echo(f"model       {model.name} ({o.dtype}, {where}); target: position {op.position} of {n} tokens")
+    click.echo(f"operator    J = [J_1 ... J_n]: {d} x {n * d}, applied by products (never formed: "
+               f"{d * n * d * op.dtype.itemsize / 2**20:.1f} MiB if it were)")
 
 
 def _check_npz(out: str, force: bool, model: ModelRef | None = None) -> str:
@@ -122,14 +118,12 @@ def _check_npz(out: str, force: bool, model: ModelRef | None = None) -> str:
     return str(check_out(str(npz_name(out)), force=force, suffix=".npz", reads=model_reads(model)))
 
 
-def _echo_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> None:
-    from detjac.runs import decoded_triplets
-
+def _echo_triplets(outcome: SvdOutcome) -> None:
     from .render import piece, pieces
 
-    tok = engine.tokenizer
+    tok, op = outcome.engine.tokenizer, outcome.op
     click.echo(f"  {'#':>3}  {'sigma':>10}  {'residual':>8}  left -> tokens | right [token, share of |v|^2] -> tokens")
-    for i, t in enumerate(decoded_triplets(engine, op, result, top)):
+    for i, t in enumerate(outcome.triplets):
         flag = sink_note(t.token, t.share, combined=op.n_tokens > 1)
         click.echo(f"  {i + 1:>3}  {t.sigma:>10.5g}  {t.residual:>8.1e}  {pieces(tok, t.left_ids)}"
                    f" | [{t.token} {piece(tok, op.token_ids[t.token])}, {t.share:.0%}{'; ' + flag if flag else ''}] "

@@ -96,7 +96,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         return
     if prompt_ids:
         raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
-    _serve(store, host, port, what, neurons)
+    _serve(store, host, port, what, neurons, attention)
 
 
 def _export(store: object, out: str, prompt_ids: list[str] | None, neurons: object = None) -> None:
@@ -110,10 +110,11 @@ def _export(store: object, out: str, prompt_ids: list[str] | None, neurons: obje
                f"; open {out.rstrip('/')}/index.html in a browser")
 
 
-def _serve(store: object, host: str, port: int, what: str, neurons: object = None) -> None:
+def _serve(store: object, host: str, port: int, what: str, neurons: object = None,
+           attention: tuple[str, ...] = ()) -> None:
     from detjac.view import make_server
 
-    server = make_server(store, host, port, neurons)  # type: ignore[arg-type]
+    server = make_server(store, host, port, neurons, attention)  # type: ignore[arg-type]
     if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)

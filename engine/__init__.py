@@ -39,7 +39,7 @@ from .tools.graph_json import graph_dict, write_graph
 from .tools.head_loadings import strongest_heads
 from .tools.lens_pulls import pull_final_block
 from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
-from .tools.qk import qk_attribution, write_qk
+from .tools.qk import check_qk_request, qk_attribution, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import explain, explain_summed
 from .types import JacobianBlock
@@ -49,8 +49,8 @@ __all__ = [
     "DEFAULT_MODEL_DIR", "DEMO_PROMPTS", "FAMILIES", "AttributionGraph", "BlockSink", "Engine",
     "InMemoryEngine", "JacobianBlock", "JacobianOperator", "JacobianResult", "ModelRef", "PromptProducts",
     "PullRequest", "ResultSink", "Seed", "Site", "SteeringOperator", "StreamedEngine", "Tee", "as_engine", "assemble",
-    "attribution_graph", "batch_neuron_values", "check_checkpoint_dir", "check_graph",
-    "check_layerwise_request", "check_method", "decode_blocks", "decode_top", "evaluate", "exactness_report", "explain",
+    "attribution_graph", "batch_neuron_values", "check_checkpoint_dir", "check_graph", "check_layerwise_request",
+    "check_method", "check_qk_request", "decode_blocks", "decode_top", "evaluate", "exactness_report", "explain",
     "explain_summed", "family_for", "generate", "get_tokenizer", "graph_dict", "honour_cpu_budget", "hub_cache_dir",
     "is_hub_id", "jacobian", "jacobian_operator", "load_engine", "load_model", "logit_attribution", "logit_jacobian",
     "operator_svd", "parse_prompt", "prompt_neuron_values", "prompt_pass", "pull_final_block", "qk_attribution",

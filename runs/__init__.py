@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from detjac.facade import lazy_exports
 
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
+    from .attention_run import attention_pages, attention_targets
     from .description import RunDescription
     from .export import save_result
     from .family_check import family_checks
@@ -36,6 +37,6 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .run import RunOptions, run_corpus, run_one
     from .scheduler import ClusterOptions, dask_cluster
     from .steering import evaluate_steering, load_concept, prepare_evaluation, steer_prompt
-    from .svd_run import compare_svd, decoded_triplets, save_svd
+    from .svd_run import SvdOutcome, SvdSettings, prompt_svd
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -1,16 +1,19 @@
-"""What ``detjac svd`` reports of a product-only SVD (:func:`detjac.engine.operator_svd` of a
-:func:`detjac.engine.jacobian_operator`): its triplets decoded to token ids, its comparison with the full SVD of the
-formed Jacobian, and its ``.npz`` file (written whole or not at all, by :func:`detjac.store.write_npz`)."""
+"""``detjac svd``'s work, in one call (:func:`prompt_svd`): load the model, apply its Jacobian by products
+(:func:`detjac.engine.jacobian_operator`), check one product, take the top triplets
+(:func:`detjac.engine.operator_svd`), decode them to token ids, optionally compare with the full SVD of the formed
+Jacobian and write the ``.npz`` file (whole or not at all, by :func:`detjac.store.write_npz`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from detjac.engine import Engine, JacobianOperator
+    from detjac.model_settings import LoadSpec
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,67 @@ class DecodedTriplet:
     token: int
     share: float
     right_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SvdSettings:
+    """How :func:`prompt_svd` finds the triplets: ``detjac svd``'s options by the same names (``product_block`` vectors
+    per product sweep, None: the engine's; ``position`` None: the last token)."""
+
+    k: int = 16
+    top: int = 6
+    method: str = "lanczos"
+    block: int = 8
+    oversample: int = 8
+    tol: float | None = None
+    max_iters: int | None = None
+    seed: int = 0
+    product_block: int | None = None
+    position: int | None = None
+
+
+@dataclass
+class SvdOutcome:
+    """What :func:`prompt_svd` found: the engine and operator used, the one-product check's error, the SVD result
+    (:func:`~detjac.engine.operator_svd`), its decoded triplets, the seconds up to the decoding, the comparison with
+    the formed J's full SVD (``(seconds, values compared, largest relative error)``, or None) and the ``.npz`` file
+    written (or None)."""
+
+    engine: Engine
+    op: JacobianOperator
+    check_error: float
+    result: Any
+    triplets: list[DecodedTriplet]
+    seconds: float
+    compared: tuple[float, int, float] | None = None
+    written: Path | None = None
+
+
+def prompt_svd(spec: LoadSpec, text: str, settings: SvdSettings = SvdSettings(), *, compare: bool = False,
+            out: str | Path | None = None, model_name: str = "", log: Callable[[Any], None] | None = None
+            ) -> SvdOutcome:
+    """``detjac svd``'s pipeline: the engine ``spec`` loads, the operator of ``text``, its one-product check, the top
+    ``settings.k`` triplets decoded to ``settings.top`` tokens, with ``compare`` the formed J's full SVD beside them,
+    with ``out`` (checked by the caller) the ``.npz`` file. ``log`` receives the operator once it is built, before
+    the iterations start (the command prints its shape then)."""
+    from detjac.engine import jacobian_operator, load_engine, operator_svd
+
+    s = settings
+    t0 = time.perf_counter()
+    engine = load_engine(spec)
+    op = jacobian_operator(engine, text, position=s.position, block=s.product_block, progress=spec.streamed_engine)
+    if log is not None:
+        log(op)
+    err = op.check()
+    result = operator_svd(op, s.k, method=s.method, block=s.block, oversample=s.oversample, tol=s.tol,
+                          max_iters=s.max_iters, seed=s.seed, orient=op.produced, progress=True)
+    outcome = SvdOutcome(engine, op, err, result, [], time.perf_counter() - t0)
+    outcome.triplets = decoded_triplets(engine, op, result, s.top)
+    if compare:
+        outcome.compared = compare_svd(op, result)
+    if out is not None:
+        outcome.written = save_svd(out, op, result, model_name, text)
+    return outcome
 
 
 def decoded_triplets(engine: Engine, op: JacobianOperator, result: Any, top: int) -> list[DecodedTriplet]:

@@ -155,7 +155,7 @@ def test_the_load_and_cluster_options_are_declared_once_and_composed():
 
 def test_every_command_and_run_loads_through_load_engine():
     """cli/ and runs/ build a LoadSpec and call load_engine: no engine constructor or raw model loader of their own."""
-    raw = calls_of({"load_model", "StreamedEngine", "InMemoryEngine", "as_engine", "load_default_model"})
+    raw = calls_of({"load_model", "StreamedEngine", "InMemoryEngine", "as_engine"})
     assert {path: names for path, names in raw.items() if path.startswith(("cli/", "runs/"))} == {}
     from detjac.engine import load_engine
 

@@ -3,7 +3,8 @@
 It serves the page's own files (a fixed list, never a path from the request), and the pages'
 data as JSON under ``/api/<key>`` (:class:`~detjac.view.pages.Pages`, which looks keys up and
 never opens a path built from them; a key that names no page, one with a number not written in
-ASCII digits included, is a 404). Every other method is refused, nothing is written. Bound
+ASCII digits included, is a 404). A graph file's pages notice the attention files written beside it after the server
+started (:class:`LiveGraph`). Every other method is refused, nothing is written. Bound
 to a loopback address, it also refuses requests whose ``Host`` is not that address (a page on
 another site cannot reach it by DNS rebinding).
 """
@@ -16,14 +17,16 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import DetjacError, InvalidArgumentError
 from .assets import ASSETS, asset, data_script, index_html
-from .graph_file import GraphFile
+from .graph_file import GraphFile, beside
 from .pages import NotFound, Pages
 
 if TYPE_CHECKING:
@@ -58,12 +61,72 @@ MAX_CONNECTIONS = 64
 QUIET_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
 
+class LiveGraph:
+    """A graph file's pages (:class:`~detjac.view.graph_file.GraphFile`) that notice the attention files written
+    beside it after they were read (``detjac attention --graph``, ``detjac graph --attention-pages``).
+
+    :meth:`refresh`, which the server calls before each page's data, lists ``STEM.qk.*.json`` beside the graph (names,
+    sizes and modification times: nothing is read) and, when that changed, reads the graph and every attention file
+    again (``attention``: those given with it, read again too), so a reloaded page links the new heads. A file refused
+    then (damaged, of another model or prompt) is the error of every page until it is removed or fixed, never numbers.
+    """
+
+    def __init__(self, graph: GraphFile, attention: Sequence[str | Path] = ()) -> None:
+        self.current, self.given = graph, list(attention)
+        self.lock = threading.Lock()  # one re-read at a time; the pages in use are swapped whole
+        self.seen, self.failed = self._listing(), None
+
+    def _listing(self) -> dict[str, tuple[int, int]]:
+        found = {}
+        for path in beside(self.current.path):
+            try:
+                stat = path.stat()
+            except OSError:  # removed between the listing and the stat: not there
+                continue
+            found[path.name] = (stat.st_mtime_ns, stat.st_size)
+        return found
+
+    def refresh(self) -> bool:
+        """Read the graph and its attention files again if the files beside it changed; whether it did.
+
+        Raises
+        ------
+        DetjacError
+            An attention file beside the graph is refused (until the files change again).
+        """
+        with self.lock:
+            listing = self._listing()
+            if listing != self.seen:
+                self.seen, self.failed = listing, None
+                try:
+                    self.current = GraphFile(self.current.path, self.given)
+                except DetjacError as exc:
+                    self.failed = exc
+                else:
+                    return True
+            if self.failed is not None:
+                raise self.failed
+            return False
+
+    def __len__(self) -> int:
+        return len(self.current)
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the current pages'
+        return getattr(self.current, name)
+
+    def data(self, key: str) -> dict[str, Any]:
+        return self.current.data(key)
+
+    def keys(self, prompt_ids: list[str] | None = None) -> list[str]:
+        return self.current.keys(prompt_ids)
+
+
 class ViewServer(ThreadingHTTPServer):
     """Serves one store's pages; ``url`` is where a browser finds them."""
 
     daemon_threads = True
 
-    def __init__(self, pages: Pages | GraphFile, host: str, port: int) -> None:
+    def __init__(self, pages: Pages | GraphFile | LiveGraph, host: str, port: int) -> None:
         self.pages = pages
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -175,8 +238,9 @@ class ViewHandler(BaseHTTPRequestHandler):
 
 
 def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: int = 0,
-                neurons: NeuronIndex | None = None) -> ViewServer:
-    """A server of ``store``'s pages (or of one graph file's) on ``host``:``port`` (0: a free port), not yet
+                neurons: NeuronIndex | None = None, attention: Sequence[str | Path] = ()) -> ViewServer:
+    """A server of ``store``'s pages (or of one graph file's, noticing attention files written beside it later:
+    :class:`LiveGraph`, ``attention`` the files given with it) on ``host``:``port`` (0: a free port), not yet
     serving; with ``neurons`` (a neuron index of the same model), its neuron pages too
     (:class:`~detjac.view.neuron_page.NeuronPages`; another model's index is refused by name).
 
@@ -186,7 +250,7 @@ def make_server(store: StoreReader | GraphFile, host: str = "127.0.0.1", port: i
         ``host``:``port`` cannot be listened on (taken, not an address of this machine, ...).
     """
     try:
-        pages: Any = store if isinstance(store, GraphFile) else Pages(store)
+        pages: Any = LiveGraph(store, attention) if isinstance(store, GraphFile) else Pages(store)
         if neurons is not None:
             from .neuron_page import NeuronPages
 

@@ -7,9 +7,6 @@ It lets ``make demo`` and the tests run on a real trained model with no download
 
 from __future__ import annotations
 
-import torch
-
-from .loading import load_model
 from .names import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, default_model_dir
 from .reference import resolve_model
 
@@ -21,10 +18,4 @@ DEMO_PROMPTS = (
 )
 
 
-def load_default_model(dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Load the shipped model (and its tokenizer, see ``get_tokenizer``) with ``load_model``."""
-    return load_model(default_model_dir(), dtype=dtype, device=device)
-
-
-__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_MODEL_NAME", "DEMO_PROMPTS", "default_model_dir", "load_default_model",
-           "resolve_model"]
+__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_MODEL_NAME", "DEMO_PROMPTS", "default_model_dir", "resolve_model"]

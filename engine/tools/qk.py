@@ -27,6 +27,7 @@ import torch
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import check_exact, relative_error
 from detjac.outputs import check_output, write_output  # files written aside, then renamed
+from detjac.qk_sums import contrast_keys, contrast_sums
 from detjac.tokens import token_texts
 
 from ..detach.model import linearized
@@ -37,7 +38,7 @@ from ..pieces import NotAPiece
 from .qk_path import Captured, QkPath, attention_child
 from .qk_residual import Components, residual_components
 
-__all__ = ["QKAttribution", "qk_attribution", "residual_decomposition", "write_qk"]
+__all__ = ["QKAttribution", "check_qk_request", "qk_attribution", "residual_decomposition", "write_qk"]
 
 BIAS = "bias"  # the name of an affine family's query- or key-side constant
 CHUNK = 32  # components run through the query and key path at a time
@@ -55,8 +56,11 @@ class QKAttribution:
         The prompt (n) and each token's text.
     keys : list[dict]
         Per key position the mask allows, ascending: ``{"position": j, "score": s, "probability": p, "terms":
-        [{"query": Q, "key": K, "value": v}, ...]}``, every pair listed, largest ``|v|`` first; ``score`` is the
-        real model's (before the mask and the soft-cap), ``probability`` its attention weight.
+        [{"query": Q, "key": K, "value": v}, ...], "query_sums": [{"component": Q, "value": v}, ...],
+        "key_sums": [...]}``, every pair listed, largest ``|v|`` first; ``score`` is the real model's (before the
+        mask and the soft-cap), ``probability`` its attention weight. ``query_sums`` gives each query-side
+        component's sum over every key-side component (its marginal), ``key_sums`` each key-side component's; each
+        list adds up to the score, as the terms do.
     query_components : list[str]
         The components' names at the query position.
     residual_error : float
@@ -86,6 +90,39 @@ class QKAttribution:
                 "query_token": self.tokens[self.query_position], "residual_error": self.residual_error,
                 "score_error": self.score_error, **{k: v for k, v in self.info.items() if k != "model"},
                 "keys": self.keys}
+
+    def contrast(self, key: int | None = None, other: int | None = None) -> dict[str, Any]:
+        """Why the head prefers key ``key`` to key ``other``: the difference of their scores split per query-side
+        component and per key-side component (:mod:`detjac.qk_sums`), exactly.
+
+        Parameters
+        ----------
+        key, other : int, optional
+            Key positions the mask allows. Default: ``key`` the most attended, ``other`` the most attended of the
+            rest (the next-most-attended).
+
+        Returns
+        -------
+        dict
+            ``key``, ``other``, ``difference`` (``score[key] - score[other]``), and ``query_sums`` and ``key_sums``
+            (``[{"component": C, "value": v}, ...]``, largest ``|v|`` first): each component's marginal at ``key``
+            minus at ``other`` (0 where it is not a component there); each list adds up to the difference.
+
+        Raises
+        ------
+        InvalidArgumentError
+            A position that is not an allowed key, the same position twice, or a query with one key only.
+        """
+        by = {k["position"]: k for k in self.keys}
+        j, o = contrast_keys({p: k["probability"] for p, k in by.items()}, key, other)
+
+        def side(name: str) -> list[dict[str, Any]]:
+            pairs = contrast_sums(((s["component"], s["value"]) for s in by[j][name]),
+                                  ((s["component"], s["value"]) for s in by[o][name]))
+            return [{"component": c, "value": v} for c, v in pairs]
+
+        return {"key": j, "other": o, "difference": by[j]["score"] - by[o]["score"],
+                "query_sums": side("query_sums"), "key_sums": side("key_sums")}
 
     def __repr__(self) -> str:
         top = max(self.keys, key=lambda k: k["probability"])
@@ -303,6 +340,15 @@ def _keys(real: Captured, q: torch.Tensor, k: torch.Tensor, names: list[list[lis
         order = flat.abs().argsort(descending=True).tolist()
         c = terms.shape[2]
         out.append({"position": j, "score": float(scores[j]), "probability": float(probs[j]),
+                    "query_sums": _side_sums(terms[a].sum(1), [n[i] for n in q_names]),
+                    "key_sums": _side_sums(terms[a].sum(0), [n[j] for n in k_names]),
                     "terms": [{"query": q_names[o // c][i], "key": k_names[o % c][j], "value": float(flat[o])}
                               for o in order]})
     return out, error
+
+
+def _side_sums(values: torch.Tensor, names: list[str]) -> list[dict[str, Any]]:
+    """Each component's sum over every component of the other side, largest ``|value|`` first: one side's exact
+    split of the score (the values add up to it)."""
+    order = values.abs().argsort(descending=True).tolist()
+    return [{"component": names[o], "value": float(values[o])} for o in order]

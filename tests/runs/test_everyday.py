@@ -14,7 +14,6 @@ from store_helpers import write_prompts
 
 from detjac.cli.main import main
 from detjac.engine import get_tokenizer, load_model
-from detjac.engine.checkpoints.default import load_default_model
 from detjac.errors import InvalidArgumentError, PromptsFileError
 from detjac.model_settings import LoadSpec
 from detjac.progress import PlainBar, tqdm
@@ -89,7 +88,7 @@ def test_prompt_lines_end_at_newlines_only_and_the_format_comes_from_the_name(tm
 
 
 def test_the_sample_prompts_files_read_and_tokenize() -> None:
-    tok = get_tokenizer(load_default_model())
+    tok = get_tokenizer(load_model("default"))
     for name in ("prompts.txt", "prompts.jsonl"):
         prompts = read_prompts(ROOT / "examples" / name)
         assert len(prompts.prompts) >= 3 and prompts.blank == 0

@@ -24,9 +24,9 @@ def layer_store(tmp_path_factory):
 @pytest.mark.slow
 def test_lens_decodes_a_layer_output_like_the_model(layer_store):
     """``W_U diag(g)`` ranks tokens exactly as lm_head(final_norm(h)) does for a stored layer output h."""
-    from detjac.engine.checkpoints.default import load_default_model
+    from detjac.engine import load_model
 
-    model = load_default_model()
+    model = load_model("default")
     W, has_gain = layers.lens(layer_store)
     assert has_gain
     np.testing.assert_array_equal(layer_store.model_array("final_norm"), model.model.norm.weight.detach().numpy())

@@ -12,8 +12,7 @@ from click.testing import CliRunner
 from store_helpers import PROMPTS, assert_all_equal, reseal, store_snapshot, write_prompts
 
 from detjac.cli.main import main
-from detjac.engine import InMemoryEngine, jacobian
-from detjac.engine.checkpoints.default import load_default_model
+from detjac.engine import InMemoryEngine, jacobian, load_model
 from detjac.engine.checkpoints.tiny import tiny_model_types
 from detjac.store import open_store
 
@@ -36,7 +35,7 @@ def test_round_trip_is_bit_for_bit(run_store):
     path, _, out = run_store
     assert "5 prompts in" in out and "1 blank lines skipped, 1 duplicates" in out and "4 written" in out
     store = open_store(path)
-    model = load_default_model()
+    model = load_model("default")
     assert len(store) == 4
     for prompt in store:
         res = jacobian(InMemoryEngine(model), prompt.prompt, row_block=48)
