@@ -6,8 +6,6 @@ Each command parses, calls one function of :mod:`detjac.analysis.lens.lens_fit`,
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -244,33 +242,25 @@ def apply_cmd(lens_path: str, prompt: str, model: ModelRef | None, model_options
       detjac lens apply gcide.lens --prompt "Oak, n. A tree of the genus"
       detjac lens apply fit.zarr --ordinary ordinary.zarr --prompt "Whale, n. A" --plot whale.png
     """
-    from detjac.analysis import plot_positions
-    from detjac.engine import load_engine
-    from detjac.runs import LENS_LOAD, check_lens_model, position_ranks, recorded_model, score_prompt, unembedding
+    from detjac.runs import apply_lens
 
     check_results([lens_path, *([ordinary] if ordinary else [])], files=(plot,), what="the lens")
-    lenses = _lenses(lens_path, ordinary)
-    o = model_options  # float64 and layer-streamed, always: a lens reads the exact states
-    model = model or resolve_model_ref(recorded_model(next(iter(lenses.values()))) or "default", gguf_file,
-                                       revision)  # the lens's own model
-    engine = check_lens_model(load_engine(replace(o, model=model, **LENS_LOAD)), list(lenses.values()))
-    layers = [int(x) for x in next(iter(lenses.values())).layers]
-    W_U = unembedding(engine)
-    st, rows = score_prompt(engine, lenses, prompt, W_U, layers, exact)
-    def decode(token: int) -> str:
-        return render.piece(engine.tokenizer, token)
+    reading = apply_lens(_lenses(lens_path, ordinary), prompt, model_options, model=model, exact=exact, plot=plot,
+                         resolve=lambda name: resolve_model_ref(name, gguf_file, revision), token_text=render.piece)
 
+    def decode(token: int) -> str:
+        return render.piece(reading.engine.tokenizer, token)
+
+    rows = reading.rows
     click.echo(f"model prediction: {decode(rows[0]['predicted'])}")
     click.echo(f"{'layer':>5}  {'method':<14} {'rank':>6} {'rel. error':>10}  top tokens")
     for r in rows:
         click.echo(f"{r['layer']:>5}  {r['method']:<14} {r['rank']:>6} {r['error']:>10.3g}  "
                    f"{' '.join(decode(t) for t in r['top'])}")
-    if plot:
-        tokens = [decode(t) for t in st.token_ids]
-        click.echo(f"wrote {plot_positions(position_ranks(lenses, st, W_U, layers), layers, tokens, plot, prompt)}")
+    if reading.plot is not None:
+        click.echo(f"wrote {reading.plot}")
 
 
-HELDOUT = "benchmarks/data/heldout_prompts.txt"
 
 
 @lens.command("evaluate")
@@ -280,8 +270,8 @@ HELDOUT = "benchmarks/data/heldout_prompts.txt"
 @model_ref_option(default="default", help="The model the lens was fitted on (a folder, hub id, GGUF file or default).")
 @gguf_file_option
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help=f"Held-out prompts, one per line [default for the default model: {HELDOUT}, prefixes of "
-                   "held-out dictionary entries].")
+              help="Held-out prompts, one per line [default for the default model: "
+                   "benchmarks/data/heldout_prompts.txt, prefixes of held-out dictionary entries].")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Evaluate the first N prompts only.")
 @click.option("--exact", "exact", type=click.IntRange(min=0), default=None,
               help="Compute the exact per-prompt map (d pullbacks each) for the first N prompts only [default: all].")
@@ -302,34 +292,13 @@ def evaluate_cmd(lens_path: str, ordinary: str | None, model: str, gguf_file: st
       detjac lens evaluate fit.zarr --ordinary ordinary.zarr --out eval/
       detjac lens evaluate gcide.lens --limit 50 --exact 10
     """
-    from detjac.analysis import lens_markdown, plot_agreement, summarize_lens, write_table
-    from detjac.engine import load_engine
-    from detjac.errors import InvalidArgumentError
-    from detjac.progress import tqdm
-    from detjac.runs import LENS_LOAD, check_lens_model, evaluate_lenses, read_prompts
+    from detjac.runs import evaluate_lens, heldout_prompts
 
-    if prompts_path is None:
-        found = Path(__file__).resolve().parents[1] / HELDOUT
-        if model != "default" or not found.is_file():
-            raise InvalidArgumentError(f"Expected --prompts (held-out prompts, one per line). Got none, and "
-                                       f"{HELDOUT} is only the default model's.")
-        prompts_path = str(found)
+    prompts_path = prompts_path or heldout_prompts(model)
     check_results([lens_path, *([ordinary] if ordinary else [])], folders=(out,), what="the lens")
-    prompts = [p.text for p in read_prompts(prompts_path, "txt").prompts][:limit]
-    lenses = _lenses(lens_path, ordinary)
-    engine = check_lens_model(load_engine(resolve_model_ref(model, gguf_file), device=device, **LENS_LOAD),
-                              list(lenses.values()))
-    layers = [int(x) for x in next(iter(lenses.values())).layers]
-    with tqdm(total=len(prompts), desc="lens evaluate", unit="prompt") as bar:
-        rows = evaluate_lenses(engine, lenses, prompts, layers, exact=exact, progress=bar)
-    summary = summarize_lens(rows)
-    table = lens_markdown(summary)
-    click.echo(table)
-    if out:
-        folder = Path(out)
-        write_table([{**r, "top": " ".join(map(str, r["top"]))} for r in rows], folder / "lens_rows.csv")
-        write_table(summary, folder / "lens_summary.csv")
-        (folder / "lens_summary.md").write_text(table + "\n")
-        title = f"{len(prompts)} prompts of {Path(prompts_path).name}"
-        click.echo(f"wrote {folder}/lens_rows.csv, lens_summary.csv, lens_summary.md and "
-                   f"{plot_agreement(summary, folder / 'lens_agreement.png', title)}")
+    done = evaluate_lens(_lenses(lens_path, ordinary), resolve_model_ref(model, gguf_file), prompts_path,
+                         device=device, limit=limit, exact=exact, out=out)
+    click.echo(done.table)
+    if done.written:
+        *tables, figure = done.written
+        click.echo(f"wrote {out}/lens_rows.csv, lens_summary.csv, lens_summary.md and {figure}")

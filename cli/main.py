@@ -35,7 +35,7 @@ from .view_cmd import view
 from .views_cmds import VIEW_COMMANDS
 
 if TYPE_CHECKING:
-    from detjac.engine import Engine, ModelRef
+    from detjac.engine import ModelRef
 
 # Read by PyTorch's CPU allocator at its first allocation (so before torch is imported): buffers of 2 MiB and
 # more get transparent huge pages where the kernel allows them (THP "madvise" or "always"). The sweeps allocate
@@ -51,11 +51,6 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-# Measured on 2 loaded cores: the shipped model, "Kitten, n. A young", 2.1-2.6 s detached and 6.0-7.8 s ordinary, in
-# memory and layer-streamed alike; the Llama-3.2-1B shape layer-streamed, 380 s detached and 2,059 s with the ordinary.
-ORDINARY_COSTS_MORE = ("Note: the ordinary Jacobian goes through torch.func, several times the detached pass's time "
-                       "(3 times on the shipped model, 4 to 5 at Llama-3.2-1B layer-streamed); --no-ordinary skips "
-                       "it.")
 
 
 class DetjacGroup(click.Group):
@@ -139,23 +134,18 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
       detjac jacobian -p "Kitten, n. A young" --streamed        # one layer in memory at a time
       detjac jacobian -p "Kitten, n. A young" --no-ordinary     # the detached Jacobian alone
     """
-    from detjac.engine import exactness_report, explain_summed, load_engine
+    from detjac.runs import prompt_jacobian
 
     from .render import piece
 
-    dtype = model_options.dtype
     if out is not None:  # again, now that MODEL is resolved: not into what it reads
         _check_jacobian_out(out, force, model)
-    engine = load_engine(model_options)
-    tok = engine.tokenizer
-    if ordinary and engine.explicit_sweeps:  # the detached pass by explicit pieces, the ordinary one by torch.func
-        click.echo(ORDINARY_COSTS_MORE, err=True)
-    stored, detached = None, None
-    if out is not None and not out.lower().endswith(".npz"):  # stored by the run's own path, computed once
-        stored, detached = _store_jacobian(out, model, prompt, row_block, engine, model_options)
-    rep = exactness_report(engine, prompt, row_block=row_block, ordinary=ordinary, progress=True, detached=detached)
-    res = rep.detached
-    click.echo(f"model       {model.name} ({res.family}, {dtype}; target: position {res.position})")
+    outcome = prompt_jacobian(model_options, model, prompt, row_block=row_block, ordinary=ordinary,
+                              n_values=n_values, top=top, out=out, force=force,
+                              note=lambda line: click.echo(line, err=True))
+    engine, rep, summed = outcome.engine, outcome.report, outcome.summed
+    tok, res = engine.tokenizer, rep.detached
+    click.echo(f"model       {model.name} ({res.family}, {model_options.dtype}; target: position {res.position})")
     click.echo(f"tokens      {len(res.token_ids)}: " + " ".join(piece(tok, i) for i in res.token_ids))
     probs = res.logits.softmax(-1)
     encoder = engine.family.encoder  # no LM head: scores against the word embeddings
@@ -166,19 +156,16 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
     contrast = f"{rep.ordinary.reconstruction_error:.3e}" if rep.ordinary else "not computed (--no-ordinary)"
     click.echo(f"reconstruction error  detached {res.reconstruction_error:.3e}   ordinary {contrast}")
     click.echo(f"max |logit - stock logit|  {rep.stock_logit_diff:.3e}   ({rep.seconds:.2f} s)")
-    summed = explain_summed(res, engine, n_values, top)
     click.echo("top singular values of sum_k J_k, with decoded tokens:")
     click.echo(f"  {'#':>2}  {'sigma':>10}  left ({left}) | right (embedding)")
     for i, s in enumerate(summed.singular_values.tolist()):
         left = " ".join(piece(tok, t) for t in summed.left_ids[i].tolist())
         right = " ".join(piece(tok, t) for t in summed.right_ids[i].tolist())
         click.echo(f"  {i + 1:>2}  {s:>10.4g}  {left} | {right}")
-    if out is not None and out.lower().endswith(".npz"):
-        from detjac.runs import save_result
-
-        click.echo(f"wrote {save_result(res, out, model=model.name, tokens=res.tokens, force=force)}")
-    elif out is not None:
-        click.echo(f"stored as prompt {stored} in {out}")
+    if outcome.written is not None:
+        click.echo(f"wrote {outcome.written}")
+    elif outcome.stored is not None:
+        click.echo(f"stored as prompt {outcome.stored} in {out}")
 
 
 def _check_jacobian_out(out: str, force: bool, model: ModelRef | None = None) -> None:
@@ -186,22 +173,6 @@ def _check_jacobian_out(out: str, force: bool, model: ModelRef | None = None) ->
     npz = out.lower().endswith(".npz")
     check_out(out, force=force, kind="file" if npz else "store", suffix=".npz" if npz else None,
               reads=model_reads(model))
-
-
-def _store_jacobian(out: str, model: ModelRef, prompt: str, row_block: int | None, engine: Engine,
-                    o: LoadSpec) -> tuple[str, tuple[Any, float] | None]:
-    """``--out run.zarr``: the prompt into the store by the run's own path, its blocks teed into a
-    :class:`~detjac.engine.ResultSink`: its prompt id and (the detached Jacobian it stored, seconds), or None in their
-    place when the store held the prompt already (the report then computes it)."""
-    import time
-
-    from detjac.engine import ResultSink
-    from detjac.runs import RunOptions, run_one
-
-    kept = ResultSink(engine, prompt)
-    t0 = time.perf_counter()
-    pid = run_one(model, prompt, out, RunOptions(load=o, row_block=row_block), engine, tee=kept)
-    return pid, (kept.result, time.perf_counter() - t0) if kept.result is not None else None
 
 
 @main.command()
@@ -281,7 +252,8 @@ def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top
       detjac demo SmolLM2-135M-Instruct.Q4_1.gguf -p "The bridge out of Marin is the"
     """
     from detjac.analysis import SpectrumPanel, plot_spectra
-    from detjac.engine import DEFAULT_MODEL_DIR, DEMO_PROMPTS, exactness_report, explain, load_engine
+    from detjac.engine import DEFAULT_MODEL_DIR, load_engine
+    from detjac.runs import demo_prompts
 
     from .render import echo_explanation, echo_prediction, piece
 
@@ -300,14 +272,13 @@ def demo(model: ModelRef, prompt: tuple[str, ...], plot: str, n_values: int, top
     else:
         click.echo(f"model: {source} ({engine.family.name}, {n_params:,} parameters), {where}")
     panels = []
-    for i, prompt in enumerate(prompts or DEMO_PROMPTS, start=1):
-        click.echo(f"\n[{i}] {prompt!r}")
-        rep = exactness_report(engine, prompt)
+    for i, done in enumerate(demo_prompts(engine, prompts, n_values=n_values, top=top), start=1):
+        prompt, rep, expl = done.text, done.report, done.explanation
         res = rep.detached
+        click.echo(f"\n[{i}] {prompt!r}")
         echo_prediction(res, tok, rep.stock_logit_diff)
         ordinary = rep.ordinary.reconstruction_error  # type: ignore[union-attr]
         click.echo(f"  (the ordinary, non-detached Jacobian reconstructs with error {ordinary:.2e})")
-        expl = explain(res, engine, k=n_values, top=top)
         echo_explanation(expl, tok)
         labels = [piece(tok, t) for t in res.token_ids]
         short = prompt if len(prompt) <= 48 else prompt[:45] + "..."

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .family_check import family_checks
     from .fingerprint import model_identity, weights_identity
     from .graph_run import graph_file
+    from .jacobian_run import DemoPrompt, JacobianOutcome, demo_prompts, prompt_jacobian
     from .jlens_fit import fit_jlens_folder
     from .lens_apply import (
         LENS_LOAD,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     )
     from .lens_artifact import artifact_lens, export_lens, hub_lens_file, read_lens
     from .lens_export import export_lens_file
+    from .lens_use import LensEvaluation, LensReading, apply_lens, evaluate_lens, heldout_prompts
     from .neurons_run import NeuronOptions, build_neuron_index
     from .prompts import check_prompts_path, read_prompts
     from .run import RunOptions, run_corpus, run_one

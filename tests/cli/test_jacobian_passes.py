@@ -21,8 +21,8 @@ def test_each_pass_has_its_labelled_bar_and_the_ordinary_one_can_be_skipped():
 
 
 def test_the_ordinary_pass_and_bfloat16_on_a_cpu_are_said_before_the_work():
-    from detjac.cli.main import ORDINARY_COSTS_MORE
     from detjac.cli.options import BF16_ON_CPU
+    from detjac.runs.jacobian_run import ORDINARY_COSTS_MORE
 
     shown = " ".join(CliRunner().invoke(main, ["jacobian", "--help"]).output.split())
     assert "same cost" not in shown and "It goes through torch.func, several times the detached pass's time" in shown
