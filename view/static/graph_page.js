@@ -102,7 +102,8 @@ const GraphPage = (() => {
       link: null};
     groups.open([state.selected, ...(highlight ? highlight.ids : [])]);  // what is asked for is drawn
     const ctx = {data, tokens, byId, select, pickLink, toggleGroup, off: groups.off(),
-      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
+      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx),
+      selected: () => state.selected};
 
     const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
     const scroll = h("div", {class: "graph-scroll"}, graphSvg);
@@ -242,7 +243,7 @@ const GraphPage = (() => {
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
       GraphPanels.logitBar(data, select), focusNote,
       h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, groupList, legend, scroll,
-      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx));
+      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx), GraphInterventions.panel(ctx));
     container.replaceChildren(page);
     refilter();
     fit();
