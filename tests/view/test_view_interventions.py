@@ -99,3 +99,15 @@ def test_another_model_s_graph_is_refused_at_start(graph_file):
     meta = GraphFile(graph_file).graph["metadata"]
     with pytest.raises(InvalidArgumentError, match="Expected a model that reads the graph's prompt"):
         load_interventions("default", meta["prompt"], [*meta["prompt_tokens"], " extra"], {})
+
+
+def test_model_is_refused_where_no_live_graph_viewer_runs(graph_file, layered_store, tmp_path):
+    from click.testing import CliRunner
+
+    from detjac.cli.main import main
+
+    export = CliRunner().invoke(main, ["view", str(graph_file), "--model", "default", "--export", str(tmp_path / "p")])
+    assert export.exit_code == 2 and "--model applies to the live viewer only" in export.output
+    assert not (tmp_path / "p").exists()
+    store = CliRunner().invoke(main, ["view", str(layered_store.path), "--model", "default"])
+    assert store.exit_code == 2 and "--model applies to a graph JSON file" in store.output
