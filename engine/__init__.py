@@ -37,6 +37,7 @@ from .tools.attribution import AttributionGraph, check_graph, logit_attribution
 from .tools.exactness_report import exactness_report
 from .tools.graph_json import graph_dict, write_graph
 from .tools.head_loadings import strongest_heads
+from .tools.intervene import Edit, Intervention, intervene
 from .tools.lens_pulls import pull_final_block
 from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
 from .tools.qk import check_qk_request, qk_attribution, write_qk
@@ -56,4 +57,5 @@ __all__ = [
     "operator_svd", "parse_prompt", "prompt_neuron_values", "prompt_pass", "pull_final_block", "qk_attribution",
     "read_gguf_header", "return_freed_memory", "strongest_heads", "tiny_model", "tiny_model_types", "write_effects",
     "write_graph", "write_qk",
+    "Edit", "Intervention", "intervene",
 ]

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and b
     from .family_check import family_checks
     from .fingerprint import model_identity, weights_identity
     from .graph_run import graph_file
+    from .interventions import Interventions, load_interventions
     from .jacobian_run import DemoPrompt, JacobianOutcome, demo_prompts, prompt_jacobian
     from .jlens_fit import fit_jlens_folder
     from .lens_apply import (

@@ -107,7 +107,8 @@ const GraphPage = (() => {
     groups.open([state.selected, ...(highlight ? highlight.ids : [])]);  // what is asked for is drawn
     const ctx = {data, tokens, byId, select, pickLink, toggleGroup, pin, pinned: (n) => GraphFigure.isPinned(fig, n),
       off: groups.off(),
-      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
+      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx),
+      selected: () => state.selected};
 
     const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
     const scroll = h("div", {class: "graph-scroll"}, graphSvg);
@@ -262,7 +263,7 @@ const GraphPage = (() => {
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
       GraphPanels.logitBar(data, select), focusNote,
       h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, groupList, figure, legend, scroll,
-      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx));
+      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx), GraphInterventions.panel(ctx));
     container.replaceChildren(page);
     GraphFigure.keys(page, act);
     refilter();
