@@ -42,10 +42,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detjac.engine.checkpoints.random_weights import write_random_checkpoint
 from detjac.machine import peak_mib
 
 from .support.flops import sweep_flops
+from .support.random_weights import write_random_checkpoint
 
 TOKENS = 32
 LLAMA3_70B_LAYERS = 80
@@ -207,7 +207,7 @@ def _one_run(name: str, spec: dict[str, Any], device: str, tmp: Path, tokens: in
             "config": cfg, "layers": L, "tokens": n, "dtype": "bfloat16", "quantize": spec["quantize"],
             "device": device, "max_memory": max_memory, "weights_on_disk_gib": on_disk / 2**30,
             "write_checkpoint_s": write_s, "init_s": init_s,
-            "layer_gib": sm.layer_bytes() / 2**30, "trace_mib": trace_bytes / 2**20,
+            "layer_gib": sm.skeleton.layer_bytes() / 2**30, "trace_mib": trace_bytes / 2**20,
             "forward_pass_s": forward_s, "row_block": plan.row_block, "row_blocks": plan.n_row_blocks,
             "jacobian_s": jacobian_s, "seconds_per_row_block": per_block,
             "seconds_per_layer_per_row_block": statistics.median(per_block) / L,

@@ -62,7 +62,7 @@ def load_case(case: str, sweep: tuple[int, ...] = SWEEP) -> tuple[Any, list[int]
     if model == "llama1b":
         import torch
 
-        from detjac.engine.checkpoints.random_weights import write_random_checkpoint
+        from .support.random_weights import write_random_checkpoint
 
         if not (CACHE_1B / "model.safetensors.index.json").is_file():
             write_random_checkpoint(CACHE_1B, LLAMA_1B, torch.bfloat16)

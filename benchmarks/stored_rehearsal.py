@@ -38,7 +38,7 @@ def checkpoints(work: Path, with_8b: bool) -> dict[str, Path]:
     """The random checkpoints, written once (a folder or file that exists is reused)."""
     import torch
 
-    from detjac.engine.checkpoints.random_weights import write_random_checkpoint, write_random_gguf
+    from .support.random_weights import write_random_checkpoint, write_random_gguf
 
     work.mkdir(parents=True, exist_ok=True)
     out = {"1b-bf16": work / "llama32-1b-bf16", "1b-q4_0": work / "llama32-1b-q4_0.gguf"}
@@ -67,7 +67,7 @@ def child(source: str, dtype_name: str, budget: str, tokens: int) -> dict[str, A
     dtype = getattr(torch, dtype_name)
     t0 = time.perf_counter()
     sm = StreamedEngine(source, dtype=dtype, max_memory=budget)
-    honour_cpu_budget(sm)  # as the detjac command does
+    honour_cpu_budget(sm.device, budget)  # as the detjac command does
     ids = list(range(1, 1 + 37 * tokens, 37))  # ids the tiny checks hold too
     plan: Plan = sm.cost.plan(tokens, [OUTPUTS], mode="reverse")  # the cost model's block, passed explicitly
     load_s = time.perf_counter() - t0

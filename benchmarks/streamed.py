@@ -139,9 +139,9 @@ def child_detjac(cfg: dict[str, Any], n: int, out: str, layers: list[int] | None
     sm = StreamedEngine(model, dtype=torch.float32)
     budget = None
     if extra_budget_mib is not None:
-        budget = 2 * sm.layer_bytes() + int(extra_budget_mib * 2**20)
+        budget = 2 * sm.skeleton.layer_bytes() + int(extra_budget_mib * 2**20)
         sm = StreamedEngine(model, dtype=torch.float32, max_memory={"cpu": budget})
-        honour_cpu_budget(sm)  # as the detjac command does
+        honour_cpu_budget(sm.device, {"cpu": budget})  # as the detjac command does
         row_block = None
     prompt_pass(sm, ids[:2], row_block=row_block)  # warm up
     shutil.rmtree(Path(out).with_suffix(".zarr"), ignore_errors=True)  # a fresh store per run
@@ -202,7 +202,7 @@ def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
     from detjac.targets import Target
 
     sm = StreamedEngine(folder, dtype=torch.float32, max_memory=budget)
-    honour_cpu_budget(sm)  # as the detjac command does
+    honour_cpu_budget(sm.device, budget)  # as the detjac command does
     ids = list(range(100, 100 + n))
     base = peak_mib()
     t0 = time.perf_counter()
@@ -219,8 +219,8 @@ def child_ooc(folder: str, n: int, budget: str, blocks: int) -> dict[str, Any]:
             break
     return {"forward_pass_s": forward_s, "row_block": plan.row_block, "row_blocks_total": plan.n_row_blocks,
             "seconds_per_row_block": per_block, "seconds_per_layer_per_row_block": [s / sm.n_layers for s in per_block],
-            "peak_rss_mib": peak_mib(), "rss_after_start_mib": base, "layer_mib_float32": sm.layer_bytes() / 2**20,
-            "gib_read": sm.stats.bytes_read / 2**30}
+            "peak_rss_mib": peak_mib(), "rss_after_start_mib": base,
+            "layer_mib_float32": sm.skeleton.layer_bytes() / 2**20, "gib_read": sm.stats.bytes_read / 2**30}
 
 
 def _run_child(*args: str, huge_pages: bool = True) -> dict[str, Any]:
@@ -285,7 +285,7 @@ def section_layerwise(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 
 
 def section_ooc(tmp: Path, quick: bool) -> dict[str, Any]:
-    from detjac.engine.checkpoints.random_weights import write_random_checkpoint
+    from .support.random_weights import write_random_checkpoint
 
     torch = _torch()
     cfg = {**OOC, "num_hidden_layers": 4} if quick else OOC

@@ -187,7 +187,7 @@ def collect_model_options(func: Any) -> Any:
     :class:`~detjac.model_settings.LoadSpec`), its MODEL resolved with ``--gguf-file`` and ``--revision`` into a
     :class:`~detjac.engine.ModelRef`, once, here (the command receives it as ``model`` and in the spec); apply it
     above them. A command whose MODEL may be left out (None) receives ``gguf_file`` and ``revision`` to resolve the
-    model it finds. A CPU budget on the CPU sets this process's allocator (:func:`set_process_allocator`)."""
+    model it finds. A CPU budget on the CPU sets this process's allocator (:func:`detjac.engine.honour_cpu_budget`)."""
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
         given = {k: kwargs.pop(k) for k in _MODEL_OPTIONS if k in kwargs}
@@ -200,19 +200,13 @@ def collect_model_options(func: Any) -> Any:
             spec = replace(spec, model=kwargs["model"])
         elif "model" in kwargs:
             kwargs.update(gguf_file=gguf_file, revision=revision)
-        set_process_allocator(spec)
+        if spec.max_memory:  # a budget: the engine's rule decides whether this process's allocator follows it
+            from detjac.engine import honour_cpu_budget
+
+            honour_cpu_budget(spec.device, spec.max_memory)
         return func(*args, model_options=spec, **kwargs)
 
     return command
-
-
-def set_process_allocator(spec: LoadSpec) -> None:
-    """With a CPU budget for a computation on the CPU, make this process's allocator hand freed memory back at once
-    (:func:`detjac.engine.return_freed_memory`): a process-wide setting, so the CLI's, which owns the process."""
-    if spec.device == "cpu" and any(device == "cpu" for device, _ in parse_budgets(spec.max_memory)):
-        from detjac.engine import return_freed_memory
-
-        return_freed_memory()
 
 
 def model_options(*, dtype: str = "float64") -> Any:

@@ -141,11 +141,26 @@ def available_devices() -> str:
     return ", ".join(found)
 
 
-def honour_cpu_budget(engine: Any) -> None:
-    """:func:`return_freed_memory` when ``engine`` computes on the CPU under a CPU budget (call it from the
-    application that owns the process, once the engine is loaded); nothing otherwise."""
-    if engine.device.type == "cpu" and engine.memory_budget("cpu") is not None:
-        return_freed_memory()
+def honour_cpu_budget(device: Any, max_memory: dict[str, Any] | str | None) -> bool:
+    """:func:`return_freed_memory` when computing on ``device`` under a CPU budget in ``max_memory`` (the
+    ``--max-memory`` text or budgets by device, as the engines take them); nothing otherwise. The one rule for the
+    process's allocator: the application that owns the process calls it (the CLI from its options, a run's worker
+    from its load spec), never the engine.
+
+    Returns
+    -------
+    bool
+        Whether the allocator was set.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A device or budget that is not one.
+    """
+    if device_key(device) != "cpu" or "cpu" not in budgets_of(max_memory):
+        return False
+    return_freed_memory()
+    return True
 
 
 def return_freed_memory() -> None:

@@ -2,7 +2,7 @@
 
 A :class:`PullRequest` says where cotangents enter (:class:`Seed`: the output, a layer's input, mid residual,
 attention or MLP output, or an MLP's neurons), where rows are read off (:class:`Site`: a layer's input, an MLP's
-neurons, the input embeddings) and what is held fixed (``cut``: every MLP's output). :func:`sweep` runs any batch of
+neurons, the input embeddings) and what is held fixed (``cut``: every MLP's output). :func:`pulls` runs any batch of
 requests top-down through a :class:`Walk`, which each engine implements (in memory: the frozen pieces of the whole
 model; layer-streamed: one layer at a time). Details: docs/engine.md, "The pullback primitive"."""
 
@@ -119,7 +119,7 @@ class LayerPull(Protocol):
 
 
 class Walk(Protocol):
-    """What :func:`sweep` needs of an engine: its final norm, its layers one at a time, what comes before them."""
+    """What :func:`pulls` needs of an engine: its final norm, its layers one at a time, what comes before them."""
 
     n_layers: int
     n_tokens: int
@@ -217,15 +217,6 @@ def _check_site(site: Site, kinds: Sequence[str], what: str, n_layers: int) -> N
     if not low <= site.layer <= top:
         raise InvalidArgumentError(f"Expected a {what} at a layer in [{low}, {top}] for {site.kind}. Got "
                                    f"{site.layer}.")
-
-
-def sweep(walk: Walk, requests: Sequence[PullRequest]) -> list[dict[Site, torch.Tensor]]:
-    """Every request's reads, ``{site: (B, n, d) or (B, n, n_neurons)}`` per request, in order (:func:`pulls`,
-    collected)."""
-    out: list[dict[Site, torch.Tensor]] = [{} for _ in requests]
-    for j, site, values in pulls(walk, requests):
-        out[j][site] = values
-    return out
 
 
 def pulls(walk: Walk, requests: Sequence[PullRequest]) -> Iterator[tuple[int, Site, torch.Tensor]]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from detjac.errors import InvalidArgumentError
 from detjac.targets import Target
 
 Prompt = str | Sequence[int] | torch.Tensor
@@ -42,6 +44,20 @@ class Trace:
     @property
     def n_tokens(self) -> int:
         return len(self.token_ids)
+
+    @classmethod
+    def own(cls, trace: Trace, engine: str) -> Any:
+        """``trace`` where it is of this class (``engine``'s own trace), else refused naming ``engine``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            A trace of another engine.
+        """
+        if not isinstance(trace, cls):
+            raise InvalidArgumentError(f"Expected a trace from the {engine} engine's own trace(). Got a "
+                                       f"{type(trace).__name__}.")
+        return trace
 
     def value(self, t: Target) -> torch.Tensor:
         """(d_model,) the target's value at the position: what its Jacobian reconstructs (less ``bias``)."""

@@ -96,7 +96,7 @@ class ModelPlugin(WorkerPlugin):
                 except Exception as exc:
                     raise WorkerError(f"A worker could not load the model {self.spec.model.location!r} on "
                                       f"{self.spec.device}: {type(exc).__name__}: {exc}") from exc
-                honour_cpu_budget(self._loaded)  # this worker process is the run's: its allocator too
+                honour_cpu_budget(self.spec.device, self.spec.max_memory)  # this worker process is the run's too
                 self.loads += 1
                 self.load_seconds += time.perf_counter() - start
             return self._loaded

@@ -5,7 +5,7 @@ entries the model never saw; a lens evaluated on them must be fitted elsewhere, 
 writes prefixes of training entries, chosen by the same rule (6-16 words, length and order
 from a SHA-256 of the entry; none chosen by how the model does on it), to
 ``benchmarks/data/lens_fit_prompts.txt``. The corpus is the pinned Debian package the model
-was trained on (``detjac.engine.checkpoints.gcide``; kept in ``~/.cache/detjac/corpus``).
+was trained on (``scripts/gcide.py``; kept in ``~/.cache/detjac/corpus``).
 
     .venv/bin/python -m scripts.lens_prompts --count 1000
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detjac.engine.checkpoints import gcide
+from . import gcide
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """Train detjac's default model: a small Llama on the GCIDE dictionary (Debian ``dict-gcide``).
 
-The recipe (the corpus, its held-out split, the prompts and the settings) is ``detjac.engine.checkpoints.gcide``;
+The recipe (the corpus, its held-out split, the prompts and the settings) is ``scripts/gcide.py``;
 this runs it with torch. Deterministic (fixed seed, fixed thread count, deterministic kernels): a re-run on the
 same corpus version, torch version and CPU reproduces the shipped weights; the script prints the SHA-256 of
 ``model.safetensors`` to compare with the model card. About 30 minutes on 2 cores.
@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from detjac.engine.checkpoints import gcide
-from detjac.engine.checkpoints.gcide import CONTEXT, MODEL, N_PROMPTS, SEED, TRAIN, VOCAB, entry_prefixes, lr_at
+from . import gcide
+from .gcide import CONTEXT, MODEL, N_PROMPTS, SEED, TRAIN, VOCAB, entry_prefixes, lr_at
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -163,22 +163,20 @@ def test_every_command_and_run_loads_through_load_engine():
         load_engine(LoadSpec())  # nothing resolved: refused before anything loads
 
 
-def test_the_cpu_budget_allocator_setting_is_the_clis(monkeypatch):
-    """A CPU budget on the CPU sets the process's allocator from the CLI (which owns the process), never from a
-    library call of load_engine."""
-    import detjac.engine as engine
-    from detjac.cli.options import set_process_allocator
+def test_the_cpu_budget_allocator_setting_is_one_rule_the_applications_call(monkeypatch):
+    """A CPU budget on the CPU sets the process's allocator by one rule (the engine's honour_cpu_budget), called by
+    the applications that own a process (the CLI, a run's workers), never from a library call of load_engine."""
+    from detjac.engine import memory
 
     calls: list[int] = []
-    monkeypatch.setattr(engine, "return_freed_memory", lambda: calls.append(1))
-    set_process_allocator(LoadSpec(max_memory="cuda:0=8GiB"))
-    set_process_allocator(LoadSpec(device="cuda:0", max_memory="cpu=8GiB"))
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: calls.append(1))
+    assert not memory.honour_cpu_budget("cpu", "cuda:0=8GiB")
+    assert not memory.honour_cpu_budget("cuda:0", "cpu=8GiB")
     assert calls == []
-    set_process_allocator(LoadSpec(max_memory="cuda:0=8GiB,cpu=8GiB"))
-    assert calls == [1]
-    # the CLI, a run's worker processes and the engine's own helper; no loader
+    assert memory.honour_cpu_budget("cpu", "cuda:0=8GiB,cpu=8GiB") and calls == [1]
+    # the CLI, a run's worker processes and the rule itself; no loader
     assert calls_of({"honour_cpu_budget", "return_freed_memory"}) == {
-        "cli/options.py": {"return_freed_memory"}, "runs/cluster.py": {"honour_cpu_budget"},
+        "cli/options.py": {"honour_cpu_budget"}, "runs/cluster.py": {"honour_cpu_budget"},
         "engine/memory.py": {"return_freed_memory"}}
 
 

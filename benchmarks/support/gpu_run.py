@@ -131,7 +131,7 @@ def checkpoint(args: argparse.Namespace, which: str) -> Path:
     blocks."""
     import torch
 
-    from detjac.engine.checkpoints.random_weights import write_random_checkpoint, write_random_gguf
+    from .random_weights import write_random_checkpoint, write_random_gguf
 
     cfg = sizes(args.dry_run)[which]
     name = f"{which}{'-dry' if args.dry_run else ''}"

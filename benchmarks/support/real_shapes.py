@@ -1,5 +1,5 @@
 """The shapes of real models (their config.json's shape fields), which the benchmarks rehearse at full size with
-random weights (:func:`detjac.engine.checkpoints.random_weights.write_random_checkpoint`) and the GPU check plans:
+random weights (:func:`benchmarks.support.random_weights.write_random_checkpoint`) and the GPU check plans:
 torch-free, so a benchmark reads them before anything heavy is imported."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The default model shipped with detjac: a small Llama trained on the GCIDE dictionary.
 
-Trained by ``scripts/train_default_model.py`` from the recipe in :mod:`.gcide`; the model card is
+Trained by ``scripts/train_default_model.py`` from the recipe in ``scripts/gcide.py``; the model card is
 ``assets/gcide-llama/README.md``.
 It lets ``make demo`` and the tests run on a real trained model with no download.
 """

@@ -370,11 +370,6 @@ def tensors_error(where: str, found: dict[str, list[str]]) -> CheckpointError:
         for what, names in found.items() if names) + ".")
 
 
-def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
-    """Bytes the parameters of ``module`` take in ``dtype`` (meta parameters count too)."""
-    return sum(p.numel() for p in module.parameters()) * dtype.itemsize
-
-
 def is_resident(source: WeightSource) -> bool:
     """Whether the source's tensors already live in memory (a loaded model)."""
     return isinstance(source, ModuleWeights)

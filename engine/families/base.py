@@ -157,7 +157,6 @@ class Family:
     encoder: bool = False
     config_problem: Callable[[Any], str | None] = field(default=lambda config: None)
     streamable: bool = True
-    notes: str = ""
     conventions: tuple[str, ...] = ("up",)
 
     def check_convention(self, convention: str | None) -> str:

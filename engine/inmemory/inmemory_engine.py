@@ -107,7 +107,7 @@ class InMemoryEngine(Engine):
     def walk(self, trace: Trace, plan: Plan | None = None) -> Iterator[FrozenModel | AutogradWalk]:
         """The trace's frozen pieces of the whole model (explicit sweeps), else the autograd walk (its ``torch.func``
         pullback, which honours the output's cotangents read at the embeddings)."""
-        t = _in_memory(trace)
+        t: InMemoryTrace = InMemoryTrace.own(trace, "in-memory")
         with torch.no_grad():
             yield t.frozen if t.frozen is not None else AutogradWalk(t, self)
 
@@ -125,12 +125,3 @@ class InMemoryEngine(Engine):
             if self.family.encoder:  # no LM head: the final hidden state scored against the word embeddings
                 return output_logits(self.model, self.model(ids, use_cache=False).last_hidden_state[0, position])
             return self.model(ids, use_cache=False).logits[0, position]
-
-
-def _in_memory(trace: Trace) -> InMemoryTrace:
-    if not isinstance(trace, InMemoryTrace):
-        raise InvalidArgumentError(
-            f"Expected a trace from the in-memory engine's own trace(). Got a {type(trace).__name__}."
-        )
-    return trace
-

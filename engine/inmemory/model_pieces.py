@@ -15,16 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from detjac.exactness import pieces_bound
-
 from ..detach.factors import FactorTape
 from ..detach.wrappers import DetachedNorm
 from ..pieces import NotAPiece
-from ..pieces.layer import LayerPieces, PiecesPull, check_layer, push_layer
+from ..pieces.layer import LayerPieces, PiecesPull, check_layer, check_rebuilt, push_layer
 from ..pieces.norms import NormPiece, norm_piece
 from ..pieces.record import LayerRecord, record_layer
 from ..pieces.runner import run_layer
-from ..pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, sweep
+from ..pullback import OUTPUT, PullRequest, Seed
 from ..types import EngineStats
 
 
@@ -46,7 +44,7 @@ class Event:
 @dataclass
 class FrozenModel:
     """A prompt's detached model as frozen pieces (see the module docstring): a
-    :class:`~detjac.engine.pullback.Walk`, so every pullback goes through :func:`~detjac.engine.pullback.sweep`."""
+    :class:`~detjac.engine.pullback.Walk`, so every pullback goes through :func:`~detjac.engine.pullback.pulls`."""
 
     layers: list[LayerRecord]
     before: list[NormPiece]  # between the input embeddings and the first layer: scales (n,)
@@ -112,12 +110,7 @@ class FrozenModel:
         assert self.ends is not None, "freeze_model records the residual stream's ends"
         return self.ends
 
-    # -- the output's J^T u and J v -------------------------------------------------------
-
-    def pull(self, u: torch.Tensor) -> torch.Tensor:
-        """``J^T u``: (c, d) cotangents of the output -> (c, n, d) at the input embeddings."""
-        with torch.no_grad():
-            return sweep(self, [PullRequest((Seed(OUTPUT, u),), (EMBEDDINGS,))])[0][EMBEDDINGS]
+    # -- the output's J v ------------------------------------------------------------------
 
     def push(self, v: torch.Tensor) -> torch.Tensor:
         """``J v``: (c, n, d) tangents of the input embeddings -> (c, d) at the output."""
@@ -165,11 +158,7 @@ def freeze_model(lin: Any, x: torch.Tensor, position: int) -> tuple[FrozenModel,
             bias = decoder(inputs_embeds=torch.zeros_like(x)[None], use_cache=False).last_hidden_state[0, position]
     frozen = _assemble(events, tape, len(layers), position, x.shape[0])
     output = hidden[position]
-    got = frozen.push(x[None])[0] + (bias if bias is not None else 0)
-    err = float((got - output).norm() / output.norm().clamp_min(torch.finfo(output.dtype).tiny))
-    bound = pieces_bound(x.dtype)
-    if not err <= bound:
-        raise NotAPiece(f"its pieces rebuild the model's output with relative error {err:.1e} (bound {bound:g})")
+    check_rebuilt(frozen.push(x[None])[0] + (bias if bias is not None else 0), output, "the model's output")
     return frozen, output, bias
 
 

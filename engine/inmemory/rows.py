@@ -2,8 +2,8 @@
 
 The trace keeps what the sweeps need: the model's frozen pieces (the explicit sweeps) or a ``torch.func`` pullback
 (the autograd sweeps, the ordinary Jacobian, and the fallback for a piece without an explicit rule); an affine
-family's offset ``b`` comes from a replay on zero inputs (:mod:`detjac.engine.detach.factors`). :func:`pull` is
-``u -> u J`` on either. Details: docs/engine.md, "The row-block engine"."""
+family's offset ``b`` comes from a replay on zero inputs (:mod:`detjac.engine.detach.factors`). Details:
+docs/engine.md, "The row-block engine"."""
 
 from __future__ import annotations
 
@@ -40,17 +40,6 @@ class InMemoryTrace(Trace):
     transpose: Any = field(default=None, repr=False)  # v -> J v, the pullback of the pullback (built on demand)
 
 
-def pull(trace: InMemoryTrace, cotangents: torch.Tensor) -> torch.Tensor:
-    """``cotangents @ J`` for output-space rows (rows, d_model) -> (rows, n_tokens, d_model): basis rows give rows
-    of J, any other rows products with ``J^T`` without forming J."""
-    if trace.frozen is not None:
-        return trace.frozen.pull(cotangents)
-    # torch.func pullbacks build a graph of the backward itself (for higher-order transforms) unless grad mode is
-    # off; that graph would keep every intermediate cotangent of the block alive (3x the peak memory at d_model=512).
-    with torch.no_grad():
-        return torch.func.vmap(trace.pullback)(cotangents)[0]
-
-
 def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, position: int | None,
                     tokenizer: Any | None) -> tuple[list[int], int]:
     """The prompt's token ids and the target position (None: the family's default), checked.
@@ -73,36 +62,15 @@ def prompt_position(model: PreTrainedModel, prompt: str | Sequence[int] | torch.
 def trace_model(model: PreTrainedModel, prompt: str | Sequence[int] | torch.Tensor, *, detach: bool = True,
                 position: int | None = None, tokenizer: Any | None = None, convention: str | None = None,
                 sweeps: str | None = None, warn: bool = True) -> InMemoryTrace:
-    """Run the (linearized) forward pass of ``prompt`` and keep what its Jacobian's sweeps need.
-
-    Parameters
-    ----------
-    model
-        A loaded causal LM of a supported family (see :func:`load_model`).
-    prompt
-        Text (tokenized with the model's tokenizer, special tokens added) or token ids.
-    detach
-        Freeze the nonlinear factors (detached Jacobian) or not (ordinary Jacobian).
-    position
-        Token position whose output is the target. Default: the last (causal models), 0 (the [CLS] token) for
-        encoders.
-    convention
-        The family's detach convention (None: its default; see :func:`linearized`).
-    sweeps
-        ``"explicit"`` (the model's frozen pieces) or ``"autograd"`` (``torch.func.vjp``); default: the
-        ``DETJAC_SWEEPS`` environment variable, else ``"explicit"``. The ordinary Jacobian is always autograd.
-    warn
-        Warn (``RuntimeWarning``) when the explicit sweeps fall back to ``torch.func``; the reason is kept in
-        ``fallback`` either way.
+    """Run the (linearized) forward pass of ``prompt`` and keep what its Jacobian's sweeps need: the arguments as
+    :class:`~detjac.engine.InMemoryEngine` and its :meth:`~detjac.engine.Engine.trace` take them (the ordinary
+    Jacobian is always autograd); ``warn``: warn (``RuntimeWarning``) when the explicit sweeps fall back to
+    ``torch.func`` (the reason is kept in ``fallback`` either way).
 
     Raises
     ------
-    PromptError
-        Empty prompt, unknown token ids, or more tokens than the model's context.
-    InvalidArgumentError
-        ``position`` outside the prompt, a convention the family lacks, or a bad ``sweeps``.
-    UnsupportedModelError
-        Unknown family or a module without a detach rule.
+    PromptError, InvalidArgumentError, UnsupportedModelError
+        As the engine's trace raises them; a module without a detach rule.
     """
     ids, position = prompt_position(model, prompt, position, tokenizer)
     at = position % len(ids)
@@ -167,7 +135,11 @@ class AutogradWalk:
 
     def final(self, seed: Any) -> torch.Tensor:
         """(B, d) cotangents of the output -> (B, n, d) at the embeddings: the whole model's pullback."""
-        return pull(self.trace, seed.values)
+        # torch.func pullbacks build a graph of the backward itself (for higher-order transforms) unless grad mode
+        # is off; that graph would keep every intermediate cotangent of the block alive (3x the peak memory at
+        # d_model=512).
+        with torch.no_grad():
+            return torch.func.vmap(self.trace.pullback)(seed.values)[0]
 
     def layer(self, i: int) -> Any:
         """Refused by name: the sweep never enters a layer of this walk, and what asks for one needs explicit

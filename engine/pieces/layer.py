@@ -143,10 +143,6 @@ class Mlp:
         """(n, ffn) neuron values -> (n, d) the MLP's output."""
         return (z if self.post is None else z * self.post[:, None]) @ wide(self.down).T
 
-    def read_vectors(self) -> torch.Tensor:
-        """(ffn, d) each neuron's read direction (the gain of the norm before the MLP folded in)."""
-        return wide(self.up)
-
     def write_vectors(self) -> torch.Tensor:
         """(ffn, d) what each neuron writes per unit of its value, before the scales of any norm after the MLP
         (positive per position: the direction is the same at every position); the neuron pages' logit effects."""
@@ -357,10 +353,16 @@ def check_layer(pieces: LayerPieces, h: torch.Tensor, out: torch.Tensor, mid: to
 
     The bound is :func:`detjac.exactness.pieces_bound` (loose: it catches a wrong wiring or an unfolded factor).
     """
-    bound = pieces_bound(h.dtype)
     with torch.no_grad():
         out_hat, mid_hat = (t[0] for t in push_layer(pieces, h[None], 0))
-    for name, got, want in (("mid residual", mid_hat, mid), ("output", out_hat, out)):
-        err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
-        if not err <= bound:
-            raise NotAPiece(f"its pieces rebuild the layer's {name} with relative error {err:.1e} (bound {bound:g})")
+    check_rebuilt(mid_hat, mid, "the layer's mid residual")
+    check_rebuilt(out_hat, out, "the layer's output")
+
+
+def check_rebuilt(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Raise :class:`~detjac.engine.pieces.NotAPiece` where pieces rebuild ``want`` (``what``) as ``got`` with a
+    relative error above :func:`detjac.exactness.pieces_bound`."""
+    bound = pieces_bound(want.dtype)
+    err = float((got - want).norm() / want.norm().clamp_min(torch.finfo(want.dtype).tiny))
+    if not err <= bound:
+        raise NotAPiece(f"its pieces rebuild {what} with relative error {err:.1e} (bound {bound:g})")

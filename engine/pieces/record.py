@@ -109,14 +109,6 @@ def record_layer(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, tape
     return record, out, mid
 
 
-def layer_pieces(layer: nn.Module, family: Any, step: Any, h: torch.Tensor, own: bool = False
-                 ) -> tuple[LayerPieces, torch.Tensor, torch.Tensor]:
-    """:func:`record_layer`, then the record's pieces (``own``: see :meth:`LayerRecord.pieces`); raises
-    :class:`~detjac.engine.pieces.NotAPiece` (why) where the layer has an unknown piece."""
-    record, out, mid = record_layer(layer, family, step, h)
-    return record.pieces(own), out, mid
-
-
 def _down_module(calls: list[Call], family: Any, factors: list[Any]) -> nn.Module | None:
     """The down projection of the MLP among a branch's ``calls`` (its input is the neurons), or None where the branch
     holds no MLP known as one."""

@@ -16,7 +16,7 @@ from detjac.errors import InvalidArgumentError
 from ..pieces import NotAPiece
 from ..pieces.layer import LayerPieces, PiecesPull, check_layer, push_layer
 from ..pieces.norms import NormPiece, frozen_norm
-from ..pieces.record import layer_pieces
+from ..pieces.record import record_layer
 from ..pieces.runner import chosen_sweeps
 from .skeleton import Skeleton
 from .tracing import LayerSteps, StreamedTrace
@@ -46,23 +46,6 @@ class AutogradAdjoint:
         _, pull = torch.func.vjp(self.steps.norm, trace.inputs[-1].to(self.sk.device))
         with torch.no_grad():
             return torch.func.vmap(pull)(seed)[0]
-
-    def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
-                   g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
-        """Cotangents (B, n, d) at layer ``i``'s output and mid residual (None: zero), zero before position ``s``,
-        -> (B, n, d) at its input ``h``, and the start actually used (0 where a suffix could not run)."""
-        n = h.shape[0]
-        step = self.steps.pulled_suffix_step(i, trace.calls, h, s) if 0 < s < n else None
-        if step is None:
-            step, s = self.steps.step(i, trace.calls), 0
-        if g_mid is None:  # only the output's cotangents: the mid residual is not pulled back
-            _, pull = torch.func.vjp(lambda x, step=step: step(x)[0], h)
-            cotangents: Any = g_out[:, s:]
-        else:
-            _, pull = torch.func.vjp(step, h)
-            cotangents = (g_out[:, s:], g_mid[:, s:])
-        with torch.no_grad():
-            return torch.func.vmap(pull)(cotangents)[0], s
 
     def layer_pull(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> Any:
         """Layer ``i`` (resident) as the pullback primitive crosses it (:class:`~detjac.engine.pullback.LayerPull`):
@@ -103,9 +86,22 @@ class AutogradPull:
         self.adjoint, self.i, self.trace, self.h, self.why = adjoint, i, trace, h, why
 
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
+        """Cotangents (B, n, d) at the layer's output and mid residual (None: zero), zero before position ``s``,
+        -> (B, n, d) at its input, and the start actually used (0 where a suffix could not run)."""
         if cut:
             self._refuse("holding its MLP fixed")
-        return AutogradAdjoint.pull_layer(self.adjoint, self.i, self.trace, self.h, g_out, g_mid, s)
+        steps, calls, h = self.adjoint.steps, self.trace.calls, self.h
+        step = steps.pulled_suffix_step(self.i, calls, h, s) if 0 < s < h.shape[0] else None
+        if step is None:
+            step, s = steps.step(self.i, calls), 0
+        if g_mid is None:  # only the output's cotangents: the mid residual is not pulled back
+            _, pull = torch.func.vjp(lambda x, step=step: step(x)[0], h)
+            cotangents: Any = g_out[:, s:]
+        else:
+            _, pull = torch.func.vjp(step, h)
+            cotangents = (g_out[:, s:], g_mid[:, s:])
+        with torch.no_grad():
+            return torch.func.vmap(pull)(cotangents)[0], s
 
     def neuron_cotangents(self, g_out: torch.Tensor) -> torch.Tensor:
         self._refuse("its MLP neurons")
@@ -152,8 +148,8 @@ class ExplicitAdjoint(AutogradAdjoint):
             return None
         own = i in self.sk.owned  # the widened weights are this block's: gains fold into them in place
         try:
-            pieces, out, mid = layer_pieces(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h,
-                                            own)
+            record, out, mid = record_layer(self.sk.layers[i], self.steps.family, self.steps.step(i, trace.calls), h)
+            pieces = record.pieces(own)
             if i not in self._checked:
                 check_layer(pieces, h, out, mid)
                 self._checked.add(i)
@@ -168,12 +164,8 @@ class ExplicitAdjoint(AutogradAdjoint):
 
     def pull_final(self, trace: StreamedTrace, seed: torch.Tensor) -> torch.Tensor:
         p, h = trace.position, trace.inputs[-1].to(self.sk.device)
-        if not self.steps.detach:
-            return super().pull_final(trace, seed)
-        try:
-            norm = frozen_norm(self.sk.decoder.norm, h[p:p + 1])
-        except NotAPiece as e:
-            self._fallback("final norm", str(e))
+        norm = self._final_norm(h[p:p + 1])
+        if norm is None:
             return super().pull_final(trace, seed)
         g = seed.new_zeros(seed.shape[0], h.shape[0], h.shape[1])
         g[:, p] = norm.transpose(seed[:, None])[:, 0]
@@ -192,12 +184,13 @@ class ExplicitAdjoint(AutogradAdjoint):
 
     def _final_norm(self, h: torch.Tensor) -> NormPiece | None:
         """The final norm at ``h`` (m, d) as a piece; None where the sweeps are not detached or it is not a known
-        piece (the caller goes through torch.func)."""
+        piece (the caller goes through torch.func; the first such fallback warns)."""
         if not self.steps.detach:
             return None
         try:
             return frozen_norm(self.sk.decoder.norm, h)
-        except NotAPiece:
+        except NotAPiece as e:
+            self._fallback("final norm", str(e))
             return None
 
     def layer_pull(self, i: int, trace: StreamedTrace, h: torch.Tensor) -> Any:
@@ -206,13 +199,6 @@ class ExplicitAdjoint(AutogradAdjoint):
             why = self._unknown.get(i, "the Jacobian is not detached")
             return AutogradPull(self, i, trace, h, why)
         return CountedPull(pieces, self.sk.stats, trace.mids[i].to(self.sk.device) if trace.mids else None)
-
-    def pull_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, g_out: torch.Tensor,
-                   g_mid: torch.Tensor | None, s: int) -> tuple[torch.Tensor, int]:
-        pieces = self._pieces(i, trace, h)
-        if pieces is None:
-            return super().pull_layer(i, trace, h, g_out, g_mid, s)
-        return CountedPull(pieces, self.sk.stats).pull(g_out, g_mid, s, False)
 
     def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

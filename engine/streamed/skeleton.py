@@ -76,8 +76,7 @@ class Skeleton:
     def _check_stored(self) -> set[torch.dtype]:
         """The stored dtypes of every tensor the engine widens (the layers, the final norm, the embedding), each
         checked to be one it converts, from the source's header alone: refused before any work."""
-        emb = self.decoder.get_input_embeddings()
-        names = [next(n for n, m in self.model.named_modules() if m is emb) + ".weight"]
+        names = [self.matrix_name("embedding")]
         names += [f"{self.decoder_path}.norm.{rel}" for rel in self._slots["norm"]]
         names += [self._layer_prefix(i) + rel for i in range(self.n_layers) for rel in self._slots[i]]
         dtypes = set()
@@ -263,13 +262,11 @@ class Skeleton:
 
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
         """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
-        emb = self.decoder.get_input_embeddings()
-        name = next(n for n, m in self.model.named_modules() if m is emb) + ".weight"
         unique = sorted(set(ids))
-        rows = self.source.read_rows(self.source.resolve(name), unique).to(device=self.device, dtype=self.dtype)
+        rows = self.source.read_rows(self._matrix_key("embedding"), unique).to(device=self.device, dtype=self.dtype)
         index = {t: j for j, t in enumerate(unique)}
         x = rows[torch.tensor([index[i] for i in ids], device=self.device)]
-        scale = getattr(emb, "embed_scale", None)  # Gemma3 scales inside its embedding module
+        scale = getattr(self.decoder.get_input_embeddings(), "embed_scale", None)  # Gemma3 scales inside it
         return x * scale.to(self.dtype) if scale is not None else x
 
     @property
@@ -278,17 +275,17 @@ class Skeleton:
         return bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False) or
                     getattr(self.config, "tie_word_embeddings", False))
 
-    def head_name(self) -> str:
-        """The model's name of the unembedding matrix (``lm_head.weight``)."""
-        head = self.model.get_output_embeddings()
-        return next(n for n, m in self.model.named_modules() if m is head) + ".weight"
+    def matrix_name(self, which: str) -> str:
+        """The model's name of the input embedding (``"embedding"``) or unembedding matrix (``lm_head.weight``)."""
+        module = self._matrix_module(which)
+        return next(n for n, m in self.model.named_modules() if m is module) + ".weight"
+
+    def _matrix_module(self, which: str) -> nn.Module:
+        return self.decoder.get_input_embeddings() if which == "embedding" else self.model.get_output_embeddings()
 
     def _matrix_key(self, which: str) -> str:
         """The checkpoint key of the input embedding (``"embedding"``) or unembedding matrix."""
-        if which == "embedding" or self.tied:
-            emb = self.decoder.get_input_embeddings()
-            return self.source.resolve(next(n for n, m in self.model.named_modules() if m is emb) + ".weight")
-        return self.source.resolve(self.head_name())
+        return self.source.resolve(self.matrix_name("embedding" if self.tied else which))
 
     def decoding_matrices(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """``embedding`` (vocab, d), ``unembedding`` (vocab, d) and ``final_norm`` (d,) on CPU, read whole from the
@@ -308,16 +305,12 @@ class Skeleton:
         out: dict[str, Any] = {}
         for which in ("embedding", "unembedding"):
             key = self._matrix_key(which)
-            shape = self._matrix_shape(which)
+            shape = tuple(self._matrix_module(which).weight.shape)
             out[which] = RowBlocks(shape, dtype, lambda a, b, key=key: self.source.read_range(key, a, b))
         gain = final_norm_gain(self.model)
         if gain is not None:
             out["final_norm"] = gain.to(device="cpu", dtype=dtype).numpy()
         return out
-
-    def _matrix_shape(self, which: str) -> tuple[int, int]:
-        module = self.decoder.get_input_embeddings() if which == "embedding" else self.model.get_output_embeddings()
-        return tuple(module.weight.shape)  # type: ignore[return-value]
 
     def logits(self, hidden: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
         """Next-token logits (..., vocab) from final normed hidden states, reading W_U in row chunks (as stored, each

@@ -118,8 +118,9 @@ class StreamedEngine(Engine):
                                  quantize=quantize)
         sk = self.skeleton
         check_compute_dtype(sk.stored_dtypes, dtype, exact)
-        check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={sk.head_name()} if sk.tied else (),
-                       required=(sk.decoder_path + ".", sk.head_name()))  # what this engine reads
+        head = sk.matrix_name("unembedding")
+        check_complete(sk.model, weights, f"a checkpoint in {self.path}", optional={head} if sk.tied else (),
+                       required=(sk.decoder_path + ".", head))  # what this engine reads
         check_shapes(sk.model, weights, f"a checkpoint in {self.path}")
         self.source, self.model, self.decoder, self.layers = weights, sk.model, sk.decoder, sk.layers
         self.n_layers, self.d_model, self.ffn, self.stats = sk.n_layers, sk.d_model, sk.ffn, sk.stats
@@ -161,7 +162,7 @@ class StreamedEngine(Engine):
     @property
     def cost(self) -> CostModel:
         """The cost model at this engine's shapes and compute-device budget."""
-        return CostModel.of(self.config, self.dtype.itemsize, self.layer_bytes(), detach=self.detach,
+        return CostModel.of(self.config, self.dtype.itemsize, self.skeleton.layer_bytes(), detach=self.detach,
                             budget=self.memory_budget(device_key(self.device)), device=device_key(self.device),
                             sweeps=self.adjoint.sizing(), stored_bytes=self.skeleton.stored_layer_bytes())
 
@@ -196,7 +197,7 @@ class StreamedEngine(Engine):
     def walk(self, trace: Trace, plan: Plan | None = None) -> Iterator[StreamedWalk]:
         """Each layer read in as the sweep reaches it (:class:`~detjac.engine.streamed.passes.StreamedWalk`); under
         ``plan``, its layers widened as it says and the layers its budget spares kept between its blocks."""
-        st = _streamed(trace)
+        st: StreamedTrace = StreamedTrace.own(trace, "layer-streamed")
         if plan is not None:
             self.skeleton.per_matrix = plan.widen == "matrix"
             self.skeleton.feed.keep(self.cost.spare_bytes(st.n_tokens, plan))
@@ -263,19 +264,3 @@ class StreamedEngine(Engine):
     def release_layer(self, i: int) -> None:
         """Put layer ``i``'s parameters back on the meta device (their memory is freed)."""
         self.skeleton.release_layer(i)
-
-    def layer_bytes(self) -> int:
-        """Bytes of the largest decoder layer in the compute dtype."""
-        return self.skeleton.layer_bytes()
-
-    def embed(self, ids: Sequence[int]) -> torch.Tensor:
-        """(n, d) input embeddings of ``ids``, reading only those rows of the embedding matrix."""
-        return self.skeleton.embed(ids)
-
-
-def _streamed(trace: Trace) -> StreamedTrace:
-    if not isinstance(trace, StreamedTrace):
-        raise InvalidArgumentError(
-            f"Expected a trace from the layer-streamed engine's own trace(). Got a {type(trace).__name__}."
-        )
-    return trace

@@ -18,7 +18,7 @@ from detjac.engine.detach.model import linearized
 from detjac.engine.pieces import NotAPiece
 from detjac.engine.pieces import layer as pieces
 from detjac.engine.pieces.layer import check_layer
-from detjac.engine.pieces.record import layer_pieces
+from detjac.engine.pieces.record import record_layer
 from detjac.engine.pieces.runner import SWEEPS_ENV
 from detjac.engine.streamed.adjoint import ExplicitAdjoint
 from detjac.engine.streamed.streamed_engine import StreamedEngine
@@ -135,7 +135,8 @@ def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int])
     with linearized(sm.model), sm.skeleton.layer(1):
         h = trace.inputs[1]
         step = sm.steps.step(1, trace.calls)
-        pieces, out, mid = layer_pieces(sm.layers[1], sm.family, step, h)
+        record, out, mid = record_layer(sm.layers[1], sm.family, step, h)
+        pieces = record.pieces()
         assert check_layer(pieces, h, out, mid) is None
         pieces.mlp.down = pieces.mlp.down * 1.01  # a post-norm gain folded twice would look like this
         with pytest.raises(NotAPiece, match="output with relative error"):
@@ -145,7 +146,7 @@ def test_pieces_that_do_not_rebuild_the_layer_are_refused(prompt_ids: list[int])
             check_layer(pieces, h, out, mid)
         wrong = dataclasses.replace(sm.family, mid_residual="no_such_child")
         with pytest.raises(NotAPiece, match="was not called"):
-            layer_pieces(sm.layers[1], wrong, step, h)
+            record_layer(sm.layers[1], wrong, step, h)
     sm.skeleton.feed.drain()  # the layer was driven directly: end the read started ahead
 
 

@@ -118,19 +118,37 @@ def test_streamed_skeleton_is_linearized_only_while_it_computes(llama_checkpoint
     assert sm.record(sm.plan(sm.trace([5, 6]), [OUTPUTS]))["stream"]["bytes_read"] == sm.stats.bytes_read
 
 
-def test_the_cpu_budget_allocator_setting_follows_the_compute_device(monkeypatch, llama_checkpoint):
-    from types import SimpleNamespace
+@pytest.mark.parametrize(("device", "max_memory"), [("cpu", None), ("cpu", "cpu=8GiB"), ("cpu", "CPU=8GiB"),
+                                                     ("cpu:0", "cpu=8GiB"), ("cpu", "cuda:0=8GiB"),
+                                                     ("cuda:0", "cpu=8GiB")])
+def test_the_cli_sets_the_allocator_exactly_when_the_engine_it_loads_computes_under_a_cpu_budget(
+        monkeypatch, llama_checkpoint, device, max_memory):
+    """The command line's options and the engine they load agree on when this process's allocator hands freed memory
+    back: the engine computes on the CPU and holds a CPU budget, whatever the spelling of either."""
+    import click
+    from click.testing import CliRunner
 
-    from detjac.engine import memory as budget
+    import detjac.engine as engine_package
+    from detjac.cli.options import model_options
+    from detjac.engine import memory
 
-    calls = []
-    monkeypatch.setattr(budget, "return_freed_memory", lambda: calls.append(1))
-    budget.honour_cpu_budget(load_engine(llama_checkpoint))  # no budget: glibc's default stays
-    budget.honour_cpu_budget(load_engine(llama_checkpoint, max_memory="cpu=8GiB"))
-    assert calls == [1]
-    on_gpu = SimpleNamespace(device=torch.device("cuda:0"), memory_budget=lambda device: 8 * 2**30)
-    budget.honour_cpu_budget(on_gpu)  # a CPU budget of a GPU run does not concern this process's allocator
-    assert calls == [1]
+    calls: list[int] = []
+    for module in (engine_package, memory):
+        monkeypatch.setattr(module, "return_freed_memory", lambda: calls.append(1))
+
+    @click.command()
+    @model_options()
+    def probe(model_options) -> None:
+        pass
+
+    args = ["--device", device, *(["--max-memory", max_memory] if max_memory else [])]
+    assert CliRunner().invoke(probe, args, catch_exceptions=False).exit_code == 0
+    if "cuda" in device + (max_memory or ""):  # not loadable here; on a GPU, or without a CPU budget: no setting
+        under_budget = False
+    else:
+        engine = load_engine(llama_checkpoint, device=device, max_memory=max_memory)
+        under_budget = engine.device.type == "cpu" and engine.memory_budget("cpu") is not None
+    assert calls == ([1] if under_budget else [])
 
 
 def test_an_engine_answers_six_things_and_every_walk_is_swept_by_the_same_functions():

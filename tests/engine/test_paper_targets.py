@@ -57,7 +57,7 @@ def test_normed_targets_equal_autograd_of_the_frozen_norm(streamable_model: torc
     res = swept(sm, prompt_ids, [f"{c}_normed.{i}" for i in range(sm.n_layers) for c in ("layer", "mlp")],
                        row_block=16)
     model, p = streamable_model.double(), len(prompt_ids) - 1
-    x = sm.embed(prompt_ids)
+    x = sm.skeleton.embed(prompt_ids)
     with linearized(model) as lin:
         layers = lin.decoder.layers
         for i in range(sm.n_layers):
@@ -84,7 +84,7 @@ def test_to_output_equals_autograd_from_the_layer_state(streamable_model: torch.
     res = swept(sm, prompt_ids, [f"to_output.{i}" for i in range(sm.n_layers)], row_block=16)
     assert res.plan.forward == []
     model, p, last = streamable_model.double(), len(prompt_ids) - 1, sm.n_layers - 1
-    x = sm.embed(prompt_ids)
+    x = sm.skeleton.embed(prompt_ids)
     with linearized(model) as lin:
         layers = lin.decoder.layers
         for i in range(sm.n_layers):

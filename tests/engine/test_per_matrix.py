@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.support.random_weights import write_random_gguf
 from benchmarks.support.real_shapes import REAL_SHAPES
 from detjac.engine import InMemoryEngine, StreamedEngine, jacobian, load_model, prompt_pass
-from detjac.engine.checkpoints.random_weights import write_random_gguf
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint, tiny_config
 from detjac.engine.cost import CostModel
 from detjac.engine.pieces.lazy import ATTR, LazyWeight

@@ -17,9 +17,9 @@ import torch
 from test_independent_jacobian import manual_detached_llama
 from tiny_models import STREAMABLE
 
+from benchmarks.support.random_weights import write_random_gguf
 from detjac.engine import InMemoryEngine, StreamedEngine, jacobian, load_model
 from detjac.engine.checkpoints import stored as stored_module
-from detjac.engine.checkpoints.random_weights import write_random_gguf
 from detjac.engine.checkpoints.stored import Packed, check_compute_dtype, widen
 from detjac.engine.checkpoints.tiny import save_tiny_checkpoint
 from detjac.errors import CheckpointError, InvalidArgumentError

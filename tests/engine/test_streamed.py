@@ -152,7 +152,7 @@ def test_memory_budget_sizes_blocks_and_refuses_too_little(llama_checkpoint: Pat
     evened = StreamedEngine(llama_checkpoint, max_memory={"cpu": budget + (d * 6 // 10 - 5) * one_vector})
     assert evened.plan(trace, [Target(-1, "output")]).row_block == -(-d // 2)
     with pytest.raises(InvalidArgumentError, match="raise --max-memory"):  # refused on load, before any work
-        StreamedEngine(llama_checkpoint, max_memory={"cpu": sm.layer_bytes()})
+        StreamedEngine(llama_checkpoint, max_memory={"cpu": sm.skeleton.layer_bytes()})
 
 
 def test_cost_model_picks_the_cheaper_mode() -> None:

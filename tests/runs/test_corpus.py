@@ -1,4 +1,4 @@
-"""The default model's recipe (``detjac.engine.checkpoints.gcide``: corpus preparation, held-out split and prompts,
+"""The default model's recipe (``scripts/gcide.py``: corpus preparation, held-out split and prompts,
 learning-rate schedule), offline on synthetic input."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from detjac.engine.checkpoints import gcide
+from scripts import gcide
 
 DICT = """\
 00-database-short

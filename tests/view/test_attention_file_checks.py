@@ -146,8 +146,8 @@ def test_head_loadings_on_every_head_of_every_crossed_layer_are_drawn():
 
 
 def test_a_graph_records_its_model_s_heads_and_an_attention_file_of_other_heads_is_refused(graph):
-    from detjac.engine.checkpoints.gcide import MODEL
     from detjac.view.attention_file import graph_token_ids
+    from scripts.gcide import MODEL
 
     info = graph["metadata"]["info"]
     assert (info["n_heads"], info["d_model"], info["n_layers"]) == \

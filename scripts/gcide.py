@@ -1,5 +1,5 @@
 """How the shipped default model was made, without torch: its training corpus, the held-out split, the prompts
-taken from it and the training settings (``assets/gcide-llama/training.json`` records them);
+taken from it and the training settings (``engine/assets/gcide-llama/training.json`` records them);
 ``scripts/train_default_model.py`` runs the recipe with torch.
 
 The corpus is GCIDE, from Debian's ``dict-gcide`` package: fetched from Debian's archive (pinned version, checked by

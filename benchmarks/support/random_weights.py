@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .tiny import tiny_config
+from detjac.engine.checkpoints.tiny import tiny_config
 
 POOL = 1 << 24  # random values drawn once, then sliced at random offsets: billions of draws would take minutes
 
