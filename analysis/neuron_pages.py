@@ -3,8 +3,12 @@ neuron page say about an MLP neuron, read from the index alone (no model).
 
 A page holds the neuron's top contexts of each sign (the token, with a few tokens before and after it), its
 histogram, the share of positions where it is positive, its mean and spread, and its write vector's logit effects.
-A ``clerp`` is a short plain summary: the most frequent tokens at its top positive contexts, then the tokens its write
-vector raises most. Nothing is interpreted: both are counts and top tokens."""
+A ``clerp`` is a short plain summary of one side of the neuron: the most frequent tokens at its top contexts of that
+sign, then the tokens its write vector moves most that way. A neuron is labelled by the side it fires on in the graph's
+prompt: a positive activation by its positive contexts and the tokens its write vector raises (``top ' Paris' ×5 ·
+writes ' city'``), a negative one by its negative contexts and the tokens its write vector lowers, the sign stated
+first (``− top ' France' ×3 · lowers ' French'``; a negative activation times the write vector raises those tokens).
+Nothing is interpreted: both are counts and top tokens."""
 
 from __future__ import annotations
 
@@ -39,23 +43,57 @@ def _tokens_at(index: NeuronIndex, layer: int, neuron: int, sign: int) -> list[s
     return index.token_text(ids) if ids else []
 
 
-def clerp(index: NeuronIndex, layer: int, neuron: int) -> str:
-    """The neuron's label from its contexts: ``top: ' Paris' ×5, ' France' ×3 · writes ' city' ' town'`` (the most
-    frequent tokens at its top positive activations, with their counts, then its write vector's top tokens)."""
+# per side (the index's sign axis: 0 positive, 1 negative): the label's lead, its write part, its empty label
+SIDES = (("", "writes", "no positive context in the corpus"), ("− ", "lowers", "− no negative context in the corpus"))
+
+
+def side_of(activation: float | None) -> int:
+    """The index's sign axis a neuron is labelled by: 1 (negative) for a negative ``activation``, 0 otherwise (a
+    positive or zero one, or none known)."""
+    return 1 if activation is not None and activation < 0 else 0
+
+
+def clerp(index: NeuronIndex, layer: int, neuron: int, activation: float | None = None) -> str:
+    """The neuron's label from its contexts, on the side ``activation`` fires on (module docstring).
+
+    Parameters
+    ----------
+    index : NeuronIndex
+        The neuron index (``detjac neurons``).
+    layer, neuron : int
+        The neuron.
+    activation : float, optional
+        Its value where it is labelled (a graph node's activation). Negative: the label is its negative side's,
+        ``− top ' France' ×3 · lowers ' French' ...``; otherwise (or None) its positive side's, ``top ' Paris' ×5,
+        ' France' ×3 · writes ' city' ' town'`` (the most frequent tokens at its top contexts of that sign, with their
+        counts, then its write vector's top tokens that way).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``layer`` or ``neuron`` outside the index.
+    """
     layer, neuron = check_neuron(index, layer, neuron)
-    counts = Counter(_tokens_at(index, layer, neuron, 0)).most_common(CLERP_TOKENS)
+    sign = side_of(activation)
+    lead, verb, empty = SIDES[sign]
+    counts = Counter(_tokens_at(index, layer, neuron, sign)).most_common(CLERP_TOKENS)
     parts = []
     if counts:
         parts.append("top " + ", ".join(f"{t!r} ×{n}" for t, n in counts))
-    writes = [int(i) for i in index.arrays["write_ids"][layer, neuron, 0][:CLERP_TOKENS] if i >= 0]
+    writes = [int(i) for i in index.arrays["write_ids"][layer, neuron, sign][:CLERP_TOKENS] if i >= 0]
     if writes:
-        parts.append("writes " + " ".join(repr(t) for t in index.token_text(writes)))
-    return " · ".join(parts) or "no positive context in the corpus"
+        parts.append(f"{verb} " + " ".join(repr(t) for t in index.token_text(writes)))
+    return lead + " · ".join(parts) if parts else empty
 
 
-def relabel(labels: list[str], neurons: np.ndarray, index: NeuronIndex) -> list[str]:
-    """Each graph neuron's label (``neurons`` (M, 3): layer, index, position) replaced by its :func:`clerp`."""
-    return [clerp(index, int(layer), int(neuron)) for layer, neuron, _ in np.asarray(neurons)[:len(labels)]]
+def relabel(labels: list[str], neurons: np.ndarray, index: NeuronIndex,
+            activations: np.ndarray | None = None) -> list[str]:
+    """Each graph neuron's label (``neurons`` (M, 3): layer, index, position) replaced by its :func:`clerp`, on the
+    side its value in ``activations`` (M,) fires on (its positive side for each, without them)."""
+    rows = np.asarray(neurons)[:len(labels)]
+    values = [None] * len(rows) if activations is None else [float(v) for v in np.asarray(activations)[:len(rows)]]
+    return [clerp(index, int(layer), int(neuron), value)
+            for (layer, neuron, _), value in zip(rows, values, strict=True)]
 
 
 def quantiles(histogram: np.ndarray, edges: np.ndarray, qs: tuple[float, ...] = (0.01, 0.5, 0.99)) -> list[str]:
@@ -74,7 +112,8 @@ def quantiles(histogram: np.ndarray, edges: np.ndarray, qs: tuple[float, ...] = 
 def neuron_page(index: NeuronIndex, layer: int, neuron: int, context: int = CONTEXT) -> dict[str, Any]:
     """Everything the viewer's neuron page shows, as plain JSON values (texts are data: the page sets them as
     text). ``contexts.positive`` / ``negative``: ``{prompt, line, position, value, before, token, after}`` each,
-    best first."""
+    best first; ``clerp`` and ``clerp_negative``: its label on each side (:func:`clerp`), which the page leads with as
+    the graph node it is opened from fires."""
     layer, neuron = check_neuron(index, layer, neuron)
     a = index.arrays
     n = int(index.attrs["n_tokens"])
@@ -99,6 +138,7 @@ def neuron_page(index: NeuronIndex, layer: int, neuron: int, context: int = CONT
     mean = float(a["sum"][layer, neuron]) / n if n else 0.0
     var = float(a["sum_squares"][layer, neuron]) / n - mean * mean if n else 0.0
     return {"layer": layer, "neuron": neuron, "tokens": n, "clerp": clerp(index, layer, neuron),
+            "clerp_negative": clerp(index, layer, neuron, -1.0),
             "frequency": float(a["n_positive"][layer, neuron]) / n if n else 0.0,
             "negative_share": float(a["n_negative"][layer, neuron]) / n if n else 0.0,
             "mean": mean, "std": float(np.sqrt(max(var, 0.0))),

@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from detjac.graph_nodes import LOGIT, NEURON, TOKEN
+
 
 def draw(data: dict, out: Path, links: int) -> None:
     import matplotlib
@@ -18,7 +20,7 @@ def draw(data: dict, out: Path, links: int) -> None:
     import matplotlib.pyplot as plt
 
     nodes = {n["node_id"]: n for n in data["nodes"]}
-    layers = [int(n["layer"]) for n in nodes.values() if n["feature_type"] == "mlp neuron"]
+    layers = [int(n["layer"]) for n in nodes.values() if n["feature_type"] == NEURON.name]
     top = max([*layers, 0]) + 2
     tokens = data["metadata"]["prompt_tokens"]
 
@@ -42,11 +44,11 @@ def draw(data: dict, out: Path, links: int) -> None:
         share = abs(e["weight"]) / biggest
         ax.plot([x0, x1], [y0, y1], color="#2471a3" if e["weight"] > 0 else "#c0392b", alpha=0.15 + 0.6 * share,
                 linewidth=0.3 + 2.5 * share, zorder=1)
-    kinds = {"embedding": ("#555555", "s"), "mlp neuron": ("#f39c12", "o"), "logit": ("#27ae60", "D")}
+    kinds = {TOKEN.name: ("#555555", "s"), NEURON.name: ("#f39c12", "o"), LOGIT.name: ("#27ae60", "D")}
     for kind, (colour, marker) in kinds.items():
         pts = [at[i] for i, n in nodes.items() if n["feature_type"] == kind]
         if pts:
-            ax.scatter(*zip(*pts, strict=True), s=18 if kind == "mlp neuron" else 60, color=colour, marker=marker,
+            ax.scatter(*zip(*pts, strict=True), s=18 if kind == NEURON.name else 60, color=colour, marker=marker,
                        zorder=2, label=kind)
     for n in nodes.values():
         if n["feature_type"] == "logit" and n.get("is_target_logit"):

@@ -25,8 +25,11 @@ from .options import prompt_id_option
               help="A neuron index of the same model (`detjac neurons`): a click on a graph's neuron, or the search "
                    "box (layer, index), shows its page: top contexts, histogram, logit effects. With --export: the "
                    "pages of the exported graphs' neurons only (not the whole index), opened offline.")
+@click.option("--model", "model", default=None,
+              help="With a graph JSON file: the graph's model (as `detjac graph` took it), loaded once, so that the "
+                   "page's interventions panel can ablate or clamp its nodes (live viewer only).")
 def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tuple[str, ...],
-         attention: tuple[str, ...], neuron_index: str | None) -> None:
+         attention: tuple[str, ...], neuron_index: str | None, model: str | None) -> None:
     """Browse the store PATH (or the graph JSON file PATH) in a web browser: read-only, offline, on this
     machine by default.
 
@@ -52,6 +55,10 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
     With --export DIR, the same pages are written into DIR (open DIR/index.html from disk); with
     --neurons too, the neuron pages of the exported graphs' neurons.
 
+    With --model (a graph JSON file, served), the graph page's interventions panel ablates or
+    clamps the selected nodes and shows the new top tokens as the exact linear system predicts
+    them and as the model computes them.
+
     \b
     Examples:
       detjac view run.zarr
@@ -64,6 +71,7 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
       detjac view copper.json --attention runs/qk-3-1.json
       detjac view copper.json --neurons neurons.zarr    # neuron pages (detjac neurons default prompts.txt ...)
       detjac view copper.json --neurons neurons.zarr --export copper-pages/   # with its neurons' pages
+      detjac view copper.json --model default      # interventions on its nodes
     """
     from pathlib import Path
 
@@ -79,8 +87,9 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
         expected = f"Expected a detjac store (a folder) or a graph JSON file (*.json, from `detjac graph`) at {path}."
         got = "a file of neither kind" if Path(path).exists() else "no such file or folder"
         raise StoreFormatError(f"{expected} Got {got}.")
-    elif attention:
-        raise click.UsageError("--attention applies to a graph JSON file (PATH ending in .json), not to a store.")
+    elif attention or model:
+        raise click.UsageError(f"{'--attention' if attention else '--model'} applies to a graph JSON file (PATH "
+                               "ending in .json), not to a store.")
     else:
         from detjac.store import open_store
 
@@ -92,11 +101,24 @@ def view(path: str, port: int, host: str, export_dir: str | None, prompt_ids: tu
 
         neurons = open_neuron_index(neuron_index)
     if export_dir is not None:
+        if model:
+            raise click.UsageError("--model applies to the live viewer only: a static export cannot run a model.")
         _export(store, export_dir, list(prompt_ids) or None, neurons)
         return
     if prompt_ids:
         raise click.UsageError("--prompt-id applies to --export only (the server shows every prompt).")
-    _serve(store, host, port, what, neurons)
+    _serve(store, host, port, what, neurons, attention, _interventions(store, model) if model else None)
+
+
+def _interventions(graph: object, model: str) -> object:
+    """The graph's model loaded once, answering the page's interventions (:func:`detjac.runs.load_interventions`)."""
+    from detjac.runs import load_interventions
+    from detjac.view import graph_token_ids
+
+    meta = graph.graph["metadata"]  # type: ignore[attr-defined]
+    click.echo(f"loading {model} for interventions ...", err=True)  # stdout's first line is the URL
+    return load_interventions(model, meta["prompt"], meta["prompt_tokens"],
+                              graph_token_ids(graph.graph["nodes"]))  # type: ignore[attr-defined]
 
 
 def _export(store: object, out: str, prompt_ids: list[str] | None, neurons: object = None) -> None:
@@ -110,10 +132,11 @@ def _export(store: object, out: str, prompt_ids: list[str] | None, neurons: obje
                f"; open {out.rstrip('/')}/index.html in a browser")
 
 
-def _serve(store: object, host: str, port: int, what: str, neurons: object = None) -> None:
+def _serve(store: object, host: str, port: int, what: str, neurons: object = None,
+           attention: tuple[str, ...] = (), interventions: object = None) -> None:
     from detjac.view import make_server
 
-    server = make_server(store, host, port, neurons)  # type: ignore[arg-type]
+    server = make_server(store, host, port, neurons, attention, interventions)  # type: ignore[arg-type]
     if not server.loopback:
         click.secho(f"Warning: listening on {host}, not a loopback address: anyone who can reach this machine on "
                     f"port {server.port} can read the store (there is no password).", fg="yellow", err=True)

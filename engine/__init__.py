@@ -36,10 +36,11 @@ from .result import JacobianResult
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine
 from .tools.exactness_report import exactness_report
+from .tools.intervene import Edit, Intervention, intervene
 from .tools.lens_pulls import pull_final_block
 from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
 from .tools.neurons import activations, check_neurons, neurons, residual_ends
-from .tools.qk import qk_attribution, write_qk
+from .tools.qk import check_qk_request, qk_attribution, write_qk
 from .tools.steer import SteeringOperator, check_method, evaluate, generate
 from .tools.triplets import explain, explain_summed
 from .types import JacobianBlock, Trace
@@ -55,5 +56,6 @@ __all__ = [
     "honour_cpu_budget", "hub_cache_dir", "input_of", "is_hub_id", "jacobian", "jacobian_operator", "load_engine",
     "load_model", "logit_jacobian", "neurons", "neurons_of", "operator_svd", "parse_prompt", "prompt_neuron_values",
     "prompt_pass", "pull_final_block", "qk_attribution", "read_gguf_header", "residual_ends", "return_freed_memory",
-    "tiny_model", "tiny_model_types", "write_effects", "write_qk",
+    "tiny_model", "tiny_model_types", "write_effects", "write_qk", "Edit", "Intervention", "intervene",
+    "check_qk_request",
 ]

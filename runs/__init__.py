@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 from detjac.facade import lazy_exports
 
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
+    from .attention_run import attention_pages, attention_targets
     from .description import RunDescription
     from .export import save_result
     from .family_check import family_checks
     from .fingerprint import model_identity, weights_identity
     from .graph_run import graph_file
+    from .interventions import Interventions, load_interventions
     from .jacobian_run import DemoPrompt, JacobianOutcome, demo_prompts, prompt_jacobian
     from .jlens_fit import fit_jlens_folder
     from .lens_apply import (

@@ -125,7 +125,7 @@ def graph_file(model: ModelRef, prompt: str, loading: LoadSpec, out: str | Path,
 
         # the model's shape, known once traced: compared whether or not the index or the model has a digest
         index.check({k: g.info.get(k) for k in ("family", "n_layers", "neurons_per_layer")})
-        g.labels = relabel(g.labels, g.neurons, index)
+        g.labels = relabel(g.labels, g.neurons, index, activations=g.activations)
     supernodes, grouping = _groups(g, index) if group and index is not None else ([], None)
     data = graph_document(g, slug=slug or slug_of(path), model=model.name, settings=settings, identity=identity,
                           supernodes=supernodes)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from detjac.facade import lazy_exports
 
 if TYPE_CHECKING:  # the façade's names, each once: read by type checkers and by lazy_exports (imported on first use)
+    from .attention_file import graph_token_ids
+    from .attention_heads import TopHeads, top_heads
     from .graph_file import GraphFile
     from .server import make_server
     from .static_export import export_static

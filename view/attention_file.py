@@ -6,9 +6,12 @@ v}, ...]}``. :func:`parse_attention` refuses anything else by name (a damaged fi
 fields' types, the model's identity complete (:data:`IDENTITY`), the layer and head within the model's, positions
 inside the prompt and up to the query, components named as ``detjac attention`` names them
 (``E``, ``B``, ``bias``, ``A{l}.{h}``, ``M{l}``, ``M{l}.{i}``, ``M{l}.rest``, ``B{l}``, each of a layer below the
-head's), probabilities that sum to 1, and each key's terms summing to its score. :func:`check_belongs` refuses a file
+head's), probabilities that sum to 1, each key's terms summing to its score, and its ``query_sums`` and ``key_sums``,
+where the file has them, equal to its terms summed per component (a file written before they were recorded gets them
+from its terms). :func:`check_belongs` refuses a file
 of another model or another prompt than the graph's. The page gets each key's :data:`TERMS_SHOWN` largest terms and
-what the others add up to (so a key's terms still sum to its score).
+what the others add up to (so a key's terms still sum to its score), and every component's sum on each side, from
+which it lists the largest, the contrast of two keys and each table's remainder (:mod:`detjac.qk_sums`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..attention_names import attention_file_name
 from ..errors import InvalidArgumentError
 from ..numerals import parse_index
+from ..qk_sums import side_sums
 from ..safe_json import read_json
 
 TERMS_SHOWN = 16  # terms per key on the page, largest |value| first; the rest summed
@@ -87,7 +92,8 @@ def parse_attention(raw: Any, where: str) -> dict[str, Any]:
         ``layer``, ``head``, ``query_position``, ``tokens``, ``token_ids``, ``model`` (its string and integer fields),
         ``neurons``, ``score_error``, and ``keys``: per key ``position``, ``score``, ``probability``, ``terms``
         (``[[Q, K, value], ...]``, the :data:`TERMS_SHOWN` largest |value|), ``n_terms`` and ``rest`` (the other
-        terms' sum).
+        terms' sum), and ``query_sums`` and ``key_sums`` (``[[C, value], ...]``, every component, largest |value|
+        first: each side's sums, computed from the terms, so that a file without them opens too).
 
     Raises
     ------
@@ -108,7 +114,7 @@ def parse_attention(raw: Any, where: str) -> dict[str, Any]:
     layer, head = _int(raw, "layer", where, below=model["n_layers"]), _int(raw, "head", where, below=model["n_heads"])
     query = _int(raw, "query_position", where, below=len(tokens))
     exact = model.get("dtype") == "float64"
-    keys, seen, total_p = [], set(), 0.0
+    keys, seen, total_p, entries = [], set(), 0.0, {}
     for entry in raw["keys"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("terms"), list) or not entry["terms"]:
             raise InvalidArgumentError(f"Expected every key of {where} to be an object with 'position', 'score', "
@@ -130,6 +136,7 @@ def parse_attention(raw: Any, where: str) -> dict[str, Any]:
             terms.append((_component(t.get("query"), layer, where), _component(t.get("key"), layer, where),
                           _num(t.get("value"), f"a term's value at key {j}", where)))
         keys.append((j, score, p, terms))
+        entries[j] = entry
     if not keys:
         raise InvalidArgumentError(f"Expected at least one key position in {where}. Got none.")
     scale = max(1.0, max(abs(s) for _, s, _, _ in keys))
@@ -143,14 +150,37 @@ def parse_attention(raw: Any, where: str) -> dict[str, Any]:
         raise InvalidArgumentError(f"Expected the keys' probabilities to sum to 1 in {where}. Got {total_p:.8g}.")
     shown = []
     for j, score, p, terms in sorted(keys):
+        query_sums, key_sums = _sums(entries[j], terms, (1e-9 if exact else 1e-3) * scale, where)
         terms.sort(key=lambda t: -abs(t[2]))
         shown.append({"position": j, "score": score, "probability": p,
                       "terms": [list(t) for t in terms[:TERMS_SHOWN]], "n_terms": len(terms),
-                      "rest": math.fsum(v for _, _, v in terms[TERMS_SHOWN:])})
+                      "rest": math.fsum(v for _, _, v in terms[TERMS_SHOWN:]),
+                      "query_sums": [list(x) for x in query_sums], "key_sums": [list(x) for x in key_sums]})
     error = raw.get("score_error")
     return {"layer": layer, "head": head, "query_position": query, "tokens": tokens, "token_ids": ids,
             "model": model, "neurons": raw.get("neurons") if isinstance(raw.get("neurons"), int) else 0,
             "score_error": error if isinstance(error, float) and math.isfinite(error) else None, "keys": shown}
+
+
+def _sums(entry: dict[str, Any], terms: list[tuple[str, str, float]], bound: float, where: str
+          ) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """A key's query-side and key-side sums (:func:`detjac.qk_sums.side_sums`), from its terms: a file written
+    before ``detjac attention`` recorded them opens with the same sums. Where the file records them, they must be
+    the terms' own, component by component (within ``bound``)."""
+    sides = side_sums(terms)
+    for name, computed in zip(("query_sums", "key_sums"), sides, strict=True):
+        if name not in entry:
+            continue
+        recorded = entry[name]
+        got = {x.get("component"): x.get("value") for x in recorded if isinstance(x, dict)} \
+            if isinstance(recorded, list) else {}
+        if set(got) != {c for c, _ in computed} or len(got) != len(recorded) or any(
+                not isinstance(got[c], int | float) or isinstance(got[c], bool) or not abs(got[c] - v) <= bound
+                for c, v in computed):
+            raise InvalidArgumentError(f"Expected the {name} of each key to be its terms summed per component in "
+                                       f"{where}. Got other components or values at key {entry['position']}: the "
+                                       f"file is damaged or was edited.")
+    return sides
 
 
 def read_attention(path: str | Path) -> dict[str, Any]:
@@ -222,17 +252,22 @@ def check_belongs(qk: dict[str, Any], graph: dict[str, Any], raw_info: dict[str,
 def command_prefix(graph: dict[str, Any]) -> str:
     """``detjac attention MODEL -p PROMPT`` for the graph's model and prompt (the prompt's text without a leading
     special token, which the tokenizer adds again); ``--layer``, ``--head`` and ``--out`` follow."""
+    model = str(graph["metadata"]["info"].get("model") or "MODEL")
+    return f"detjac attention {shlex.quote(model)} -p {shlex.quote(prompt_text(graph))}"
+
+
+def prompt_text(graph: dict[str, Any]) -> str:
+    """The text of the graph's prompt, without a leading special token (the tokenizer adds it again)."""
     tokens = list(graph["metadata"]["prompt_tokens"])
     if len(tokens) > 1 and SPECIAL.match(tokens[0]):
         tokens = tokens[1:]
-    model = str(graph["metadata"]["info"].get("model") or "MODEL")
-    return f"detjac attention {shlex.quote(model)} -p {shlex.quote(''.join(tokens))}"
+    return "".join(tokens)
 
 
 def attention_command(graph: dict[str, Any], layer: int, head: int, stem: str) -> str:
     """The ``detjac attention`` command that writes head ``(layer, head)``'s file for the graph's prompt and model,
     named so that ``detjac view STEM.json`` finds it beside the graph: ``STEM.qk.L{layer}.H{head}.json``."""
-    out = f"{stem}.qk.L{layer}.H{head}.json"
+    out = attention_file_name(stem, layer, head)
     return f"{command_prefix(graph)} --layer {layer} --head {head} --out {shlex.quote(out)}"
 
 

@@ -21,6 +21,7 @@ from ..graph_nodes import NEURON as NEURON_KIND
 from ..graph_settings import KEPT_SHARE_MEANING, crossed_layers
 from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
+from .graph_figure import pinned_page
 from .graph_groups import grouped_page
 from .graph_heads import compact_loadings, head_ranking, parse_loadings
 from .jsonable import jsonable
@@ -113,7 +114,8 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`), each head with the
         command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
         (:func:`~detjac.view.attention_file.link_attention`); with ``qParams.supernodes``, ``groups``
-        (:func:`~detjac.view.graph_groups.grouped_page`: each group's node and summed links).
+        (:func:`~detjac.view.graph_groups.grouped_page`: each group's node and summed links); ``pinned``, the node
+        ids of ``qParams.pinnedIds`` (:func:`~detjac.view.graph_figure.parse_pins`).
 
     Raises
     ------
@@ -171,4 +173,5 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                      "nodes": nodes, "links": links})
     link_attention(page, {}, str(meta.get("slug") or "graph"))  # each head's command; a GraphFile adds its pages
     qparams = graph.get("qParams")
-    return grouped_page(page, qparams.get("supernodes") if isinstance(qparams, dict) else None, where)
+    return pinned_page(grouped_page(page, qparams.get("supernodes") if isinstance(qparams, dict) else None, where),
+                       qparams, where)

@@ -15,10 +15,10 @@ the server starts or a file is written."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from detjac.graph_nodes import NEURON, parse_node_id
 from detjac.numerals import parse_index
 
 from .jsonable import jsonable
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from ..store import NeuronIndex
 
 PREFIX = "neuron/"
-NEURON_ID = re.compile(r"^(\d{1,9})_(\d{1,9})_(\d{1,9})$")  # circuit-tracer's neuron node id: layer_index_position
 
 
 class NeuronPages:
@@ -85,7 +84,7 @@ class NeuronPages:
 
 
 def graph_neurons(pages: Any, keys: Iterable[str], index: NeuronIndex) -> list[tuple[int, int]]:
-    """The (layer, neuron) of every neuron node (``mlp neuron``, id ``layer_index_position``) of the graphs among
+    """The (layer, neuron) of every neuron node (:data:`detjac.graph_nodes.NEURON`) of the graphs among
     the pages ``keys`` (``graph``, ``prompt/<id>/graph``), sorted, each once; NeuronIndexMismatch for one outside
     the index (a graph of another model)."""
     from ..store import NeuronIndexMismatch
@@ -96,13 +95,15 @@ def graph_neurons(pages: Any, keys: Iterable[str], index: NeuronIndex) -> list[t
         if key != "graph" and not key.endswith("/graph"):
             continue
         for node in pages.data(key)["nodes"]:
-            match = NEURON_ID.match(node["id"]) if node["type"] == "mlp neuron" else None
-            if match and (int(match[1]) >= layers or int(match[2]) >= per_layer):
+            key = parse_node_id(NEURON, node["id"]) if node["type"] == NEURON.name else None
+            if key is None:
+                continue
+            layer, neuron, _ = key
+            if not (0 <= layer < layers and 0 <= neuron < per_layer):
                 raise NeuronIndexMismatch(f"Expected the graph's neurons inside the neuron index {index.path} "
                                           f"({layers} layers x {per_layer} neurons). Got neuron {node['id']} "
-                                          f"(layer {match[1]}, neuron {match[2]}): a graph of another model.")
-            if match:
-                found.add((int(match[1]), int(match[2])))
+                                          f"(layer {layer}, neuron {neuron}): a graph of another model.")
+            found.add((layer, neuron))
     return sorted(found)
 
 

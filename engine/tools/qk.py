@@ -27,6 +27,7 @@ import torch
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 from detjac.exactness import check_exact, relative_error
 from detjac.outputs import check_output, write_output  # files written aside, then renamed
+from detjac.qk_sums import contrast_keys, contrast_sums
 from detjac.tokens import token_texts
 
 from ..detach.model import linearized
@@ -37,7 +38,7 @@ from ..pieces import NotAPiece
 from .qk_path import Captured, QkPath, attention_child
 from .qk_residual import Components, residual_components
 
-__all__ = ["QKAttribution", "qk_attribution", "residual_decomposition", "write_qk"]
+__all__ = ["QKAttribution", "check_qk_request", "qk_attribution", "residual_decomposition", "write_qk"]
 
 BIAS = "bias"  # the name of an affine family's query- or key-side constant
 CHUNK = 32  # components run through the query and key path at a time
@@ -89,6 +90,39 @@ class QKAttribution:
                 "query_token": self.tokens[self.query_position], "residual_error": self.residual_error,
                 "score_error": self.score_error, **{k: v for k, v in self.info.items() if k != "model"},
                 "keys": self.keys}
+
+    def contrast(self, key: int | None = None, other: int | None = None) -> dict[str, Any]:
+        """Why the head prefers key ``key`` to key ``other``: the difference of their scores split per query-side
+        component and per key-side component (:mod:`detjac.qk_sums`), exactly.
+
+        Parameters
+        ----------
+        key, other : int, optional
+            Key positions the mask allows. Default: ``key`` the most attended, ``other`` the most attended of the
+            rest (the next-most-attended).
+
+        Returns
+        -------
+        dict
+            ``key``, ``other``, ``difference`` (``score[key] - score[other]``), and ``query_sums`` and ``key_sums``
+            (``[{"component": C, "value": v}, ...]``, largest ``|v|`` first): each component's marginal at ``key``
+            minus at ``other`` (0 where it is not a component there); each list adds up to the difference.
+
+        Raises
+        ------
+        InvalidArgumentError
+            A position that is not an allowed key, the same position twice, or a query with one key only.
+        """
+        by = {k["position"]: k for k in self.keys}
+        j, o = contrast_keys({p: k["probability"] for p, k in by.items()}, key, other)
+
+        def side(name: str) -> list[dict[str, Any]]:
+            pairs = contrast_sums(((s["component"], s["value"]) for s in by[j][name]),
+                                  ((s["component"], s["value"]) for s in by[o][name]))
+            return [{"component": c, "value": v} for c, v in pairs]
+
+        return {"key": j, "other": o, "difference": by[j]["score"] - by[o]["score"],
+                "query_sums": side("query_sums"), "key_sums": side("key_sums")}
 
     def __repr__(self) -> str:
         top = max(self.keys, key=lambda k: k["probability"])

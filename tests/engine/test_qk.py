@@ -132,6 +132,45 @@ def test_each_side_sums_to_the_stock_score(family_case: dict[str, Any], case: tu
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_a_contrast_splits_the_stock_score_difference_on_each_side(family_case: dict[str, Any],
+                                                                   case: tuple[int, int, int]) -> None:
+    """The attended key against every other key: each side's per-component differences add up to the difference of
+    the stock scores; by default the attended key is the most attended and the other the next-most-attended."""
+    layer, head, _ = case
+    res = family_case["results"][case]
+    want = _score(family_case["stock"], layer, head, res.query_position)
+    scale = float(want[[k["position"] for k in res.keys]].abs().max())
+    by_p = sorted(res.keys, key=lambda k: (-k["probability"], k["position"]))
+    default = res.contrast()
+    assert (default["key"], default["other"]) == (by_p[0]["position"], by_p[1]["position"])
+    for other in by_p[1:]:
+        got = res.contrast(by_p[0]["position"], other["position"])
+        difference = float(want[by_p[0]["position"]] - want[other["position"]])
+        assert abs(got["difference"] - difference) / scale < SCORE_BOUND
+        for side in ("query_sums", "key_sums"):
+            total = sum(s["value"] for s in got[side])
+            assert abs(total - difference) / scale < SCORE_BOUND, (family_case["type"], side, other["position"])
+            values = [abs(s["value"]) for s in got[side]]
+            assert values == sorted(values, reverse=True)
+        first = got["query_sums"][0]  # a row is the component's marginal at the key minus at the other key
+        marginal = {p: {s["component"]: s["value"] for s in k["query_sums"]} for p, k in
+                    ((by_p[0]["position"], by_p[0]), (other["position"], other))}
+        assert first["value"] == marginal[by_p[0]["position"]][first["component"]] - \
+            marginal[other["position"]][first["component"]]
+
+
+def test_a_contrast_refuses_keys_the_query_does_not_attend_to(llama: torch.nn.Module, prompt_ids: list[int]) -> None:
+    res = qk_attribution(llama, prompt_ids, 1, 0, query=3)
+    with pytest.raises(InvalidArgumentError, match=r"^Expected the other key to be a key position the query attends "
+                                                   r"to \(0 to 3, as the mask allows\)\. Got 5\.$"):
+        res.contrast(0, 5)
+    with pytest.raises(InvalidArgumentError, match="^Expected two different key positions to contrast. Got 2 twice."):
+        res.contrast(2, 2)
+    with pytest.raises(InvalidArgumentError, match="^Expected at least two key positions to contrast. Got 1"):
+        qk_attribution(llama, prompt_ids, 1, 0, query=0).contrast()
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_probabilities_and_allowed_keys_are_the_stock_models(family_case: dict[str, Any],
                                                              case: tuple[int, int, int]) -> None:
     layer, head, _ = case

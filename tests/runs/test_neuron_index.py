@@ -165,7 +165,7 @@ def test_graph_labels_come_from_the_index(built, tmp_path):
         assert len({m.split("_")[0] for m in members}) == 1  # one layer per group
     for node in neurons:
         layer, idx, _ = (int(x) for x in node["node_id"].split("_"))
-        assert node["clerp"] == clerp(index, layer, idx)
+        assert node["clerp"] == clerp(index, layer, idx, node["activation"])
     page = neuron_page(index, int(neurons[0]["layer"]), int(neurons[0]["node_id"].split("_")[1]))
     top = page["contexts"]["positive"][0]
     assert top["token"] == index.token_text([index.prompt_tokens(top["prompt"])[top["position"]]])[0]

@@ -36,10 +36,12 @@ def test_a_neurons_page_from_a_click_and_from_the_search_box_keeps_text_as_text(
         wait_for(browser, "#neuron-search")
         node = css(browser, "#graph-svg .node-neuron")[0]
         layer, neuron, _ = (int(x) for x in node.get_attribute("data-id").split("_"))
+        negative = float(node.get_attribute("data-activation")) < 0  # its label of the side it fires on here
         node.click()
         wait_for(browser, "#neuron-title")
         assert css(browser, "#neuron-title")[0].text == f"neuron {layer}.{neuron}"
-        assert css(browser, "#neuron-clerp")[0].text == neuron_page(index, layer, neuron)["clerp"]
+        assert css(browser, "#neuron-clerp")[0].text == \
+            neuron_page(index, layer, neuron)["clerp_negative" if negative else "clerp"]
         # a neuron whose top context is in the hostile prompt (prompt 0), from the search box
         top = index.arrays["top_prompt"][:, :, 0, 0]
         layer, neuron = (int(v) for v in next(zip(*(top == 0).nonzero(), strict=True)))

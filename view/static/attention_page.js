@@ -1,13 +1,17 @@
 // detjac view: a head's attention page (a `detjac attention --out` file shown with its graph): the head's pattern at the
-// query position (a bar per key position) and, for a picked key, the largest QK terms, each component a click away
-// from what it names: A{l}.{h} opens that head's page, M{l}, E and B{l} select or highlight their nodes on the graph.
-// Token texts and component names only ever go into the page as text.
+// query position (a bar per key position) and, for a picked key, its score by its parts: each component's sum on the
+// query side and on the key side, the largest pairs, and the contrast with another key (the score difference split
+// per component on each side; default the most attended other key). Every table ends with the row of what its other
+// rows add up to, so it sums to its total. Each component is a click away from what it names: A{l}.{h} opens that
+// head's page, M{l}, E and B{l} select or highlight their nodes on the graph. Token texts and component names only
+// ever go into the page as text.
 "use strict";
 
 const AttentionPage = (() => {
   const {h} = Dom;
   const {num, quoted} = GraphPanels;
   const COMPONENT = /^(?:(E)|(B)|(bias)|A(\d+)\.(\d+)|M(\d+)(?:\.(\d+|rest))?|B(\d+))$/;
+  const SHOWN = 12;  // rows of each sums table; the rest summed in one row
   const graphHref = (...parts) => "#/" + ["graph", ...parts].map((p) => encodeURIComponent(String(p))).join("/");
 
   // What a component names at position `pos`: {text (what it is), href (where a click goes) or command}. What the
@@ -53,18 +57,45 @@ const AttentionPage = (() => {
     return h("button", {...attrs, type: "button", onclick: () => onNote(t)}, name);
   }
 
-  // The page: the pattern, the picked key's terms (the most attended first).
+  // Per component, its value in `a` minus in `b` (0 where a list lacks it), largest |value| first (ties by name): one
+  // side's split of the difference of two keys' scores (detjac.qk_sums.contrast_sums).
+  function contrastSums(a, b) {
+    const out = new Map(a);
+    for (const [c, v] of b) out.set(c, (out.get(c) || 0) - v);
+    return [...out].sort((x, y) => Math.abs(y[1]) - Math.abs(x[1]) || (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : 0));
+  }
+
+  // The most attended key other than `skip` (ties: the earlier position): the contrast's default other key.
+  const mostAttended = (keys, skip) => keys.filter((k) => k.position !== skip)
+    .reduce((a, b) => (b.probability > a.probability ? b : a)).position;
+
+  // A table of [component, value] rows at position `pos`: the SHOWN largest, then the others' sum.
+  function sumsTable(qk, id, rows, pos, side, title, onNote) {
+    const shown = rows.slice(0, SHOWN), rest = rows.slice(SHOWN);
+    const restSum = rest.reduce((t, [, v]) => t + v, 0);
+    const max = Math.max(...shown.map(([, v]) => Math.abs(v)), 1e-300);
+    return h("table", {id, class: "edges sums"},
+      h("thead", {}, h("tr", {}, [title, "sum", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, shown.map(([c, v]) => h("tr", {"data-component": c},
+        h("td", {}, component(qk, c, pos, side, onNote)),
+        h("td", {class: "num sum " + (v >= 0 ? "positive" : "negative"), "data-value": v}, num(v)),
+        h("td", {}, GraphHeads.bar(v, max, 120)))),
+      rest.length ? h("tr", {class: "rest"}, h("td", {class: "note"}, `the other ${rest.length} components`),
+        h("td", {class: "num sum", "data-value": restSum}, num(restSum)), h("td", {}, "")) : null));
+  }
+
+  // The page: the pattern, the picked key's parts (the most attended first).
   function show(container, qk) {
     const i = qk.query_position;
     const best = qk.keys.reduce((a, b) => (b.probability > a.probability ? b : a));
-    const state = {key: best.position};
+    const state = {key: best.position, other: null};  // other: null for the default
     const termsBox = h("div", {id: "terms-box"});
     const noteBox = h("p", {class: "note", id: "component-note"});
     const onNote = (t) => noteBox.replaceChildren(t.text, t.command ? " " : "",
       t.command ? h("code", {class: "command", id: "component-command"}, t.command) : "");
     const maxP = Math.max(...qk.keys.map((k) => k.probability), 1e-300);
     const rows = qk.keys.map((k) => h("tr", {class: "clickable", "data-position": k.position,
-      onclick: () => { state.key = k.position; draw(); }},
+      onclick: () => { state.key = k.position; state.other = null; draw(); }},
     h("td", {class: "num"}, k.position), h("td", {class: "text mono"}, quoted(qk.tokens[k.position])),
     h("td", {}, GraphHeads.bar(k.probability, maxP, 160)), h("td", {class: "num prob"}, k.probability.toFixed(3)),
     h("td", {class: "num"}, num(k.score))));
@@ -73,7 +104,13 @@ const AttentionPage = (() => {
       for (const r of rows) r.classList.toggle("picked", Number(r.dataset.position) === state.key);
       const k = qk.keys.find((x) => x.position === state.key);
       const maxT = Math.max(...k.terms.map((t) => Math.abs(t[2])), 1e-300);
+      const at = quoted(qk.tokens[k.position]);
       termsBox.replaceChildren(
+        h("h2", {id: "sums-title"}, `Key ${k.position} `, h("span", {class: "text"}, at), ` (p=` +
+          `${k.probability.toFixed(3)}, score ${num(k.score)}) by its parts: each component summed over the other side`),
+        h("div", {class: "sums-pair"},
+          sumsTable(qk, "query-sums", k.query_sums, i, "query", `query side (at ${i})`, onNote),
+          sumsTable(qk, "key-sums", k.key_sums, k.position, "key", `key side (at ${k.position})`, onNote)),
         h("h2", {id: "terms-title"}, `Largest QK terms at key ${k.position} `, h("span", {class: "text"},
           quoted(qk.tokens[k.position])), ` (p=${k.probability.toFixed(3)}, score ${num(k.score)}, the sum of its ` +
           `${k.n_terms} terms)`),
@@ -88,7 +125,32 @@ const AttentionPage = (() => {
           k.n_terms > k.terms.length ? h("tr", {id: "terms-rest"}, h("td", {}, ""),
             h("td", {colspan: 2, class: "note"}, `the other ${k.n_terms - k.terms.length} terms`),
             h("td", {class: "num"}, num(k.rest)), h("td", {}, "")) : null)),
-        noteBox);
+        contrastBox(k), noteBox);
+    }
+
+    // The picked key against another (a select; default the most attended other key): the score difference split
+    // per component on each side.
+    function contrastBox(k) {
+      if (qk.keys.length < 2) return h("p", {class: "note", id: "contrast-none"}, "One key only: nothing to contrast.");
+      const otherPos = state.other ?? mostAttended(qk.keys, k.position);
+      const o = qk.keys.find((x) => x.position === otherPos);
+      const pick = h("select", {id: "contrast-other", "aria-label": "the key to contrast with",
+        onchange: (e) => { state.other = Number(e.target.value); draw(); }},
+      qk.keys.filter((x) => x.position !== k.position).map((x) => h("option", {value: x.position,
+        selected: x.position === otherPos}, `${x.position} ${quoted(qk.tokens[x.position])} (p=` +
+        `${x.probability.toFixed(3)})`)));
+      return h("section", {id: "contrast"},
+        h("h2", {id: "contrast-title"}, `Contrast: key ${k.position} `, h("span", {class: "text"},
+          quoted(qk.tokens[k.position])), " against key ", pick, `: score difference ${num(k.score - o.score)} ` +
+          `(${num(k.score)} − ${num(o.score)})`),
+        h("div", {class: "sums-pair"},
+          sumsTable(qk, "contrast-query", contrastSums(k.query_sums, o.query_sums), i, "query",
+            `query side (at ${i})`, onNote),
+          sumsTable(qk, "contrast-key", contrastSums(k.key_sums, o.key_sums), k.position, "key",
+            `key side (at ${k.position} vs ${o.position})`, onNote)),
+        h("p", {class: "note"}, "Each row: the component's sum over the other side at this key minus at the other " +
+          "key (0 where it is no component there). The score is linear in each side, so each table adds up to the " +
+          "difference exactly."));
     }
 
     const m = qk.model;
@@ -100,7 +162,7 @@ const AttentionPage = (() => {
         quoted(qk.tokens[i]))),
       h("div", {class: "facts-inline", id: "attention-facts"}, facts.map(([k, v]) =>
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
-      h("section", {class: "panel"}, h("h2", {}, "Attention pattern at the query (click a key for its terms)"),
+      h("section", {class: "panel"}, h("h2", {}, "Attention pattern at the query (click a key for its parts)"),
         h("table", {id: "pattern", class: "edges"}, h("thead", {}, h("tr", {}, ["key", "token", "", "p", "score"]
           .map((t) => h("th", {}, t)))), h("tbody", {}, rows)),
         h("p", {class: "note"}, "The score is the head's pre-softmax score (scaled, before the mask and any " +
@@ -122,7 +184,7 @@ const AttentionPage = (() => {
     }
     if (parts[0] === "neurons" && parts.length >= 3) {
       const [layer, pos] = [parts[1], Number(parts[2])];
-      const ids = graph.nodes.filter((n) => n.type === "mlp neuron" && n.layer === layer && n.ctx === pos)
+      const ids = graph.nodes.filter((n) => n.type === NODE_KIND.NEURON && n.layer === layer && n.ctx === pos)
         .map((n) => n.id);
       const at = `layer ${layer} at position ${pos} ${quoted(tokens[pos])}`;
       return {highlight: {ids, text: ids.length ? `Highlighted: the ${ids.length} neurons of ${at} in this graph.`
@@ -131,5 +193,5 @@ const AttentionPage = (() => {
     return {};
   }
 
-  return {show, graphFocus, target};
+  return {show, graphFocus, target, contrastSums};
 })();

@@ -1,6 +1,7 @@
 // detjac view: attention heads on the graph page: a clicked link's head loadings (per crossed layer, the heads that
 // carry the most of its weight, and the skip) and the heads panel (heads ranked by how much of the top logit's graph
-// they carry, each linked to its attention page or given the command that makes it). Text only ever as text.
+// they carry, each linked to its attention page or given the command that makes it; a click on a column's header sorts
+// by it). Text only ever as text.
 "use strict";
 
 const GraphHeads = (() => {
@@ -92,14 +93,17 @@ const GraphHeads = (() => {
       h("h2", {}, "Heads carrying ", h("span", {class: "text"}, logit ? nodeLabel(logit, ctx.tokens) : "the top logit")),
       h("p", {class: "note", id: "heads-coverage"}, `${H.loaded} of ${H.links} links loaded; ` +
         `${H.loaded_into_logit} of the ${H.into_logit} links into the top logit.`),
-      h("table", {id: "heads-table", class: "edges"},
+      TableSort.sortable(h("table", {id: "heads-table", class: "edges"},  // sorted by any column (table_sort.js)
         h("thead", {}, h("tr", {}, ["#", "head", "carried share", "", "direct", "attention"].map((t) => h("th", {}, t)))),
         h("tbody", {}, H.rows.map((r, i) => h("tr", {"data-head": `${r.layer}.${r.head}`},
-          h("td", {class: "num"}, i + 1), h("td", {}, headName(data, r.layer, r.head, query)),
-          h("td", {class: "num " + (r.flow >= 0 ? "positive" : "negative")}, num(r.flow)), h("td", {}, bar(r.flow, max)),
-          h("td", {class: "num"}, num(r.direct)),
-          h("td", {}, r.page ? h("a", {href: pageHref(r.page), class: "attention-link"}, "attention pattern")
-            : h("code", {class: "command"}, r.command)))))),
+          h("td", {class: "num", "data-value": i + 1}, i + 1),
+          h("td", {"data-value": r.layer * 1e6 + r.head}, headName(data, r.layer, r.head, query)),
+          h("td", {class: "num " + (r.flow >= 0 ? "positive" : "negative"), "data-value": r.flow}, num(r.flow)),
+          h("td", {}, bar(r.flow, max)),
+          h("td", {class: "num", "data-value": r.direct}, num(r.direct)),
+          h("td", {"data-value": r.page ? "page" : "command"}, r.page
+            ? h("a", {href: pageHref(r.page), class: "attention-link"}, "attention pattern")
+            : h("code", {class: "command"}, r.command)))))), [true, true, true, null, true, false]),
       h("details", {}, h("summary", {}, "per layer: the flow its loaded links carry, and the skip's"),
         h("table", {id: "heads-layers", class: "edges"}, h("thead", {}, h("tr", {}, ["layer", "covered", "skip"]
           .map((t) => h("th", {}, t)))),

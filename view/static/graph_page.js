@@ -2,7 +2,8 @@
 // Rows are layers (the prompt's tokens at the bottom, the logits at the top, labelled with their tokens), columns the
 // prompt's positions, across the window's width; a link's width is its |weight|, its colour its sign. A click on a
 // logit or a node shows what drives it (its drivers kept, the rest faded), its labels and edges; the sliders and the
-// position filter hide nodes and links; a group (supernode) is one node until a click expands it (graph_groups.js).
+// position filter hide nodes and links; a group (supernode) is one node until a click expands it (graph_groups.js);
+// pinned nodes, their subgraph, groups made by hand, a saved graph JSON and an SVG figure: graph_figure.js.
 // Every label (token texts, clerps, group names) is set with textContent only.
 "use strict";
 
@@ -71,8 +72,8 @@ const GraphPage = (() => {
       const faded = (sel && !(focus ? focus.has(n.id) : n.id === sel)) || (ctx.highlit.size && !ctx.highlit.has(n.id));
       const g = svg("g", {class: `node node-${n.type === NODE_KIND.NEURON ? "neuron" : n.type}` +
         (n.id === sel ? " selected" : focus && focus.has(n.id) ? " driver" : "") + (faded ? " faded" : "") +
-        (ctx.highlit.has(n.id) ? " highlit" : ""),
-      "data-id": n.id, tabindex: 0});
+        (ctx.highlit.has(n.id) ? " highlit" : "") + (ctx.pinned(n) ? " pinned" : ""),
+      "data-id": n.id, "data-activation": n.activation, tabindex: 0});  // its sign: which side its page leads with
       g.append(...[shape].flat(), svg("title", {}, `${GraphPanels.nodeLabel(n, ctx.tokens)} (${n.id})`));
       if (n.type === NODE_KIND.LOGIT) {
         const text = n.token ?? n.clerp;
@@ -81,7 +82,8 @@ const GraphPage = (() => {
           transform: `rotate(40 ${x + 2} ${y - 9})`},
           `${JSON.stringify(short)} ${n.p == null ? "" : n.p.toFixed(2)}`));
       }
-      g.addEventListener("click", () => (n.type === "group" ? ctx.toggleGroup(n.id) : ctx.select(n.id)));
+      g.addEventListener("click", (e) => (e.shiftKey ? ctx.pin(n.id)  // shift: pinned (graph_figure.js)
+        : n.type === "group" ? ctx.toggleGroup(n.id) : ctx.select(n.id)));
       nodes.append(g);
     }
     return nodes;
@@ -91,7 +93,9 @@ const GraphPage = (() => {
   // `opts.select`: a node to select first; `opts.highlight` (`{ids, text}`): nodes to ring, the rest faded, with a
   // line saying what they are (what an attention page's component names on the graph).
   function show(container, graph, opts = {}) {
-    const {all: data, state: groups} = GraphGroups.attach(graph);  // its groups' nodes and links appended
+    const fig = GraphFigure.state(graph);  // pins and groups made by hand, kept while the page is drawn again
+    const grouped = GraphFigure.withHand(graph, fig);
+    const {all: data, state: groups} = GraphGroups.attach(grouped);  // its groups' nodes and links appended
     const tokens = data.metadata.prompt_tokens;
     const byId = new Map(data.nodes.map((n) => [n.id, n]));
     const maxAbs = data.links.reduce((m, l) => Math.max(m, Math.abs(l.weight)), 1e-300);  // no spread: 10⁶ links
@@ -101,8 +105,10 @@ const GraphPage = (() => {
     const state = {nodeT: 1, edgeT: 1, selected: byId.has(opts.select) ? opts.select : null, hidden: new Set(),
       link: null};
     groups.open([state.selected, ...(highlight ? highlight.ids : [])]);  // what is asked for is drawn
-    const ctx = {data, tokens, byId, select, pickLink, toggleGroup, off: groups.off(),
-      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx)};
+    const ctx = {data, tokens, byId, select, pickLink, toggleGroup, pin, pinned: (n) => GraphFigure.isPinned(fig, n),
+      off: groups.off(),
+      highlit: new Set(highlight ? highlight.ids : []), hidden: (n) => isNeuron(n) && state.hidden.has(n.ctx),
+      selected: () => state.selected};
 
     const graphSvg = svg("svg", {id: "graph-svg", class: "graph", role: "img", "aria-label": "attribution graph"});
     const scroll = h("div", {class: "graph-scroll"}, graphSvg);
@@ -143,7 +149,8 @@ const GraphPage = (() => {
     }
 
     function refilter() {
-      shown = visible(data, state.nodeT, state.edgeT, state.hidden, ctx.off);
+      shown = fig.subgraph ? GraphFigure.subgraph(data, fig, ctx.off, groups.of)
+        : visible(data, state.nodeT, state.edgeT, state.hidden, ctx.off);
       linksDrawn = false;
     }
 
@@ -200,6 +207,16 @@ const GraphPage = (() => {
       draw();
     }
 
+    function pin(id) {  // a node pinned or unpinned; a group: its members
+      const n = byId.get(id);
+      const ids = n && n.members ? n.members : [id];
+      const on = ids.some((m) => fig.pinned.has(m));
+      for (const m of ids) if (on) fig.pinned.delete(m); else fig.pinned.add(m);
+      figure.replaceChildren(GraphFigure.panel(ctx, graph, fig, act));
+      refilter();
+      draw();
+    }
+
     function pickLink(link) {  // a link's head loadings, shown above the node's details
       state.link = link === null || state.link === link ? null : link;
       draw();
@@ -237,13 +254,18 @@ const GraphPage = (() => {
     h("span", {}, "width ∝ |weight| · ■ token · ● neuron · ◆ logit (token, probability) · ▲ bias" +
       (groups.groups.length ? " · ▬ group (click: its members)" : "")));
     const groupList = h("div", {id: "group-list"}, GraphGroups.panel(data, groups, regroup) || "");
+    const act = {pin, groupOf: groups.of, selected: () => state.selected, graph: () => grouped, data: () => data,
+      redraw: () => { refilter(); draw(); }, rebuild: () => show(container, graph, {...opts, select: state.selected}),
+      subgraph: () => GraphFigure.subgraph(data, fig, ctx.off, groups.of)};
+    const figure = h("div", {id: "figure-holder"}, GraphFigure.panel(ctx, graph, fig, act));
     const page = h("div", {class: "graph-page"},
       h("div", {class: "facts-inline", id: "graph-facts"}, facts.map(([k, v]) =>
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
       GraphPanels.logitBar(data, select), focusNote,
-      h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, groupList, legend, scroll,
-      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx));
+      h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, groupList, figure, legend, scroll,
+      h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx), GraphInterventions.panel(ctx));
     container.replaceChildren(page);
+    GraphFigure.keys(page, act);
     refilter();
     fit();
     draw();

@@ -1,6 +1,7 @@
 // detjac view: neuron pages (`detjac view ... --neurons neurons.zarr`). A click on a graph's neuron, or the search
 // box (layer, index) in the header, shows the neuron's page below the main page: its top contexts of each sign (the
-// token highlighted, a few tokens around it), its histogram, its logit effects. Every text of the corpus and the
+// token highlighted, a few tokens around it), its histogram, its logit effects. Opened from a graph's node, the page
+// leads with the side the node fires on (its label, contexts and logit effects of that sign first). Every text of the corpus and the
 // model (tokens, labels) is set with textContent only (Dom.h), never parsed as markup. A static export
 // (`--export DIR --neurons ...`) holds the pages of its graphs' neurons only: its search box offers those.
 "use strict";
@@ -80,28 +81,38 @@
       h("ol", {id}, rows.map(([t, v]) => h("li", {}, h("span", {class: "mono"}, JSON.stringify(t)), " ", fmt(v)))));
   }
 
-  function render(p) {
+  // `activation`: the value of the graph node the page is opened from (null from the search box). A negative one
+  // leads with the negative side: its label, contexts and the tokens its write vector lowers come first.
+  function render(p, activation) {
+    const negative = activation != null && activation < 0;
+    const sides = [contexts("top positive contexts", p.contexts.positive, "neuron-positive"),
+      contexts("top negative contexts", p.contexts.negative, "neuron-negative")];
+    const effects = [writes("its write vector raises", p.writes.raises, "neuron-raises"),
+      writes("its write vector lowers", p.writes.lowers, "neuron-lowers")];
+    if (negative) { sides.reverse(); effects.reverse(); }
     section.replaceChildren(
       h("h3", {id: "neuron-title"}, `neuron ${p.layer}.${p.neuron}`),
-      h("p", {id: "neuron-clerp", class: "text"}, p.clerp),
+      h("p", {id: "neuron-clerp", class: "text", "data-side": negative ? "negative" : "positive"},
+        negative ? p.clerp_negative : p.clerp),
+      activation == null ? null : h("p", {class: "note", id: "neuron-side"}, negative
+        ? `The graph's node fires negatively here (activation ${fmt(activation)}): its negative side first (a ` +
+          "negative activation raises the tokens its write vector lowers)."
+        : `The graph's node fires positively here (activation ${fmt(activation)}): its positive side first.`),
       h("p", {class: "note", id: "neuron-stats"},
         `positive at ${(100 * p.frequency).toFixed(1)}% of ${p.tokens} tokens (negative ${
           (100 * p.negative_share).toFixed(1)}%), mean ${fmt(p.mean)}, sd ${fmt(p.std)}; quantiles (bins) 1% ${
           p.quantiles["1%"]}, 50% ${p.quantiles["50%"]}, 99% ${p.quantiles["99%"]}`),
       histogram(p.histogram),
-      h("div", {class: "neuron-columns"},
-        contexts("top positive contexts", p.contexts.positive, "neuron-positive"),
-        contexts("top negative contexts", p.contexts.negative, "neuron-negative")),
-      h("div", {class: "neuron-columns"},
-        writes("its write vector raises", p.writes.raises, "neuron-raises"),
-        writes("and lowers", p.writes.lowers, "neuron-lowers")));
+      h("div", {class: "neuron-columns"}, sides),
+      h("div", {class: "neuron-columns"}, effects));
+    section.dataset.shown = `${p.layer}.${p.neuron}`;  // the neuron shown, once its page is drawn
     section.hidden = false;
   }
 
-  function show(layer, index) {
+  function show(layer, index, activation = null) {
     section.hidden = false;
     section.replaceChildren(h("p", {class: "note"}, `Loading neuron ${layer}.${index}…`));
-    load(`neuron/${layer}/${index}`).then(render,
+    load(`neuron/${layer}/${index}`).then((p) => render(p, activation),
       (e) => section.replaceChildren(h("p", {class: "error", id: "neuron-error"}, e.message)));
   }
 
@@ -146,7 +157,9 @@
       document.addEventListener("click", (e) => {  // a graph's neuron: its id is layer_index_position
         const node = e.target.closest && e.target.closest("g.node-neuron");
         const m = node && /^(\d+)_(\d+)_(\d+)$/.exec(node.dataset.id || "");
-        if (m) show(m[1], m[2]);
+        const value = node && node.dataset.activation !== undefined && node.dataset.activation !== ""
+          ? Number(node.dataset.activation) : null;
+        if (m) show(m[1], m[2], Number.isFinite(value) ? value : null);
       });
     }, (e) => section.replaceChildren(h("p", {class: "error", id: "neuron-error"}, e.message)));
   }
