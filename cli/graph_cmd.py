@@ -18,6 +18,7 @@ from .options import (
     model_options,
     model_reads,
     prompt_options,
+    refuse_options,
 )
 
 if TYPE_CHECKING:
@@ -52,8 +53,12 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
               help="With --neurons: group the neurons of a layer whose top contexts and write tokens agree into "
                    "supernodes (circuit-tracer's qParams.supernodes; a group's links are its members' sums). "
                    "`detjac view` draws each group as one node; a click expands it.")
+@click.option("--attention-pages", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also write the attention files (`detjac attention`) of the graph's first N heads of its heads "
+                   "panel, at its target position, beside --out (STEM.qk.L{l}.H{h}.json), with the same model load; "
+                   "in memory only.")
 def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force: bool, graph: GraphSettings,
-          slug: str | None, neuron_index: str | None, group: bool) -> None:
+          slug: str | None, neuron_index: str | None, group: bool, attention_pages: int) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
 
     Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
@@ -73,11 +78,18 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
           --max-nodes 1000 --out paris.json
       detjac graph -p "The capital of France is" --out france.json --neurons neurons.zarr --group
       detjac graph -p "Copper, n. A" --out copper.json --qk 1.0 --qk 3.2   # QK records of two heads
+      detjac graph -p "Copper, n. A" --out copper.json --heads 50 --attention-pages 3   # and 3 heads' pages
       detjac view france.json --neurons neurons.zarr     # groups collapsed, neuron pages on a click
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
     from detjac.runs import graph_file
 
+    if attention_pages:
+        refuse_options(model_options, "--attention-pages", "an attention page needs the whole model in memory",
+                       streamed=False, max_memory=None)
+        if not graph.heads:
+            raise click.UsageError("Expected --heads N with --attention-pages (the pages follow the heads panel, "
+                                   "which the graph's head loadings rank). Got --attention-pages alone.")
     check_out(out, force=force, suffix=".json",
               reads=[*model_reads(model), *([("the neuron index", neuron_index)] if neuron_index else [])])
     done = graph_file(model, prompt, model_options, out, graph, slug=slug, neuron_index=neuron_index, group=group,
@@ -111,3 +123,7 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
         click.echo(f"labels       from the neuron index {neuron_index} ({index.attrs['n_tokens']} tokens of "
                    f"{index.identity.get('prompts')} prompts)")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in {done.seconds:.1f} s")
+    if attention_pages:
+        from .attention_cmd import graph_attention_pages
+
+        graph_attention_pages(lambda: done.engine, model, out, attention_pages, force=force)

@@ -38,6 +38,7 @@ class GraphOutcome:
     index: NeuronIndex | None = None  # the neuron index the labels came from
     groups: tuple[str, str] | None = None  # with groups: how many neurons they hold, and how exact they are
     heads: list[str] = field(default_factory=list)  # with head loadings: the heads carrying the top logit
+    engine: Engine | None = None  # the engine the graph was computed with (its attention pages reuse it)
 
 
 def graph_identity(described: Mapping[str, Any]) -> dict[str, str]:
@@ -131,7 +132,7 @@ def graph_file(model: ModelRef, prompt: str, loading: LoadSpec, out: str | Path,
                           supernodes=supernodes)
     write_graph_file(path, data)  # graph-metadata.json beside it lists it
     heads = heads_into_top_logit(g) if g.head_loadings is not None else []
-    return GraphOutcome(g, data, time.perf_counter() - started, index, grouping, heads)
+    return GraphOutcome(g, data, time.perf_counter() - started, index, grouping, heads, engine)
 
 
 def _load(loading: LoadSpec) -> Engine:

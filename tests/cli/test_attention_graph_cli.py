@@ -125,3 +125,32 @@ def test_a_graph_without_head_loadings_and_another_prompt_are_refused_by_name(gr
         "Error: Expected the graph's prompt (8 tokens, '<s>Copper, n. A') for its heads' attention files. Got 8 "
         "tokens, '<s>Copper, n. B'."), result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare.json", "g.json"]
+
+
+def test_graph_attention_pages_writes_the_same_files_with_the_graphs_own_model_load(graph, tmp_path, loads):
+    """``detjac graph --attention-pages N``: the graph and its first N heads' attention files from one model load,
+    each file equal to what ``detjac attention --graph`` writes beside the same graph."""
+    out = tmp_path / "g.json"
+    result = invoke("graph", "-p", PROMPT, "--max-nodes", "40", "--heads", "8", "--out", str(out),
+                    "--attention-pages", "2")
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 1
+    written = sorted(tmp_path.glob("g.qk.L*.H*.json"))
+    assert len(written) == 2
+    again = tmp_path / "again"
+    again.mkdir()
+    g = copy(out, again)
+    assert invoke("attention", "--graph", str(g), "--top-heads", "2").exit_code == 0
+    for path in written:
+        ours, theirs = json.loads(path.read_text()), json.loads((again / path.name).read_text())
+        assert ours["keys"] == theirs["keys"] and ours["layer"] == theirs["layer"] and ours["head"] == theirs["head"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--attention-pages", "2"), "Expected --heads N with --attention-pages"),
+    (("--attention-pages", "2", "--heads", "4", "--streamed"), "Expected no --streamed with --attention-pages"),
+])
+def test_graph_attention_pages_bad_options_are_refused_before_the_model_loads(tmp_path, loads, args, message):
+    result = invoke("graph", "-p", PROMPT, "--max-nodes", "40", "--out", str(tmp_path / "g.json"), *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not loads and not list(tmp_path.iterdir())
