@@ -30,7 +30,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from detjac.engine import load_engine, neurons, return_freed_memory
+    from detjac.engine import load_engine, neurons
+    from detjac.engine.memory import return_freed_memory
     from detjac.graph_settings import LOGIT_PROBABILITY, MAX_LOGITS, MAX_NODES
     from detjac.graphs import adjacency as adj
     from detjac.graphs import targets as at

@@ -94,7 +94,7 @@ def _one_head(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int,
               neurons: int, out: str | None, force: bool, key: int | None, other: int | None, top: int) -> None:
     if out is not None:  # before torch is imported, and not into what MODEL reads
         check_out(out, force=force, suffix=".json", reads=model_reads(model))
-    from detjac.engine import load_engine, qk_attribution, write_qk
+    from detjac.engine import load_engine, qk_attribution
     from detjac.runs import model_identity
 
     refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
@@ -107,7 +107,7 @@ def _one_head(model: ModelRef, prompt: str, model_options: LoadSpec, layer: int,
         _echo_contrast(res, contrast, top)
     if out is not None:
         identity = {k: v for k, v in model_identity(model.source).items() if isinstance(v, str)}
-        data = write_qk(res, out, force=force, model={"source": model.name, **identity})
+        data = res.write(out, force=force, model={"source": model.name, **identity})
         click.echo(f"wrote        {out} ({len(data['keys'])} keys, {sum(len(k['terms']) for k in data['keys'])} "
                    "terms)")
 

@@ -14,17 +14,16 @@ neurons and heads) is exported here. The folders: docs/engine.md, "Layout".
 >>> res.jacobian.shape, res.reconstruction_error                          # doctest: +SKIP
 """
 
-from .checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS
+from .checkpoints.default import DEFAULT_MODEL_DIR
 from .checkpoints.gguf import read_gguf_header
 from .checkpoints.hub import hub_cache_dir, is_hub_id
-from .checkpoints.loading import check_checkpoint_dir, get_tokenizer, load_model, parse_prompt
+from .checkpoints.loading import get_tokenizer, load_model, parse_prompt
 from .checkpoints.reference import ModelRef
 from .checkpoints.tiny import tiny_model, tiny_model_types
-from .families import FAMILIES, family_for
+from .families import FAMILIES
 from .inmemory.inmemory_engine import InMemoryEngine
 from .interface import Engine
-from .memory import device_key, honour_cpu_budget, return_freed_memory
-from .pieces.heads import head_cotangents, head_values, heads_output
+from .memory import device_key, honour_cpu_budget
 from .pieces.layer import Attention
 from .products.decode import decode_blocks, decode_top
 from .products.lanczos import operator_svd
@@ -36,26 +35,26 @@ from .result import JacobianResult
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine
 from .tools.exactness_report import exactness_report
-from .tools.intervene import Edit, Intervention, intervene
+from .tools.intervene import Edit, intervene
 from .tools.lens_pulls import pull_final_block
-from .tools.neuron_values import batch_neuron_values, prompt_neuron_values, write_effects
+from .tools.neuron_values import neuron_values, write_effects
 from .tools.neurons import activations, check_neurons, neurons, residual_ends
-from .tools.qk import check_qk_request, qk_attribution, write_qk
-from .tools.steer import SteeringOperator, check_method, evaluate, generate
+from .tools.qk import check_qk_request, qk_attribution
+from .tools.steer import SteeringOperator, evaluate, generate
 from .tools.triplets import explain, explain_summed
 from .types import JacobianBlock, Trace
 from .verbs import ResultSink, jacobian
 
 __all__ = [
-    "DEFAULT_MODEL_DIR", "DEMO_PROMPTS", "EMBEDDINGS", "FAMILIES", "OUTPUT", "Attention", "BlockSink", "Engine",
+    "DEFAULT_MODEL_DIR", "EMBEDDINGS", "FAMILIES", "OUTPUT", "Attention", "BlockSink", "Engine",
     "InMemoryEngine", "JacobianBlock", "JacobianOperator", "JacobianResult", "ModelRef", "PromptProducts",
     "PullRequest", "ResultSink", "Seed", "Site", "SteeringOperator", "StreamedEngine", "Tee", "Trace", "activations",
-    "as_engine", "assemble", "batch_neuron_values", "check_checkpoint_dir", "check_layerwise_request", "check_method",
+    "as_engine", "assemble", "check_layerwise_request",
     "check_neurons", "decode_blocks", "decode_top", "device_key", "evaluate", "exactness_report", "explain",
-    "explain_summed", "family_for", "generate", "get_tokenizer", "head_cotangents", "head_values", "heads_output",
+    "explain_summed", "generate", "get_tokenizer",
     "honour_cpu_budget", "hub_cache_dir", "input_of", "is_hub_id", "jacobian", "jacobian_operator", "load_engine",
-    "load_model", "logit_jacobian", "neurons", "neurons_of", "operator_svd", "parse_prompt", "prompt_neuron_values",
-    "prompt_pass", "pull_final_block", "qk_attribution", "read_gguf_header", "residual_ends", "return_freed_memory",
-    "tiny_model", "tiny_model_types", "write_effects", "write_qk", "Edit", "Intervention", "intervene",
+    "load_model", "logit_jacobian", "neurons", "neurons_of", "operator_svd", "parse_prompt", "neuron_values",
+    "prompt_pass", "pull_final_block", "qk_attribution", "read_gguf_header", "residual_ends",
+    "tiny_model", "tiny_model_types", "write_effects", "Edit", "intervene",
     "check_qk_request",
 ]

@@ -115,7 +115,7 @@ class LayerPull(Protocol):
 
     def attention(self) -> Any:
         """The attention's explicit piece (:class:`~detjac.engine.pieces.layer.Attention`: head by head,
-        :mod:`detjac.engine.pieces.heads`)."""
+        :meth:`~detjac.engine.pieces.layer.Attention.head_values`)."""
 
 
 class Walk(Protocol):

@@ -6,7 +6,7 @@ multiplier ``t_{l,h}`` on each head's output. The loading of head ``(l, h)`` on 
 ``weight(a -> b) - weight(a -> b with head (l, h)'s output removed)``; ``skip`` is the rest, the part that bypasses
 layer ``l``'s attention through the residual stream, so each crossed layer's loadings and skip sum to the link's
 weight. A head's output is ``W_o,h P_h V_kv(h)`` with any norm after the attention folded in (its share through the
-frozen scale: :mod:`detjac.engine.pieces.heads`); an affine family's value and output biases are constants, which a
+frozen scale: :class:`~detjac.engine.Attention`); an affine family's value and output biases are constants, which a
 link's weight (a derivative) does not see. Crossed layers: after ``a``'s MLP (from layer 0 for a token) up to ``b``'s
 attention inclusive (the last layer for a logit); a neuron of the last layer linked to a logit crosses none.
 
@@ -33,9 +33,6 @@ from detjac.engine import (
     PullRequest,
     Seed,
     Site,
-    head_cotangents,
-    head_values,
-    heads_output,
     input_of,
 )
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
@@ -236,11 +233,11 @@ def _block(engine: Engine, trace: Any, nodes: Nodes, links: np.ndarray, block: S
                 if not isinstance(attention, Attention):
                     raise UnsupportedModelError(f"Expected layer {layer}'s attention as one block of heads for head "
                                                 f"loadings. Got {type(attention).__name__}.")
-                mixed = head_values(attention, tangents)  # (S, heads, n, hd)
+                mixed = attention.head_values(tangents)  # (S, heads, n, hd)
                 if here:
                     wanted = sorted({t for _, _, t in here})
                     g = torch.stack([cotangents[t][layer] for t in wanted])  # (T, n, d)
-                    u = head_cotangents(attention, g)  # (T, heads, n, hd)
+                    u = attention.head_cotangents(g)  # (T, heads, n, hd)
                     row = {t: i for i, t in enumerate(wanted)}
                     for c0 in range(0, len(here), 64):
                         part = here[c0:c0 + 64]
@@ -251,7 +248,7 @@ def _block(engine: Engine, trace: Any, nodes: Nodes, links: np.ndarray, block: S
                         ks = [k for k, _, _ in part]
                         out[ks, layer, :-1] = per_head.cpu().double().numpy()
                         out[ks, layer, -1] = skip.cpu().double().numpy()
-                tangents += heads_output(attention, mixed)  # the MLP held: the layer's output is its mid residual
+                tangents += attention.heads_output(mixed)  # the MLP held: the layer's output is its mid residual
             del mixed, attention, pull  # they hold the layer's widened weights: not while the next one is widened
 
 

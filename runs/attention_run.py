@@ -65,7 +65,8 @@ def attention_pages(engine: Any, prompt: str | Sequence[int], heads: Sequence[tu
     tokens
         The graph's tokens: the prompt's must be these (texts, in order), or nothing is written.
     neurons, model
-        As :func:`~detjac.engine.qk_attribution`'s ``neurons`` and :func:`~detjac.engine.write_qk`'s ``model``.
+        As :func:`~detjac.engine.qk_attribution`'s ``neurons`` and
+        :meth:`~detjac.engine.tools.qk.QKAttribution.write`'s ``model``.
     force
         Replace existing files.
     reads
@@ -87,7 +88,7 @@ def attention_pages(engine: Any, prompt: str | Sequence[int], heads: Sequence[tu
     UnsupportedModelError, PromptError, LinearizationError
         As :func:`~detjac.engine.qk_attribution`.
     """
-    from detjac.engine import check_qk_request, qk_attribution, write_qk
+    from detjac.engine import check_qk_request, qk_attribution
 
     heads = list(dict.fromkeys((int(layer), int(head)) for layer, head in heads))
     paths = attention_targets(folder, stem, heads, force=force, reads=reads)
@@ -100,6 +101,6 @@ def attention_pages(engine: Any, prompt: str | Sequence[int], heads: Sequence[tu
                 raise InvalidArgumentError(
                     f"Expected the graph's prompt ({len(tokens)} tokens, {''.join(tokens)[:80]!r}) for its heads' "
                     f"attention files. Got {len(result.tokens)} tokens, {''.join(result.tokens)[:80]!r}.")
-            write_qk(result, path, force=force, model=model)
+            result.write(path, force=force, model=model)
             bar.update(1)
     return paths

@@ -84,7 +84,8 @@ class Interventions:
         self._lock = threading.Lock()
 
     def __call__(self, body: Any) -> dict[str, Any]:
-        """The answer to one request body: :meth:`~detjac.engine.Intervention.to_dict` and the model's name.
+        """The answer to one request body: its :meth:`~detjac.engine.tools.intervene.Intervention.to_dict` and the
+        model's name.
 
         Raises
         ------

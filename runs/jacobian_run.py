@@ -16,6 +16,13 @@ if TYPE_CHECKING:
 
 Note = Callable[[str], None]
 
+# detjac demo's prompts without --prompt: dictionary entries, the register the shipped model was trained on.
+DEMO_PROMPTS = (
+    "Bread, n. An article of food made from flour or meal by",
+    "Oak, n. (Bot.) Any tree or shrub of the genus Quercus. The oaks have",
+    "Whale, n. (Zool.) Any aquatic mammal of the order",
+)
+
 # Measured by benchmarks/ordinary_cost.py (docs/performance.md): the shipped model, "Kitten, n. A young", 2.6 times
 # in memory on 2 loaded cores; the Llama-3.2-1B shape layer-streamed under cpu=1GiB, see the page.
 ORDINARY_COSTS_MORE = ("Note: the ordinary Jacobian goes through torch.func, several times the detached pass's time "
@@ -97,7 +104,7 @@ def demo_prompts(engine: Engine, prompts: Sequence[str], *, n_values: int = 3, t
     """``detjac demo``'s work, one prompt at a time (the command prints each as it comes): the exactness report with
     the ordinary Jacobian's contrast, and the top ``n_values`` triplets of the combined operator and of every
     ``J_k``, decoded to ``top`` tokens. No prompts: the shipped model's dictionary entries."""
-    from detjac.engine import DEMO_PROMPTS, exactness_report, explain
+    from detjac.engine import exactness_report, explain
 
     for text in prompts or DEMO_PROMPTS:
         rep = exactness_report(engine, text)

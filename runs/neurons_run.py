@@ -92,17 +92,15 @@ def shard_stats(engine: Engine, prompts: list[tuple[int, list[int]]], k: int, n_
     """The statistics of ``prompts`` ((index in the corpus, token ids) each) on ``engine``, a leading BOS token
     left out (the same context in every prompt: it would tie for the top of every neuron); in batches of
     :data:`BATCH` prompts through one forward pass where the engine allows it
-    (:func:`detjac.engine.batch_neuron_values`), else one trace per prompt."""
-    from detjac.engine import batch_neuron_values, prompt_neuron_values
+    (:func:`detjac.engine.neuron_values`), else one trace per prompt."""
+    from detjac.engine import neuron_values
     from detjac.store import NeuronStats
 
     stats = NeuronStats.empty(engine.n_layers, n_neurons, k)
     bos = bos_token(engine)
     for b0 in range(0, len(prompts), BATCH):
         batch = prompts[b0:b0 + BATCH]
-        values = batch_neuron_values(engine, [ids for _, ids in batch])
-        if values is None:
-            values = [dict(prompt_neuron_values(engine, ids)) for _, ids in batch]
+        values = neuron_values(engine, [ids for _, ids in batch])
         keep = [np.arange(len(ids)) >= (1 if bos is not None and ids and ids[0] == bos else 0) for _, ids in batch]
         rows = np.concatenate([np.full(int(k.sum()), p, dtype=np.int64) for (p, _), k in zip(batch, keep, strict=True)])
         positions = np.concatenate([np.nonzero(k)[0] for k in keep])
@@ -196,9 +194,9 @@ def _build(out: Path, engine: Engine, spec: LoadSpec, ids: list[list[int]], corp
 
 
 def _neurons_per_layer(engine: Engine, probe: list[int]) -> int:
-    from detjac.engine import prompt_neuron_values
+    from detjac.engine import neuron_values
 
-    for _, z in prompt_neuron_values(engine, probe):
+    for z in neuron_values(engine, [probe])[0].values():
         return int(z.shape[1])
     raise InvalidArgumentError("Expected a model with at least one MLP layer. Got none.")
 

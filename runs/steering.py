@@ -88,9 +88,9 @@ def concept_operator(store: StoreReader, prompt_id: str, layer: int, model: Any,
     import numpy as np
     import torch
 
-    from detjac.engine import SteeringOperator, check_method
+    from detjac.engine import SteeringOperator
 
-    check_method(method)
+    SteeringOperator.check_method(method)
     prompt = store.get(prompt_id)
     n_layers = model.config.get_text_config().num_hidden_layers
     if not -n_layers <= layer < n_layers:
@@ -142,10 +142,10 @@ def load_concept(model: LoadSpec | ModelRef | str, store_path: str | Path, promp
     InvalidArgumentError
         When the model has no tokenizer, or as :func:`concept_operator`.
     """
-    from detjac.engine import ModelRef, check_method, load_engine
+    from detjac.engine import ModelRef, SteeringOperator, load_engine
     from detjac.store import open_store
 
-    check_method(method)  # before the model loads
+    SteeringOperator.check_method(method)  # before the model loads
     spec = model if isinstance(model, LoadSpec) else LoadSpec(
         model=ModelRef.of(model, revision), dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     ref, store = spec.model, open_store(store_path)

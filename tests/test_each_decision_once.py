@@ -66,7 +66,8 @@ def test_what_a_model_names_is_asked_in_one_place():
 
 def test_a_model_ref_is_not_resolved_again_below_its_boundary(monkeypatch):
     import detjac.engine.checkpoints.reference as reference
-    from detjac.engine import DEFAULT_MODEL_DIR, ModelRef, check_checkpoint_dir
+    from detjac.engine import DEFAULT_MODEL_DIR, ModelRef
+    from detjac.engine.checkpoints.loading import check_checkpoint_dir
 
     ref = ModelRef.resolve("default")
     assert ref.kind == "default" and ModelRef.of(ref) is ref

@@ -10,12 +10,4 @@ from __future__ import annotations
 from .names import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, default_model_dir
 from .reference import resolve_model
 
-# Dictionary-style prompts, the register the model was trained on.
-DEMO_PROMPTS = (
-    "Bread, n. An article of food made from flour or meal by",
-    "Oak, n. (Bot.) Any tree or shrub of the genus Quercus. The oaks have",
-    "Whale, n. (Zool.) Any aquatic mammal of the order",
-)
-
-
-__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_MODEL_NAME", "DEMO_PROMPTS", "default_model_dir", "resolve_model"]
+__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_MODEL_NAME", "default_model_dir", "resolve_model"]

@@ -173,6 +173,34 @@ class Attention:
             if gain is not None:
                 self.out = _scaled(self.out, gain[:, None], self.owned)
 
+    # Head by head: head h's output is W_o,h P_h V_kv(h) x (norms folded in, so through the frozen norm after it); the
+    # heads act in parallel, so y is exactly their sum. An affine family's value and output biases are constants,
+    # outside these maps (the layer's bias node). Read by the graphs' head loadings and the QK components.
+    def head_values(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) vectors at the layer's input -> (B, heads, n, hd) each head's mix of values ``P_h V_kv(h) x``."""
+        b, n, _ = x.shape
+        heads, hd, kvh = self.probs.shape[0], self.head_dim, self.kv_heads
+        v = (x @ wide(self.value).T).view(b, n, kvh, hd).transpose(1, 2)  # (B, kv_heads, n, hd)
+        return self.probs @ v.repeat_interleave(heads // kvh, dim=1)  # (heads, n, n) @ (B, heads, n, hd)
+
+    def head_cotangents(self, g: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) cotangents at the attention's output -> (B, heads, n, hd) at each head's value mix
+        (``g W_o,h``)."""
+        b, n, _ = g.shape
+        heads, hd = self.probs.shape[0], self.head_dim
+        return (g @ wide(self.out)).view(b, n, heads, hd).transpose(1, 2)
+
+    def heads_output(self, mixed: torch.Tensor) -> torch.Tensor:
+        """(B, heads, n, hd) the heads' value mixes -> (B, n, d) the attention's output, their sum through ``W_o``."""
+        b, heads, n, hd = mixed.shape
+        return mixed.transpose(1, 2).reshape(b, n, heads * hd) @ wide(self.out).T
+
+    def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) at the layer's input -> (heads, n, d) each head's output ``W_o,h P_h V_kv(h) x``."""
+        heads, hd = self.probs.shape[0], self.head_dim
+        out = wide(self.out)
+        return torch.einsum("hnk,dhk->hnd", self.head_values(x[None])[0], out.view(out.shape[0], heads, hd))
+
     def causal_from(self, s: int) -> bool:
         """Whether no position before ``s`` reads a position from ``s`` on (then vectors zero before ``s`` stay so)."""
         return s == 0 or not self.probs[:, :s, s:].any()

@@ -19,6 +19,14 @@ from ..interface import Engine
 from .neurons import activations, neurons
 
 
+def neuron_values(engine: Engine, batch: Sequence[Sequence[int]]) -> list[dict[int, np.ndarray]]:
+    """Each prompt's ``{layer: (n, n_neurons) float64 values}`` of every layer's MLP neurons: through one forward pass
+    of the whole batch where that applies (:func:`batch_neuron_values`), else one trace per prompt
+    (:func:`prompt_neuron_values`): the same numbers either way (to float64 rounding, tested)."""
+    values = batch_neuron_values(engine, batch)
+    return values if values is not None else [dict(prompt_neuron_values(engine, ids)) for ids in batch]
+
+
 def prompt_neuron_values(engine: Engine, token_ids: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
     """``(layer, (n, n_neurons) float64 values)`` of every layer's MLP neurons on the prompt ``token_ids``, one
     layer at a time; raises InvalidArgumentError for an engine without neuron sites (the ordinary Jacobian)."""

@@ -38,7 +38,7 @@ from ..pieces import NotAPiece
 from .qk_path import Captured, QkPath, attention_child
 from .qk_residual import Components, residual_components
 
-__all__ = ["QKAttribution", "check_qk_request", "qk_attribution", "residual_decomposition", "write_qk"]
+__all__ = ["QKAttribution", "check_qk_request", "qk_attribution", "residual_decomposition"]
 
 BIAS = "bias"  # the name of an affine family's query- or key-side constant
 CHUNK = 32  # components run through the query and key path at a time
@@ -124,6 +124,22 @@ class QKAttribution:
         return {"key": j, "other": o, "difference": by[j]["score"] - by[o]["score"],
                 "query_sums": side("query_sums"), "key_sums": side("key_sums")}
 
+    def write(self, out: str | Path, *, force: bool = False, model: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the attribution's JSON (:meth:`to_dict`, ``model`` merged into its model identity) to ``out``
+        (written aside, then renamed); return the JSON object.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``out`` is refused by :func:`detjac.outputs.check_output`: not a ``.json`` path, an existing file without
+            ``force``, in a missing folder, inside a store or index.
+        """
+        path = check_output(out, force=force, suffix=".json")
+        data = self.to_dict()
+        data["model"] = {**data["model"], **(model or {})}
+        write_output(path, json.dumps(data))
+        return data
+
     def __repr__(self) -> str:
         top = max(self.keys, key=lambda k: k["probability"])
         return (f"<QKAttribution layer {self.layer} head {self.head} at {self.query_position} "
@@ -191,24 +207,6 @@ def qk_attribution(engine_or_model: Any, prompt: Prompt, layer: int, head: int, 
     texts = token_texts(tokenizer, ids) or [f"<{t}>" for t in ids]
     return QKAttribution(layer, head, i, list(ids), texts, keys, [n[i] for n in names[0]], residual_error,
                          score_error, info)
-
-
-def write_qk(result: QKAttribution, out: str | Path, *, force: bool = False,
-             model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write the attribution's JSON (:meth:`QKAttribution.to_dict`, ``model`` merged into its model identity) to
-    ``out`` (written aside, then renamed); return the JSON object.
-
-    Raises
-    ------
-    InvalidArgumentError
-        ``out`` is refused by :func:`detjac.outputs.check_output`: not a ``.json`` path, an existing file without
-        ``force``, in a missing folder, inside a store or index.
-    """
-    path = check_output(out, force=force, suffix=".json")
-    data = result.to_dict()
-    data["model"] = {**data["model"], **(model or {})}
-    write_output(path, json.dumps(data))
-    return data
 
 
 def residual_decomposition(engine_or_model: Any, prompt: Prompt, layer: int, *, neurons: int = 0,

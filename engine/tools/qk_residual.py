@@ -17,7 +17,6 @@ import torch
 
 from detjac.errors import InvalidArgumentError, UnsupportedModelError
 
-from ..pieces.heads import head_outputs
 from ..pieces.layer import Attention
 
 
@@ -81,7 +80,7 @@ def residual_components(frozen: Any, inputs: list[torch.Tensor], embeddings: tor
         if not isinstance(pieces.attention, Attention) or pieces.attention_norm is not None:
             raise UnsupportedModelError(f"Expected layer {lay} to be a pre-norm layer with one attention block. Got "
                                         f"{type(pieces.attention).__name__}.")
-        heads = head_outputs(pieces.attention, inputs[lay])
+        heads = pieces.attention.head_outputs(inputs[lay])
         parts.append(heads)
         names += [[f"A{lay}.{h}"] * n for h in range(heads.shape[0])]
         mlp, mlp_names = mlp_parts(pieces.mlp, frozen.mids[lay], neurons, lay)

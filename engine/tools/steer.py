@@ -20,13 +20,6 @@ from ..families import family_for
 METHODS = ("detjac", "paper")
 
 
-def check_method(method: str) -> str:
-    """``method`` if it is one of :data:`METHODS`, else an :class:`InvalidArgumentError` naming them."""
-    if method not in METHODS:
-        raise InvalidArgumentError(f"Expected a steering method among {', '.join(METHODS)}. Got {method!r}.")
-    return method
-
-
 @dataclass
 class SteeringOperator:
     """A concept prompt's layer-``layer`` Jacobians ``operators`` (n_concept, d, d): operator k maps token k.
@@ -40,7 +33,14 @@ class SteeringOperator:
     method: str = "detjac"
 
     def __post_init__(self) -> None:
-        check_method(self.method)
+        self.check_method(self.method)
+
+    @staticmethod
+    def check_method(method: str) -> str:
+        """``method`` if it is one of :data:`METHODS`, else an :class:`InvalidArgumentError` naming them."""
+        if method not in METHODS:
+            raise InvalidArgumentError(f"Expected a steering method among {', '.join(METHODS)}. Got {method!r}.")
+        return method
 
     @classmethod
     def from_jacobian(cls, layer: int, jacobian: Any, concept: str = "", method: str = "detjac") -> SteeringOperator:

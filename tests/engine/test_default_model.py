@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from detjac.cli.main import main
 from detjac.engine import InMemoryEngine, get_tokenizer, jacobian, load_model
-from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR, DEMO_PROMPTS, default_model_dir, resolve_model
+from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR, default_model_dir, resolve_model
+from detjac.runs.jacobian_run import DEMO_PROMPTS
 
 
 @pytest.fixture(scope="module")

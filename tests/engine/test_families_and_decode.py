@@ -27,7 +27,7 @@ def test_the_lazy_table_names_every_family_file_and_its_model_types():
     for name, types in families._FILES.items():
         assert importlib.import_module(f"detjac.engine.families.{name}").FAMILY.model_types == types, name
     # asking for one family imports its file only (each imports its transformers modeling module)
-    code = ("import sys; from detjac.engine import family_for; from types import SimpleNamespace as S; "
+    code = ("import sys; from detjac.engine.families import family_for; from types import SimpleNamespace as S; "
             "family_for(S(model_type='llama')); print(sorted(m for m in sys.modules if '.families.' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "families.llama" in out and "families.bert" not in out and "families.gemma3" not in out

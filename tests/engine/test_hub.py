@@ -10,9 +10,10 @@ from click.testing import CliRunner
 from hub_cache import fabricate_hub_cache
 
 from detjac.cli.main import main
-from detjac.engine import check_checkpoint_dir, jacobian, load_engine
+from detjac.engine import jacobian, load_engine
 from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
 from detjac.engine.checkpoints.hub import hub_cache_dir, is_hub_id
+from detjac.engine.checkpoints.loading import check_checkpoint_dir
 from detjac.errors import CheckpointError
 
 REPO = "detjac-test/gcide-llama"

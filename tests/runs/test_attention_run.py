@@ -1,4 +1,4 @@
-"""``detjac.runs.attention_pages``: several heads' attention files in one model load, each the file ``write_qk``
+"""``detjac.runs.attention_pages``: several heads' attention files in one model load, each the file its attribution
 writes for that head, named as the viewer finds them beside a graph; every refusal (a head the model lacks, a file
 that exists, another prompt than the graph's) comes before anything is written."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from detjac.engine import load_engine, qk_attribution, write_qk
+from detjac.engine import load_engine, qk_attribution
 from detjac.errors import InvalidArgumentError
 from detjac.runs import attention_pages
 
@@ -20,12 +20,12 @@ def engine():
     return load_engine("default")
 
 
-def test_each_head_s_file_is_the_one_write_qk_writes(engine, tmp_path):
+def test_each_head_s_file_is_the_one_its_attribution_writes(engine, tmp_path):
     paths = attention_pages(engine, PROMPT, [(3, 1), (2, 0), (3, 1)], tmp_path, stem="g", query=-2,
                             progress=False)
     assert [p.name for p in paths] == ["g.qk.L3.H1.json", "g.qk.L2.H0.json"]  # in order, each once
     for path, (layer, head) in zip(paths, [(3, 1), (2, 0)], strict=True):
-        want = write_qk(qk_attribution(engine, PROMPT, layer, head, query=-2), tmp_path / "want.json", force=True)
+        want = qk_attribution(engine, PROMPT, layer, head, query=-2).write(tmp_path / "want.json", force=True)
         assert json.loads(path.read_text()) == want
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.qk.L2.H0.json", "g.qk.L3.H1.json", "want.json"]
 

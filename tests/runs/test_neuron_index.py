@@ -37,7 +37,7 @@ def engine():
 
 
 def test_the_top_k_and_counts_equal_a_brute_force_pass(built, engine):
-    from detjac.engine import batch_neuron_values
+    from detjac.engine.tools.neuron_values import batch_neuron_values
 
     _, out = built
     index = open_neuron_index(out)
@@ -65,7 +65,7 @@ def test_the_top_k_and_counts_equal_a_brute_force_pass(built, engine):
 
 
 def test_the_batched_values_are_the_walks(engine):
-    from detjac.engine import batch_neuron_values, prompt_neuron_values
+    from detjac.engine.tools.neuron_values import batch_neuron_values, prompt_neuron_values
 
     ids = [engine.token_ids(text) for text in PROMPTS[:3]]
     for p, per_layer in enumerate(batch_neuron_values(engine, ids)):
