@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from detjac.errors import InvalidArgumentError
 from detjac.model_settings import LoadSpec
 from detjac.qk_sums import attended_key, listed
 
+from .attention_pages import graph_attention_pages
 from .options import (
     check_out,
     model_argument,
@@ -147,47 +145,8 @@ def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, g
 
     refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
                    streamed=False, max_memory=None)
-    graph_attention_pages(load, model, graph, n_heads, prompt=prompt, query=query,
+    graph_attention_pages(load, model, graph, n_heads, model_reads=model_reads(model), prompt=prompt, query=query,
                           neurons=neurons, out=out, force=force)
-
-
-def graph_attention_pages(load: Callable[[], Any], model: ModelRef, graph: str, n_heads: int, *,
-                          prompt: str | None = None, query: int | None = None, neurons: int = 0,
-                          out: str | None = None, force: bool = False) -> list[Path]:
-    """The attention files of the graph file ``graph``'s first ``n_heads`` heads (its heads panel's order), at its
-    target position (or ``query``), for its prompt, written beside it as ``STEM.qk.L{l}.H{h}.json`` (or into the
-    folder ``out``) and printed; what ``detjac attention --graph`` and ``detjac graph --attention-pages`` do.
-
-    ``load`` gives the in-memory engine of ``model`` (loading it, or one already loaded); it is called once every
-    file is checked and the graph's weights' SHA-256, where it records one, is ``model``'s.
-
-    Raises
-    ------
-    InvalidArgumentError
-        A graph that ranks no head, a file refused by :func:`detjac.outputs.check_output`, another model or prompt
-        than the graph's: before anything is written.
-    """
-    from detjac.runs import attention_pages, attention_targets, model_identity
-    from detjac.view import top_heads
-
-    chosen = top_heads(graph, n_heads)
-    folder = out if out is not None else str(Path(graph).parent)
-    reads = [*model_reads(model), ("the graph", graph)]
-    paths = attention_targets(folder, chosen.stem, chosen.heads, force=force, reads=reads)
-    identity = {k: v for k, v in model_identity(model.source).items() if isinstance(v, str)}
-    theirs, ours = chosen.info.get("weights_sha256"), identity.get("weights_sha256")
-    if theirs and ours and theirs != ours:
-        raise InvalidArgumentError(f"Expected the graph's model (weights_sha256 {str(theirs)[:64]}) for its heads' "
-                                   f"attention files. Got {model.name} (weights_sha256 {ours}).")
-    at = chosen.query if query is None else query
-    click.echo(f"graph        {graph}: {chosen.ranked} heads ranked; the first {len(chosen.heads)} at query "
-               f"{at} {chosen.tokens[at] if -len(chosen.tokens) <= at < len(chosen.tokens) else ''!r}")
-    attention_pages(load(), prompt if prompt is not None else chosen.prompt, chosen.heads, folder, stem=chosen.stem,
-                    query=at, tokens=chosen.tokens, neurons=neurons, force=force,
-                    model={"source": model.name, **identity}, reads=reads)
-    for (layer, head), path in zip(chosen.heads, paths, strict=True):
-        click.echo(f"wrote        {path} (layer {layer} head {head})")
-    return paths
 
 
 def _echo_contrast(res: Any, contrast: dict[str, Any], top: int) -> None:

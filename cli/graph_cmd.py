@@ -124,6 +124,7 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
                    f"{index.identity.get('prompts')} prompts)")
     click.echo(f"wrote        {out} ({len(nodes)} nodes, {len(data['links'])} links) in {done.seconds:.1f} s")
     if attention_pages:
-        from .attention_cmd import graph_attention_pages
+        from .attention_pages import graph_attention_pages
 
-        graph_attention_pages(lambda: done.engine, model, out, attention_pages, force=force)
+        graph_attention_pages(lambda: done.engine, model, out, attention_pages, model_reads=model_reads(model),
+                              force=force)

@@ -12,7 +12,7 @@ from pathlib import Path
 import detjac.cli
 
 CLI = Path(detjac.cli.__file__).parent
-SHARED = {"options", "render", "graph_options"}
+SHARED = {"options", "render", "graph_options", "attention_pages"}
 
 
 def _cli_imports(path: Path) -> set[str]:
