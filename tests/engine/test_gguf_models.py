@@ -284,8 +284,8 @@ def test_a_committed_findings_record_recomputes_from_its_text(name, models, resu
 
     from detjac.engine.tools.triplets import explain
 
-    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
-    rec = min(json.loads(results.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))
+    recorded = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
+    rec = min(json.loads(recorded.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))
     model = models(name)[1]
     res = results(name, rec["text"])  # jacobian(InMemoryEngine(model), text), as the record was made
     assert list(res.token_ids) == rec["token_ids"]
