@@ -42,27 +42,46 @@ def _no_fallback() -> Iterator[None]:
         yield
 
 
-def _agree(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> StreamedEngine:
-    """Every target, both modes, two positions: the explicit sweeps equal the autograd sweeps (no fallback)."""
-    ref = StreamedEngine(model, sweeps="autograd", **options)
-    ours = StreamedEngine(model, sweeps="explicit", **options)
-    targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, ref.n_layers))]
+def _sweeps(engine: StreamedEngine, prompt_ids: list[int]) -> list:
+    """Every target, both modes, two positions: the reverse sweeps at the last token and at one before the sliding
+    windows' reach, then the forward sweep of the cumulative targets."""
+    targets = ["output", *(t.name for t in layer_targets("all", ALL_COMPONENTS, engine.n_layers))]
     cumulative = [t for t in targets if LOCAL_SUFFIX not in t and TO_OUTPUT not in t]
     with _no_fallback():
-        for position in (-1, 5):  # the last token, and one before the sliding windows' reach
-            a = swept(ref, prompt_ids, targets, mode="reverse", row_block=9, position=position)
-            b = swept(ours, prompt_ids, targets, mode="reverse", row_block=9, position=position)
-            assert _worst(a, b) <= EXACT, position
-        a = swept(ref, prompt_ids, cumulative, mode="forward", token_block=3, position=7)
-        b = swept(ours, prompt_ids, cumulative, mode="forward", token_block=3, position=7)
-        assert _worst(a, b) <= EXACT
-        for t in b.jacobians:
-            assert b.reconstruction_error(t) < EXACT, t.name
+        return [*(swept(engine, prompt_ids, targets, mode="reverse", row_block=9, position=position)
+                  for position in (-1, 5)),
+                swept(engine, prompt_ids, cumulative, mode="forward", token_block=3, position=7)]
+
+
+def _by_autograd(model: torch.nn.Module, prompt_ids: list[int], **options: object) -> tuple[StreamedEngine, list]:
+    ref = StreamedEngine(model, sweeps="autograd", **options)
+    return ref, _sweeps(ref, prompt_ids)
+
+
+def _agree(model: torch.nn.Module, prompt_ids: list[int], reference: tuple | None = None,
+           **options: object) -> StreamedEngine:
+    """The explicit sweeps equal the autograd sweeps (``reference``, computed here when not given) for every
+    target, both modes, two positions (no fallback)."""
+    ref, want = reference if reference is not None else _by_autograd(model, prompt_ids, **options)
+    ours = StreamedEngine(model, sweeps="explicit", **options)
+    got = _sweeps(ours, prompt_ids)
+    for a, b, where in zip(want, got, ("position -1", "position 5", "forward"), strict=True):
+        assert _worst(a, b) <= EXACT, where
+    for t in got[-1].jacobians:
+        assert got[-1].reconstruction_error(t) < EXACT, t.name
     assert ours.stats.explicit_layers > 0 and ref.stats.explicit_layers == 0
     # the same truncations as the autograd sweeps: suffix pullbacks at the top, suffix pushes up the token blocks
     assert ours.stats.pulled_suffix_layers == ref.stats.pulled_suffix_layers > 0
     assert ours.stats.suffix_layers == ref.stats.suffix_layers > 0
     return ours
+
+
+@pytest.fixture(scope="module")
+def qwen3_by_autograd(prompt_ids: list[int]) -> tuple[torch.nn.Module, tuple]:
+    """The model of the few-rows tests and its autograd sweeps: one reference for both chunkings (the chunk size is
+    the explicit pieces' setting; the autograd sweeps do not read it)."""
+    model = tiny_model("qwen3", seed=6)
+    return model, _by_autograd(model, prompt_ids)
 
 
 def test_explicit_sweeps_equal_autograd_for_every_family_target_and_mode(streamable_model: torch.nn.Module,
@@ -77,13 +96,14 @@ def test_explicit_sweeps_equal_autograd_in_the_gate_convention(prompt_ids: list[
 
 @pytest.mark.parametrize("rows", [5, 26])
 def test_a_gated_mlp_made_a_few_rows_at_a_time_stays_exact(monkeypatch: pytest.MonkeyPatch, prompt_ids: list[int],
-                                                           rows: int) -> None:
+                                                           rows: int, qwen3_by_autograd: tuple) -> None:
     # 5 rows: a few positions of one vector at a time (a long prompt); 26: two whole vectors at a time (plus the top
     # layer's one position per vector, many vectors per chunk)
     monkeypatch.setattr(pieces, "CHUNK_BYTES", {"cpu": 1})
     monkeypatch.setattr(pieces, "MIN_CHUNK_ROWS", rows)
     assert rows < len(prompt_ids) or rows // len(prompt_ids) == 2
-    _agree(tiny_model("qwen3", seed=6), prompt_ids)
+    model, reference = qwen3_by_autograd
+    _agree(model, prompt_ids, reference)
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "phi3"])

@@ -22,13 +22,18 @@ from detjac.targets import Target
 CAUSAL = [t for t in STREAMABLE if not family_for(tiny_config(t)).encoder]
 
 
-def _over_prefixes(sm: StreamedEngine, ids: list[int], layer: int) -> torch.Tensor:
-    """``sum_{p'} dy_p' / dh_L`` (d, n, d) from the to_output Jacobians of every prefix ``ids[:p' + 1]``."""
-    n, d, target = len(ids), sm.d_model, Target(layer, "to_output")
-    total = torch.zeros(d, n, d, dtype=torch.float64)
+def _over_prefixes(sm: StreamedEngine, ids: list[int], layers: list[int]) -> tuple[dict, dict]:
+    """For each layer ``L``: ``sum_{p'} dy_p' / dh_L`` (d, n, d) from the to_output Jacobians of every prefix
+    ``ids[:p' + 1]``, and the whole prompt's own to_output Jacobian (the last prefix's); one pass per prefix gives
+    every layer's."""
+    n, d = len(ids), sm.d_model
+    targets = {layer: Target(layer, "to_output") for layer in layers}
+    total = {layer: torch.zeros(d, n, d, dtype=torch.float64) for layer in layers}
     for end in range(1, n + 1):
-        total[:, :end] += swept(sm, ids[:end], [target])[target]
-    return total
+        res = swept(sm, ids[:end], list(targets.values()))
+        for layer, target in targets.items():
+            total[layer][:, :end] += res[target]
+    return total, {layer: res[target] for layer, target in targets.items()}
 
 
 @pytest.mark.parametrize("detach", [True, False], ids=["detached", "ordinary"])
@@ -38,10 +43,10 @@ def test_every_position_pullback_equals_the_sum_over_prefixes(model_type: str, d
     ids = torch.randint(3, 160, (N_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
     layers = [0, sm.n_layers - 1]
     got = pull_every_position(sm, sm.trace(ids), torch.eye(sm.d_model, dtype=torch.float64), layers)
+    refs, whole = _over_prefixes(sm, ids, layers)
     for layer in layers:
-        ref = _over_prefixes(sm, ids, layer)
+        ref, same_position = refs[layer], whole[layer]
         assert (got[layer] - ref).abs().max() <= 1e-12 * ref.abs().max(), (model_type, layer)
-        same_position = swept(sm, ids, [Target(layer, "to_output")])[Target(layer, "to_output")]
         assert (got[layer][:, -1] - same_position[:, -1]).abs().max() <= 1e-12 * ref.abs().max()  # p' = n-1 only
         assert (got[layer][:, 0] - same_position[:, 0]).abs().max() > 1e-6 * ref.abs().max()  # later p' count
 
@@ -59,19 +64,21 @@ def test_a_sweep_from_every_position_refuses_other_targets() -> None:
         pull_every_position(sm, trace, seed[:, 0], [sm.n_layers])
 
 
-def _final_block_over_prefixes(sm: StreamedEngine, ids: list[int], layer: int, valid: range) -> torch.Tensor:
-    """``mean_{k in valid} sum_{p' in valid, p' >= k} dh_final,p' / dh_{L,k}`` (d, d) by an independent path: each
-    prefix ``ids[:p' + 1]``'s own ``to_output`` Jacobian at its last position, taken back through the final norm
-    (``dy = diag(g s) dh_final`` for the RMSNorm with its scale ``s`` frozen: ``g s = norm(h) / h`` elementwise)."""
-    n, d, target = len(ids), sm.d_model, Target(layer, "to_output")
-    total = torch.zeros(d, n, d, dtype=torch.float64)
+def _final_block_over_prefixes(sm: StreamedEngine, ids: list[int], layers: list[int], valid: range) -> dict:
+    """For each layer ``L``: ``mean_{k in valid} sum_{p' in valid, p' >= k} dh_final,p' / dh_{L,k}`` (d, d) by an
+    independent path: each prefix ``ids[:p' + 1]``'s own ``to_output`` Jacobian at its last position, taken back
+    through the final norm (``dy = diag(g s) dh_final`` for the RMSNorm with its scale ``s`` frozen:
+    ``g s = norm(h) / h`` elementwise); one pass per prefix gives every layer's."""
+    n, d = len(ids), sm.d_model
+    targets = {layer: Target(layer, "to_output") for layer in layers}
+    total = {layer: torch.zeros(d, n, d, dtype=torch.float64) for layer in layers}
     for end in valid:
-        prefix = ids[:end + 1]
-        trace = sm.trace(prefix)
-        h = trace.inputs[sm.n_layers][-1]
-        scale = trace.norm(h) / h  # (d,) g s
-        total[:, :end + 1] += swept(sm, prefix, [target])[target] / scale[:, None, None]
-    return total[:, valid.start:valid.stop].mean(1)
+        res = swept(sm, ids[:end + 1], list(targets.values()))
+        h = res.trace.inputs[sm.n_layers][-1]
+        scale = res.trace.norm(h) / h  # (d,) g s
+        for layer, target in targets.items():
+            total[layer][:, :end + 1] += res[target] / scale[:, None, None]
+    return {layer: t[:, valid.start:valid.stop].mean(1) for layer, t in total.items()}
 
 
 def test_pull_final_block_is_the_ordinary_autograd_jacobian_of_the_last_layer_output() -> None:
@@ -140,8 +147,9 @@ def test_lens_fit_jlens_follows_the_reference_conventions(tmp_path) -> None:
     assert list(lens.layers) == list(range(sm.n_layers - 1)) and list(lens.count) == [1] * (sm.n_layers - 1)
     ids = sm.token_ids(text)
     assert 20 < len(ids) < 128
-    for layer in (0, sm.n_layers - 2):
-        ref = _final_block_over_prefixes(sm, ids, layer, range(16, len(ids) - 1)).numpy()
+    refs = _final_block_over_prefixes(sm, ids, [0, sm.n_layers - 2], range(16, len(ids) - 1))
+    for layer, ref in refs.items():
+        ref = ref.numpy()
         assert abs(lens.operator(layer) - ref).max() <= 1e-10 * abs(ref).max()
     again = CliRunner().invoke(main, ["lens", "fit", str(out), "--estimator", "jlens", "--model", "default",
                                       "--prompts", str(prompts)])

@@ -22,8 +22,13 @@ from detjac.targets import OUTPUTS, Target
 
 pytestmark = pytest.mark.slow
 
+# Gemma's second prompt is the shortest record of benchmarks/results/real_models.json: the findings test reads its J
+# from the module's results instead of computing it again.
 PROMPTS = {"smollm2": ["The capital of France is", "The bridge out of Marin is the"],
-           "gemma3": ["The capital of France is", "Water boils at a temperature of"]}
+           "gemma3": ["The capital of France is", "The Gambia gained its independence from the UK in"]}
+# Longer than Gemma 3's 512-token sliding window once repeated.
+LONG_TEXT = ("The capital of France is Water boils at a temperature of The capital of France is The bridge out of "
+             "Marin is the. ")
 
 
 @pytest.fixture(scope="module")
@@ -158,19 +163,17 @@ def test_a_gemma3_prompt_longer_than_its_sliding_window_is_exact(models):
     _, model = models("gemma3")
     window = model.config.sliding_window
     engine = as_engine(model)
-    text = " ".join(PROMPTS["gemma3"] + PROMPTS["smollm2"]) + ". "
-    ids = (engine.token_ids(text * 60))[: window + 18]
+    ids = (engine.token_ids(LONG_TEXT * 60))[: window + 18]
     assert len(ids) == window + 18
     trace = engine.trace(ids)
     x = trace.embeddings
-    y = manual_detached_gemma3(model, x)
+    y, vjp = torch.func.vjp(lambda e: manual_detached_gemma3(model, e), x)  # one forward: the output and its rows
     assert relative_error(y, trace.output) < 1e-12
     assert relative_error(manual_detached_gemma3(model, x, window=False), y) > 1e-6  # the window matters here
     assert relative_error(engine.push(trace, x[None])[0], y) < 1e-12
     rows = torch.eye(model.config.hidden_size, dtype=torch.float64)[[0, 17, 301, 639]]
     ours = engine.pull(trace, rows)
-    _, vjp = torch.func.vjp(lambda e: manual_detached_gemma3(model, e), x)
-    ref = torch.stack([vjp(r)[0] for r in rows])
+    ref = torch.func.vmap(vjp)(rows)[0]  # the four pullbacks batched through one backward
     assert (ours - ref).abs().max() <= 1e-12 * ref.abs().max()
 
 
@@ -272,18 +275,19 @@ def test_a_store_records_the_gguf_identity_and_refuses_another_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_a_committed_findings_record_recomputes_from_its_text(name, models):
+def test_a_committed_findings_record_recomputes_from_its_text(name, models, results):
     """benchmarks/results/real_models.json: a record's token ids, prediction, reconstruction error and the 10 tokens
-    of the combined u_1 come back from its text (its shortest record, to keep the test short)."""
+    of the combined u_1 come back from its text (its shortest record, to keep the test short; Gemma's is one of the
+    natural prompts above, its J computed once)."""
     import json
     from pathlib import Path
 
     from detjac.engine.tools.triplets import explain
 
-    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
-    rec = min(json.loads(results.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))
+    recorded = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_models.json"
+    rec = min(json.loads(recorded.read_text(encoding="utf-8"))[name]["prompts"], key=lambda r: len(r["token_ids"]))
     model = models(name)[1]
-    res = jacobian(InMemoryEngine(model), rec["text"])
+    res = results(name, rec["text"])  # jacobian(InMemoryEngine(model), text), as the record was made
     assert list(res.token_ids) == rec["token_ids"]
     assert res.next_token_id == rec["next_token_id"]
     assert res.reconstruction_error < 1e-12 and rec["recon_detached"] < 1e-12
