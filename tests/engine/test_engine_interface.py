@@ -128,13 +128,11 @@ def test_the_cli_sets_the_allocator_exactly_when_the_engine_it_loads_computes_un
     import click
     from click.testing import CliRunner
 
-    import detjac.engine as engine_package
     from detjac.cli.options import model_options
     from detjac.engine import memory
 
     calls: list[int] = []
-    for module in (engine_package, memory):
-        monkeypatch.setattr(module, "return_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: calls.append(1))
 
     @click.command()
     @model_options()
