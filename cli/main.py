@@ -94,9 +94,9 @@ def main() -> None:
               help="Decoded tokens per singular vector (left and right share a line, so fewer than demo's).")
 @click.option("--ordinary/--no-ordinary", default=True, show_default=True,
               help="Also compute the ordinary Jacobian, whose reconstruction error (order 1) is the contrast that "
-                   "shows the detached one is exact. It goes through torch.func, several times the detached pass's "
-                   "time where that one takes the explicit pieces (a line says so before it starts); --no-ordinary "
-                   "skips it.")
+                   "shows the detached one is exact. It goes through torch.func: in memory more than twice the "
+                   "detached pass's time (a line says so before it starts), layer-streamed less than twice; "
+                   "--no-ordinary skips it.")
 @out_option("Also save the Jacobian: FILE.npz (jacobian, embeddings, output, token_ids, tokens, ...), or a store "
             "folder (created or resumed, as `detjac run` writes it).",
             check=lambda out, force: _check_jacobian_out(out, force))
@@ -118,9 +118,11 @@ def jacobian(model: ModelRef, prompt: str, model_options: LoadSpec, row_block: i
     The ordinary Jacobian is computed by default (--ordinary): its reconstruction error, of
     order 1, is the contrast that shows the detached one is exact. It has no explicit pieces:
     it goes through torch.func, which costs more than the detached pass by its explicit
-    pieces (measured about 3 times on the shipped model, in memory or layer-streamed, and
-    4 to 5 times layer-streamed at the Llama-3.2-1B shape), and a line on stderr says so
-    before the work starts; --no-ordinary skips it. Each pass shows its own labelled progress bar.
+    pieces: measured 2.5 times on the shipped model in memory, 1.9 times layer-streamed, and
+    1.7 times layer-streamed at the Llama-3.2-1B shape under cpu=1GiB (289 s and 483 s, 17
+    tokens, float32; benchmarks.ordinary_cost). In memory, where it costs more than twice,
+    a line on stderr says so before the work starts; --no-ordinary skips it. Each pass
+    shows its own labelled progress bar.
 
     \b
     Examples:

@@ -23,11 +23,11 @@ DEMO_PROMPTS = (
     "Whale, n. (Zool.) Any aquatic mammal of the order",
 )
 
-# Measured by benchmarks/ordinary_cost.py (docs/performance.md): the shipped model, "Kitten, n. A young", 2.6 times
-# in memory on 2 loaded cores; the Llama-3.2-1B shape layer-streamed under cpu=1GiB, see the page.
-ORDINARY_COSTS_MORE = ("Note: the ordinary Jacobian goes through torch.func, several times the detached pass's time "
-                       "(3 times on the shipped model, 4 to 5 at Llama-3.2-1B layer-streamed); --no-ordinary skips "
-                       "it.")
+# Measured by benchmarks/ordinary_cost.py on 2 quiet cores, 29 November (docs/performance.md): the ordinary pass over
+# the detached one, "Kitten, n. A young" on the shipped model, 2.5 times in memory and 1.9 layer-streamed; the
+# Llama-3.2-1B shape layer-streamed under cpu=1GiB, 17 tokens, 1.7 (289 s and 483 s).
+ORDINARY_COSTS_MORE = ("Note: the ordinary Jacobian goes through torch.func, in memory more than twice the detached "
+                       "pass's time (2.5 times on the shipped model); --no-ordinary skips it.")
 
 
 @dataclass
@@ -43,10 +43,11 @@ class JacobianOutcome:
     stored: str | None = None
 
 
-def ordinary_costs_more(engine: Engine, ordinary: bool) -> bool:
-    """Whether the ordinary pass will take several times the detached one: the detached pass goes by explicit pieces
-    and the ordinary one through torch.func (measured in benchmarks/ordinary_cost.py)."""
-    return ordinary and bool(engine.explicit_sweeps)
+def ordinary_costs_more(spec: LoadSpec, engine: Engine, ordinary: bool) -> bool:
+    """Whether the ordinary pass will take more than twice the detached one: the detached pass goes by explicit pieces
+    and the ordinary one through torch.func, in memory (layer-streamed, measured under twice:
+    benchmarks/ordinary_cost.py)."""
+    return ordinary and bool(engine.explicit_sweeps) and not spec.streamed_engine
 
 
 def prompt_jacobian(spec: LoadSpec, model: ModelRef, prompt: str, *, row_block: int | None = None,
@@ -60,7 +61,7 @@ def prompt_jacobian(spec: LoadSpec, model: ModelRef, prompt: str, *, row_block: 
     from detjac.engine import exactness_report, explain_summed, load_engine
 
     engine = load_engine(spec)
-    if note is not None and ordinary_costs_more(engine, ordinary):
+    if note is not None and ordinary_costs_more(spec, engine, ordinary):
         note(ORDINARY_COSTS_MORE)
     stored, detached = None, None
     npz = out is not None and out.lower().endswith(".npz")

@@ -44,14 +44,14 @@ def apply_lens(lenses: dict[str, Any], prompt: str, spec: LoadSpec, *, model: Mo
                resolve: Any = None, exact: bool = True, plot: str | None = None, token_text: Any = None
                ) -> LensReading:
     """``detjac lens apply``: ``prompt``'s layer states decoded through ``lenses``, beside the logit lens and, with
-    ``exact``, the prompt's own exact map. ``model`` None: the model the lens records (``resolve(name)`` turns that
-    name into a model reference), else the default model. ``plot``: layer x position heatmaps of the rank of the
-    model's prediction, with ``token_text(tokenizer, id)`` labelling the positions."""
+    ``exact``, the prompt's own exact map. ``model`` None: the model the lens records, else the default model
+    (``resolve(name)`` turns that name into a model reference; default ``ModelRef.of``). ``plot``: layer x position
+    heatmaps of the rank of the model's prediction, with ``token_text(tokenizer, id)`` labelling the positions."""
     from detjac.analysis import plot_positions
-    from detjac.engine import load_engine
+    from detjac.engine import ModelRef, load_engine
 
     if model is None:
-        model = resolve(recorded_model(next(iter(lenses.values()))) or "default")
+        model = (resolve or ModelRef.of)(recorded_model(next(iter(lenses.values()))) or "default")
     engine = check_lens_model(load_engine(replace(spec, model=model, **LENS_LOAD)), list(lenses.values()))
     layers = [int(x) for x in next(iter(lenses.values())).layers]
     W_U = unembedding(engine)

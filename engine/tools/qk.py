@@ -126,14 +126,9 @@ class QKAttribution:
 
     def write(self, out: str | Path, *, force: bool = False, model: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the attribution's JSON (:meth:`to_dict`, ``model`` merged into its model identity) to ``out``
-        (written aside, then renamed); return the JSON object.
-
-        Raises
-        ------
-        InvalidArgumentError
-            ``out`` is refused by :func:`detjac.outputs.check_output`: not a ``.json`` path, an existing file without
-            ``force``, in a missing folder, inside a store or index.
-        """
+        (written aside, then renamed); return the JSON object. ``out`` is checked first
+        (:func:`detjac.outputs.check_output`, an InvalidArgumentError naming why: not a ``.json`` path, an existing
+        file without ``force``, a missing folder, inside a store or index)."""
         path = check_output(out, force=force, suffix=".json")
         data = self.to_dict()
         data["model"] = {**data["model"], **(model or {})}

@@ -25,13 +25,15 @@ def test_the_ordinary_pass_and_bfloat16_on_a_cpu_are_said_before_the_work():
     from detjac.runs.jacobian_run import ORDINARY_COSTS_MORE
 
     shown = " ".join(CliRunner().invoke(main, ["jacobian", "--help"]).output.split())
-    assert "same cost" not in shown and "It goes through torch.func, several times the detached pass's time" in shown
+    assert "same cost" not in shown and "in memory more than twice the detached pass's time" in shown
     args = ["jacobian", "-p", "Oak", "--k", "1", "--top", "1"]
     both = CliRunner().invoke(main, args)
     assert both.exit_code == 0, both.output
     assert both.stderr.splitlines()[0] == ORDINARY_COSTS_MORE  # before the first pass's bar
-    assert "several times the detached pass's time" in ORDINARY_COSTS_MORE and "--no-ordinary" in ORDINARY_COSTS_MORE
+    assert "more than twice the detached pass's time" in ORDINARY_COSTS_MORE and "--no-ordinary" in ORDINARY_COSTS_MORE
     assert ORDINARY_COSTS_MORE not in both.stdout  # the printed results (README's) stay as they are
+    streamed = CliRunner().invoke(main, [*args, "--streamed"])  # layer-streamed: measured under twice, no note
+    assert streamed.exit_code == 0 and ORDINARY_COSTS_MORE not in streamed.output, streamed.output
     alone = CliRunner().invoke(main, [*args, "--no-ordinary"])
     assert alone.exit_code == 0 and ORDINARY_COSTS_MORE not in alone.output and BF16_ON_CPU not in alone.output
     bf16 = CliRunner().invoke(main, [*args, "--no-ordinary", "--dtype", "bfloat16"])
