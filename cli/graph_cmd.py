@@ -79,6 +79,8 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
       detjac graph -p "The capital of France is" --out france.json --neurons neurons.zarr --group
       detjac graph -p "Copper, n. A" --out copper.json --qk 1.0 --qk 3.2   # QK records of two heads
       detjac graph -p "Copper, n. A" --out copper.json --heads 50 --attention-pages 3   # and 3 heads' pages
+      detjac graph SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" --out contrast.json \
+          --target "' Paris' - ' the'" --aside-first   # a contrast, the first position set aside
       detjac view france.json --neurons neurons.zarr     # groups collapsed, neuron pages on a click
       python -c "from circuit_tracer.frontend.local_server import serve; serve('.')"   # then open :8032
     """
@@ -99,7 +101,15 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
     neurons = sum(1 for n in nodes if n["feature_type"] == NEURON.name)
     top = ", ".join(f"{t!r} p={p:.3f}" for t, p in zip(g.logit_tokens[:3], g.logit_probabilities[:3], strict=False))
     click.echo(f"model        {model.name} ({g.info['family']}, {g.info['dtype']}); {g.n_tokens} tokens")
-    click.echo(f"logits       {g.n_logits}: {top}{' ...' if g.n_logits > 3 else ''}")
+    if g.target is None:
+        click.echo(f"logits       {g.n_logits}: {top}{' ...' if g.n_logits > 3 else ''}")
+    else:
+        click.echo(f"target       {g.target} = {g.logit_values[0]:.4g} (p={g.logit_probabilities[0]:.3f} for "
+                   f"{g.logit_tokens[0]!r})")
+    if g.aside:
+        click.echo("set aside    the first position: every value below is the frozen system's without its own "
+                   "contribution")
+    click.echo("tokens       " + _contributions(g))
     click.echo(f"neurons      {g.n_active} active, {g.n_neurons} ranked into the adjacency, {neurons} kept")
     click.echo(f"completeness {g.worst_completeness:.1e} (worst |sum of incoming edges - value| / |value|)")
     share = data["metadata"]["info"]["logit_share_kept"]
@@ -128,3 +138,14 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
 
         graph_attention_pages(lambda: done.engine, model, out, attention_pages, model_reads=model_reads(model),
                               force=force)
+
+
+def _contributions(g: object) -> str:
+    """The first target's per-token contributions, largest first (the line ``tokens``)."""
+    values = g.token_contributions[0]  # type: ignore[attr-defined]
+    order = sorted(range(len(values)), key=lambda q: -abs(values[q]))[:5]
+    listed = ", ".join(f"{g.tokens[q]!r} {values[q]:+.3f}" for q in order)  # type: ignore[attr-defined]
+    rest = g.constants_contribution[0]  # type: ignore[attr-defined]
+    constants = f", constants {rest:+.3f}" if g.n_biases else ""  # type: ignore[attr-defined]
+    target = g.target or repr(g.logit_tokens[0])  # type: ignore[attr-defined]
+    return f"{listed}{constants}: each token's exact contribution to {target} (together they sum to it)"

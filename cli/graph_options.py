@@ -48,9 +48,20 @@ _OPTIONS: dict[str, tuple[str, bool, dict[str, Any]]] = {
         help="Trace head H of layer L (as `detjac attention --layer L --head H` names it; repeatable): its exact QK "
              "attribution at the predicted position travels in the graph JSON as Neuronpedia's qk_tracing_results "
              "on the head's node (docs/graphs.md, \"QK records\"). The in-memory engine only.")),
+    "target": ("--target", True, dict(
+        default=None, metavar="TARGET",
+        help="One logit target instead of the top logits: a token in quotes (\"' Paris'\": its logit against the "
+             "mean), a contrast (\"' Paris' - ' London'\") or \"' Paris' - mean\"; #ID names a token by id. The "
+             "per-token contributions, the ranking, the links, the head loadings and the heads' direct effects are "
+             "all of it (docs/graphs.md, \"Targets\").")),
+    "aside_first": ("--aside-first", True, dict(
+        is_flag=True, default=False,
+        help="Set the first position (usually the attention sink) aside: the same frozen system without the first "
+             "position's own contribution (its embedding and the constants added there); every listed number is "
+             "recomputed in it, none only hidden. The in-memory engine only.")),
 }
 # What a corpus run stores of a graph (its other settings are the defaults), with its own word for --heads.
-_RUN_FIELDS = ("max_nodes", "node_threshold", "edge_threshold", "heads", "qk")
+_RUN_FIELDS = ("max_nodes", "node_threshold", "edge_threshold", "heads", "qk", "target", "aside_first")
 _RUN_HEADS_HELP = ("Split each graph's N strongest links (token or neuron to neuron or logit, among those it keeps) by "
                    "attention head, stored with it (docs/graphs.md, \"Head loadings\"); a graph with fewer has all "
                    "of them split.")
@@ -86,6 +97,10 @@ def graph_options(prefix: str = "", switch: str | None = None) -> Any:
             if not on and values["qk"]:
                 raise click.UsageError(f"Expected --qk with --graph (it traces heads of each prompt's graph). Got "
                                        f"--qk {values['qk'][0]} alone.")
+            if not on and (values["target"] is not None or values["aside_first"]):
+                given = flags["target"] if values["target"] is not None else flags["aside_first"]
+                raise click.UsageError(f"Expected {given} with --graph (it sets each prompt's graph's target). Got "
+                                       f"{given} alone.")
             try:
                 values["qk"] = tuple(parse_qk_head(text) for text in values["qk"])
                 settings = GraphSettings(**values, heads_up_to=switch is not None).check(flags) if on else None

@@ -24,11 +24,11 @@ HEADS_INTO = ("all", "logits")  # the links --heads chooses among: into any neur
 # `detjac graph` and the graph page.
 KEPT_SHARE_MEANING = (
     "Kept share of a logit: the sum of the direct edges from the graph's kept nodes into it, divided by its value "
-    "(the demeaned logit). Every source of the model, kept or not, sums exactly to that value, so 1 - share is "
-    "what the neurons left out of the graph (pruned, or never ranked into it) put there directly. A negative share "
-    "means the kept nodes together push the logit down (their edges sum to the opposite sign of its value) and the "
-    "left-out neurons carry more than all of it; a share above 1 means the kept nodes overshoot and the left-out "
-    "ones pull it back.")
+    "(the demeaned logit, or the asked target). Every source of the model, kept or not, sums exactly to that value, "
+    "so 1 - share is what the neurons left out of the graph (pruned, or never ranked into it) put there directly. A "
+    "negative share means the kept nodes together push the logit down (their edges sum to the opposite sign of its "
+    "value) and the left-out neurons carry more than all of it; a share above 1 means the kept nodes overshoot and "
+    "the left-out ones pull it back.")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,12 @@ class GraphSettings:
     qk : tuple of (int, int)
         The heads (layer, head) whose exact QK attribution at the predicted position travels in the graph as a QK
         record (docs/graphs.md, "QK records"); ``--qk L.H`` each (:func:`parse_qk_head`).
+    target : str or None
+        One logit target instead of the top logits (:func:`parse_target`): ``"' Paris'"`` (its logit against the
+        mean over the vocabulary), ``"' Paris' - ' London'"`` (a contrast), ``"' Paris' - mean"``.
+    aside_first : bool
+        Set the first position aside: the frozen system with the first position's own contribution (its embedding
+        and the constants added there) removed, every listed number recomputed in it (docs/graphs.md, "Targets").
     """
 
     max_nodes: int = MAX_NODES
@@ -70,6 +76,8 @@ class GraphSettings:
     logit_probability: float = LOGIT_PROBABILITY
     rows_per_pass: int | None = None
     qk: tuple[tuple[int, int], ...] = ()
+    target: str | None = None
+    aside_first: bool = False
 
     def check(self, flags: Mapping[str, str] | None = None) -> "GraphSettings":
         """These settings, or the error naming the first one out of range (by its name in ``flags``, a field's
@@ -101,6 +109,10 @@ class GraphSettings:
                                            f"{pair!r}.")
         if len(set(self.qk)) != len(self.qk):
             raise InvalidArgumentError(f"Expected each --qk head once. Got {list(self.qk)}.")
+        if self.target is not None:
+            parse_target(self.target)
+        if not isinstance(self.aside_first, bool):
+            raise InvalidArgumentError(f"Expected aside_first to be True or False. Got {self.aside_first!r}.")
         if self.heads_into not in HEADS_INTO:
             raise InvalidArgumentError(f"Expected {name('heads_into', 'heads_into')} among {', '.join(HEADS_INTO)}. "
                                        f"Got {self.heads_into!r}.")
@@ -108,11 +120,14 @@ class GraphSettings:
 
     def stored(self) -> dict[str, Any]:
         """The ``graph`` of a ``--graph`` run's description, key for key as stores keep it (and prompt ids hash it):
-        ``max_nodes``, ``node_threshold``, ``edge_threshold``, ``heads`` only where some are split and ``qk`` only
-        where some heads are traced (a run without keeps its identity)."""
+        ``max_nodes``, ``node_threshold``, ``edge_threshold``, ``heads`` only where some are split, ``qk`` only
+        where some heads are traced, ``target`` and ``aside_first`` only where set (a run without keeps its
+        identity)."""
         return {"max_nodes": int(self.max_nodes), "node_threshold": float(self.node_threshold),
                 "edge_threshold": float(self.edge_threshold), **({"heads": int(self.heads)} if self.heads else {}),
-                **({"qk": [list(pair) for pair in self.qk]} if self.qk else {})}
+                **({"qk": [list(pair) for pair in self.qk]} if self.qk else {}),
+                **({"target": self.target} if self.target is not None else {}),
+                **({"aside_first": True} if self.aside_first else {})}
 
     @classmethod
     def of_stored(cls, stored: Mapping[str, Any]) -> "GraphSettings":
@@ -120,7 +135,57 @@ class GraphSettings:
         them (each graph's links split up to ``heads``)."""
         return cls(max_nodes=stored["max_nodes"], node_threshold=stored["node_threshold"],
                    edge_threshold=stored["edge_threshold"], heads=stored.get("heads", 0), heads_up_to=True,
-                   qk=tuple((int(layer), int(head)) for layer, head in stored.get("qk", ())))
+                   qk=tuple((int(layer), int(head)) for layer, head in stored.get("qk", ())),
+                   target=stored.get("target"), aside_first=bool(stored.get("aside_first", False)))
+
+
+@dataclass(frozen=True)
+class LogitTarget:
+    """A graph's one logit target, as :func:`parse_target` reads it: the logit of the token ``plus`` minus that of
+    ``minus``, or minus the mean logit over the vocabulary where ``minus`` is None. A token is its text as the graph
+    labels tokens (``' Paris'``, leading space included) or its id (an int)."""
+
+    plus: str | int
+    minus: str | int | None = None
+
+    @property
+    def text(self) -> str:
+        """How the target is written back: ``' Paris' - ' London'``, ``' Paris' - mean``, ``#9 - #4``."""
+        return f"{_item(self.plus)} - {'mean' if self.minus is None else _item(self.minus)}"
+
+
+def _item(token: str | int) -> str:
+    return f"#{token}" if isinstance(token, int) else repr(token)
+
+
+_ITEM = r"""(?:'([^']*)'|"([^"]*)"|\#(\d+))"""
+_TARGET = re.compile(rf"\s*{_ITEM}\s*(?:-\s*(?:{_ITEM}|(mean))\s*)?")
+
+
+def parse_target(text: str) -> LogitTarget:
+    """A logit target: a token in quotes (``' Paris'``: its logit against the mean; either quote, the other free
+    inside it) or by id (``#9``), a contrast of two (``' Paris' - ' London'``) or ``' Paris' - mean``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Anything else, an empty token, or a contrast of a token with itself.
+    """
+    found = _TARGET.fullmatch(text) if isinstance(text, str) else None
+    if found is None:
+        raise InvalidArgumentError(f"Expected a target as a quoted token (or #ID), a contrast of two or a token "
+                                   f"against the mean (\"' Paris'\", \"' Paris' - ' London'\", \"' Paris' - mean\"). "
+                                   f"Got {text!r}.")
+    plus, minus = _token(found[1], found[2], found[3]), _token(found[4], found[5], found[6])
+    if plus == "" or minus == "":
+        raise InvalidArgumentError(f"Expected a token's text inside each pair of quotes. Got {text!r}.")
+    if minus is not None and minus == plus:
+        raise InvalidArgumentError(f"Expected two different tokens in a contrast. Got {text!r}: the target would be 0.")
+    return LogitTarget(plus, minus)
+
+
+def _token(single: str | None, double: str | None, number: str | None) -> str | int | None:
+    return single if single is not None else double if double is not None else int(number) if number else None
 
 
 def parse_qk_head(text: str) -> tuple[int, int]:

@@ -16,7 +16,7 @@ neurons and heads) is exported here. The folders: docs/engine.md, "Layout".
 
 from .checkpoints.default import DEFAULT_MODEL_DIR
 from .checkpoints.gguf import read_gguf_header
-from .checkpoints.hub import hub_cache_dir, is_hub_id
+from .checkpoints.hub import hub_cache_dir
 from .checkpoints.loading import get_tokenizer, load_model, parse_prompt
 from .checkpoints.reference import ModelRef
 from .checkpoints.tiny import tiny_model, tiny_model_types
@@ -34,6 +34,7 @@ from .pullback import EMBEDDINGS, OUTPUT, PullRequest, Seed, Site, input_of, neu
 from .result import JacobianResult
 from .selection import as_engine, check_layerwise_request, load_engine
 from .streamed.streamed_engine import StreamedEngine
+from .tools.aside import FrozenValues
 from .tools.exactness_report import exactness_report
 from .tools.intervene import Edit, intervene
 from .tools.lens_pulls import pull_final_block
@@ -52,9 +53,9 @@ __all__ = [
     "as_engine", "assemble", "check_layerwise_request",
     "check_neurons", "decode_blocks", "decode_top", "device_key", "evaluate", "exactness_report", "explain",
     "explain_summed", "generate", "get_tokenizer",
-    "honour_cpu_budget", "hub_cache_dir", "input_of", "is_hub_id", "jacobian", "jacobian_operator", "load_engine",
+    "honour_cpu_budget", "hub_cache_dir", "input_of", "jacobian", "jacobian_operator", "load_engine",
     "load_model", "logit_jacobian", "neurons", "neurons_of", "operator_svd", "parse_prompt", "neuron_values",
     "prompt_pass", "pull_final_block", "qk_attribution", "read_gguf_header", "residual_ends",
-    "tiny_model", "tiny_model_types", "write_effects", "Edit", "intervene",
+    "tiny_model", "tiny_model_types", "write_effects", "Edit", "intervene", "FrozenValues",
     "check_qk_request",
 ]

@@ -15,6 +15,7 @@ from detjac.engine import (
     EMBEDDINGS,
     OUTPUT,
     Engine,
+    FrozenValues,
     PullRequest,
     Seed,
     Site,
@@ -223,11 +224,14 @@ class Layout:
 
 
 def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int, torch.Tensor], chosen: torch.Tensor,
-              sites: Sites, rows_per_pass: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+              sites: Sites, rows_per_pass: int, progress: bool, system: FrozenValues | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """(adjacency, totals): one cut pullback per logit and per chosen neuron, read at every layer's output (= its
     MLP's output, the MLPs being cut), at the embeddings, and for an affine family at the first layer's input (the
     constants before it). ``totals`` (M + K,): each neuron's and logit's incoming edges summed over *every* source
-    of the model, the kept neurons' and the others' (what :func:`completeness` compares with the values)."""
+    of the model, the kept neurons' and the others' (what :func:`completeness` compares with the values). The
+    sources' values are the prompt's, or ``system``'s (the same frozen system with the first position set aside:
+    ``acts``, ``sites`` and ``targets`` then hold its values too)."""
     n, L = trace.n_tokens, engine.n_layers
     at = Layout.of(chosen, targets, sites, n, L)
     affine = at.B > 0
@@ -235,8 +239,11 @@ def adjacency(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int,
     total = np.zeros(at.M + at.K)  # each receiving node's incoming edges over every source of the model
     columns = {layer: (chosen[:, 0] == layer).nonzero().reshape(-1) for layer in range(L)}
     values = chosen_values(acts, chosen)
-    x = trace.embeddings
-    first, last = residual_ends(engine, trace) if affine else (None, None)
+    x = trace.embeddings if system is None else system.embeddings
+    if system is not None:
+        first, last = system.inputs[0], system.inputs[-1]
+    else:
+        first, last = residual_ends(engine, trace) if affine else (None, None)
     positions = np.arange(n)
 
     def add(rows: np.ndarray, cols: np.ndarray | int, edges: torch.Tensor) -> None:

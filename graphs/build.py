@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from detjac.engine import Engine, Trace, activations, check_neurons, prompt_pass
+from detjac.engine import Engine, FrozenValues, Trace, activations, check_neurons, prompt_pass
 from detjac.errors import UnsupportedModelError
-from detjac.graph_settings import GraphSettings
+from detjac.graph_settings import GraphSettings, parse_target
 from detjac.tokens import token_labels
 
 from .adjacency import Layout, adjacency, bias_nodes, completeness, neuron_sites, sized_rows
@@ -34,10 +34,12 @@ from .prune import Pruned, prune
 from .qk_records import check_qk, qk_phase
 from .targets import (
     chosen_values,
+    graph_targets,
     logit_attribution,
-    logit_targets,
     logit_vectors,
     rank_neurons,
+    token_contributions,
+    token_id,
 )
 
 __all__ = ["AttributionGraph", "attribution_graph", "build_graph", "check_graph", "graph_step", "logit_attribution",
@@ -63,7 +65,8 @@ class AttributionGraph:
     logit_ids : list[int]
         The ``K`` target tokens, most probable first; ``logit_probabilities`` (K,) their probabilities.
     logit_values : numpy.ndarray
-        (K,) each target's demeaned logit ``logit_t - mean_v logit_v``: the logit node's value.
+        (K,) each target's value: its demeaned logit ``logit_t - mean_v logit_v``, or for a contrast
+        (``target``) ``logit_t - logit_minus``; the logit node's value.
     neurons : numpy.ndarray
         (M, 3) each neuron node's (layer, index, position); ``activations`` (M,) its value.
     biases : numpy.ndarray
@@ -84,6 +87,14 @@ class AttributionGraph:
         embedding.
     info : dict
         Model, family, dtype, engine and the settings used.
+    target : str or None
+        The asked target as written back (``' Paris' - ' London'``; :func:`~detjac.graph_settings.parse_target`),
+        None for the top logits; ``minus_id`` and ``minus_token`` a contrast's second token.
+    aside : tuple of int
+        The positions set aside (``(0,)`` with ``aside_first``): every value of the graph is that system's.
+    token_contributions : numpy.ndarray
+        (K, n) each token's exact signed contribution to each logit node's value (through every path); what they
+        leave of the value is an affine family's constants' (:attr:`constants_contribution`).
     head_loadings : HeadLoadings or None
         With ``heads`` asked for: the loadings of the strongest links of the graph pruned at ``pruned_at``.
     pruned : Pruned or None
@@ -110,6 +121,11 @@ class AttributionGraph:
     labels: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     biases: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    target: str | None = None
+    minus_id: int | None = None
+    minus_token: str | None = None
+    aside: tuple[int, ...] = ()
+    token_contributions: np.ndarray | None = None
     head_loadings: HeadLoadings | None = None
     pruned: Pruned | None = None
     pruned_at: tuple[float, float] | None = None
@@ -137,6 +153,12 @@ class AttributionGraph:
         return len(self.logit_ids)
 
     @property
+    def constants_contribution(self) -> np.ndarray:
+        """(K,) what the constants (an affine family's bias nodes) contribute to each logit node's value: the value
+        less its tokens' contributions (0 within rounding for a linear family)."""
+        return self.logit_values - np.asarray(self.token_contributions).sum(1)
+
+    @property
     def worst_completeness(self) -> float:
         """The largest relative error of a node's incoming edges against its value (0: exact)."""
         return float(self.completeness.max()) if self.completeness.size else 0.0
@@ -151,17 +173,24 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
     """The exact attribution graph of the prediction at ``trace``'s position (see the module docstring), from the
     engine's trace of the prompt, in its phases; the settings checked before the trace by :func:`check_graph`."""
     n, p = trace.n_tokens, trace.position
-    acts = dict(activations(engine, trace))  # (n, neurons) per layer: every candidate's value
-    # 1. targets: the top logits, each a vector whose product with the output is its demeaned logit
-    targets = logit_targets(engine, trace.output, settings.max_logits, settings.logit_probability)
+    # 0. the system: the prompt's frozen one, or the same with the first position set aside (its values recomputed)
+    system = FrozenValues.first_aside(engine, trace) if settings.aside_first else None
+    acts = dict(activations(engine, trace)) if system is None else system.neurons  # (n, neurons) per layer
+    x = trace.embeddings if system is None else system.embeddings
+    # 1. targets: the top logits or the asked one, each a vector whose product with the output is its value; every
+    #    token's signed contribution to each (one pullback)
+    targets = graph_targets(engine, trace.output, trace.output if system is None else system.output, settings)
+    contributions = token_contributions(engine, trace, targets.vectors, x).cpu().double().numpy()
     # 2. rank: one pullback per logit scores every neuron; the max_nodes strongest enter the adjacency
     chosen, n_active = rank_neurons(engine, trace, targets, acts, settings.max_nodes)
     values = chosen_values(acts, chosen)
     # 3. rows: the adjacency rows pulled back per pass that the memory budget holds (refused here if none fit)
-    rows = sized_rows(engine, n, settings.max_nodes, settings.max_logits, acts, settings.rows_per_pass)
+    rows = sized_rows(engine, n, settings.max_nodes, len(targets.ids), acts, settings.rows_per_pass)
     # 4. adjacency: the kept neurons' read and write rows, then one cut pullback per logit and per kept neuron
     sites = neuron_sites(engine, trace, chosen, acts)
-    A, totals = adjacency(engine, trace, targets, acts, chosen, sites, rows, progress)
+    if system is not None:  # the constants added at a position set aside go with it
+        sites.layer_bias = {layer: _aside(bias, system.aside) for layer, bias in sites.layer_bias.items()}
+    A, totals = adjacency(engine, trace, targets, acts, chosen, sites, rows, progress, system)
     # 5. completeness: every receiving node's edges over all sources against its value
     logit_values = targets.values.cpu().double().numpy()
     received = np.concatenate([values.cpu().double().numpy(), logit_values])
@@ -172,7 +201,11 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
         logit_ids=targets.ids, logit_tokens=token_labels(engine.tokenizer, targets.ids),
         logit_probabilities=targets.probabilities, logit_values=logit_values, neurons=chosen.cpu().numpy(),
         activations=values.cpu().double().numpy(), adjacency=A, completeness=complete, kept_share=kept_share,
-        n_active=n_active, labels=sites.labels, biases=bias_nodes(engine, n, p), info=_info(engine, acts, settings))
+        n_active=n_active, labels=sites.labels, biases=bias_nodes(engine, n, p), info=_info(engine, acts, settings),
+        target=targets.text, minus_id=targets.minus, aside=system.aside if system is not None else (),
+        token_contributions=contributions)
+    if targets.minus is not None:
+        graph.minus_token = token_labels(engine.tokenizer, [targets.minus])[0]
     # 6. prune: the nodes and edges carrying the logits (the JSON reuses it at the same thresholds)
     graph.pruned_at = (settings.node_threshold, settings.edge_threshold)
     graph.pruned = prune(A, graph.n_neurons, n, graph.logit_probabilities, *graph.pruned_at)
@@ -181,7 +214,7 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
         links = choose_links(A, graph.pruned, graph.n_neurons, graph.n_biases, n, settings.heads,
                              settings.heads_up_to, settings.heads_into)
         nodes = Nodes(graph.n_neurons, graph.n_biases, n, chosen, values, sites.reads, sites.writes,
-                      targets.vectors, trace.embeddings)
+                      targets.vectors, x)
         held = A.nbytes + sum(z.numel() for z in acts.values()) * engine.dtype.itemsize
         started = time.perf_counter()
         graph.head_loadings = head_loadings(engine, trace, nodes, links, A[links[:, 0], links[:, 1]], held)
@@ -190,6 +223,13 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
     # 8. QK records: the asked heads' exact QK attribution at the position
     graph.qk = qk_phase(engine, ids, p, settings.qk)
     return graph
+
+
+def _aside(bias: Any, positions: tuple[int, ...]) -> Any:
+    """A layer's constants (n, d) with those at ``positions`` removed."""
+    bias = bias.clone()
+    bias[list(positions)] = 0
+    return bias
 
 
 def _info(engine: Engine, acts: dict[int, Any], settings: GraphSettings) -> dict[str, Any]:
@@ -252,8 +292,9 @@ def check_graph(engine: Engine, settings: GraphSettings) -> None:
     UnsupportedModelError
         A family whose neurons have no definition here.
     InvalidArgumentError
-        Settings out of range (:meth:`~detjac.graph_settings.GraphSettings.check`), or an engine without neuron
-        sites.
+        Settings out of range (:meth:`~detjac.graph_settings.GraphSettings.check`), an engine without neuron
+        sites, a target token that is not one token of the vocabulary, or ``aside_first`` on an engine without the
+        whole model in memory (the layer-streamed one).
     """
     family = engine.family
     if family.post_norm:
@@ -265,3 +306,10 @@ def check_graph(engine: Engine, settings: GraphSettings) -> None:
     settings.check()
     check_neurons(engine)
     check_qk(engine, settings.qk)
+    if settings.target is not None:
+        asked = parse_target(settings.target)
+        for text in (asked.plus, asked.minus):
+            if text is not None:
+                token_id(engine, text)
+    if settings.aside_first:
+        FrozenValues.check(engine)

@@ -58,12 +58,28 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
                  "active_neurons": graph.n_active, "logit_share_kept": [float(c) for c in carried],
                  **{k: v for k, v in graph.info.items() if isinstance(v, str | int | float | bool)},
                  "model": model, **(identity or {}),
-                 **({"qk_nodes": len(listed) - len(rows)} if graph.qk else {})},
+                 **({"qk_nodes": len(listed) - len(rows)} if graph.qk else {}),
+                 **({"target": graph.target} if graph.target is not None else {}),
+                 **({"aside": list(graph.aside)} if graph.aside else {}),
+                 **_contributions(graph, ids)},
     }
     groups = [[label, *(ids[int(m)] for m in rows if int(m) in ids)] for label, rows in supernodes]
     qparams = {"pinnedIds": [], "supernodes": [g for g in groups if len(g) > 2], "linkType": "both", "clickedId": "",
                "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": listed, "links": links}
+
+
+def _contributions(graph: AttributionGraph, ids: dict[int, str]) -> dict[str, Any]:
+    """``token_contributions``: each token's exact signed contribution to each logit node's value (``values``,
+    logit node by logit node, in ``targets``' order) and the constants' (``constants``), summing to ``target_values``
+    (docs/graphs.md, "Targets")."""
+    if graph.token_contributions is None:
+        return {}
+    logit_rows = graph.layout.logits + np.arange(graph.n_logits)
+    return {"token_contributions": {
+        "targets": [ids[int(r)] for r in logit_rows], "target_values": [float(v) for v in graph.logit_values],
+        "values": [[float(v) for v in row] for row in graph.token_contributions],
+        "constants": [float(v) for v in graph.constants_contribution]}}
 
 
 def _add_head_loadings(graph: AttributionGraph, links: list[dict[str, Any]], ids: dict[int, str]) -> None:
@@ -100,7 +116,8 @@ def _nodes(graph: AttributionGraph, kept: Pruned) -> tuple[list[int], dict[str, 
         else:
             layer, index, pos = L + 1, graph.logit_ids[k], graph.position
             prob, act = float(graph.logit_probabilities[k]), float(graph.logit_values[k])
-            label = f'Output "{graph.logit_tokens[k]}" (p={prob:.3f})'
+            minus = f' − "{graph.minus_token}"' if graph.minus_token is not None else ""
+            label = f'Output "{graph.logit_tokens[k]}"{minus} (p={prob:.3f})'
         for name, value in zip(NODE_COLUMNS, (kind.code, layer, index, pos, kind.feature_of(layer, index, pos), act,
                                               float(kept.cumulative[i]), prob, label), strict=True):
             columns[name].append(value)

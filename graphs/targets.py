@@ -1,6 +1,7 @@
 """The logit targets of an attribution graph and the ranking of its candidate neurons (:mod:`detjac.graphs.build`):
-each target as a vector ``w`` with ``w · y`` its demeaned logit, every neuron's total attribution to them from one
-pullback, and the neurons kept. Definitions: docs/graphs.md."""
+each target as a vector ``w`` with ``w · y`` its value (a demeaned logit, or a contrast of two logits), every
+token's signed contribution to it and every neuron's total attribution to it from one pullback, and the neurons kept.
+Definitions: docs/graphs.md, "Targets"."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import numpy as np
 import torch
 
 from detjac.engine import OUTPUT, Engine, PullRequest, Seed, activations, neurons_of
+from detjac.errors import InvalidArgumentError
+from detjac.graph_settings import GraphSettings, parse_target
 from detjac.singular import VOCAB_CHUNK_BYTES
+from detjac.tokens import token_labels
 
 
 @dataclass
@@ -21,6 +25,68 @@ class LogitTargets:
     probabilities: np.ndarray  # (K,)
     vectors: torch.Tensor  # (K, d): value_k = vectors[k] @ y
     values: torch.Tensor  # (K,)
+    minus: int | None = None  # a contrast's second token (one target): value = logit(ids[0]) - logit(minus)
+    text: str | None = None  # the asked target as written back (GraphSettings.target), None for the top logits
+
+
+def graph_targets(engine: Engine, output: torch.Tensor, y: torch.Tensor, settings: GraphSettings) -> LogitTargets:
+    """A graph's logit targets: the top logits of the prompt's own output ``output`` (the settings' ``max_logits``
+    until ``logit_probability``), or the one asked target (``settings.target``: a token's demeaned logit, or a
+    contrast ``w_a - w_b`` of two, the mean cancelling); each target's value taken on ``y``, the final normed state
+    of the system the graph is of (the prompt's own, or with the first position set aside).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A target token that is not one token of the model's vocabulary.
+    """
+    if settings.target is None:
+        targets = logit_targets(engine, output, settings.max_logits, settings.logit_probability)
+    else:
+        asked = parse_target(settings.target)
+        ids = [token_id(engine, asked.plus)] + ([] if asked.minus is None else [token_id(engine, asked.minus)])
+        both = logit_targets(engine, output, len(ids), 1.0, ids)
+        vectors = both.vectors[:1] - both.vectors[1:] if len(ids) == 2 else both.vectors
+        targets = LogitTargets(ids[:1], both.probabilities[:1], vectors, vectors @ output,
+                               ids[1] if len(ids) == 2 else None, asked.text)
+    with torch.no_grad():
+        targets.values = targets.vectors @ y.to(targets.vectors)
+    return targets
+
+
+def token_id(engine: Engine, token: str | int) -> int:
+    """The id of ``token``: an id (checked against the vocabulary) or the text of one token (as the graph labels
+    tokens).
+
+    Raises
+    ------
+    InvalidArgumentError
+        An id outside the vocabulary, text without a tokenizer, or text that the tokenizer does not read as exactly
+        that one token.
+    """
+    if isinstance(token, int):
+        vocab = int(engine.decoding_rows(torch.float32)["unembedding"].shape[0])
+        if not 0 <= token < vocab:
+            raise InvalidArgumentError(f"Expected a target token id in [0, {vocab}). Got #{token}.")
+        return token
+    if engine.tokenizer is None:
+        raise InvalidArgumentError(f"Expected target tokens by id (#ID) for a model without a tokenizer. Got "
+                                   f"{token!r}.")
+    ids = engine.tokenizer.encode(token, add_special_tokens=False)
+    labels = token_labels(engine.tokenizer, ids)
+    if len(ids) != 1 or labels[0] != token:
+        raise InvalidArgumentError(f"Expected {token!r} to be one token of the model's vocabulary (as the graph "
+                                   f"labels tokens). Got {len(ids)} token{'s' * (len(ids) != 1)}: "
+                                   f"{', '.join(map(repr, labels)) or 'none'}.")
+    return int(ids[0])
+
+
+def token_contributions(engine: Engine, trace: Any, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(K, n) each token's exact signed contribution to each target (``vectors`` (K, d)): ``∂value/∂x_q · x_q``
+    through every path of the frozen system, one pullback; ``x`` (n, d) the system's input embeddings (zero at a
+    position set aside). Over the tokens they sum to the value, less an affine family's constants."""
+    g = engine.pull(trace, vectors)  # (K, n, d)
+    return (g * x.to(g)[None]).sum(-1)
 
 
 def logit_vectors(engine: Engine, y: torch.Tensor, ids: list[int]) -> torch.Tensor:

@@ -267,8 +267,9 @@ def hub_lens_file(spec: str) -> Path | None:
     """The cached file of ``org/name:path/in/repo`` (optionally ``org/name@revision:path``) in the local Hugging
     Face cache, resolved offline (``refs/<revision>`` then ``snapshots/<commit>/<path>``); None when ``spec`` is
     not of that form. CheckpointError when the repository, revision or file is not in the cache."""
-    from detjac.engine import hub_cache_dir, is_hub_id
+    from detjac.engine import hub_cache_dir
     from detjac.errors import CheckpointError
+    from detjac.model_names import is_hub_id
 
     match = re.fullmatch(r"([^:@]+)(?:@([^:]+))?:(.+)", spec)
     if match is None or not is_hub_id(match.group(1)) or Path(spec).exists():

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 from detjac.errors import CheckpointError
-from detjac.model_names import is_hub_id  # noqa: F401  (what a MODEL names: decided there)
 from detjac.revisions import cached_commit, check_inside
 
 _TRUE = {"1", "ON", "YES", "TRUE"}

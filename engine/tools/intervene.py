@@ -145,7 +145,7 @@ def intervene(engine: Engine, prompt: Prompt, edits: Sequence[Edit], top_k: int 
     PromptError
         An empty prompt, unknown ids, or more tokens than the model's context.
     """
-    _check_engine(engine)
+    check_whole_model(engine, "interventions")
     ids = engine.token_ids(prompt)
     vocab = int(engine.model.get_output_embeddings().weight.shape[0])
     if not 1 <= int(top_k) <= vocab:
@@ -168,13 +168,14 @@ def intervene(engine: Engine, prompt: Prompt, edits: Sequence[Edit], top_k: int 
                                 "real": real}, **columns)
 
 
-def _check_engine(engine: Engine) -> None:
-    """Refuse (by name) an engine whose model is not whole in memory or has no next token to predict."""
+def check_whole_model(engine: Engine, what: str) -> None:
+    """Refuse (by name) an engine whose model is not whole in memory or has no next token to predict: the frozen
+    system's own forward (``what`` needs it) replays the whole model."""
     if engine.family.encoder:
-        raise UnsupportedModelError(f"Expected a causal language model to intervene on. Got the {engine.family.name} "
+        raise UnsupportedModelError(f"Expected a causal language model for {what}. Got the {engine.family.name} "
                                     "encoder, which predicts no next token.")
     if any(p.is_meta for p in engine.model.parameters()):
-        raise InvalidArgumentError("Expected an engine with the whole model in memory for interventions. Got the "
+        raise InvalidArgumentError(f"Expected an engine with the whole model in memory for {what}. Got the "
                                    "layer-streamed engine; load the model without a memory budget instead.")
 
 
@@ -201,7 +202,7 @@ def check_edits(engine: Engine, edits: Sequence[Edit], n_tokens: int) -> list[_U
         _in_range("edit mode", e.mode, MODES)
         _below(e, "layer", e.layer, len(layers))
         _below(e, "position", e.position, n_tokens)
-        module, width, size = (_head_site if e.kind == "head" else _neuron_site)(engine, layers[e.layer], e)
+        module, width, size = (_head_site if e.kind == "head" else down_projection)(engine, layers[e.layer], e.layer)
         _below(e, e.kind, e.index, width // size)
         _check_value(e, size)
         units.append(_Unit(module, e.position, slice(e.index * size, (e.index + 1) * size), e))
@@ -241,7 +242,7 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def _head_site(engine: Engine, layer: nn.Module, e: Edit) -> tuple[nn.Module, int, int]:
+def _head_site(engine: Engine, layer: nn.Module, index: int) -> tuple[nn.Module, int, int]:
     """(the attention's output projection, its input width, head_dim)."""
     attention = next(m for m in layer.modules() if isinstance(m, engine.family.attentions))
     out = getattr(attention, "o_proj", None) or attention.c_proj
@@ -250,21 +251,24 @@ def _head_site(engine: Engine, layer: nn.Module, e: Edit) -> tuple[nn.Module, in
     return out, width, width // heads
 
 
-def _neuron_site(engine: Engine, layer: nn.Module, e: Edit) -> tuple[nn.Module, int, int]:
-    """(the MLP's down projection, its input width (the neurons), 1)."""
+def down_projection(engine: Engine, layer: nn.Module, index: int, what: str = "a neuron edit"
+                    ) -> tuple[nn.Module, int, int]:
+    """(the MLP's down projection of decoder layer ``layer``, number ``index``; its input width (the neurons); 1):
+    its input is the layer's neuron values, as the attribution graphs number them; ``what`` needs it (the error's
+    words)."""
     family = engine.family
     for m in layer.modules():
         if (rule := family.mlp_rule(m)) is not None:
             down = getattr(m, rule.down)
             return down, _in_width(down), 1
         if family.moe_rule(m) is not None:
-            raise UnsupportedModelError(f"Expected a dense MLP for a neuron edit. Got {family.name}'s mixture of "
-                                        f"experts at layer {e.layer}; edit its heads instead.")
+            raise UnsupportedModelError(f"Expected a dense MLP for {what}. Got {family.name}'s mixture of "
+                                        f"experts at layer {index}, whose neurons have no single down projection.")
     mlp = getattr(layer, "mlp", None)
     down = next((getattr(mlp, n) for n in _UNGATED_DOWN if hasattr(mlp, n)), None)
     if down is None:
         raise UnsupportedModelError(f"Expected an MLP with a down projection ({', '.join(_UNGATED_DOWN)}) at layer "
-                                    f"{e.layer} of this {family.name} model. Got none.")
+                                    f"{index} of this {family.name} model. Got none.")
     return down, _in_width(down), 1
 
 

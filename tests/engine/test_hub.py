@@ -12,9 +12,10 @@ from hub_cache import fabricate_hub_cache
 from detjac.cli.main import main
 from detjac.engine import jacobian, load_engine
 from detjac.engine.checkpoints.default import DEFAULT_MODEL_DIR
-from detjac.engine.checkpoints.hub import hub_cache_dir, is_hub_id
+from detjac.engine.checkpoints.hub import hub_cache_dir
 from detjac.engine.checkpoints.loading import check_checkpoint_dir
 from detjac.errors import CheckpointError
+from detjac.model_names import is_hub_id
 
 REPO = "detjac-test/gcide-llama"
 PROMPT = "Oak, n. A tree"
