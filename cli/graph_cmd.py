@@ -113,7 +113,8 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
     click.echo(f"neurons      {g.n_active} active, {g.n_neurons} ranked into the adjacency, {neurons} kept")
     click.echo(f"completeness {g.worst_completeness:.1e} (worst |sum of incoming edges - value| / |value|)")
     share = data["metadata"]["info"]["logit_share_kept"]
-    click.echo("kept share   " + ", ".join(f"{t!r} {s:.2f}" for t, s in zip(g.logit_tokens, share, strict=False)))
+    names = [g.target] if g.target is not None else [repr(t) for t in g.logit_tokens]
+    click.echo("kept share   " + ", ".join(f"{t} {s:.2f}" for t, s in zip(names, share, strict=False)))
     for line in textwrap.wrap(KEPT_SHARE_MEANING, 100):
         click.echo(f"             {line}")
     if g.head_loadings is not None:

@@ -144,15 +144,16 @@ def _load(loading: LoadSpec) -> Engine:
 
 def heads_into_top_logit(g: AttributionGraph, top: int = 5) -> list[str]:
     """The line naming the ``top`` heads that carry the most of the loaded links into the graph's top logit
-    (:func:`detjac.graphs.strongest_heads` of its head loadings)."""
+    or its asked target (:func:`detjac.graphs.strongest_heads` of its head loadings)."""
     from detjac.graphs import strongest_heads
 
     assert g.head_loadings is not None  # asked for
     links, total, heads = strongest_heads(g.head_loadings, g.adjacency, g.adjacency.shape[0] - g.n_logits, top)
+    into = g.target or repr(g.logit_tokens[0])
     if not links:
-        return [f"no loaded link goes into {g.logit_tokens[0]!r}"]
+        return [f"no loaded link goes into {into}"]
     best = ", ".join(f"L{layer}.H{head} {w:+.3g}" for layer, head, w in heads)
-    return [f"into {g.logit_tokens[0]!r} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]
+    return [f"into {into} ({links} loaded link{'s' if links != 1 else ''}, weight {total:.3g}): {best}"]
 
 
 def _neuron_index(path: str | Path, identity: Mapping[str, Any], convention: str | None) -> NeuronIndex:

@@ -11,6 +11,7 @@ ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript", "dom.js":
           "graph_page.js": "text/javascript", "graph_heads.js": "text/javascript",
           "graph_groups.js": "text/javascript", "graph_figure.js": "text/javascript",
           "table_sort.js": "text/javascript", "graph_interventions.js": "text/javascript",
+          "graph_target.js": "text/javascript",
           "attention_page.js": "text/javascript", "neuron_page.js": "text/javascript", "style.css": "text/css"}
 MODES = ("server", "static")
 

@@ -35,7 +35,9 @@ DRIVERS_MEANING = (
     "What drives a node: the nodes through which most of what reaches it flows. A node's driver share is the share "
     "of its incoming |weight| (each node's incoming links as shares of their total |weight|) that passes through the "
     "driver, summed over every path from the driver to it; over the tokens, where every path starts, the shares sum "
-    f"to 1. The drivers of a node are its {DRIVERS} upstream nodes of largest share; the rest of the graph is faded.")
+    f"to 1. The drivers of a node are its {DRIVERS} upstream nodes of largest share; the rest of the graph is faded. "
+    "A share ranks unsigned flow, not a signed effect on the target: the signed contribution of each token is in "
+    "the target panel, and a node's direct weight is in the last column.")
 
 
 def levels(n: int, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:

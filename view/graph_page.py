@@ -24,6 +24,7 @@ from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
 from .graph_figure import pinned_page
 from .graph_groups import grouped_page
 from .graph_heads import compact_loadings, head_ranking, parse_loadings
+from .graph_target import target_panel
 from .jsonable import jsonable
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ def _row(layer: Any, where: str) -> int:
     return row
 
 
-LOGIT_CLERP = re.compile(r'^Output "(?P<token>.*)" \(p=[^)]*\)$', re.DOTALL)  # circuit-tracer's and detjac's
+# circuit-tracer's and detjac's; detjac's contrast target ``Output " Paris" − " London" (p=0.773)``
+LOGIT_CLERP = re.compile(r'^Output "(?P<token>.*?)"(?: − "(?P<minus>.*)")? \(p=[^)]*\)$', re.DOTALL)
 
 
 def _logit_token(node: dict[str, Any]) -> str | None:
@@ -115,7 +117,8 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
         (:func:`~detjac.view.attention_file.link_attention`); with ``qParams.supernodes``, ``groups``
         (:func:`~detjac.view.graph_groups.grouped_page`: each group's node and summed links); ``pinned``, the node
-        ids of ``qParams.pinnedIds`` (:func:`~detjac.view.graph_figure.parse_pins`).
+        ids of ``qParams.pinnedIds`` (:func:`~detjac.view.graph_figure.parse_pins`); ``metadata.target``, the
+        target panel (:func:`~detjac.view.graph_target.target_panel`: each token's contribution to each logit node).
 
     Raises
     ------
@@ -169,7 +172,9 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                                   "info": {k: info[k] for k in INFO_SHOWN if k in info},
                                   "kept_share": KEPT_SHARE_MEANING,
                                   "drivers": {"k": DRIVERS, "computed": computed, "meaning": DRIVERS_MEANING},
-                                  "heads": head_ranking(nodes, links, loadings)},
+                                  "heads": head_ranking(nodes, links, loadings),
+                                  "target": target_panel(info, tokens, {n["id"]: n["clerp"] for n in nodes
+                                                                        if n["type"] == LOGIT}, where)},
                      "nodes": nodes, "links": links})
     link_attention(page, {}, str(meta.get("slug") or "graph"))  # each head's command; a GraphFile adds its pages
     qparams = graph.get("qParams")

@@ -261,7 +261,7 @@ const GraphPage = (() => {
     const page = h("div", {class: "graph-page"},
       h("div", {class: "facts-inline", id: "graph-facts"}, facts.map(([k, v]) =>
         h("span", {}, h("span", {class: "note"}, k), " ", String(v)))),
-      GraphPanels.logitBar(data, select), focusNote,
+      GraphPanels.logitBar(data, select), GraphTarget.panel(data, GraphPanels.num, GraphPanels.quoted), focusNote,
       h("div", {class: "controls"}, nodeSlider.el, edgeSlider.el, count), positions, groupList, figure, legend, scroll,
       h("section", {class: "panel"}, linkDetails, details), GraphHeads.headsPanel(ctx), GraphInterventions.panel(ctx));
     container.replaceChildren(page);

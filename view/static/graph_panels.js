@@ -30,7 +30,7 @@ const GraphPanels = (() => {
     return h("div", {class: "logit-bar", id: "logit-bar"},
       h("div", {class: "controls"}, h("strong", {}, "What drives"),
         sorted.map((n) => h("button", {type: "button", class: "logit-pick", "data-id": n.id, onclick: () => onPick(n.id)},
-          h("span", {class: "mono"}, quoted(n.token ?? n.clerp)),
+          h("span", {class: "mono"}, data.metadata.target?.text ?? quoted(n.token ?? n.clerp)),
           n.p == null ? null : ` p=${n.p.toFixed(2)}`,
           share.get(n.id) == null ? null : h("span", {class: "note kept"}, ` · kept ${share.get(n.id).toFixed(2)}`)))),
       kept.length ? h("p", {class: "note", id: "kept-share-note"}, data.metadata.kept_share) : null);
