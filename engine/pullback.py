@@ -98,6 +98,8 @@ def _entry(site: Site) -> int:
 class LayerPull(Protocol):
     """One decoder layer as the sweep crosses it (what a :class:`Walk` hands out)."""
 
+    input: torch.Tensor | None  # (n, d) the layer's input on the prompt (None: a walk that does not keep it)
+
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
         """(B, n, d) at the layer's output and mid residual, zero before ``s`` -> (B, n, d) at its input, start."""
 

@@ -29,6 +29,7 @@ from detjac.graph_settings import GraphSettings, parse_target
 from detjac.tokens import token_labels
 
 from .adjacency import Layout, adjacency, bias_nodes, completeness, neuron_sites, sized_rows
+from .head_effects import head_effects
 from .head_loadings import HeadLoadings, Nodes, choose_links, head_loadings
 from .prune import Pruned, prune
 from .qk_records import check_qk, qk_phase
@@ -130,6 +131,7 @@ class AttributionGraph:
     pruned: Pruned | None = None
     pruned_at: tuple[float, float] | None = None
     qk: list[Any] = field(default_factory=list)
+    head_effects: np.ndarray | None = None  # (K, n_layers, n_heads) every head's direct effect on each logit
 
     @property
     def layout(self) -> Layout:
@@ -222,6 +224,11 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
                           head_loadings_seconds=round(time.perf_counter() - started, 3))
     # 8. QK records: the asked heads' exact QK attribution at the position
     graph.qk = qk_phase(engine, ids, p, settings.qk)
+    # 9. direct effects: every head's output at the position against each logit's cotangent leaving the last layer
+    started = time.perf_counter()
+    inputs = None if system is None else dict(enumerate(system.inputs[:-1]))  # that system's, where set aside
+    graph.head_effects = head_effects(engine, trace, targets.vectors, inputs)
+    graph.info.update(head_effects_seconds=round(time.perf_counter() - started, 3))
     return graph
 
 

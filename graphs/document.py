@@ -4,7 +4,8 @@ Nodes are written by the one schema (:mod:`detjac.graph_schema`), their kinds an
 declares them, following circuit-tracer's conventions (``E_{token}_{pos}`` for tokens, ``{layer}_{index}_{pos}`` for
 neurons, ``{n_layers + 1}_{token}_{pos}`` for logits; an affine family's bias nodes ``B_{layer}_{pos}``).
 There are no error nodes: the graph is exact. A link whose head loadings were computed carries them as
-``head_loadings`` (an extra field: circuit-tracer's models ignore it). Details: docs/graphs.md, "The JSON"."""
+``head_loadings`` (an extra field: circuit-tracer's models ignore it); every head's direct effect on each logit is
+``metadata.info.head_effects``. Details: docs/graphs.md, "The JSON"."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from detjac import __version__
 from detjac.graph_index import slug_of, write_graph_file
-from detjac.graph_nodes import BIAS, HEAD, MLP, NEURON, TOKEN, TOKEN_LAYER, NodeKind, node_id
+from detjac.graph_nodes import BIAS, HEAD, LOGIT, MLP, NEURON, TOKEN, TOKEN_LAYER, NodeKind, node_id
 from detjac.graph_schema import NODE_COLUMNS, QK_ONLY, SCHEMA_VERSION, generator, nodes_json
 from detjac.outputs import check_output
 
@@ -61,7 +62,7 @@ def graph_dict(graph: AttributionGraph, *, slug: str, model: str, node_threshold
                  **({"qk_nodes": len(listed) - len(rows)} if graph.qk else {}),
                  **({"target": graph.target} if graph.target is not None else {}),
                  **({"aside": list(graph.aside)} if graph.aside else {}),
-                 **_contributions(graph, ids)},
+                 **_contributions(graph, ids), **_head_effects(graph)},
     }
     groups = [[label, *(ids[int(m)] for m in rows if int(m) in ids)] for label, rows in supernodes]
     qparams = {"pinnedIds": [], "supernodes": [g for g in groups if len(g) > 2], "linkType": "both", "clickedId": "",
@@ -92,6 +93,15 @@ def _add_head_loadings(graph: AttributionGraph, links: list[dict[str, Any]], ids
         link = where.get((ids.get(t), ids.get(s)))
         if link is not None:
             link["head_loadings"] = loaded.of_link(k)
+
+
+def _head_effects(graph: AttributionGraph) -> dict[str, Any]:
+    """``{"head_effects": {"targets": [logit node ids], "values": K x n_layers x n_heads}}``: every head's direct
+    effect on each logit (docs/graphs.md, "Direct effects of heads"); empty for a graph without them."""
+    if graph.head_effects is None:
+        return {}
+    targets = [node_id(LOGIT, graph.n_layers + 1, t, graph.position) for t in graph.logit_ids]
+    return {"head_effects": {"targets": targets, "values": graph.head_effects.tolist()}}
 
 
 def _nodes(graph: AttributionGraph, kept: Pruned) -> tuple[list[int], dict[str, list[Any]]]:

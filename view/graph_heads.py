@@ -18,6 +18,10 @@ its signed share of each loaded link's weight, weighted by that link's flow; a l
 of the loaded links that cross it (``covered``). ``direct[l, h]`` is the plain sum of ``w_{l,h}`` over the loaded links
 into ``t``, in the logit's units. Both are exact from the loadings in the file; links without loadings count for
 nothing (the panel says how many are loaded).
+
+The panel also lists **every head's direct effect** (:data:`HEAD_EFFECTS_MEANING`) on each logit target, as the graph
+JSON carries it (``metadata.info.head_effects``; :mod:`detjac.graphs.head_effects`): :func:`head_effect_rows` checks
+it (a damaged or foreign one is refused, never drawn) and orders the heads by ``|direct effect|`` on the first target.
 """
 
 from __future__ import annotations
@@ -44,6 +48,13 @@ HEADS_MEANING = (
     "layer's heads and skip sum to the flow of the loaded links crossing it (covered). Direct: the sum of the head's "
     "loadings over the loaded links into the top logit, in the logit's units. Links without loadings count for "
     "nothing: only the links `detjac graph --heads N` loaded are covered.")
+
+HEAD_EFFECTS_MEANING = (
+    "Direct effect: the head's output at the predicted position (W_O,h P_h V_h x, through any frozen norm between "
+    "the attention and the residual stream, its constant biases left to the bias nodes), dotted with the gradient of "
+    "the target's logit with respect to the residual stream leaving the last layer (the final norm's scale frozen); "
+    "over every head and every MLP output, plus the embedding's stream and the constants at that position, these "
+    "sum exactly to the logit's value.")
 
 
 def _index(text: Any, what: str, where: str) -> int:
@@ -188,3 +199,49 @@ def head_ranking(nodes: list[dict[str, Any]], links: list[dict[str, Any]],
                     "direct": direct.get((layer, head), 0.0)} for layer, head in order]
     out["layers"] = [{"layer": layer, "covered": c, "skip": s} for layer, (c, s) in sorted(covered.items())]
     return out
+
+
+def head_effect_rows(info: dict[str, Any], nodes: list[dict[str, Any]], n_layers: int | None, n_heads: int | None,
+                     where: str) -> dict[str, Any] | None:
+    """Every head's direct effect on the graph's logits (module docstring), checked: ``targets`` (the logit node ids,
+    in the file's order), ``rows`` (``layer``, ``head``, ``effects``: one per target; every head of the model,
+    largest ``|effect|`` on the first target first), ``meaning``; None for a graph without them.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``head_effects`` that is not ``{"targets": [logit node ids of the graph], "values": K x layers x heads finite
+        numbers}``, or whose layers or heads are not the model's (``n_layers``, ``n_heads`` where known).
+    """
+    raw = info.get("head_effects")
+    if raw is None:
+        return None
+    logits = {n["id"] for n in nodes if n["type"] == "logit"}
+    targets = raw.get("targets") if isinstance(raw, dict) else None
+    values = raw.get("values") if isinstance(raw, dict) else None
+    if not isinstance(targets, list) or not targets or not all(t in logits for t in targets) or \
+            not isinstance(values, list) or len(values) != len(targets):
+        raise InvalidArgumentError(f"Expected metadata.info.head_effects in {where} to be an object with 'targets' "
+                                   f"(logit node ids of the graph) and 'values' (one per target). Got "
+                                   f"{str(raw)[:120]}: the file is damaged or was edited.")
+    try:  # a ragged list is refused by numpy; a bool or a string by the check of every number
+        array = np.asarray(values, dtype=np.float64) if all(map(_finite, _numbers(values))) else np.zeros(0)
+    except (TypeError, ValueError):
+        array = np.zeros(0)
+    first = values[0] if isinstance(values[0], list) else []
+    want = (len(targets), n_layers or len(first), n_heads or (len(first[0]) if first and isinstance(first[0], list)
+                                                            else 0))
+    if array.shape != want or not want[2]:
+        raise InvalidArgumentError(f"Expected metadata.info.head_effects' values in {where} as {want[0]} x "
+                                   f"{want[1]} layers x {want[2]} heads finite numbers. Got "
+                                   f"{'shape ' + str(array.shape) if array.size else str(values)[:80]}: the file "
+                                   f"is damaged or was edited.")
+    order = sorted(np.ndindex(*array.shape[1:]), key=lambda lh: (-abs(array[0][lh]), lh))
+    rows = [{"layer": int(layer), "head": int(head), "effects": array[:, layer, head].tolist()}
+            for layer, head in order]
+    return {"targets": list(targets), "rows": rows, "meaning": HEAD_EFFECTS_MEANING}
+
+
+def _numbers(nested: Any) -> list[Any]:
+    """The leaves of nested lists."""
+    return [v for x in nested for v in _numbers(x)] if isinstance(nested, list) else [nested]

@@ -23,7 +23,7 @@ from .attention_file import link_attention
 from .graph_drivers import DRIVERS, DRIVERS_MEANING, node_drivers
 from .graph_figure import pinned_page
 from .graph_groups import grouped_page
-from .graph_heads import compact_loadings, head_ranking, parse_loadings
+from .graph_heads import compact_loadings, head_effect_rows, head_ranking, parse_loadings
 from .graph_target import target_panel
 from .jsonable import jsonable
 
@@ -113,7 +113,8 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         text, else None), ``drivers`` (``[[node index, share], ...]`` or None:
         :func:`~detjac.view.graph_drivers.node_drivers`)) and ``links`` (``source``, ``target``, ``weight``,
         between listed nodes; ``heads``, a loaded link's :func:`~detjac.view.graph_heads.compact_loadings`);
-        ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`), each head with the
+        ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`; its ``effects``, every
+        head's direct effect: :func:`~detjac.view.graph_heads.head_effect_rows`), each head with the
         command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
         (:func:`~detjac.view.attention_file.link_attention`); with ``qParams.supernodes``, ``groups``
         (:func:`~detjac.view.graph_groups.grouped_page`: each group's node and summed links); ``pinned``, the node
@@ -172,7 +173,8 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
                                   "info": {k: info[k] for k in INFO_SHOWN if k in info},
                                   "kept_share": KEPT_SHARE_MEANING,
                                   "drivers": {"k": DRIVERS, "computed": computed, "meaning": DRIVERS_MEANING},
-                                  "heads": head_ranking(nodes, links, loadings),
+                                  "heads": {**head_ranking(nodes, links, loadings),
+                                            "effects": head_effect_rows(info, nodes, n_layers, n_heads, where)},
                                   "target": target_panel(info, tokens, {n["id"]: n["clerp"] for n in nodes
                                                                         if n["type"] == LOGIT}, where)},
                      "nodes": nodes, "links": links})

@@ -53,7 +53,7 @@ class FrozenModel:
     n: int  # positions
     stats: EngineStats = field(default_factory=EngineStats)
     mids: list[torch.Tensor] = field(default_factory=list, repr=False)  # mids[l]: layer l's mid residual (n, d)
-    ends: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # see ``residual_ends``
+    inputs: list[torch.Tensor] = field(default_factory=list, repr=False)  # inputs[l]: layer l's input, [L]: output
 
     @property
     def n_layers(self) -> int:
@@ -94,7 +94,7 @@ class FrozenModel:
 
     @contextmanager
     def layer(self, i: int) -> Iterator[PiecesPull]:
-        yield PiecesPull(self.pieces(i), self.mids[i] if self.mids else None)
+        yield PiecesPull(self.pieces(i), self.mids[i] if self.mids else None, self.inputs[i] if self.inputs else None)
 
     def embed(self, g: torch.Tensor) -> torch.Tensor:
         for norm in reversed(self.before):
@@ -107,8 +107,8 @@ class FrozenModel:
         return t
 
     def residual_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.ends is not None, "freeze_model records the residual stream's ends"
-        return self.ends
+        assert self.inputs, "freeze_model records the residual stream entering and leaving each layer"
+        return self.inputs[0], self.inputs[-1]
 
     # -- the output's J v ------------------------------------------------------------------
 
@@ -209,4 +209,4 @@ def _assemble(events: list[Event], tape: FactorTape, n_layers: int, position: in
     norms = [norm_piece(e.module, tape.factors[e.first].reshape(-1)) for e in events[:first] + events[last + 1:]]
     return FrozenModel([e.record for e in layers], norms[:first], norms[first:], position, n,  # type: ignore[misc]
                        mids=[e.mid for e in layers],  # type: ignore[misc]
-                       ends=(layers[0].states[0], layers[-1].states[1]))  # type: ignore[index]
+                       inputs=[e.states[0] for e in layers] + [layers[-1].states[1]])  # type: ignore[index]

@@ -314,6 +314,7 @@ class PiecesPull:
 
     pieces: LayerPieces
     mid: torch.Tensor | None = None  # (n, d) the layer's mid residual on the prompt: its MLP's input
+    input: torch.Tensor | None = None  # (n, d) the layer's input on the prompt: what its heads read
 
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
         with torch.no_grad():

@@ -83,14 +83,14 @@ class AutogradPull:
     """A layer crossed by ``torch.func`` (see :meth:`AutogradAdjoint.layer_pull`); ``why``: why not by its pieces."""
 
     def __init__(self, adjoint: AutogradAdjoint, i: int, trace: StreamedTrace, h: torch.Tensor, why: str) -> None:
-        self.adjoint, self.i, self.trace, self.h, self.why = adjoint, i, trace, h, why
+        self.adjoint, self.i, self.trace, self.input, self.why = adjoint, i, trace, h, why
 
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:
         """Cotangents (B, n, d) at the layer's output and mid residual (None: zero), zero before position ``s``,
         -> (B, n, d) at its input, and the start actually used (0 where a suffix could not run)."""
         if cut:
             self._refuse("holding its MLP fixed")
-        steps, calls, h = self.adjoint.steps, self.trace.calls, self.h
+        steps, calls, h = self.adjoint.steps, self.trace.calls, self.input
         step = steps.pulled_suffix_step(self.i, calls, h, s) if 0 < s < h.shape[0] else None
         if step is None:
             step, s = steps.step(self.i, calls), 0
@@ -198,7 +198,7 @@ class ExplicitAdjoint(AutogradAdjoint):
         if pieces is None:
             why = self._unknown.get(i, "the Jacobian is not detached")
             return AutogradPull(self, i, trace, h, why)
-        return CountedPull(pieces, self.sk.stats, trace.mids[i].to(self.sk.device) if trace.mids else None)
+        return CountedPull(pieces, self.sk.stats, trace.mids[i].to(self.sk.device) if trace.mids else None, h)
 
     def push_layer(self, i: int, trace: StreamedTrace, h: torch.Tensor, tangent: torch.Tensor, s: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -218,8 +218,9 @@ class ExplicitAdjoint(AutogradAdjoint):
 class CountedPull(PiecesPull):
     """A layer's pieces crossed by the sweep, counting the pullbacks that started past position 0."""
 
-    def __init__(self, pieces: LayerPieces, stats: Any, mid: torch.Tensor | None = None) -> None:
-        super().__init__(pieces, mid)
+    def __init__(self, pieces: LayerPieces, stats: Any, mid: torch.Tensor | None = None,
+                 input: torch.Tensor | None = None) -> None:
+        super().__init__(pieces, mid, input)
         self.stats = stats
 
     def pull(self, g_out: torch.Tensor, g_mid: torch.Tensor | None, s: int, cut: bool) -> tuple[torch.Tensor, int]:

@@ -166,3 +166,20 @@ def test_the_command_writes_and_says_the_target(tmp_path):
     alone = CliRunner().invoke(cli, ["run", "default", str(prompts), "--out", str(tmp_path / "s.zarr"),
                                      "--graph-aside-first"])
     assert alone.exit_code == 2 and "Expected --graph-aside-first with --graph" in alone.output
+
+
+def test_the_heads_direct_effects_are_of_the_system_set_aside(default, trace):
+    from detjac.engine import OUTPUT, Seed, neurons
+
+    g = attribution_graph(default, PROMPT, GraphSettings(aside_first=True, target="' the' - ' a'", **SMALL))
+    system = FrozenValues.first_aside(default, trace)
+    w = _vectors(default, trace, [g.logit_ids[0], g.minus_id])
+    w = w[:1] - w[1:]
+    p = trace.position
+    with default.walk(trace) as walk, torch.no_grad():
+        cotangent = walk.final(Seed(OUTPUT, w))[0, p]  # leaving the last layer, at the position
+    mlps = sum(float(cotangent @ mlp.output(system.neurons[layer])[p]) for layer, _, mlp in neurons(default, trace))
+    total = g.head_effects[0].sum() + mlps + float(cotangent @ system.inputs[0][p])  # a linear family: no constants
+    assert abs(total - g.logit_values[0]) < 1e-12 * np.abs(g.head_effects).max()
+    full = attribution_graph(default, PROMPT, GraphSettings(target="' the' - ' a'", **SMALL))
+    assert np.abs(full.head_effects - g.head_effects).max() > 1e-3  # the first position's part is gone

@@ -7,6 +7,7 @@ name, never drawn).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import numpy as np
@@ -19,7 +20,7 @@ from detjac.cli.main import main
 from detjac.errors import InvalidArgumentError
 from detjac.view import GraphFile
 from detjac.view.attention_file import TERMS_SHOWN, attention_command, check_belongs, parse_attention
-from detjac.view.graph_heads import HEADS_MEANING, compact_loadings, parse_loadings
+from detjac.view.graph_heads import HEAD_EFFECTS_MEANING, HEADS_MEANING, compact_loadings, parse_loadings
 from detjac.view.graph_page import graph_payload
 
 
@@ -241,3 +242,30 @@ def test_the_command_of_a_missing_head_quotes_the_prompt():
     command = attention_command(page, 3, 1, "g")
     assert shlex.split(command) == ["detjac", "attention", "my model", "-p", INJECTED + " it's", "--layer", "3",
                                     "--head", "1", "--out", "g.qk.L3.H1.json"]
+
+
+def with_effects(values, targets=("2_9_1",), n_heads=2):
+    graph = json.loads(json.dumps(HAND))
+    graph["metadata"]["info"].update(n_layers=1, n_heads=n_heads, head_effects={"targets": list(targets),
+                                                                                 "values": values})
+    return graph
+
+
+def test_the_heads_panel_lists_every_head_s_direct_effect_largest_first():
+    effects = graph_payload(with_effects([[[0.5, -2.0]]]))["metadata"]["heads"]["effects"]
+    assert effects == {"targets": ["2_9_1"], "meaning": HEAD_EFFECTS_MEANING,
+                       "rows": [{"layer": 0, "head": 1, "effects": [-2.0]}, {"layer": 0, "head": 0, "effects": [0.5]}]}
+    assert graph_payload(HAND)["metadata"]["heads"]["effects"] is None  # a graph written without them
+
+
+@pytest.mark.parametrize(("values", "targets", "got"), [
+    ([[[0.5, True]]], ("2_9_1",), "finite numbers"),  # a bool is not a number
+    ([[[0.5, float("nan")]]], ("2_9_1",), "finite numbers"),
+    ([[[0.5]]], ("2_9_1",), "Got shape (1, 1, 1)"),  # a head of the model missing
+    ([[[0.5, 1.0], [1.0, 2.0]]], ("2_9_1",), "Got shape (1, 2, 2)"),  # a layer the model lacks
+    ([[[0.5, 1.0]]], ("E_1_0",), "logit node ids of the graph"),  # not a logit
+    ([[[0.5, 1.0]], [[1.0]]], ("2_9_1", "2_9_1"), "finite numbers"),  # ragged
+])
+def test_damaged_direct_effects_are_refused(values, targets, got):
+    with pytest.raises(InvalidArgumentError, match=re.escape(got)):
+        graph_payload(with_effects(values, targets), "hand.json")

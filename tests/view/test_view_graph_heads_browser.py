@@ -211,3 +211,36 @@ def test_the_export_holds_the_attention_pages(browser, heads, tmp_path):
     css(browser, f'#terms a.component[data-component="A{second[:-2]}"]')[0].click()
     wait_for(browser, "#pattern tbody tr", len(heads["second"]["keys"]))
     assert browser.current_url.endswith(f"#/attention/{second}")
+
+
+def test_the_heads_panel_lists_every_head_s_direct_effect_and_sorts_by_it(browser, graph_served, graph):
+    from selenium.webdriver.support.ui import Select
+
+    effects = graph["metadata"]["info"]["head_effects"]
+    values = effects["values"]  # K x layers x heads
+    every = [(layer, head) for layer in range(len(values[0])) for head in range(N_HEADS)]
+
+    def shown():
+        rows = css(browser, "#head-effects-table tbody tr")
+        return [(r.get_attribute("data-head"), float(r.get_attribute("data-effect"))) for r in rows]
+
+    def by_size(k):
+        return [(f"{layer}.{head}", values[k][layer][head]) for layer, head in
+                sorted(every, key=lambda lh: (-abs(values[k][lh[0]][lh[1]]), lh))]
+
+    browser.get(graph_served.url)
+    wait_for(browser, "#head-effects-table tbody tr", len(every))
+    assert css(browser, "#heads-none")  # no link loaded: every head is still listed, by its direct effect
+    assert shown() == by_size(0)
+    assert css(browser, "#head-effects-table")[0].get_attribute("data-target") == effects["targets"][0]
+    assert css(browser, "#head-effects-meaning")[0].text.startswith("Direct effect: the head's output")
+    header = css(browser, "#head-effects-table th")[2]
+    header.click()  # a numeric column: largest first
+    assert shown() == sorted(by_size(0), key=lambda x: -x[1]) and header.get_attribute("aria-sort") == "descending"
+    header.click()
+    assert shown() == sorted(by_size(0), key=lambda x: x[1])
+    assert len(effects["targets"]) > 1  # the default model's graph has several logits: a selector among them
+    Select(css(browser, "#head-effects-select")[0]).select_by_index(1)
+    assert css(browser, "#head-effects-table")[0].get_attribute("data-target") == effects["targets"][1]
+    assert shown() == by_size(1)
+    assert [log for log in browser.get_log("browser") if log["level"] == "SEVERE"] == []

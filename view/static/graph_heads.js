@@ -1,7 +1,7 @@
 // detjac view: attention heads on the graph page: a clicked link's head loadings (per crossed layer, the heads that
 // carry the most of its weight, and the skip) and the heads panel (heads ranked by how much of the top logit's graph
-// they carry, each linked to its attention page or given the command that makes it; a click on a column's header sorts
-// by it). Text only ever as text.
+// they carry, each linked to its attention page or given the command that makes it; and every head's direct effect on
+// a logit target; a click on a column's header sorts by it). Text only ever as text.
 "use strict";
 
 const GraphHeads = (() => {
@@ -76,6 +76,46 @@ const GraphHeads = (() => {
         })))];
   }
 
+  // Every head's direct effect on target `k` (graph_heads.py: head_effect_rows), largest |effect| first; a click on a
+  // header sorts by that column.
+  function effectsTable(data, E, k, query) {
+    const rows = [...E.rows].sort((a, b) => Math.abs(b.effects[k]) - Math.abs(a.effects[k]) || a.layer - b.layer ||
+      a.head - b.head);
+    const max = Math.max(...rows.map((r) => Math.abs(r.effects[k])), 1e-300);
+    return TableSort.sortable(h("table", {id: "head-effects-table", class: "edges", "data-target": E.targets[k]},
+      h("thead", {}, h("tr", {}, ["#", "head", "direct effect", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows.map((r, i) => {
+        const w = r.effects[k];
+        return h("tr", {"data-head": `${r.layer}.${r.head}`, "data-effect": w},
+          h("td", {class: "num", "data-value": i + 1}, i + 1),
+          h("td", {"data-value": r.layer * 1e6 + r.head}, headName(data, r.layer, r.head, query)),
+          h("td", {class: "num " + (w >= 0 ? "positive" : "negative"), "data-value": w}, num(w)),
+          h("td", {}, bar(w, max)));
+      }))), [true, true, true, null]);
+  }
+
+  // The direct effects part of the heads panel: the first target's, a selector where the graph has more than one.
+  function effectsPart(ctx) {
+    const {data, byId, tokens} = ctx;
+    const E = data.metadata.heads && data.metadata.heads.effects;
+    if (!E) return [];
+    const label = (k) => (byId.get(E.targets[k]) ? nodeLabel(byId.get(E.targets[k]), tokens) : E.targets[k]);
+    const query = byId.get(E.targets[0]) ? byId.get(E.targets[0]).ctx : null;
+    let table = effectsTable(data, E, 0, query);
+    const named = h("span", {class: "text", id: "head-effects-label"}, label(0));
+    const choose = (event) => {
+      const k = Number(event.target.value);
+      const fresh = effectsTable(data, E, k, query);
+      table.replaceWith(fresh);
+      table = fresh;
+      named.textContent = label(k);
+    };
+    return [h("h3", {id: "head-effects-title"}, `Direct effect of each of the ${E.rows.length} heads on `, named),
+      E.targets.length > 1 ? h("label", {}, "target ", h("select", {id: "head-effects-select", onchange: choose},
+        E.targets.map((_, k) => h("option", {value: k}, label(k))))) : null,
+      h("p", {class: "note", id: "head-effects-meaning"}, E.meaning), table];
+  }
+
   // The heads panel (detjac/view/graph_heads.py: the definition; docs/graphs.md, "In the viewer").
   function headsPanel(ctx) {
     const {data, byId} = ctx;
@@ -84,7 +124,8 @@ const GraphHeads = (() => {
     if (!H || !H.loaded) {
       return h("section", {class: "panel", id: "heads-panel"}, title, h("p", {class: "note", id: "heads-none"},
         "No link of this graph has head loadings. `detjac graph ... --heads N` loads its N strongest links " +
-        "(by |weight|); the heads are then ranked here by how much of the top logit's graph they carry."));
+        "(by |weight|); the heads are then ranked here by how much of the top logit's graph they carry."),
+      effectsPart(ctx));
     }
     const logit = H.logit ? byId.get(H.logit) : null;
     const query = logit ? logit.ctx : null;
@@ -112,7 +153,8 @@ const GraphHeads = (() => {
       h("p", {class: "note", id: "heads-meaning"}, H.meaning),
       H.rows.some((r) => r.command) ? h("p", {class: "note"}, "A head without an attention page: run its command, " +
         "then `detjac view` the graph again (files named GRAPH.qk.*.json beside the graph are found; or pass " +
-        "--attention FILE).") : null);
+        "--attention FILE).") : null,
+      effectsPart(ctx));
   }
 
   return {linkPanel, headsPanel, headPage, pageHref, bar};
