@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from detjac.graph_settings import HEAD_RANKINGS
 from detjac.model_settings import LoadSpec
 from detjac.qk_sums import attended_key, listed
 
@@ -31,10 +32,14 @@ if TYPE_CHECKING:
 @click.option("--layer", type=int, default=None, help="The attention layer (0-based).")
 @click.option("--head", type=int, default=None, help="Its query head (0-based).")
 @click.option("--graph", "graph", type=click.Path(dir_okay=False), default=None,
-              help="A graph JSON of this model and prompt (detjac graph --heads N): write the attention files of the "
-                   "first --top-heads heads of its heads panel, at its target position, in one model load.")
+              help="A graph JSON of this model and prompt (detjac graph): write the attention files of the first "
+                   "--top-heads heads of its heads panel, at its target position, in one model load.")
 @click.option("--top-heads", type=click.IntRange(min=1), default=None,
               help="With --graph: how many of its ranked heads [default: 10].")
+@click.option("--heads-by", type=click.Choice(HEAD_RANKINGS), default="effect", show_default=True,
+              help="With --graph: rank the heads by the size of their exact direct effect on the graph's target "
+                   "(every head), or by the share of the top logit they carry through its loaded links (a graph "
+                   "made with --heads N).")
 @click.option("--query", type=int, default=None,
               help="The query position (negative: from the end) [default: the last; with --graph, its target's].")
 @click.option("--neurons", type=int, default=0, show_default=True,
@@ -48,8 +53,8 @@ if TYPE_CHECKING:
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True,
               help="Rows printed per table (the others summed in one row).")
 def attention(model: ModelRef, prompt: str | None, model_options: LoadSpec, layer: int | None, head: int | None,
-              graph: str | None, top_heads: int | None, query: int | None, neurons: int, out: str | None,
-              force: bool, key: int | None, other: int | None, top: int) -> None:
+              graph: str | None, top_heads: int | None, heads_by: str, query: int | None, neurons: int,
+              out: str | None, force: bool, key: int | None, other: int | None, top: int) -> None:
     """Exact QK attribution of one attention head at one query position.
 
     The head's pre-softmax score at each key the mask allows (scaled, before the mask and any soft-cap) is split
@@ -63,9 +68,10 @@ def attention(model: ModelRef, prompt: str | None, model_options: LoadSpec, laye
     split per query-side and per key-side component. Every table ends with what its other rows add up to, so it
     sums to its total. --out keeps every pair.
 
-    With --graph G.json (instead of --layer and --head), the heads ranked first by G's heads panel get their
-    attention files, each at G's target position (the prompt: G's), written beside G as G.qk.L{layer}.H{head}.json
-    (or into the folder --out), loading the model once; detjac view G.json then links each head to its page.
+    With --graph G.json (instead of --layer and --head), the heads ranked first by G's heads panel (by their direct
+    effect on G's target; --heads-by share: by what they carry of its loaded links) get their attention files, each
+    at G's target position (the prompt: G's), written beside G as G.qk.L{layer}.H{head}.json (or into the folder
+    --out), loading the model once; detjac view G.json then links each head to its page.
 
     \b
     Examples:
@@ -74,12 +80,13 @@ def attention(model: ModelRef, prompt: str | None, model_options: LoadSpec, laye
       detjac attention -p "Copper, n. A common metal" --layer 3 --head 1 --contrast 0
       detjac graph -p "Copper, n. A" --heads 20 --out copper.json
       detjac attention --graph copper.json --top-heads 5      # copper.qk.L{l}.H{h}.json beside it
+      detjac attention --graph copper.json --top-heads 5 --heads-by share
     """
     if graph is not None:
         if layer is not None or head is not None or key is not None or other is not None:
             raise click.UsageError("Expected no --layer, --head, --key or --contrast with --graph: its heads panel "
                                    "picks the heads.")
-        _graph_pages(model, prompt, model_options, graph, top_heads or 10, query, neurons, out, force)
+        _graph_pages(model, prompt, model_options, graph, top_heads or 10, query, neurons, out, force, heads_by)
         return
     if layer is None or head is None or prompt is None or top_heads is not None:
         raise click.UsageError("Expected --layer, --head and a prompt (--prompt or --prompt-file), or --graph G.json "
@@ -135,7 +142,7 @@ def _echo(res: Any, model: str, top: int, key: int) -> None:
 
 
 def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, graph: str, n_heads: int,
-                 query: int | None, neurons: int, out: str | None, force: bool) -> None:
+                 query: int | None, neurons: int, out: str | None, force: bool, by: str) -> None:
     """``--graph``: :func:`graph_attention_pages`, the model loaded once every file is checked."""
 
     def load() -> Any:
@@ -146,7 +153,7 @@ def _graph_pages(model: ModelRef, prompt: str | None, model_options: LoadSpec, g
     refuse_options(model_options, "detjac attention", "a QK attribution needs the whole model in memory",
                    streamed=False, max_memory=None)
     graph_attention_pages(load, model, graph, n_heads, model_reads=model_reads(model), prompt=prompt, query=query,
-                          neurons=neurons, out=out, force=force)
+                          neurons=neurons, out=out, force=force, by=by)
 
 
 def _echo_contrast(res: Any, contrast: dict[str, Any], top: int) -> None:

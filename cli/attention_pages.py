@@ -14,11 +14,15 @@ from detjac.errors import InvalidArgumentError
 if TYPE_CHECKING:
     from detjac.engine import ModelRef
 
+_RANKED = {"effect": "|direct effect| on the target", "share": "carried share"}
+
 
 def graph_attention_pages(load: Callable[[], Any], model: ModelRef, graph: str, n_heads: int, *,
                           model_reads: list[tuple[str, str]], prompt: str | None = None, query: int | None = None,
-                          neurons: int = 0, out: str | None = None, force: bool = False) -> list[Path]:
-    """The attention files of the graph file ``graph``'s first ``n_heads`` heads (its heads panel's order), at its
+                          neurons: int = 0, out: str | None = None, force: bool = False, by: str = "effect"
+                          ) -> list[Path]:
+    """The attention files of the graph file ``graph``'s first ``n_heads`` heads (its heads panel's order, ranked
+    ``by`` their direct effect on its target or their carried share: :func:`detjac.view.top_heads`), at its
     target position (or ``query``), for its prompt, written beside it as ``STEM.qk.L{l}.H{h}.json`` (or into the
     folder ``out``) and printed; what ``detjac attention --graph`` and ``detjac graph --attention-pages`` do.
 
@@ -35,7 +39,7 @@ def graph_attention_pages(load: Callable[[], Any], model: ModelRef, graph: str, 
     from detjac.runs import attention_pages, attention_targets, model_identity
     from detjac.view import top_heads
 
-    chosen = top_heads(graph, n_heads)
+    chosen = top_heads(graph, n_heads, by)
     folder = out if out is not None else str(Path(graph).parent)
     reads = [*model_reads, ("the graph", graph)]
     paths = attention_targets(folder, chosen.stem, chosen.heads, force=force, reads=reads)
@@ -45,8 +49,9 @@ def graph_attention_pages(load: Callable[[], Any], model: ModelRef, graph: str, 
         raise InvalidArgumentError(f"Expected the graph's model (weights_sha256 {str(theirs)[:64]}) for its heads' "
                                    f"attention files. Got {model.name} (weights_sha256 {ours}).")
     at = chosen.query if query is None else query
-    click.echo(f"graph        {graph}: {chosen.ranked} heads ranked; the first {len(chosen.heads)} at query "
-               f"{at} {chosen.tokens[at] if -len(chosen.tokens) <= at < len(chosen.tokens) else ''!r}")
+    token = chosen.tokens[at] if -len(chosen.tokens) <= at < len(chosen.tokens) else ""
+    click.echo(f"graph        {graph}: {chosen.ranked} heads ranked by {_RANKED[by]}; the first "
+               f"{len(chosen.heads)} at query {at} {token!r}")
     attention_pages(load(), prompt if prompt is not None else chosen.prompt, chosen.heads, folder, stem=chosen.stem,
                     query=at, tokens=chosen.tokens, neurons=neurons, force=force,
                     model={"source": model.name, **identity}, reads=reads)

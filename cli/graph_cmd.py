@@ -54,9 +54,9 @@ def _check_out(ctx: click.Context, param: click.Parameter, out: str) -> str:
                    "supernodes (circuit-tracer's qParams.supernodes; a group's links are its members' sums). "
                    "`detjac view` draws each group as one node; a click expands it.")
 @click.option("--attention-pages", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Also write the attention files (`detjac attention`) of the graph's first N heads of its heads "
-                   "panel, at its target position, beside --out (STEM.qk.L{l}.H{h}.json), with the same model load; "
-                   "in memory only.")
+              help="Also write the attention files (`detjac attention`) of the graph's N heads of largest direct "
+                   "effect on its target (its heads panel's first), at its target position, beside --out "
+                   "(STEM.qk.L{l}.H{h}.json), with the same model load; in memory only.")
 def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force: bool, graph: GraphSettings,
           slug: str | None, neuron_index: str | None, group: bool, attention_pages: int) -> None:
     """Exact attribution graph of MODEL's prediction on one prompt.
@@ -89,9 +89,6 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
     if attention_pages:
         refuse_options(model_options, "--attention-pages", "an attention page needs the whole model in memory",
                        streamed=False, max_memory=None)
-        if not graph.heads:
-            raise click.UsageError("Expected --heads N with --attention-pages (the pages follow the heads panel, "
-                                   "which the graph's head loadings rank). Got --attention-pages alone.")
     check_out(out, force=force, suffix=".json",
               reads=[*model_reads(model), *([("the neuron index", neuron_index)] if neuron_index else [])])
     done = graph_file(model, prompt, model_options, out, graph, slug=slug, neuron_index=neuron_index, group=group,

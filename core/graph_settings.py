@@ -19,6 +19,9 @@ EDGE_THRESHOLD = 0.98
 MAX_LOGITS = 10  # logit targets: the top ones, at most this many ...
 LOGIT_PROBABILITY = 0.95  # ... until their probabilities sum to this
 HEADS_INTO = ("all", "logits")  # the links --heads chooses among: into any neuron or logit, or into the logits only
+# How a graph's heads are ranked for their attention pages: by their exact direct effect on the target (every head)
+# or by the share of the top logit they carry through the loaded links (detjac.view.top_heads)
+HEAD_RANKINGS = ("effect", "share")
 
 # What `metadata.info.logit_share_kept` is (graphs/document.py computes it), said the same way by
 # `detjac graph` and the graph page.

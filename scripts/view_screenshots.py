@@ -12,6 +12,10 @@ With ``--heads-model MODEL --heads-prompt TEXT``, only the attention heads' scre
 beside the graph as ``graph.qk.L{l}.H{h}.json`` so that ``detjac view`` finds it; then the heads panel
 (``view-heads.png``) and that head's attention page (``view-attention.png``). SmolLM2-135M takes a few minutes.
 
+With ``--target-graph GRAPH``, only the target's screenshots of that graph (e.g. ``detjac graph ... --target
+"' Paris' - ' the'" --aside-first``): its target panel (``view-target.png``) and the top of the heads' direct effects
+(``view-head-effects.png``).
+
 With ``--neuron-graph GRAPH --neuron-index INDEX --neuron L_N``, only the neuron page of neuron N of layer L
 (``view-neuron.png``), picked in the search box of ``detjac view GRAPH --neurons INDEX``.
 
@@ -19,6 +23,7 @@ With ``--neuron-graph GRAPH --neuron-index INDEX --neuron L_N``, only the neuron
     .venv/bin/python -m scripts.view_screenshots --out /tmp/shots --store /tmp/dictionary.zarr   # kept, reused
     .venv/bin/python -m scripts.view_screenshots --heads-model SmolLM2-135M-Instruct.Q4_1.gguf \\
         --heads-prompt "The capital of France is"                 # writes docs/view-heads.png, view-attention.png
+    .venv/bin/python -m scripts.view_screenshots --target-graph paris-the.json   # view-target.png, ...
     .venv/bin/python -m scripts.view_screenshots --neuron-graph france.json --neuron-index smol-neurons.zarr \\
         --neuron 29_864                                            # writes docs/view-neuron.png
 """
@@ -78,6 +83,8 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=20, help="The head shown when none is ranked.")
     parser.add_argument("--head", type=int, default=4)
     parser.add_argument("--work", type=Path, default=None, help="Keep the heads' graph and attention files here.")
+    parser.add_argument("--target-graph", type=Path, default=None, help="Only the target's screenshots: this "
+                        "graph JSON's target panel and heads' direct effects.")
     parser.add_argument("--neuron-graph", type=Path, default=None, help="Only the neuron page's screenshot: this "
                         "graph JSON, with --neuron-index and --neuron.")
     parser.add_argument("--neuron-index", type=Path, default=None, help="The graph's neuron index (detjac neurons).")
@@ -91,6 +98,9 @@ def main() -> None:
         return
     if args.heads_model is not None:
         heads_shots(args)
+        return
+    if args.target_graph is not None:
+        target_shots(args.target_graph, args.out)
         return
     folder = Path(tempfile.mkdtemp(prefix="detjac-view-shots-"))
     (folder / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
@@ -173,6 +183,35 @@ def heads_shots(args: argparse.Namespace) -> None:
     for name in ("view-heads.png", "view-attention.png"):  # 256 colours, as the other screenshots
         path = args.out / name
         Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+
+
+def target_shots(graph: Path, out: Path) -> None:
+    """The target panel of ``graph`` and the top of its heads' direct effects (sorted by |effect|, as shown)."""
+    from selenium.webdriver.common.by import By
+
+    served = Served(graph)
+    driver = new_driver()
+    try:
+        shoot(driver, served.url, "#contributions-table tbody tr", out / "view-target.png", element="#target-panel")
+        driver.set_window_size(1400, 820)
+        title = driver.find_element(By.CSS_SELECTOR, "#head-effects-title")
+        driver.execute_script("arguments[0].scrollIntoView()", title)
+        time.sleep(0.5)
+        if not driver.save_screenshot(str(out / "view-head-effects.png")):
+            raise SystemExit(f"Could not write {out / 'view-head-effects.png'}.")
+    finally:
+        driver.quit()
+        served.stop()
+    _quantized(out / "view-target.png", out / "view-head-effects.png")
+
+
+def _quantized(*paths: Path) -> None:
+    """Each PNG in 256 colours, as the other screenshots."""
+    from PIL import Image
+
+    for path in paths:
+        Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+        print(f"wrote {path}")
 
 
 def neuron_shot(args: argparse.Namespace) -> None:

@@ -66,11 +66,12 @@ def _row(layer: Any, where: str) -> int:
 LOGIT_CLERP = re.compile(r'^Output "(?P<token>.*?)"(?: − "(?P<minus>.*)")? \(p=[^)]*\)$', re.DOTALL)
 
 
-def _logit_token(node: dict[str, Any]) -> str | None:
-    """A logit's token text, read from its clerp (``Output " Paris" (p=0.773)``); the clerp itself otherwise."""
+def _logit_token(node: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A logit's token text and, for a contrast, the token it is taken against, read from its clerp
+    (``Output " Paris" (p=0.773)``, ``Output " Paris" − " the" (p=0.773)``); the clerp itself otherwise."""
     clerp = str(node.get("clerp") or "")
     found = LOGIT_CLERP.match(clerp)
-    return found.group("token") if found else clerp or None
+    return (found.group("token"), found.group("minus")) if found else (clerp or None, None)
 
 
 def _count(value: Any) -> int | None:
@@ -110,9 +111,10 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
         ``metadata`` (``prompt``, ``prompt_tokens``, ``slug``, ``node_threshold``, ``info``, ``kept_share`` (the
         meaning of ``info.logit_share_kept``), ``drivers`` (``k``, ``computed``, ``meaning``)), ``nodes`` (``id``,
         ``type``, ``layer``, ``row``, ``ctx``, ``activation``, ``influence``, ``clerp``, ``p``, ``token`` (a logit's
-        text, else None), ``drivers`` (``[[node index, share], ...]`` or None:
-        :func:`~detjac.view.graph_drivers.node_drivers`)) and ``links`` (``source``, ``target``, ``weight``,
-        between listed nodes; ``heads``, a loaded link's :func:`~detjac.view.graph_heads.compact_loadings`);
+        text, else None; a contrast's ``minus``, the token it is taken against), ``drivers`` (``[[node index,
+        share], ...]`` or None: :func:`~detjac.view.graph_drivers.node_drivers`)) and ``links`` (``source``,
+        ``target``, ``weight``, between listed nodes; ``heads``, a loaded link's
+        :func:`~detjac.view.graph_heads.compact_loadings`);
         ``metadata.heads`` is the heads panel (:func:`~detjac.view.graph_heads.head_ranking`; its ``effects``, every
         head's direct effect: :func:`~detjac.view.graph_heads.head_effect_rows`), each head with the
         command that writes its attention file (``SLUG.qk.L{l}.H{h}.json``), and ``metadata.attention_command``
@@ -141,12 +143,13 @@ def graph_payload(graph: Any, where: str = "the graph") -> dict[str, Any]:
             raise InvalidArgumentError(f"Expected every node of {where} to have a node_id, a layer and a ctx_idx "
                                        f"(a position). Got {str(node)[:200]}.")
         kind = node.get("feature_type")
+        token, minus = _logit_token(node) if kind == LOGIT else (None, None)
         nodes.append({"id": str(node["node_id"]), "type": kind if kind in NODE_TYPES else str(kind),
                       "layer": str(node.get("layer")), "row": _row(node.get("layer"), where),
                       "ctx": node["ctx_idx"], "activation": _number(node.get("activation")),
                       "influence": _number(node.get("influence")), "clerp": str(node.get("clerp") or ""),
                       "p": _number(node.get("token_prob")),
-                      "token": _logit_token(node) if kind == LOGIT else None})
+                      "token": token, **({"minus": minus} if minus is not None else {})})
     known = {node["id"]: node for node in nodes}
     info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
     n_layers, n_heads = _model_size(info, nodes)

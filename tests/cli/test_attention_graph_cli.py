@@ -55,7 +55,7 @@ def test_the_top_heads_files_are_written_beside_the_graph_in_one_model_load(grap
     g = copy(graph, tmp_path)
     rows = GraphFile(g).data("graph")["metadata"]["heads"]["rows"]
     target = next(n["ctx_idx"] for n in json.loads(g.read_text())["nodes"] if n["feature_type"] == "logit")
-    result = invoke("attention", "--graph", str(g), "--top-heads", "3")
+    result = invoke("attention", "--graph", str(g), "--top-heads", "3", "--heads-by", "share")
     assert result.exit_code == 0, result.output
     assert len(loads) == 1
     heads = [(r["layer"], r["head"]) for r in rows[:3]]
@@ -75,6 +75,18 @@ def test_the_top_heads_files_are_written_beside_the_graph_in_one_model_load(grap
     assert [linked[h] for h in heads] == [f"attention/{layer}.{head}.{target}" for layer, head in heads]
 
 
+def test_by_default_the_heads_of_largest_direct_effect_get_their_files(graph, tmp_path, loads):
+    g = copy(graph, tmp_path)
+    effects = json.loads(g.read_text())["metadata"]["info"]["head_effects"]["values"][0]  # (layers, heads)
+    ranked = sorted(((abs(v), layer, head) for layer, row in enumerate(effects) for head, v in enumerate(row)),
+                    reverse=True)
+    result = invoke("attention", "--graph", str(g), "--top-heads", "2")
+    assert result.exit_code == 0, result.output
+    assert "heads ranked by |direct effect| on the target" in result.output
+    assert sorted(p.name for p in tmp_path.glob("g.qk.*.json")) == sorted(
+        f"g.qk.L{layer}.H{head}.json" for _, layer, head in ranked[:2])
+
+
 def test_a_folder_given_with_out_gets_the_files(graph, tmp_path, loads):
     g = copy(graph, tmp_path)
     (tmp_path / "pages").mkdir()
@@ -84,8 +96,9 @@ def test_a_folder_given_with_out_gets_the_files(graph, tmp_path, loads):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--top-heads", "2"], "Error: Expected a new file. Got "),  # one exists: refused before the model loads
-    (["--top-heads", "2", "--out", "nowhere"], "Error: Expected an existing folder for the attention files. Got "),
+    (["--top-heads", "2", "--heads-by", "share"], "Error: Expected a new file. Got "),  # one exists: refused first
+    (["--top-heads", "2", "--heads-by", "share", "--out", "nowhere"],
+     "Error: Expected an existing folder for the attention files. Got "),
 ])
 def test_bad_input_is_refused_before_the_model_loads(graph, tmp_path, loads, args, message):
     g = copy(graph, tmp_path)
@@ -115,10 +128,15 @@ def test_a_graph_without_head_loadings_and_another_prompt_are_refused_by_name(gr
     for link in bare["links"]:
         link.pop("head_loadings", None)
     (tmp_path / "bare.json").write_text(json.dumps(bare))
-    result = invoke("attention", "--graph", str(tmp_path / "bare.json"))
+    result = invoke("attention", "--graph", str(tmp_path / "bare.json"), "--heads-by", "share")
     assert result.output.strip() == f"Error: Expected a graph that ranks its heads (logits, and head loadings: " \
         f"`detjac graph --heads N`) in {tmp_path / 'bare.json'}. Got no head loadings on its " \
         f"{len(bare['links'])} links." and loads == []
+    del bare["metadata"]["info"]["head_effects"]  # a graph written before the heads' direct effects
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    result = invoke("attention", "--graph", str(tmp_path / "bare.json"))
+    assert result.output.strip().startswith("Error: Expected a graph that ranks its heads (logits, and the heads' "
+                                            "direct effects)") and "--heads-by share" in result.output
     g = copy(graph, tmp_path)
     result = invoke("attention", "--graph", str(g), "-p", "Copper, n. B")
     assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == (
@@ -147,7 +165,6 @@ def test_graph_attention_pages_writes_the_same_files_with_the_graphs_own_model_l
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--attention-pages", "2"), "Expected --heads N with --attention-pages"),
     (("--attention-pages", "2", "--heads", "4", "--streamed"), "Expected no --streamed with --attention-pages"),
 ])
 def test_graph_attention_pages_bad_options_are_refused_before_the_model_loads(tmp_path, loads, args, message):

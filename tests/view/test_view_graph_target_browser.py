@@ -70,3 +70,10 @@ def test_a_graph_of_the_top_logits_gets_a_button_per_logit(browser, graph_served
     made = graph["metadata"]["info"]["token_contributions"]
     second = made["targets"].index(picks[1].get_attribute("data-id"))
     assert {q: v for q, _, v in _rows(browser)} == dict(enumerate(made["values"][second]))
+
+
+def test_a_contrast_is_named_as_one_in_the_heads_panel(browser, contrast):
+    served, _ = contrast
+    browser.get(served.url)
+    wait_for(browser, "#head-effects-table tbody tr")
+    assert css(browser, "#head-effects-label")[0].text.startswith('logit " the" − " a"')

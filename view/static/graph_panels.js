@@ -16,7 +16,10 @@ const GraphPanels = (() => {
 
   function nodeLabel(n, tokens) {
     if (n.type === NODE_KIND.TOKEN) return `token ${n.ctx} ${quoted(tokens[n.ctx])}`;
-    if (n.type === NODE_KIND.LOGIT && n.token != null) return `logit ${quoted(n.token)}${n.p == null ? "" : ` p=${n.p.toFixed(3)}`}`;
+    if (n.type === NODE_KIND.LOGIT && n.token != null) {
+      const minus = n.minus == null ? "" : ` − ${quoted(n.minus)}`;  // a contrast target
+      return `logit ${quoted(n.token)}${minus}${n.p == null ? "" : ` p=${n.p.toFixed(3)}`}`;
+    }
     return n.clerp || n.id;
   }
 

@@ -6,7 +6,7 @@
 const GraphTarget = (() => {
   const {h} = Dom;
 
-  function table(t, num, quoted) {
+  function table(t, num, quoted, aside) {
     const scale = Math.max(...t.tokens.map(([, , v]) => Math.abs(v)), 1e-300);
     const rows = [...t.tokens].sort((a, b) => Math.abs(b[2]) - Math.abs(a[2]));
     const body = h("tbody", {}, rows.map(([q, token, v]) => {
@@ -15,7 +15,7 @@ const GraphTarget = (() => {
       return h("tr", {"data-position": q},
         h("td", {class: "num", "data-value": q}, q), h("td", {class: "mono", "data-value": token}, quoted(token)),
         h("td", {class: "num " + (v >= 0 ? "positive" : "negative"), "data-value": v}, (v >= 0 ? "+" : "") + num(v, 4)),
-        h("td", {class: "barcell"}, bar));
+        h("td", {class: "barcell"}, aside.includes(q) ? h("span", {class: "note"}, "set aside") : bar));
     }));
     const el = h("table", {class: "edges", id: "contributions-table"},
       h("thead", {}, h("tr", {}, ["position", "token", "contribution", ""].map((c) => h("th", {}, c)))), body,
@@ -33,7 +33,7 @@ const GraphTarget = (() => {
     const holder = h("div", {id: "contributions-holder"});
     const show = (t) => {
       holder.replaceChildren(h("p", {id: "contributions-of"}, "Contributions to ",
-        h("span", {class: "mono"}, target.text ?? t.label), ` = ${num(t.value, 6)}`), table(t, num, quoted));
+        h("span", {class: "mono"}, target.text ?? t.label), ` = ${num(t.value, 6)}`), table(t, num, quoted, target.aside));
       for (const b of picks) b.classList.toggle("active", b.dataset.id === t.id);
     };
     const picks = target.targets.length > 1 ? target.targets.map((t) => h("button", {type: "button",
