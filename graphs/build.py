@@ -103,6 +103,9 @@ class AttributionGraph:
     qk : list
         With ``qk`` asked for: each head's QK attribution at the position
         (:class:`~detjac.engine.tools.qk.QKAttribution`), which the JSON carries as QK records.
+    head_effects : numpy.ndarray
+        (K, n_layers, n_heads) every head's exact direct effect on each logit node's value
+        (:func:`~detjac.graphs.head_effects.head_effects`).
     """
 
     token_ids: list[int]
@@ -131,7 +134,7 @@ class AttributionGraph:
     pruned: Pruned | None = None
     pruned_at: tuple[float, float] | None = None
     qk: list[Any] = field(default_factory=list)
-    head_effects: np.ndarray | None = None  # (K, n_layers, n_heads) every head's direct effect on each logit
+    head_effects: np.ndarray | None = None
 
     @property
     def layout(self) -> Layout:
@@ -205,9 +208,8 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
         activations=values.cpu().double().numpy(), adjacency=A, completeness=complete, kept_share=kept_share,
         n_active=n_active, labels=sites.labels, biases=bias_nodes(engine, n, p), info=_info(engine, acts, settings),
         target=targets.text, minus_id=targets.minus, aside=system.aside if system is not None else (),
+        minus_token=token_labels(engine.tokenizer, [targets.minus])[0] if targets.minus is not None else None,
         token_contributions=contributions)
-    if targets.minus is not None:
-        graph.minus_token = token_labels(engine.tokenizer, [targets.minus])[0]
     # 6. prune: the nodes and edges carrying the logits (the JSON reuses it at the same thresholds)
     graph.pruned_at = (settings.node_threshold, settings.edge_threshold)
     graph.pruned = prune(A, graph.n_neurons, n, graph.logit_probabilities, *graph.pruned_at)
