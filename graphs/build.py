@@ -227,10 +227,9 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
     # 8. QK records: the asked heads' exact QK attribution at the position
     graph.qk = qk_phase(engine, ids, p, settings.qk)
     # 9. direct effects: every head's output at the position against each logit's cotangent leaving the last layer
-    started = time.perf_counter()
+    #    (no time recorded: a graph's JSON is the same whenever it is computed, what stores and resumed runs compare)
     inputs = None if system is None else dict(enumerate(system.inputs[:-1]))  # that system's, where set aside
     graph.head_effects = head_effects(engine, trace, targets.vectors, inputs)
-    graph.info.update(head_effects_seconds=round(time.perf_counter() - started, 3))
     return graph
 
 

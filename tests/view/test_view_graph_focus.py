@@ -128,9 +128,11 @@ def test_clicking_a_logit_shows_its_drivers_and_fades_the_rest(browser, graph_se
     classes = {n.get_attribute("data-id"): n.get_attribute("class") for n in css(browser, "#graph-svg .node")}
     assert {i for i, c in classes.items() if "faded" not in c.split()} == focus
     assert "selected" in classes[top["node_id"]].split()
-    for link in css(browser, "#graph-svg .link"):
-        ends = {link.get_attribute("data-source"), link.get_attribute("data-target")}
-        kind = set(link.get_attribute("class").split())
+    drawn = browser.execute_script("""return [...document.querySelectorAll('#graph-svg .link')]
+        .map((l) => [l.dataset.source, l.dataset.target, l.getAttribute('class')]);""")  # one call, not 3 per link
+    assert drawn
+    for source, target, names in drawn:
+        ends, kind = {source, target}, set(names.split())
         assert ("dim" in kind) == (not ends <= focus)
         assert ("hl" in kind) == (ends <= focus and top["node_id"] in ends)  # its own edges from its drivers
     css(browser, "#show-all")[0].click()  # the way back to the whole graph
