@@ -62,8 +62,11 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
     """Exact attribution graph of MODEL's prediction on one prompt.
 
     Nodes are the input tokens, MLP neurons and the top logits (at most 10, until their probabilities
-    reach 0.95). With attention probabilities, norm scales and every MLP's gate frozen, the model is
-    linear in the embeddings and the neurons, so each node's incoming edges (direct effects, every
+    reach 0.95), or the one --target (a logit against the mean, or a contrast of two); --aside-first
+    takes the graph of the same frozen system without the first position's own contribution. Each
+    token's exact contribution to the target is printed, and kept in the JSON. With attention
+    probabilities, norm scales and every MLP's gate frozen, the model is linear in the embeddings and
+    the neurons, so each node's incoming edges (direct effects, every
     other MLP held at its neurons) sum to its value exactly: no transcoder, no error nodes. Writes
     circuit-tracer's graph JSON (schema_version 1), pruned as circuit-tracer prunes; open it with
     circuit-tracer's local server or Neuronpedia.
