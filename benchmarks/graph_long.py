@@ -58,7 +58,7 @@ def main() -> None:
     acts = {layer: z for layer, z, _ in neurons(engine, trace)}
     times["neurons"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    chosen, n_active = at.rank_neurons(engine, trace, targets, acts, args.max_nodes)
+    chosen, n_active, _ = at.rank_neurons(engine, trace, targets, acts, args.max_nodes)
     times["rank"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     sites = adj.neuron_sites(engine, trace, chosen, acts)

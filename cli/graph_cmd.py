@@ -66,8 +66,8 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
     takes the graph of the same frozen system without the first position's own contribution. Each
     token's exact contribution to the target is printed, and kept in the JSON. With attention
     probabilities, norm scales and every MLP's gate frozen, the model is linear in the embeddings and
-    the neurons, so each node's incoming edges (direct effects, every
-    other MLP held at its neurons) sum to its value exactly: no transcoder, no error nodes. Writes
+    the neurons, so each node's incoming edges (direct effects, every other MLP held at its neurons)
+    sum to its value exactly: no transcoder, no error nodes. Writes
     circuit-tracer's graph JSON (schema_version 1), pruned as circuit-tracer prunes; open it with
     circuit-tracer's local server or Neuronpedia.
 
@@ -113,8 +113,7 @@ def graph(model: ModelRef, prompt: str, model_options: LoadSpec, out: str, force
     click.echo(f"neurons      {g.n_active} active, {g.n_neurons} ranked into the adjacency, {neurons} kept")
     click.echo(f"completeness {g.worst_completeness:.1e} (worst |sum of incoming edges - value| / |value|)")
     share = data["metadata"]["info"]["logit_share_kept"]
-    names = [g.target] if g.target is not None else [repr(t) for t in g.logit_tokens]
-    click.echo("kept share   " + ", ".join(f"{t} {s:.2f}" for t, s in zip(names, share, strict=False)))
+    click.echo("kept share   " + ", ".join(f"{t} {s:.2f}" for t, s in zip(g.target_names, share, strict=False)))
     for line in textwrap.wrap(KEPT_SHARE_MEANING, 100):
         click.echo(f"             {line}")
     if g.head_loadings is not None:
@@ -148,5 +147,5 @@ def _contributions(g: object) -> str:
     listed = ", ".join(f"{g.tokens[q]!r} {values[q]:+.3f}" for q in order)  # type: ignore[attr-defined]
     rest = g.constants_contribution[0]  # type: ignore[attr-defined]
     constants = f", constants {rest:+.3f}" if g.n_biases else ""  # type: ignore[attr-defined]
-    target = g.target or repr(g.logit_tokens[0])  # type: ignore[attr-defined]
+    target = g.target_names[0]  # type: ignore[attr-defined]
     return f"{listed}{constants}: each token's exact contribution to {target} (together they sum to it)"

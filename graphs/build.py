@@ -39,7 +39,6 @@ from .targets import (
     logit_attribution,
     logit_vectors,
     rank_neurons,
-    token_contributions,
     token_id,
 )
 
@@ -158,6 +157,12 @@ class AttributionGraph:
         return len(self.logit_ids)
 
     @property
+    def target_names(self) -> list[str]:
+        """(K,) what each logit node explains, as the command line says it: the asked target (``' Paris' - ' the'``)
+        or each token (``' Paris'``)."""
+        return [self.target] if self.target is not None else [repr(t) for t in self.logit_tokens]
+
+    @property
     def constants_contribution(self) -> np.ndarray:
         """(K,) what the constants (an affine family's bias nodes) contribute to each logit node's value: the value
         less its tokens' contributions (0 within rounding for a linear family)."""
@@ -182,12 +187,11 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
     system = FrozenValues.first_aside(engine, trace) if settings.aside_first else None
     acts = dict(activations(engine, trace)) if system is None else system.neurons  # (n, neurons) per layer
     x = trace.embeddings if system is None else system.embeddings
-    # 1. targets: the top logits or the asked one, each a vector whose product with the output is its value; every
-    #    token's signed contribution to each (one pullback)
+    # 1. targets: the top logits or the asked one, each a vector whose product with the output is its value
     targets = graph_targets(engine, trace.output, trace.output if system is None else system.output, settings)
-    contributions = token_contributions(engine, trace, targets.vectors, x).cpu().double().numpy()
-    # 2. rank: one pullback per logit scores every neuron; the max_nodes strongest enter the adjacency
-    chosen, n_active = rank_neurons(engine, trace, targets, acts, settings.max_nodes)
+    # 2. rank: one pullback per logit scores every neuron (the max_nodes strongest enter the adjacency) and gives
+    #    every token's signed contribution to it
+    chosen, n_active, contributions = rank_neurons(engine, trace, targets, acts, settings.max_nodes, x)
     values = chosen_values(acts, chosen)
     # 3. rows: the adjacency rows pulled back per pass that the memory budget holds (refused here if none fit)
     rows = sized_rows(engine, n, settings.max_nodes, len(targets.ids), acts, settings.rows_per_pass)
@@ -209,7 +213,7 @@ def build_graph(engine: Engine, trace: Trace, settings: GraphSettings, progress:
         n_active=n_active, labels=sites.labels, biases=bias_nodes(engine, n, p), info=_info(engine, acts, settings),
         target=targets.text, minus_id=targets.minus, aside=system.aside if system is not None else (),
         minus_token=token_labels(engine.tokenizer, [targets.minus])[0] if targets.minus is not None else None,
-        token_contributions=contributions)
+        token_contributions=contributions.cpu().double().numpy())
     # 6. prune: the nodes and edges carrying the logits (the JSON reuses it at the same thresholds)
     graph.pruned_at = (settings.node_threshold, settings.edge_threshold)
     graph.pruned = prune(A, graph.n_neurons, n, graph.logit_probabilities, *graph.pruned_at)

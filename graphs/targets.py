@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detjac.engine import OUTPUT, Engine, PullRequest, Seed, activations, neurons_of
+from detjac.engine import EMBEDDINGS, OUTPUT, Engine, PullRequest, Seed, activations, neurons_of
 from detjac.errors import InvalidArgumentError
 from detjac.graph_settings import GraphSettings, parse_target
 from detjac.singular import VOCAB_CHUNK_BYTES
@@ -47,9 +47,9 @@ def graph_targets(engine: Engine, output: torch.Tensor, y: torch.Tensor, setting
         ids = [token_id(engine, asked.plus)] + ([] if asked.minus is None else [token_id(engine, asked.minus)])
         both = logit_targets(engine, output, len(ids), 1.0, ids)
         vectors = both.vectors[:1] - both.vectors[1:] if len(ids) == 2 else both.vectors
-        targets = LogitTargets(ids[:1], both.probabilities[:1], vectors, vectors @ output,
+        targets = LogitTargets(ids[:1], both.probabilities[:1], vectors, both.values[:1],
                                ids[1] if len(ids) == 2 else None, asked.text)
-    with torch.no_grad():
+    with torch.no_grad():  # the values are the graph's system's (the probabilities stay the prompt's)
         targets.values = targets.vectors @ y.to(targets.vectors)
     return targets
 
@@ -65,7 +65,7 @@ def token_id(engine: Engine, token: str | int) -> int:
         that one token.
     """
     if isinstance(token, int):
-        vocab = int(engine.decoding_rows(torch.float32)["unembedding"].shape[0])
+        vocab = int(engine.prompt_model().get_input_embeddings().num_embeddings)  # what prompts' ids are checked by
         if not 0 <= token < vocab:
             raise InvalidArgumentError(f"Expected a target token id in [0, {vocab}). Got #{token}.")
         return token
@@ -81,12 +81,6 @@ def token_id(engine: Engine, token: str | int) -> int:
     return int(ids[0])
 
 
-def token_contributions(engine: Engine, trace: Any, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """(K, n) each token's exact signed contribution to each target (``vectors`` (K, d)): ``∂value/∂x_q · x_q``
-    through every path of the frozen system, one pullback; ``x`` (n, d) the system's input embeddings (zero at a
-    position set aside). Over the tokens they sum to the value, less an affine family's constants."""
-    g = engine.pull(trace, vectors)  # (K, n, d)
-    return (g * x.to(g)[None]).sum(-1)
 
 
 def logit_vectors(engine: Engine, y: torch.Tensor, ids: list[int]) -> torch.Tensor:
@@ -133,21 +127,38 @@ def logit_attribution(engine: Engine, trace: Any, vectors: torch.Tensor, acts: d
     layer at a time, from one pullback. By linearity, zeroing a set of neurons changes ``value_k`` by minus the sum
     of their attributions in the detached model (what the graphs' faithfulness is measured against)."""
     acts = acts if acts is not None else dict(activations(engine, trace))
-    reads = tuple(neurons_of(layer) for layer in range(engine.n_layers))
+    yield from _attributions(engine, trace, vectors, acts)
+
+
+def _attributions(engine: Engine, trace: Any, vectors: torch.Tensor, acts: dict[int, torch.Tensor],
+                  x: torch.Tensor | None = None) -> Iterator[tuple[int | None, torch.Tensor]]:
+    """One pullback of ``vectors`` (K, d) from the output: ``(layer, (K, n, n_neurons))`` every neuron's total
+    attribution, layer by layer, and with ``x`` (n, d) the input embeddings also ``(None, (K, n))`` each token's,
+    ``∂value/∂x_q · x_q`` (:func:`logit_attribution`, :func:`rank_neurons`)."""
+    reads = tuple(neurons_of(layer) for layer in range(engine.n_layers)) + ((EMBEDDINGS,) if x is not None else ())
     for _, site, g in engine.pulls(trace, [PullRequest((Seed(OUTPUT, vectors),), reads)]):
-        yield site.layer, g * acts[site.layer][None]
+        if site == EMBEDDINGS:
+            yield None, (g * x.to(g)[None]).sum(-1)
+        else:
+            yield site.layer, g * acts[site.layer][None]
 
 
-def rank_neurons(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int, torch.Tensor], max_nodes: int
-          ) -> tuple[torch.Tensor, int]:
+def rank_neurons(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[int, torch.Tensor], max_nodes: int,
+                 x: torch.Tensor | None = None) -> tuple[torch.Tensor, int, torch.Tensor | None]:
     """The ``max_nodes`` neurons with the largest total attribution to the logits (``sum_k p_k |act ·
     ∂logit_k/∂act| / |logit_k|``, through every path), as (M, 3) (layer, index, position) sorted by layer,
-    position, index; and how many were active (nonzero, at or before the position)."""
+    position, index; how many were active (nonzero, at or before the position); and with ``x`` (n, d), the system's
+    input embeddings (zero at a position set aside), (K, n) each token's exact signed contribution to each target
+    from the same pullback (over the tokens they sum to the value, less an affine family's constants), else None."""
     p = trace.position
     weights = torch.as_tensor(targets.probabilities, dtype=targets.values.dtype, device=targets.values.device)
     weights = weights / targets.values.abs().clamp_min(torch.finfo(targets.values.dtype).tiny)
     scores: dict[int, torch.Tensor] = {}
-    for layer, attr in logit_attribution(engine, trace, targets.vectors, acts):
+    contributions = None
+    for layer, attr in _attributions(engine, trace, targets.vectors, acts, x):
+        if layer is None:
+            contributions = attr
+            continue
         scores[layer] = torch.einsum("k,knf->nf", weights, attr.abs())[:p + 1]
     flat = torch.cat([scores[layer].reshape(-1) for layer in range(engine.n_layers)])
     active = torch.cat([acts[layer][:p + 1].ne(0).reshape(-1) for layer in range(engine.n_layers)])
@@ -162,7 +173,7 @@ def rank_neurons(engine: Engine, trace: Any, targets: LogitTargets, acts: dict[i
     pos, index = within // n_neurons[layer], within % n_neurons[layer]
     chosen = torch.stack([layer, index, pos], dim=1)
     order = np.lexsort((chosen[:, 1].numpy(), chosen[:, 2].numpy(), chosen[:, 0].numpy()))
-    return chosen[torch.as_tensor(order, dtype=torch.long)], n_active
+    return chosen[torch.as_tensor(order, dtype=torch.long)], n_active, contributions
 
 
 def chosen_values(acts: dict[int, torch.Tensor], chosen: torch.Tensor) -> torch.Tensor:

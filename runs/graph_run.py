@@ -149,7 +149,7 @@ def heads_into_top_logit(g: AttributionGraph, top: int = 5) -> list[str]:
 
     assert g.head_loadings is not None  # asked for
     links, total, heads = strongest_heads(g.head_loadings, g.adjacency, g.adjacency.shape[0] - g.n_logits, top)
-    into = g.target or repr(g.logit_tokens[0])
+    into = g.target_names[0]
     if not links:
         return [f"no loaded link goes into {into}"]
     best = ", ".join(f"L{layer}.H{head} {w:+.3g}" for layer, head, w in heads)

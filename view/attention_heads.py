@@ -56,8 +56,7 @@ def top_heads(path: str | Path, top: int, by: str = "effect") -> TopHeads:
     page = graph_payload(raw, str(path))
     heads = page["metadata"]["heads"]
     effects = heads.get("effects")
-    rows = heads["rows"] if by == "share" else sorted(
-        effects["rows"] if effects else [], key=lambda r: -abs(r["effects"][0]))
+    rows = heads["rows"] if by == "share" else effects["rows"] if effects else []  # each already in its order
     logit = next((n for n in page["nodes"] if n["type"] == "logit"), None)
     if logit is None or not rows:
         got = "no logit" if logit is None else f"no head loadings on its {len(page['links'])} links" if \

@@ -26,7 +26,6 @@ it (a damaged or foreign one is refused, never drawn) and orders the heads by ``
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..numerals import parse_index
 from .graph_drivers import driver_shares
+from .jsonable import finite_number
 
 HEADS_SHOWN = 4  # heads listed per crossed layer of a clicked link (the rest summed, so each layer still sums)
 HEADS_RANKED = 40  # rows of the heads panel
@@ -63,10 +63,6 @@ def _index(text: Any, what: str, where: str) -> int:
         raise InvalidArgumentError(f"Expected head loadings keyed by a {what} number in {where}. "
                                    f"Got {str(text)[:40]!r}.")
     return index
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_loadings(raw: Any, weight: float, where: str, crossed: range | None = None,
@@ -103,7 +99,7 @@ def parse_loadings(raw: Any, weight: float, where: str, crossed: range | None = 
     layers = []
     for layer_key, per in raw.items():
         layer = _index(layer_key, "layer", where)
-        if not isinstance(per, dict) or SKIP not in per or len(per) < 2 or not all(map(_finite, per.values())):
+        if not isinstance(per, dict) or SKIP not in per or len(per) < 2 or not all(map(finite_number, per.values())):
             raise InvalidArgumentError(f"Expected layer {layer} of the head loadings in {where} to be an object of "
                                        f"heads and 'skip', each a finite number. Got {str(per)[:100]}.")
         heads = sorted(([_index(k, "head", where), float(v)] for k, v in per.items() if k != SKIP),
@@ -225,7 +221,7 @@ def head_effect_rows(info: dict[str, Any], nodes: list[dict[str, Any]], n_layers
                                    f"(logit node ids of the graph) and 'values' (one per target). Got "
                                    f"{str(raw)[:120]}: the file is damaged or was edited.")
     try:  # a ragged list is refused by numpy; a bool or a string by the check of every number
-        array = np.asarray(values, dtype=np.float64) if all(map(_finite, _numbers(values))) else np.zeros(0)
+        array = np.asarray(values, dtype=np.float64) if all(map(finite_number, _numbers(values))) else np.zeros(0)
     except (TypeError, ValueError):
         array = np.zeros(0)
     first = values[0] if isinstance(values[0], list) else []

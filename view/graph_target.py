@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from .jsonable import finite_number
 
 TARGET_MEANING = (
     "Each token's exact contribution to the target: the target's gradient at the token's input embedding, through "
@@ -67,7 +68,7 @@ def target_panel(info: dict[str, Any], tokens: list[str], logits: dict[str, str]
     targets = []
     for node, row, rest, total in zip(ids, values, constants, totals, strict=True):
         if node not in logits or not isinstance(row, list) or len(row) != len(tokens) or \
-                not all(_finite(v) for v in (*row, rest, total)):
+                not all(finite_number(v) for v in (*row, rest, total)):
             raise InvalidArgumentError(f"{bad} Got, for {str(node)[:40]!r}, {str(row)[:120]} (the graph has "
                                        f"{len(tokens)} tokens and logit nodes {sorted(logits)[:5]}).")
         targets.append({"id": node, "label": logits[node], "value": float(total), "constants": float(rest),
@@ -80,7 +81,3 @@ def target_panel(info: dict[str, Any], tokens: list[str], logits: dict[str, str]
     text = info.get("target")
     return {"text": str(text) if text is not None else None, "aside": aside, "meaning": TARGET_MEANING,
             "aside_meaning": ASIDE_MEANING, "targets": targets}
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -9,6 +9,11 @@ from typing import Any
 import numpy as np
 
 
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` read from a JSON file is a finite number (a bool is not; NaN and infinities are not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def jsonable(value: Any) -> Any:
     """``value`` with numpy types, tuples and non-finite floats (JSON has no NaN) made JSON-safe, recursively."""
     if isinstance(value, Mapping):
