@@ -129,7 +129,6 @@ def main() -> None:
 def graph_shot(driver, folder: Path, path: Path) -> None:
     """``detjac graph`` of "Copper, n. A" on the default model, shown by ``detjac view copper.json`` with the most
     probable logit picked (its drivers drawn, the rest faded); saved as a 256-colour PNG."""
-    from PIL import Image
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -145,7 +144,7 @@ def graph_shot(driver, folder: Path, path: Path) -> None:
         driver.save_screenshot(str(path))
     finally:
         served.stop()
-    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    _quantized(path)
     print(f"wrote {path}")
 
 
@@ -178,11 +177,7 @@ def heads_shots(args: argparse.Namespace) -> None:
     finally:
         driver.quit()
         served.stop()
-    from PIL import Image
-
-    for name in ("view-heads.png", "view-attention.png"):  # 256 colours, as the other screenshots
-        path = args.out / name
-        Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    _quantized(args.out / "view-heads.png", args.out / "view-attention.png")
 
 
 def target_shots(graph: Path, out: Path) -> None:
@@ -203,15 +198,15 @@ def target_shots(graph: Path, out: Path) -> None:
         driver.quit()
         served.stop()
     _quantized(out / "view-target.png", out / "view-head-effects.png")
+    print(f"wrote {out / 'view-head-effects.png'}")
 
 
 def _quantized(*paths: Path) -> None:
-    """Each PNG in 256 colours, as the other screenshots."""
+    """Each PNG rewritten in 256 colours, as every screenshot of the docs is."""
     from PIL import Image
 
     for path in paths:
         Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
-        print(f"wrote {path}")
 
 
 def neuron_shot(args: argparse.Namespace) -> None:
@@ -240,9 +235,7 @@ def neuron_shot(args: argparse.Namespace) -> None:
     finally:
         driver.quit()
         served.stop()
-    from PIL import Image
-
-    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    _quantized(path)
     print(f"wrote {path}")
 
 
