@@ -64,13 +64,7 @@ class FrozenValues:
     def check(engine: Engine, n_tokens: int | None = None) -> None:
         """Refuse, before any work, what :meth:`first_aside` cannot do: an engine without the whole model in
         memory, an encoder, a mixture-of-experts MLP (by its layer), a prompt of one token (nothing would be left)."""
-        check_whole_model(engine, WHAT)
-        family = engine.family
-        for index, layer in enumerate(family.layers(family.decoder(engine.model))):
-            down_projection(engine, layer, index, WHAT)
-        if n_tokens is not None and n_tokens < 2:
-            raise InvalidArgumentError(f"Expected a prompt of at least 2 tokens to set the first position aside. Got "
-                                       f"{n_tokens}: nothing would be left to predict from.")
+        _down_projections(engine, n_tokens)
 
     @staticmethod
     def first_aside(engine: Engine, trace: Trace, aside: bool = True) -> FrozenValues:
@@ -82,7 +76,7 @@ class FrozenValues:
         InvalidArgumentError, UnsupportedModelError
             As :meth:`check`.
         """
-        FrozenValues.check(engine, trace.n_tokens if aside else None)
+        downs = _down_projections(engine, trace.n_tokens if aside else None)
         family = engine.family
         layers = list(family.layers(family.decoder(engine.model)))
         input_ids = torch.tensor([trace.token_ids], device=engine.device)
@@ -93,7 +87,7 @@ class FrozenValues:
             inputs: list[torch.Tensor] = []
             neurons: dict[int, torch.Tensor] = {}
             with tape.replaying_factors(), _zeroed(layers, 1 if aside else 0, inputs), \
-                    _recorded([down_projection(engine, layer, i, WHAT)[0] for i, layer in enumerate(layers)], neurons):
+                    _recorded(downs, neurons):
                 normed = lin.decoder(input_ids=input_ids, use_cache=False).last_hidden_state[0]
         if aside:
             for z in neurons.values():
@@ -101,6 +95,19 @@ class FrozenValues:
         x = trace.embeddings.clone()
         x[:1 if aside else 0] = 0
         return FrozenValues(neurons, inputs, normed[trace.position].to(engine.dtype), x, (0,) if aside else ())
+
+
+def _down_projections(engine: Engine, n_tokens: int | None) -> list[Any]:
+    """Each layer's MLP down projection (its input: the layer's neuron values), once :meth:`FrozenValues.check`'s
+    refusals are passed."""
+    check_whole_model(engine, WHAT)
+    family = engine.family
+    downs = [down_projection(engine, layer, index, WHAT)[0]
+             for index, layer in enumerate(family.layers(family.decoder(engine.model)))]
+    if n_tokens is not None and n_tokens < 2:
+        raise InvalidArgumentError(f"Expected a prompt of at least 2 tokens to set the first position aside. Got "
+                                   f"{n_tokens}: nothing would be left to predict from.")
+    return downs
 
 
 def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
