@@ -183,3 +183,25 @@ def test_the_heads_direct_effects_are_of_the_system_set_aside(default, trace):
     assert abs(total - g.logit_values[0]) < 1e-12 * np.abs(g.head_effects).max()
     full = attribution_graph(default, PROMPT, GraphSettings(target="' the' - ' a'", **SMALL))
     assert np.abs(full.head_effects - g.head_effects).max() > 1e-3  # the first position's part is gone
+
+
+@pytest.mark.slow
+def test_on_smollm2_paris_rather_than_the_is_carried_by_france_with_or_without_the_sink():
+    """The real model: ' Paris' - ' the' on "The capital of France is" (docs/graphs.md's worked contrast), its
+    tokens' contributions led by ' France' and summing to it, unchanged but for the first one when that is set aside,
+    and both graphs complete; the head with the largest direct effect is L23.H4 in both."""
+    from real_models import smollm2_path
+
+    engine = load_engine(str(smollm2_path()))
+    settings = dict(target="' Paris' - ' the'", max_nodes=50)
+    full = attribution_graph(engine, PROMPT, GraphSettings(**settings))
+    aside = attribution_graph(engine, PROMPT, GraphSettings(**settings, aside_first=True))
+    for g in (full, aside):
+        assert g.worst_completeness < 1e-12 and abs(g.constants_contribution[0]) < 1e-12 * abs(g.logit_values[0])
+        assert g.tokens[int(np.argmax(g.token_contributions[0]))] == " France"
+        effects = np.abs(g.head_effects[0])
+        assert np.unravel_index(effects.argmax(), effects.shape) == (23, 4)
+    assert aside.token_contributions[0, 0] == 0.0
+    assert np.abs(aside.token_contributions[0, 1:] - full.token_contributions[0, 1:]).max() < 1e-12
+    assert abs(full.logit_values[0] - aside.logit_values[0] - full.token_contributions[0, 0]) < 1e-12
+    assert (aside.neurons[:, 2] > 0).all()
